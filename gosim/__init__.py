@@ -1,0 +1,1 @@
+"""gosim: Go's concurrency model and runtime machinery on trio."""
