@@ -1,6 +1,82 @@
-"""netframe: length-prefixed framing over byte streams and long-connection servers.
+"""netframe: length-prefixed framing over byte streams, and long-connection servers.
 
-Built on :mod:`gosim`. The sans-IO codec, ``FramedConn``, ``Server`` and the client
-arrive with their issue; this package is importable so the layering is fixed from the
-first commit.
+General layout: ``_codec`` (frame formats, the decoder and encoder), ``_buffer`` (the
+offset buffer under the decoder) and ``_exceptions`` (framing errors) are sans-IO: they
+import neither trio nor gosim, so they can be driven by any I/O, tested byte by byte,
+and reused by ``idempotency.rpc``. ``_kernels`` holds the numba frame-boundary scan.
+The connection layer (``FramedConn``, ``Server``, client) builds on them and on
+:mod:`gosim`. This file only re-exports.
+
+Quick use::
+
+    fmt = netframe.FrameFormat()                 # 4-byte big-endian length, 16 MiB max
+    wire = fmt.encode_many([b"hello", b"world"])
+    decoder = netframe.FrameDecoder(fmt)
+    decoder.feed(wire[:7]); decoder.feed(wire[7:])
+    assert list(decoder) == [b"hello", b"world"]
+    assert decoder.next_frame() is netframe.NEED_DATA
+
+Security
+--------
+A length prefix is a promise made by the peer, and a hostile peer promises a lot:
+
+* **Every format has a maximum frame length**, ``max_frame_length``, defaulting to
+  :data:`DEFAULT_MAX_FRAME_LENGTH` (16 MiB). Raise it only for peers you trust, and
+  size it to the largest message your protocol really sends: one connection can make
+  the process hold about that much.
+* **The limit is enforced before buffering.** The decoder checks the announced length
+  as soon as the header is complete, from the header alone, and raises
+  :class:`FrameTooLarge` (saying the announced and the allowed length). It never
+  pre-allocates an announced body and never waits for one, so a header announcing
+  2 GiB (or ``2**64 - 1`` with an 8-byte prefix) costs a few bytes, not 2 GiB. Checking
+  after buffering would let a peer fill memory up to the limit of its patience.
+* **A uvarint prefix is at most 10 bytes** and must fit 64 bits (Go's
+  ``binary.Uvarint`` rules): an endless run of continuation bytes is refused at the
+  tenth byte, not read forever.
+* **No input is quadratic.** The receive buffer is O(n) in the worst case whatever the
+  split the peer chooses (one byte per segment included), and waiting for a body does
+  not rescan the buffer (see ``netframe._buffer``).
+* **Errors are final for the stream.** A :class:`RemoteFrameError` means framing is
+  lost: close the connection. The decoder stays unchanged and raises the same error if
+  asked again, so no retry loop can make it skip or misread bytes.
 """
+
+from ._buffer import OffsetBuffer as OffsetBuffer
+from ._codec import DEFAULT_MAX_FRAME_LENGTH as DEFAULT_MAX_FRAME_LENGTH
+from ._codec import NEED_DATA as NEED_DATA
+from ._codec import DecoderStatistics as DecoderStatistics
+from ._codec import FrameDecoder as FrameDecoder
+from ._codec import FrameFormat as FrameFormat
+from ._codec import NeedData as NeedData
+from ._exceptions import FrameError as FrameError
+from ._exceptions import FrameTooLarge as FrameTooLarge
+from ._exceptions import LocalFrameError as LocalFrameError
+from ._exceptions import PayloadTooLarge as PayloadTooLarge
+from ._exceptions import RemoteFrameError as RemoteFrameError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_LENGTH",
+    "NEED_DATA",
+    "DecoderStatistics",
+    "FrameDecoder",
+    "FrameError",
+    "FrameFormat",
+    "FrameTooLarge",
+    "LocalFrameError",
+    "NeedData",
+    "OffsetBuffer",
+    "PayloadTooLarge",
+    "RemoteFrameError",
+]
+
+
+def _fixup_module_metadata() -> None:
+    # Tracebacks and reprs say netframe.FrameDecoder, not netframe._codec.FrameDecoder.
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, type) and obj.__module__.startswith("netframe._"):
+            obj.__module__ = "netframe"
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

@@ -1,0 +1,855 @@
+"""netframe's sans-IO codec: round trips in any split, limits, errors, the numba scan.
+
+The expected wire bytes come from ``reference_frame``, written here independently of
+the codec (``int.to_bytes`` and a hand-rolled uvarint), so a test compares the codec
+with a second reading of the format rules, not with itself.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import netframe
+from netframe import (
+    NEED_DATA,
+    FrameDecoder,
+    FrameError,
+    FrameFormat,
+    FrameTooLarge,
+    LocalFrameError,
+    PayloadTooLarge,
+    RemoteFrameError,
+    _codec,
+    _kernels,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SCANS = ("python", "auto", "kernel")
+WIDTHS = (1, 2, 4, 8, "uvarint")
+
+needs_jit = pytest.mark.skipif(
+    not _kernels.JIT_ENABLED, reason="needs compiled kernels; NUMBA_DISABLE_JIT is set"
+)
+
+
+# ----------------------------------------------------------------- the reference
+
+
+def ref_uvarint(value: int) -> bytes:
+    out = []
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def reference_frame(
+    fmt: FrameFormat, payload: bytes, preamble: bytes | None = None
+) -> bytes | None:
+    """The frame for ``payload`` read from the format rules, or None if it has none."""
+    pre = bytes(fmt.length_offset) if preamble is None else preamble
+    n = len(payload)
+    if n > fmt.max_frame_length:
+        return None
+    if fmt.length_size == "uvarint":
+        for k in range(1, 11):
+            value = (
+                n
+                - fmt.length_adjustment
+                + (fmt.length_offset + k if fmt.length_includes_header else 0)
+            )
+            if value >= 0 and len(ref_uvarint(value)) == k:
+                field = ref_uvarint(value)
+                break
+        else:
+            return None
+    else:
+        width = fmt.length_size
+        assert isinstance(width, int)
+        header = fmt.length_offset + width
+        value = n - fmt.length_adjustment + (header if fmt.length_includes_header else 0)
+        if not 0 <= value < 256**width:
+            return None
+        field = value.to_bytes(width, fmt.byteorder)
+    frame = pre + field + payload
+    if fmt.strip is not None and fmt.strip > len(frame):
+        return None
+    return frame
+
+
+def expected_output(fmt: FrameFormat, payload: bytes, preamble: bytes | None = None) -> bytes:
+    frame = reference_frame(fmt, payload, preamble)
+    assert frame is not None
+    if fmt.strip is None:
+        return payload
+    return frame[fmt.strip :]
+
+
+# ----------------------------------------------------------------- strategies
+
+
+@st.composite
+def frame_formats(draw: st.DrawFn, max_frame_length: int | None = None) -> FrameFormat:
+    return FrameFormat(
+        length_size=draw(st.sampled_from(WIDTHS)),
+        byteorder=draw(st.sampled_from(["big", "little"])),
+        length_offset=draw(st.integers(0, 5) | st.just(0)),
+        length_adjustment=draw(st.integers(-6, 6) | st.just(0)),
+        length_includes_header=draw(st.booleans()),
+        strip=draw(st.none() | st.integers(0, 12)),
+        max_frame_length=(
+            draw(st.integers(0, 300) | st.just(netframe.DEFAULT_MAX_FRAME_LENGTH))
+            if max_frame_length is None
+            else max_frame_length
+        ),
+    )
+
+
+payload_lists = st.lists(st.binary(max_size=300), max_size=12)
+
+
+def encodable(fmt: FrameFormat, payloads: list[bytes]) -> list[bytes]:
+    return [p for p in payloads if reference_frame(fmt, p) is not None]
+
+
+def split_points(data: st.DataObject, size: int) -> list[int]:
+    cuts = data.draw(st.lists(st.integers(0, size), max_size=20).map(sorted))
+    return [0, *cuts, size]
+
+
+def as_chunk_type(chunk: bytes, kind: str) -> bytes | bytearray | memoryview:
+    if kind == "bytearray":
+        return bytearray(chunk)
+    if kind == "memoryview":
+        return memoryview(bytearray(chunk))
+    return chunk
+
+
+def drain(decoder: FrameDecoder, out: list[bytes], how: str) -> None:
+    if how == "iter":
+        out.extend(decoder)
+        return
+    while True:
+        frame = decoder.next_frame()
+        if frame is NEED_DATA:
+            return
+        out.append(frame)
+
+
+# ----------------------------------------------------------------- round trips
+
+
+@given(fmt=frame_formats(), payloads=payload_lists, data=st.data())
+@settings(max_examples=300)
+def test_any_payloads_in_any_split_come_back(
+    fmt: FrameFormat, payloads: list[bytes], data: st.DataObject
+) -> None:
+    payloads = encodable(fmt, payloads)
+    wire = fmt.encode_many(payloads)
+    assert wire == b"".join(reference_frame(fmt, p) or b"" for p in payloads)
+    expected = [expected_output(fmt, p) for p in payloads]
+    cuts = split_points(data, len(wire))
+    kind = data.draw(st.sampled_from(["bytes", "bytearray", "memoryview"]))
+    how = data.draw(st.sampled_from(["iter", "next_frame"]))
+    decoder = FrameDecoder(fmt, scan=data.draw(st.sampled_from(SCANS)))
+    out: list[bytes] = []
+    for a, b in itertools.pairwise(cuts):
+        decoder.feed(as_chunk_type(wire[a:b], kind))
+        drain(decoder, out, how)
+    assert out == expected
+    assert all(type(frame) is bytes for frame in out)
+    assert decoder.next_frame() is NEED_DATA
+    stats = decoder.statistics()
+    assert stats == netframe.DecoderStatistics(len(payloads), 0, 0)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("byteorder", ["big", "little"])
+@pytest.mark.parametrize("includes_header", [False, True])
+@pytest.mark.parametrize("scan", SCANS)
+def test_byte_at_a_time_every_format(
+    width: int | str, byteorder: str, includes_header: bool, scan: str
+) -> None:
+    fmt = FrameFormat(
+        length_size=width,  # type: ignore[arg-type]
+        byteorder=byteorder,  # type: ignore[arg-type]
+        length_offset=2,
+        length_adjustment=1,
+        length_includes_header=includes_header,
+    )
+    payloads = [b"", b"x", bytes(range(200)), b"y" * 128, b"z" * 127]
+    payloads = encodable(fmt, payloads)
+    assert len(payloads) >= 4
+    wire = b"".join(fmt.encode(p, preamble=b"PR") for p in payloads)
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    out: list[bytes] = []
+    for i in range(len(wire)):
+        decoder.feed(wire[i : i + 1])
+        drain(decoder, out, "next_frame")
+    assert out == payloads
+
+
+@given(fmt=frame_formats(), payloads=payload_lists, data=st.data())
+def test_explicit_strip_returns_the_frame_tail(
+    fmt: FrameFormat, payloads: list[bytes], data: st.DataObject
+) -> None:
+    preamble = data.draw(st.binary(min_size=fmt.length_offset, max_size=fmt.length_offset))
+    payloads = [p for p in payloads if reference_frame(fmt, p, preamble) is not None]
+    wire = b"".join(fmt.encode(p, preamble=preamble) for p in payloads)
+    decoder = FrameDecoder(fmt)
+    decoder.feed(wire)
+    assert list(decoder) == [expected_output(fmt, p, preamble) for p in payloads]
+
+
+@given(fmt=frame_formats(), payload=st.binary(max_size=300))
+def test_encode_raises_exactly_when_the_format_cannot_carry_the_payload(
+    fmt: FrameFormat, payload: bytes
+) -> None:
+    frame = reference_frame(fmt, payload)
+    if frame is not None:
+        assert fmt.encode(payload) == frame
+        assert fmt.encode(memoryview(payload)) == frame
+        return
+    with pytest.raises(LocalFrameError) as info:
+        fmt.encode(payload)
+    if len(payload) > fmt.max_frame_length:
+        assert isinstance(info.value, PayloadTooLarge)
+        assert info.value.length == len(payload)
+    with pytest.raises(LocalFrameError):
+        fmt.encode_many([b"", payload])
+
+
+def test_encode_many_is_all_or_nothing_and_matches_encode() -> None:
+    fmt = FrameFormat(length_size=2, max_frame_length=10)
+    assert fmt.encode_many([b"ab", bytearray(b"c"), memoryview(b"de")]) == b"".join(
+        fmt.encode(p) for p in (b"ab", b"c", b"de")
+    )
+    wide = memoryview(array.array("i", [1, 2]))  # len() 2, 8 bytes
+    assert fmt.encode(wide) == b"\x00\x08" + bytes(wide)
+    for f in (fmt, FrameFormat(length_size="uvarint"), FrameFormat(length_offset=1)):
+        assert f.encode_many([b"a", wide]) == f.encode(b"a") + f.encode(bytes(wide))
+    with pytest.raises(PayloadTooLarge):
+        fmt.encode_many([memoryview(array.array("i", [0, 1, 2]))])  # 12 bytes > 10
+    with pytest.raises(PayloadTooLarge) as info:
+        fmt.encode_many([b"ok", b"x" * 11])
+    assert (info.value.length, info.value.allowed) == (11, 10)
+    assert not isinstance(info.value, RemoteFrameError)
+
+
+def test_preamble_must_have_length_offset_bytes() -> None:
+    fmt = FrameFormat(length_offset=3)
+    assert fmt.encode(b"hi", preamble=b"abc") == b"abc\x00\x00\x00\x02hi"
+    with pytest.raises(LocalFrameError, match="preamble of 2 bytes"):
+        fmt.encode(b"hi", preamble=b"ab")
+
+
+def test_netty_documented_layouts() -> None:
+    # Netty's LengthFieldBasedFrameDecoder javadoc examples, decoded the same way.
+    # 2 bytes length field at offset 0, strip header.
+    fmt = FrameFormat(length_size=2)
+    d = FrameDecoder(fmt)
+    d.feed(b"\x00\x0cHELLO, WORLD")
+    assert d.next_frame() == b"HELLO, WORLD"
+    # length field counts the whole message (header included), strip nothing.
+    fmt = FrameFormat(length_size=2, length_includes_header=True, strip=0)
+    d = FrameDecoder(fmt)
+    d.feed(b"\x00\x0eHELLO, WORLD")
+    assert d.next_frame() == b"\x00\x0eHELLO, WORLD"
+    # a 2-byte preamble before a 4-byte length, strip nothing.
+    fmt = FrameFormat(length_size=4, length_offset=2, strip=0)
+    d = FrameDecoder(fmt)
+    d.feed(b"\xca\xfe\x00\x00\x00\x0cHELLO, WORLD")
+    assert d.next_frame() == b"\xca\xfe\x00\x00\x00\x0cHELLO, WORLD"
+    # length then a 2-byte extra header not counted by the length: adjustment +2.
+    fmt = FrameFormat(length_size=2, length_adjustment=2, strip=2)
+    d = FrameDecoder(fmt)
+    d.feed(b"\x00\x0c\xca\xfeHELLO, WORLD")
+    assert d.next_frame() == b"\xca\xfeHELLO, WORLD"
+    # HDR1 | length | HDR2 | body; the length counts the whole message (Netty: offset 1,
+    # adjustment -3, strip 3); the same with length_includes_header.
+    for fmt in (
+        FrameFormat(length_size=2, length_offset=1, length_adjustment=-3, strip=3),
+        FrameFormat(length_size=2, length_offset=1, length_includes_header=True, strip=3),
+    ):
+        d = FrameDecoder(fmt)
+        d.feed(b"\xca\x00\x10\xfeHELLO, WORLD")
+        assert d.next_frame() == b"\xfeHELLO, WORLD"
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 16383, 16384, 2**63, 2**64 - 1])
+def test_uvarint_matches_go_encoding_binary(value: int) -> None:
+    # Go's binary.PutUvarint layout; checked against the reference and its size rule.
+    assert _codec._uvarint(value) == ref_uvarint(value)
+    assert _codec._uvarint_size(value) == len(ref_uvarint(value))
+    encoded = _codec._uvarint(value)
+    assert _codec._read_uvarint(encoded, 0, len(encoded)) == (value, len(encoded))
+
+
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("adjustment", [0, -1, 1])
+def test_uvarint_lengths_at_7_bit_boundaries(scan: str, adjustment: int) -> None:
+    fmt = FrameFormat(length_size="uvarint", length_adjustment=adjustment)
+    sizes = [1, 2, 127, 128, 129, 255, 256, 16383, 16384, 16385]
+    payloads = [bytes([i]) * size for i, size in enumerate(sizes)] * 2
+    wire = fmt.encode_many(payloads)
+    assert ref_uvarint(128 - adjustment) in wire
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.feed(wire)
+    assert list(decoder) == payloads
+
+
+# ----------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("byteorder", ["big", "little"])
+@pytest.mark.parametrize("scan", SCANS)
+def test_maximum_passes_and_maximum_plus_one_raises(
+    width: int | str, byteorder: str, scan: str
+) -> None:
+    maximum = 100 if width == 1 else 1000
+    fmt = FrameFormat(
+        length_size=width,  # type: ignore[arg-type]
+        byteorder=byteorder,  # type: ignore[arg-type]
+        max_frame_length=maximum,
+    )
+    ok = fmt.encode(b"m" * maximum)
+    with pytest.raises(PayloadTooLarge) as sent:
+        fmt.encode(b"m" * (maximum + 1))
+    assert (sent.value.length, sent.value.allowed) == (maximum + 1, maximum)
+
+    if width == "uvarint":
+        too_big_header = ref_uvarint(maximum + 1)
+    else:
+        assert isinstance(width, int)
+        too_big_header = (maximum + 1).to_bytes(width, byteorder)  # type: ignore[arg-type]
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.feed(ok + too_big_header)  # the oversized frame's header only: no body
+    assert decoder.next_frame() == b"m" * maximum
+    with pytest.raises(FrameTooLarge) as got:
+        decoder.next_frame()
+    assert (got.value.announced, got.value.allowed) == (maximum + 1, maximum)
+    assert isinstance(got.value, RemoteFrameError)
+    assert str(got.value) == f"frame of {maximum + 1} bytes announced, at most {maximum} allowed"
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_payload_limited_by_the_field_width(width: int) -> None:
+    fmt = FrameFormat(length_size=width, max_frame_length=2**60)
+    widest = 256**width - 1
+    assert fmt.encode(bytes(widest))[:width] == b"\xff" * width
+    with pytest.raises(PayloadTooLarge) as info:
+        fmt.encode(bytes(widest + 1))
+    assert info.value.allowed == widest
+
+
+@pytest.mark.parametrize("byteorder", ["big", "little"])
+@pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("announced", [2**63, 2**63 + 5, 2**64 - 1, 2**61, 2**60 + 1])
+def test_8_byte_prefix_beyond_2_63(byteorder: str, scan: str, announced: int) -> None:
+    fmt = FrameFormat(length_size=8, byteorder=byteorder, max_frame_length=2**60)  # type: ignore[arg-type]
+    before = [bytes([i]) * i for i in range(40)]  # enough frames for the kernel to run
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.feed(fmt.encode_many(before) + announced.to_bytes(8, byteorder) + b"tail")  # type: ignore[arg-type]
+    got: list[bytes] = []
+    with pytest.raises(FrameTooLarge) as info:
+        got.extend(decoder)
+    assert got == before
+    assert (info.value.announced, info.value.allowed) == (announced, 2**60)
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_uvarint_longer_than_10_bytes_is_rejected(scan: str) -> None:
+    fmt = FrameFormat(length_size="uvarint")
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.feed(fmt.encode(b"ok") + b"\xff" * 9)
+    assert decoder.next_frame() == b"ok"
+    assert decoder.next_frame() is NEED_DATA  # 9 continuation bytes: still a uvarint
+    decoder.feed(b"\xff")  # the tenth continuation byte: no valid uvarint is that long
+    with pytest.raises(RemoteFrameError, match="longer than 10 bytes"):
+        decoder.next_frame()
+
+    overflow = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    overflow.feed(b"\xff" * 9 + b"\x02")  # 10 bytes, but more than 64 bits
+    with pytest.raises(RemoteFrameError, match="overflows 64 bits"):
+        overflow.next_frame()
+
+    largest = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    largest.feed(b"\xff" * 9 + b"\x01")  # 2**64 - 1: valid uvarint, too large a frame
+    with pytest.raises(FrameTooLarge) as info:
+        largest.next_frame()
+    assert info.value.announced == 2**64 - 1
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_2_gib_announcement_is_refused_without_allocating_it(scan: str) -> None:
+    fmt = FrameFormat()  # 16 MiB default maximum
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.next_frame()  # warm up (kernel compile/load) outside the measurement
+    tracemalloc.start()
+    try:
+        decoder.feed((2**31).to_bytes(4, "big") + b"\x00" * 64)
+        with pytest.raises(FrameTooLarge) as info:
+            decoder.next_frame()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.announced == 2**31
+    assert peak < 1 << 20, f"peak allocation {peak} bytes"
+
+
+def test_allowed_2_gib_frame_is_waited_for_without_reserving_it() -> None:
+    fmt = FrameFormat(max_frame_length=2**32)
+    decoder = FrameDecoder(fmt)
+    tracemalloc.start()
+    try:
+        decoder.feed((2**31).to_bytes(4, "big") + b"\x00" * 64)
+        assert decoder.next_frame() is NEED_DATA
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"peak allocation {peak} bytes"
+    assert decoder.statistics().bytes_buffered == 68
+
+
+def test_default_maximum_is_16_mib() -> None:
+    assert netframe.DEFAULT_MAX_FRAME_LENGTH == FrameFormat().max_frame_length == 16 * 2**20
+
+
+# ----------------------------------------------------------------- errors
+
+
+def _collect_until_error(decoder: FrameDecoder) -> tuple[list[bytes], FrameError | None]:
+    out: list[bytes] = []
+    try:
+        out.extend(decoder)  # keeps the frames yielded before an error
+    except FrameError as exc:
+        return out, exc
+    return out, None
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_error_raises_again_and_leaves_state_unchanged(scan: str) -> None:
+    fmt = FrameFormat(length_size=2, max_frame_length=50)
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    good = [b"a" * i for i in range(20)]
+    decoder.feed(fmt.encode_many(good) + b"\x00\x33" + b"b" * 10)
+    assert [decoder.next_frame() for _ in range(3)] == good[:3]
+    out, error = _collect_until_error(decoder)
+    assert out == good[3:]
+    assert isinstance(error, FrameTooLarge)
+    before = decoder.statistics()
+    assert before == netframe.DecoderStatistics(20, 0, 12)
+    for _ in range(3):
+        with pytest.raises(FrameTooLarge) as again:
+            decoder.next_frame()
+        assert str(again.value) == str(error)
+        assert decoder.statistics() == before
+    decoder.feed(b"more bytes do not unstick it")
+    with pytest.raises(FrameTooLarge):
+        list(decoder)
+    assert decoder.statistics().bytes_buffered == before.bytes_buffered + 28
+
+
+@pytest.mark.parametrize(
+    ("fmt", "wire", "message"),
+    [
+        (FrameFormat(length_size=1, length_adjustment=-3), b"\x02", "gives a body of -1"),
+        (
+            FrameFormat(length_size=2, length_includes_header=True),
+            b"\x00\x01",
+            "gives a body of -1",
+        ),
+        (FrameFormat(length_size=1, strip=5), b"\x02ab", "shorter than strip=5"),
+    ],
+)
+def test_malformed_headers_name_the_problem(fmt: FrameFormat, wire: bytes, message: str) -> None:
+    for scan in SCANS:
+        decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+        decoder.feed(wire)
+        with pytest.raises(RemoteFrameError, match=message):
+            decoder.next_frame()
+
+
+@given(fmt=frame_formats(), garbage=st.binary(max_size=400), data=st.data())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_garbage_yields_frames_or_a_frame_error_and_always_ends(
+    fmt: FrameFormat, garbage: bytes, data: st.DataObject
+) -> None:
+    decoder = FrameDecoder(fmt, scan=data.draw(st.sampled_from(SCANS)))
+    cuts = split_points(data, len(garbage))
+    frames = 0
+    error: FrameError | None = None
+    for a, b in itertools.pairwise(cuts):
+        decoder.feed(garbage[a:b])
+        # Each frame consumes at least one byte (every header does), so this loop is
+        # bounded by the bytes fed: the decoder cannot spin or hang.
+        for _ in range(len(garbage) + 2):
+            try:
+                frame = decoder.next_frame()
+            except FrameError as exc:  # anything else fails the test
+                error = exc
+                break
+            if frame is NEED_DATA:
+                break
+            assert type(frame) is bytes
+            frames += 1
+        else:
+            pytest.fail("decoder kept producing frames past the bytes fed")
+        if error is not None:
+            break
+    assert frames <= len(garbage)
+    if error is not None:
+        assert isinstance(error, RemoteFrameError)
+        state = decoder.statistics()
+        with pytest.raises(type(error)):
+            decoder.next_frame()
+        assert decoder.statistics() == state
+
+
+# ----------------------------------------------------------------- the state machine
+
+
+class DecoderMachine(RuleBasedStateMachine):
+    """Feed arbitrary chunks of an encoded stream, pull frames, compare with a model.
+
+    The model is the list of expected frames, how many bytes of the stream were fed,
+    and the end offset of every frame in the stream: after any pull that answers
+    NEED_DATA, exactly the frames whose end has been fed must have come out.
+    """
+
+    @initialize(fmt=frame_formats(), payloads=payload_lists, scan=st.sampled_from(SCANS))
+    def setup(self, fmt: FrameFormat, payloads: list[bytes], scan: str) -> None:
+        payloads = encodable(fmt, payloads) * 3
+        self.fmt = fmt
+        self.expected = [expected_output(fmt, p) for p in payloads]
+        frames = [fmt.encode(p) for p in payloads]
+        self.wire = b"".join(frames)
+        self.ends: list[int] = []
+        total = 0
+        for frame in frames:
+            total += len(frame)
+            self.ends.append(total)
+        self.fed = 0
+        self.pulled: list[bytes] = []
+        self.decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+
+    def complete_frames(self) -> int:
+        return sum(1 for end in self.ends if end <= self.fed)
+
+    @precondition(lambda self: self.fed < len(self.wire))
+    @rule(data=st.data())
+    def feed(self, data: st.DataObject) -> None:
+        size = data.draw(st.integers(1, len(self.wire) - self.fed))
+        kind = data.draw(st.sampled_from(["bytes", "bytearray", "memoryview"]))
+        self.decoder.feed(as_chunk_type(self.wire[self.fed : self.fed + size], kind))
+        self.fed += size
+
+    @rule()
+    def feed_nothing(self) -> None:
+        self.decoder.feed(b"")
+
+    @rule()
+    def pull_one(self) -> None:
+        frame = self.decoder.next_frame()
+        if frame is NEED_DATA:
+            assert len(self.pulled) == self.complete_frames()
+        else:
+            self.pulled.append(frame)
+
+    @rule(limit=st.integers(0, 5))
+    def pull_some_then_leave_the_loop(self, limit: int) -> None:
+        for i, frame in enumerate(self.decoder):
+            self.pulled.append(frame)
+            if i + 1 >= limit:
+                break
+
+    @rule()
+    def pull_all(self) -> None:
+        self.pulled.extend(self.decoder)
+        assert len(self.pulled) == self.complete_frames()
+
+    @invariant()
+    def pulled_frames_are_a_prefix_of_the_expected(self) -> None:
+        assert self.pulled == self.expected[: len(self.pulled)]
+
+    @invariant()
+    def statistics_account_for_every_byte(self) -> None:
+        stats = self.decoder.statistics()
+        assert stats.frames_decoded - stats.frames_ready == len(self.pulled)
+        cut = stats.frames_decoded
+        consumed = self.ends[cut - 1] if cut else 0
+        assert stats.bytes_buffered == self.fed - consumed
+
+
+DecoderMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30)
+TestDecoderMachine = DecoderMachine.TestCase
+
+
+# ----------------------------------------------------------------- O(n) feeding
+
+
+def test_waiting_for_a_body_fed_a_byte_at_a_time_does_not_rescan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fmt = FrameFormat()
+    calls = 0
+    real_scan = FrameFormat.scan
+
+    def counting_scan(self: FrameFormat, *args: Any, **kwargs: Any) -> tuple[int, int, int]:
+        nonlocal calls
+        calls += 1
+        return real_scan(self, *args, **kwargs)
+
+    monkeypatch.setattr(FrameFormat, "scan", counting_scan)
+    payload = bytes(range(256)) * 256  # 64 KiB
+    wire = fmt.encode(payload)
+    decoder = FrameDecoder(fmt, scan="python")
+    frame: bytes | netframe.NeedData = NEED_DATA
+    for i in range(len(wire)):
+        decoder.feed(wire[i : i + 1])
+        frame = decoder.next_frame()
+    assert frame == payload
+    # One scan per header byte (header incomplete), one that learns the body size, and
+    # one when the last byte arrives: the 65536 body bytes cost no scan each.
+    assert calls <= 4 + 2
+
+
+# ----------------------------------------------------------------- the kernel
+
+
+@st.composite
+def scan_inputs(draw: st.DrawFn) -> tuple[FrameFormat, bytes]:
+    fmt = draw(frame_formats())
+    payloads = encodable(fmt, draw(payload_lists))
+    wire = fmt.encode_many(payloads)
+    tail = draw(st.binary(max_size=30))  # partial frames and garbage after valid ones
+    cut = draw(st.integers(0, len(wire)))
+    return fmt, wire[:cut] + tail
+
+
+def kernel_scan(
+    fmt: FrameFormat, data: bytes, pos: int, capacity: int, stop_at: int
+) -> tuple[int, int, list[int]]:
+    starts = np.empty(capacity, np.int64)
+    ends = np.empty(capacity, np.int64)
+    count, stop_pos, stop = _kernels.scan_frames(
+        np.frombuffer(data, np.uint8),
+        pos,
+        len(data),
+        stop_at,
+        0 if fmt.length_size == "uvarint" else fmt.length_size,
+        fmt.byteorder == "big",
+        fmt.length_offset,
+        fmt.length_adjustment,
+        fmt.length_includes_header,
+        -1 if fmt.strip is None else fmt.strip,
+        fmt.max_frame_length,
+        starts,
+        ends,
+    )
+    bounds = [x for pair in zip(starts[:count], ends[:count], strict=True) for x in pair]
+    return int(stop_pos), int(stop), [int(x) for x in bounds]
+
+
+@needs_jit
+@given(
+    inputs=scan_inputs(),
+    capacity=st.integers(1, 20),
+    lead=st.integers(0, 3),
+    budget=st.integers(0, 2000),
+)
+@settings(max_examples=400)
+def test_kernel_and_python_loop_agree_frame_for_frame(
+    inputs: tuple[FrameFormat, bytes], capacity: int, lead: int, budget: int
+) -> None:
+    fmt, data = inputs
+    data = b"\x00" * lead + data
+    bounds: list[int] = []
+    stop_at = lead + budget
+    py_pos, py_stop, _ = fmt.scan(data, lead, len(data), capacity, bounds, stop_at=stop_at)
+    assert kernel_scan(fmt, data, lead, capacity, stop_at) == (py_pos, py_stop, bounds)
+
+
+def test_kernel_threshold_constant_matches_the_measurement_note() -> None:
+    # KERNEL_MIN_FRAMES is documented from benchmarks/bench_codec.py's scan group;
+    # it must stay a small positive count below the batch size.
+    assert 1 <= _codec.KERNEL_MIN_FRAMES < _codec._BATCH_FRAMES
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_large_buffer_spanning_several_batches(scan: str) -> None:
+    fmt = FrameFormat(length_size=2, byteorder="little")
+    payloads = [bytes([i % 251]) * (i % 70) for i in range(3 * _codec._BATCH_FRAMES + 17)]
+    payloads += [bytes([i]) * 60_000 for i in range(12)]  # several byte-bounded batches
+    payloads += [b"after"] * 50
+    wire = fmt.encode_many(payloads)
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    decoder.feed(wire[:-1])
+    assert list(decoder) == payloads[:-1]
+    decoder.feed(wire[-1:])
+    assert list(decoder) == payloads[-1:]
+
+
+DISABLED_JIT_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    import netframe
+    from netframe import _kernels, NEED_DATA, FrameDecoder, FrameFormat, FrameTooLarge
+
+    assert not _kernels.JIT_ENABLED
+    assert not hasattr(_kernels.scan_frames, "signatures")  # a plain Python function
+    for width in (1, 2, 4, 8, "uvarint"):
+        for order in ("big", "little"):
+            fmt = FrameFormat(length_size=width, byteorder=order, length_offset=1,
+                              length_adjustment=2, length_includes_header=True)
+            payloads = [bytes([i]) * (i + 2) for i in range(60)]
+            wire = fmt.encode_many(payloads)
+            for scan in ("auto", "python", "kernel"):
+                d = FrameDecoder(fmt, scan=scan)
+                out = []
+                for i in range(0, len(wire), 7):
+                    d.feed(wire[i:i + 7])
+                    out.extend(d)
+                assert out == payloads, (width, order, scan)
+                assert d.next_frame() is NEED_DATA
+    fmt = FrameFormat(length_size=8, max_frame_length=1000)
+    d = FrameDecoder(fmt, scan="kernel")
+    d.feed(fmt.encode_many([b"x"] * 20) + (2**63 + 1).to_bytes(8, "big"))
+    got = []
+    try:
+        got.extend(d)
+    except FrameTooLarge as e:
+        assert e.announced == 2**63 + 1
+    else:
+        raise AssertionError("no FrameTooLarge")
+    assert got == [b"x"] * 20
+    d = FrameDecoder(FrameFormat(length_size="uvarint"), scan="kernel")
+    d.feed(b"\\xff" * 10)
+    try:
+        d.next_frame()
+    except netframe.RemoteFrameError as e:
+        assert "longer than 10 bytes" in str(e)
+    else:
+        raise AssertionError("no RemoteFrameError")
+    print("ok")
+    """
+)
+
+
+def test_same_code_runs_with_numba_disabled() -> None:
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-c", DISABLED_JIT_SCRIPT],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+# ----------------------------------------------------------------- API surface
+
+
+def test_format_validation() -> None:
+    with pytest.raises(ValueError, match="length_size"):
+        FrameFormat(length_size=3)
+    with pytest.raises(ValueError, match="byteorder"):
+        FrameFormat(byteorder="middle")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="length_offset"):
+        FrameFormat(length_offset=-1)
+    with pytest.raises(ValueError, match="max_frame_length"):
+        FrameFormat(max_frame_length=2**60 + 1)
+    with pytest.raises(TypeError, match="max_frame_length"):
+        FrameFormat(max_frame_length=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strip"):
+        FrameFormat(strip=-1)
+    with pytest.raises(ValueError, match="scan"):
+        FrameDecoder(scan="fast")  # type: ignore[arg-type]
+    assert FrameFormat() == FrameFormat(4, "big")
+    assert hash(FrameFormat()) == hash(FrameFormat(4, "big"))
+
+
+def test_exception_taxonomy() -> None:
+    assert issubclass(FrameError, ValueError)
+    assert issubclass(LocalFrameError, FrameError)
+    assert issubclass(RemoteFrameError, FrameError)
+    assert issubclass(FrameTooLarge, RemoteFrameError)
+    assert issubclass(PayloadTooLarge, LocalFrameError)
+    assert not issubclass(FrameTooLarge, LocalFrameError)
+    assert not issubclass(PayloadTooLarge, RemoteFrameError)
+    for cls in (FrameError, LocalFrameError, RemoteFrameError, FrameTooLarge, PayloadTooLarge):
+        assert cls.__doc__
+        assert "Raised" in cls.__doc__ or cls is FrameError
+        assert cls.__module__ == "netframe"
+
+
+def test_exports_and_sentinel() -> None:
+    for name in netframe.__all__:
+        assert getattr(netframe, name) is not None
+    assert repr(NEED_DATA) == "NEED_DATA"
+    assert "Security" in (netframe.__doc__ or "")
+
+
+def test_codec_is_sans_io() -> None:
+    # The codec modules import neither trio nor gosim (checked in a fresh interpreter).
+    script = (
+        "import sys, netframe._codec, netframe._buffer, netframe._exceptions;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('trio', 'gosim')];"
+        "print(bad)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_pickled_errors_keep_their_fields() -> None:
+    error = pickle.loads(pickle.dumps(FrameTooLarge(10, 5)))
+    assert (error.announced, error.allowed) == (10, 5)
+    error2 = pickle.loads(pickle.dumps(PayloadTooLarge(10, 5)))
+    assert (error2.length, error2.allowed) == (10, 5)
+
+
+@given(fmt=frame_formats(max_frame_length=64), payload=st.binary(max_size=80))
+def test_encode_decode_single_frames(fmt: FrameFormat, payload: bytes) -> None:
+    assume(reference_frame(fmt, payload) is not None)
+    decoder = FrameDecoder(fmt)
+    decoder.feed(fmt.encode(payload))
+    assert decoder.next_frame() == expected_output(fmt, payload)
+    assert decoder.next_frame() is NEED_DATA
