@@ -1,1 +1,108 @@
-"""gosim: Go's concurrency model and runtime machinery on trio."""
+"""gosim: Go's concurrency model and runtime machinery on trio.
+
+General layout: ``gosim._core`` is the self-contained scheduler (stdlib and trio only);
+``_chan``, ``_select`` and ``time`` build on it; ``atomic``, ``spin`` and ``mem`` are
+independent of the scheduler. This file only re-exports: the public names below are the
+contract in ``DESIGN.md``.
+
+::
+
+    import gosim
+    from gosim import Chan, go, select, recv, send
+
+    async def main():
+        ch = Chan[int](0)
+        go(producer, ch)
+        async for v in ch:
+            print(v)
+
+    gosim.run(main)
+"""
+
+from gosim._chan import Chan as Chan
+from gosim._chan import close as close
+from gosim._core._exceptions import ChanError as ChanError
+from gosim._core._exceptions import CloseOfClosedChannel as CloseOfClosedChannel
+from gosim._core._exceptions import CloseOfNilChannel as CloseOfNilChannel
+from gosim._core._exceptions import Deadlock as Deadlock
+from gosim._core._exceptions import GosimError as GosimError
+from gosim._core._exceptions import NotInRuntime as NotInRuntime
+from gosim._core._exceptions import Panic as Panic
+from gosim._core._exceptions import RuntimeInternalError as RuntimeInternalError
+from gosim._core._exceptions import SendOnClosedChannel as SendOnClosedChannel
+from gosim._core._sched import RuntimeHandle as RuntimeHandle
+from gosim._core._sched import SchedStats as SchedStats
+from gosim._core._sched import go as go
+from gosim._core._sched import goexit as goexit
+from gosim._core._sched import goid as goid
+from gosim._core._sched import gomaxprocs as gomaxprocs
+from gosim._core._sched import gosched as gosched
+from gosim._core._sched import num_goroutine as num_goroutine
+from gosim._core._sched import open_runtime as open_runtime
+from gosim._core._sched import run as run
+from gosim._core._sched import schedtrace as schedtrace
+from gosim._core._sched import stats as stats
+from gosim._core._sched import syscall as syscall
+from gosim._core._sched import trio_call as trio_call
+from gosim._core._trace import Trace as Trace
+from gosim._select import recv as recv
+from gosim._select import select as select
+from gosim._select import send as send
+from gosim.time import Ticker as Ticker
+from gosim.time import Timer as Timer
+from gosim.time import after as after
+from gosim.time import after_func as after_func
+from gosim.time import now as now
+from gosim.time import sleep as sleep
+
+__all__ = [
+    "Chan",
+    "ChanError",
+    "CloseOfClosedChannel",
+    "CloseOfNilChannel",
+    "Deadlock",
+    "GosimError",
+    "NotInRuntime",
+    "Panic",
+    "RuntimeHandle",
+    "RuntimeInternalError",
+    "SchedStats",
+    "SendOnClosedChannel",
+    "Ticker",
+    "Timer",
+    "Trace",
+    "after",
+    "after_func",
+    "close",
+    "go",
+    "goexit",
+    "goid",
+    "gomaxprocs",
+    "gosched",
+    "now",
+    "num_goroutine",
+    "open_runtime",
+    "recv",
+    "run",
+    "schedtrace",
+    "select",
+    "send",
+    "sleep",
+    "stats",
+    "syscall",
+    "trio_call",
+]
+
+
+def _fixup_module_metadata() -> None:
+    # Tracebacks and reprs say gosim.Chan, not gosim._chan.Chan (as trio does).
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("gosim."):
+            try:
+                obj.__module__ = "gosim"
+            except (AttributeError, TypeError):
+                pass
+
+
+_fixup_module_metadata()

@@ -1,0 +1,395 @@
+"""Channels: Go's ``hchan`` on the gosim scheduler.
+
+A channel is a FIFO buffer of capacity ``cap`` (0 for unbuffered) and two wait queues:
+receivers parked on an empty channel (``recvq``) and senders parked on a full one
+(``sendq``). Go's rules, in the order ``chansend`` / ``chanrecv`` apply them:
+
+send(v)
+  1. closed: panic ``send on closed channel``;
+  2. a receiver is waiting (the buffer is then empty): hand v to it directly and ready it;
+  3. room in the buffer: append v;
+  4. otherwise park in ``sendq`` with v until a receiver takes it (or close panics us).
+recv()
+  1. a sender is waiting (so the buffer is full, or unbuffered): take the buffer's head
+     and move the sender's value to the tail (unbuffered: take the sender's value); ready it;
+  2. the buffer has values: take the head;
+  3. closed (and drained): the zero value, ``ok`` False;
+  4. otherwise park in ``recvq`` until a sender hands a value (or close wakes us).
+
+Invariants (Go's ``hchan``): ``recvq`` non-empty implies the buffer is empty;
+``sendq`` non-empty implies the buffer is full; a closed channel has an empty ``sendq``.
+
+The fast path (steps 1-3) completes inside the calling coroutine: no trap, no trip to
+the driver. Parked waiters are the G itself for plain operations and a Sudog for select
+cases; a select's sudogs on other channels are skipped once one of its cases has fired
+(``g.selectdone``) and removed by the select when it resumes.
+
+The zero value is ``None`` (Python has no typed zero values).
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from collections.abc import Awaitable, Generator
+from typing import Any, Generic, TypeVar, cast
+
+from gosim._core import _sched
+from gosim._core._exceptions import (
+    CloseOfClosedChannel,
+    CloseOfNilChannel,
+    NotInRuntime,
+    SendOnClosedChannel,
+)
+from gosim._core._g import RUNNABLE as _RUNNABLE
+from gosim._core._g import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog
+
+T = TypeVar("T")
+
+_PARK = _sched.PARK
+_PREEMPT = _sched.PREEMPT
+
+# Operations that complete at once count down this budget; at zero the runtime checks
+# whether the running goroutine has used up its slice (cooperative preemption).
+_budget = _sched.OP_BUDGET
+
+
+class _Ready:
+    """An awaitable that completes at once with None without running a Python frame.
+
+    ``__await__`` is a C iterator over an empty tuple: awaiting it costs a slot lookup
+    and one C call, a third of what finishing a coroutine costs.
+    """
+
+    __slots__ = ()
+    __await__ = ().__iter__
+
+
+_DONE = cast(Awaitable[None], _Ready())
+
+
+@types.coroutine
+def _preempt_point() -> Generator[Any, Any, None]:
+    """Refill the budget; yield the processor if the running G has used up its slice."""
+    global _budget
+    _budget = _sched.OP_BUDGET
+    rt = _sched._rt
+    if rt is not None and rt.preempt_check():
+        yield _PREEMPT
+
+
+def _dequeue(q: deque[Any]) -> Any:
+    """Pop the first waiter that can still be served (skip fired selects); None if none."""
+    while q:
+        w = q.popleft()
+        if w.issel:
+            g = w.g
+            if g.selectdone:
+                continue
+            g.selectdone = True
+        return w
+    return None
+
+
+class Chan(Generic[T]):
+    """A Go channel: ``Chan[int](0)`` is unbuffered, ``Chan[int](16)`` holds 16 values.
+
+    Operations block (park the goroutine) as Go's do. ``send`` on a closed channel and
+    closing twice raise :class:`gosim.ChanError` subclasses with Go's messages. Values
+    are delivered in FIFO order; blocked senders and receivers are served in arrival
+    order. ``async for v in ch`` receives until the channel is closed and drained.
+    """
+
+    __slots__ = ("__weakref__", "_buf", "_cap", "_closed", "_recvq", "_sendq")
+
+    def __init__(self, cap: int = 0) -> None:
+        if not isinstance(cap, int) or isinstance(cap, bool):
+            raise TypeError(f"makechan: size must be an int, got {type(cap).__name__}")
+        if cap < 0:
+            raise ValueError("makechan: size out of range")
+        self._cap = cap
+        self._buf: deque[T] = deque()
+        # Invariant: _recvq non-empty => _buf empty; _sendq non-empty => len(_buf) == _cap.
+        self._recvq: deque[Any] = deque()  # parked receivers: G or Sudog
+        self._sendq: deque[Any] = deque()  # parked senders: G or Sudog, value in .elem
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<Chan len={len(self._buf)} cap={self._cap}{state}>"
+
+    # ---------------------------------------------------------------- send
+
+    def send(self, value: T) -> Awaitable[None]:
+        """Send ``value``; block until a receiver takes it or there is buffer room.
+
+        ``await ch.send(v)`` at once: the operation starts when ``send`` is called (a send
+        that can complete does so then, without a coroutine frame).
+        """
+        global _budget
+        if self._closed:
+            raise SendOnClosedChannel("send on closed channel")
+        rq = self._recvq
+        if rq:
+            w = rq.popleft() if not rq[0].issel else _dequeue(rq)
+            if w is not None:
+                rt = _sched._rt
+                if rt is None:
+                    raise NotInRuntime("chan send: waking a receiver needs the runtime")
+                if w.issel:
+                    w.elem = value
+                    w.ok = True
+                    rt.goready(w.g, w)
+                else:
+                    # goready, inlined on the hottest path (see Runtime.goready).
+                    w.ok = True
+                    w.param = value
+                    w.status = _RUNNABLE
+                    if rt.trace is not None:
+                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
+                    p = rt.curp
+                    old = p.runnext
+                    p.runnext = w
+                    if old is not None:
+                        rt.runqput(p, old, False)
+                _budget -= 1
+                if _budget <= 0:
+                    return _preempt_point()
+                return _DONE
+        buf = self._buf
+        if len(buf) < self._cap:
+            buf.append(value)
+            _budget -= 1
+            if _budget <= 0:
+                return _preempt_point()
+            return _DONE
+        return self._send_park(value)
+
+    @types.coroutine
+    def _send_park(self, value: T) -> Generator[Any, Any, None]:
+        rt = _sched._rt
+        if rt is None or rt.curg is None:
+            raise NotInRuntime("chan send would block outside a gosim goroutine")
+        g = rt.curg
+        g.elem = value
+        g.waitreason = WAIT_CHAN_SEND
+        self._sendq.append(g)
+        sent = yield _PARK
+        g.elem = None
+        if not sent:
+            raise SendOnClosedChannel("send on closed channel")
+
+    def try_send(self, value: T) -> bool:
+        """Send without blocking: True when sent, False when it would block.
+
+        ``select`` with one send case and ``default``. Raises on a closed channel.
+        """
+        if self._closed:
+            raise SendOnClosedChannel("send on closed channel")
+        w = _dequeue(self._recvq) if self._recvq else None
+        if w is not None:
+            rt = _sched._rt
+            if rt is None:
+                raise NotInRuntime("chan send: waking a receiver needs the runtime")
+            if w.issel:
+                w.elem = value
+                w.ok = True
+                rt.goready(w.g, w)
+            else:
+                w.ok = True
+                rt.goready(w, value)
+            return True
+        if len(self._buf) < self._cap:
+            self._buf.append(value)
+            return True
+        return False
+
+    # ---------------------------------------------------------------- recv
+
+    @types.coroutine
+    def recv(self) -> Generator[Any, Any, T | None]:
+        """Receive a value; block until one is available. ``None`` once closed and drained."""
+        global _budget
+        buf = self._buf
+        if buf:
+            v = buf.popleft()
+            if self._sendq:
+                self._take_sender_into_buf()
+            rt = _sched._rt
+            if rt is not None:
+                _budget -= 1
+                if _budget <= 0:
+                    yield from _preempt_point()
+            return v
+        sq = self._sendq
+        if sq:
+            w = sq.popleft() if not sq[0].issel else _dequeue(sq)
+            if w is not None:
+                rt = _sched._rt
+                assert rt is not None
+                v = w.elem
+                if w.issel:
+                    rt.goready(w.g, w)
+                else:
+                    # goready, inlined on the hottest path (see Runtime.goready).
+                    w.param = True
+                    w.status = _RUNNABLE
+                    if rt.trace is not None:
+                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
+                    p = rt.curp
+                    old = p.runnext
+                    p.runnext = w
+                    if old is not None:
+                        rt.runqput(p, old, False)
+                _budget -= 1
+                if _budget <= 0:
+                    yield from _preempt_point()
+                return v
+        if self._closed:
+            return None
+        rt = _sched._rt
+        if rt is None or rt.curg is None:
+            raise NotInRuntime("chan receive would block outside a gosim goroutine")
+        g = rt.curg
+        g.waitreason = WAIT_CHAN_RECEIVE
+        self._recvq.append(g)
+        return (yield _PARK)  # type: ignore[no-any-return]
+
+    @types.coroutine
+    def recv2(self) -> Generator[Any, Any, tuple[T | None, bool]]:
+        """Go's ``v, ok := <-ch``: ``ok`` is False once the channel is closed and drained."""
+        global _budget
+        v, ok, received = self.try_recv()
+        if received:
+            rt = _sched._rt
+            if rt is not None:
+                _budget -= 1
+                if _budget <= 0:
+                    yield from _preempt_point()
+            return v, ok
+        rt = _sched._rt
+        if rt is None or rt.curg is None:
+            raise NotInRuntime("chan receive would block outside a gosim goroutine")
+        g = rt.curg
+        g.waitreason = WAIT_CHAN_RECEIVE
+        g.ok = True
+        self._recvq.append(g)
+        v = yield _PARK
+        return v, g.ok
+
+    def try_recv(self) -> tuple[T | None, bool, bool]:
+        """Receive without blocking: ``(value, ok, received)``.
+
+        ``received`` is False when it would block; ``ok`` is False for a closed, drained
+        channel (then ``received`` is True, as a select case on it would fire).
+        """
+        buf = self._buf
+        if buf:
+            v = buf.popleft()
+            if self._sendq:
+                self._take_sender_into_buf()
+            return v, True, True
+        w = _dequeue(self._sendq) if self._sendq else None
+        if w is not None:
+            rt = _sched._rt
+            if rt is None:
+                raise NotInRuntime("chan receive: waking a sender needs the runtime")
+            v = w.elem
+            if w.issel:
+                rt.goready(w.g, w)
+            else:
+                rt.goready(w, True)
+            return v, True, True
+        if self._closed:
+            return None, False, True
+        return None, False, False
+
+    def _take_sender_into_buf(self) -> None:
+        # The buffer was full with senders waiting: the head was just taken, so move the
+        # first waiting sender's value to the tail and ready it (Go's recv on a full chan).
+        w = _dequeue(self._sendq)
+        if w is None:
+            return
+        self._buf.append(w.elem)
+        rt = _sched._rt
+        assert rt is not None
+        if w.issel:
+            rt.goready(w.g, w)
+        else:
+            rt.goready(w, True)
+
+    # ---------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Close the channel: receivers drain the buffer, then get the zero value.
+
+        Every parked receiver wakes with ``(None, ok=False)``; every parked sender wakes
+        and panics ``send on closed channel``, as in Go. Closing twice raises
+        :class:`CloseOfClosedChannel`.
+        """
+        if self._closed:
+            raise CloseOfClosedChannel("close of closed channel")
+        self._closed = True
+        if not self._recvq and not self._sendq:
+            return
+        rt = _sched._rt
+        if rt is None:
+            raise NotInRuntime("close: waking parked goroutines needs the runtime")
+        # Go gathers all waiters into a list, then readies them in order.
+        woken: list[tuple[G, Any]] = []
+        while True:
+            w = _dequeue(self._recvq)
+            if w is None:
+                break
+            w.ok = False
+            if w.issel:
+                w.elem = None
+                woken.append((w.g, w))
+            else:
+                woken.append((w, None))
+        while True:
+            w = _dequeue(self._sendq)
+            if w is None:
+                break
+            w.ok = False
+            woken.append((w.g, w) if w.issel else (w, False))
+        for g, param in woken:
+            rt.goready(g, param)
+
+    # --------------------------------------------------------------- queries
+
+    def len(self) -> int:
+        """Values buffered now (Go's ``len(ch)``)."""
+        return len(self._buf)
+
+    def cap(self) -> int:
+        """The buffer's capacity (Go's ``cap(ch)``); 0 for unbuffered."""
+        return self._cap
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` has been called (Go has no such query; for tests and dumps)."""
+        return self._closed
+
+    def __aiter__(self) -> Chan[T]:
+        return self
+
+    @types.coroutine
+    def __anext__(self) -> Generator[Any, Any, T]:
+        v, ok = yield from self.recv2()
+        if not ok:
+            raise StopAsyncIteration
+        return v  # type: ignore[return-value]
+
+
+def close(ch: Chan[Any] | None) -> None:
+    """Go's ``close(ch)``, which also accepts the nil channel (``None``) and panics on it."""
+    if ch is None:
+        raise CloseOfNilChannel("close of nil channel")
+    ch.close()
+
+
+__all__ = ["Chan", "Sudog", "close"]

@@ -1,0 +1,114 @@
+"""Goroutine records (G) and select waiters (Sudog): the data the scheduler moves around.
+
+Glossary
+--------
+G
+    One goroutine: a native coroutine plus the record the scheduler keeps for it. Gs sit
+    in exactly one place at a time: a P's ``runnext`` slot or local run queue, the global
+    run queue, a channel's wait queue (parked), a timer (sleeping), a syscall thread, or
+    nowhere (running). Mirrors Go's ``g`` (``runtime2.go``).
+Sudog
+    A G waiting on one case of a ``select``: Go's ``sudog`` with ``isSelect`` set. A plain
+    channel operation queues the G itself (no Sudog) because it waits on one channel only;
+    that saves an allocation on the hottest path.
+
+Status values follow Go's ``_Gidle`` ... ``_Gdead`` (``runtime2.go``), with the
+transitions tabled in :data:`TRANSITIONS` (checked under the debug flag by the scheduler,
+and by ``tests/gosim/test_g.py`` against the scheduler's behaviour).
+
+G records avoid reference cycles once the goroutine is dead: the scheduler clears
+``coro``, ``param`` and ``elem`` so a dead G on the free list holds nothing alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+IDLE: Final = 0  # just allocated, never run (Go's _Gidle)
+RUNNABLE: Final = 1  # on a run queue, not running (_Grunnable)
+RUNNING: Final = 2  # being stepped by the driver on some P (_Grunning)
+SYSCALL: Final = 3  # executing a blocking call on an OS thread (_Gsyscall)
+WAITING: Final = 4  # parked: a channel, timer, lock or I/O will ready it (_Gwaiting)
+DEAD: Final = 5  # exited; record on a free list for reuse (_Gdead)
+
+STATUS_NAMES: Final = ("idle", "runnable", "running", "syscall", "waiting", "dead")
+
+# Legal status transitions, as Go's casgstatus allows them. The scheduler only moves a G
+# along these edges; a test drives programs under the debug flag that checks each move.
+TRANSITIONS: Final[frozenset[tuple[int, int]]] = frozenset(
+    {
+        (IDLE, RUNNABLE),  # newproc
+        (DEAD, RUNNABLE),  # newproc reusing a free G
+        (RUNNABLE, RUNNING),  # execute
+        (RUNNING, RUNNABLE),  # gosched, preemption
+        (RUNNING, WAITING),  # gopark
+        (RUNNING, SYSCALL),  # entersyscall
+        (RUNNING, DEAD),  # goexit0
+        (WAITING, RUNNABLE),  # goready
+        (SYSCALL, RUNNABLE),  # exitsyscall
+        (RUNNABLE, DEAD),  # runtime shutdown closes queued goroutines
+        (WAITING, DEAD),  # runtime shutdown closes parked goroutines
+        (SYSCALL, DEAD),  # runtime shutdown abandons a goroutine in a syscall
+    }
+)
+
+# Go's wait reasons (runtime2.go waitReasonStrings), as they appear in dumps.
+WAIT_CHAN_RECEIVE: Final = "chan receive"
+WAIT_CHAN_SEND: Final = "chan send"
+WAIT_CHAN_RECEIVE_NIL: Final = "chan receive (nil chan)"
+WAIT_CHAN_SEND_NIL: Final = "chan send (nil chan)"
+WAIT_SELECT: Final = "select"
+WAIT_SELECT_NO_CASES: Final = "select (no cases)"
+WAIT_SLEEP: Final = "sleep"
+WAIT_IO: Final = "IO wait"
+WAIT_TRIO_CALL: Final = "trio call"
+
+
+class G:
+    """One goroutine's record. Fields are read and written by the scheduler and channels."""
+
+    __slots__ = (
+        "coro",
+        "elem",
+        "fn",
+        "goid",
+        "ok",
+        "p",
+        "param",
+        "parent",
+        "selectdone",
+        "status",
+        "waitreason",
+    )
+    issel: bool = False  # class constant: a plain G waiting in a channel queue
+
+    def __init__(self) -> None:
+        self.goid = 0
+        self.coro: Any = None  # Invariant: None exactly when status is IDLE or DEAD
+        self.fn: Any = None  # the function started, for dumps
+        self.status = IDLE
+        self.waitreason = ""
+        # The value handed to the G when it is next stepped (coro.send(param)).
+        self.param: Any = None
+        self.elem: Any = None  # value being sent while parked in a channel's sendq
+        self.ok = True  # receive: False when woken by close; send: False = closed
+        self.p: Any = None  # the P this G last ran on (exitsyscall prefers it)
+        self.parent = 0  # goid of the creator, for "created by" in dumps
+        self.selectdone = False  # Invariant: set once one of a select's cases fired
+
+    def __repr__(self) -> str:
+        return f"<G {self.goid} {STATUS_NAMES[self.status]} {self.waitreason!r}>"
+
+
+class Sudog:
+    """A G queued on one channel for one case of a select (Go's sudog with isSelect)."""
+
+    __slots__ = ("caseidx", "ch", "elem", "g", "ok")
+    issel: bool = True
+
+    def __init__(self, g: G, ch: Any, caseidx: int, elem: Any) -> None:
+        self.g = g
+        self.ch = ch
+        self.caseidx = caseidx
+        self.elem = elem
+        self.ok = True

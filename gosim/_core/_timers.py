@@ -1,0 +1,105 @@
+"""Runtime timers and the per-P timer heap (Go's ``time.go`` timers, simplified).
+
+A :class:`Timer` is armed at most once at a time on one P's :class:`TimerHeap`. When it
+expires the driver calls ``timer.fire(now)`` on that P: sleeping goroutines are readied,
+timer channels get a non-blocking send, ``after_func`` starts a goroutine. Periodic
+timers (tickers) are re-armed one period after the last tick they covered.
+
+Stopping or re-arming does not search the heap: the heap entry carries the sequence
+number it was pushed with and an entry whose number no longer matches its timer's is
+stale and skipped when it reaches the top (Go's ``timerModifiedLater`` / ``timerDeleted``
+idea). The heap is rebuilt when stale entries outnumber live ones, so a timer reset
+millions of times (an idle timeout, say) cannot grow it without bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from typing import Any
+
+
+class Timer:
+    """One runtime timer: ``f(arg, now)`` runs on the driver when it fires."""
+
+    __slots__ = ("arg", "armed", "f", "p", "period", "seq", "when")
+
+    def __init__(self, f: Callable[[Any, float], None], arg: Any, period: float = 0.0) -> None:
+        self.f = f
+        self.arg = arg
+        self.period = period
+        self.when = 0.0
+        self.p: Any = None  # the P whose heap holds the timer
+        self.armed = False  # Invariant: armed iff a live heap entry carries self.seq
+        self.seq = 0
+
+    def fire(self, now: float) -> None:
+        self.f(self.arg, now)
+
+
+class TimerHeap:
+    """A min-heap of (when, seq, timer) with lazy deletion; see the module docstring."""
+
+    __slots__ = ("heap", "nlive")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Timer]] = []
+        self.nlive = 0
+
+    def __len__(self) -> int:
+        return self.nlive
+
+    def push(self, t: Timer, when: float, seq: int) -> None:
+        t.seq = seq
+        t.armed = True
+        t.when = when
+        heapq.heappush(self.heap, (when, seq, t))
+        self.nlive += 1
+
+    def discard(self, t: Timer) -> None:
+        """Disarm t; its entry becomes stale."""
+        if not t.armed:
+            return
+        t.armed = False
+        self.nlive -= 1
+        if len(self.heap) > 64 and len(self.heap) > 2 * self.nlive + 64:
+            self.heap = [e for e in self.heap if e[2].armed and e[2].seq == e[1]]
+            heapq.heapify(self.heap)
+
+    def _clean_top(self) -> None:
+        heap = self.heap
+        while heap:
+            _, seq, t = heap[0]
+            if t.armed and t.seq == seq:
+                return
+            heapq.heappop(heap)
+
+    def earliest(self) -> float:
+        """When the earliest armed timer fires, or infinity."""
+        self._clean_top()
+        return self.heap[0][0] if self.heap else math.inf
+
+    def pop_expired(self, now: float) -> Timer | None:
+        """Disarm and return the earliest timer if it is due at ``now``, else None."""
+        self._clean_top()
+        heap = self.heap
+        if heap and heap[0][0] <= now:
+            _, _, t = heapq.heappop(heap)
+            t.armed = False
+            self.nlive -= 1
+            return t
+        return None
+
+    def drain(self) -> list[Timer]:
+        """Remove and return every armed timer (still marked armed), earliest first."""
+        live = sorted(
+            (e for e in self.heap if e[2].armed and e[2].seq == e[1]), key=lambda e: (e[0], e[1])
+        )
+        self.heap = []
+        self.nlive = 0
+        out = []
+        for _, _, t in live:
+            t.armed = False
+            out.append(t)
+        return out
