@@ -1,0 +1,833 @@
+"""The gosim core against trio, asyncio, gevent and Go, five workloads side by side.
+
+Run: ``pytest benchmarks/bench_core.py --benchmark-json=core.json`` (real timings), then
+``python benchmarks/report_core.py core.json`` prints the per-op table and gosim's
+ratios. ``--benchmark-disable`` runs every case once at a small size (the CI smoke run);
+``BENCH_CORE_QUICK=1`` uses the small sizes with timing on.
+
+Groups (one per workload; each op is what ``ns_per_op`` is per):
+
+* ``spawn-join`` (op = a spawn): 100,000 goroutines, each doing trivial work (``i * 2``)
+  and signalling done on a channel with room for all; join = receive all 100,000.
+* ``pingpong`` (op = a round trip): two goroutines, two unbuffered channels.
+* ``buffered`` (op = an item): one producer, one consumer, a channel of capacity 1024.
+* ``ring`` (op = a hop): 1,000 goroutines on unbuffered channels pass a token that
+  counts down the hops left.
+* ``select2`` (op = a select that received): one goroutine selects over two unbuffered
+  channels fed by two producers, dropping a channel (Go's nil) once it is closed.
+
+Peers, and what stands in where a library lacks the Go construct:
+
+* ``gosim``: the public API (``run``, ``go``, ``Chan``, ``select``, ``recv``) with
+  ``procs=1``; ``BENCH_CORE_GOSIM_PROCS=1,2`` adds ``gosim-p2``. Skipped with
+  "gosim core not available" until ``gosim`` exports that API.
+* ``go`` (item id ``go-subprocess``): ``benchmarks/go/core`` (``testing.B``), compiled
+  once per session with ``go test -c`` and run once per workload in a subprocess with
+  ``GOMAXPROCS=1``.
+* ``gevent``: greenlets, ``gevent.queue.Channel`` (a rendezvous, so unbuffered) and
+  ``gevent.queue.Queue(maxsize)``. It runs in-process without monkey patching: nothing
+  is patched, the hub only runs while a gevent round switches into it, and trio,
+  asyncio and ``subprocess`` are unaffected (gevent resets its SIGCHLD handling unless
+  patched), so a subprocess would only add noise.
+* ``asyncio``: tasks and ``asyncio.Queue``. asyncio has no rendezvous queue:
+  ``Queue(1)`` stands in for an unbuffered channel.
+* ``trio``: tasks in a nursery and ``trio.open_memory_channel``.
+
+``select2`` has no direct equivalent outside gosim and Go; each peer uses its
+idiomatic way to wait on either of two queues: asyncio keeps one pending ``get`` task
+per queue and waits with ``asyncio.wait(FIRST_COMPLETED)``; gevent does the same with
+getter greenlets and ``gevent.wait(count=1)``; trio tries ``receive_nowait`` on both
+(in random order, as Go's select polls) and otherwise races two ``receive`` calls in a
+nursery, keeping a value that both racers got for the next select.
+
+How per-op times are taken (``extra_info``, what ``report_core.py`` reads):
+
+* Python peers: each round starts its runtime (``gosim.run``, ``trio.run``,
+  ``asyncio.run``, a gevent greenlet) and runs the workload; pytest-benchmark's stats
+  time the whole round. The measured phase (the part Go's benchmark times after
+  ``b.ResetTimer``: no runtime start, no ring construction or teardown) is also timed
+  with ``perf_counter`` inside the runtime. ``ns_per_op`` is the median phase over the
+  rounds divided by the ops in a round, ``ns_per_op_min`` the fastest, and
+  ``round_overhead`` the share of a median round spent outside the phase.
+* Go: pytest-benchmark times the ``go test`` subprocess (process start and
+  ``testing.B``'s calibration included, so its stats are *not* per-op comparable);
+  ``ns_per_op`` is the median of ``testing.B``'s own ns/op over ``-test.count`` runs,
+  with every ns/op in ``go_ns_per_op``. Go's b.N counts single ops, so its ns/op is
+  already per op.
+
+Every round checks its answer (sums, counts, the ring's last node), so a runtime that
+loses or duplicates a value fails instead of reporting a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.queue
+import pytest
+import trio
+
+import gosim
+
+# The public names the gosim workloads use; the gosim cases run once all exist.
+GOSIM_API = ("run", "go", "Chan", "select", "recv")
+GOSIM_READY = all(hasattr(gosim, name) for name in GOSIM_API)
+GOSIM_PROCS = tuple(int(p) for p in os.environ.get("BENCH_CORE_GOSIM_PROCS", "1").split(","))
+
+GO_DIR = Path(__file__).parent / "go" / "core"
+GO = shutil.which("go")
+
+RING = 1000  # goroutines in the ring; must match RingSize in benchmarks/go/core/core.go
+BUFFER = 1024  # capacity of the buffered channel
+QUICK = os.environ.get("BENCH_CORE_QUICK", "") not in ("", "0")
+
+# Rounds: one untimed warm-up round also measures the round time; then enough rounds to
+# fill ROUND_BUDGET seconds, between MIN_ROUNDS and MAX_ROUNDS.
+ROUND_BUDGET = float(os.environ.get("BENCH_CORE_BUDGET", "0.6"))
+MIN_ROUNDS = 3
+MAX_ROUNDS = 15
+
+# Go: benchtime per run and runs per workload; the smoke run uses a fixed small b.N.
+GO_BENCHTIME = os.environ.get("BENCH_CORE_GO_BENCHTIME", "300ms")
+GO_COUNT = 3
+GO_SMOKE_BENCHTIME = "1000x"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One group: its size, the unit of one op, and its twin in core_test.go."""
+
+    group: str
+    unit: str
+    n: int  # ops per round in a timed run
+    quick_n: int  # ops per round under --benchmark-disable or BENCH_CORE_QUICK
+    go_bench: str
+    expect: Callable[[int], object]  # the answer a correct round returns for n ops
+
+
+def _sum_below(n: int) -> int:
+    return n * (n - 1) // 2
+
+
+WORKLOADS = {
+    "spawn-join": Workload(
+        "spawn-join", "spawn", 100_000, 2_000, "BenchmarkSpawnJoin", lambda n: n * (n - 1)
+    ),
+    "pingpong": Workload("pingpong", "round trip", 20_000, 500, "BenchmarkPingPong", lambda n: n),
+    "buffered": Workload(
+        "buffered", "item", 50_000, 5_000, "BenchmarkBuffered", lambda n: (n, _sum_below(n))
+    ),
+    "ring": Workload("ring", "hop", 20_000, 2_500, "BenchmarkRing", lambda n: n % RING),
+    "select2": Workload(
+        "select2", "select", 20_000, 500, "BenchmarkSelect2", lambda n: (n, _sum_below(n))
+    ),
+}
+
+# A round: run the workload for n ops in a fresh runtime; return (answer, phase seconds).
+Round = Callable[[int], tuple[object, float]]
+
+# ============================================================================== gosim
+# Written against the public contract in shared/DESIGN.md. Names are looked up on the
+# module at call time so this file imports while the core is still being written.
+# Channels are typed Any here: ``Chan[int].recv`` is ``int | None`` (the zero value of a
+# closed channel), and narrowing it in the loop would add work the peers do not do.
+
+
+async def _gosim_spawn_worker(done: Any, i: int) -> None:
+    await done.send(i * 2)
+
+
+async def _gosim_spawn_join(n: int) -> tuple[object, float]:
+    go = gosim.go
+    done: Any = gosim.Chan[int](n)
+    t0 = time.perf_counter()
+    for i in range(n):
+        go(_gosim_spawn_worker, done, i)
+    total = 0
+    for _ in range(n):
+        total += await done.recv()
+    return total, time.perf_counter() - t0
+
+
+async def _gosim_ponger(ping: Any, pong: Any) -> None:
+    async for v in ping:
+        await pong.send(v + 1)
+
+
+async def _gosim_pingpong(n: int) -> tuple[object, float]:
+    ping: Any = gosim.Chan[int](0)
+    pong: Any = gosim.Chan[int](0)
+    gosim.go(_gosim_ponger, ping, pong)
+    t0 = time.perf_counter()
+    v = 0
+    for _ in range(n):
+        await ping.send(v)
+        v = await pong.recv()
+    phase = time.perf_counter() - t0
+    ping.close()
+    return v, phase
+
+
+async def _gosim_produce(ch: Any, lo: int, hi: int) -> None:
+    for i in range(lo, hi):
+        await ch.send(i)
+    ch.close()
+
+
+async def _gosim_buffered(n: int) -> tuple[object, float]:
+    ch: Any = gosim.Chan[int](BUFFER)
+    t0 = time.perf_counter()
+    gosim.go(_gosim_produce, ch, 0, n)
+    count = total = 0
+    async for v in ch:
+        count += 1
+        total += v
+    return (count, total), time.perf_counter() - t0
+
+
+async def _gosim_ring_node(idx: int, inbox: Any, outbox: Any, done: Any) -> None:
+    async for v in inbox:
+        if v == 0:
+            await done.send(idx)
+        else:
+            await outbox.send(v - 1)
+
+
+async def _gosim_ring(n: int) -> tuple[object, float]:
+    chans: list[Any] = [gosim.Chan[int](0) for _ in range(RING)]
+    done: Any = gosim.Chan[int](1)
+    for i in range(RING):
+        gosim.go(_gosim_ring_node, i, chans[i], chans[(i + 1) % RING], done)
+    t0 = time.perf_counter()
+    await chans[0].send(n)
+    last = await done.recv()
+    phase = time.perf_counter() - t0
+    for ch in chans:
+        ch.close()
+    return last, phase
+
+
+async def _gosim_select2(n: int) -> tuple[object, float]:
+    select, recv = gosim.select, gosim.recv
+    a: Any = gosim.Chan[int](0)
+    b: Any = gosim.Chan[int](0)
+    t0 = time.perf_counter()
+    gosim.go(_gosim_produce, a, 0, n // 2)
+    gosim.go(_gosim_produce, b, n // 2, n)
+    count = total = 0
+    while a is not None or b is not None:
+        i, v, ok = await select(recv(a), recv(b))
+        if not ok:  # closed: stop selecting on it, as Go code sets it to nil
+            if i == 0:
+                a = None
+            else:
+                b = None
+            continue
+        count += 1
+        total += v
+    return (count, total), time.perf_counter() - t0
+
+
+def _gosim_round(
+    main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]], procs: int
+) -> Round:
+    def run(n: int) -> tuple[object, float]:
+        result: tuple[object, float] = gosim.run(main, n, procs=procs)
+        return result
+
+    return run
+
+
+# =============================================================================== trio
+
+
+async def _trio_spawn_worker(done: trio.MemorySendChannel[int], i: int) -> None:
+    await done.send(i * 2)
+
+
+async def _trio_spawn_join(n: int) -> tuple[object, float]:
+    tx, rx = trio.open_memory_channel[int](n)
+    t0 = time.perf_counter()
+    total = 0
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(_trio_spawn_worker, tx, i)
+        for _ in range(n):
+            total += await rx.receive()
+    return total, time.perf_counter() - t0
+
+
+async def _trio_ponger(
+    ping: trio.MemoryReceiveChannel[int], pong: trio.MemorySendChannel[int]
+) -> None:
+    async for v in ping:
+        await pong.send(v + 1)
+
+
+async def _trio_pingpong(n: int) -> tuple[object, float]:
+    ping_tx, ping_rx = trio.open_memory_channel[int](0)
+    pong_tx, pong_rx = trio.open_memory_channel[int](0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_trio_ponger, ping_rx, pong_tx)
+        t0 = time.perf_counter()
+        v = 0
+        for _ in range(n):
+            await ping_tx.send(v)
+            v = await pong_rx.receive()
+        phase = time.perf_counter() - t0
+        ping_tx.close()
+    return v, phase
+
+
+async def _trio_produce(tx: trio.MemorySendChannel[int], lo: int, hi: int) -> None:
+    async with tx:
+        for i in range(lo, hi):
+            await tx.send(i)
+
+
+async def _trio_buffered(n: int) -> tuple[object, float]:
+    tx, rx = trio.open_memory_channel[int](BUFFER)
+    t0 = time.perf_counter()
+    count = total = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_trio_produce, tx, 0, n)
+        async for v in rx:
+            count += 1
+            total += v
+    return (count, total), time.perf_counter() - t0
+
+
+async def _trio_ring_node(
+    idx: int,
+    inbox: trio.MemoryReceiveChannel[int],
+    outbox: trio.MemorySendChannel[int],
+    done: trio.MemorySendChannel[int],
+) -> None:
+    async for v in inbox:
+        if v == 0:
+            await done.send(idx)
+        else:
+            await outbox.send(v - 1)
+
+
+async def _trio_ring(n: int) -> tuple[object, float]:
+    pairs = [trio.open_memory_channel[int](0) for _ in range(RING)]
+    done_tx, done_rx = trio.open_memory_channel[int](1)
+    async with trio.open_nursery() as nursery:
+        for i in range(RING):
+            nursery.start_soon(_trio_ring_node, i, pairs[i][1], pairs[(i + 1) % RING][0], done_tx)
+        t0 = time.perf_counter()
+        await pairs[0][0].send(n)
+        last = await done_rx.receive()
+        phase = time.perf_counter() - t0
+        for tx, _ in pairs:  # every node's inbox ends: its only sender is closed
+            tx.close()
+    return last, phase
+
+
+class _TrioSelect2:
+    """Select over two trio receive channels: ``receive_nowait`` on each in random
+    order, else race two ``receive`` calls in a nursery. Both racers can get a value
+    before the cancel lands (trio hands a value to a waiting receiver directly), so a
+    second value is kept and returned by the next call rather than lost."""
+
+    def __init__(
+        self, a: trio.MemoryReceiveChannel[int], b: trio.MemoryReceiveChannel[int]
+    ) -> None:
+        self.chans: list[trio.MemoryReceiveChannel[int] | None] = [a, b]
+        self.kept: list[tuple[int, int | None]] = []
+
+    def _nowait(self, i: int) -> tuple[int, int | None] | None:
+        ch = self.chans[i]
+        if ch is None:
+            return None
+        try:
+            return i, ch.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        except trio.EndOfChannel:
+            return i, None
+
+    async def _race(self, nursery: trio.Nursery, i: int, got: list[tuple[int, int | None]]) -> None:
+        ch = self.chans[i]
+        assert ch is not None
+        try:
+            v: int | None = await ch.receive()
+        except trio.EndOfChannel:
+            v = None
+        got.append((i, v))
+        nursery.cancel_scope.cancel()
+
+    async def select(self) -> tuple[int, int | None]:
+        """(index, value); value None means that channel is closed, and it is dropped."""
+        if self.kept:
+            return self._drop_closed(self.kept.pop())
+        first = random.getrandbits(1)
+        for i in (first, 1 - first):
+            hit = self._nowait(i)
+            if hit is not None:
+                return self._drop_closed(hit)
+        got: list[tuple[int, int | None]] = []
+        async with trio.open_nursery() as nursery:
+            for i in (0, 1):
+                if self.chans[i] is not None:
+                    nursery.start_soon(self._race, nursery, i, got)
+        self.kept.extend(got[1:])
+        return self._drop_closed(got[0])
+
+    def _drop_closed(self, hit: tuple[int, int | None]) -> tuple[int, int | None]:
+        if hit[1] is None:
+            self.chans[hit[0]] = None
+        return hit
+
+    def live(self) -> bool:
+        return bool(self.kept) or any(ch is not None for ch in self.chans)
+
+
+async def _trio_select2(n: int) -> tuple[object, float]:
+    a_tx, a_rx = trio.open_memory_channel[int](0)
+    b_tx, b_rx = trio.open_memory_channel[int](0)
+    sel = _TrioSelect2(a_rx, b_rx)
+    t0 = time.perf_counter()
+    count = total = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_trio_produce, a_tx, 0, n // 2)
+        nursery.start_soon(_trio_produce, b_tx, n // 2, n)
+        while sel.live():
+            _, v = await sel.select()
+            if v is not None:
+                count += 1
+                total += v
+    return (count, total), time.perf_counter() - t0
+
+
+def _trio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]]) -> Round:
+    return lambda n: trio.run(main, n)
+
+
+# ============================================================================ asyncio
+# None is the end-of-stream sentinel: asyncio.Queue cannot be closed.
+
+
+async def _asyncio_spawn_worker(done: asyncio.Queue[int], i: int) -> None:
+    await done.put(i * 2)
+
+
+async def _asyncio_spawn_join(n: int) -> tuple[object, float]:
+    done: asyncio.Queue[int] = asyncio.Queue(n)
+    t0 = time.perf_counter()
+    total = 0
+    async with asyncio.TaskGroup() as tg:
+        for i in range(n):
+            tg.create_task(_asyncio_spawn_worker(done, i))
+        for _ in range(n):
+            total += await done.get()
+    return total, time.perf_counter() - t0
+
+
+async def _asyncio_ponger(ping: asyncio.Queue[int | None], pong: asyncio.Queue[int]) -> None:
+    while (v := await ping.get()) is not None:
+        await pong.put(v + 1)
+
+
+async def _asyncio_pingpong(n: int) -> tuple[object, float]:
+    ping: asyncio.Queue[int | None] = asyncio.Queue(1)
+    pong: asyncio.Queue[int] = asyncio.Queue(1)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(_asyncio_ponger(ping, pong))
+        t0 = time.perf_counter()
+        v = 0
+        for _ in range(n):
+            await ping.put(v)
+            v = await pong.get()
+        phase = time.perf_counter() - t0
+        await ping.put(None)
+    return v, phase
+
+
+async def _asyncio_produce(q: asyncio.Queue[int | None], lo: int, hi: int) -> None:
+    for i in range(lo, hi):
+        await q.put(i)
+    await q.put(None)
+
+
+async def _asyncio_buffered(n: int) -> tuple[object, float]:
+    q: asyncio.Queue[int | None] = asyncio.Queue(BUFFER)
+    t0 = time.perf_counter()
+    count = total = 0
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(_asyncio_produce(q, 0, n))
+        while (v := await q.get()) is not None:
+            count += 1
+            total += v
+    return (count, total), time.perf_counter() - t0
+
+
+async def _asyncio_ring_node(
+    idx: int,
+    inbox: asyncio.Queue[int | None],
+    outbox: asyncio.Queue[int | None],
+    done: asyncio.Queue[int],
+) -> None:
+    while (v := await inbox.get()) is not None:
+        if v == 0:
+            await done.put(idx)
+        else:
+            await outbox.put(v - 1)
+
+
+async def _asyncio_ring(n: int) -> tuple[object, float]:
+    queues: list[asyncio.Queue[int | None]] = [asyncio.Queue(1) for _ in range(RING)]
+    done: asyncio.Queue[int] = asyncio.Queue(1)
+    async with asyncio.TaskGroup() as tg:
+        for i in range(RING):
+            tg.create_task(_asyncio_ring_node(i, queues[i], queues[(i + 1) % RING], done))
+        t0 = time.perf_counter()
+        await queues[0].put(n)
+        last = await done.get()
+        phase = time.perf_counter() - t0
+        for q in queues:  # all empty now: the token stopped at the node that sent on done
+            q.put_nowait(None)
+    return last, phase
+
+
+async def _asyncio_select2(n: int) -> tuple[object, float]:
+    queues: list[asyncio.Queue[int | None]] = [asyncio.Queue(1), asyncio.Queue(1)]
+    t0 = time.perf_counter()
+    count = total = 0
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(_asyncio_produce(queues[0], 0, n // 2))
+        tg.create_task(_asyncio_produce(queues[1], n // 2, n))
+        # One pending get per live queue survives across selects, so nothing is lost.
+        pending = {asyncio.create_task(q.get()): i for i, q in enumerate(queues)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            task = next(iter(done))
+            i = pending.pop(task)
+            v = task.result()
+            if v is None:  # closed: drop it
+                continue
+            count += 1
+            total += v
+            pending[asyncio.create_task(queues[i].get())] = i
+    return (count, total), time.perf_counter() - t0
+
+
+def _asyncio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]]) -> Round:
+    return lambda n: asyncio.run(main(n))
+
+
+# ============================================================================= gevent
+# No monkey patching; None is the end-of-stream sentinel.
+
+
+def _gevent_spawn_join(n: int) -> tuple[object, float]:
+    done: gevent.queue.Queue = gevent.queue.Queue(n)
+    t0 = time.perf_counter()
+    for i in range(n):
+        gevent.spawn(done.put, i * 2)
+    total = 0
+    for _ in range(n):
+        total += done.get()
+    return total, time.perf_counter() - t0
+
+
+def _gevent_ponger(ping: gevent.queue.Channel, pong: gevent.queue.Channel) -> None:
+    while (v := ping.get()) is not None:
+        pong.put(v + 1)
+
+
+def _gevent_pingpong(n: int) -> tuple[object, float]:
+    ping, pong = gevent.queue.Channel(), gevent.queue.Channel()
+    ponger = gevent.spawn(_gevent_ponger, ping, pong)
+    t0 = time.perf_counter()
+    v = 0
+    for _ in range(n):
+        ping.put(v)
+        v = pong.get()
+    phase = time.perf_counter() - t0
+    ping.put(None)
+    ponger.get()
+    return v, phase
+
+
+def _gevent_produce(q: Any, lo: int, hi: int) -> None:
+    for i in range(lo, hi):
+        q.put(i)
+    q.put(None)
+
+
+def _gevent_buffered(n: int) -> tuple[object, float]:
+    q: gevent.queue.Queue = gevent.queue.Queue(BUFFER)
+    t0 = time.perf_counter()
+    gevent.spawn(_gevent_produce, q, 0, n)
+    count = total = 0
+    while (v := q.get()) is not None:
+        count += 1
+        total += v
+    return (count, total), time.perf_counter() - t0
+
+
+def _gevent_ring_node(
+    idx: int, inbox: gevent.queue.Channel, outbox: gevent.queue.Channel, done: gevent.queue.Queue
+) -> None:
+    while (v := inbox.get()) is not None:
+        if v == 0:
+            done.put(idx)
+        else:
+            outbox.put(v - 1)
+
+
+def _gevent_ring(n: int) -> tuple[object, float]:
+    chans = [gevent.queue.Channel() for _ in range(RING)]
+    done: gevent.queue.Queue = gevent.queue.Queue(1)
+    nodes = [
+        gevent.spawn(_gevent_ring_node, i, chans[i], chans[(i + 1) % RING], done)
+        for i in range(RING)
+    ]
+    t0 = time.perf_counter()
+    chans[0].put(n)
+    last = done.get()
+    phase = time.perf_counter() - t0
+    for ch in chans:  # a rendezvous: each put waits for its node to take the sentinel
+        ch.put(None)
+    gevent.joinall(nodes, raise_error=True)
+    return last, phase
+
+
+def _gevent_select2(n: int) -> tuple[object, float]:
+    chans = [gevent.queue.Channel(), gevent.queue.Channel()]
+    t0 = time.perf_counter()
+    gevent.spawn(_gevent_produce, chans[0], 0, n // 2)
+    gevent.spawn(_gevent_produce, chans[1], n // 2, n)
+    count = total = 0
+    # One pending getter greenlet per live channel survives across selects.
+    pending = {gevent.spawn(ch.get): i for i, ch in enumerate(chans)}
+    while pending:
+        ready = gevent.wait(list(pending), count=1)
+        getter = ready[0]
+        i = pending.pop(getter)
+        v = getter.get()
+        if v is None:  # closed: drop it
+            continue
+        count += 1
+        total += v
+        pending[gevent.spawn(chans[i].get)] = i
+    return (count, total), time.perf_counter() - t0
+
+
+def _gevent_round(main: Callable[[int], tuple[object, float]]) -> Round:
+    # Run in a greenlet of its own, as the other peers run inside their runtime; get()
+    # re-raises whatever the round raised.
+    def run(n: int) -> tuple[object, float]:
+        result: tuple[object, float] = gevent.spawn(main, n).get()
+        return result
+
+    return run
+
+
+# ============================================================================ drivers
+
+PYTHON_ROUNDS: dict[str, dict[str, Round]] = {
+    "spawn-join": {
+        "trio": _trio_round(_trio_spawn_join),
+        "asyncio": _asyncio_round(_asyncio_spawn_join),
+        "gevent": _gevent_round(_gevent_spawn_join),
+    },
+    "pingpong": {
+        "trio": _trio_round(_trio_pingpong),
+        "asyncio": _asyncio_round(_asyncio_pingpong),
+        "gevent": _gevent_round(_gevent_pingpong),
+    },
+    "buffered": {
+        "trio": _trio_round(_trio_buffered),
+        "asyncio": _asyncio_round(_asyncio_buffered),
+        "gevent": _gevent_round(_gevent_buffered),
+    },
+    "ring": {
+        "trio": _trio_round(_trio_ring),
+        "asyncio": _asyncio_round(_asyncio_ring),
+        "gevent": _gevent_round(_gevent_ring),
+    },
+    "select2": {
+        "trio": _trio_round(_trio_select2),
+        "asyncio": _asyncio_round(_asyncio_select2),
+        "gevent": _gevent_round(_gevent_select2),
+    },
+}
+
+GOSIM_MAINS = {
+    "spawn-join": _gosim_spawn_join,
+    "pingpong": _gosim_pingpong,
+    "buffered": _gosim_buffered,
+    "ring": _gosim_ring,
+    "select2": _gosim_select2,
+}
+
+
+def _gosim_peer(procs: int) -> str:
+    return "gosim" if procs == 1 else f"gosim-p{procs}"
+
+
+def _round_for(workload: str, peer: str) -> Round:
+    if peer.startswith("gosim"):
+        procs = 1 if peer == "gosim" else int(peer.removeprefix("gosim-p"))
+        return _gosim_round(GOSIM_MAINS[workload], procs)
+    return PYTHON_ROUNDS[workload][peer]
+
+
+def _quick(benchmark: Any) -> bool:
+    return QUICK or bool(benchmark.disabled)
+
+
+def _run_python(benchmark: Any, wl: Workload, peer: str) -> None:
+    """Time one Python peer on one workload and record its per-op figures."""
+    one = _round_for(wl.group, peer)
+    n = wl.quick_n if _quick(benchmark) else wl.n
+    want = wl.expect(n)
+    phases: list[float] = []
+
+    def one_round() -> None:
+        got, phase = one(n)
+        if got != want:
+            raise AssertionError(f"{peer} {wl.group}: answer {got!r}, want {want!r}")
+        phases.append(phase)
+
+    if benchmark.disabled:
+        benchmark.pedantic(one_round)  # disabled: a single untimed call
+    else:
+        start = time.perf_counter()
+        one_round()  # warm-up, also the estimate of a round's cost
+        first = time.perf_counter() - start
+        phases.clear()
+        rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(ROUND_BUDGET / first)))
+        benchmark.pedantic(one_round, rounds=rounds, iterations=1)
+    info = benchmark.extra_info
+    info.update(workload=wl.group, peer=peer, unit=wl.unit, ops=n, rounds=len(phases))
+    info["ns_per_op"] = statistics.median(phases) / n * 1e9
+    info["ns_per_op_min"] = min(phases) / n * 1e9
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None:
+        median_round = stats.stats.median
+        info["round_overhead"] = max(0.0, 1 - statistics.median(phases) / median_round)
+
+
+# ================================================================================= Go
+
+_GO_LINE = re.compile(r"^(Benchmark\w+)(?:-\d+)?\s+(\d+)\s+([0-9.]+) ns/op", re.MULTILINE)
+
+
+@pytest.fixture(scope="session")
+def go_test_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``go test -c`` once per session (compiling is not part of any measurement)."""
+    assert GO is not None  # only the go items ask for this, and they skip without go
+    out = tmp_path_factory.mktemp("bench_core_go") / "core.test"
+    subprocess.run(
+        [GO, "test", "-c", "-o", str(out), "."],
+        cwd=GO_DIR,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return out
+
+
+def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
+    """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
+    assert GO is not None  # the item is skipped without it
+    smoke = _quick(benchmark)
+    argv = [
+        str(binary),
+        "-test.run=^$",
+        f"-test.bench=^{wl.go_bench}$",
+        f"-test.benchtime={GO_SMOKE_BENCHTIME if smoke else GO_BENCHTIME}",
+        f"-test.count={1 if smoke else GO_COUNT}",
+    ]
+    env = {**os.environ, "GOMAXPROCS": "1"}
+    outputs: list[str] = []
+
+    def run() -> None:
+        proc = subprocess.run(
+            argv, cwd=GO_DIR, env=env, check=True, capture_output=True, text=True, timeout=300
+        )
+        outputs.append(proc.stdout)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    found = [(name, int(iters), float(ns)) for name, iters, ns in _GO_LINE.findall(outputs[-1])]
+    if not found or any(name != wl.go_bench for name, _, _ in found):
+        raise AssertionError(f"no {wl.go_bench} result in Go output:\n{outputs[-1]}")
+    ns = [x for _, _, x in found]
+    info = benchmark.extra_info
+    info.update(workload=wl.group, peer="go", unit=wl.unit, ops=found[-1][1], rounds=len(ns))
+    info["ns_per_op"] = statistics.median(ns)
+    info["ns_per_op_min"] = min(ns)
+    info["go_ns_per_op"] = ns
+    info["timing"] = "stats: wall time of the go test subprocess; ns_per_op: testing.B"
+    version = subprocess.run([GO, "version"], capture_output=True, text=True, check=False)
+    info["go_version"] = version.stdout.strip()
+
+
+# ============================================================================ the items
+
+
+def _peers() -> list[Any]:
+    gosim_skip = pytest.mark.skipif(not GOSIM_READY, reason="gosim core not available")
+    go_marks = [pytest.mark.go, pytest.mark.skipif(GO is None, reason="`go` is not installed")]
+    return [
+        *(pytest.param(_gosim_peer(p), marks=gosim_skip) for p in GOSIM_PROCS),
+        pytest.param("go", marks=go_marks, id="go-subprocess"),
+        "gevent",
+        "asyncio",
+        "trio",
+    ]
+
+
+def _bench(request: pytest.FixtureRequest, benchmark: Any, workload: str, peer: str) -> None:
+    wl = WORKLOADS[workload]
+    if peer == "go":
+        _run_go(benchmark, wl, request.getfixturevalue("go_test_binary"))
+    else:
+        _run_python(benchmark, wl, peer)
+
+
+@pytest.mark.benchmark(group="spawn-join")
+@pytest.mark.parametrize("peer", _peers())
+def bench_spawn_join(request: pytest.FixtureRequest, benchmark: Any, peer: str) -> None:
+    _bench(request, benchmark, "spawn-join", peer)
+
+
+@pytest.mark.benchmark(group="pingpong")
+@pytest.mark.parametrize("peer", _peers())
+def bench_pingpong(request: pytest.FixtureRequest, benchmark: Any, peer: str) -> None:
+    _bench(request, benchmark, "pingpong", peer)
+
+
+@pytest.mark.benchmark(group="buffered")
+@pytest.mark.parametrize("peer", _peers())
+def bench_buffered(request: pytest.FixtureRequest, benchmark: Any, peer: str) -> None:
+    _bench(request, benchmark, "buffered", peer)
+
+
+@pytest.mark.benchmark(group="ring")
+@pytest.mark.parametrize("peer", _peers())
+def bench_ring(request: pytest.FixtureRequest, benchmark: Any, peer: str) -> None:
+    _bench(request, benchmark, "ring", peer)
+
+
+@pytest.mark.benchmark(group="select2")
+@pytest.mark.parametrize("peer", _peers())
+def bench_select2(request: pytest.FixtureRequest, benchmark: Any, peer: str) -> None:
+    _bench(request, benchmark, "select2", peer)

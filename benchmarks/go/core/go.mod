@@ -1,0 +1,3 @@
+module gosim.example/benchmarks/core
+
+go 1.19

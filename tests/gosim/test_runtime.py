@@ -1,0 +1,443 @@
+"""The runtime's contract: run, go, deadlock and panic reports, goexit, main return,
+syscalls, trio calls, open_runtime, gomaxprocs, stats and schedtrace."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+import trio
+
+import gosim
+from gosim import Chan, go, recv, select
+
+
+def test_run_returns_main_result_and_passes_args() -> None:
+    async def main(a: int, b: int) -> int:
+        return a + b
+
+    assert gosim.run(main, 2, 3, procs=1) == 5
+
+
+def test_goroutine_only_calls_outside_runtime_raise() -> None:
+    async def f() -> None:
+        pass
+
+    with pytest.raises(gosim.NotInRuntime):
+        go(f)
+    with pytest.raises(gosim.NotInRuntime):
+        gosim.stats()
+    with pytest.raises(gosim.NotInRuntime):
+        gosim.goid()
+
+
+def test_go_rejects_plain_functions() -> None:
+    def not_async() -> None:
+        pass
+
+    async def main() -> str:
+        with pytest.raises(TypeError, match="must be an async function"):
+            go(not_async)  # type: ignore[arg-type]
+        return "ok"
+
+    assert gosim.run(main, procs=1) == "ok"
+
+
+def test_goid_and_num_goroutine() -> None:
+    async def main() -> tuple[int, int, int]:
+        ch: Chan[int] = Chan()
+
+        async def child() -> None:
+            await ch.send(gosim.goid())
+
+        go(child)
+        child_id = await ch.recv()
+        assert child_id is not None
+        before = gosim.num_goroutine()
+        return gosim.goid(), child_id, before
+
+    assert gosim.run(main, procs=1) == (1, 2, 1)
+
+
+@pytest.mark.parametrize("procs", [1, 3])
+def test_deadlock_reports_go_message_and_wait_reasons(procs: int) -> None:
+    async def sender(ch: Chan[int]) -> None:
+        await ch.send(1)
+        await ch.send(2)  # nobody receives the second value
+
+    async def selector() -> None:
+        await select(recv(Chan()), recv(Chan()))
+
+    async def nothing() -> None:
+        await select()
+
+    async def main() -> None:
+        ch: Chan[int] = Chan()
+        go(sender, ch)
+        go(selector)
+        go(nothing)
+        await ch.recv()
+        await Chan[int]().recv()
+
+    with pytest.raises(gosim.Deadlock) as info:
+        gosim.run(main, procs=procs)
+    msg = str(info.value)
+    assert msg.startswith("all goroutines are asleep - deadlock!\n\n")
+    assert "goroutine 1 [chan receive]:" in msg
+    assert "goroutine 2 [chan send]:" in msg
+    assert "goroutine 3 [select]:" in msg
+    assert "goroutine 4 [select (no cases)]:" in msg
+    assert "test_runtime.test_deadlock_reports_go_message_and_wait_reasons.<locals>.sender" in msg
+    assert info.value.dump.startswith("goroutine 1 [chan receive]:")
+
+
+def test_sleeping_is_not_a_deadlock() -> None:
+    async def main() -> str:
+        await gosim.sleep(0.01)
+        return "woke"
+
+    assert gosim.run(main, procs=1) == "woke"
+
+
+def test_panic_stops_runtime_names_goroutine_and_runs_finally_blocks() -> None:
+    cleaned: list[str] = []
+
+    async def bystander(ch: Chan[int]) -> None:
+        try:
+            await ch.recv()
+        finally:
+            cleaned.append("bystander")
+
+    async def bad() -> None:
+        raise ValueError("boom")
+
+    async def main() -> None:
+        go(bystander, Chan[int]())
+        await gosim.sleep(0.001)  # the bystander parks in its receive
+        go(bad)
+        await gosim.sleep(10)
+        raise AssertionError("main must not resume after a panic")
+
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(main, procs=2)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert info.value.goid == 3
+    assert "panic: ValueError('boom')" in str(info.value)
+    assert "goroutine 3 [running]:" in str(info.value)
+    assert cleaned == ["bystander"]
+
+
+def test_channel_misuse_in_a_goroutine_is_a_panic() -> None:
+    async def main() -> None:
+        ch: Chan[int] = Chan(1)
+        ch.close()
+        await ch.send(1)
+
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(main, procs=1)
+    assert isinstance(info.value.__cause__, gosim.SendOnClosedChannel)
+    assert str(info.value.__cause__) == "send on closed channel"
+
+
+def test_main_return_closes_other_goroutines() -> None:
+    log: list[str] = []
+
+    async def worker(ch: Chan[int]) -> None:
+        try:
+            while True:
+                await ch.recv()
+                log.append("got")
+        finally:
+            log.append("closed")
+
+    async def main() -> int:
+        ch: Chan[int] = Chan()
+        go(worker, ch)
+        await ch.send(1)
+        return gosim.num_goroutine()
+
+    assert gosim.run(main, procs=1) == 2
+    assert log == ["got", "closed"]
+
+
+def test_goexit_runs_finally_and_main_goexit_ends_in_go_deadlock_message() -> None:
+    log: list[str] = []
+
+    async def quitter() -> None:
+        try:
+            gosim.goexit()
+        finally:
+            log.append("quitter finally")
+
+    async def main() -> None:
+        go(quitter)
+        await gosim.sleep(0.001)
+        try:
+            gosim.goexit()
+        finally:
+            log.append("main finally")
+
+    with pytest.raises(gosim.Deadlock, match=r"^no goroutines \(main called runtime.Goexit\) - deadlock!$"):
+        gosim.run(main, procs=1)
+    assert log == ["quitter finally", "main finally"]
+
+
+def test_hundred_thousand_goroutines_park_at_once_and_all_release() -> None:
+    n = 100_000
+
+    async def waiter(gate: Chan[None], done: Chan[int]) -> None:
+        await gate.recv()
+        await done.send(1)
+
+    async def main() -> tuple[int, int, int]:
+        gate: Chan[None] = Chan()
+        done: Chan[int] = Chan(n)
+        for _ in range(n):
+            go(waiter, gate, done)
+        while done.len() == 0 and gosim.num_goroutine() < n + 1:
+            await gosim.gosched()
+        await gosim.sleep(0.001)  # let every waiter reach its receive
+        parked = gosim.num_goroutine()
+        gate.close()  # releases every parked receiver at once
+        total = 0
+        for _ in range(n):
+            total += await done.recv() or 0
+        await gosim.sleep(0.001)
+        return parked, total, gosim.num_goroutine()
+
+    parked, total, remaining = gosim.run(main, procs=2)
+    assert parked == n + 1
+    assert total == n
+    assert remaining == 1
+
+
+def test_blocking_syscall_does_not_stop_other_goroutines() -> None:
+    # The syscall blocks its OS thread until another goroutine has run and set the
+    # event: if the syscall stopped the scheduler, the wait would time out.
+    ran = threading.Event()
+
+    async def other() -> None:
+        for _ in range(10):
+            await gosim.gosched()
+        ran.set()
+
+    async def main() -> tuple[bool, int, int]:
+        go(other)
+        ok = await gosim.syscall(ran.wait, 30)
+        s = gosim.stats()
+        return ok, s.syscalls, s.handoffs
+
+    ok, syscalls, handoffs = gosim.run(main, procs=1)
+    assert ok is True
+    assert syscalls == 1
+    assert handoffs == 1
+
+
+def test_syscall_errors_propagate_to_the_caller() -> None:
+    def fails() -> None:
+        raise OSError("disk on fire")
+
+    async def main() -> str:
+        with pytest.raises(OSError, match="disk on fire"):
+            await gosim.syscall(fails)
+        return "handled"
+
+    assert gosim.run(main, procs=1) == "handled"
+
+
+def test_trio_call_runs_trio_code_and_returns_its_result() -> None:
+    async def trio_side(x: int) -> int:
+        await trio.sleep(0.001)
+        return x * 2
+
+    async def trio_fails() -> None:
+        await trio.sleep(0)
+        raise KeyError("nope")
+
+    async def main() -> int:
+        with pytest.raises(KeyError):
+            await gosim.trio_call(trio_fails)
+        return await gosim.trio_call(trio_side, 21)
+
+    assert gosim.run(main, procs=2) == 42
+
+
+def test_awaiting_trio_directly_in_a_goroutine_is_a_clear_error() -> None:
+    async def main() -> None:
+        await trio.sleep(0)
+
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(main, procs=1)
+    assert "gosim.trio_call" in str(info.value.__cause__)
+
+
+def test_open_runtime_calls_from_trio() -> None:
+    async def double(x: int) -> int:
+        ch: Chan[int] = Chan()
+
+        async def helper() -> None:
+            await ch.send(x * 2)
+
+        go(helper)
+        v = await ch.recv()
+        assert v is not None
+        return v
+
+    async def fails() -> None:
+        raise LookupError("from the goroutine")
+
+    async def trio_main() -> list[int]:
+        async with gosim.open_runtime(procs=2) as rt:
+            with pytest.raises(LookupError):
+                await rt.call(fails)
+            results: list[int] = []
+
+            async def one(i: int) -> None:
+                results.append(await rt.call(double, i))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(20):
+                    nursery.start_soon(one, i)
+            return sorted(results)
+
+    assert trio.run(trio_main) == [2 * i for i in range(20)]
+
+
+def test_open_runtime_panic_is_raised_from_the_call() -> None:
+    async def bad() -> None:
+        raise RuntimeError("inner")
+
+    async def caller() -> None:
+        go(bad)
+        await gosim.sleep(1)
+
+    async def trio_main() -> None:
+        async with gosim.open_runtime(procs=1) as rt:
+            await rt.call(caller)
+
+    with pytest.raises(gosim.Panic):
+        trio.run(trio_main)
+
+
+def test_gomaxprocs_resizes_and_keeps_work() -> None:
+    async def main() -> tuple[int, int, int, int]:
+        done: Chan[int] = Chan(100)
+
+        async def work(i: int) -> None:
+            await gosim.gosched()
+            await done.send(i)
+
+        for i in range(100):
+            go(work, i)
+        before = gosim.gomaxprocs(4)
+        during = gosim.stats().procs
+        shrunk_from = gosim.gomaxprocs(1)
+        total = 0
+        for _ in range(100):
+            total += await done.recv() or 0
+        return before, during, shrunk_from, total
+
+    assert gosim.run(main, procs=2) == (2, 4, 4, sum(range(100)))
+
+
+def test_gomaxprocs_rejects_bad_values() -> None:
+    async def main() -> int:
+        with pytest.raises(ValueError):
+            gosim.gomaxprocs(-1)
+        return gosim.gomaxprocs()
+
+    assert gosim.run(main, procs=3) == 3
+    with pytest.raises(ValueError):
+        gosim.run(main, procs=0)
+
+
+def test_stats_counts_creation_switches_and_steals() -> None:
+    async def main() -> gosim.SchedStats:
+        done: Chan[None] = Chan(1000)
+
+        async def work() -> None:
+            for _ in range(3):
+                await gosim.gosched()
+            await done.send(None)
+
+        for _ in range(1000):
+            go(work)
+        for _ in range(1000):
+            await done.recv()
+        return gosim.stats()
+
+    s = gosim.run(main, procs=4, seed=7, virtual_time=True)
+    assert s.created == 1001
+    assert s.procs == 4 and len(s.local_runq) == 4
+    assert s.context_switches >= 4 * 1000
+    assert s.steals > 0 and s.goroutines_stolen >= s.steals
+    with pytest.raises(AttributeError):
+        s.created = 0  # type: ignore[misc]
+
+
+def test_tight_loop_of_ready_operations_is_preempted() -> None:
+    # Deterministic mode counts operations: 50,000 default-selects make several slices.
+    async def spinner(stop: Chan[None], done: Chan[None]) -> None:
+        for _ in range(50_000):
+            i, _, _ = await select(recv(stop), default=True)
+            if i == 0:
+                return
+        await done.send(None)
+
+    async def main() -> int:
+        done: Chan[None] = Chan()
+        go(spinner, Chan[None](), done)
+        await done.recv()
+        return gosim.stats().preemptions
+
+    assert gosim.run(main, procs=1, seed=1, virtual_time=True) >= 4
+
+
+def test_schedtrace_prints_go_sched_line() -> None:
+    out = io.StringIO()
+
+    async def main() -> None:
+        gosim.schedtrace(0.5, file=out)
+        await gosim.sleep(1.2)
+        gosim.schedtrace(None)
+
+    gosim.run(main, procs=2, seed=3, virtual_time=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3  # at 0 ms, 500 ms and 1000 ms
+    assert lines[0].startswith("SCHED 0ms: gomaxprocs=2 idleprocs=")
+    assert lines[1].startswith("SCHED 500ms: ")
+    assert "runqueue=0 [" in lines[2]
+
+
+def test_trace_exports_chrome_json_with_a_track_per_p() -> None:
+    trace = gosim.Trace()
+
+    async def main() -> None:
+        ch: Chan[int] = Chan()
+
+        async def child() -> None:
+            await ch.send(1)
+
+        go(child)
+        await ch.recv()
+
+    gosim.run(main, procs=2, seed=1, virtual_time=True, trace=trace)
+    kinds = {e[2] for e in trace.events}
+    assert {"go", "run", "park", "ready", "exit"} <= kinds
+    doc = json.loads(trace.to_chrome_json())
+    names = {e["name"] for e in doc["traceEvents"]}
+    assert "G1" in names and "G2" in names
+
+
+def test_virtual_time_makes_an_hour_of_sleep_instant() -> None:
+    async def main() -> float:
+        start = gosim.now()
+        await gosim.sleep(3600)
+        return gosim.now() - start
+
+    t0 = time.perf_counter()
+    assert gosim.run(main, procs=1, virtual_time=True) == pytest.approx(3600)
+    assert time.perf_counter() - t0 < 30  # not a timing assertion: an hour would hang
