@@ -19,6 +19,8 @@ contract in ``DESIGN.md``.
     gosim.run(main)
 """
 
+from gosim import lowlevel as lowlevel
+from gosim import time as time
 from gosim._chan import Chan as Chan
 from gosim._chan import close as close
 from gosim._core._exceptions import ChanError as ChanError

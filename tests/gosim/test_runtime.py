@@ -180,7 +180,9 @@ def test_goexit_runs_finally_and_main_goexit_ends_in_go_deadlock_message() -> No
         finally:
             log.append("main finally")
 
-    with pytest.raises(gosim.Deadlock, match=r"^no goroutines \(main called runtime.Goexit\) - deadlock!$"):
+    with pytest.raises(
+        gosim.Deadlock, match=r"^no goroutines \(main called runtime.Goexit\) - deadlock!$"
+    ):
         gosim.run(main, procs=1)
     assert log == ["quitter finally", "main finally"]
 

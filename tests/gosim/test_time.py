@@ -1,0 +1,156 @@
+"""Timers, tickers and sleeps on virtual time (Go 1.23 timer-channel semantics)."""
+
+from __future__ import annotations
+
+import pytest
+
+import gosim
+from gosim import Chan, go, recv, select
+
+
+def vrun(main, *args):  # type: ignore[no-untyped-def]
+    return gosim.run(main, *args, procs=2, seed=5, virtual_time=True)
+
+
+def test_sleep_orders_wakeups_by_deadline() -> None:
+    async def main() -> list[int]:
+        out: Chan[int] = Chan(10)
+
+        async def sleeper(d: int) -> None:
+            await gosim.sleep(d)
+            await out.send(d)
+
+        for d in (5, 1, 4, 2, 3):
+            go(sleeper, d)
+        return [await out.recv() or 0 for _ in range(5)]
+
+    assert vrun(main) == [1, 2, 3, 4, 5]
+
+
+def test_timer_fires_once_with_the_time() -> None:
+    async def main() -> tuple[float, int, int]:
+        start = gosim.now()
+        t = gosim.Timer(2.0)
+        fired_at = await t.c.recv()
+        assert fired_at is not None
+        return fired_at - start, t.c.len(), t.c.cap()
+
+    elapsed, length, cap = vrun(main)
+    assert elapsed == pytest.approx(2.0)
+    assert (length, cap) == (0, 0)  # Go 1.23: timer channels report len and cap 0
+
+
+def test_stop_before_firing_returns_true_and_nothing_arrives() -> None:
+    async def main() -> tuple[bool, bool, int]:
+        t = gosim.Timer(1.0)
+        stopped = t.stop()
+        again = t.stop()
+        await gosim.sleep(5)
+        i, _, _ = await select(recv(t.c), default=True)
+        return stopped, again, i
+
+    assert vrun(main) == (True, False, -1)
+
+
+def test_stop_after_fire_but_before_receive_discards_the_stale_value() -> None:
+    async def main() -> tuple[bool, int]:
+        t = gosim.Timer(1.0)
+        await gosim.sleep(2)  # fired, value not received
+        pending = t.stop()
+        i, _, _ = await select(recv(t.c), default=True)
+        return pending, i
+
+    assert vrun(main) == (True, -1)
+
+
+def test_reset_rearms_without_delivering_the_old_value() -> None:
+    async def main() -> tuple[bool, float]:
+        start = gosim.now()
+        t = gosim.Timer(1.0)
+        await gosim.sleep(2)
+        pending = t.reset(3.0)
+        v = await t.c.recv()
+        assert v is not None
+        return pending, v - start
+
+    pending, at = vrun(main)
+    assert pending is True
+    assert at == pytest.approx(5.0)
+
+
+def test_ticker_ticks_every_period_and_stop_ends_it() -> None:
+    async def main() -> tuple[list[float], int]:
+        start = gosim.now()
+        tk = gosim.Ticker(0.25)
+        ticks = []
+        for _ in range(4):
+            v = await tk.c.recv()
+            assert v is not None
+            ticks.append(round(v - start, 6))
+        tk.stop()
+        await gosim.sleep(1)
+        i, _, _ = await select(recv(tk.c), default=True)
+        return ticks, i
+
+    assert vrun(main) == ([0.25, 0.5, 0.75, 1.0], -1)
+
+
+def test_slow_ticker_receiver_drops_ticks() -> None:
+    async def main() -> float:
+        start = gosim.now()
+        tk = gosim.Ticker(1.0)
+        await gosim.sleep(3.5)  # ticks at 1, 2, 3: one slot, so one is kept
+        first = await tk.c.recv()
+        second = await tk.c.recv()
+        assert first is not None and second is not None
+        tk.stop()
+        return second - start
+
+    assert vrun(main) == pytest.approx(4.0)
+
+
+def test_ticker_rejects_non_positive_periods() -> None:
+    async def main() -> None:
+        with pytest.raises(ValueError, match="non-positive interval for NewTicker"):
+            gosim.Ticker(0)
+        assert gosim.time.tick(-1) is None
+
+    vrun(main)
+
+
+def test_after_func_runs_in_its_own_goroutine_and_stop_prevents_it() -> None:
+    async def main() -> tuple[list[str], bool, bool]:
+        log: list[str] = []
+
+        async def hello(who: str) -> None:
+            log.append(f"{who} in goroutine {gosim.goid()}")
+
+        gosim.after_func(1.0, hello, "a")
+        cancelled = gosim.after_func(1.0, hello, "b")
+        prevented = cancelled.stop()
+        await gosim.sleep(2)
+        return log, prevented, cancelled.stop()
+
+    log, prevented, again = vrun(main)
+    assert log == ["a in goroutine 2"]
+    assert (prevented, again) == (True, False)
+
+
+def test_select_timeout_with_after() -> None:
+    async def main() -> int:
+        never: Chan[int] = Chan()
+        i, _, _ = await select(recv(never), recv(gosim.after(0.5)))
+        return i
+
+    assert vrun(main) == 1
+
+
+def test_many_resets_do_not_grow_the_timer_heap_without_bound() -> None:
+    async def main() -> int:
+        t = gosim.Timer(10.0)
+        for _ in range(10_000):
+            t.reset(10.0)
+        rt = gosim.lowlevel.current_runtime()
+        return sum(len(p.timers.heap) for p in rt.allp)
+
+    assert vrun(main) < 1_000
