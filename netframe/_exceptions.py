@@ -50,7 +50,7 @@ class RemoteFrameError(FrameError):
     """
 
 
-class FrameTooLarge(RemoteFrameError):  # noqa: N818 - the issue's public name
+class FrameTooLarge(RemoteFrameError):
     """Raised by the decoder when a header announces a frame above ``max_frame_length``.
 
     Raised from the header alone, before any of the announced payload is waited for or
@@ -70,7 +70,7 @@ class FrameTooLarge(RemoteFrameError):  # noqa: N818 - the issue's public name
         return (type(self), (self.announced, self.allowed))
 
 
-class PayloadTooLarge(LocalFrameError):  # noqa: N818 - pairs with FrameTooLarge
+class PayloadTooLarge(LocalFrameError):
     """Raised by the encoder when a payload is longer than the format can send.
 
     ``length`` is the payload's size; ``allowed`` is the largest payload the format

@@ -59,7 +59,7 @@ def _kernel(fn: _F) -> _F:
 
 
 @_kernel
-def scan_frames(  # noqa: PLR0917 - numba kernels take their scalars positionally
+def scan_frames(
     buf: Any,
     start: int,
     end: int,

@@ -51,6 +51,7 @@ a countdown does. Mirrors Go's ``proc.go`` (``newproc``, ``goready``, ``runqput`
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
@@ -84,7 +85,8 @@ DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one sl
 GFREE_LOCAL_MAX: Final = 64  # gfput moves a batch to the global list beyond this
 PERIODIC_MASK: Final = 255  # timers and trio are checked every 256 switches
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
-DEFAULT_MAX_THREADS: Final = 10_000  # Go's default max threads for syscalls
+DEFAULT_MAX_THREADS: Final = 10_000
+GC_YOUNG_THRESHOLD: Final = 10_000  # run() paces CPython's young GC like this (see run)  # Go's default max threads for syscalls
 
 # Traps: what a goroutine's coroutine yields to the driver.
 PARK: Final = "park"
@@ -396,10 +398,19 @@ class Runtime:
     # -------------------------------------------------------------- newproc
 
     def newproc(
-        self, fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...], parent: int
+        self,
+        fn: Callable[..., Coroutine[Any, Any, Any]],
+        args: tuple[Any, ...],
+        parent: int,
+        coro: Any = None,
     ) -> G:
-        """Create a goroutine running fn(*args) and put it in the current P's runnext."""
-        coro: Any = fn(*args)
+        """Create a goroutine running fn(*args) and put it in the current P's runnext.
+
+        ``coro``, when given, is ``fn(*args)`` already called (by ``go``, which inlines
+        the common case of this function: keep the two in step).
+        """
+        if coro is None:
+            coro = fn(*args)
         if type(coro) is not _CoroutineType and not isinstance(coro, Coroutine):
             if hasattr(coro, "close"):
                 coro.close()
@@ -449,13 +460,16 @@ class Runtime:
         del self.allg[g.goid]
         if self.trace is not None:
             self.trace.emit(self, "exit", p.id, g.goid, 0, 0)
+        p.gfree.append(g)
+        if len(p.gfree) >= GFREE_LOCAL_MAX:
+            self._gfput_spill(p)
+
+    def _gfput_spill(self, p: P) -> None:
+        """gfput: p's free list is long; move half to the global list for other Ps."""
         lst = p.gfree
-        lst.append(g)
-        if len(lst) >= GFREE_LOCAL_MAX:
-            # gfput: move half to the global list so other Ps can reuse them.
-            half = len(lst) // 2
-            self.gfree.extend(lst[half:])
-            del lst[half:]
+        half = len(lst) // 2
+        self.gfree.extend(lst[half:])
+        del lst[half:]
 
     # ---------------------------------------------------------------- timers
 
@@ -759,6 +773,9 @@ class Runtime:
             nsw = self.nswitch
             burst_end = nsw + FAIRNESS_TICKS - p.schedtick
             # The hot loop: execute g, then the next G of this P, until the burst ends.
+            # Invariant: self.curg is g while g's coroutine runs; None outside this loop.
+            allg = self.allg
+            gfree = p.gfree
             while True:
                 self.curg = g
                 g.status = RUNNING
@@ -769,15 +786,26 @@ class Runtime:
                 try:
                     trap = g.coro.send(g.param)
                 except StopIteration:
-                    self.curg = None
-                    self.goexit0(g, p)
+                    # goexit0, inlined: keep in step with Runtime.goexit0.
+                    g.status = DEAD
+                    g.coro = None
+                    g.param = None
+                    if g.fn is not None:
+                        g.fn = None
+                    del allg[g.goid]
+                    if trace is not None:
+                        trace.emit(self, "exit", p.id, g.goid, 0, 0)
+                    gfree.append(g)
+                    if len(gfree) >= GFREE_LOCAL_MAX:
+                        self._gfput_spill(p)
                     if g is self.main_g or self.main_goexited:
                         self._exited(g)
-                    trap = None
+                        if self.stopped:
+                            break
                 except _Goexit:
-                    self.curg = None
                     self._goexited(g, p)
-                    trap = None
+                    if self.stopped:
+                        break
                 except Exception as exc:
                     self.curg = None
                     self._panic(g, exc)
@@ -787,14 +815,15 @@ class Runtime:
                     self._fail(exc)
                     return
                 else:
-                    self.curg = None
                     if trap is PARK:
                         g.status = WAITING
                         if trace is not None:
                             trace.emit(self, "park", p.id, g.goid, 0, 0)
                     else:
                         self._trap_slow(g, p, trap)
-                if self.stopped or nsw >= burst_end or not (nsw & PERIODIC_MASK):
+                        if self.stopped:
+                            break
+                if nsw >= burst_end or not (nsw & PERIODIC_MASK):
                     break
                 g = p.runnext
                 if g is not None:
@@ -803,6 +832,7 @@ class Runtime:
                     g = runq.popleft()
                 else:
                     break
+            self.curg = None
             p.schedtick += FAIRNESS_TICKS - (burst_end - nsw)
             if self.inline_call is not None:
                 await self._run_inline_call()
@@ -1086,6 +1116,7 @@ def run(
     virtual_time: bool = False,
     trace: Trace | None = None,
     schedtrace: float | None = None,
+    gc_young_threshold: int | None = GC_YOUNG_THRESHOLD,
 ) -> T:
     """Run ``main(*args)`` as goroutine 1 on a fresh runtime and return its result.
 
@@ -1095,6 +1126,12 @@ def run(
     the CPU count (Go's GOMAXPROCS). ``seed`` fixes every random choice; with
     ``virtual_time=True`` time is virtual too, and the run is fully reproducible.
     ``schedtrace`` prints Go's ``SCHED`` line to stderr every that many seconds.
+
+    While it runs, CPython's young-generation GC threshold is raised to at least
+    ``gc_young_threshold`` (restored afterwards; None leaves the GC alone). Goroutines
+    are GC-tracked objects born in bulk, and the default threshold of 700 made the
+    cyclic collector half the cost of spawning 100,000 of them (see BENCHMARKS.md);
+    cycles are still collected, just in larger batches, as Go's GOGC paces its GC.
     """
     nprocs = _resolve_procs(procs)
     clock = trio.testing.MockClock(autojump_threshold=0) if virtual_time else None
@@ -1129,12 +1166,17 @@ def run(
             raise RuntimeError("gosim: main did not finish")  # pragma: no cover - guarded by drive
         return box.result.unwrap()  # type: ignore[no-any-return]
 
+    saved_gc = gc.get_threshold()
+    if gc_young_threshold is not None and gc_young_threshold > saved_gc[0]:
+        gc.set_threshold(gc_young_threshold, *saved_gc[1:])
     try:
         return trio.run(top, clock=clock)
     except BaseExceptionGroup as group:  # pragma: no cover - runtime tasks never raise
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+    finally:
+        gc.set_threshold(*saved_gc)
 
 
 # ------------------------------------------------------------------ user API
@@ -1150,7 +1192,32 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     if rt is None:
         raise NotInRuntime("go: not inside a gosim goroutine (use gosim.run or rt.call)")
     curg = rt.curg
-    rt.newproc(fn, args, curg.goid if curg is not None else 0)
+    parent = curg.goid if curg is not None else 0
+    coro: Any = fn(*args)
+    if type(coro) is not _CoroutineType:
+        # Not a native coroutine: let newproc accept coroutine-likes or raise TypeError.
+        rt.newproc(fn, args, parent, coro)
+        return
+    # newproc, inlined for the spawn path: keep in step with Runtime.newproc.
+    p = rt.curp
+    gf = p.gfree
+    g = gf.pop() if gf else rt.gfget(p)
+    rt.goidgen = goid = rt.goidgen + 1
+    g.goid = goid
+    g.coro = coro
+    g.parent = parent
+    g.status = RUNNABLE
+    rt.allg[goid] = g
+    if rt.trace is not None:
+        rt.trace.emit(rt, "go", p.id, goid, parent, 0)
+    old = p.runnext
+    p.runnext = g
+    if old is not None:
+        q = p.runq
+        if len(q) < RUNQ_SIZE:
+            q.append(old)
+        else:
+            rt.runqput(p, old, False)
 
 
 async def gosched() -> None:

@@ -58,7 +58,7 @@ def _barrier(shared: Any, n_threads: int) -> None:
 
 
 @_kernel
-def _hammer(  # noqa: PLR0917 - numba kernels take no keyword-only arguments
+def _hammer(
     kind: int, words: Any, me: int, shared: Any, n_threads: int, increments: int
 ) -> int:
     _barrier(shared, n_threads)
@@ -74,7 +74,7 @@ def _hammer(  # noqa: PLR0917 - numba kernels take no keyword-only arguments
 
 
 @_kernel
-def _spend(  # noqa: PLR0917 - numba kernels take no keyword-only arguments
+def _spend(
     kind: int, words: Any, me: int, shared: Any, n_threads: int, budget: int
 ) -> int:
     _barrier(shared, n_threads)

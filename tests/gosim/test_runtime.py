@@ -443,3 +443,17 @@ def test_virtual_time_makes_an_hour_of_sleep_instant() -> None:
     t0 = time.perf_counter()
     assert gosim.run(main, procs=1, virtual_time=True) == pytest.approx(3600)
     assert time.perf_counter() - t0 < 30  # not a timing assertion: an hour would hang
+
+
+def test_run_paces_the_young_gc_and_restores_it() -> None:
+    import gc
+
+    before = gc.get_threshold()
+
+    async def main() -> tuple[int, ...]:
+        return gc.get_threshold()
+
+    during = gosim.run(main, procs=1)
+    assert during[0] == max(before[0], 10_000)
+    assert gc.get_threshold() == before
+    assert gosim.run(main, procs=1, gc_young_threshold=None) == before
