@@ -85,8 +85,8 @@ DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one sl
 GFREE_LOCAL_MAX: Final = 64  # gfput moves a batch to the global list beyond this
 PERIODIC_MASK: Final = 255  # timers and trio are checked every 256 switches
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
-DEFAULT_MAX_THREADS: Final = 10_000
-GC_YOUNG_THRESHOLD: Final = 10_000  # run() paces CPython's young GC like this (see run)  # Go's default max threads for syscalls
+DEFAULT_MAX_THREADS: Final = 10_000  # Go's default limit on threads (debug.SetMaxThreads)
+GC_YOUNG_THRESHOLD: Final = 10_000  # run() paces CPython's young GC like this (see run)
 
 # Traps: what a goroutine's coroutine yields to the driver.
 PARK: Final = "park"
@@ -798,13 +798,10 @@ class Runtime:
                     gfree.append(g)
                     if len(gfree) >= GFREE_LOCAL_MAX:
                         self._gfput_spill(p)
-                    if g is self.main_g or self.main_goexited:
-                        self._exited(g)
-                        if self.stopped:
-                            break
+                    if (g is self.main_g or self.main_goexited) and self._exited(g):
+                        break
                 except _Goexit:
-                    self._goexited(g, p)
-                    if self.stopped:
+                    if self._goexited(g, p):
                         break
                 except Exception as exc:
                     self.curg = None
@@ -819,10 +816,8 @@ class Runtime:
                         g.status = WAITING
                         if trace is not None:
                             trace.emit(self, "park", p.id, g.goid, 0, 0)
-                    else:
-                        self._trap_slow(g, p, trap)
-                        if self.stopped:
-                            break
+                    elif self._trap_slow(g, p, trap):
+                        break
                 if nsw >= burst_end or not (nsw & PERIODIC_MASK):
                     break
                 g = p.runnext
@@ -839,15 +834,26 @@ class Runtime:
             if not (nsw & PERIODIC_MASK):
                 await self._periodic()
 
-    def _exited(self, g: G) -> None:
-        """After goexit0 of main, or of anyone once main called goexit."""
+    def _exited(self, g: G) -> bool:
+        """After goexit0 of main, or of anyone once main called goexit; True if stopped."""
+        self._exited_inner(g)
+        return self.stopped
+
+    def _exited_inner(self, g: G) -> None:
         if g is self.main_g and not self.open_mode:
             self.stopped = True
         elif self.main_goexited and not self.allg:
             self._checkdead()
 
-    def _goexited(self, g: G, p: P) -> None:
-        """g called goexit. From main under ``run``, the program goes on without main."""
+    def _goexited(self, g: G, p: P) -> bool:
+        """g called goexit (True if that stopped the runtime).
+
+        From main under ``run``, the program goes on without main.
+        """
+        self._goexited_inner(g, p)
+        return self.stopped
+
+    def _goexited_inner(self, g: G, p: P) -> None:
         if g is self.main_g and not self.open_mode:
             self.main_goexited = True
             self.main_g = None
@@ -864,7 +870,12 @@ class Runtime:
         g.coro = None
         self._fail(err)
 
-    def _trap_slow(self, g: G, p: P, trap: Any) -> None:
+    def _trap_slow(self, g: G, p: P, trap: Any) -> bool:
+        """Handle a trap other than PARK; True when it stopped the runtime."""
+        self._trap_slow_inner(g, p, trap)
+        return self.stopped
+
+    def _trap_slow_inner(self, g: G, p: P, trap: Any) -> None:
         if trap is GOSCHED or trap is PREEMPT:
             g.status = RUNNABLE
             g.param = None

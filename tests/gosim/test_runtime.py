@@ -3,6 +3,7 @@ syscalls, trio calls, open_runtime, gomaxprocs, stats and schedtrace."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import threading
@@ -446,8 +447,6 @@ def test_virtual_time_makes_an_hour_of_sleep_instant() -> None:
 
 
 def test_run_paces_the_young_gc_and_restores_it() -> None:
-    import gc
-
     before = gc.get_threshold()
 
     async def main() -> tuple[int, ...]:
