@@ -1,0 +1,3 @@
+module gosimbench/mem
+
+go 1.19
