@@ -1,0 +1,3 @@
+module gosim.bench/parked
+
+go 1.19
