@@ -47,6 +47,10 @@ from gosim._core._sched import stats as stats
 from gosim._core._sched import syscall as syscall
 from gosim._core._sched import trio_call as trio_call
 from gosim._core._trace import Trace as Trace
+from gosim._malloc import free as free
+from gosim._malloc import heap as heap
+from gosim._malloc import malloc as malloc
+from gosim._malloc import use_heap as use_heap
 from gosim._select import recv as recv
 from gosim._select import select as select
 from gosim._select import send as send
@@ -76,11 +80,14 @@ __all__ = [
     "after",
     "after_func",
     "close",
+    "free",
     "go",
     "goexit",
     "goid",
     "gomaxprocs",
     "gosched",
+    "heap",
+    "malloc",
     "now",
     "num_goroutine",
     "open_runtime",
@@ -93,6 +100,7 @@ __all__ = [
     "stats",
     "syscall",
     "trio_call",
+    "use_heap",
 ]
 
 

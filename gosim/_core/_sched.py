@@ -272,6 +272,7 @@ class Runtime:
         self.main_result: Any = None
         self.open_mode = True  # False under gosim.run: main's return ends the runtime
         self.nursery: trio.Nursery | None = None
+        self.heap: Any = None  # a gosim.mem.Heap once gosim.malloc is first used
         self.thread_limiter = trio.CapacityLimiter(max_threads)
         self.start_time = 0.0
         self._clock_now: Callable[[], float] = time.perf_counter

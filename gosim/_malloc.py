@@ -1,0 +1,58 @@
+"""``gosim.malloc`` / ``gosim.free``: the allocator as goroutines see it, per-P mcaches.
+
+Each runtime owns (lazily) one :class:`gosim.mem.Heap`. A goroutine's ``malloc`` goes
+to the mcache of the P it is running on, as Go's ``mallocgc`` uses ``getMCache()``, so
+which P ran which goroutine shows in ``heap().read_mem_stats().PerP``. The heap is made
+with one mcache per P up to :data:`HEAP_PROCS` (or ``gomaxprocs`` if larger at first
+use); Ps added later by ``gomaxprocs`` share mcaches modulo that count.
+
+``use_heap(heap)`` installs a heap of your own (a larger arena, say) before first use.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gosim._core._sched import Runtime, current_runtime
+from gosim.mem import Heap
+
+DEFAULT_ARENA_BYTES: Final = 64 * 1024 * 1024  # pages are only resident once touched
+HEAP_PROCS: Final = 16
+
+_heaps: dict[int, Heap] = {}  # id(runtime) -> heap; dropped with the runtime
+
+
+def _heap_of(rt: Runtime) -> Heap:
+    heap = rt.heap
+    if heap is None:
+        heap = Heap(DEFAULT_ARENA_BYTES, procs=max(HEAP_PROCS, len(rt.allp)))
+        rt.heap = heap
+    return heap  # type: ignore[no-any-return]
+
+
+def heap() -> Heap:
+    """The running runtime's heap (created with a 64 MiB arena on first use)."""
+    return _heap_of(current_runtime())
+
+
+def use_heap(h: Heap) -> None:
+    """Make ``h`` the running runtime's heap; only before the first ``malloc``."""
+    rt = current_runtime()
+    if rt.heap is not None and rt.heap is not h:
+        raise RuntimeError("use_heap: this runtime already allocated from another heap")
+    rt.heap = h
+
+
+def malloc(n: int, *, noscan: bool = True) -> int:
+    """Allocate ``n`` bytes from the current P's mcache; return the address (an int).
+
+    Raises ``gosim.mem.OutOfMemoryError`` when the arena is exhausted (heap unchanged).
+    """
+    rt = current_runtime()
+    h = _heap_of(rt)
+    return h.malloc(n, p=rt.curp.id % h.procs, noscan=noscan)
+
+
+def free(addr: int) -> None:
+    """Free the object at ``addr``; double or foreign frees raise ``gosim.mem.BadAddressError``."""
+    _heap_of(current_runtime()).free(addr)
