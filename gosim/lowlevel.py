@@ -17,6 +17,7 @@ from typing import Any
 from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._g import G as G
+from gosim._core._netpoll import NetPoller as NetPoller
 from gosim._core._sched import Runtime as Runtime
 from gosim._core._sched import current_runtime as current_runtime
 from gosim._core._sched import preempt_point as preempt_point
@@ -46,6 +47,19 @@ def ready(g: G, value: Any = None) -> None:
     rt.goready(g, value)
 
 
+def netpoller() -> NetPoller | None:
+    """The running runtime's netpoller, or None before a network layer installed one."""
+    return current_runtime().netpoller
+
+
+def set_netpoller(poller: NetPoller) -> None:
+    """Install the running runtime's netpoller (see ``gosim._core._netpoll``); once."""
+    rt = current_runtime()
+    if rt.netpoller is not None and rt.netpoller is not poller:
+        raise RuntimeError("set_netpoller: this runtime already has a netpoller")
+    rt.netpoller = poller
+
+
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
     current_runtime().addtimer(t, when)
@@ -58,13 +72,16 @@ def del_timer(t: RuntimeTimer) -> bool:
 
 __all__ = [
     "G",
+    "NetPoller",
     "Runtime",
     "RuntimeTimer",
     "add_timer",
     "current_g",
     "current_runtime",
     "del_timer",
+    "netpoller",
     "park",
     "preempt_point",
     "ready",
+    "set_netpoller",
 ]

@@ -71,6 +71,7 @@ import trio
 from gosim._core import _g
 from gosim._core._exceptions import Deadlock, NotInRuntime, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, SYSCALL, WAITING, G
+from gosim._core._netpoll import NetPoller
 from gosim._core._timers import Timer, TimerHeap
 from gosim._core._trace import Trace
 
@@ -260,7 +261,10 @@ class Runtime:
         self.check_ops = 0
         self.inline_call: tuple[G, P, _TrioCallTrap] | None = None
         self.injectq: list[G] = []  # Gs readied from trio tasks, drained by the driver
-        self.idle_event: trio.Event | None = None
+        # While the driver idles in trio: the cancel scope that anything readying a G
+        # from outside (inject, shutdown) cancels to wake it.
+        self.idle_scope: trio.CancelScope | None = None
+        self.netpoller: NetPoller | None = None
         self.timerseq = 0
         self.ntimers = 0  # live (armed) timers over all Ps: wake sources
         self.nexternal = 0  # syscalls and trio calls in flight: wake sources
@@ -380,9 +384,13 @@ class Runtime:
         """Ready g from outside the driver (a trio task): queue it and wake the driver."""
         g.param = param
         self.injectq.append(g)
-        ev = self.idle_event
-        if ev is not None:
-            ev.set()
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the driver if it is idling in trio (safe to call from any trio task)."""
+        scope = self.idle_scope
+        if scope is not None:
+            scope.cancel()
 
     def _drain_inject(self) -> None:
         # exitsyscall: prefer the G's old P if it is idle, else the global queue.
@@ -633,6 +641,15 @@ class Runtime:
                 return g
         if self.globrunq:
             return self.globrunqget(p, 0)
+        np_ = self.netpoller
+        if np_ is not None and np_.waiters() and np_.poll():
+            # netpoll readied goroutines into this P (runnext first), as Go's findRunnable.
+            g = p.runnext
+            if g is not None:
+                p.runnext = None
+                return g
+            if p.runq:
+                return p.runq.popleft()
         nump = len(self.allp)
         if nump > 1:
             rng = self.rng
@@ -654,7 +671,14 @@ class Runtime:
         if self.injectq:
             return
         nxt = self.next_timer() if self.ntimers else math.inf
-        if nxt == math.inf and self.nexternal == 0 and (self.allg or not self.open_mode):
+        np_ = self.netpoller
+        io_waiters = np_.waiters() if np_ is not None else 0
+        if (
+            nxt == math.inf
+            and self.nexternal == 0
+            and io_waiters == 0
+            and (self.allg or not self.open_mode)
+        ):
             self._checkdead()
             return
         now = self._clock_now()
@@ -662,15 +686,21 @@ class Runtime:
             self.checktimers(now)
             return
         deadline = min(nxt, self.schedtrace_next)
-        ev = trio.Event()
-        self.idle_event = ev
         _rt = None
         try:
-            with trio.move_on_at(deadline):
-                await ev.wait()
+            with trio.move_on_at(deadline) as scope:
+                self.idle_scope = scope
+                if self.stopped:
+                    scope.cancel()
+                if np_ is not None and io_waiters:
+                    await trio.lowlevel.wait_readable(np_.fileno())
+                else:
+                    await trio.sleep_forever()
         finally:
             _rt = self
-            self.idle_event = None
+            self.idle_scope = None
+        if np_ is not None and io_waiters:
+            np_.poll()
         self.last_trio_yield = self._clock_now()
         if self.schedtrace_interval:
             self._maybe_schedtrace(self.last_trio_yield)
@@ -705,6 +735,9 @@ class Runtime:
             self.checktimers(now)
         if self.injectq:
             self._drain_inject()
+        np_ = self.netpoller
+        if np_ is not None and np_.waiters():
+            np_.poll()  # sysmon's netpoll: I/O is not starved by busy goroutines
         if self.schedtrace_interval:
             self._maybe_schedtrace(now)
         if now - self.last_trio_yield >= TRIO_YIELD_INTERVAL or (self.nswitch & 0xFFF) == 0:
@@ -1039,9 +1072,7 @@ async def open_runtime(
                 yield handle
             finally:
                 rt.stopped = True
-                ev = rt.idle_event
-                if ev is not None:
-                    ev.set()
+                rt.wake()
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # Only the block's own exception can be in here (the runtime's tasks record
