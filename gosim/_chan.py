@@ -43,6 +43,7 @@ from gosim._core._exceptions import (
 )
 from gosim._core._g import RUNNABLE as _RUNNABLE
 from gosim._core._g import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog
+from gosim._core._sched import _state
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ def _preempt_point() -> Generator[Any, Any, None]:
     """Refill the budget; yield the processor if the running G has used up its slice."""
     global _budget
     _budget = _sched.OP_BUDGET
-    rt = _sched._rt
+    rt = _state.rt
     if rt is not None and rt.preempt_check():
         yield _PREEMPT
 
@@ -133,7 +134,7 @@ class Chan(Generic[T]):
         if rq:
             w = rq.popleft() if not rq[0].issel else _dequeue(rq)
             if w is not None:
-                rt = _sched._rt
+                rt = _state.rt
                 if rt is None:
                     raise NotInRuntime("chan send: waking a receiver needs the runtime")
                 if w.issel:
@@ -167,7 +168,7 @@ class Chan(Generic[T]):
 
     @types.coroutine
     def _send_park(self, value: T) -> Generator[Any, Any, None]:
-        rt = _sched._rt
+        rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan send would block outside a gosim goroutine")
         g = rt.curg
@@ -188,7 +189,7 @@ class Chan(Generic[T]):
             raise SendOnClosedChannel("send on closed channel")
         w = _dequeue(self._recvq) if self._recvq else None
         if w is not None:
-            rt = _sched._rt
+            rt = _state.rt
             if rt is None:
                 raise NotInRuntime("chan send: waking a receiver needs the runtime")
             if w.issel:
@@ -215,7 +216,7 @@ class Chan(Generic[T]):
             v = buf.popleft()
             if self._sendq:
                 self._take_sender_into_buf()
-            rt = _sched._rt
+            rt = _state.rt
             if rt is not None:
                 _budget -= 1
                 if _budget <= 0:
@@ -225,7 +226,7 @@ class Chan(Generic[T]):
         if sq:
             w = sq.popleft() if not sq[0].issel else _dequeue(sq)
             if w is not None:
-                rt = _sched._rt
+                rt = _state.rt
                 assert rt is not None
                 v = w.elem
                 if w.issel:
@@ -247,7 +248,7 @@ class Chan(Generic[T]):
                 return v
         if self._closed:
             return None
-        rt = _sched._rt
+        rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan receive would block outside a gosim goroutine")
         g = rt.curg
@@ -261,13 +262,13 @@ class Chan(Generic[T]):
         global _budget
         v, ok, received = self.try_recv()
         if received:
-            rt = _sched._rt
+            rt = _state.rt
             if rt is not None:
                 _budget -= 1
                 if _budget <= 0:
                     yield from _preempt_point()
             return v, ok
-        rt = _sched._rt
+        rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan receive would block outside a gosim goroutine")
         g = rt.curg
@@ -291,7 +292,7 @@ class Chan(Generic[T]):
             return v, True, True
         w = _dequeue(self._sendq) if self._sendq else None
         if w is not None:
-            rt = _sched._rt
+            rt = _state.rt
             if rt is None:
                 raise NotInRuntime("chan receive: waking a sender needs the runtime")
             v = w.elem
@@ -311,7 +312,7 @@ class Chan(Generic[T]):
         if w is None:
             return
         self._buf.append(w.elem)
-        rt = _sched._rt
+        rt = _state.rt
         assert rt is not None
         if w.issel:
             rt.goready(w.g, w)
@@ -332,7 +333,7 @@ class Chan(Generic[T]):
         self._closed = True
         if not self._recvq and not self._sendq:
             return
-        rt = _sched._rt
+        rt = _state.rt
         if rt is None:
             raise NotInRuntime("close: waking parked goroutines needs the runtime")
         # Go gathers all waiters into a list, then readies them in order.
@@ -379,10 +380,53 @@ class Chan(Generic[T]):
 
     @types.coroutine
     def __anext__(self) -> Generator[Any, Any, T]:
-        v, ok = yield from self.recv2()
-        if not ok:
+        """``recv2`` for ``async for``, with recv's fast paths inlined (keep in step)."""
+        global _budget
+        buf = self._buf
+        if buf:
+            v = buf.popleft()
+            if self._sendq:
+                self._take_sender_into_buf()
+            _budget -= 1
+            if _budget <= 0:
+                yield from _preempt_point()
+            return v
+        sq = self._sendq
+        if sq:
+            w = sq.popleft() if not sq[0].issel else _dequeue(sq)
+            if w is not None:
+                rt = _state.rt
+                assert rt is not None
+                v = w.elem
+                if w.issel:
+                    rt.goready(w.g, w)
+                else:
+                    w.param = True
+                    w.status = _RUNNABLE
+                    if rt.trace is not None:
+                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
+                    p = rt.curp
+                    old = p.runnext
+                    p.runnext = w
+                    if old is not None:
+                        rt.runqput(p, old, False)
+                _budget -= 1
+                if _budget <= 0:
+                    yield from _preempt_point()
+                return v
+        if self._closed:
             raise StopAsyncIteration
-        return v  # type: ignore[return-value]
+        rt = _state.rt
+        if rt is None or rt.curg is None:
+            raise NotInRuntime("chan receive would block outside a gosim goroutine")
+        g = rt.curg
+        g.waitreason = WAIT_CHAN_RECEIVE
+        g.ok = True
+        self._recvq.append(g)
+        v = yield _PARK
+        if not g.ok:
+            raise StopAsyncIteration
+        return v
 
 
 def close(ch: Chan[Any] | None) -> None:

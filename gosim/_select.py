@@ -26,6 +26,7 @@ from gosim._chan import Chan
 from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel
 from gosim._core._g import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog
+from gosim._core._sched import _state
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ _budget = _sched.OP_BUDGET  # see gosim._chan: the same countdown, kept per modu
 def _preempt_point() -> Generator[Any, Any, None]:
     global _budget
     _budget = _sched.OP_BUDGET
-    rt = _sched._rt
+    rt = _state.rt
     if rt is not None and rt.preempt_check():
         yield _PREEMPT
 
@@ -70,7 +71,7 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
     a closed channel that is chosen raises ``send on closed channel``.
     """
     global _budget
-    rt = _sched._rt
+    rt = _state.rt
     n = len(cases)
     rnd = rt.rng.random if rt is not None else random.random
     # pollorder: a uniform random permutation (Fisher-Yates on the case indices).
@@ -125,7 +126,9 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
             ch._sendq.append(sg)
         sudogs.append(sg)
     if not sudogs:
-        g.waitreason = WAIT_SELECT_NO_CASES
+        # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
+        # nil channels parks in selectgo as a plain "select".
+        g.waitreason = WAIT_SELECT_NO_CASES if n == 0 else WAIT_SELECT
         yield _PARK  # never readied: blocks forever, as in Go
         raise AssertionError("unreachable: select with no cases was woken")  # pragma: no cover
     g.waitreason = WAIT_SELECT

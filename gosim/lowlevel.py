@@ -26,7 +26,7 @@ from gosim._core._timers import Timer as RuntimeTimer
 
 def current_g() -> G:
     """The calling goroutine's record."""
-    rt = _sched._rt
+    rt = _sched._state.rt
     if rt is None or rt.curg is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt.curg
@@ -41,7 +41,7 @@ async def park(waitreason: str) -> Any:
 
 def ready(g: G, value: Any = None) -> None:
     """Make a parked goroutine runnable; its :func:`park` returns ``value``."""
-    rt = _sched._rt
+    rt = _sched._state.rt
     if rt is None:
         raise NotInRuntime("ready: not inside a gosim runtime")
     rt.goready(g, value)

@@ -41,7 +41,7 @@ def since(t: float) -> float:
 
 
 def _ready_sleeper(g: Any, now: float) -> None:
-    rt = _sched._rt
+    rt = _sched._state.rt
     assert rt is not None
     rt.goready(g, None)
 
@@ -155,7 +155,7 @@ def tick(d: float) -> Chan[float] | None:
 def _start_func(
     arg: tuple[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...]], now: float
 ) -> None:
-    rt = _sched._rt
+    rt = _sched._state.rt
     assert rt is not None
     rt.newproc(arg[0], arg[1], 0)
 

@@ -56,6 +56,7 @@ import math
 import os
 import random
 import sys
+import threading
 import time
 import types
 from collections import deque
@@ -67,6 +68,7 @@ from typing import IO, Any, Final, TypeVar
 
 import outcome
 import trio
+import trio.testing
 
 from gosim._core import _g
 from gosim._core._exceptions import Deadlock, NotInRuntime, Panic
@@ -166,13 +168,23 @@ class SchedStats:
 
 # The runtime whose driver is stepping a goroutine right now, or None while the driver
 # is awaiting trio. Gosim operations read it to find the scheduler.
-# Invariant: _rt is not None exactly while some driver is inside its stepping loop.
-_rt: Runtime | None = None
+class _State(threading.local):
+    """Per OS thread: the runtime whose driver is stepping goroutines on this thread.
+
+    Invariant: ``rt`` is not None exactly while a driver on this thread is inside its
+    stepping loop (None while it awaits trio). Thread-local so that runtimes in several
+    threads (each its own trio.run) never see each other's scheduler.
+    """
+
+    rt: Runtime | None = None
+
+
+_state = _State()
 
 
 def current_runtime() -> Runtime:
     """The runtime running the calling goroutine; :class:`NotInRuntime` outside one."""
-    rt = _rt
+    rt = _state.rt
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt
@@ -667,7 +679,6 @@ class Runtime:
 
     async def _idle(self) -> None:
         """No P found work: wait for a timer, an outside completion or a new call."""
-        global _rt
         if self.injectq:
             return
         nxt = self.next_timer() if self.ntimers else math.inf
@@ -686,7 +697,7 @@ class Runtime:
             self.checktimers(now)
             return
         deadline = min(nxt, self.schedtrace_next)
-        _rt = None
+        _state.rt = None
         try:
             with trio.move_on_at(deadline) as scope:
                 self.idle_scope = scope
@@ -697,7 +708,7 @@ class Runtime:
                 else:
                     await trio.sleep_forever()
         finally:
-            _rt = self
+            _state.rt = self
             self.idle_scope = None
         if np_ is not None and io_waiters:
             np_.poll()
@@ -729,7 +740,6 @@ class Runtime:
 
     async def _periodic(self) -> None:
         """Every PERIODIC_MASK+1 switches: timers, outside completions, a trio yield."""
-        global _rt
         now = self._clock_now()
         if self.ntimers:
             self.checktimers(now)
@@ -741,27 +751,26 @@ class Runtime:
         if self.schedtrace_interval:
             self._maybe_schedtrace(now)
         if now - self.last_trio_yield >= TRIO_YIELD_INTERVAL or (self.nswitch & 0xFFF) == 0:
-            _rt = None
+            _state.rt = None
             try:
                 await trio.lowlevel.checkpoint()
             finally:
-                _rt = self
+                _state.rt = self
             self.last_trio_yield = self._clock_now()
 
     async def drive(self) -> None:
         """The driver task: Go's schedule loop over all Ps until the runtime stops."""
-        global _rt
         clock = trio.lowlevel.current_clock()
         self._clock_now = clock.current_time
         self.start_time = self.last_trio_yield = clock.current_time()
         if self.schedtrace_interval:
             self.schedtrace_next = self.start_time + self.schedtrace_interval
-        prev = _rt
-        _rt = self
+        prev = _state.rt
+        _state.rt = self
         try:
             await self._schedule()
         finally:
-            _rt = prev
+            _state.rt = prev
             self.curg = None
 
     async def _schedule(self) -> None:
@@ -995,15 +1004,14 @@ class Runtime:
         self.nursery.start_soon(self._run_trio_call, g, trap.fn, trap.args)
 
     async def _run_inline_call(self) -> None:
-        global _rt
         assert self.inline_call is not None
         g, p, trap = self.inline_call
         self.inline_call = None
-        _rt = None
+        _state.rt = None
         try:
             res = await outcome.acapture(trap.fn, *trap.args)
         finally:
-            _rt = self
+            _state.rt = self
         g.status = RUNNABLE
         g.param = res
         self.curp = p
@@ -1022,9 +1030,8 @@ class Runtime:
 
     def close_all(self) -> None:
         """Close every live goroutine's coroutine so its ``finally`` blocks run."""
-        global _rt
-        prev = _rt
-        _rt = None  # a finally block must not schedule work on a stopped runtime
+        prev = _state.rt
+        _state.rt = None  # a finally block must not schedule work on a stopped runtime
         try:
             for goid in sorted(self.allg):
                 g = self.allg[goid]
@@ -1042,7 +1049,7 @@ class Runtime:
                         pass
             self.allg.clear()
         finally:
-            _rt = prev
+            _state.rt = prev
 
 
 @asynccontextmanager
@@ -1231,7 +1238,7 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     The new goroutine goes to the current P's ``runnext``: it runs when the caller next
     blocks or yields, before older runnable goroutines, as in Go.
     """
-    rt = _rt
+    rt = _state.rt
     if rt is None:
         raise NotInRuntime("go: not inside a gosim goroutine (use gosim.run or rt.call)")
     curg = rt.curg
@@ -1265,7 +1272,7 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
 
 async def gosched() -> None:
     """Yield the processor: the caller goes to the global run queue (Go's Gosched)."""
-    if _rt is None:
+    if _state.rt is None:
         raise NotInRuntime("gosched: not inside a gosim goroutine")
     await _trap(GOSCHED)
 
@@ -1277,7 +1284,8 @@ def goexit() -> None:
     Called from main, the program continues until the other goroutines finish, then
     fails as Go's does: ``no goroutines (main called runtime.Goexit) - deadlock!``.
     """
-    if _rt is None or _rt.curg is None:
+    rt = _state.rt
+    if rt is None or rt.curg is None:
         raise NotInRuntime("goexit: not inside a gosim goroutine")
     raise _Goexit()
 
@@ -1334,7 +1342,7 @@ async def syscall(fn: Callable[..., T], *args: Any) -> T:
     re-acquires a P (its old one when idle) or waits in the global queue. Exceptions
     from ``fn`` are raised here. In deterministic mode the call runs inline.
     """
-    if _rt is None:
+    if _state.rt is None:
         raise NotInRuntime("syscall: not inside a gosim goroutine")
     res = await _trap(_SyscallTrap(fn, args))
     return res.unwrap()  # type: ignore[no-any-return]
@@ -1346,7 +1354,7 @@ async def trio_call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     The goroutine parks (wait reason ``trio call``) while a trio task runs the call, so
     trio libraries can be used from goroutines. Exceptions are raised here.
     """
-    if _rt is None:
+    if _state.rt is None:
         raise NotInRuntime("trio_call: not inside a gosim goroutine")
     res = await _trap(_TrioCallTrap(fn, args))
     return res.unwrap()  # type: ignore[no-any-return]
@@ -1363,6 +1371,6 @@ async def preempt_point() -> None:
     Checks the clock (or, deterministic, the operation count) on every call: call it
     from long computations between gosim operations, not in the tightest loops.
     """
-    rt = _rt
+    rt = _state.rt
     if rt is not None and rt.preempt_check():
         await _trap(PREEMPT)

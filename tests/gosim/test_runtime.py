@@ -456,3 +456,33 @@ def test_run_paces_the_young_gc_and_restores_it() -> None:
     assert during[0] == max(before[0], 10_000)
     assert gc.get_threshold() == before
     assert gosim.run(main, procs=1, gc_young_threshold=None) == before
+
+
+def test_runtimes_in_several_threads_do_not_see_each_other() -> None:
+    # The scheduler a goroutine's channel operations reach is per OS thread.
+    results: dict[int, int] = {}
+
+    def one(k: int) -> None:
+        async def main() -> int:
+            a: Chan[int] = Chan()
+            b: Chan[int] = Chan()
+
+            async def pong() -> None:
+                async for v in a:
+                    await b.send(v + 1)
+
+            go(pong)
+            total = 0
+            for i in range(5_000):
+                await a.send(i)
+                total += await b.recv() or 0
+            return total
+
+        results[k] = gosim.run(main, procs=2)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == {k: sum(range(1, 5_001)) for k in range(4)}
