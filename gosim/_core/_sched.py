@@ -776,10 +776,10 @@ class Runtime:
     async def _schedule(self) -> None:
         """Go's schedule loop. Each turn takes the next P and runs a burst of its Gs.
 
-        A burst ends after FAIRNESS_TICKS switches (so the global queue is looked at first
-        every 61 ticks, as in Go), when the P runs dry, or when periodic duties are due.
-        Rotating Ps per burst rather than per switch keeps the hot loop tight; with
-        several Ps the interleaving is still round-robin (seeded start when deterministic).
+        With one P a burst ends after FAIRNESS_TICKS switches (so the global queue is
+        looked at first every 61 ticks, as in Go), when the P runs dry, or when periodic
+        duties are due: the hot loop stays tight. With several Ps a burst is one switch,
+        round-robin over the Ps (seeded start when deterministic).
         """
         allp = self.allp
         pidx = self.rng.randrange(len(allp)) if self.deterministic else 0
@@ -814,7 +814,11 @@ class Runtime:
             self.curp = p
             runq = p.runq
             nsw = self.nswitch
-            burst_end = nsw + FAIRNESS_TICKS - p.schedtick
+            # One P alone runs bursts of up to 61 switches. With several Ps each runs one
+            # switch per turn, so they advance together as Go's Ps do in parallel (a G
+            # readied or created on one P never waits a whole burst of another).
+            burst_start = nsw
+            burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if nump == 1 else 1)
             # The hot loop: execute g, then the next G of this P, until the burst ends.
             # Invariant: self.curg is g while g's coroutine runs; None outside this loop.
             allg = self.allg
@@ -871,7 +875,7 @@ class Runtime:
                 else:
                     break
             self.curg = None
-            p.schedtick += FAIRNESS_TICKS - (burst_end - nsw)
+            p.schedtick += nsw - burst_start
             if self.inline_call is not None:
                 await self._run_inline_call()
             if not (nsw & PERIODIC_MASK):

@@ -486,3 +486,32 @@ def test_runtimes_in_several_threads_do_not_see_each_other() -> None:
     for t in threads:
         t.join(timeout=120)
     assert results == {k: sum(range(1, 5_001)) for k in range(4)}
+
+
+def test_new_goroutine_runs_on_an_idle_p_soon_after_its_creator_blocks() -> None:
+    # Go's newproc calls wakep: an idle P picks the new goroutine up while two others
+    # keep the creator's P busy passing values through runnext.
+    async def main() -> int:
+        ran: list[int] = []
+        ping: Chan[int] = Chan()
+        pong: Chan[int] = Chan()
+
+        async def echo() -> None:
+            async for v in ping:
+                await pong.send(v)
+
+        async def marker() -> None:
+            ran.append(1)
+
+        go(echo)
+        await ping.send(0)
+        await pong.recv()
+        go(marker)
+        for i in range(40):
+            await ping.send(i)
+            await pong.recv()
+            if ran:
+                return i
+        return -1
+
+    assert gosim.run(main, procs=2, seed=11, virtual_time=True) in (0, 1)
