@@ -53,20 +53,48 @@ from ._exceptions import FrameTooLarge as FrameTooLarge
 from ._exceptions import LocalFrameError as LocalFrameError
 from ._exceptions import PayloadTooLarge as PayloadTooLarge
 from ._exceptions import RemoteFrameError as RemoteFrameError
+from ._session import CLOSED as CLOSED
+from ._session import GOAWAY_RECEIVED as GOAWAY_RECEIVED
+from ._session import GOAWAY_SENT as GOAWAY_SENT
+from ._session import OPEN as OPEN
+from ._session import Data as Data
+from ._session import GoAway as GoAway
+from ._session import GoAwayCode as GoAwayCode
+from ._session import Kind as Kind
+from ._session import LocalSessionError as LocalSessionError
+from ._session import Ping as Ping
+from ._session import Pong as Pong
+from ._session import RemoteSessionError as RemoteSessionError
+from ._session import Session as Session
+from ._session import SessionState as SessionState
 
 __all__ = [
+    "CLOSED",
     "DEFAULT_MAX_FRAME_LENGTH",
+    "GOAWAY_RECEIVED",
+    "GOAWAY_SENT",
     "NEED_DATA",
+    "OPEN",
+    "Data",
     "DecoderStatistics",
     "FrameDecoder",
     "FrameError",
     "FrameFormat",
     "FrameTooLarge",
+    "GoAway",
+    "GoAwayCode",
+    "Kind",
     "LocalFrameError",
+    "LocalSessionError",
     "NeedData",
     "OffsetBuffer",
     "PayloadTooLarge",
+    "Ping",
+    "Pong",
     "RemoteFrameError",
+    "RemoteSessionError",
+    "Session",
+    "SessionState",
 ]
 
 

@@ -1,0 +1,335 @@
+"""The long-connection session protocol, sans-IO: frame kinds, heartbeats, idle, goaway.
+
+Wire format (``PROTOCOL.md`` is the reference): every frame payload starts with one
+kind byte. ``DATA`` carries application bytes; ``PING`` carries 8 opaque bytes that the
+peer echoes in a ``PONG``; ``GOAWAY`` carries a 4-byte big-endian code and a UTF-8
+reason and announces that the sender starts no new work and will close.
+
+Theory of operation. A :class:`Session` is one side of one connection. It does no I/O
+and reads no clock: the caller passes ``now`` (any monotonic seconds, the runtime
+clock in gosim) and moves bytes. The calls are
+
+* :meth:`Session.receive` for each frame payload the decoder produced; it returns the
+  event (:class:`Data`, :class:`Ping`, :class:`Pong`, :class:`GoAway`) and, for a ping,
+  queues the pong to send;
+* :meth:`Session.data` / :meth:`Session.goaway` to make payloads to send;
+* :meth:`Session.poll` when :meth:`Session.next_deadline` passes (and after each
+  receive): it returns the payloads due now (pongs, a ping when the peer has been
+  quiet for ``heartbeat_interval``) and updates :attr:`Session.dead` (nothing at all
+  received for ``heartbeat_timeout``: the peer or the path is gone, including a
+  half-open connection whose other end vanished) and :attr:`Session.idle` (no DATA
+  either way for ``idle_timeout``).
+
+Any frame received proves the peer alive, so a busy connection sends no pings. Both
+sides ping independently, so each detects a dead peer on its own clock, within
+``heartbeat_timeout`` (two intervals by default) of the last frame it received.
+
+States, in one table (uppercase sentinels, h11's style). An illegal call raises
+:class:`LocalSessionError` and leaves the session unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass
+
+from ._exceptions import LocalFrameError, RemoteFrameError
+
+__all__ = [
+    "CLOSED",
+    "GOAWAY_RECEIVED",
+    "GOAWAY_SENT",
+    "OPEN",
+    "Data",
+    "GoAway",
+    "GoAwayCode",
+    "Kind",
+    "LocalSessionError",
+    "Ping",
+    "Pong",
+    "RemoteSessionError",
+    "Session",
+    "SessionState",
+]
+
+MAX_REASON_BYTES = 1024
+_PING_BODY = struct.Struct(">Q")
+_GOAWAY_HEAD = struct.Struct(">I")
+
+
+class Kind(enum.IntEnum):
+    """The first byte of every frame payload."""
+
+    DATA = 0
+    PING = 1
+    PONG = 2
+    GOAWAY = 3
+
+
+class GoAwayCode(enum.IntEnum):
+    """Why a side sends GOAWAY; unknown codes from a peer are kept as plain ints."""
+
+    NO_ERROR = 0  # graceful shutdown: finish in-flight work, then close
+    PROTOCOL_ERROR = 1  # the peer sent something this protocol forbids
+    IDLE_TIMEOUT = 2  # no DATA either way for the idle timeout
+    CONNECTION_LIMIT = 3  # the server is at its connection limit: try later or elsewhere
+    HEARTBEAT_TIMEOUT = 4  # the peer was silent for the heartbeat timeout
+    INTERNAL_ERROR = 5  # this side failed; the connection cannot go on
+
+
+class SessionState(enum.Enum):
+    OPEN = "OPEN"
+    GOAWAY_SENT = "GOAWAY_SENT"  # we announced shutdown; we may still send replies
+    GOAWAY_RECEIVED = "GOAWAY_RECEIVED"  # the peer did; start no new work
+    CLOSED = "CLOSED"  # both announced, or the caller closed: nothing more to send
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+OPEN = SessionState.OPEN
+GOAWAY_SENT = SessionState.GOAWAY_SENT
+GOAWAY_RECEIVED = SessionState.GOAWAY_RECEIVED
+CLOSED = SessionState.CLOSED
+
+# (state, what happened) -> next state. Everything that changes state is here.
+TRANSITIONS: dict[tuple[SessionState, str], SessionState] = {
+    (OPEN, "send_goaway"): GOAWAY_SENT,
+    (OPEN, "recv_goaway"): GOAWAY_RECEIVED,
+    (GOAWAY_SENT, "recv_goaway"): CLOSED,
+    (GOAWAY_RECEIVED, "send_goaway"): CLOSED,
+    (GOAWAY_SENT, "send_goaway"): GOAWAY_SENT,  # a second goaway may lower the code's hope
+    (GOAWAY_RECEIVED, "recv_goaway"): GOAWAY_RECEIVED,
+    (OPEN, "close"): CLOSED,
+    (GOAWAY_SENT, "close"): CLOSED,
+    (GOAWAY_RECEIVED, "close"): CLOSED,
+    (CLOSED, "close"): CLOSED,
+}
+# States in which each outgoing frame kind may be made.
+MAY_SEND_DATA = frozenset({OPEN, GOAWAY_SENT, GOAWAY_RECEIVED})
+
+
+class LocalSessionError(LocalFrameError):
+    """This side asked for something the session protocol forbids in its state.
+
+    Example: sending DATA after :meth:`Session.close`. Nothing was produced and the
+    session is unchanged.
+    """
+
+
+class RemoteSessionError(RemoteFrameError):
+    """The peer sent a payload this protocol forbids (unknown kind, bad PING length...).
+
+    The session is unchanged. Send ``goaway(GoAwayCode.PROTOCOL_ERROR)`` if you like
+    and close the connection.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """Application bytes from the peer."""
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """The peer pinged; the pong is queued for the next :meth:`Session.poll`."""
+
+    opaque: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The peer answered our ping; ``rtt`` in seconds, or None for an unsolicited pong."""
+
+    opaque: int
+    rtt: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GoAway:
+    """The peer will start no new work and will close; ``code`` is a GoAwayCode or int."""
+
+    code: int
+    reason: str
+
+
+Event = Data | Ping | Pong | GoAway
+
+
+class Session:
+    """One side of a long connection's session protocol; see the module docstring.
+
+    ``heartbeat_interval``: ping after this long without receiving anything (None: never
+    ping, never declare the peer dead). ``heartbeat_timeout``: the peer is dead after
+    this long without receiving anything (default: two intervals). ``idle_timeout``: the
+    session is idle after this long without DATA in either direction (None: never).
+    """
+
+    def __init__(
+        self,
+        now: float,
+        *,
+        heartbeat_interval: float | None = 10.0,
+        heartbeat_timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        if heartbeat_interval is not None and heartbeat_interval <= 0:
+            raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if heartbeat_timeout is None and heartbeat_interval is not None:
+            heartbeat_timeout = 2 * heartbeat_interval
+        if (
+            heartbeat_timeout is not None
+            and heartbeat_interval is not None
+            and heartbeat_timeout < heartbeat_interval
+        ):
+            raise ValueError("heartbeat_timeout must be at least heartbeat_interval")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.idle_timeout = idle_timeout
+        self.state = OPEN
+        self.last_received = now  # any frame
+        self.last_data = now  # DATA either way
+        self.last_ping_sent: float | None = None
+        self._outstanding: dict[int, float] = {}  # ping opaque -> time sent
+        self._next_opaque = 0
+        self._pongs: list[bytes] = []
+        self.dead = False
+        self.idle = False
+        self.goaway_received: GoAway | None = None
+        self.pings_sent = 0
+        self.pongs_received = 0
+        self.heartbeats_missed = 0
+
+    def __repr__(self) -> str:
+        return f"<Session {self.state!r} dead={self.dead} idle={self.idle}>"
+
+    # ---------------------------------------------------------------- receive
+
+    def receive(self, payload: bytes | bytearray | memoryview, now: float) -> Event:
+        """Interpret one frame payload from the peer; raise RemoteSessionError if malformed."""
+        if not payload:
+            raise RemoteSessionError("empty frame: every payload starts with a kind byte")
+        kind = payload[0]
+        body = bytes(payload[1:])
+        event: Event
+        if kind == Kind.DATA:
+            event = Data(body)
+            self.last_data = now
+        elif kind == Kind.PING:
+            if len(body) != _PING_BODY.size:
+                raise RemoteSessionError(f"PING carries {len(body)} bytes, not 8")
+            (opaque,) = _PING_BODY.unpack(body)
+            event = Ping(opaque)
+            self._pongs.append(bytes([Kind.PONG]) + body)
+        elif kind == Kind.PONG:
+            if len(body) != _PING_BODY.size:
+                raise RemoteSessionError(f"PONG carries {len(body)} bytes, not 8")
+            (opaque,) = _PING_BODY.unpack(body)
+            sent = self._outstanding.pop(opaque, None)
+            self.pongs_received += 1
+            event = Pong(opaque, None if sent is None else now - sent)
+        elif kind == Kind.GOAWAY:
+            if len(body) < _GOAWAY_HEAD.size or len(body) > _GOAWAY_HEAD.size + MAX_REASON_BYTES:
+                raise RemoteSessionError(f"GOAWAY carries {len(body)} bytes")
+            (code,) = _GOAWAY_HEAD.unpack_from(body)
+            try:
+                reason = body[_GOAWAY_HEAD.size :].decode("utf-8")
+            except UnicodeDecodeError:
+                raise RemoteSessionError("GOAWAY reason is not UTF-8") from None
+            known = code in GoAwayCode._value2member_map_
+            event = GoAway(GoAwayCode(code) if known else code, reason)
+            self.goaway_received = event
+            self.state = TRANSITIONS.get((self.state, "recv_goaway"), self.state)
+        else:
+            raise RemoteSessionError(f"unknown frame kind {kind}")
+        self.last_received = now
+        self.dead = False
+        return event
+
+    # ------------------------------------------------------------------- send
+
+    def data(self, payload: bytes | bytearray | memoryview, now: float) -> bytes:
+        """The frame payload that carries ``payload`` as DATA."""
+        if self.state not in MAY_SEND_DATA:
+            raise LocalSessionError(f"cannot send DATA in state {self.state.value}")
+        self.last_data = now
+        return bytes([Kind.DATA]) + bytes(payload)
+
+    def goaway(self, code: int = GoAwayCode.NO_ERROR, reason: str = "") -> bytes:
+        """The GOAWAY frame payload; the session starts no new work from here on."""
+        encoded = reason.encode("utf-8")
+        if len(encoded) > MAX_REASON_BYTES:
+            raise LocalSessionError(
+                f"GOAWAY reason is {len(encoded)} bytes, at most {MAX_REASON_BYTES}"
+            )
+        if not 0 <= code < 2**32:
+            raise LocalSessionError(f"GOAWAY code {code} does not fit 32 bits")
+        nxt = TRANSITIONS.get((self.state, "send_goaway"))
+        if nxt is None:
+            raise LocalSessionError(f"cannot send GOAWAY in state {self.state.value}")
+        self.state = nxt
+        return bytes([Kind.GOAWAY]) + _GOAWAY_HEAD.pack(code) + encoded
+
+    def close(self) -> None:
+        """Nothing more will be sent or received (the caller closes the connection)."""
+        self.state = TRANSITIONS[(self.state, "close")]
+
+    # ------------------------------------------------------------------- time
+
+    def poll(self, now: float) -> list[bytes]:
+        """Frame payloads due now (pongs, then a ping if the peer is quiet); update dead/idle."""
+        out = self._pongs
+        self._pongs = []
+        if self.state is CLOSED:
+            return []
+        # Compare as next_deadline computes (deadline <= now), never as a difference:
+        # with floats the two can disagree by one rounding, and a poll at exactly the
+        # deadline must act, or a driver sleeping until next_deadline() would spin.
+        if (
+            self.heartbeat_timeout is not None
+            and self.last_received + self.heartbeat_timeout <= now
+        ):
+            self.dead = True
+        interval = self.heartbeat_interval
+        if (
+            interval is not None
+            and not self.dead
+            and self.last_received + interval <= now
+            and (self.last_ping_sent is None or self.last_ping_sent + interval <= now)
+        ):
+            if self.last_ping_sent is not None and self.last_ping_sent >= self.last_received:
+                self.heartbeats_missed += 1  # the previous ping got no answer in time
+            opaque = self._next_opaque
+            self._next_opaque = (opaque + 1) % 2**64
+            self._outstanding[opaque] = now
+            if len(self._outstanding) > 64:  # a pong that never comes is forgotten
+                self._outstanding.pop(next(iter(self._outstanding)))
+            self.last_ping_sent = now
+            self.pings_sent += 1
+            out.append(bytes([Kind.PING]) + _PING_BODY.pack(opaque))
+        self.idle = self.idle_timeout is not None and self.last_data + self.idle_timeout <= now
+        return out
+
+    def next_deadline(self) -> float:
+        """When :meth:`poll` next has something to do (infinity: never, pongs aside)."""
+        if self.state is CLOSED:
+            return math.inf
+        times = [math.inf]
+        if self._pongs:
+            return -math.inf
+        if self.heartbeat_timeout is not None and not self.dead:
+            times.append(self.last_received + self.heartbeat_timeout)
+        if self.heartbeat_interval is not None and not self.dead:
+            base = self.last_received + self.heartbeat_interval
+            if self.last_ping_sent is not None:
+                base = max(base, self.last_ping_sent + self.heartbeat_interval)
+            times.append(base)
+        if self.idle_timeout is not None and not self.idle:
+            times.append(self.last_data + self.idle_timeout)  # idle is re-evaluated per poll
+        return min(times)
