@@ -1,0 +1,158 @@
+"""Network echo benchmarks with server and client in separate processes (issue 5).
+
+Frames: 4-byte big-endian length + payload. Servers: Go (``benchmarks/go/net``, the
+ceiling), a batched plain-trio server and an asyncio ``Protocol`` server
+(``benchmarks/net_peers.py``). Clients: the Go load generator, and a trio client for the
+"trio at both ends" row. netframe's own server joins these rows when it lands. Each
+benchmark starts the server, runs one client process, checks every echo (the clients
+do) and records the client's figure in ``extra_info``; pytest-benchmark's own timing is
+the client's wall time and is not the figure to compare.
+
+Workloads: ``pipelined`` (one connection, 64-byte frames, all in flight: frames/s),
+``rr`` (100 connections, one request in flight each: requests/s), ``big`` (1 MiB frames
+pipelined: MB/s). Go runs with ``GOMAXPROCS=1`` on both sides.
+
+Reproduce::
+
+    .venv/bin/python -m pytest benchmarks/bench_net_procs.py --benchmark-json=netp.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+PEERS = HERE / "net_peers.py"
+HAVE_GO = shutil.which("go") is not None
+ENV = {**os.environ, "GOMAXPROCS": "1"}
+
+
+@pytest.fixture(scope="module")
+def go_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not HAVE_GO:
+        pytest.skip("Go toolchain not installed (CI installs golang-go)")
+    out = tmp_path_factory.mktemp("gonet") / "net"
+    subprocess.run(
+        ["go", "build", "-o", str(out), "."], cwd=HERE / "go" / "net", check=True, timeout=300
+    )
+    return out
+
+
+def _server_cmd(kind: str, go_bin: Path | None) -> list[str]:
+    if kind == "go":
+        assert go_bin is not None
+        return [str(go_bin), "server", "-addr", "127.0.0.1:0"]
+    return [sys.executable, str(PEERS), "server", kind]
+
+
+class Server:
+    def __init__(self, cmd: list[str]) -> None:
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=ENV)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("LISTEN "):
+            self.stop()
+            raise RuntimeError(f"server did not start: {line!r}")
+        self.addr = line.split()[1]
+
+    def stop(self) -> None:
+        self.proc.kill()  # our own child, by its PID
+        self.proc.wait(timeout=30)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _server(kind: str, go_bin: Path | None) -> Iterator[Server]:
+    srv = Server(_server_cmd(kind, go_bin))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _run_client(cmd: list[str]) -> dict[str, Any]:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300, env=ENV)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _measure(benchmark: Any, cmd: list[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+
+    def once() -> None:
+        result.update(_run_client(cmd))
+
+    benchmark.pedantic(once, rounds=1, iterations=1)
+    benchmark.extra_info.update(result)
+    return result
+
+
+def _sizes(benchmark: Any) -> tuple[int, float, int]:
+    """Frames for pipelined, seconds for rr, frames for big: small for the CI smoke run."""
+    if benchmark.disabled:
+        return 2_000, 0.2, 4
+    return 200_000, 2.0, 64
+
+
+@pytest.mark.benchmark(group="net-pipelined-64B")
+@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+def bench_pipelined_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
+    n, _, _ = _sizes(benchmark)
+    for srv in _server(server, go_binary):
+        r = _measure(benchmark, [str(go_binary), "pipelined", "-addr", srv.addr, "-n", str(n)])
+        assert r["frames"] == n
+
+
+@pytest.mark.benchmark(group="net-pipelined-64B")
+def bench_pipelined_trio_both_ends(benchmark: Any) -> None:
+    n, _, _ = _sizes(benchmark)
+    for srv in _server("trio", None):
+        cmd = [sys.executable, str(PEERS), "pipelined", "trio", "--addr", srv.addr, "--n", str(n)]
+        r = _measure(benchmark, cmd)
+        assert r["frames"] == n
+
+
+@pytest.mark.benchmark(group="net-rr-100conns")
+@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+def bench_rr_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
+    _, seconds, _ = _sizes(benchmark)
+    for srv in _server(server, go_binary):
+        r = _measure(benchmark, [str(go_binary), "rr", "-addr", srv.addr, "-seconds", str(seconds)])
+        assert r["requests"] > 0
+
+
+@pytest.mark.benchmark(group="net-rr-100conns")
+def bench_rr_trio_both_ends(benchmark: Any) -> None:
+    _, seconds, _ = _sizes(benchmark)
+    for srv in _server("trio", None):
+        cmd = [
+            sys.executable,
+            str(PEERS),
+            "rr",
+            "trio",
+            "--addr",
+            srv.addr,
+            "--seconds",
+            str(seconds),
+        ]
+        r = _measure(benchmark, cmd)
+        assert r["requests"] > 0
+
+
+@pytest.mark.benchmark(group="net-big-1MiB")
+@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+def bench_big_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
+    _, _, n = _sizes(benchmark)
+    for srv in _server(server, go_binary):
+        cmd = [str(go_binary), "big", "-addr", srv.addr, "-n", str(n), "-size", str(1 << 20)]
+        r = _measure(benchmark, cmd)
+        assert r["frames"] == n

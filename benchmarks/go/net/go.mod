@@ -1,0 +1,3 @@
+module gosim.bench/net
+
+go 1.19

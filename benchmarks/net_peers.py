@@ -1,0 +1,215 @@
+"""Peer echo servers and clients for the network benchmarks, one process each.
+
+Frames are a 4-byte big-endian length (not counting itself) and a payload, the format
+of ``benchmarks/go/net``. Every server echoes every frame; clients check each echo.
+
+    python benchmarks/net_peers.py server trio|asyncio [--addr 127.0.0.1:0]
+        prints "LISTEN host:port", serves until killed
+    python benchmarks/net_peers.py pipelined trio --addr A [--n N] [--size 64]
+    python benchmarks/net_peers.py rr trio --addr A [--conns 100] [--seconds 2]
+        print one JSON object, as the Go client does
+
+The servers are written the way each library is used at its best: the trio server
+reads 64 KiB at a time and echoes every complete frame of a read with one ``send_all``
+(batched); the asyncio server is a ``Protocol`` whose ``data_received`` does the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import struct
+import sys
+import time
+
+import trio
+
+HEADER = struct.Struct(">I")
+
+
+def split_frames(buf: bytearray) -> tuple[list[bytes], int]:
+    """Complete frames at the start of buf and how many bytes they span."""
+    frames = []
+    pos = 0
+    end = len(buf)
+    while end - pos >= 4:
+        (n,) = HEADER.unpack_from(buf, pos)
+        if end - pos - 4 < n:
+            break
+        frames.append(bytes(buf[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    return frames, pos
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+# --------------------------------------------------------------------- servers
+
+
+async def trio_server(addr: str) -> None:
+    host, port = parse_addr(addr)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        async with stream:
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                buf += data
+                _, used = split_frames(buf)
+                if used:
+                    out = bytes(buf[:used])  # echo is the same bytes: frames unchanged
+                    del buf[:used]
+                    await stream.send_all(out)
+
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    sockname = listeners[0].socket.getsockname()
+    print(f"LISTEN {sockname[0]}:{sockname[1]}", flush=True)
+    await trio.serve_listeners(handle, listeners)
+
+
+class EchoProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        _, used = split_frames(buf)
+        if used:
+            assert self.transport is not None
+            self.transport.write(bytes(buf[:used]))
+            del buf[:used]
+
+
+async def asyncio_server(addr: str) -> None:
+    host, port = parse_addr(addr)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(EchoProtocol, host, port)
+    sockname = server.sockets[0].getsockname()
+    print(f"LISTEN {sockname[0]}:{sockname[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# --------------------------------------------------------------------- clients
+
+
+def payload(size: int, seed: int) -> bytes:
+    return bytes((seed + k) % 256 for k in range(size))
+
+
+async def trio_pipelined(addr: str, n: int, size: int) -> dict[str, object]:
+    host, port = parse_addr(addr)
+    stream = await trio.open_tcp_stream(host, port)
+    msg = payload(size, 7)
+    frame = HEADER.pack(size) + msg
+    batch = frame * 256
+    start = time.perf_counter()
+    async with stream, trio.open_nursery() as nursery:
+
+        async def writer() -> None:
+            sent = 0
+            while sent < n:
+                k = min(256, n - sent)
+                await stream.send_all(batch if k == 256 else frame * k)
+                sent += k
+
+        nursery.start_soon(writer)
+        buf = bytearray()
+        got = 0
+        while got < n:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise ConnectionError("server closed early")
+            buf += data
+            frames, used = split_frames(buf)
+            del buf[:used]
+            for f in frames:
+                if f != msg:
+                    raise AssertionError("echo mismatch")
+            got += len(frames)
+    el = time.perf_counter() - start
+    return {"mode": "pipelined", "frames": n, "size": size, "seconds": el, "frames_per_s": n / el}
+
+
+async def trio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str, object]:
+    host, port = parse_addr(addr)
+    total = 0
+    start = time.perf_counter()
+    deadline = trio.current_time() + seconds
+
+    async def one(k: int) -> None:
+        nonlocal total
+        msg = payload(size, k)
+        frame = HEADER.pack(size) + msg
+        stream = await trio.open_tcp_stream(host, port)
+        n = 0
+        async with stream:
+            buf = bytearray()
+            while trio.current_time() < deadline:
+                await stream.send_all(frame)
+                while True:
+                    frames, used = split_frames(buf)
+                    if frames:
+                        break
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        raise ConnectionError("server closed early")
+                    buf += data
+                del buf[:used]
+                if frames != [msg]:
+                    raise AssertionError("echo mismatch")
+                n += 1
+        total += n
+
+    async with trio.open_nursery() as nursery:
+        for k in range(conns):
+            nursery.start_soon(one, k)
+    el = time.perf_counter() - start
+    return {
+        "mode": "rr",
+        "conns": conns,
+        "requests": total,
+        "seconds": el,
+        "requests_per_s": total / el,
+    }
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["server", "pipelined", "rr"])
+    ap.add_argument("peer", choices=["trio", "asyncio"])
+    ap.add_argument("--addr", default="127.0.0.1:0")
+    ap.add_argument("--n", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--conns", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    args = ap.parse_args(argv)
+    if args.mode == "server":
+        if args.peer == "trio":
+            trio.run(trio_server, args.addr)
+        else:
+            asyncio.run(asyncio_server(args.addr))
+        return
+    if args.peer != "trio":
+        raise SystemExit("clients: only trio is provided (the Go client is the other)")
+    if args.mode == "pipelined":
+        out = trio.run(trio_pipelined, args.addr, args.n, args.size)
+    else:
+        out = trio.run(trio_rr, args.addr, args.conns, args.seconds, args.size)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
