@@ -41,6 +41,8 @@ A length prefix is a promise made by the peer, and a hostile peer promises a lot
   asked again, so no retry loop can make it skip or misread bytes.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._buffer import OffsetBuffer as OffsetBuffer
 from ._codec import DEFAULT_MAX_FRAME_LENGTH as DEFAULT_MAX_FRAME_LENGTH
 from ._codec import NEED_DATA as NEED_DATA
@@ -75,14 +77,19 @@ __all__ = [
     "GOAWAY_SENT",
     "NEED_DATA",
     "OPEN",
+    "BusyError",
+    "ClosedError",
     "Data",
     "DecoderStatistics",
     "FrameDecoder",
     "FrameError",
     "FrameFormat",
     "FrameTooLarge",
+    "FramedConn",
+    "FramedConnStatistics",
     "GoAway",
     "GoAwayCode",
+    "IncompleteFrame",
     "Kind",
     "LocalFrameError",
     "LocalSessionError",
@@ -95,12 +102,49 @@ __all__ = [
     "RemoteSessionError",
     "Session",
     "SessionState",
+    "StreamConn",
 ]
+
+
+# The connection layer imports gosim (and so trio); the sans-IO codec and session must
+# not. Its names load on first use, so `import netframe` stays sans-IO.
+_CONN_NAMES = frozenset(
+    {
+        "BusyError",
+        "ClosedError",
+        "FramedConn",
+        "FramedConnStatistics",
+        "IncompleteFrame",
+        "StreamConn",
+    }
+)
+
+if TYPE_CHECKING:
+    from ._conn import BusyError as BusyError
+    from ._conn import ClosedError as ClosedError
+    from ._conn import FramedConn as FramedConn
+    from ._conn import FramedConnStatistics as FramedConnStatistics
+    from ._conn import IncompleteFrame as IncompleteFrame
+    from ._conn import StreamConn as StreamConn
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONN_NAMES:
+        from . import _conn  # noqa: PLC0415 - deferred on purpose: keeps the codec sans-IO
+
+        obj = getattr(_conn, name)
+        if isinstance(obj, type):
+            obj.__module__ = "netframe"
+        globals()[name] = obj
+        return obj
+    raise AttributeError(f"module 'netframe' has no attribute {name!r}")
 
 
 def _fixup_module_metadata() -> None:
     # Tracebacks and reprs say netframe.FrameDecoder, not netframe._codec.FrameDecoder.
     for name in __all__:
+        if name in _CONN_NAMES:
+            continue
         obj = globals()[name]
         if isinstance(obj, type) and obj.__module__.startswith("netframe._"):
             obj.__module__ = "netframe"

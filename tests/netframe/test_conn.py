@@ -1,0 +1,183 @@
+"""FramedConn over an in-memory gosim connection pair: frames survive any chunking,
+clean and unclean ends of stream, garbage, two readers, batching and backpressure."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+import gosim
+from gosim import Chan, go
+from netframe import BusyError, ClosedError, FramedConn, FrameFormat, FrameTooLarge, IncompleteFrame
+
+
+class MemoryConn:
+    """One end of an in-memory byte stream: writes become chunks in the peer's inbox."""
+
+    def __init__(
+        self, inbox: Chan[bytes | None], outbox: Chan[bytes | None], chunk: int | None
+    ) -> None:
+        self.inbox, self.outbox, self.chunk = inbox, outbox, chunk
+        self.pending = b""
+        self.eof = False
+        self.write_calls = 0
+
+    async def read(self, n: int) -> bytes:
+        if not self.pending and not self.eof:
+            data = await self.inbox.recv()
+            if data is None:
+                self.eof = True
+            else:
+                self.pending = data
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return out
+
+    async def write(self, data: bytes) -> int:
+        self.write_calls += 1
+        step = self.chunk or len(data) or 1
+        for i in range(0, len(data), step):
+            await self.outbox.send(bytes(data[i : i + step]))
+        return len(data)
+
+    def close(self) -> None:
+        self.outbox.try_send(None)
+
+
+def conn_pair(chunk: int | None = None, capacity: int = 1024) -> tuple[MemoryConn, MemoryConn]:
+    ab: Chan[bytes | None] = Chan(capacity)
+    ba: Chan[bytes | None] = Chan(capacity)
+    return MemoryConn(ba, ab, chunk), MemoryConn(ab, ba, chunk)
+
+
+def run(main, *args):  # type: ignore[no-untyped-def]
+    return gosim.run(main, *args, procs=2, seed=1, virtual_time=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=30),
+    chunk=st.one_of(st.none(), st.integers(1, 17)),
+    use_send=st.booleans(),
+)
+def test_frames_arrive_whole_and_in_order_whatever_the_chunking(
+    payloads: list[bytes], chunk: int | None, use_send: bool
+) -> None:
+    async def main() -> list[bytes]:
+        a, b = conn_pair(chunk)
+        fa, fb = FramedConn(a), FramedConn(b, read_size=7)
+
+        async def writer() -> None:
+            for p in payloads:
+                if use_send:
+                    await fa.send(p)
+                else:
+                    await fa.write_frame(p)
+            await fa.aclose()
+
+        go(writer)
+        got = []
+        while (frame := await fb.read_frame()) is not None:
+            got.append(frame)
+        return got
+
+    assert run(main) == payloads
+
+
+def test_write_frames_is_one_write_and_send_batches() -> None:
+    async def main() -> tuple[int, int, int]:
+        a, b = conn_pair()
+        fa, fb = FramedConn(a), FramedConn(b)
+        await fa.write_frames([b"x"] * 100)
+        for i in range(500):
+            await fa.send(str(i).encode())
+        await fa.flush()
+        got = 0
+        while got < 600:
+            assert await fb.read_frame() is not None
+            got += 1
+        return a.write_calls, fa.statistics().frames_written, fa.statistics().writes
+
+    write_calls, frames, writes = run(main)
+    assert frames == 600
+    assert writes == write_calls
+    assert writes < 50  # 500 queued frames left in a few batched writes
+
+
+def test_end_of_stream_inside_a_frame_is_an_incomplete_frame() -> None:
+    async def main() -> None:
+        a, b = conn_pair()
+        wire = FrameFormat().encode(b"hello world")
+        await a.write(wire[:7])
+        a.close()
+        with pytest.raises(IncompleteFrame) as info:
+            await FramedConn(b).read_frame()
+        assert info.value.buffered == 7
+
+    run(main)
+
+
+def test_garbage_header_raises_the_codec_error() -> None:
+    async def main() -> None:
+        a, b = conn_pair()
+        await a.write(b"\xff\xff\xff\xff" + b"junk")
+        with pytest.raises(FrameTooLarge):
+            await FramedConn(b, FrameFormat(max_frame_length=1024)).read_frame()
+
+    run(main)
+
+
+def test_two_readers_at_once_is_busy() -> None:
+    async def main() -> None:
+        _, b = conn_pair()
+        fb = FramedConn(b)
+        errors: Chan[BaseException] = Chan(1)
+
+        async def second() -> None:
+            try:
+                await fb.read_frame()
+            except BusyError as exc:
+                await errors.send(exc)
+
+        async def first() -> None:
+            await fb.read_frame()
+
+        go(first)
+        await gosim.sleep(0.01)
+        go(second)
+        assert isinstance(await errors.recv(), BusyError)
+
+    run(main)
+
+
+def test_send_blocks_when_the_peer_stops_reading() -> None:
+    async def main() -> tuple[int, int, bool]:
+        a, _ = conn_pair(capacity=4)  # the peer never reads: 4 chunks fit in the link
+        fa = FramedConn(a, send_queue=8)
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for _ in range(100):
+                await fa.send(b"x" * 10)
+                sent += 1
+
+        go(flood)
+        await gosim.sleep(1)
+        blocked = sent < 100
+        return sent, fa.statistics().send_queue, blocked
+
+    _sent, queued, blocked = run(main)
+    assert blocked and queued == 8
+    # Without backpressure all 100 would be "sent" into memory at once.
+
+
+def test_closed_conn_refuses_sends() -> None:
+    async def main() -> None:
+        a, _ = conn_pair()
+        fa = FramedConn(a)
+        await fa.aclose()
+        with pytest.raises(ClosedError):
+            await fa.send(b"late")
+
+    run(main)
