@@ -41,6 +41,7 @@ A length prefix is a promise made by the peer, and a hostile peer promises a lot
   asked again, so no retry loop can make it skip or misread bytes.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._buffer import OffsetBuffer as OffsetBuffer
@@ -78,7 +79,9 @@ __all__ = [
     "NEED_DATA",
     "OPEN",
     "BusyError",
+    "Client",
     "ClosedError",
+    "ConnectionLost",
     "Data",
     "DecoderStatistics",
     "FrameDecoder",
@@ -91,6 +94,7 @@ __all__ = [
     "GoAwayCode",
     "IncompleteFrame",
     "Kind",
+    "Listener",
     "LocalFrameError",
     "LocalSessionError",
     "NeedData",
@@ -100,6 +104,8 @@ __all__ = [
     "Pong",
     "RemoteFrameError",
     "RemoteSessionError",
+    "Server",
+    "ServerStats",
     "Session",
     "SessionState",
     "StreamConn",
@@ -108,16 +114,19 @@ __all__ = [
 
 # The connection layer imports gosim (and so trio); the sans-IO codec and session must
 # not. Its names load on first use, so `import netframe` stays sans-IO.
-_CONN_NAMES = frozenset(
-    {
-        "BusyError",
-        "ClosedError",
-        "FramedConn",
-        "FramedConnStatistics",
-        "IncompleteFrame",
-        "StreamConn",
-    }
-)
+_CONN_NAMES = {
+    "BusyError": "_conn",
+    "ClosedError": "_conn",
+    "FramedConn": "_conn",
+    "FramedConnStatistics": "_conn",
+    "IncompleteFrame": "_conn",
+    "StreamConn": "_conn",
+    "Client": "_server",
+    "ConnectionLost": "_server",
+    "Listener": "_server",
+    "Server": "_server",
+    "ServerStats": "_server",
+}
 
 if TYPE_CHECKING:
     from ._conn import BusyError as BusyError
@@ -126,13 +135,17 @@ if TYPE_CHECKING:
     from ._conn import FramedConnStatistics as FramedConnStatistics
     from ._conn import IncompleteFrame as IncompleteFrame
     from ._conn import StreamConn as StreamConn
+    from ._server import Client as Client
+    from ._server import ConnectionLost as ConnectionLost
+    from ._server import Listener as Listener
+    from ._server import Server as Server
+    from ._server import ServerStats as ServerStats
 
 
 def __getattr__(name: str) -> Any:
     if name in _CONN_NAMES:
-        from . import _conn  # noqa: PLC0415 - deferred on purpose: keeps the codec sans-IO
-
-        obj = getattr(_conn, name)
+        module = importlib.import_module(f"netframe.{_CONN_NAMES[name]}")
+        obj = getattr(module, name)
         if isinstance(obj, type):
             obj.__module__ = "netframe"
         globals()[name] = obj

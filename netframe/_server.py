@@ -1,0 +1,489 @@
+"""Long-connection ``Server`` and reconnecting ``Client`` over the session protocol.
+
+Server, per connection (all goroutines, no trio task per connection):
+
+1. the accept loop hands each connection to its own *reader* goroutine, unless the
+   server is at ``max_connections``: then the connection gets ``GOAWAY(CONNECTION_LIMIT)``
+   and is closed (a refusal, not a hang);
+2. the reader decodes frames and feeds the :class:`~netframe.Session`; each DATA frame
+   starts a *handler* goroutine, at most ``max_in_flight`` per connection (reading
+   pauses at the limit: backpressure reaches the peer through TCP);
+3. replies leave through the connection's batching writer (:meth:`FramedConn.send`);
+4. a *heartbeat* goroutine sleeps until the session's next deadline, sends its pings,
+   and closes the connection when the peer is dead or the connection idle.
+
+Graceful shutdown (:meth:`Server.shutdown`): stop accepting, send ``GOAWAY(NO_ERROR)``
+on every connection, let in-flight handlers finish and their replies flush within the
+grace period, then close every connection. A reply produced within the grace period is
+never lost.
+
+The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
+``gosim.net`` listeners and connections, or the simulated network.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gosim
+from gosim import Chan, go, recv, select
+
+from ._codec import FrameFormat
+from ._conn import FramedConn, StreamConn
+from ._exceptions import RemoteFrameError
+from ._session import Data, GoAway, GoAwayCode, Session
+
+__all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
+
+Handler = Callable[[bytes], Awaitable[bytes | None]]
+
+
+class Listener(Protocol):
+    async def accept(self) -> StreamConn: ...
+
+    def close(self) -> None: ...
+
+
+class ConnectionLost(ConnectionError):
+    """The client's connection ended (peer closed, dead peer, goaway); ``reason`` says which.
+
+    Frames sent and not answered may or may not have been processed: retry them
+    through a new connection only if they are idempotent (see ``idempotency``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    connections: int  # open now
+    accepted: int
+    rejected: int  # refused at the connection limit
+    frames_received: int
+    frames_sent: int
+    bytes_received: int
+    bytes_sent: int
+    heartbeats_missed: int
+    dead_peers: int
+    idle_closed: int
+    protocol_errors: int
+    handler_errors: int
+
+
+class _Conn:
+    __slots__ = ("closed", "done", "draining", "fc", "in_flight", "session", "slots", "wake")
+
+    def __init__(self, fc: FramedConn, session: Session, max_in_flight: int) -> None:
+        self.fc = fc
+        self.session = session
+        self.slots: Chan[None] = Chan(max_in_flight)  # a token per running handler
+        self.in_flight = 0
+        self.closed = False
+        self.draining = False
+        self.done: Chan[None] = Chan()  # closed when the connection is finished
+        self.wake: Chan[None] = Chan(1)  # nudges the heartbeat goroutine
+
+    def is_closed(self) -> bool:
+        # Read through a call: other goroutines close the connection while we await.
+        return self.closed
+
+
+class Server:
+    """Serves ``handler(payload) -> reply | None`` on long connections; see the module docstring."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        format: FrameFormat | None = None,
+        max_connections: int = 10_000,
+        max_in_flight: int = 64,
+        heartbeat_interval: float | None = 10.0,
+        heartbeat_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        grace_period: float = 5.0,
+        send_queue: int = 1024,
+    ) -> None:
+        if max_connections < 1 or max_in_flight < 1:
+            raise ValueError("max_connections and max_in_flight must be at least 1")
+        self.handler = handler
+        self.format = FrameFormat() if format is None else format
+        self.max_connections = max_connections
+        self.max_in_flight = max_in_flight
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.idle_timeout = idle_timeout
+        self.grace_period = grace_period
+        self.send_queue = send_queue
+        self._conns: set[_Conn] = set()
+        self._listener: Listener | None = None
+        self._shutting_down = False
+        self._stopped: Chan[None] = Chan()
+        self._counters = dict.fromkeys(
+            (
+                "accepted",
+                "rejected",
+                "heartbeats_missed",
+                "dead_peers",
+                "idle_closed",
+                "protocol_errors",
+                "handler_errors",
+                "frames_received",
+                "frames_sent",
+                "bytes_received",
+                "bytes_sent",
+            ),
+            0,
+        )
+
+    def stats(self) -> ServerStats:
+        c = dict(self._counters)
+        for st in self._conns:
+            s = st.fc.statistics()
+            c["frames_received"] += s.frames_read
+            c["frames_sent"] += s.frames_written
+            c["bytes_received"] += s.bytes_read
+            c["bytes_sent"] += s.bytes_written
+            c["heartbeats_missed"] += st.session.heartbeats_missed
+        return ServerStats(connections=len(self._conns), **c)
+
+    # ------------------------------------------------------------ accepting
+
+    async def serve(self, listener: Listener) -> None:
+        """Accept and serve until :meth:`shutdown` has finished."""
+        self._listener = listener
+        while not self._shutting_down:
+            try:
+                conn = await listener.accept()
+            except Exception:
+                if self._stopping():
+                    break
+                raise
+            if self._stopping():
+                conn.close()
+                break
+            if len(self._conns) >= self.max_connections:
+                self._counters["rejected"] += 1
+                go(self._reject, conn)
+                continue
+            self._counters["accepted"] += 1
+            go(self._serve_conn, conn)
+        await self._stopped.recv()
+
+    def _stopping(self) -> bool:
+        # A method, not the attribute inline: shutdown() flips it while serve() awaits.
+        return self._shutting_down
+
+    async def _reject(self, conn: StreamConn) -> None:
+        fc = FramedConn(conn, self.format)
+        session = Session(gosim.now(), heartbeat_interval=None)
+        try:
+            await fc.write_frame(session.goaway(GoAwayCode.CONNECTION_LIMIT, "connection limit"))
+        except Exception:  # the peer is gone already: nothing to tell it
+            pass
+        conn.close()
+
+    # -------------------------------------------------------- a connection
+
+    async def _serve_conn(self, conn: StreamConn) -> None:
+        fc = FramedConn(conn, self.format, send_queue=self.send_queue)
+        session = Session(
+            gosim.now(),
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+            idle_timeout=self.idle_timeout,
+        )
+        st = _Conn(fc, session, self.max_in_flight)
+        self._conns.add(st)
+        go(self._heartbeat, st)
+        try:
+            await self._read_loop(st)
+        finally:
+            await self._finish(st)
+
+    async def _read_loop(self, st: _Conn) -> None:
+        fc, session = st.fc, st.session
+        while not st.closed:
+            try:
+                frame = await fc.read_frame()
+            except RemoteFrameError:
+                self._counters["protocol_errors"] += 1
+                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
+                return
+            except OSError:
+                return  # broken connection (reset, or closed by us)
+            if frame is None:
+                return
+            try:
+                event = session.receive(frame, gosim.now())
+            except RemoteFrameError:
+                self._counters["protocol_errors"] += 1
+                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
+                return
+            for out in session.poll(gosim.now()):  # pongs go out at once
+                await fc.send(out)
+            if isinstance(event, Data):
+                await st.slots.send(None)  # blocks at max_in_flight: backpressure
+                st.in_flight += 1
+                go(self._handle, st, event.payload)
+            elif isinstance(event, GoAway):
+                pass  # the peer starts no new work; keep serving until it closes
+
+    async def _handle(self, st: _Conn, payload: bytes) -> None:
+        try:
+            try:
+                reply = await self.handler(payload)
+            except Exception:
+                self._counters["handler_errors"] += 1
+                return
+            if reply is not None and not st.closed:
+                await st.fc.send(st.session.data(reply, gosim.now()))
+        finally:
+            st.in_flight -= 1
+            st.slots.try_recv()
+            if st.draining and st.in_flight == 0:
+                st.wake.try_send(None)
+
+    async def _heartbeat(self, st: _Conn) -> None:
+        session = st.session
+        while not st.closed:
+            deadline = session.next_deadline()
+            now = gosim.now()
+            if deadline > now:
+                timer = gosim.Timer(deadline - now) if deadline != float("inf") else None
+                await select(recv(st.done), recv(st.wake), recv(timer.c if timer else None))
+                if timer is not None:
+                    timer.stop()
+                if st.is_closed():
+                    return
+            for out in session.poll(gosim.now()):
+                await st.fc.send(out)
+            if session.dead:
+                self._counters["dead_peers"] += 1
+                self._close_now(st)
+                return
+            if session.idle and not st.draining:
+                self._counters["idle_closed"] += 1
+                await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle")
+                return
+
+    async def _goaway_and_close(self, st: _Conn, code: int, reason: str) -> None:
+        if st.closed:
+            return
+        try:
+            await st.fc.send(st.session.goaway(code, reason))
+            await st.fc.flush()
+        except Exception:
+            pass
+        self._close_now(st)
+
+    def _close_now(self, st: _Conn) -> None:
+        if st.closed:
+            return
+        st.closed = True
+        st.fc.conn.close()  # unblocks the reader (EOF or error) and the writer
+
+    async def _finish(self, st: _Conn) -> None:
+        """After the reader ends: wait for handlers (bounded by shutdown's grace), close."""
+        while st.in_flight and not st.closed:
+            st.draining = True
+            await select(recv(st.wake), recv(st.done))
+        if not st.closed:
+            st.closed = True
+            try:
+                await st.fc.aclose(flush=True)
+            except Exception:
+                pass
+        st.done.close()
+        self._conns.discard(st)
+        self._counters["frames_received"] += st.fc.frames_read
+        self._counters["frames_sent"] += st.fc.frames_written
+        self._counters["bytes_received"] += st.fc.bytes_read
+        self._counters["bytes_sent"] += st.fc.bytes_written
+        self._counters["heartbeats_missed"] += st.session.heartbeats_missed
+        if self._shutting_down and not self._conns:
+            self._signal_stopped()
+
+    # ------------------------------------------------------------ shutdown
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting, tell every peer (GOAWAY), drain in-flight work, then close.
+
+        Handlers still running after ``grace`` seconds (default ``grace_period``) lose
+        their connection; replies produced before that are written.
+        """
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        if self._listener is not None:
+            self._listener.close()
+        grace = self.grace_period if grace is None else grace
+        for st in list(self._conns):
+            st.draining = True
+            try:
+                await st.fc.send(st.session.goaway(GoAwayCode.NO_ERROR, "shutting down"))
+            except Exception:
+                pass
+        deadline = gosim.now() + grace
+        while any(st.in_flight for st in self._conns) and gosim.now() < deadline:
+            await gosim.sleep(min(0.01, max(deadline - gosim.now(), 0)))
+        for st in list(self._conns):
+            if not st.closed:
+                st.closed = True
+                try:
+                    await st.fc.aclose(flush=True)
+                except Exception:
+                    st.fc.conn.close()
+        if not self._conns:
+            self._signal_stopped()
+
+    def _signal_stopped(self) -> None:
+        if not self._stopped.closed:
+            self._stopped.close()  # a closed channel wakes serve() whenever it gets there
+
+
+class Client:
+    """One long connection to a server, with heartbeats and reconnects on demand.
+
+    ``dial()`` makes a new connection. :meth:`connect` retries failed dials with
+    exponential backoff (``backoff_initial`` doubling up to ``backoff_max``) and full
+    jitter (each wait uniform in [0, backoff]), so many clients reconnecting after an
+    outage do not arrive together. :meth:`recv` raises :class:`ConnectionLost` when the
+    connection ends; call :meth:`connect` again to get a new one.
+    """
+
+    def __init__(
+        self,
+        dial: Callable[[], Awaitable[StreamConn]],
+        *,
+        format: FrameFormat | None = None,
+        heartbeat_interval: float | None = 10.0,
+        heartbeat_timeout: float | None = None,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 5.0,
+        max_attempts: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.dial = dial
+        self.format = FrameFormat() if format is None else format
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.max_attempts = max_attempts
+        self.rng = rng or random.Random()
+        self.attempts = 0
+        self.connects = 0
+        self._st: _Conn | None = None
+        self._inbox: Chan[Any] = Chan(1024)
+
+    async def connect(self) -> None:
+        """Dial until it works (or ``max_attempts`` fail: the last error is raised)."""
+        await self.close()
+        backoff = self.backoff_initial
+        tries = 0
+        while True:
+            self.attempts += 1
+            tries += 1
+            try:
+                conn = await self.dial()
+                break
+            except OSError:
+                if self.max_attempts is not None and tries >= self.max_attempts:
+                    raise
+                await gosim.sleep(self.rng.uniform(0, backoff))
+                backoff = min(backoff * 2, self.backoff_max)
+        self.connects += 1
+        fc = FramedConn(conn, self.format)
+        session = Session(
+            gosim.now(),
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+        )
+        st = _Conn(fc, session, 1)
+        self._st = st
+        self._inbox = Chan(1024)
+        go(self._reader, st, self._inbox)
+        go(self._heartbeat, st, self._inbox)
+
+    async def send(self, payload: bytes) -> None:
+        st = self._st
+        if st is None or st.closed:
+            raise ConnectionLost("not connected")
+        await st.fc.send(st.session.data(payload, gosim.now()))
+
+    async def recv(self) -> bytes:
+        """The next DATA payload from the server; ConnectionLost when the connection ended."""
+        item = await self._inbox.recv()
+        if isinstance(item, ConnectionLost):
+            self._inbox.try_send(item)  # every later recv sees it too
+            raise item
+        if item is None:
+            raise ConnectionLost("not connected")
+        data: bytes = item
+        return data
+
+    async def close(self) -> None:
+        st = self._st
+        self._st = None
+        if st is not None and not st.closed:
+            st.closed = True
+            try:
+                await st.fc.aclose(flush=True)
+            except Exception:
+                st.fc.conn.close()
+            st.done.close()
+
+    async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
+        reason = "server closed the connection"
+        try:
+            while True:
+                try:
+                    frame = await st.fc.read_frame()
+                except (RemoteFrameError, OSError) as exc:
+                    reason = f"connection broken: {exc}"
+                    return
+                if frame is None:
+                    return
+                event = st.session.receive(frame, gosim.now())
+                for out in st.session.poll(gosim.now()):
+                    await st.fc.send(out)
+                if isinstance(event, Data):
+                    await inbox.send(event.payload)
+                elif isinstance(event, GoAway):
+                    reason = f"server sent GOAWAY({int(event.code)}): {event.reason}"
+        finally:
+            if st.session.dead:
+                reason = "server missed its heartbeats"
+            if not st.closed:
+                st.closed = True
+                st.fc.conn.close()
+                if not st.done.closed:
+                    st.done.close()
+            inbox.try_send(ConnectionLost(reason))
+
+    async def _heartbeat(self, st: _Conn, inbox: Chan[Any]) -> None:
+        session = st.session
+        while not st.closed:
+            deadline = session.next_deadline()
+            now = gosim.now()
+            if deadline > now:
+                timer = gosim.Timer(deadline - now) if deadline != float("inf") else None
+                await select(recv(st.done), recv(timer.c if timer else None))
+                if timer is not None:
+                    timer.stop()
+                if st.is_closed():
+                    return
+            for out in session.poll(gosim.now()):
+                try:
+                    await st.fc.send(out)
+                except Exception:
+                    return
+            if session.dead:
+                st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
+                return

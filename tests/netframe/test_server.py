@@ -1,0 +1,268 @@
+"""netframe.Server and Client over an in-memory network: request/response, heartbeats
+and dead peers, idle timeout, connection limit, graceful shutdown, reconnect backoff."""
+
+from __future__ import annotations
+
+import random
+
+import gosim
+from gosim import Chan, go
+from netframe import FrameFormat, GoAway, GoAwayCode, Kind, Session
+from netframe._conn import FramedConn
+from netframe._server import Client, ConnectionLost, Server
+
+
+class MemoryConn:
+    """One end of an in-memory stream; closing a channel is the end of stream."""
+
+    def __init__(self, inbox: Chan[bytes], outbox: Chan[bytes]) -> None:
+        self.inbox, self.outbox = inbox, outbox
+        self.pending = b""
+
+    async def read(self, n: int) -> bytes:
+        if not self.pending:
+            data = await self.inbox.recv()
+            if data is None:
+                return b""
+            self.pending = data
+        out, self.pending = self.pending[:n], self.pending[n:]
+        return out
+
+    async def write(self, data: bytes) -> int:
+        try:
+            await self.outbox.send(bytes(data))
+        except gosim.SendOnClosedChannel:
+            raise BrokenPipeError("peer closed") from None
+        return len(data)
+
+    def close(self) -> None:
+        for ch in (self.outbox, self.inbox):
+            if not ch.closed:
+                ch.close()
+
+
+def conn_pair(capacity: int = 256) -> tuple[MemoryConn, MemoryConn]:
+    ab: Chan[bytes] = Chan(capacity)
+    ba: Chan[bytes] = Chan(capacity)
+    return MemoryConn(ba, ab), MemoryConn(ab, ba)
+
+
+class MemoryListener:
+    def __init__(self) -> None:
+        self.pending: Chan[MemoryConn] = Chan(1024)
+        self.refuse = 0  # dials to refuse before accepting (to exercise backoff)
+
+    async def accept(self) -> MemoryConn:
+        c = await self.pending.recv()
+        if c is None:
+            raise OSError("use of closed network connection")
+        return c
+
+    def close(self) -> None:
+        if not self.pending.closed:
+            self.pending.close()
+
+    async def dial(self) -> MemoryConn:
+        if self.refuse:
+            self.refuse -= 1
+            raise ConnectionRefusedError("refused")
+        if self.pending.closed:
+            raise ConnectionRefusedError("listener closed")
+        a, b = conn_pair()
+        await self.pending.send(b)
+        return a
+
+
+def vrun(main):  # type: ignore[no-untyped-def]
+    return gosim.run(main, procs=2, seed=3, virtual_time=True)
+
+
+async def echo(payload: bytes) -> bytes:
+    return payload
+
+
+def test_many_clients_request_response_then_graceful_shutdown() -> None:
+    async def main() -> tuple[int, int, int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=1.0)
+        served: Chan[None] = Chan(1)
+
+        async def run_server() -> None:
+            await server.serve(ln)
+            await served.send(None)
+
+        go(run_server)
+        done: Chan[int] = Chan(100)
+
+        async def client(k: int) -> None:
+            c = Client(ln.dial, heartbeat_interval=1.0)
+            await c.connect()
+            n = 0
+            for i in range(20):
+                msg = f"{k}:{i}".encode()
+                await c.send(msg)
+                assert await c.recv() == msg
+                n += 1
+                await gosim.sleep(0.1)
+            await c.close()
+            await done.send(n)
+
+        for k in range(100):
+            go(client, k)
+        total = 0
+        for _ in range(100):
+            total += await done.recv() or 0
+        peak = server.stats().accepted
+        await server.shutdown()
+        await served.recv()
+        return total, peak, server.stats().connections
+
+    assert vrun(main) == (2000, 100, 0)
+
+
+def test_dead_peer_is_detected_within_two_heartbeat_intervals() -> None:
+    async def main() -> tuple[int, float]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=1.0)
+        go(server.serve, ln)
+        conn = await ln.dial()  # a raw peer that never answers pings
+        start = gosim.now()
+        while server.stats().dead_peers == 0:
+            await gosim.sleep(0.05)
+        elapsed = gosim.now() - start
+        conn.close()
+        await server.shutdown()
+        return server.stats().dead_peers, elapsed
+
+    dead, elapsed = vrun(main)
+    assert dead == 1
+    assert elapsed <= 2.0 + 0.1  # two intervals, plus the polling step of this test
+
+
+def test_idle_connection_gets_goaway_idle_timeout() -> None:
+    async def main() -> tuple[int, object]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=1.0, idle_timeout=3.0)
+        go(server.serve, ln)
+        fc = FramedConn(await ln.dial())
+        session = Session(gosim.now(), heartbeat_interval=1.0)
+        last = None
+        while True:  # answer pings like a live but silent client
+            frame = await fc.read_frame()
+            if frame is None:
+                break
+            event = session.receive(frame, gosim.now())
+            for out in session.poll(gosim.now()):
+                await fc.write_frame(out)
+            if isinstance(event, GoAway):
+                last = event
+        await server.shutdown()
+        return server.stats().idle_closed, last
+
+    idle_closed, last = vrun(main)
+    assert idle_closed == 1
+    assert last == GoAway(GoAwayCode.IDLE_TIMEOUT, "idle")
+
+
+def test_connection_limit_answers_goaway_and_closes() -> None:
+    async def main() -> tuple[object, int]:
+        ln = MemoryListener()
+        server = Server(echo, max_connections=2, heartbeat_interval=None)
+        go(server.serve, ln)
+        keep = [FramedConn(await ln.dial()) for _ in range(2)]
+        await gosim.sleep(0.1)
+        extra = FramedConn(await ln.dial())
+        frame = await extra.read_frame()
+        assert frame is not None and frame[0] == Kind.GOAWAY
+        event = Session(0.0).receive(frame, 0.0)
+        end = await extra.read_frame()
+        for fc in keep:
+            fc.conn.close()
+        await server.shutdown()
+        return event, (end is None) + server.stats().rejected
+
+    event, n = vrun(main)
+    assert event == GoAway(GoAwayCode.CONNECTION_LIMIT, "connection limit")
+    assert n == 2
+
+
+def test_shutdown_loses_no_in_flight_reply() -> None:
+    async def slow(payload: bytes) -> bytes:
+        await gosim.sleep(1.0)
+        return b"done:" + payload
+
+    async def main() -> tuple[list[bytes], str]:
+        ln = MemoryListener()
+        server = Server(slow, heartbeat_interval=None, grace_period=5.0)
+        go(server.serve, ln)
+        c = Client(ln.dial, heartbeat_interval=None)
+        await c.connect()
+        for i in range(10):
+            await c.send(str(i).encode())
+        await gosim.sleep(0.1)  # all ten are in flight
+        go(server.shutdown)
+        got = []
+        reason = ""
+        try:
+            while True:
+                got.append(await c.recv())
+        except ConnectionLost as exc:
+            reason = exc.reason
+        return sorted(got), reason
+
+    got, reason = vrun(main)
+    assert got == sorted(b"done:" + str(i).encode() for i in range(10))
+    assert "GOAWAY(0)" in reason
+
+
+def test_client_reconnects_with_exponential_backoff_and_jitter() -> None:
+    async def main() -> tuple[int, float]:
+        ln = MemoryListener()
+        go(Server(echo, heartbeat_interval=None).serve, ln)
+        ln.refuse = 5
+        c = Client(
+            ln.dial,
+            heartbeat_interval=None,
+            backoff_initial=0.1,
+            backoff_max=1.0,
+            rng=random.Random(4),
+        )
+        start = gosim.now()
+        await c.connect()
+        waited = gosim.now() - start
+        await c.send(b"x")
+        assert await c.recv() == b"x"
+        return c.attempts, waited
+
+    attempts, waited = vrun(main)
+    assert attempts == 6
+    assert 0 < waited <= 0.1 + 0.2 + 0.4 + 0.8 + 1.0  # each wait at most its backoff
+
+
+def test_client_gives_up_after_max_attempts() -> None:
+    async def main() -> str:
+        ln = MemoryListener()
+        ln.refuse = 100
+        c = Client(ln.dial, max_attempts=3, backoff_initial=0.01)
+        try:
+            await c.connect()
+        except ConnectionRefusedError as exc:
+            return f"{c.attempts} {exc}"
+        return "connected?"
+
+    assert vrun(main) == "3 refused"
+
+
+def test_garbage_from_a_client_is_a_protocol_error() -> None:
+    async def main() -> int:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=None, format=FrameFormat(max_frame_length=1024))
+        go(server.serve, ln)
+        conn = await ln.dial()
+        await conn.write(b"\x00\x00\x00\x02\x09\x09")  # a frame of unknown kind 9
+        while await conn.read(100):
+            pass
+        await server.shutdown()
+        return server.stats().protocol_errors
+
+    assert vrun(main) == 1
