@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan
+from gosim import Chan, recv, select, send
 
 from ._codec import NEED_DATA, FrameDecoder, FrameFormat
 from ._exceptions import RemoteFrameError
@@ -133,7 +133,8 @@ class FramedConn:
         self._queue: Chan[Any] = Chan(send_queue)
         self._writer_started = False
         self._writer_error: BaseException | None = None
-        self._writer_done: Chan[None] = Chan(1)
+        # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
+        self._writer_exit: Chan[None] = Chan()
         self._closed = False
         self.frames_read = 0
         self.frames_written = 0
@@ -216,9 +217,11 @@ class FramedConn:
         """Wait until every frame queued by :meth:`send` so far has been written."""
         if not self._writer_started:
             return
-        marker = _Flush()
-        await self._queue.send(marker)
-        await marker.done.recv()
+        if not self._writer_exit.closed:
+            marker = _Flush()
+            await self._queue.send(marker)
+            # The writer may fail (and exit) before it reaches the marker.
+            await select(recv(marker.done), recv(self._writer_exit))
         if self._writer_error is not None:
             raise self._writer_error
 
@@ -268,7 +271,7 @@ class FramedConn:
                 if isinstance(item, _Flush):
                     item.done.try_send(None)
         finally:
-            self._writer_done.try_send(None)
+            self._writer_exit.close()
 
     # ---------------------------------------------------------------- close
 
@@ -278,9 +281,9 @@ class FramedConn:
             return
         self._closed = True
         if self._writer_started:
-            if flush:
-                await self._queue.send(_STOP)
-                await self._writer_done.recv()
+            if flush and not self._writer_exit.closed:
+                await select(send(self._queue, _STOP), recv(self._writer_exit))
+                await self._writer_exit.recv()
             else:
                 while self._queue.try_recv()[2]:
                     pass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import gosim
 from gosim import Chan, go
 from netframe import FrameFormat, GoAway, GoAwayCode, Kind, Session
@@ -266,3 +268,82 @@ def test_garbage_from_a_client_is_a_protocol_error() -> None:
         return server.stats().protocol_errors
 
     assert vrun(main) == 1
+
+
+def _many_connections(n: int) -> tuple[int, int, int]:
+    async def main() -> tuple[int, int, int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=1.0)
+        go(server.serve, ln)
+        done: Chan[int] = Chan(n)
+        start: Chan[None] = Chan()
+
+        async def client(k: int) -> None:
+            c = Client(ln.dial, heartbeat_interval=1.0)
+            await c.connect()
+            await start.recv()  # everyone connected before anyone talks
+            ok = 0
+            for i in range(3):
+                await gosim.sleep(1.5)  # quiet long enough for heartbeats to run
+                await c.send(b"%d:%d" % (k, i))
+                ok += await c.recv() == b"%d:%d" % (k, i)
+            await c.close()
+            await done.send(ok)
+
+        for k in range(n):
+            go(client, k)
+        while server.stats().connections < n:
+            await gosim.sleep(0.01)
+        peak = server.stats().connections
+        start.close()
+        total = 0
+        for _ in range(n):
+            total += await done.recv() or 0
+        await server.shutdown()
+        return peak, total, server.stats().dead_peers
+
+    result: tuple[int, int, int] = vrun(main)
+    return result
+
+
+def test_a_thousand_concurrent_long_connections_with_heartbeats() -> None:
+    assert _many_connections(1_000) == (1_000, 3_000, 0)
+
+
+@pytest.mark.slow
+def test_ten_thousand_concurrent_long_connections_with_heartbeats() -> None:
+    assert _many_connections(10_000) == (10_000, 30_000, 0)
+
+
+def test_a_slow_reader_does_not_stall_other_connections() -> None:
+    async def main() -> tuple[int, int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=None, send_queue=16)
+        go(server.serve, ln)
+        sluggish = Client(ln.dial, heartbeat_interval=None)
+        await sluggish.connect()
+        for _ in range(5_000):  # replies pile up: this client never reads them
+            await sluggish.send(b"x" * 100)
+        fast = Client(ln.dial, heartbeat_interval=None)
+        await fast.connect()
+        answered = 0
+        for i in range(100):
+            await fast.send(b"%d" % i)
+            answered += await fast.recv() == b"%d" % i
+        return answered, server.stats().connections
+
+    assert vrun(main) == (100, 2)
+
+
+def test_reset_in_the_middle_of_a_frame_is_counted_and_closed() -> None:
+    async def main() -> tuple[int, int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=None)
+        go(server.serve, ln)
+        conn = await ln.dial()
+        await conn.write(b"\x00\x00\x00\x10\x00half")  # announces 16 bytes, sends 5
+        conn.close()
+        await gosim.sleep(0.1)
+        return server.stats().protocol_errors, server.stats().connections
+
+    assert vrun(main) == (1, 0)
