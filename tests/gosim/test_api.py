@@ -62,11 +62,11 @@ def test_chan_argument_errors() -> None:
         Chan(-1)
     with pytest.raises(TypeError):
         Chan(1.5)  # type: ignore[arg-type]
-    with pytest.raises(gosim.CloseOfNilChannel, match="^close of nil channel$"):
+    with pytest.raises(gosim.CloseOfNilChannel, match=r"^close of nil channel$"):
         gosim.close(None)
     ch: Chan[int] = Chan(2)
     ch.close()
-    with pytest.raises(gosim.CloseOfClosedChannel, match="^close of closed channel$"):
+    with pytest.raises(gosim.CloseOfClosedChannel, match=r"^close of closed channel$"):
         ch.close()
     assert issubclass(gosim.SendOnClosedChannel, gosim.ChanError)
     assert repr(ch) == "<Chan len=0 cap=2 closed>"
