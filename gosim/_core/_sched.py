@@ -71,7 +71,7 @@ import trio
 import trio.testing
 
 from gosim._core import _g
-from gosim._core._exceptions import Deadlock, NotInRuntime, Panic
+from gosim._core._exceptions import Deadlock, GosimError, NotInRuntime, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, SYSCALL, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._timers import Timer, TimerHeap
@@ -210,7 +210,11 @@ def _g_funcname(g: G) -> str:
 
 
 class _CallBox:
-    """Where a goroutine started by ``rt.call`` leaves its outcome for the trio caller."""
+    """Where a goroutine started by ``run`` or ``rt.call`` leaves its outcome.
+
+    The goroutine runs the caller's coroutine itself (no wrapper frame on every
+    resume); the driver delivers the return value or exception here on exit.
+    """
 
     __slots__ = ("done", "result")
 
@@ -218,27 +222,9 @@ class _CallBox:
         self.result: outcome.Outcome[Any] | None = None
         self.done = trio.Event()
 
-
-async def _call_wrapper(
-    box: _CallBox, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], reraise: bool
-) -> None:
-    """Run fn as a goroutine and leave its outcome in box.
-
-    ``reraise`` is for main under :func:`run`: an exception escaping main is a panic
-    there. For ``rt.call`` the exception belongs to the trio caller instead.
-    """
-    try:
-        value = await fn(*args)
-    except (_Goexit, GeneratorExit):
-        raise
-    except Exception as exc:
-        box.result = outcome.Error(exc)
-        box.done.set()
-        if reraise:
-            raise
-        return
-    box.result = outcome.Value(value)
-    box.done.set()
+    def deliver(self, result: outcome.Outcome[Any]) -> None:
+        self.result = result
+        self.done.set()
 
 
 class Runtime:
@@ -285,7 +271,8 @@ class Runtime:
         self.failure: BaseException | None = None
         self.main_g: G | None = None
         self.main_goexited = False
-        self.main_result: Any = None
+        # Goroutines whose outcome a caller awaits (main under run, rt.call), by goid.
+        self.call_boxes: dict[int, _CallBox] = {}
         self.open_mode = True  # False under gosim.run: main's return ends the runtime
         self.nursery: trio.Nursery | None = None
         self.heap: Any = None  # a gosim.mem.Heap once gosim.malloc is first used
@@ -832,7 +819,7 @@ class Runtime:
                     trace.emit(self, "run", p.id, g.goid, 0, 0)
                 try:
                     trap = g.coro.send(g.param)
-                except StopIteration:
+                except StopIteration as stop:
                     # goexit0, inlined: keep in step with Runtime.goexit0.
                     g.status = DEAD
                     g.coro = None
@@ -845,15 +832,20 @@ class Runtime:
                     gfree.append(g)
                     if len(gfree) >= GFREE_LOCAL_MAX:
                         self._gfput_spill(p)
-                    if (g is self.main_g or self.main_goexited) and self._exited(g):
+                    if (self.call_boxes or self.main_goexited) and self._exited(g, stop.value):
                         break
                 except _Goexit:
                     if self._goexited(g, p):
                         break
                 except Exception as exc:
-                    self.curg = None
-                    self._panic(g, exc)
-                    return
+                    if g.goid in self.call_boxes and (self.open_mode or g is not self.main_g):
+                        # rt.call: the exception belongs to the trio caller, not a panic.
+                        self.call_boxes.pop(g.goid).deliver(outcome.Error(exc))
+                        self.goexit0(g, p)
+                    else:
+                        self.curg = None
+                        self._panic(g, exc)
+                        return
                 except BaseException as exc:
                     self.curg = None
                     self._fail(exc)
@@ -881,12 +873,16 @@ class Runtime:
             if not (nsw & PERIODIC_MASK):
                 await self._periodic()
 
-    def _exited(self, g: G) -> bool:
-        """After goexit0 of main, or of anyone once main called goexit; True if stopped."""
-        self._exited_inner(g)
+    def _exited(self, g: G, value: Any) -> bool:
+        """After goexit0 of a goroutine with a caller waiting for its result (main,
+        ``rt.call``), or of anyone once main called goexit; True if the runtime stopped."""
+        self._exited_inner(g, value)
         return self.stopped
 
-    def _exited_inner(self, g: G) -> None:
+    def _exited_inner(self, g: G, value: Any) -> None:
+        box = self.call_boxes.pop(g.goid, None)
+        if box is not None:
+            box.deliver(outcome.Value(value))
         if g is self.main_g and not self.open_mode:
             self.stopped = True
         elif self.main_goexited and not self.allg:
@@ -901,6 +897,10 @@ class Runtime:
         return self.stopped
 
     def _goexited_inner(self, g: G, p: P) -> None:
+        box = self.call_boxes.get(g.goid)
+        if box is not None and (self.open_mode or g is not self.main_g):
+            del self.call_boxes[g.goid]
+            box.deliver(outcome.Error(GosimError("the called goroutine ended with goexit")))
         if g is self.main_g and not self.open_mode:
             self.main_goexited = True
             self.main_g = None
@@ -1097,6 +1097,13 @@ async def open_runtime(
         raise rt.failure
 
 
+def _start_coroutine(fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> Any:
+    coro = fn(*args)
+    if not isinstance(coro, Coroutine):
+        raise TypeError(f"{_describe_fn(fn)} must be an async function, got {type(coro).__name__}")
+    return coro
+
+
 def _resolve_procs(procs: int | None) -> int:
     if procs is None:
         return os.cpu_count() or 1
@@ -1143,11 +1150,11 @@ class RuntimeHandle:
         g = rt.gfget(rt.allp[0])
         rt.goidgen += 1
         g.goid = rt.goidgen
-        g.coro = _call_wrapper(box, fn, args, False)
-        g.fn = fn
+        g.coro = _start_coroutine(fn, args)
         g.parent = 0
         g.param = None
         rt.allg[g.goid] = g
+        rt.call_boxes[g.goid] = box
         g.status = RUNNABLE
         rt.inject(g, None)
         try:
@@ -1199,10 +1206,10 @@ def run(
         g = rt.gfget(rt.allp[0])
         rt.goidgen = 1
         g.goid = 1
-        g.coro = _call_wrapper(box, main, args, True)
-        g.fn = main
+        g.coro = _start_coroutine(main, args)
         g.status = RUNNABLE
         rt.allg[1] = g
+        rt.call_boxes[1] = box
         rt.main_g = g
         rt.allp[0].runnext = g
         try:
