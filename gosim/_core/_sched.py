@@ -641,7 +641,7 @@ class Runtime:
         if self.globrunq:
             return self.globrunqget(p, 0)
         np_ = self.netpoller
-        if np_ is not None and np_.waiters() and np_.poll():
+        if np_ is not None and np_.waiters() and self._netpoll_into(p, np_):
             # netpoll readied goroutines into this P (runnext first), as Go's findRunnable.
             g = p.runnext
             if g is not None:
@@ -663,6 +663,15 @@ class Runtime:
                     if g is not None:
                         return g
         return None
+
+    def _netpoll_into(self, p: P, np_: NetPoller) -> int:
+        """Poll without blocking; readied goroutines land on p (Go's findRunnable)."""
+        saved = self.curp
+        self.curp = p
+        try:
+            return np_.poll()
+        finally:
+            self.curp = saved
 
     async def _idle(self) -> None:
         """No P found work: wait for a timer, an outside completion or a new call."""
@@ -1052,6 +1061,9 @@ class Runtime:
                     except Exception:
                         pass
             self.allg.clear()
+            closer = getattr(self.netpoller, "close", None)
+            if closer is not None:
+                closer()  # sockets still open when the runtime ends are closed
         finally:
             _state.rt = prev
 

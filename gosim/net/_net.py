@@ -1,0 +1,353 @@
+"""Go's ``net`` package on the netpoller: ``listen``, ``dial``, ``Listener``, ``Conn``.
+
+Each operation tries the non-blocking system call first and parks the goroutine on the
+socket's poll descriptor only on ``EAGAIN`` (see ``_poll``). Reads return what the
+kernel has (up to ``n`` bytes), as Go's ``Read`` does; ``write`` writes everything or
+raises, as Go's ``Write`` does.
+
+Errors, in trio's taxonomy and Go's words:
+
+* :class:`ClosedError` (``use of closed network connection``): *you* closed it, or
+  another goroutine of yours did while this one waited.
+* :class:`BrokenError` (a ``ConnectionError``): the peer or the network failed (reset,
+  broken pipe, early end of stream in ``read_exactly``).
+* :class:`BusyError`: two goroutines read (or write) one connection at once.
+* :class:`DeadlineExceeded` (``i/o timeout``, a ``TimeoutError`` with ``timeout()``
+  returning True, like Go's ``net.Error``): a deadline set on the connection passed.
+  Deadlines are absolute times on the runtime clock (``gosim.now()``); 0 or None clears.
+* :class:`AddrError` (a ``ValueError``): an address that cannot be parsed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import Any
+
+from gosim import lowlevel
+
+from ._poll import CLOSED, TIMEOUT, PollDesc, netpoller
+
+__all__ = [
+    "AddrError",
+    "BrokenError",
+    "BusyError",
+    "ClosedError",
+    "Conn",
+    "DeadlineExceeded",
+    "Listener",
+    "dial",
+    "listen",
+]
+
+_BACKLOG = 4096
+
+
+class ClosedError(OSError):
+    """``use of closed network connection``: the socket was closed by this side."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EBADF, "use of closed network connection")
+
+
+class BrokenError(ConnectionError):
+    """The peer or the network broke the connection (reset, broken pipe, early EOF)."""
+
+
+class BusyError(RuntimeError):
+    """Two goroutines used one side of a connection (or one listener) at once."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """``i/o timeout``: the operation's deadline passed. ``timeout()`` is True (Go's net.Error)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ETIMEDOUT, "i/o timeout")
+
+    def timeout(self) -> bool:
+        return True
+
+
+class AddrError(ValueError):
+    """An address that does not parse for the network (Go's ``net.AddrError``)."""
+
+
+def _family_and_address(network: str, address: str) -> tuple[socket.AddressFamily, Any]:
+    if network == "unix":
+        if not address:
+            raise AddrError("unix: missing socket path")
+        return socket.AF_UNIX, address
+    if network not in ("tcp", "tcp4", "tcp6"):
+        raise AddrError(f"unknown network {network!r} (use tcp, tcp4, tcp6 or unix)")
+    host, sep, port_s = address.rpartition(":")
+    if not sep:
+        raise AddrError(f"address {address}: missing port in address")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise AddrError(f"address {address}: invalid port") from None
+    if not 0 <= port <= 65535:
+        raise AddrError(f"address {address}: invalid port")
+    if network == "tcp6" or (":" in host and network == "tcp"):
+        return socket.AF_INET6, (host or "::", port)
+    return socket.AF_INET, (host or "0.0.0.0", port)
+
+
+def _format_addr(addr: Any) -> str:
+    if isinstance(addr, tuple):
+        host, port = addr[0], addr[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(addr)
+
+
+class Conn:
+    """A connected stream socket owned by the runtime; see the module docstring."""
+
+    __slots__ = ("_closed", "_pd", "_reading", "_sock", "_writing", "network")
+
+    def __init__(self, sock: socket.socket, network: str) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self.network = network
+        self._pd: PollDesc = netpoller().register(sock.fileno())
+        self._pd.owner = sock
+        self._closed = False
+        self._reading = False
+        self._writing = False
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<gosim.net.Conn {self.network}{state}>"
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    async def read(self, n: int = 65536) -> bytes:
+        """Up to ``n`` bytes as soon as some are available; ``b""`` at end of stream."""
+        if self._closed:
+            raise ClosedError()
+        if self._reading:
+            raise BusyError("another goroutine is already reading this connection")
+        self._reading = True
+        try:
+            while True:
+                try:
+                    return self._sock.recv(n)
+                except BlockingIOError:
+                    pass
+                except (ConnectionResetError, ConnectionAbortedError) as exc:
+                    raise BrokenError(exc.errno, f"read: {exc.strerror}") from None
+                except OSError:
+                    if self._closed:
+                        raise ClosedError() from None
+                    raise
+                await self._wait("r")
+        finally:
+            self._reading = False
+
+    async def read_exactly(self, n: int) -> bytes:
+        """Exactly ``n`` bytes; :class:`BrokenError` if the stream ends first (``io.ReadFull``)."""
+        parts: list[bytes] = []
+        got = 0
+        while got < n:
+            chunk = await self.read(n - got)
+            if not chunk:
+                raise BrokenError(f"unexpected EOF: {got} of {n} bytes read")
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    async def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write all of ``data``; return its length. Raises rather than writing part."""
+        if self._closed:
+            raise ClosedError()
+        if self._writing:
+            raise BusyError("another goroutine is already writing this connection")
+        self._writing = True
+        view = memoryview(data).cast("B")
+        total = len(view)
+        try:
+            sent = 0
+            while sent < total:
+                try:
+                    sent += self._sock.send(view[sent:])
+                    continue
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
+                    raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
+                except OSError:
+                    if self._closed:
+                        raise ClosedError() from None
+                    raise
+                await self._wait("w")
+            return total
+        finally:
+            self._writing = False
+            view.release()
+
+    async def _wait(self, mode: str) -> None:
+        why = await self._pd.wait(mode)
+        if why is TIMEOUT:
+            raise DeadlineExceeded()
+        if why is CLOSED or self._closed:
+            raise ClosedError()
+
+    def close(self) -> None:
+        """Close the connection; goroutines waiting on it get :class:`ClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pd.close()
+        self._sock.close()
+
+    def close_write(self) -> None:
+        """Half-close: the peer reads end of stream; this side can still read."""
+        if self._closed:
+            raise ClosedError()
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise BrokenError(exc.errno, f"shutdown: {exc.strerror}") from None
+
+    def set_deadline(self, t: float | None) -> None:
+        """Deadline for reads and writes: an absolute ``gosim.now()`` time; 0/None clears."""
+        self._pd.set_deadline("rw", t or 0.0)
+
+    def set_read_deadline(self, t: float | None) -> None:
+        self._pd.set_deadline("r", t or 0.0)
+
+    def set_write_deadline(self, t: float | None) -> None:
+        self._pd.set_deadline("w", t or 0.0)
+
+    def set_no_delay(self, on: bool = True) -> None:
+        """TCP_NODELAY (on by default for TCP connections, as in Go)."""
+        if self._sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(on))
+
+    def set_keepalive(self, on: bool = True) -> None:
+        if self._sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(on))
+
+    def local_addr(self) -> str:
+        return _format_addr(self._sock.getsockname())
+
+    def remote_addr(self) -> str:
+        return _format_addr(self._sock.getpeername())
+
+
+class Listener:
+    """A listening socket; ``accept`` parks until a connection arrives."""
+
+    __slots__ = ("_accepting", "_closed", "_pd", "_sock", "network")
+
+    def __init__(self, sock: socket.socket, network: str) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self.network = network
+        self._pd = netpoller().register(sock.fileno())
+        self._pd.owner = sock
+        self._closed = False
+        self._accepting = False
+
+    def addr(self) -> str:
+        """The bound address (with the port the kernel chose for ``:0``)."""
+        return _format_addr(self._sock.getsockname())
+
+    async def accept(self) -> Conn:
+        if self._closed:
+            raise ClosedError()
+        if self._accepting:
+            raise BusyError("another goroutine is already accepting on this listener")
+        self._accepting = True
+        try:
+            while True:
+                try:
+                    sock, _ = self._sock.accept()
+                except BlockingIOError:
+                    why = await self._pd.wait("r")
+                    if why is CLOSED or self._closed:
+                        raise ClosedError() from None
+                    if why is TIMEOUT:
+                        raise DeadlineExceeded() from None
+                    continue
+                except OSError:
+                    if self._closed:
+                        raise ClosedError() from None
+                    raise
+                conn = Conn(sock, self.network)
+                if self.network.startswith("tcp"):
+                    conn.set_no_delay(True)
+                return conn
+        finally:
+            self._accepting = False
+
+    def close(self) -> None:
+        """Stop listening; a goroutine blocked in ``accept`` gets :class:`ClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pd.close()
+        path = self._sock.getsockname() if self.network == "unix" else None
+        self._sock.close()
+        if isinstance(path, str) and path and not path.startswith("\0"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def listen(network: str, address: str) -> Listener:
+    """Listen on ``address`` (``"127.0.0.1:0"`` picks a free port; ``"unix"`` takes a path)."""
+    lowlevel.current_runtime()  # sockets belong to a runtime: fail early outside one
+    family, addr = _family_and_address(network, address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return Listener(sock, network)
+
+
+async def dial(network: str, address: str, timeout: float | None = None) -> Conn:
+    """Connect to ``address``; ``timeout`` seconds bound the attempt (DeadlineExceeded)."""
+    rt = lowlevel.current_runtime()
+    family, addr = _family_and_address(network, address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    conn: Conn | None = None
+    try:
+        err = sock.connect_ex(addr)
+        conn = Conn(sock, network)
+        if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            raise OSError(err, f"dial {network} {address}: {os.strerror(err)}")
+        if err != 0:
+            if timeout is not None:
+                conn._pd.set_deadline("w", rt.now() + timeout)
+            while True:
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err not in (0, errno.EINPROGRESS, errno.EALREADY):
+                    raise OSError(err, f"dial {network} {address}: {os.strerror(err)}")
+                try:
+                    sock.getpeername()
+                    break
+                except OSError:
+                    pass
+                await conn._wait("w")
+            conn._pd.set_deadline("w", 0.0)
+        if family != socket.AF_UNIX:
+            conn.set_no_delay(True)
+        return conn
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        else:
+            sock.close()
+        raise

@@ -1,0 +1,190 @@
+"""The netpoller: one edge-triggered ``select.epoll`` per runtime (Go's ``netpoll_epoll.go``).
+
+Every socket gosim.net opens is non-blocking and registered once, for input, output and
+peer hang-up, edge-triggered (``EPOLLET``), as Go registers its fds. An operation first
+tries the system call; only on ``EAGAIN`` does the goroutine park on the socket's
+:class:`PollDesc` (wait reason ``IO wait``). The driver calls :meth:`NetPoller.poll`
+without blocking from ``findrunnable`` and every few hundred switches, and waits on the
+epoll fd itself through trio when nothing else can run.
+
+Edge triggering means an event may arrive while nobody waits (the goroutine is busy
+between its ``EAGAIN`` and its park, or has not read yet): the descriptor then remembers
+the readiness (``READY``) and the next wait returns at once, as Go's ``pdReady`` state
+does. A spurious wake-up is harmless: the caller retries the system call.
+
+Deadlines are runtime timers that wake the parked goroutine with ``TIMEOUT``; closing
+wakes it with ``CLOSED``. Each side (read, write) has at most one waiter: a second
+goroutine reading the same connection at once is refused by the connection (busy).
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any, Final
+
+from gosim import lowlevel
+from gosim.lowlevel import RuntimeTimer
+
+READY: Final = "ready"  # an edge arrived with nobody waiting
+TIMEOUT: Final = "timeout"
+CLOSED: Final = "closed"
+
+_IN = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+_OUT = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+
+
+class PollDesc:
+    """Readiness state of one socket: who waits to read, who waits to write."""
+
+    __slots__ = (
+        "closing",
+        "fd",
+        "owner",
+        "poller",
+        "rdeadline",
+        "rg",
+        "rtimer",
+        "wdeadline",
+        "wg",
+        "wtimer",
+    )
+
+    def __init__(self, poller: NetPoller, fd: int) -> None:
+        self.poller = poller
+        self.fd = fd
+        # rg/wg: None (nothing), READY (an edge is pending) or the parked G.
+        self.rg: Any = None
+        self.wg: Any = None
+        self.rdeadline = 0.0  # 0 = none; else absolute runtime-clock time
+        self.wdeadline = 0.0
+        self.rtimer: RuntimeTimer | None = None
+        self.wtimer: RuntimeTimer | None = None
+        self.closing = False
+        self.owner: Any = None  # the socket, closed if the runtime ends first
+
+    async def wait(self, mode: str) -> str | None:
+        """Park until ready (None), the deadline passes (TIMEOUT) or the fd closes (CLOSED)."""
+        if self.closing:
+            return CLOSED
+        slot = "rg" if mode == "r" else "wg"
+        state = getattr(self, slot)
+        if state is READY:
+            setattr(self, slot, None)
+            return None
+        deadline = self.rdeadline if mode == "r" else self.wdeadline
+        if deadline and deadline <= lowlevel.current_runtime().now():
+            return TIMEOUT
+        if state is not None:
+            raise RuntimeError("netpoll: two goroutines wait on one side of a socket")
+        g = lowlevel.current_g()
+        setattr(self, slot, g)
+        self.poller.nwaiters += 1
+        return await lowlevel.park("IO wait")  # type: ignore[no-any-return]
+
+    def _wake(self, slot: str, value: Any) -> bool:
+        state = getattr(self, slot)
+        if state is None or state is READY:
+            if value is None:
+                setattr(self, slot, READY)
+            return False
+        setattr(self, slot, None)
+        self.poller.nwaiters -= 1
+        lowlevel.ready(state, value)
+        return True
+
+    def set_deadline(self, mode: str, when: float) -> None:
+        """Arm (or clear, with 0) the read or write deadline; a parked waiter sees it."""
+        rt = lowlevel.current_runtime()
+        for m in mode:
+            timer = self.rtimer if m == "r" else self.wtimer
+            if timer is not None:
+                rt.deltimer(timer)
+            if m == "r":
+                self.rdeadline = when
+            else:
+                self.wdeadline = when
+            if when:
+                timer = RuntimeTimer(_deadline_fired, (self, "rg" if m == "r" else "wg"))
+                rt.addtimer(timer, when)
+                if m == "r":
+                    self.rtimer = timer
+                else:
+                    self.wtimer = timer
+
+    def close(self) -> None:
+        """Wake both waiters with CLOSED and forget the fd (the caller closes the socket)."""
+        if self.closing:
+            return
+        self.closing = True
+        rt = lowlevel.current_runtime()
+        for timer in (self.rtimer, self.wtimer):
+            if timer is not None:
+                rt.deltimer(timer)
+        self._wake("rg", CLOSED)
+        self._wake("wg", CLOSED)
+        self.poller.unregister(self)
+
+
+def _deadline_fired(arg: tuple[PollDesc, str], now: float) -> None:
+    pd, slot = arg
+    pd._wake(slot, TIMEOUT)
+
+
+class NetPoller:
+    """The runtime's epoll; implements gosim's netpoller hook (``_core._netpoll``)."""
+
+    def __init__(self) -> None:
+        self.ep = select.epoll()
+        self.descs: dict[int, PollDesc] = {}
+        self.nwaiters = 0
+
+    # The hook.
+    def fileno(self) -> int:
+        return self.ep.fileno()
+
+    def waiters(self) -> int:
+        return self.nwaiters
+
+    def poll(self) -> int:
+        woken = 0
+        for fd, ev in self.ep.poll(0):
+            pd = self.descs.get(fd)
+            if pd is None:
+                continue
+            if ev & _IN:
+                woken += pd._wake("rg", None)
+            if ev & _OUT:
+                woken += pd._wake("wg", None)
+        return woken
+
+    def close(self) -> None:
+        """The runtime ended: close every socket still open (as process exit would)."""
+        for pd in list(self.descs.values()):
+            if pd.owner is not None:
+                pd.owner.close()
+        self.descs.clear()
+        self.ep.close()
+
+    # Registration.
+    def register(self, fd: int) -> PollDesc:
+        pd = PollDesc(self, fd)
+        self.descs[fd] = pd
+        self.ep.register(fd, _IN | _OUT | select.EPOLLET)
+        return pd
+
+    def unregister(self, pd: PollDesc) -> None:
+        if self.descs.pop(pd.fd, None) is not None:
+            try:
+                self.ep.unregister(pd.fd)
+            except (OSError, ValueError):
+                pass  # already closed by the kernel side
+
+
+def netpoller() -> NetPoller:
+    """The running runtime's netpoller, installed on first use."""
+    np_ = lowlevel.netpoller()
+    if np_ is None:
+        np_ = NetPoller()
+        lowlevel.set_netpoller(np_)
+    assert isinstance(np_, NetPoller)
+    return np_

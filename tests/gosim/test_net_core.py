@@ -1,0 +1,263 @@
+"""gosim.net over real sockets on 127.0.0.1 and Unix sockets: echo at scale, half close,
+deadlines, resets, busy and closed errors, and I/O waits in deadlock detection."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+import gosim
+from gosim import Chan, go, net
+
+
+def run(main, *args):  # type: ignore[no-untyped-def]
+    return gosim.run(main, *args, procs=2)
+
+
+async def echo_server(ln: net.Listener) -> None:
+    async def handle(c: net.Conn) -> None:
+        try:
+            while data := await c.read(65536):
+                await c.write(data)
+        except net.BrokenError:
+            pass
+        finally:
+            c.close()
+
+    while True:
+        try:
+            conn = await ln.accept()
+        except net.ClosedError:
+            return
+        go(handle, conn)
+
+
+def test_two_hundred_concurrent_echo_clients() -> None:
+    async def main() -> int:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(echo_server, ln)
+        done: Chan[int] = Chan(200)
+
+        async def client(k: int) -> None:
+            c = await net.dial("tcp", ln.addr(), timeout=10)
+            ok = 0
+            for i in range(20):
+                msg = b"%d:%d" % (k, i) * 50
+                await c.write(msg)
+                ok += await c.read_exactly(len(msg)) == msg
+            c.close()
+            await done.send(ok)
+
+        for k in range(200):
+            go(client, k)
+        total = sum([await done.recv() or 0 for _ in range(200)])
+        ln.close()
+        return total
+
+    assert run(main) == 4000
+
+
+def test_large_writes_and_half_close() -> None:
+    async def main() -> tuple[int, bytes]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        result: Chan[tuple[int, bytes]] = Chan(1)
+
+        async def sink() -> None:
+            c = await ln.accept()
+            got = 0
+            while data := await c.read(1 << 20):
+                got += len(data)
+            await c.write(b"bye")  # the write side is still open after the peer's half close
+            c.close()
+            await result.send((got, b""))
+
+        go(sink)
+        c = await net.dial("tcp", ln.addr())
+        blob = bytes(range(256)) * 40_000  # 10 MB: many EAGAINs on the way
+        assert await c.write(blob) == len(blob)
+        c.close_write()
+        tail = await c.read_exactly(3)
+        got, _ = await result.recv() or (0, b"")
+        c.close()
+        ln.close()
+        return got, tail
+
+    assert run(main) == (10_240_000, b"bye")
+
+
+def test_read_deadline_gives_go_timeout_error_and_can_be_cleared() -> None:
+    async def main() -> tuple[str, bool, bytes]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        peer: Chan[net.Conn] = Chan(1)
+
+        async def acceptor() -> None:
+            await peer.send(await ln.accept())
+
+        go(acceptor)
+        c = await net.dial("tcp", ln.addr())
+        server_side = await peer.recv()
+        assert server_side is not None
+        c.set_read_deadline(gosim.now() + 0.05)
+        with pytest.raises(net.DeadlineExceeded) as info:
+            await c.read(10)
+        c.set_read_deadline(None)
+        await server_side.write(b"late")
+        data = await c.read(10)
+        c.close()
+        server_side.close()
+        ln.close()
+        return str(info.value), info.value.timeout(), data
+
+    msg, timeout, data = run(main)
+    assert "i/o timeout" in msg and timeout and data == b"late"
+    assert issubclass(net.DeadlineExceeded, TimeoutError)
+
+
+def test_early_eof_and_peer_reset_are_broken_errors() -> None:
+    async def main() -> tuple[str, str]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        conns: Chan[net.Conn] = Chan(2)
+
+        async def acceptor() -> None:
+            for _ in range(2):
+                await conns.send(await ln.accept())
+
+        go(acceptor)
+        a = await net.dial("tcp", ln.addr())
+        a_srv = await conns.recv()
+        assert a_srv is not None
+        await a_srv.write(b"abc")
+        a_srv.close()
+        with pytest.raises(net.BrokenError) as eof:
+            await a.read_exactly(10)
+        b = await net.dial("tcp", ln.addr())
+        b_srv = await conns.recv()
+        assert b_srv is not None
+        # SO_LINGER 0 then close: the kernel sends RST, not FIN.
+        raw = socket.socket(fileno=b_srv.fileno())
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raw.detach()
+        b_srv.close()
+        await gosim.sleep(0.05)
+        with pytest.raises(net.BrokenError) as reset:
+            await b.read(10)
+            await b.read(10)
+        for c in (a, b):
+            c.close()
+        ln.close()
+        return str(eof.value), type(reset.value).__name__
+
+    eof, reset = run(main)
+    assert "unexpected EOF: 3 of 10" in eof
+    assert reset == "BrokenError"
+
+
+def test_busy_and_closed_errors() -> None:
+    async def main() -> tuple[bool, bool, bool]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(echo_server, ln)
+        c = await net.dial("tcp", ln.addr())
+        first_reader_done: Chan[BaseException | None] = Chan(1)
+
+        async def reader() -> None:
+            try:
+                await c.read(10)
+                await first_reader_done.send(None)
+            except BaseException as exc:
+                await first_reader_done.send(exc)
+
+        go(reader)
+        await gosim.sleep(0.01)
+        busy = False
+        try:
+            await c.read(10)
+        except net.BusyError:
+            busy = True
+        c.close()  # the parked reader wakes with ClosedError
+        woke = isinstance(await first_reader_done.recv(), net.ClosedError)
+        ln.close()
+        try:
+            await ln.accept()
+            closed = False
+        except net.ClosedError as exc:
+            closed = "use of closed network connection" in str(exc)
+        return busy, woke, closed
+
+    assert run(main) == (True, True, True)
+
+
+def test_unix_sockets(tmp_path: Path) -> None:
+    path = str(tmp_path / "echo.sock")
+
+    async def main() -> bytes:
+        ln = net.listen("unix", path)
+        go(echo_server, ln)
+        c = await net.dial("unix", path)
+        await c.write(b"over unix")
+        got = await c.read_exactly(9)
+        c.close()
+        ln.close()
+        return got
+
+    assert run(main) == b"over unix"
+    assert not Path(path).exists()  # the listener removes its socket file
+
+
+def test_io_wait_is_not_a_deadlock_but_a_blocked_channel_is() -> None:
+    async def waits_on_io() -> str:
+        ln = net.listen("tcp", "127.0.0.1:0")
+
+        async def late_client() -> None:
+            await gosim.syscall(__import__("time").sleep, 0.05)
+            c = await net.dial("tcp", ln.addr())
+            await c.write(b"hi")
+            c.close()
+
+        go(late_client)
+        conn = await ln.accept()
+        data = await conn.read(2)
+        conn.close()
+        ln.close()
+        return data.decode()
+
+    assert run(waits_on_io) == "hi"
+
+    async def stuck() -> None:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        ln.close()
+        await Chan[int]().recv()
+
+    with pytest.raises(gosim.Deadlock, match=r"goroutine 1 \[chan receive\]"):
+        run(stuck)
+
+
+def test_dial_errors_and_bad_addresses() -> None:
+    async def main() -> None:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        addr = ln.addr()
+        ln.close()
+        with pytest.raises(ConnectionRefusedError):
+            await net.dial("tcp", addr)
+        for bad in ("nohostport", "127.0.0.1:x", "127.0.0.1:70000"):
+            with pytest.raises(net.AddrError):
+                await net.dial("tcp", bad)
+        with pytest.raises(net.AddrError):
+            net.listen("udp", "127.0.0.1:0")
+
+    run(main)
+
+
+def test_sockets_left_open_are_closed_when_the_runtime_ends() -> None:
+    async def main() -> tuple[net.Conn, net.Listener]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(echo_server, ln)
+        c = await net.dial("tcp", ln.addr())
+        assert c.fileno() >= 0
+        return c, ln
+
+    c, ln = run(main)
+    assert c.fileno() == -1  # closed by the runtime as it ended, like process exit
+    assert ln._sock.fileno() == -1
