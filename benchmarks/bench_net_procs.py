@@ -1,9 +1,9 @@
 """Network echo benchmarks with server and client in separate processes (issue 5).
 
 Frames: 4-byte big-endian length + payload. Servers: Go (``benchmarks/go/net``, the
-ceiling), a batched plain-trio server and an asyncio ``Protocol`` server
-(``benchmarks/net_peers.py``). Clients: the Go load generator, and a trio client for the
-"trio at both ends" row. netframe's own server joins these rows when it lands. Each
+ceiling), netframe's ``Server`` in raw mode on gosim.net, a batched plain-trio server and
+an asyncio ``Protocol`` server (``benchmarks/net_peers.py``). Clients: the Go load
+generator, and netframe and trio clients for the "at both ends" rows. Each
 benchmark starts the server, runs one client process, checks every echo (the clients
 do) and records the client's figure in ``extra_info``; pytest-benchmark's own timing is
 the client's wall time and is not the figure to compare.
@@ -104,7 +104,7 @@ def _sizes(benchmark: Any) -> tuple[int, float, int]:
 
 
 @pytest.mark.benchmark(group="net-pipelined-64B")
-@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+@pytest.mark.parametrize("server", ["go", "netframe", "trio", "asyncio"])
 def bench_pipelined_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
     n, _, _ = _sizes(benchmark)
     for srv in _server(server, go_binary):
@@ -113,16 +113,17 @@ def bench_pipelined_go_client(benchmark: Any, go_binary: Path, server: str) -> N
 
 
 @pytest.mark.benchmark(group="net-pipelined-64B")
-def bench_pipelined_trio_both_ends(benchmark: Any) -> None:
+@pytest.mark.parametrize("peer", ["netframe", "trio"])
+def bench_pipelined_both_ends(benchmark: Any, peer: str) -> None:
     n, _, _ = _sizes(benchmark)
-    for srv in _server("trio", None):
-        cmd = [sys.executable, str(PEERS), "pipelined", "trio", "--addr", srv.addr, "--n", str(n)]
+    for srv in _server(peer, None):
+        cmd = [sys.executable, str(PEERS), "pipelined", peer, "--addr", srv.addr, "--n", str(n)]
         r = _measure(benchmark, cmd)
         assert r["frames"] == n
 
 
 @pytest.mark.benchmark(group="net-rr-100conns")
-@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+@pytest.mark.parametrize("server", ["go", "netframe", "trio", "asyncio"])
 def bench_rr_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
     _, seconds, _ = _sizes(benchmark)
     for srv in _server(server, go_binary):
@@ -131,14 +132,15 @@ def bench_rr_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
 
 
 @pytest.mark.benchmark(group="net-rr-100conns")
-def bench_rr_trio_both_ends(benchmark: Any) -> None:
+@pytest.mark.parametrize("peer", ["netframe", "trio"])
+def bench_rr_both_ends(benchmark: Any, peer: str) -> None:
     _, seconds, _ = _sizes(benchmark)
-    for srv in _server("trio", None):
+    for srv in _server(peer, None):
         cmd = [
             sys.executable,
             str(PEERS),
             "rr",
-            "trio",
+            peer,
             "--addr",
             srv.addr,
             "--seconds",
@@ -149,7 +151,7 @@ def bench_rr_trio_both_ends(benchmark: Any) -> None:
 
 
 @pytest.mark.benchmark(group="net-big-1MiB")
-@pytest.mark.parametrize("server", ["go", "trio", "asyncio"])
+@pytest.mark.parametrize("server", ["go", "netframe", "trio", "asyncio"])
 def bench_big_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
     _, _, n = _sizes(benchmark)
     for srv in _server(server, go_binary):

@@ -25,6 +25,10 @@ import time
 
 import trio
 
+import gosim
+import netframe
+from gosim import Chan, go, net
+
 HEADER = struct.Struct(">I")
 
 
@@ -186,10 +190,97 @@ async def trio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str,
     }
 
 
+# ------------------------------------------------------------ netframe (gosim)
+
+
+def netframe_server(addr: str) -> None:
+
+    async def echo(payload: bytes) -> bytes:
+        return payload
+
+    async def main() -> None:
+        ln = net.listen("tcp", addr)
+        print(f"LISTEN {ln.addr()}", flush=True)
+        server = netframe.Server(echo, raw=True, max_in_flight=1, heartbeat_interval=None)
+        await server.serve(ln)
+
+    gosim.run(main, procs=1)
+
+
+def netframe_client(
+    mode: str, addr: str, n: int, size: int, conns: int, seconds: float
+) -> dict[str, object]:
+
+    async def pipelined() -> dict[str, object]:
+        msg = payload(size, 7)
+        fc = netframe.FramedConn(await net.dial("tcp", addr))
+        start = time.perf_counter()
+
+        async def writer() -> None:
+            sent = 0
+            while sent < n:
+                k = min(256, n - sent)
+                await fc.write_frames([msg] * k)
+                sent += k
+
+        go(writer)
+        got = 0
+        while got < n:
+            frames = await fc.read_frames()
+            if not frames:
+                raise ConnectionError("server closed early")
+            if any(f != msg for f in frames):
+                raise AssertionError("echo mismatch")
+            got += len(frames)
+        el = time.perf_counter() - start
+        fc.conn.close()
+        return {
+            "mode": "pipelined",
+            "frames": n,
+            "size": size,
+            "seconds": el,
+            "frames_per_s": n / el,
+        }
+
+    async def rr() -> dict[str, object]:
+        done: Chan[int] = Chan(conns)
+        start = time.perf_counter()
+        deadline = gosim.now() + seconds
+
+        async def one(k: int) -> None:
+            msg = payload(size, k)
+            fc = netframe.FramedConn(await net.dial("tcp", addr))
+            count = 0
+            while gosim.now() < deadline:
+                await fc.write_frame(msg)
+                if await fc.read_frame() != msg:
+                    raise AssertionError("echo mismatch")
+                count += 1
+            fc.conn.close()
+            await done.send(count)
+
+        for k in range(conns):
+            go(one, k)
+        total = 0
+        for _ in range(conns):
+            total += await done.recv() or 0
+        el = time.perf_counter() - start
+        return {
+            "mode": "rr",
+            "conns": conns,
+            "requests": total,
+            "seconds": el,
+            "requests_per_s": total / el,
+        }
+
+    result: dict[str, object] = gosim.run(pipelined if mode == "pipelined" else rr, procs=1)
+    return result
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["server", "pipelined", "rr"])
-    ap.add_argument("peer", choices=["trio", "asyncio"])
+    ap.add_argument("peer", choices=["trio", "asyncio", "netframe"])
     ap.add_argument("--addr", default="127.0.0.1:0")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=64)
@@ -199,11 +290,17 @@ def main(argv: list[str]) -> None:
     if args.mode == "server":
         if args.peer == "trio":
             trio.run(trio_server, args.addr)
+        elif args.peer == "netframe":
+            netframe_server(args.addr)
         else:
             asyncio.run(asyncio_server(args.addr))
         return
+    if args.peer == "netframe":
+        out = netframe_client(args.mode, args.addr, args.n, args.size, args.conns, args.seconds)
+        print(json.dumps(out))
+        return
     if args.peer != "trio":
-        raise SystemExit("clients: only trio is provided (the Go client is the other)")
+        raise SystemExit("clients: trio and netframe are provided (the Go client is the other)")
     if args.mode == "pipelined":
         out = trio.run(trio_pipelined, args.addr, args.n, args.size)
     else:

@@ -180,6 +180,20 @@ class FramedConn:
         finally:
             self._reading = False
 
+    async def read_frames(self) -> list[bytes]:
+        """Every complete frame buffered now (at least one); ``[]`` at a clean end of stream.
+
+        Reads from the connection only when no frame is buffered, so a pipelining peer's
+        burst comes back as one list: one call per receive, not per frame.
+        """
+        first = await self.read_frame()
+        if first is None:
+            return []
+        frames = [first]
+        frames.extend(self._decoder)  # the rest of what is buffered, no more reads
+        self.frames_read += len(frames) - 1
+        return frames
+
     # ---------------------------------------------------------------- write
 
     async def write_frame(self, payload: bytes | bytearray | memoryview) -> None:

@@ -108,6 +108,7 @@ class Server:
         idle_timeout: float | None = None,
         grace_period: float = 5.0,
         send_queue: int = 1024,
+        raw: bool = False,
     ) -> None:
         if max_connections < 1 or max_in_flight < 1:
             raise ValueError("max_connections and max_in_flight must be at least 1")
@@ -120,6 +121,10 @@ class Server:
         self.idle_timeout = idle_timeout
         self.grace_period = grace_period
         self.send_queue = send_queue
+        # raw: plain length-prefixed frames with no session byte (interop with peers
+        # such as Go's or Twisted's Int32StringReceiver): every frame is data; no
+        # heartbeats, idle timeout or goaway, so refusals and shutdown just close.
+        self.raw = raw
         self._conns: set[_Conn] = set()
         self._listener: Listener | None = None
         self._shutting_down = False
@@ -180,6 +185,9 @@ class Server:
         return self._shutting_down
 
     async def _reject(self, conn: StreamConn) -> None:
+        if self.raw:
+            conn.close()
+            return
         fc = FramedConn(conn, self.format)
         session = Session(gosim.now(), heartbeat_interval=None)
         try:
@@ -194,19 +202,23 @@ class Server:
         fc = FramedConn(conn, self.format, send_queue=self.send_queue)
         session = Session(
             gosim.now(),
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_timeout=self.heartbeat_timeout,
-            idle_timeout=self.idle_timeout,
+            heartbeat_interval=None if self.raw else self.heartbeat_interval,
+            heartbeat_timeout=None if self.raw else self.heartbeat_timeout,
+            idle_timeout=None if self.raw else self.idle_timeout,
         )
         st = _Conn(fc, session, self.max_in_flight)
         self._conns.add(st)
-        go(self._heartbeat, st)
+        if not self.raw:
+            go(self._heartbeat, st)
         try:
             await self._read_loop(st)
         finally:
             await self._finish(st)
 
     async def _read_loop(self, st: _Conn) -> None:
+        if self.raw and self.max_in_flight == 1:
+            await self._raw_inline_loop(st)
+            return
         fc, session = st.fc, st.session
         while not st.closed:
             try:
@@ -219,30 +231,78 @@ class Server:
                 return  # broken connection (reset, or closed by us)
             if frame is None:
                 return
-            try:
-                event = session.receive(frame, gosim.now())
-            except RemoteFrameError:
-                self._counters["protocol_errors"] += 1
-                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
-                return
-            for out in session.poll(gosim.now()):  # pongs go out at once
-                await fc.send(out)
+            if self.raw:
+                event: Data | object = Data(frame)
+            else:
+                try:
+                    event = session.receive(frame, gosim.now())
+                except RemoteFrameError:
+                    self._counters["protocol_errors"] += 1
+                    await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
+                    return
+                for out in session.poll(gosim.now()):  # pongs go out at once
+                    await fc.send(out)
             if isinstance(event, Data):
+                if self.max_in_flight == 1:
+                    # One at a time: handle in the reader itself, replies in order,
+                    # no goroutine per frame.
+                    st.in_flight = 1
+                    await self._handle_one(st, event.payload)
+                    st.in_flight = 0
+                    continue
                 await st.slots.send(None)  # blocks at max_in_flight: backpressure
                 st.in_flight += 1
                 go(self._handle, st, event.payload)
             elif isinstance(event, GoAway):
                 pass  # the peer starts no new work; keep serving until it closes
 
+    async def _raw_inline_loop(self, st: _Conn) -> None:
+        """Raw frames, one handler at a time: each burst of frames read becomes one write.
+
+        Nothing else writes in raw mode (no pongs, no goaway), so the replies go out
+        with a direct ``write_frames`` in order, without the writer goroutine's queue.
+        """
+        fc, handler = st.fc, self.handler
+        while not st.closed:
+            try:
+                frames = await fc.read_frames()
+            except RemoteFrameError:
+                self._counters["protocol_errors"] += 1
+                self._close_now(st)
+                return
+            except OSError:
+                return
+            if not frames:
+                return
+            replies = []
+            st.in_flight = 1
+            for frame in frames:
+                try:
+                    reply = await handler(frame)
+                except Exception:
+                    self._counters["handler_errors"] += 1
+                    continue
+                if reply is not None:
+                    replies.append(reply)
+            st.in_flight = 0
+            if replies and not st.closed:
+                try:
+                    await fc.write_frames(replies)
+                except OSError:
+                    return
+
+    async def _handle_one(self, st: _Conn, payload: bytes) -> None:
+        try:
+            reply = await self.handler(payload)
+        except Exception:
+            self._counters["handler_errors"] += 1
+            return
+        if reply is not None and not st.closed:
+            await st.fc.send(reply if self.raw else st.session.data(reply, gosim.now()))
+
     async def _handle(self, st: _Conn, payload: bytes) -> None:
         try:
-            try:
-                reply = await self.handler(payload)
-            except Exception:
-                self._counters["handler_errors"] += 1
-                return
-            if reply is not None and not st.closed:
-                await st.fc.send(st.session.data(reply, gosim.now()))
+            await self._handle_one(st, payload)
         finally:
             st.in_flight -= 1
             st.slots.try_recv()
@@ -274,6 +334,9 @@ class Server:
 
     async def _goaway_and_close(self, st: _Conn, code: int, reason: str) -> None:
         if st.closed:
+            return
+        if self.raw:
+            self._close_now(st)
             return
         try:
             await st.fc.send(st.session.goaway(code, reason))
@@ -325,6 +388,8 @@ class Server:
         grace = self.grace_period if grace is None else grace
         for st in list(self._conns):
             st.draining = True
+            if self.raw:
+                continue
             try:
                 await st.fc.send(st.session.goaway(GoAwayCode.NO_ERROR, "shutting down"))
             except Exception:

@@ -1,0 +1,60 @@
+"""netframe's Server and Client over real loopback TCP (gosim.net), session and raw."""
+
+from __future__ import annotations
+
+import gosim
+import netframe
+from gosim import Chan, go, net
+
+
+async def echo(payload: bytes) -> bytes:
+    return payload
+
+
+def test_session_server_and_clients_over_tcp() -> None:
+    async def main() -> tuple[int, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = netframe.Server(echo, heartbeat_interval=0.2)
+        go(server.serve, ln)
+        done: Chan[int] = Chan(50)
+
+        async def client(k: int) -> None:
+            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=0.2)
+            await c.connect()
+            ok = 0
+            for i in range(10):
+                await c.send(b"%d/%d" % (k, i))
+                ok += await c.recv() == b"%d/%d" % (k, i)
+            await gosim.sleep(0.5)  # quiet: heartbeats keep it alive
+            await c.send(b"still here")
+            ok += await c.recv() == b"still here"
+            await c.close()
+            await done.send(ok)
+
+        for k in range(50):
+            go(client, k)
+        total = sum([await done.recv() or 0 for _ in range(50)])
+        await server.shutdown()
+        return total, server.stats().dead_peers
+
+    assert gosim.run(main, procs=2) == (550, 0)
+
+
+def test_raw_server_answers_a_pipelined_burst_in_order() -> None:
+    async def main() -> bool:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = netframe.Server(echo, raw=True, max_in_flight=1)
+        go(server.serve, ln)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()))
+        msgs = [b"%d" % i * (i % 50) for i in range(5000)]
+        await fc.write_frames(msgs)
+        got = []
+        while len(got) < len(msgs):
+            frames = await fc.read_frames()
+            assert frames
+            got += frames
+        fc.conn.close()
+        await server.shutdown()
+        return got == msgs
+
+    assert gosim.run(main, procs=2)
