@@ -276,6 +276,9 @@ class Runtime:
         self.open_mode = True  # False under gosim.run: main's return ends the runtime
         self.nursery: trio.Nursery | None = None
         self.heap: Any = None  # a gosim.mem.Heap once gosim.malloc is first used
+        # Per-runtime state of layers above the core (the simulated network, say),
+        # keyed by the layer's module name.
+        self.extensions: dict[str, Any] = {}
         self.thread_limiter = trio.CapacityLimiter(max_threads)
         self.start_time = 0.0
         self._clock_now: Callable[[], float] = time.perf_counter

@@ -1,0 +1,369 @@
+"""The simulated network: ``listen("sim", "server:1")`` and ``dial("sim", ...)`` in memory.
+
+For deterministic mode (``gosim.run(..., seed=N, virtual_time=True)``): connections are
+pairs of in-memory byte queues whose behaviour comes from one seeded generator and a
+fault plan, and every delivery is a runtime timer on the virtual clock. A whole
+client/server system therefore replays exactly from its seed: the same bytes arrive at
+the same virtual times, the same connections reset, the same partitions cut the same
+links. :attr:`SimNetwork.log` records every event for comparing runs.
+
+The model, per direction of a connection:
+
+* each ``write`` is one segment, delivered after a latency drawn uniformly from
+  ``latency`` (seconds) and, with ``bandwidth`` (bytes/s), not before the previous
+  segment has finished arriving; segments never overtake each other;
+* with probability ``reset_rate`` a write resets the connection instead (both ends get
+  ``BrokenError``, as after a TCP RST);
+* a partition ``(start, end, hosts_a, hosts_b)`` cuts every link between a host in
+  ``hosts_a`` and one in ``hosts_b`` during ``[start, end)``: segments sent meanwhile are
+  held and delivered after the partition heals (TCP retransmits), and dials across it
+  are refused. Heartbeats see a silent peer, which is what they must detect.
+
+Hosts are the part of the address before ``:``; a dialing side names itself with
+``dial(..., local_host=...)`` (default ``"client"``).
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gosim import Chan, lowlevel
+from gosim.lowlevel import RuntimeTimer
+
+from ._net import AddrError, BrokenError, BusyError, ClosedError, DeadlineExceeded
+
+_EXT_KEY = "gosim.net.sim"
+
+
+@dataclass
+class SimNetwork:
+    """A seeded in-memory network with a fault plan; see the module docstring."""
+
+    seed: int = 0
+    latency: tuple[float, float] = (0.0005, 0.002)
+    bandwidth: float | None = None
+    reset_rate: float = 0.0
+    partitions: Iterable[tuple[float, float, Iterable[str], Iterable[str]]] = ()
+    log: list[tuple[float, str, int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lo, hi = self.latency
+        if not 0 <= lo <= hi:
+            raise ValueError(f"latency must be (lo, hi) with 0 <= lo <= hi, got {self.latency}")
+        if self.bandwidth is not None and self.bandwidth <= 0:
+            raise ValueError("bandwidth must be positive (or None for unlimited)")
+        if not 0 <= self.reset_rate <= 1:
+            raise ValueError("reset_rate must be a probability")
+        self.rng = random.Random(self.seed)
+        self._partitions = [
+            (float(s), float(e), frozenset(a), frozenset(b)) for s, e, a, b in self.partitions
+        ]
+        self._listeners: dict[str, SimListener] = {}
+        self._next_conn = 0
+
+    def cut_until(self, now: float, h1: str, h2: str) -> float:
+        """The end of the partition cutting h1 from h2 at ``now``, or 0 if none does."""
+        end = 0.0
+        for s, e, a, b in self._partitions:
+            if s <= now < e and ((h1 in a and h2 in b) or (h1 in b and h2 in a)):
+                end = max(end, e)
+        return end
+
+    def record(self, now: float, what: str, conn: int, n: int) -> None:
+        self.log.append((now, what, conn, n))
+
+    def log_bytes(self) -> bytes:
+        return "".join(f"{t!r} {w} {c} {n}\n" for t, w, c, n in self.log).encode()
+
+
+def use_sim_network(network: SimNetwork) -> None:
+    """Install ``network`` as the running runtime's simulated network (before first use)."""
+    ext = lowlevel.current_runtime().extensions
+    if _EXT_KEY in ext and ext[_EXT_KEY] is not network:
+        raise RuntimeError("use_sim_network: this runtime already uses another simulated network")
+    ext[_EXT_KEY] = network
+
+
+def sim_network() -> SimNetwork:
+    """The runtime's simulated network; a default one seeded from the runtime's generator."""
+    rt = lowlevel.current_runtime()
+    net = rt.extensions.get(_EXT_KEY)
+    if net is None:
+        net = SimNetwork(seed=rt.rng.getrandbits(64))
+        rt.extensions[_EXT_KEY] = net
+    assert isinstance(net, SimNetwork)
+    return net
+
+
+def _split(address: str) -> tuple[str, str]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port:
+        raise AddrError(f"sim address {address!r}: want host:port")
+    return host, port
+
+
+class _Pipe:
+    """One direction: segments in flight, bytes arrived, and a parked reader."""
+
+    __slots__ = ("arrived", "eof", "last_arrival", "reader", "reset", "timers")
+
+    def __init__(self) -> None:
+        self.arrived: deque[bytes] = deque()
+        self.eof = False
+        self.reset = False
+        self.last_arrival = 0.0
+        self.reader: Any = None  # the parked G
+        self.timers = 0  # segments in flight
+
+
+class SimConn:
+    """One end of a simulated connection; the same API as :class:`gosim.net.Conn`."""
+
+    def __init__(
+        self, net: SimNetwork, cid: int, local: str, remote: str, inbox: _Pipe, outbox: _Pipe
+    ) -> None:
+        self.network = "sim"
+        self._net = net
+        self._id = cid
+        self._local = local
+        self._remote = remote
+        self._in = inbox
+        self._out = outbox
+        self._closed = False
+        self._reading = False
+        self._rdeadline = 0.0
+        self._wclosed = False
+        self._pending = b""
+
+    def __repr__(self) -> str:
+        return f"<gosim.net.SimConn {self._local} -> {self._remote}>"
+
+    def local_addr(self) -> str:
+        return self._local
+
+    def remote_addr(self) -> str:
+        return self._remote
+
+    def _host(self, addr: str) -> str:
+        return addr.rpartition(":")[0]
+
+    async def read(self, n: int = 65536) -> bytes:
+        if self._closed:
+            raise ClosedError()
+        if self._reading:
+            raise BusyError("another goroutine is already reading this connection")
+        self._reading = True
+        try:
+            pipe = self._in
+            while True:
+                if self._pending:
+                    out, self._pending = self._pending[:n], self._pending[n:]
+                    return out
+                if pipe.arrived:
+                    self._pending = pipe.arrived.popleft()
+                    continue
+                if pipe.reset:
+                    raise BrokenError(errno.ECONNRESET, "read: connection reset by peer")
+                if pipe.eof:
+                    return b""
+                rt = lowlevel.current_runtime()
+                if self._rdeadline and self._rdeadline <= rt.now():
+                    raise DeadlineExceeded()
+                timer = None
+                if self._rdeadline:
+                    timer = RuntimeTimer(_wake_reader, (pipe, "timeout"))
+                    rt.addtimer(timer, self._rdeadline)
+                pipe.reader = lowlevel.current_g()
+                why = await lowlevel.park("IO wait")
+                if timer is not None:
+                    rt.deltimer(timer)
+                if why == "timeout":
+                    raise DeadlineExceeded()
+                if why == "closed" or self._closed:
+                    raise ClosedError()
+        finally:
+            self._reading = False
+
+    async def read_exactly(self, n: int) -> bytes:
+        parts: list[bytes] = []
+        got = 0
+        while got < n:
+            chunk = await self.read(n - got)
+            if not chunk:
+                raise BrokenError(f"unexpected EOF: {got} of {n} bytes read")
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    async def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._closed:
+            raise ClosedError()
+        if self._wclosed:
+            raise BrokenError(errno.EPIPE, "write: broken pipe (write side closed)")
+        if self._out.reset or self._in.reset:
+            raise BrokenError(errno.ECONNRESET, "write: connection reset by peer")
+        payload = bytes(data)
+        net = self._net
+        rt = lowlevel.current_runtime()
+        now = rt.now()
+        if net.reset_rate and net.rng.random() < net.reset_rate:
+            net.record(now, "reset", self._id, len(payload))
+            self._out.reset = True
+            self._in.reset = True
+            _wake(self._out, "data")
+            _wake(self._in, "data")
+            raise BrokenError(errno.ECONNRESET, "write: connection reset by peer")
+        lo, hi = net.latency
+        start = now
+        healed = net.cut_until(now, self._host(self._local), self._host(self._remote))
+        if healed:
+            net.record(now, "held", self._id, len(payload))
+            start = healed
+        at = start + (lo if lo == hi else net.rng.uniform(lo, hi))
+        if net.bandwidth:
+            at = max(at, self._out.last_arrival) + len(payload) / net.bandwidth
+        at = max(at, self._out.last_arrival)  # segments never overtake each other
+        self._out.last_arrival = at
+        self._out.timers += 1
+        rt.addtimer(RuntimeTimer(_deliver, (net, self._id, self._out, payload)), at)
+        net.record(now, "send", self._id, len(payload))
+        return len(payload)
+
+    def close_write(self) -> None:
+        if self._closed:
+            raise ClosedError()
+        self._wclosed = True
+        self._schedule_eof()
+
+    def _schedule_eof(self) -> None:
+        rt = lowlevel.current_runtime()
+        rt.addtimer(
+            RuntimeTimer(_deliver, (self._net, self._id, self._out, None)), self._out.last_arrival
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._wclosed:
+            self._wclosed = True
+            self._schedule_eof()
+        _wake(self._in, "closed")
+
+    def set_deadline(self, t: float | None) -> None:
+        self._rdeadline = t or 0.0
+
+    def set_read_deadline(self, t: float | None) -> None:
+        self._rdeadline = t or 0.0
+
+    def set_write_deadline(self, t: float | None) -> None:
+        """Writes never block on the simulated network; accepted for API parity."""
+
+    def set_no_delay(self, on: bool = True) -> None:
+        """No Nagle on the simulated network; accepted for API parity."""
+
+    def set_keepalive(self, on: bool = True) -> None:
+        """Accepted for API parity; use heartbeats to detect dead peers."""
+
+
+def _wake(pipe: _Pipe, why: str) -> None:
+    g = pipe.reader
+    if g is not None:
+        pipe.reader = None
+        lowlevel.ready(g, why)
+
+
+def _wake_reader(arg: tuple[_Pipe, str], now: float) -> None:
+    _wake(*arg)
+
+
+def _deliver(arg: tuple[SimNetwork, int, _Pipe, bytes | None], now: float) -> None:
+    net, cid, pipe, payload = arg
+    if payload is None:
+        pipe.eof = True
+        net.record(now, "eof", cid, 0)
+    else:
+        pipe.timers -= 1
+        if pipe.reset:
+            return
+        pipe.arrived.append(payload)
+        net.record(now, "deliver", cid, len(payload))
+    _wake(pipe, "data")
+
+
+class SimListener:
+    """A listener on the simulated network."""
+
+    def __init__(self, net: SimNetwork, address: str) -> None:
+        self.network = "sim"
+        self._net = net
+        self._address = address
+        self._pending: Chan[SimConn] = Chan(4096)
+        self._closed = False
+
+    def addr(self) -> str:
+        return self._address
+
+    async def accept(self) -> SimConn:
+        if self._closed:
+            raise ClosedError()
+        conn = await self._pending.recv()
+        if conn is None:
+            raise ClosedError()
+        return conn
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._net._listeners.pop(self._address, None)
+        self._pending.close()
+
+
+def sim_listen(address: str) -> SimListener:
+    net = sim_network()
+    _split(address)
+    if address in net._listeners:
+        raise OSError(errno.EADDRINUSE, f"listen sim {address}: address already in use")
+    ln = SimListener(net, address)
+    net._listeners[address] = ln
+    return ln
+
+
+async def sim_dial(
+    address: str, timeout: float | None = None, local_host: str = "client"
+) -> SimConn:
+    net = sim_network()
+    host, _ = _split(address)
+    rt = lowlevel.current_runtime()
+    now = rt.now()
+    ln = net._listeners.get(address)
+    healed = net.cut_until(now, local_host, host)
+    if ln is None or healed:
+        net.record(now, "refused", -1, 0)
+        raise ConnectionRefusedError(errno.ECONNREFUSED, f"dial sim {address}: connection refused")
+    net._next_conn += 1
+    cid = net._next_conn
+    local = f"{local_host}:{10000 + cid}"
+    a_to_b, b_to_a = _Pipe(), _Pipe()
+    client = SimConn(net, cid, local, address, b_to_a, a_to_b)
+    server = SimConn(net, cid, address, local, a_to_b, b_to_a)
+    lo, hi = net.latency
+    rtt = 2 * (lo if lo == hi else net.rng.uniform(lo, hi))
+    net.record(now, "dial", cid, 0)
+    if not ln._pending.try_send(server):
+        raise ConnectionRefusedError(errno.ECONNREFUSED, f"dial sim {address}: backlog full")
+    if rtt:
+        await _sleep(rt, rtt)  # the handshake's round trip
+    return client
+
+
+async def _sleep(rt: Any, d: float) -> None:
+    g = lowlevel.current_g()
+    rt.addtimer(RuntimeTimer(lambda gg, now: lowlevel.ready(gg, None), g), rt.now() + d)
+    await lowlevel.park("sleep")
