@@ -58,9 +58,8 @@ async def system(seed: int, reset_rate: float) -> tuple[list[bytes], bytes]:
 
 
 def replay(seed: int, reset_rate: float = 0.0) -> tuple[list[bytes], bytes]:
-    plan = {"seed": seed, "reset_rate": reset_rate}
     result: tuple[list[bytes], bytes] = gosim.run(
-        system, plan, procs=2, seed=seed, virtual_time=True
+        system, seed, reset_rate, procs=2, seed=seed, virtual_time=True
     )
     return result
 
