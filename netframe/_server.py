@@ -32,7 +32,7 @@ import gosim
 from gosim import Chan, go, recv, select
 
 from ._codec import FrameFormat
-from ._conn import FramedConn, StreamConn
+from ._conn import ClosedError, FramedConn, StreamConn
 from ._exceptions import RemoteFrameError
 from ._session import Data, GoAway, GoAwayCode, Session
 
@@ -91,6 +91,15 @@ class _Conn:
     def is_closed(self) -> bool:
         # Read through a call: other goroutines close the connection while we await.
         return self.closed
+
+
+async def _send(st: _Conn, payload: bytes) -> bool:
+    """Queue a frame; False (not an exception) when the connection is already closed."""
+    try:
+        await st.fc.send(payload)
+    except (ClosedError, OSError):
+        return False
+    return True
 
 
 class Server:
@@ -241,7 +250,8 @@ class Server:
                     await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
                     return
                 for out in session.poll(gosim.now()):  # pongs go out at once
-                    await fc.send(out)
+                    if not await _send(st, out):
+                        return
             if isinstance(event, Data):
                 if self.max_in_flight == 1:
                     # One at a time: handle in the reader itself, replies in order,
@@ -298,7 +308,9 @@ class Server:
             self._counters["handler_errors"] += 1
             return
         if reply is not None and not st.closed:
-            await st.fc.send(reply if self.raw else st.session.data(reply, gosim.now()))
+            # A connection closed meanwhile (dead peer, shutdown past its grace) loses
+            # the reply; the handler's goroutine must not turn that into a panic.
+            await _send(st, reply if self.raw else st.session.data(reply, gosim.now()))
 
     async def _handle(self, st: _Conn, payload: bytes) -> None:
         try:
@@ -322,7 +334,8 @@ class Server:
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):
-                await st.fc.send(out)
+                if not await _send(st, out):
+                    return
             if session.dead:
                 self._counters["dead_peers"] += 1
                 self._close_now(st)
@@ -515,9 +528,14 @@ class Client:
                     return
                 if frame is None:
                     return
-                event = st.session.receive(frame, gosim.now())
+                try:
+                    event = st.session.receive(frame, gosim.now())
+                except RemoteFrameError as exc:
+                    reason = f"protocol error from the server: {exc}"
+                    return
                 for out in st.session.poll(gosim.now()):
-                    await st.fc.send(out)
+                    if not await _send(st, out):
+                        return
                 if isinstance(event, Data):
                     await inbox.send(event.payload)
                 elif isinstance(event, GoAway):
@@ -545,9 +563,7 @@ class Client:
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):
-                try:
-                    await st.fc.send(out)
-                except Exception:
+                if not await _send(st, out):
                     return
             if session.dead:
                 st.fc.conn.close()  # the reader sees the end and reports ConnectionLost

@@ -629,6 +629,11 @@ class Runtime:
             now = self._clock_now()
             if p.timers.earliest() <= now:
                 self.checktimers(now)
+                np_ = self.netpoller
+                if np_ is not None and np_.waiters():
+                    # I/O that arrived by now runs before the timers' goroutines, so a
+                    # deadline never fires on data that is already waiting to be read.
+                    self._netpoll_into(p, np_)
                 g = p.runnext
                 if g is not None:
                     p.runnext = None
@@ -740,13 +745,15 @@ class Runtime:
     async def _periodic(self) -> None:
         """Every PERIODIC_MASK+1 switches: timers, outside completions, a trio yield."""
         now = self._clock_now()
+        np_ = self.netpoller
+        if np_ is not None and np_.waiters():
+            # sysmon's netpoll: I/O is not starved by busy goroutines. Before the timers,
+            # for the same reason as in findrunnable.
+            np_.poll()
         if self.ntimers:
             self.checktimers(now)
         if self.injectq:
             self._drain_inject()
-        np_ = self.netpoller
-        if np_ is not None and np_.waiters():
-            np_.poll()  # sysmon's netpoll: I/O is not starved by busy goroutines
         if self.schedtrace_interval:
             self._maybe_schedtrace(now)
         if now - self.last_trio_yield >= TRIO_YIELD_INTERVAL or (self.nswitch & 0xFFF) == 0:

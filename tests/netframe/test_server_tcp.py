@@ -58,3 +58,42 @@ def test_raw_server_answers_a_pipelined_burst_in_order() -> None:
         return got == msgs
 
     assert gosim.run(main, procs=2)
+
+
+def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
+    n = 1_000
+
+    async def main() -> tuple[int, int, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        # Two thousand sessions share one driver thread here (both ends in this process):
+        # a one-second interval keeps the heartbeat load (about 4,000 frames/s) well
+        # within what it can serve, so a timeout would mean a real bug.
+        server = netframe.Server(echo, heartbeat_interval=1.0)
+        go(server.serve, ln)
+        done: Chan[int] = Chan(n)
+        gate: Chan[None] = Chan()
+
+        async def client(k: int) -> None:
+            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0)
+            await c.connect()
+            await gate.recv()  # all connected at once before anyone talks
+            ok = 0
+            for i in range(2):
+                await c.send(b"%d/%d" % (k, i))
+                ok += await c.recv() == b"%d/%d" % (k, i)
+                if i == 0:
+                    await gosim.sleep(2.5)  # quiet for over two intervals: heartbeats carry it
+            await c.close()
+            await done.send(ok)
+
+        for k in range(n):
+            go(client, k)
+        while server.stats().connections < n:
+            await gosim.sleep(0.01)
+        peak = server.stats().connections
+        gate.close()
+        total = sum([await done.recv() or 0 for _ in range(n)])
+        await server.shutdown()
+        return peak, total, server.stats().dead_peers
+
+    assert gosim.run(main, procs=2) == (n, 2 * n, 0)
