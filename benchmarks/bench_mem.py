@@ -90,15 +90,26 @@ def go_ns_per_op(name: str) -> float:
     if not _go_cache:
         benchtime = "1s" if os.environ.get("GOSIM_BENCH_QUICK") is None else "200000x"
         env = dict(os.environ, GOMAXPROCS="1", GOFLAGS="-mod=mod")
-        cmd = [go, "test", "-run", "^$", "-bench", ".", "-benchmem",
-               f"-benchtime={benchtime}", "-count=3"]
-        proc = subprocess.run(cmd, cwd=GO_DIR, env=env, check=False, capture_output=True,
-                              text=True, timeout=600)
+        cmd = [
+            go,
+            "test",
+            "-run",
+            "^$",
+            "-bench",
+            ".",
+            "-benchmem",
+            f"-benchtime={benchtime}",
+            "-count=3",
+        ]
+        proc = subprocess.run(
+            cmd, cwd=GO_DIR, env=env, check=False, capture_output=True, text=True, timeout=600
+        )
         if proc.returncode != 0:
             pytest.fail(f"go test failed:\n{proc.stdout}\n{proc.stderr}")
         runs: dict[str, list[float]] = {}
-        for m in re.finditer(r"^Benchmark(\w+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op", proc.stdout,
-                             re.MULTILINE):
+        for m in re.finditer(
+            r"^Benchmark(\w+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op", proc.stdout, re.MULTILINE
+        ):
             runs.setdefault(m.group(1), []).append(float(m.group(2)))
         _go_cache.update({k: statistics.median(v) for k, v in runs.items()})
     return _go_cache[name]
@@ -118,7 +129,8 @@ def ratios(benchmark: Any, key: str) -> None:
         prefix = key.split(":", 1)[0]
         if f"{prefix}:{peer}" in _ns and f"{prefix}:gosim" in _ns:
             benchmark.extra_info[f"gosim_over_{peer}"] = (
-                _ns[f"{prefix}:gosim"] / _ns[f"{prefix}:{peer}"])
+                _ns[f"{prefix}:gosim"] / _ns[f"{prefix}:{peer}"]
+            )
 
 
 # ---- batch ----------------------------------------------------------------------------
@@ -214,8 +226,14 @@ def bench_kernels_nojit(benchmark: Any) -> None:
     out: list[float] = []
 
     def run() -> None:
-        proc = subprocess.run([sys.executable, "-c", _NOJIT_SCRIPT], env=env,
-                              capture_output=True, text=True, timeout=600, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _NOJIT_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
         out.append(float(proc.stdout.strip().splitlines()[-1]))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -227,6 +245,5 @@ def bench_kernels_nojit(benchmark: Any) -> None:
 
 def bench_zz_summary() -> None:
     """Print the figures in one table (visible with ``-s``)."""
-    rows = [f"{k:>20}: {v:10.1f} ns/object  {1e3 / v:8.2f} M objects/s"
-            for k, v in _ns.items()]
+    rows = [f"{k:>20}: {v:10.1f} ns/object  {1e3 / v:8.2f} M objects/s" for k, v in _ns.items()]
     print("\n" + "\n".join(rows))

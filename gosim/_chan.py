@@ -381,6 +381,11 @@ class Chan(Generic[T]):
     def __len__(self) -> int:
         return len(self._buf)
 
+    def __bool__(self) -> bool:
+        # A channel is a handle, not a container: `if ch:` means "not nil" as in Go,
+        # whatever is buffered (without this, an empty channel would be falsy via len).
+        return True
+
     @property
     def closed(self) -> bool:
         """True once ``close`` has been called (Go has no such query; for tests and dumps)."""

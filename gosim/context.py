@@ -1,0 +1,250 @@
+"""Go's ``context`` package on gosim: cancellation trees, deadlines and values.
+
+``ctx.done()`` is a :class:`gosim.Chan` closed when the context is cancelled, usable in
+``select``; ``ctx.err()`` is None, :class:`Canceled` (``context canceled``) or
+:class:`DeadlineExceeded` (``context deadline exceeded``). Cancelling a context cancels
+its descendants, once: later cancels change nothing. Deadlines are runtime timers, so
+under ``virtual_time`` they cost no real time. :func:`cause` gives the cause given to a
+``with_cancel_cause`` cancel function (else the error itself).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from gosim import Chan, go, lowlevel
+from gosim._core._exceptions import GosimError
+from gosim.lowlevel import RuntimeTimer
+
+__all__ = [
+    "CancelFunc",
+    "Canceled",
+    "Context",
+    "DeadlineExceeded",
+    "after_func",
+    "background",
+    "cause",
+    "todo",
+    "with_cancel",
+    "with_cancel_cause",
+    "with_deadline",
+    "with_timeout",
+    "with_value",
+    "without_cancel",
+]
+
+
+class Canceled(GosimError):
+    """``context canceled``: the context's cancel function was called."""
+
+    def __init__(self) -> None:
+        super().__init__("context canceled")
+
+
+class DeadlineExceeded(GosimError, TimeoutError):
+    """``context deadline exceeded``: the context's deadline passed."""
+
+    def __init__(self) -> None:
+        super().__init__("context deadline exceeded")
+
+
+CancelFunc = Callable[[], None]
+
+
+class Context:
+    """A node of the context tree. Made by the functions of this module, not directly."""
+
+    def __init__(self, parent: Context | None) -> None:
+        self._parent = parent
+        self._done: Chan[None] | None = None
+        self._err: BaseException | None = None
+        self._cause: BaseException | None = None
+        self._children: set[Context] = set()
+        self._deadline = math.inf if parent is None else parent.deadline_or_inf()
+        self._timer: RuntimeTimer | None = None
+        self._after: list[Callable[[], None]] = []
+        self._cancellable = parent is not None
+        self._attached_to: Context | None = None  # the cancellable ancestor holding us
+
+    def deadline_or_inf(self) -> float:
+        return self._deadline
+
+    def deadline(self) -> tuple[float, bool]:
+        """``(deadline, ok)`` as Go's ``Deadline()``; ok is False when there is none."""
+        return (self._deadline, True) if self._deadline != math.inf else (0.0, False)
+
+    def done(self) -> Chan[None] | None:
+        """A channel closed on cancellation; None for contexts that are never cancelled."""
+        if not self._cancellable:
+            return None
+        if self._done is None:
+            self._done = Chan()
+            if self._err is not None:
+                self._done.close()
+        return self._done
+
+    def err(self) -> BaseException | None:
+        return self._err
+
+    def value(self, key: Any) -> Any:
+        return self._parent.value(key) if self._parent is not None else None
+
+    def _attach(self) -> None:
+        parent = self._parent
+        while parent is not None and not parent._cancellable:
+            parent = parent._parent
+        if parent is None:
+            return
+        if parent._err is not None:
+            self._cancel(parent._err, parent._cause)
+        else:
+            parent._children.add(self)
+            self._attached_to = parent
+
+    def _cancel(self, err: BaseException, cause_: BaseException | None) -> None:
+        if self._err is not None:
+            return  # cancellation is idempotent: the first one wins
+        self._err = err
+        self._cause = cause_ if cause_ is not None else err
+        if self._done is not None:
+            self._done.close()
+        if self._timer is not None:
+            lowlevel.del_timer(self._timer)
+        children, self._children = self._children, set()
+        for child in children:
+            child._cancel(err, self._cause)
+        if self._attached_to is not None:
+            self._attached_to._children.discard(self)
+            self._attached_to = None
+        for fn in self._after:
+            fn()
+        self._after = []
+
+    def __repr__(self) -> str:
+        return f"<gosim.context.Context err={self._err!r}>"
+
+
+class _ValueContext(Context):
+    def __init__(self, parent: Context, key: Any, val: Any) -> None:
+        super().__init__(parent)
+        self._cancellable = False
+        self._key = key
+        self._val = val
+
+    def done(self) -> Chan[None] | None:
+        return self._parent.done() if self._parent is not None else None
+
+    def err(self) -> BaseException | None:
+        return self._parent.err() if self._parent is not None else None
+
+    def value(self, key: Any) -> Any:
+        if key == self._key:
+            return self._val
+        return super().value(key)
+
+
+class _WithoutCancel(Context):
+    def __init__(self, parent: Context) -> None:
+        super().__init__(None)
+        self._values_from = parent
+        self._cancellable = False
+
+    def value(self, key: Any) -> Any:
+        return self._values_from.value(key)
+
+
+_BACKGROUND = Context(None)
+_TODO = Context(None)
+
+
+def background() -> Context:
+    """The root context: never cancelled, no deadline, no values."""
+    return _BACKGROUND
+
+
+def todo() -> Context:
+    """A placeholder root, for code that has not been given a context yet."""
+    return _TODO
+
+
+def with_cancel(parent: Context) -> tuple[Context, CancelFunc]:
+    ctx = Context(parent)
+    ctx._attach()
+    return ctx, lambda: ctx._cancel(Canceled(), None)
+
+
+def with_cancel_cause(parent: Context) -> tuple[Context, Callable[[BaseException | None], None]]:
+    ctx = Context(parent)
+    ctx._attach()
+    return ctx, lambda c=None: ctx._cancel(Canceled(), c)
+
+
+def _fire_deadline(ctx: Context, now: float) -> None:
+    ctx._cancel(DeadlineExceeded(), None)
+
+
+def with_deadline(parent: Context, d: float) -> tuple[Context, CancelFunc]:
+    """Cancelled at runtime-clock time ``d`` (or with the parent, or by the cancel function)."""
+    ctx = Context(parent)
+    ctx._deadline = min(parent.deadline_or_inf(), d)
+    ctx._attach()
+    if ctx._err is None:
+        rt = lowlevel.current_runtime()
+        if d <= rt.now():
+            ctx._cancel(DeadlineExceeded(), None)
+        elif d < parent.deadline_or_inf():
+            ctx._timer = RuntimeTimer(_fire_deadline, ctx)
+            rt.addtimer(ctx._timer, d)
+    return ctx, lambda: ctx._cancel(Canceled(), None)
+
+
+def with_timeout(parent: Context, timeout: float) -> tuple[Context, CancelFunc]:
+    return with_deadline(parent, lowlevel.current_runtime().now() + timeout)
+
+
+def with_value(parent: Context, key: Any, val: Any) -> Context:
+    if key is None:
+        raise ValueError("nil key")
+    return _ValueContext(parent, key, val)
+
+
+def without_cancel(parent: Context) -> Context:
+    """A context with the parent's values that is never cancelled by it."""
+    return _WithoutCancel(parent)
+
+
+def cause(ctx: Context) -> BaseException | None:
+    """Why ``ctx`` was cancelled: the cause given to its cancel, else ``ctx.err()``."""
+    node: Context | None = ctx
+    while node is not None and not node._cancellable and isinstance(node, _ValueContext):
+        node = node._parent
+    return node._cause if node is not None else None
+
+
+def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Callable[[], bool]:
+    """Run ``fn`` in a goroutine once ``ctx`` is done; the returned stop() prevents that."""
+    state = {"pending": True}
+
+    def fire() -> None:
+        if state["pending"]:
+            state["pending"] = False
+            go(fn)
+
+    node: Context | None = ctx
+    while node is not None and not node._cancellable:
+        node = node._parent
+    if node is None:
+        return lambda: False
+    if node._err is not None:
+        fire()
+    else:
+        node._after.append(fire)
+
+    def stop() -> bool:
+        was = state["pending"]
+        state["pending"] = False
+        return was
+
+    return stop

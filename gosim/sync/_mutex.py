@@ -1,0 +1,237 @@
+"""``Mutex`` and ``RWMutex`` with Go's semantics (``sync/mutex.go``, ``sync/rwmutex.go``).
+
+Mutex, normal mode: waiters queue FIFO, but a woken waiter does not own the lock: it
+competes with goroutines arriving meanwhile, and newcomers usually win (they are
+already running). A woken waiter that loses goes back to the *front* of the queue.
+Starvation mode, entered when a waiter has waited more than 1 ms (Go's
+``starvationThresholdNs``): ``unlock`` hands the lock directly to the first waiter and
+newcomers queue at the tail without trying. It ends when a waiter that gets the lock is
+the last one, or waited less than 1 ms. Time is the runtime clock, so virtual time
+makes the mode switches deterministic.
+
+Spinning: Go spins a few times before parking only when it can pay off: more than one
+P, other Ps running, and an empty local run queue (``sync_runtime_canSpin``). In a
+single-threaded driver another goroutine can only release the lock if this one lets it
+run, so "spinning" here is up to 4 yields (``gosched``) under the same conditions
+before parking; with one P, or nothing else running, it parks at once.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from collections.abc import Awaitable, Generator
+from typing import Any
+
+from gosim import lowlevel
+from gosim._chan import _DONE
+from gosim._core._exceptions import GosimError
+from gosim._core._sched import GOSCHED as _GOSCHED
+from gosim._core._sched import PARK as _PARK
+
+__all__ = ["FatalError", "Mutex", "RWMutex"]
+
+STARVATION_THRESHOLD = 1e-3  # seconds (Go: 1e6 ns)
+ACTIVE_SPIN = 4  # Go's active_spin
+
+
+class FatalError(GosimError):
+    """Go's ``fatal error``: an unrecoverable misuse such as unlocking an unlocked mutex.
+
+    It escapes the goroutine and stops the runtime (a Panic with this as its cause),
+    as Go's throw does; do not catch it.
+    """
+
+
+def _can_spin(iteration: int) -> bool:
+    """Go's sync_runtime_canSpin in this scheduler's terms."""
+    if iteration >= ACTIVE_SPIN:
+        return False
+    rt = lowlevel.current_runtime()
+    if len(rt.allp) <= 1:
+        return False
+    p = rt.curp
+    if p.runnext is not None or p.runq:
+        return False
+    return any(q is not p and q.has_work() for q in rt.allp)
+
+
+class Mutex:
+    """A mutual exclusion lock; ``async with mu:`` or ``await mu.lock()`` / ``mu.unlock()``."""
+
+    __slots__ = ("_locked", "_starving", "_waiters", "_woken")
+
+    def __init__(self) -> None:
+        self._locked = False
+        self._starving = False
+        # Invariant: each entry is [g, wait_start]; the head is served first.
+        self._waiters: deque[list[Any]] = deque()
+        self._woken = False  # a woken waiter is on its way to compete
+
+    def __repr__(self) -> str:
+        mode = "starving" if self._starving else "normal"
+        return f"<gosim.sync.Mutex locked={self._locked} {mode} waiters={len(self._waiters)}>"
+
+    @property
+    def starving(self) -> bool:
+        """True in starvation mode (for tests and dumps; Go has no such query)."""
+        return self._starving
+
+    def locked(self) -> bool:
+        return self._locked
+
+    def lock(self) -> Awaitable[None]:
+        """Acquire the lock; block (wait reason ``sync.Mutex.Lock``) while another holds it."""
+        if not self._locked and not self._starving and not self._waiters:
+            self._locked = True
+            return _DONE
+        return self._lock_slow()
+
+    @types.coroutine
+    def _lock_slow(self) -> Generator[Any, Any, None]:
+        rt = lowlevel.current_runtime()
+        g = lowlevel.current_g()
+        wait_start = 0.0
+        spins = 0
+        while True:
+            if not self._locked and not self._starving:
+                self._locked = True
+                return
+            if not self._starving and wait_start == 0.0 and _can_spin(spins):
+                spins += 1
+                yield _GOSCHED
+                continue
+            if wait_start == 0.0:
+                wait_start = rt.now()
+                self._waiters.append([g, wait_start])
+            else:
+                # A woken waiter that lost the race goes back to the front (Go: LIFO).
+                self._waiters.appendleft([g, wait_start])
+            g.waitreason = "sync.Mutex.Lock"
+            handed = yield _PARK
+            waited = rt.now() - wait_start
+            if handed:
+                # Starvation mode handed the lock to us. Leave the mode if we are the last
+                # waiter or did not really starve (Go's two exit conditions).
+                if waited < STARVATION_THRESHOLD or not self._waiters:
+                    self._starving = False
+                return
+            self._woken = False
+            if not self._locked:
+                self._locked = True  # the lock is free: the woken waiter takes it
+                return
+            # A newcomer took it first. Waiting too long switches to starvation mode.
+            if waited > STARVATION_THRESHOLD:
+                self._starving = True
+
+    def try_lock(self) -> bool:
+        """Acquire without blocking; False if held (or in starvation mode)."""
+        if self._locked or self._starving:
+            return False
+        self._locked = True
+        return True
+
+    def unlock(self) -> None:
+        """Release the lock. Unlocking an unlocked mutex is Go's fatal error."""
+        if not self._locked:
+            raise FatalError("fatal error: sync: unlock of unlocked mutex")
+        if self._starving:
+            if self._waiters:
+                g, _ = self._waiters.popleft()
+                lowlevel.ready(g, True)  # ownership handed over: stays locked
+                return
+            self._starving = False
+        self._locked = False
+        if self._waiters and not self._woken:
+            g, _ = self._waiters.popleft()
+            self._woken = True
+            lowlevel.ready(g, False)  # wake one to compete
+
+    async def __aenter__(self) -> None:
+        await self.lock()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.unlock()
+
+
+class RWMutex:
+    """A reader/writer lock with writer preference: a waiting writer blocks new readers."""
+
+    __slots__ = ("_readers", "_rwait", "_writer", "_wwait")
+
+    def __init__(self) -> None:
+        self._readers = 0  # readers holding the lock
+        self._writer = False
+        self._rwait: deque[Any] = deque()  # readers parked
+        self._wwait: deque[Any] = deque()  # writers parked
+
+    def rlock(self) -> Awaitable[None]:
+        """Acquire for reading (wait reason ``sync.RWMutex.RLock``)."""
+        if not self._writer and not self._wwait:
+            self._readers += 1
+            return _DONE
+        return self._park(self._rwait, "sync.RWMutex.RLock")
+
+    def try_rlock(self) -> bool:
+        if self._writer or self._wwait:
+            return False
+        self._readers += 1
+        return True
+
+    def runlock(self) -> None:
+        if self._readers <= 0:
+            raise FatalError("fatal error: sync: RUnlock of unlocked RWMutex")
+        self._readers -= 1
+        if self._readers == 0 and self._wwait:
+            self._writer = True
+            lowlevel.ready(self._wwait.popleft(), None)
+
+    def lock(self) -> Awaitable[None]:
+        """Acquire for writing (wait reason ``sync.RWMutex.Lock``)."""
+        if not self._writer and self._readers == 0 and not self._wwait:
+            self._writer = True
+            return _DONE
+        return self._park(self._wwait, "sync.RWMutex.Lock")
+
+    def try_lock(self) -> bool:
+        if self._writer or self._readers:
+            return False
+        self._writer = True
+        return True
+
+    def unlock(self) -> None:
+        if not self._writer:
+            raise FatalError("fatal error: sync: Unlock of unlocked RWMutex")
+        self._writer = False
+        if self._rwait:
+            # Readers that arrived during the write go next, all at once.
+            while self._rwait:
+                self._readers += 1
+                lowlevel.ready(self._rwait.popleft(), None)
+        elif self._wwait:
+            self._writer = True
+            lowlevel.ready(self._wwait.popleft(), None)
+
+    @types.coroutine
+    def _park(self, queue: deque[Any], reason: str) -> Generator[Any, Any, None]:
+        g = lowlevel.current_g()
+        queue.append(g)
+        g.waitreason = reason
+        yield _PARK  # the waker already counted us in
+
+    def rlocker(self) -> _RLocker:
+        """A Locker whose lock/unlock are rlock/runlock (Go's RLocker)."""
+        return _RLocker(self)
+
+
+class _RLocker:
+    __slots__ = ("_rw",)
+
+    def __init__(self, rw: RWMutex) -> None:
+        self._rw = rw
+
+    def lock(self) -> Awaitable[None]:
+        return self._rw.rlock()
+
+    def unlock(self) -> None:
+        self._rw.runlock()

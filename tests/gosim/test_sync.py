@@ -1,0 +1,395 @@
+"""gosim.sync with Go's behaviour: starvation mode on and off under the 1 ms rule,
+writer preference, misuse messages, wait reasons in deadlock dumps, no lost wakeups."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import gosim
+from gosim import Chan, context, go
+from gosim.sync import (
+    Cond,
+    ErrGroup,
+    FatalError,
+    Mutex,
+    Once,
+    Pool,
+    RWMutex,
+    Semaphore,
+    SyncPanic,
+    WaitGroup,
+)
+
+
+def vrun(main, *args, procs=2, seed=1):  # type: ignore[no-untyped-def]
+    return gosim.run(main, *args, procs=procs, seed=seed, virtual_time=True)
+
+
+def test_mutex_protects_a_counter_across_yields() -> None:
+    async def main() -> int:
+        mu = Mutex()
+        wg = WaitGroup()
+        total = 0
+
+        async def worker() -> None:
+            nonlocal total
+            for _ in range(100):
+                async with mu:
+                    v = total
+                    await gosim.gosched()  # a preemption point inside the critical section
+                    total = v + 1
+
+        for _ in range(10):
+            wg.go(worker)
+        await wg.wait()
+        return total
+
+    assert vrun(main, procs=3) == 1000
+
+
+def test_starvation_mode_switches_on_after_1ms_and_off_when_the_last_waiter_is_served() -> None:
+    async def main() -> list[tuple[str, bool]]:
+        mu = Mutex()
+        log: list[tuple[str, bool]] = []
+        await mu.lock()
+        started: Chan[None] = Chan(3)
+
+        async def waiter(name: str) -> None:
+            await started.send(None)
+            await mu.lock()
+            log.append((name, mu.starving))
+            await gosim.sleep(0.002)  # hold it 2 ms: the next waiter starves
+            mu.unlock()
+
+        go(waiter, "a")
+        go(waiter, "b")
+        for _ in range(2):
+            await started.recv()
+        await gosim.sleep(0.002)  # both waiters queue for 2 ms
+        mu.unlock()  # normal mode: the first waiter is woken to compete...
+        await mu.lock()  # ...and main, already running, barges in first
+        log.append(("main", mu.starving))
+        await gosim.sleep(0.002)  # the woken waiter finds it taken after > 1 ms: starving
+        mu.unlock()  # starvation mode: handed straight to that waiter
+        await gosim.sleep(0.01)
+        await mu.lock()
+        log.append(("end", mu.starving))
+        mu.unlock()
+        return log
+
+    log = vrun(main, procs=1)
+    assert log[0][0] == "main" and log[-1][0] == "end"
+    assert [starving for _, starving in log] == [
+        False,  # main barged in normal mode
+        True,  # the first waiter got it by handoff and another still waits: starving
+        False,  # the last waiter was served: back to normal mode
+        False,
+    ]
+
+
+def test_unlock_of_unlocked_mutex_is_a_fatal_error() -> None:
+    async def main() -> None:
+        Mutex().unlock()
+
+    with pytest.raises(gosim.Panic) as info:
+        vrun(main)
+    assert isinstance(info.value.__cause__, FatalError)
+    assert str(info.value.__cause__) == "fatal error: sync: unlock of unlocked mutex"
+
+
+def test_rwmutex_writer_preference() -> None:
+    async def main() -> list[str]:
+        rw = RWMutex()
+        log: list[str] = []
+        await rw.rlock()
+
+        async def writer() -> None:
+            await rw.lock()
+            log.append("writer")
+            rw.unlock()
+
+        async def late_reader() -> None:
+            await rw.rlock()
+            log.append("late reader")
+            rw.runlock()
+
+        go(writer)
+        await gosim.sleep(0.001)  # the writer waits for our read lock
+        go(late_reader)
+        await gosim.sleep(0.001)  # a pending writer blocks new readers
+        log.append("first reader done")
+        rw.runlock()
+        await gosim.sleep(0.001)
+        return log
+
+    assert vrun(main) == ["first reader done", "writer", "late reader"]
+
+
+def test_rwmutex_misuse_messages() -> None:
+    async def runlock() -> None:
+        RWMutex().runlock()
+
+    async def unlock() -> None:
+        RWMutex().unlock()
+
+    for fn, msg in (
+        (runlock, "RUnlock of unlocked RWMutex"),
+        (unlock, "Unlock of unlocked RWMutex"),
+    ):
+        with pytest.raises(gosim.Panic) as info:
+            vrun(fn)
+        assert str(info.value.__cause__) == f"fatal error: sync: {msg}"
+
+
+def test_waitgroup_misuse_messages() -> None:
+    async def negative() -> None:
+        WaitGroup().done()
+
+    with pytest.raises(gosim.Panic) as info:
+        vrun(negative)
+    assert str(info.value.__cause__) == "sync: negative WaitGroup counter"
+
+    async def reused() -> None:
+        wg = WaitGroup()
+        wg.add(1)
+
+        async def waiter() -> None:
+            await wg.wait()
+
+        go(waiter)
+        await gosim.sleep(0.001)
+        wg.done()  # the waiter is released but has not returned yet...
+        wg.add(1)  # ...so reusing the group now is Go's misuse
+
+    with pytest.raises(gosim.Panic) as info:
+        vrun(reused)
+    assert isinstance(info.value.__cause__, SyncPanic)
+    assert (
+        str(info.value.__cause__) == "sync: WaitGroup is reused before previous Wait has returned"
+    )
+
+
+def test_wait_reasons_show_in_deadlock_dumps() -> None:
+    async def main() -> None:
+        mu = Mutex()
+        await mu.lock()
+        wg = WaitGroup()
+        wg.add(1)
+        cond = Cond(Mutex())
+
+        async def locker() -> None:
+            await mu.lock()
+
+        async def condwait() -> None:
+            await cond.locker.lock()
+            await cond.wait()
+
+        go(locker)
+        go(condwait)
+        await wg.wait()
+
+    with pytest.raises(gosim.Deadlock) as info:
+        vrun(main, procs=1)
+    dump = str(info.value)
+    assert "goroutine 1 [sync.WaitGroup.Wait]:" in dump
+    assert "goroutine 2 [sync.Mutex.Lock]:" in dump
+    assert "goroutine 3 [sync.Cond.Wait]:" in dump
+
+
+def test_once_runs_once_and_a_raising_function_counts_as_done() -> None:
+    async def main() -> tuple[int, int]:
+        once = Once()
+        calls = 0
+
+        async def init() -> None:
+            nonlocal calls
+            calls += 1
+            await gosim.sleep(0.01)
+
+        wg = WaitGroup()
+        for _ in range(5):
+            wg.go(once.do, init)
+        await wg.wait()
+        failing = Once()
+        raised = 0
+
+        def boom() -> None:
+            nonlocal raised
+            raised += 1
+            raise ValueError("boom")
+
+        with pytest.raises(ValueError):
+            await failing.do(boom)
+        await failing.do(boom)  # done already: not called again
+        return calls, raised
+
+    assert vrun(main) == (1, 1)
+
+
+def test_cond_signal_and_broadcast() -> None:
+    async def main() -> list[int]:
+        mu = Mutex()
+        cond = Cond(mu)
+        ready = 0
+        woke: list[int] = []
+        wg = WaitGroup()
+
+        async def waiter(i: int) -> None:
+            async with mu:
+                while ready < i:
+                    await cond.wait()
+                woke.append(i)
+
+        for i in (1, 2, 2):
+            wg.go(waiter, i)
+        await gosim.sleep(0.001)
+        async with mu:
+            ready = 1
+            cond.signal()
+        await gosim.sleep(0.001)
+        async with mu:
+            ready = 2
+            cond.broadcast()
+        await wg.wait()
+        return woke
+
+    assert vrun(main) == [1, 2, 2]
+
+
+def test_pool_per_p_private_shared_and_steal() -> None:
+    async def main() -> dict[str, int]:
+        pool: Pool[list[int]] = Pool(new=list)
+        a = pool.get()
+        b = pool.get()
+        assert a is not None and b is not None
+        pool.put(a)
+        pool.put(b)
+        assert pool.get() is a  # private slot first
+        assert pool.get() is b  # then the shared list
+        pool.put(a)
+        pool.put(b)
+        got: Chan[object] = Chan(1)
+
+        async def elsewhere() -> None:
+            await got.send(pool.get())
+
+        gosim.gomaxprocs(2)
+        go(elsewhere)
+        await got.recv()
+        return pool.stats
+
+    stats = vrun(main, procs=2)
+    assert stats["new"] == 2 and stats["private"] >= 1 and stats["shared"] >= 1
+
+
+def test_errgroup_first_error_cancels_the_context() -> None:
+    async def main() -> tuple[str, str, int]:
+        group, ctx = ErrGroup.with_context(context.background())
+        finished = 0
+
+        async def slow() -> None:
+            nonlocal finished
+            i, _, _ = await gosim.select(gosim.recv(ctx.done()), gosim.recv(gosim.after(10)))
+            finished += i == 0
+
+        async def fails() -> None:
+            await gosim.sleep(0.5)
+            raise KeyError("first")
+
+        async def fails_later() -> None:
+            await gosim.sleep(1)
+            raise KeyError("second")
+
+        for fn in (slow, slow, fails, fails_later):
+            await group.go(fn)
+        err = await group.wait()
+        return repr(err), str(ctx.err()), finished
+
+    assert vrun(main) == ("KeyError('first')", "context canceled", 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 8), procs=st.integers(1, 4))
+def test_no_lost_wakeups_under_many_schedules(seed: int, n: int, procs: int) -> None:
+    async def main() -> int:
+        mu = Mutex()
+        sem = Semaphore(2)
+        wg = WaitGroup()
+        count = 0
+
+        async def worker(k: int) -> None:
+            nonlocal count
+            for i in range(5):
+                await sem.acquire()
+                async with mu:
+                    count += 1
+                    if (k + i) % 3 == 0:
+                        await gosim.sleep(0.0005 * k)
+                sem.release()
+                await gosim.gosched()
+
+        for k in range(n):
+            wg.go(worker, k)
+        await wg.wait()
+        return count
+
+    assert vrun(main, procs=procs, seed=seed) == 5 * n
+
+
+class SemaphoreMachine(RuleBasedStateMachine):
+    """Semaphore against a model: FIFO grants, no barging, units conserved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 5
+        self.held: list[int] = []  # units each finished acquire holds
+        self.queue: list[int] = []  # sizes of parked acquirers, FIFO
+        self.ops: list[tuple[str, int]] = []
+
+    @rule(n=st.integers(1, 5))
+    def acquire(self, n: int) -> None:
+        self.ops.append(("acquire", n))
+        if not self.queue and self.size - sum(self.held) >= n:
+            self.held.append(n)
+        else:
+            self.queue.append(n)
+
+    @precondition(lambda self: bool(self.held))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        idx = data.draw(st.integers(0, len(self.held) - 1))
+        n = self.held.pop(idx)
+        self.ops.append(("release", n))
+        while self.queue and self.size - sum(self.held) >= self.queue[0]:
+            self.held.append(self.queue.pop(0))
+
+    @invariant()
+    def runtime_agrees(self) -> None:
+        ops = list(self.ops)
+
+        async def main() -> tuple[int, int]:
+            sem = Semaphore(5)
+            for kind, n in ops:
+                if kind == "acquire":
+                    if sem.try_acquire(n) is False:
+                        go(sem.acquire, n)
+                        await gosim.sleep(0.001)
+                else:
+                    sem.release(n)
+                    await gosim.sleep(0.001)
+            return sem._cur, len(sem._waiters)
+
+        try:
+            cur, waiting = vrun(main, procs=1)
+        except gosim.Deadlock:  # parked acquirers left at the end are fine
+            return
+        assert (cur, waiting) == (sum(self.held), len(self.queue))
+
+
+SemaphoreMachine.TestCase.settings = settings(
+    max_examples=25, stateful_step_count=12, deadline=None
+)
+TestSemaphoreMachine = SemaphoreMachine.TestCase
