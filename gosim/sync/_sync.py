@@ -40,7 +40,14 @@ def _park(queue: deque[Any] | list[Any], reason: str) -> Generator[Any, Any, Any
 
 
 class WaitGroup:
-    """Wait for a collection of goroutines: ``add``, ``done``, ``wait``; ``go(fn, *args)``."""
+    """Wait for a collection of goroutines: ``add``, ``done``, ``wait``; ``go(fn, *args)``.
+
+    Go's misuse panics: ``sync: negative WaitGroup counter`` from ``add``, and
+    ``sync: WaitGroup is reused before previous Wait has returned`` from a ``wait``
+    that wakes to find the counter raised again (as in Go, the waiter detects it).
+    Go's third, ``Add called concurrently with Wait``, needs ``add`` and ``wait`` to
+    interleave inside their own bodies, which a cooperative scheduler never does.
+    """
 
     __slots__ = ("_count", "_releasing", "_waiters")
 
@@ -50,9 +57,6 @@ class WaitGroup:
         self._releasing = 0  # waiters readied by the last done() and not yet returned
 
     def add(self, delta: int) -> None:
-        if self._releasing and delta > 0:
-            # Waiters of the previous round have not all returned from wait yet.
-            raise SyncPanic("sync: WaitGroup is reused before previous Wait has returned")
         count = self._count + delta
         if count < 0:
             raise SyncPanic("sync: negative WaitGroup counter")
@@ -72,6 +76,8 @@ class WaitGroup:
             return
         await _park(self._waiters, "sync.WaitGroup.Wait")
         self._releasing -= 1
+        if self._count != 0:
+            raise SyncPanic("sync: WaitGroup is reused before previous Wait has returned")
 
     def go(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start ``fn(*args)`` in a goroutine counted by this group (Go 1.25's ``wg.Go``)."""

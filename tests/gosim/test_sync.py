@@ -162,7 +162,8 @@ def test_waitgroup_misuse_messages() -> None:
         go(waiter)
         await gosim.sleep(0.001)
         wg.done()  # the waiter is released but has not returned yet...
-        wg.add(1)  # ...so reusing the group now is Go's misuse
+        wg.add(1)  # ...so reusing the group now is Go's misuse, which the waiter detects
+        await gosim.sleep(0.001)
 
     with pytest.raises(gosim.Panic) as info:
         vrun(reused)
