@@ -53,7 +53,9 @@ def _can_spin(iteration: int) -> bool:
     p = rt.curp
     if p.runnext is not None or p.runq:
         return False
-    return any(q is not p and q.has_work() for q in rt.allp)
+    # "Other Ps running": with one driver thread, another P runs when it has work of
+    # its own or can take some from the global queue.
+    return bool(rt.globrunq) or any(q is not p and q.has_work() for q in rt.allp)
 
 
 class Mutex:

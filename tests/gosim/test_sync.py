@@ -22,6 +22,7 @@ from gosim.sync import (
     SyncPanic,
     WaitGroup,
 )
+from gosim.sync._mutex import _can_spin
 
 
 def vrun(main, *args, procs=2, seed=1):  # type: ignore[no-untyped-def]
@@ -394,3 +395,49 @@ SemaphoreMachine.TestCase.settings = settings(
     max_examples=25, stateful_step_count=12, deadline=None
 )
 TestSemaphoreMachine = SemaphoreMachine.TestCase
+
+
+def test_spinning_rule_in_the_schedulers_terms() -> None:
+    """Go's canSpin: more than one P, other Ps with work, this P's queue empty, < 4 spins."""
+    async def noop() -> None:
+        pass
+
+    async def main() -> tuple[bool, bool, bool, bool]:
+        rt = gosim.lowlevel.current_runtime()
+        idle = _can_spin(0)  # nobody else has work: spinning cannot help
+        go(noop)  # now this P's own queue holds work: park instead, let it run
+        own_queue = _can_spin(0)
+        await gosim.gosched()  # run it
+        other = next(p for p in rt.allp if p is not rt.curp)
+        other.runq.append(gosim.lowlevel.G())  # a placeholder: removed before any switch
+        other_p_busy = _can_spin(0)
+        too_many = _can_spin(4)
+        other.runq.clear()
+        return idle, own_queue, other_p_busy, too_many
+
+    assert vrun(main, procs=3) == (False, False, True, False)
+
+    async def one_p() -> bool:
+        go(noop)
+        return _can_spin(0)
+
+    assert vrun(one_p, procs=1) is False
+
+
+def test_pool_steals_from_another_ps_shared_list() -> None:
+    async def main() -> dict[str, int]:
+        pool: Pool[str] = Pool()
+        for item in ("a", "b", "c"):
+            pool.put(item)  # P0: private "a", shared ["c", "b"]
+        rt = gosim.lowlevel.current_runtime()
+        home = rt.curp
+        rt.curp = rt.allp[1]  # look at the pool as a goroutine on P1 would
+        try:
+            stolen = pool.get()
+        finally:
+            rt.curp = home
+        assert stolen == "b"  # the tail of P0's shared list
+        return pool.stats
+
+    stats = vrun(main, procs=2)
+    assert stats["stolen"] == 1
