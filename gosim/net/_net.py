@@ -242,11 +242,12 @@ class Conn:
 class Listener:
     """A listening socket; ``accept`` parks until a connection arrives."""
 
-    __slots__ = ("_accepting", "_closed", "_pd", "_sock", "network")
+    __slots__ = ("_accepting", "_addr", "_closed", "_pd", "_sock", "network")
 
     def __init__(self, sock: socket.socket, network: str) -> None:
         sock.setblocking(False)
         self._sock = sock
+        self._addr = _format_addr(sock.getsockname())  # kept after close, as Go's Addr()
         self.network = network
         self._pd = netpoller().register(sock.fileno())
         self._pd.owner = sock
@@ -254,8 +255,8 @@ class Listener:
         self._accepting = False
 
     def addr(self) -> str:
-        """The bound address (with the port the kernel chose for ``:0``)."""
-        return _format_addr(self._sock.getsockname())
+        """The bound address (with the port the kernel chose for ``:0``), even after close."""
+        return self._addr
 
     async def accept(self) -> Conn:
         if self._closed:
@@ -291,7 +292,7 @@ class Listener:
             return
         self._closed = True
         self._pd.close()
-        path = self._sock.getsockname() if self.network == "unix" else None
+        path = self._addr if self.network == "unix" else None
         self._sock.close()
         if isinstance(path, str) and path and not path.startswith("\0"):
             try:
