@@ -8,6 +8,7 @@ Kernels use the same lock by taking ``lock.words`` (and, for MCS/CLH, a slot fro
 
 from __future__ import annotations
 
+import abc
 import os
 import threading
 import weakref
@@ -46,7 +47,7 @@ def new_words(lines: int) -> npt.NDArray[np.int64]:
     return raw[skip : skip + lines * k.LINE_WORDS]
 
 
-class SpinLock:
+class SpinLock(abc.ABC):
     """Base of the spinlocks: ``acquire``/``release``/``try_acquire``, ``locked``, and
     use as a context manager. Not reentrant: a thread that acquires a lock it holds
     spins forever. Releasing a lock you do not hold breaks it (RuntimeLock alone detects
@@ -66,18 +67,22 @@ class SpinLock:
     def __init__(self) -> None:
         self.words = new_words(self.lines)
 
+    @abc.abstractmethod
     def acquire(self) -> None:
         """Spin (without the GIL) until the lock is held by the caller."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def try_acquire(self) -> bool:
         """Take the lock if that needs no waiting; return whether it was taken."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def release(self) -> None:
         """Release the lock, which the caller must hold."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def locked(self) -> bool:
         """Whether some thread holds the lock (a snapshot; it may change at once)."""
         raise NotImplementedError
@@ -236,7 +241,9 @@ class QueueSpinLock(SpinLock):
         """Slots available: threads (and reservations) that may use the lock at once."""
         return self._slots.size
 
+    @abc.abstractmethod
     def _lines_for(self, slots: int) -> int:
+        """How many 128-byte lines the words array needs for ``slots`` waiters."""
         raise NotImplementedError
 
     def _init_words(self, slots: int) -> None:
