@@ -20,8 +20,9 @@ How a goroutine runs, fast to slow
 3. The driver's loop is Go's ``schedule``: take the next P in turn, find a G for it
    (``findrunnable``: every 61st tick the global queue first, then ``runnext``, the
    local queue, expired timers, the global queue, goroutines readied from outside, then
-   stealing half of a random victim's queue for a few rounds, its ``runnext`` only in
-   the last round) and step it with ``coro.send`` until it traps.
+   stealing half of a random victim's local queue for a few rounds; never its
+   ``runnext``, which the victim runs on its next turn, see ``findrunnable``) and step
+   it with ``coro.send`` until it traps.
 4. When no P finds work the driver idles in trio until the earliest timer, a syscall's
    or trio call's completion, or a new ``rt.call``. If none of those can ever come, it
    stops with Go's deadlock error and a goroutine dump.
@@ -660,14 +661,18 @@ class Runtime:
         nump = len(self.allp)
         if nump > 1:
             rng = self.rng
-            for attempt in range(STEAL_ROUNDS):
-                last = attempt == STEAL_ROUNDS - 1
+            for _ in range(STEAL_ROUNDS):
                 start = rng.randrange(nump)
                 for i in range(nump):
                     victim = self.allp[(start + i) % nump]
                     if victim is p:
                         continue
-                    g = self.runqsteal(p, victim, last)
+                    # Go steals a victim's runnext in the last round because the
+                    # victim's M may be stuck running a long G. Here every P gets its
+                    # turn within one rotation, so its runnext is about to run anyway:
+                    # stealing it would only move goroutines off their P (a woken
+                    # partner, a G back from a syscall) for nothing.
+                    g = self.runqsteal(p, victim, False)
                     if g is not None:
                         return g
         return None
@@ -982,6 +987,7 @@ class Runtime:
 
     def _entersyscall(self, g: G, p: P, trap: _SyscallTrap) -> None:
         g.status = SYSCALL
+        g.p = p  # exitsyscall (_drain_inject) hands g back to this P if it is idle then
         self.nsyscalls += 1
         if p.has_work() or self.globrunq:
             # handoffp: this P has work, so it goes to another M while g's M blocks.
@@ -1017,6 +1023,7 @@ class Runtime:
     def _start_trio_call(self, g: G, p: P, trap: _TrioCallTrap) -> None:
         g.status = WAITING
         g.waitreason = _g.WAIT_TRIO_CALL
+        g.p = p  # like a syscall: back to this P when it is idle
         self.ntriocalls += 1
         if self.deterministic:
             # Reproducible: the driver awaits the call itself before stepping anyone else.

@@ -370,10 +370,19 @@ def test_stats_counts_creation_switches_and_steals() -> None:
             go(work)
         for _ in range(1000):
             await done.recv()
+        # 200 more that never touch the global queue: they sit in this P's local queue
+        # (it holds 256), so the idle Ps can only get work by stealing half of it.
+        async def signal() -> None:
+            await done.send(None)
+
+        for _ in range(200):
+            go(signal)
+        for _ in range(200):
+            await done.recv()
         return gosim.stats()
 
     s = gosim.run(main, procs=4, seed=7, virtual_time=True)
-    assert s.created == 1001
+    assert s.created == 1201
     assert s.procs == 4 and len(s.local_runq) == 4
     assert s.context_switches >= 4 * 1000
     assert s.steals > 0 and s.goroutines_stolen >= s.steals
@@ -515,3 +524,21 @@ def test_new_goroutine_runs_on_an_idle_p_soon_after_its_creator_blocks() -> None
         return -1
 
     assert gosim.run(main, procs=2, seed=11, virtual_time=True) in (0, 1)
+
+
+def test_a_goroutine_returning_from_a_syscall_goes_back_to_its_idle_p() -> None:
+    # Go's exitsyscall: reacquire the old P when it is idle, rather than the global queue.
+    def syscall_then_run_ps(seed: int) -> tuple[int, int]:
+        trace = gosim.Trace()
+
+        async def main() -> None:
+            await gosim.syscall(time.sleep, 0.01)
+
+        gosim.run(main, procs=4, seed=seed, trace=trace)
+        mine = [(e[2], e[3]) for e in trace.events if e[4] == 1 and e[2] in ("syscall", "run")]
+        i = next(k for k, (kind, _) in enumerate(mine) if kind == "syscall")
+        return mine[i][1], mine[i + 1][1]
+
+    for seed in range(5):
+        before, after = syscall_then_run_ps(seed)
+        assert after == before
