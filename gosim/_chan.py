@@ -30,12 +30,14 @@ The zero value is ``None`` (Python has no typed zero values).
 from __future__ import annotations
 
 import asyncio
+import sys
 import types
 from collections import deque
 from collections.abc import Awaitable, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gosim._core import _sched
+from gosim._core._accel import speedups
 from gosim._core._exceptions import (
     CloseOfClosedChannel,
     CloseOfNilChannel,
@@ -117,7 +119,7 @@ class Chan(Generic[T]):
     def __init__(self, cap: int = 0) -> None:
         if not isinstance(cap, int) or isinstance(cap, bool):
             raise TypeError(f"makechan: size must be an int, got {type(cap).__name__}")
-        if cap < 0:
+        if cap < 0 or cap > sys.maxsize:
             raise ValueError("makechan: size out of range")
         self._cap = cap
         self._buf: deque[T] = deque()
@@ -381,6 +383,12 @@ class Chan(Generic[T]):
     def __len__(self) -> int:
         return len(self._buf)
 
+    def _clear_buf(self) -> int:
+        """Drop every buffered value; return how many there were (timer channels)."""
+        n = len(self._buf)
+        self._buf.clear()
+        return n
+
     def __bool__(self) -> bool:
         # A channel is a handle, not a container: `if ch:` means "not nil" as in Go,
         # whatever is buffered (without this, an empty channel would be falsy via len).
@@ -443,6 +451,12 @@ class Chan(Generic[T]):
         if not g.ok:
             raise StopAsyncIteration
         return v
+
+
+if not TYPE_CHECKING and speedups is not None:
+    # The C implementation of this class (gosim/_speedups.c), same contract.
+    Chan = speedups.Chan
+    _DONE = speedups.DONE
 
 
 def close(ch: Chan[Any] | None) -> None:

@@ -91,11 +91,7 @@ class Timer:
         rt.addtimer(self._t, rt.now() + max(d, 0.0))
 
     def _drain(self) -> bool:
-        buf = self.c._buf
-        if buf:
-            buf.clear()
-            return True
-        return False
+        return self.c._clear_buf() > 0
 
     def stop(self) -> bool:
         """Stop the timer; True if it was pending (a fired, unreceived value counts)."""
@@ -129,7 +125,7 @@ class Ticker:
     def stop(self) -> None:
         """Stop ticking; no tick from before the call is received afterwards."""
         self._rt.deltimer(self._t)
-        self.c._buf.clear()
+        self.c._clear_buf()
 
     def reset(self, d: float) -> None:
         """Tick every ``d`` seconds from now on."""

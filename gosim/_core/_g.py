@@ -22,7 +22,9 @@ G records avoid reference cycles once the goroutine is dead: the scheduler clear
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from gosim._core._accel import speedups
 
 IDLE: Final = 0  # just allocated, never run (Go's _Gidle)
 RUNNABLE: Final = 1  # on a run queue, not running (_Grunnable)
@@ -64,37 +66,48 @@ WAIT_IO: Final = "IO wait"
 WAIT_TRIO_CALL: Final = "trio call"
 
 
-class G:
+if TYPE_CHECKING or speedups is None:
+
+    class _GFields:
+        """A goroutine record's fields (the C accelerator's ``GBase`` has the same)."""
+
+        __slots__ = (
+            "coro",
+            "elem",
+            "fn",
+            "goid",
+            "ok",
+            "p",
+            "param",
+            "parent",
+            "selectdone",
+            "status",
+            "waitreason",
+        )
+
+        def __init__(self) -> None:
+            self.goid = 0
+            self.coro: Any = None  # Invariant: None exactly when status is IDLE or DEAD
+            self.fn: Any = None  # the function started, for dumps
+            self.status = IDLE
+            self.waitreason = ""
+            # The value handed to the G when it is next stepped (coro.send(param)).
+            self.param: Any = None
+            self.elem: Any = None  # value being sent while parked in a channel's sendq
+            self.ok = True  # receive: False when woken by close; send: False = closed
+            self.p: Any = None  # the P this G left for a syscall (exitsyscall prefers it)
+            self.parent = 0  # goid of the creator, for "created by" in dumps
+            self.selectdone = False  # Invariant: set once one of a select's cases fired
+
+else:
+    _GFields = speedups.GBase
+
+
+class G(_GFields):
     """One goroutine's record. Fields are read and written by the scheduler and channels."""
 
-    __slots__ = (
-        "coro",
-        "elem",
-        "fn",
-        "goid",
-        "ok",
-        "p",
-        "param",
-        "parent",
-        "selectdone",
-        "status",
-        "waitreason",
-    )
+    __slots__ = ()
     issel: bool = False  # class constant: a plain G waiting in a channel queue
-
-    def __init__(self) -> None:
-        self.goid = 0
-        self.coro: Any = None  # Invariant: None exactly when status is IDLE or DEAD
-        self.fn: Any = None  # the function started, for dumps
-        self.status = IDLE
-        self.waitreason = ""
-        # The value handed to the G when it is next stepped (coro.send(param)).
-        self.param: Any = None
-        self.elem: Any = None  # value being sent while parked in a channel's sendq
-        self.ok = True  # receive: False when woken by close; send: False = closed
-        self.p: Any = None  # the P this G last ran on (exitsyscall prefers it)
-        self.parent = 0  # goid of the creator, for "created by" in dumps
-        self.selectdone = False  # Invariant: set once one of a select's cases fired
 
     def __repr__(self) -> str:
         return f"<G {self.goid} {STATUS_NAMES[self.status]} {self.waitreason!r}>"

@@ -65,13 +65,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Gener
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import CoroutineType as _CoroutineType
-from typing import IO, Any, Final, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import outcome
 import trio
 import trio.testing
 
-from gosim._core import _g
+from gosim._core import _exceptions, _g
+from gosim._core._accel import speedups
 from gosim._core._exceptions import Deadlock, GosimError, NotInRuntime, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, SYSCALL, WAITING, G
 from gosim._core._netpoll import NetPoller
@@ -91,6 +92,11 @@ PERIODIC_MASK: Final = 255  # timers and trio are checked every 256 switches
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
 DEFAULT_MAX_THREADS: Final = 10_000  # Go's default limit on threads (debug.SetMaxThreads)
 GC_YOUNG_THRESHOLD: Final = 10_000  # run() paces CPython's young GC like this (see run)
+
+# What the C inner loop (RuntimeBase._burst) hands back to the driver.
+_BURST_END: Final = 0
+_BURST_TRAP: Final = 1
+_BURST_EXIT: Final = 2
 
 # Traps: what a goroutine's coroutine yields to the driver.
 PARK: Final = "park"
@@ -124,19 +130,57 @@ def _trap(what: Any) -> Generator[Any, Any, Any]:
     return (yield what)
 
 
-class P:
+if TYPE_CHECKING or speedups is None:
+
+    class _PFields:
+        """A processor's fields (the C accelerator's ``PBase`` has the same)."""
+
+        __slots__ = ("gfree", "id", "runnext", "runq", "schedtick", "timers")
+
+        runnext: G | None
+        runq: deque[G]
+        timers: TimerHeap
+        gfree: list[G]
+        id: int
+        schedtick: int
+
+    class _RuntimeFields:
+        """What the hot paths read and write on a runtime (``RuntimeBase`` in C)."""
+
+        curg: G | None
+        curp: P
+        trace: Trace | None
+        allg: dict[int, G]
+        call_boxes: dict[int, _CallBox]
+        nswitch: int
+        goidgen: int
+        main_goexited: bool
+        gfree: list[G]  # global dead-G list (Go's sched.gFree)
+
+        if TYPE_CHECKING:
+            # RuntimeBase._burst (gosim/_speedups.c); the pure-Python driver never calls it.
+            def _burst(self, p: P, g: G | None, burst_end: int) -> tuple[int, G, Any]: ...
+
+    _burst_available = False
+else:
+    _PFields = speedups.PBase
+    _RuntimeFields = speedups.RuntimeBase
+    _burst_available = True
+
+
+class P(_PFields):
     """A processor. Fields are touched only by the driver and by code running on this P."""
 
-    __slots__ = ("gfree", "id", "runnext", "runq", "schedtick", "timers")
+    __slots__ = ()
 
     def __init__(self, pid: int) -> None:
         self.id = pid
         # Invariant: runnext is not also in runq; len(runq) <= RUNQ_SIZE.
-        self.runnext: G | None = None
-        self.runq: deque[G] = deque()
+        self.runnext = None
+        self.runq = deque()
         self.schedtick = 0
         self.timers = TimerHeap()
-        self.gfree: list[G] = []  # dead Gs for reuse (Go's p.gFree)
+        self.gfree = []  # dead Gs for reuse (Go's p.gFree)
 
     def has_work(self) -> bool:
         return self.runnext is not None or bool(self.runq)
@@ -174,13 +218,26 @@ class _State(threading.local):
 
     Invariant: ``rt`` is not None exactly while a driver on this thread is inside its
     stepping loop (None while it awaits trio). Thread-local so that runtimes in several
-    threads (each its own trio.run) never see each other's scheduler.
+    threads (each its own trio.run) never see each other's scheduler. The C accelerator
+    keeps the same slot in C thread-local storage, where its channel code reads it.
     """
 
     rt: Runtime | None = None
 
 
-_state = _State()
+_state: _State = _State() if speedups is None else speedups.State()
+if speedups is not None:
+    speedups.configure(
+        park=PARK,
+        preempt=PREEMPT,
+        send_on_closed=_exceptions.SendOnClosedChannel,
+        close_of_closed=_exceptions.CloseOfClosedChannel,
+        not_in_runtime=NotInRuntime,
+        wait_recv=_g.WAIT_CHAN_RECEIVE,
+        wait_send=_g.WAIT_CHAN_SEND,
+        op_budget=OP_BUDGET,
+        g_class=G,
+    )
 
 
 def current_runtime() -> Runtime:
@@ -228,7 +285,7 @@ class _CallBox:
         self.done.set()
 
 
-class Runtime:
+class Runtime(_RuntimeFields):
     """One scheduler instance: its Ps, global queue, timers, counters and driver task.
 
     Made by :func:`open_runtime` (and :func:`gosim.run`); user code reaches it through
@@ -323,7 +380,8 @@ class Runtime:
             return
         # runqputslow: move half of the local queue, then g, to the global queue.
         half = len(q) // 2
-        batch = [q.popleft() for _ in range(half)]
+        popleft = q.popleft
+        batch = [popleft() for _ in range(half)]
         batch.append(g)
         self.globrunq.extend(batch)
 
@@ -335,10 +393,10 @@ class Runtime:
             n = min(n, maximum)
         if n == 0:
             return None
-        g = gq.popleft()
-        q = p.runq
-        for _ in range(n - 1):
-            q.append(gq.popleft())
+        popleft = gq.popleft
+        g = popleft()
+        if n > 1:
+            p.runq.extend([popleft() for _ in range(n - 1)])
         return g
 
     def runqsteal(self, thief: P, victim: P, steal_runnext: bool) -> G | None:
@@ -796,6 +854,9 @@ class Runtime:
         pidx = self.rng.randrange(len(allp)) if self.deterministic else 0
         idle_run = 0
         trace = self.trace
+        # The C inner loop, when built; it records no trace events, so a traced run
+        # takes the Python loop.
+        burst = self._burst if _burst_available and trace is None else None
         while not self.stopped:
             nump = len(allp)
             if pidx >= nump:
@@ -823,7 +884,6 @@ class Runtime:
                         continue
             idle_run = 0
             self.curp = p
-            runq = p.runq
             nsw = self.nswitch
             # One P alone runs bursts of up to 61 switches. With several Ps each runs one
             # switch per turn, so they advance together as Go's Ps do in parallel (a G
@@ -831,71 +891,109 @@ class Runtime:
             burst_start = nsw
             burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if nump == 1 else 1)
             # The hot loop: execute g, then the next G of this P, until the burst ends.
-            # Invariant: self.curg is g while g's coroutine runs; None outside this loop.
-            allg = self.allg
-            gfree = p.gfree
-            while True:
-                self.curg = g
-                g.status = RUNNING
-                nsw += 1
-                self.nswitch = nsw
-                if trace is not None:
-                    trace.emit(self, "run", p.id, g.goid, 0, 0)
-                try:
-                    trap = g.coro.send(g.param)
-                except StopIteration as stop:
-                    # goexit0, inlined: keep in step with Runtime.goexit0.
-                    g.status = DEAD
-                    g.coro = None
-                    g.param = None
-                    if g.fn is not None:
-                        g.fn = None
-                    del allg[g.goid]
-                    if trace is not None:
-                        trace.emit(self, "exit", p.id, g.goid, 0, 0)
-                    gfree.append(g)
-                    if len(gfree) >= GFREE_LOCAL_MAX:
-                        self._gfput_spill(p)
-                    if (self.call_boxes or self.main_goexited) and self._exited(g, stop.value):
+            if burst is not None:
+                # The same loop in C (gosim._speedups), which hands back what it does
+                # not handle itself: traps other than PARK, awaited exits, errors. Given
+                # None for g, it takes p's next G unless the burst is over.
+                gnext: G | None = g
+                while True:
+                    code, g, payload = burst(p, gnext, burst_end)
+                    gnext = None
+                    if code == _BURST_END:
                         break
-                except _Goexit:
-                    if self._goexited(g, p):
-                        break
-                except Exception as exc:
-                    if g.goid in self.call_boxes and (self.open_mode or g is not self.main_g):
-                        # rt.call: the exception belongs to the trio caller, not a panic.
-                        self.call_boxes.pop(g.goid).deliver(outcome.Error(exc))
-                        self.goexit0(g, p)
+                    if code == _BURST_TRAP:
+                        if self._trap_slow(g, p, payload):
+                            break
+                    elif code == _BURST_EXIT:
+                        if self._exited(g, payload):
+                            break
+                    elif isinstance(payload, _Goexit):
+                        if self._goexited(g, p):
+                            break
+                    elif isinstance(payload, Exception):
+                        if not self._raised(g, p, payload):
+                            return
                     else:
                         self.curg = None
-                        self._panic(g, exc)
+                        self._fail(payload)
                         return
-                except BaseException as exc:
-                    self.curg = None
-                    self._fail(exc)
+                nsw = self.nswitch
+            else:
+                nsw = self._python_burst(p, g, burst_end)
+                if nsw < 0:
                     return
-                else:
-                    if trap is PARK:
-                        g.status = WAITING
-                        if trace is not None:
-                            trace.emit(self, "park", p.id, g.goid, 0, 0)
-                    elif self._trap_slow(g, p, trap):
-                        break
-                if nsw >= burst_end or not (nsw & PERIODIC_MASK):
-                    break
-                g = p.runnext
-                if g is not None:
-                    p.runnext = None
-                elif runq:
-                    g = runq.popleft()
-                else:
-                    break
             self.curg = None
             p.schedtick += nsw - burst_start
             if self.inline_call is not None:
                 await self._run_inline_call()
             if not (nsw & PERIODIC_MASK):
                 await self._periodic()
+
+    def _python_burst(self, p: P, g: G, burst_end: int) -> int:
+        """The driver's inner loop: execute g, then the next G of p, until the burst
+        ends. Returns the switch count, or -1 when the runtime stopped for good (a panic,
+        a fatal error). ``RuntimeBase._burst`` is its C twin: keep the two in step.
+        """
+        # Invariant: self.curg is g while g's coroutine runs; None outside this loop.
+        trace = self.trace
+        runq = p.runq
+        nsw = self.nswitch
+        allg = self.allg
+        gfree = p.gfree
+        while True:
+            self.curg = g
+            g.status = RUNNING
+            nsw += 1
+            self.nswitch = nsw
+            if trace is not None:
+                trace.emit(self, "run", p.id, g.goid, 0, 0)
+            try:
+                trap = g.coro.send(g.param)
+            except StopIteration as stop:
+                # goexit0, inlined: keep in step with Runtime.goexit0.
+                g.status = DEAD
+                g.coro = None
+                g.param = None
+                if g.fn is not None:
+                    g.fn = None
+                del allg[g.goid]
+                if trace is not None:
+                    trace.emit(self, "exit", p.id, g.goid, 0, 0)
+                gfree.append(g)
+                if len(gfree) >= GFREE_LOCAL_MAX:
+                    self._gfput_spill(p)
+                if (self.main_goexited or g.goid in self.call_boxes) and self._exited(
+                    g, stop.value
+                ):
+                    break
+            except _Goexit:
+                if self._goexited(g, p):
+                    break
+            except Exception as exc:
+                if not self._raised(g, p, exc):
+                    return -1
+            except BaseException as exc:
+                self.curg = None
+                self._fail(exc)
+                return -1
+            else:
+                if trap is PARK:
+                    g.status = WAITING
+                    if trace is not None:
+                        trace.emit(self, "park", p.id, g.goid, 0, 0)
+                elif self._trap_slow(g, p, trap):
+                    break
+            if nsw >= burst_end or not (nsw & PERIODIC_MASK):
+                break
+            nxt = p.runnext
+            if nxt is not None:
+                p.runnext = None
+                g = nxt
+            elif runq:
+                g = runq.popleft()
+            else:
+                break
+        return nsw
 
     def _exited(self, g: G, value: Any) -> bool:
         """After goexit0 of a goroutine with a caller waiting for its result (main,
@@ -931,6 +1029,18 @@ class Runtime:
         self.goexit0(g, p)
         if self.main_goexited and not self.allg:
             self._checkdead()
+
+    def _raised(self, g: G, p: P, exc: Exception) -> bool:
+        """g raised exc: deliver it to an ``rt.call`` caller (True: the driver goes on)
+        or panic, which stops the runtime (False)."""
+        if g.goid in self.call_boxes and (self.open_mode or g is not self.main_g):
+            # rt.call: the exception belongs to the trio caller, not a panic.
+            self.call_boxes.pop(g.goid).deliver(outcome.Error(exc))
+            self.goexit0(g, p)
+            return True
+        self.curg = None
+        self._panic(g, exc)
+        return False
 
     def _panic(self, g: G, exc: Exception) -> None:
         msg = f"panic: {exc!r}\n\ngoroutine {g.goid} [running]:\n{_g_funcname(g)}(...)"
@@ -1308,6 +1418,11 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
             q.append(old)
         else:
             rt.runqput(p, old, False)
+
+
+if not TYPE_CHECKING and speedups is not None:
+    _go_python = go
+    go = speedups.go  # the same newproc in C (gosim/_speedups.c), same contract
 
 
 async def gosched() -> None:

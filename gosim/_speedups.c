@@ -1,0 +1,1784 @@
+/* gosim._speedups: the scheduler's and channels' hot paths in C.
+ *
+ * The pure-Python implementation (gosim/_chan.py, gosim/_core/_g.py, _sched.py) is the
+ * reference and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it
+ * off. Both are tested by the same suite. What lives here:
+ *
+ *   State      the per-thread "current runtime" slot (_sched._state), readable from C.
+ *   GBase      a goroutine record's fields (gosim._core._g.G subclasses it).
+ *   PBase      a processor's fields (gosim._core._sched.P subclasses it).
+ *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
+ *              call_boxes, main_goexited) and _burst, the driver's inner loop.
+ *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
+ *              async iteration. Select (gosim/_select.py) queues Sudogs on its _recvq and
+ *              _sendq deques exactly as it does on the Python channel.
+ *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
+ *              `await` through am_send: no Python frame, no StopIteration object.
+ *
+ * Semantics are Go's chansend/chanrecv/closechan and are documented, step by step, in
+ * gosim/_chan.py; the two implementations must stay in step.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#define RUNQ_SIZE 256
+#define GFREE_LOCAL_MAX 64
+#define PERIODIC_MASK 255
+
+enum { G_IDLE = 0, G_RUNNABLE = 1, G_RUNNING = 2, G_SYSCALL = 3, G_WAITING = 4, G_DEAD = 5 };
+
+/* Set once by configure() from gosim._core: the traps, the errors, the wait reasons. */
+static PyObject *PARK, *PREEMPT;
+static PyObject *SendOnClosedChannel, *CloseOfClosedChannel, *NotInRuntime;
+static PyObject *WAIT_CHAN_RECEIVE, *WAIT_CHAN_SEND;
+static Py_ssize_t op_budget_max = 128;
+static PyTypeObject *g_class;  /* gosim._core._g.G, a subclass of GBase */
+static PyObject *empty_tuple;
+/* Operations that complete at once count this down; at zero the runtime is asked
+ * whether the running goroutine used up its slice (cooperative preemption). */
+static Py_ssize_t budget = 128;
+
+static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput,
+    *str_preempt_check, *str_g, *str_elem, *str_ok, *str_gfput_spill, *str_remove;
+
+/* ------------------------------------------------------------------ State */
+
+/* Invariant: the current thread's driver is inside its stepping loop exactly when this
+ * holds a runtime (owned reference); NULL otherwise. */
+static _Thread_local PyObject *current_rt = NULL;
+
+typedef struct {
+    PyObject_HEAD
+} StateObject;
+
+static PyObject *
+State_get_rt(StateObject *self, void *closure)
+{
+    return Py_NewRef(current_rt ? current_rt : Py_None);
+}
+
+static int
+State_set_rt(StateObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete rt");
+        return -1;
+    }
+    PyObject *old = current_rt;
+    current_rt = (value == Py_None) ? NULL : Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyGetSetDef State_getset[] = {
+    {"rt", (getter)State_get_rt, (setter)State_set_rt,
+     "The runtime whose driver is stepping goroutines on this thread, or None.", NULL},
+    {NULL},
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.State",
+    .tp_basicsize = sizeof(StateObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-thread slot for the current runtime (all instances share the slot).",
+    .tp_getset = State_getset,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ------------------------------------------------------------------ GBase */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *coro, *elem, *fn, *p, *param, *waitreason;
+    Py_ssize_t goid, parent;
+    int status;
+    char ok, selectdone;
+} GObject;
+
+static PyTypeObject GBaseType;
+#define G_Check(o) PyObject_TypeCheck((o), &GBaseType)
+
+static PyObject *
+GBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    GObject *g = (GObject *)type->tp_alloc(type, 0);
+    if (g == NULL)
+        return NULL;
+    g->coro = Py_NewRef(Py_None);
+    g->elem = Py_NewRef(Py_None);
+    g->fn = Py_NewRef(Py_None);
+    g->p = Py_NewRef(Py_None);
+    g->param = Py_NewRef(Py_None);
+    g->waitreason = PyUnicode_FromString("");
+    if (g->waitreason == NULL) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    g->ok = 1;
+    return (PyObject *)g;
+}
+
+static int
+GBase_traverse(GObject *g, visitproc visit, void *arg)
+{
+    Py_VISIT(g->coro);
+    Py_VISIT(g->elem);
+    Py_VISIT(g->fn);
+    Py_VISIT(g->p);
+    Py_VISIT(g->param);
+    Py_VISIT(g->waitreason);
+    return 0;
+}
+
+static int
+GBase_clear(GObject *g)
+{
+    Py_CLEAR(g->coro);
+    Py_CLEAR(g->elem);
+    Py_CLEAR(g->fn);
+    Py_CLEAR(g->p);
+    Py_CLEAR(g->param);
+    Py_CLEAR(g->waitreason);
+    return 0;
+}
+
+static void
+GBase_dealloc(GObject *g)
+{
+    PyTypeObject *tp = Py_TYPE(g);
+    PyObject_GC_UnTrack(g);
+    GBase_clear(g);
+    tp->tp_free((PyObject *)g);
+}
+
+static PyMemberDef GBase_members[] = {
+    {"coro", T_OBJECT, offsetof(GObject, coro), 0, "the goroutine's coroutine (None when idle or dead)"},
+    {"elem", T_OBJECT, offsetof(GObject, elem), 0, "value being sent while parked in a sendq"},
+    {"fn", T_OBJECT, offsetof(GObject, fn), 0, "the function started, for dumps"},
+    {"p", T_OBJECT, offsetof(GObject, p), 0, "the P this G last left for a syscall"},
+    {"param", T_OBJECT, offsetof(GObject, param), 0, "value handed to the G when next stepped"},
+    {"waitreason", T_OBJECT, offsetof(GObject, waitreason), 0, "Go's wait reason while parked"},
+    {"goid", T_PYSSIZET, offsetof(GObject, goid), 0, "goroutine id"},
+    {"parent", T_PYSSIZET, offsetof(GObject, parent), 0, "goid of the creator"},
+    {"status", T_INT, offsetof(GObject, status), 0, "Go's _G status"},
+    {"ok", T_BOOL, offsetof(GObject, ok), 0, "receive: False when woken by close"},
+    {"selectdone", T_BOOL, offsetof(GObject, selectdone), 0, "set once a select case fired"},
+    {NULL},
+};
+
+static PyTypeObject GBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.GBase",
+    .tp_basicsize = sizeof(GObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A goroutine record's fields (see gosim._core._g.G).",
+    .tp_new = GBase_new,
+    .tp_dealloc = (destructor)GBase_dealloc,
+    .tp_traverse = (traverseproc)GBase_traverse,
+    .tp_clear = (inquiry)GBase_clear,
+    .tp_members = GBase_members,
+};
+
+/* ------------------------------------------------------------------ PBase */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *runnext, *runq, *timers, *gfree;
+    Py_ssize_t id, schedtick;
+} PObject;
+
+static PyTypeObject PBaseType;
+
+static PyObject *
+PBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PObject *p = (PObject *)type->tp_alloc(type, 0);
+    if (p == NULL)
+        return NULL;
+    p->runnext = Py_NewRef(Py_None);
+    p->runq = Py_NewRef(Py_None);
+    p->timers = Py_NewRef(Py_None);
+    p->gfree = Py_NewRef(Py_None);
+    return (PyObject *)p;
+}
+
+static int
+PBase_traverse(PObject *p, visitproc visit, void *arg)
+{
+    Py_VISIT(p->runnext);
+    Py_VISIT(p->runq);
+    Py_VISIT(p->timers);
+    Py_VISIT(p->gfree);
+    return 0;
+}
+
+static int
+PBase_clear(PObject *p)
+{
+    Py_CLEAR(p->runnext);
+    Py_CLEAR(p->runq);
+    Py_CLEAR(p->timers);
+    Py_CLEAR(p->gfree);
+    return 0;
+}
+
+static void
+PBase_dealloc(PObject *p)
+{
+    PyTypeObject *tp = Py_TYPE(p);
+    PyObject_GC_UnTrack(p);
+    PBase_clear(p);
+    tp->tp_free((PyObject *)p);
+}
+
+static PyMemberDef PBase_members[] = {
+    {"runnext", T_OBJECT, offsetof(PObject, runnext), 0, "the G to run next, or None"},
+    {"runq", T_OBJECT, offsetof(PObject, runq), 0, "the local run queue (a deque)"},
+    {"timers", T_OBJECT, offsetof(PObject, timers), 0, "this P's timer heap"},
+    {"gfree", T_OBJECT, offsetof(PObject, gfree), 0, "dead Gs for reuse (a list)"},
+    {"id", T_PYSSIZET, offsetof(PObject, id), 0, "the P's index"},
+    {"schedtick", T_PYSSIZET, offsetof(PObject, schedtick), 0, "switches since the last fairness check"},
+    {NULL},
+};
+
+static PyTypeObject PBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.PBase",
+    .tp_basicsize = sizeof(PObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A processor's fields (see gosim._core._sched.P).",
+    .tp_new = PBase_new,
+    .tp_dealloc = (destructor)PBase_dealloc,
+    .tp_traverse = (traverseproc)PBase_traverse,
+    .tp_clear = (inquiry)PBase_clear,
+    .tp_members = PBase_members,
+};
+
+/* ------------------------------------------------------------ RuntimeBase */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *curg, *curp, *trace, *allg, *call_boxes, *gfree;
+    Py_ssize_t nswitch, goidgen;
+    char main_goexited;
+} RtObject;
+
+static PyTypeObject RuntimeBaseType;
+
+static PyObject *
+RtBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    RtObject *rt = (RtObject *)type->tp_alloc(type, 0);
+    if (rt == NULL)
+        return NULL;
+    rt->curg = Py_NewRef(Py_None);
+    rt->curp = Py_NewRef(Py_None);
+    rt->trace = Py_NewRef(Py_None);
+    rt->allg = PyDict_New();
+    rt->call_boxes = PyDict_New();
+    rt->gfree = PyList_New(0);
+    if (rt->allg == NULL || rt->call_boxes == NULL || rt->gfree == NULL) {
+        Py_DECREF(rt);
+        return NULL;
+    }
+    return (PyObject *)rt;
+}
+
+static int
+RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
+{
+    Py_VISIT(rt->curg);
+    Py_VISIT(rt->curp);
+    Py_VISIT(rt->trace);
+    Py_VISIT(rt->allg);
+    Py_VISIT(rt->call_boxes);
+    Py_VISIT(rt->gfree);
+    return 0;
+}
+
+static int
+RtBase_clear(RtObject *rt)
+{
+    Py_CLEAR(rt->curg);
+    Py_CLEAR(rt->curp);
+    Py_CLEAR(rt->trace);
+    Py_CLEAR(rt->allg);
+    Py_CLEAR(rt->call_boxes);
+    Py_CLEAR(rt->gfree);
+    return 0;
+}
+
+static void
+RtBase_dealloc(RtObject *rt)
+{
+    PyTypeObject *tp = Py_TYPE(rt);
+    PyObject_GC_UnTrack(rt);
+    RtBase_clear(rt);
+    tp->tp_free((PyObject *)rt);
+}
+
+/* The P that runs the caller, checked: subclass instances of PBase only. */
+static inline PObject *
+rt_curp(RtObject *rt)
+{
+    if (!PyObject_TypeCheck(rt->curp, &PBaseType)) {
+        PyErr_SetString(PyExc_RuntimeError, "gosim: runtime has no current P");
+        return NULL;
+    }
+    return (PObject *)rt->curp;
+}
+
+/* Append to a P's local run queue, spilling half to the global queue when full
+ * (Runtime.runqput does the spill). */
+static int
+runq_put_tail(RtObject *rt, PObject *p, PyObject *g)
+{
+    PyObject *r;
+    if (Py_SIZE(p->runq) < RUNQ_SIZE)
+        r = PyObject_CallMethodOneArg(p->runq, str_append, g);
+    else
+        r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g, Py_False, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Go's goready: make the waiting g runnable in the current P's runnext, handing it
+ * param; a previous runnext goes to the local queue's tail. Runtime.goready's twin. */
+static int
+goready(RtObject *rt, GObject *g, PyObject *param)
+{
+    PObject *p = rt_curp(rt);
+    if (p == NULL)
+        return -1;
+    Py_SETREF(g->param, Py_NewRef(param));
+    g->status = G_RUNNABLE;
+    if (rt->trace != Py_None) {
+        PyObject *r = PyObject_CallMethod(rt->trace, "emit", "OOnnii", (PyObject *)rt, str_ready,
+                                          p->id, g->goid, 0, 0);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    PyObject *old = p->runnext;
+    p->runnext = Py_NewRef((PyObject *)g);
+    if (old != Py_None) {
+        int rc = runq_put_tail(rt, p, old);
+        Py_DECREF(old);
+        return rc;
+    }
+    Py_DECREF(old);
+    return 0;
+}
+
+/* gfput: p's free list is long; move its second half to the global list
+ * (Runtime._gfput_spill's twin). */
+static int
+gfput_spill(RtObject *rt, PObject *p)
+{
+    if (!PyList_CheckExact(rt->gfree)) {
+        PyErr_SetString(PyExc_TypeError, "runtime gfree must be a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(p->gfree), half = n / 2;
+    PyObject *tail = PyList_GetSlice(p->gfree, half, n);
+    if (tail == NULL)
+        return -1;
+    Py_ssize_t gn = PyList_GET_SIZE(rt->gfree);
+    int rc = PyList_SetSlice(rt->gfree, gn, gn, tail);
+    Py_DECREF(tail);
+    if (rc < 0)
+        return -1;
+    return PyList_SetSlice(p->gfree, half, n, NULL);
+}
+
+/* gfget's refill: move up to GFREE_LOCAL_MAX/2 dead Gs from the global list to p's, in
+ * the order Runtime.gfget pops them. Returns how many moved, -1 on error. */
+static Py_ssize_t
+gfget_refill(RtObject *rt, PObject *p)
+{
+    if (!PyList_CheckExact(rt->gfree))
+        return 0;
+    Py_ssize_t gn = PyList_GET_SIZE(rt->gfree);
+    Py_ssize_t n = gn < GFREE_LOCAL_MAX / 2 ? gn : GFREE_LOCAL_MAX / 2;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_Append(p->gfree, PyList_GET_ITEM(rt->gfree, gn - 1 - i)) < 0)
+            return -1;
+    }
+    if (PyList_SetSlice(rt->gfree, gn - n, gn, NULL) < 0)
+        return -1;
+    return n;
+}
+
+/* goexit0 for the common case (no trace): retire g onto p's free list. Returns 1 when
+ * the driver must hear of the exit (a caller awaits g's result, or main called goexit
+ * and the last goroutine may have gone), 0 when not, -1 on error. */
+static int
+goexit0(RtObject *rt, PObject *p, GObject *g)
+{
+    g->status = G_DEAD;
+    Py_SETREF(g->coro, Py_NewRef(Py_None));
+    Py_SETREF(g->param, Py_NewRef(Py_None));
+    if (g->fn != Py_None)
+        Py_SETREF(g->fn, Py_NewRef(Py_None));
+    PyObject *key = PyLong_FromSsize_t(g->goid);
+    if (key == NULL)
+        return -1;
+    int rc = PyDict_DelItem(rt->allg, key);
+    int awaited = rc < 0 ? -1 : (rt->main_goexited ? 1 : PyDict_Contains(rt->call_boxes, key));
+    Py_DECREF(key);
+    if (awaited < 0)
+        return -1;
+    if (PyList_Append(p->gfree, (PyObject *)g) < 0)
+        return -1;
+    if (PyList_GET_SIZE(p->gfree) >= GFREE_LOCAL_MAX && gfput_spill(rt, p) < 0)
+        return -1;
+    return awaited;
+}
+
+/* The next G of p: runnext, else the local queue's head; new reference or NULL
+ * (with an error set only on failure). */
+static PyObject *
+p_next_g(PObject *p)
+{
+    if (p->runnext != Py_None) {
+        PyObject *g = p->runnext;
+        p->runnext = Py_NewRef(Py_None);
+        return g;
+    }
+    if (Py_SIZE(p->runq) > 0)
+        return PyObject_CallMethodNoArgs(p->runq, str_popleft);
+    return NULL;
+}
+
+enum { BURST_END = 0, BURST_TRAP = 1, BURST_EXIT = 2, BURST_ERROR = 3 };
+
+static PyObject *
+burst_result(int code, PyObject *g, PyObject *payload)
+{
+    /* steals payload */
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL) {
+        Py_XDECREF(payload);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(code));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(g ? g : Py_None));
+    PyTuple_SET_ITEM(t, 2, payload ? payload : Py_NewRef(Py_None));
+    return t;
+}
+
+/* _burst(p, g, burst_end): the driver's hot loop (Runtime._schedule's inner loop, which
+ * it replaces when no trace is recorded). Steps g (None: p's next G, unless the burst is
+ * over), then p's next Gs, handling PARK and
+ * plain exits here, until the burst ends, p runs dry, or something needs the Python
+ * driver: returns (code, g, payload) with code END (0), TRAP (1: payload is the trap),
+ * EXIT (2: g returned payload and a caller or main's goexit awaits it; g is retired) or
+ * ERROR (3: payload is the exception g raised). rt.curg is g on every return but END. */
+static PyObject *
+RtBase_burst(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyObject_TypeCheck(args[0], &PBaseType) ||
+        (args[1] != Py_None && !G_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "_burst(p, g or None, burst_end)");
+        return NULL;
+    }
+    PObject *p = (PObject *)args[0];
+    Py_ssize_t burst_end = PyLong_AsSsize_t(args[2]);
+    if (burst_end == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(p->gfree) || !PyDict_CheckExact(rt->allg)) {
+        PyErr_SetString(PyExc_TypeError, "_burst: p.gfree must be a list and allg a dict");
+        return NULL;
+    }
+    GObject *g = args[1] == Py_None ? NULL : (GObject *)Py_NewRef(args[1]);
+    for (;;) {
+        if (g == NULL) {
+            /* After each switch: the burst ends at its limit or when periodic duties
+             * are due; otherwise the next G is p's runnext, then its queue's head. */
+            if (rt->nswitch >= burst_end || !(rt->nswitch & PERIODIC_MASK))
+                break;
+            g = (GObject *)p_next_g(p);
+            if (g == NULL) {
+                if (PyErr_Occurred())
+                    return NULL;
+                break;
+            }
+            if (!G_Check(g)) {
+                Py_DECREF(g);
+                PyErr_SetString(PyExc_TypeError, "_burst: a run queue holds a non-G");
+                return NULL;
+            }
+        }
+        Py_SETREF(rt->curg, Py_NewRef((PyObject *)g));
+        g->status = G_RUNNING;
+        rt->nswitch++;
+        PyObject *out = NULL;
+        PyObject *param = Py_NewRef(g->param);
+        PyObject *coro = Py_NewRef(g->coro);
+        PySendResult res = PyIter_Send(coro, param, &out);
+        Py_DECREF(coro);
+        Py_DECREF(param);
+        if (res == PYGEN_NEXT) {
+            if (out == PARK) {
+                g->status = G_WAITING;
+                Py_DECREF(out);
+            }
+            else {
+                PyObject *r = burst_result(BURST_TRAP, (PyObject *)g, out);
+                Py_DECREF(g);
+                return r;
+            }
+        }
+        else if (res == PYGEN_RETURN) {
+            int awaited = goexit0(rt, p, g);
+            if (awaited < 0) {
+                Py_DECREF(out);
+                Py_DECREF(g);
+                return NULL;
+            }
+            if (awaited) {
+                PyObject *r = burst_result(BURST_EXIT, (PyObject *)g, out);
+                Py_DECREF(g);
+                return r;
+            }
+            Py_DECREF(out);
+        }
+        else {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL && value != NULL)
+                PyException_SetTraceback(value, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            PyObject *r = burst_result(BURST_ERROR, (PyObject *)g, value);
+            Py_DECREF(g);
+            return r;
+        }
+        Py_CLEAR(g);
+    }
+    Py_SETREF(rt->curg, Py_NewRef(Py_None));
+    return burst_result(BURST_END, NULL, NULL);
+}
+
+static PyObject *
+RtBase_goready(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !G_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "goready(g, param)");
+        return NULL;
+    }
+    if (goready(rt, (GObject *)args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef RtBase_methods[] = {
+    {"_burst", (PyCFunction)(void (*)(void))RtBase_burst, METH_FASTCALL,
+     "The driver's inner loop in C; see Runtime._schedule."},
+    {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL,
+     "Make a waiting g runnable on the current P's runnext, handing it param."},
+    {NULL},
+};
+
+static PyMemberDef RtBase_members[] = {
+    {"curg", T_OBJECT, offsetof(RtObject, curg), 0, "the G being stepped, or None"},
+    {"curp", T_OBJECT, offsetof(RtObject, curp), 0, "the P being run"},
+    {"trace", T_OBJECT, offsetof(RtObject, trace), 0, "the event trace, or None"},
+    {"allg", T_OBJECT, offsetof(RtObject, allg), 0, "live goroutines by goid"},
+    {"call_boxes", T_OBJECT, offsetof(RtObject, call_boxes), 0, "callers awaiting outcomes"},
+    {"gfree", T_OBJECT, offsetof(RtObject, gfree), 0, "the global list of dead Gs"},
+    {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
+    {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
+    {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
+    {NULL},
+};
+
+static PyTypeObject RuntimeBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.RuntimeBase",
+    .tp_basicsize = sizeof(RtObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The scheduler fields the hot paths use (see gosim._core._sched.Runtime).",
+    .tp_new = RtBase_new,
+    .tp_dealloc = (destructor)RtBase_dealloc,
+    .tp_traverse = (traverseproc)RtBase_traverse,
+    .tp_clear = (inquiry)RtBase_clear,
+    .tp_members = RtBase_members,
+    .tp_methods = RtBase_methods,
+};
+
+/* ------------------------------------------------------------- Done awaitable */
+
+/* A finished awaitable: `await DONE` evaluates to None through am_send. */
+typedef struct {
+    PyObject_HEAD
+} DoneObject;
+
+static PyObject *
+Done_await(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PySendResult
+Done_am_send(PyObject *self, PyObject *arg, PyObject **result)
+{
+    *result = Py_NewRef(Py_None);
+    return PYGEN_RETURN;
+}
+
+static PyObject *
+Done_iternext(PyObject *self)
+{
+    PyErr_SetNone(PyExc_StopIteration);
+    return NULL;
+}
+
+static PyObject *
+Done_send(PyObject *self, PyObject *arg)
+{
+    PyErr_SetNone(PyExc_StopIteration);
+    return NULL;
+}
+
+static PyObject *
+Done_throw(PyObject *self, PyObject *args)
+{
+    PyObject *typ, *val = NULL, *tb = NULL;
+    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+        return NULL;
+    if (PyExceptionClass_Check(typ))
+        PyErr_SetObject(typ, val);
+    else
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    return NULL;
+}
+
+static PyMethodDef Done_methods[] = {
+    {"send", (PyCFunction)Done_send, METH_O, NULL},
+    {"throw", (PyCFunction)Done_throw, METH_VARARGS, NULL},
+    {NULL},
+};
+
+static PyAsyncMethods Done_async = {
+    .am_await = Done_await,
+    .am_send = Done_am_send,
+};
+
+static PyTypeObject DoneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.Done",
+    .tp_basicsize = sizeof(DoneObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An awaitable that is already finished with None.",
+    .tp_as_async = &Done_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = Done_iternext,
+    .tp_methods = Done_methods,
+};
+
+static PyObject *DONE;
+static PyObject *deque_type; /* collections.deque */
+
+/* ------------------------------------------------------------------ Chan */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject **ring; /* len(ring) == ringcap; values at [head, head+count) mod ringcap */
+    Py_ssize_t ringcap, head, count, cap;
+    PyObject *recvq, *sendq; /* deques of parked Gs and Sudogs */
+    char closed;
+    PyObject *weakreflist;
+} ChanObject;
+
+static PyTypeObject ChanType;
+
+static PyObject *
+Chan_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    ChanObject *ch = (ChanObject *)type->tp_alloc(type, 0);
+    if (ch == NULL)
+        return NULL;
+    ch->recvq = PyObject_CallNoArgs(deque_type);
+    ch->sendq = PyObject_CallNoArgs(deque_type);
+    if (ch->recvq == NULL || ch->sendq == NULL) {
+        Py_DECREF(ch);
+        return NULL;
+    }
+    return (PyObject *)ch;
+}
+
+static int
+Chan_init(ChanObject *ch, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"cap", NULL};
+    PyObject *capobj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Chan", kwlist, &capobj))
+        return -1;
+    Py_ssize_t cap = 0;
+    if (capobj != NULL) {
+        if (!PyLong_Check(capobj) || PyBool_Check(capobj)) {
+            PyErr_Format(PyExc_TypeError, "makechan: size must be an int, got %s",
+                         Py_TYPE(capobj)->tp_name);
+            return -1;
+        }
+        cap = PyLong_AsSsize_t(capobj);
+        if (cap == -1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "makechan: size out of range");
+            return -1;
+        }
+        if (cap < 0) {
+            PyErr_SetString(PyExc_ValueError, "makechan: size out of range");
+            return -1;
+        }
+    }
+    ch->cap = cap;
+    return 0;
+}
+
+static int
+Chan_traverse(ChanObject *ch, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < ch->count; i++)
+        Py_VISIT(ch->ring[(ch->head + i) % ch->ringcap]);
+    Py_VISIT(ch->recvq);
+    Py_VISIT(ch->sendq);
+    return 0;
+}
+
+static void
+ring_clear(ChanObject *ch)
+{
+    while (ch->count > 0) {
+        PyObject *v = ch->ring[ch->head];
+        ch->ring[ch->head] = NULL;
+        ch->head = (ch->head + 1) % ch->ringcap;
+        ch->count--;
+        Py_DECREF(v);
+    }
+    ch->head = 0;
+}
+
+static int
+Chan_clear(ChanObject *ch)
+{
+    ring_clear(ch);
+    Py_CLEAR(ch->recvq);
+    Py_CLEAR(ch->sendq);
+    return 0;
+}
+
+static void
+Chan_dealloc(ChanObject *ch)
+{
+    PyTypeObject *tp = Py_TYPE(ch);
+    PyObject_GC_UnTrack(ch);
+    if (ch->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)ch);
+    Chan_clear(ch);
+    PyMem_Free(ch->ring);
+    tp->tp_free((PyObject *)ch);
+}
+
+/* Append to the buffer (the caller checked count < cap); steals v. The ring grows by
+ * doubling up to cap, so a channel made with a huge capacity costs what it holds. */
+static int
+ring_push(ChanObject *ch, PyObject *v)
+{
+    if (ch->count == ch->ringcap) {
+        Py_ssize_t newcap = ch->ringcap ? ch->ringcap * 2 : 8;
+        if (newcap > ch->cap)
+            newcap = ch->cap;
+        PyObject **nr = PyMem_New(PyObject *, newcap);
+        if (nr == NULL) {
+            Py_DECREF(v);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < ch->count; i++)
+            nr[i] = ch->ring[(ch->head + i) % ch->ringcap];
+        PyMem_Free(ch->ring);
+        ch->ring = nr;
+        ch->ringcap = newcap;
+        ch->head = 0;
+    }
+    Py_ssize_t tail = ch->head + ch->count;
+    if (tail >= ch->ringcap)
+        tail -= ch->ringcap;
+    ch->ring[tail] = v;
+    ch->count++;
+    return 0;
+}
+
+/* Pop the buffer's head (caller checked count > 0); new reference. */
+static inline PyObject *
+ring_pop(ChanObject *ch)
+{
+    PyObject *v = ch->ring[ch->head];
+    ch->ring[ch->head] = NULL;
+    ch->head++;
+    if (ch->head == ch->ringcap)
+        ch->head = 0;
+    ch->count--;
+    return v;
+}
+
+/* Pop the first waiter that can still be served, skipping selects that already fired
+ * (and marking a select's G done). New reference; NULL with no error when none. */
+static PyObject *
+dequeue(PyObject *q)
+{
+    while (Py_SIZE(q) > 0) {
+        PyObject *w = PyObject_CallMethodNoArgs(q, str_popleft);
+        if (w == NULL)
+            return NULL;
+        if (G_Check(w))
+            return w;
+        PyObject *g = PyObject_GetAttr(w, str_g);
+        if (g == NULL) {
+            Py_DECREF(w);
+            return NULL;
+        }
+        if (!G_Check(g)) {
+            Py_DECREF(g);
+            Py_DECREF(w);
+            PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds a waiter without a G");
+            return NULL;
+        }
+        GObject *gg = (GObject *)g;
+        if (gg->selectdone) {
+            Py_DECREF(g);
+            Py_DECREF(w);
+            continue;
+        }
+        gg->selectdone = 1;
+        Py_DECREF(g);
+        return w;
+    }
+    return NULL;
+}
+
+static RtObject *
+need_rt(const char *what)
+{
+    if (current_rt == NULL || !PyObject_TypeCheck(current_rt, &RuntimeBaseType)) {
+        PyErr_SetString(NotInRuntime, what);
+        return NULL;
+    }
+    return (RtObject *)current_rt;
+}
+
+/* Ready waiter w (a G or a Sudog) after a channel operation paired with it. For a plain
+ * G, param is what it is handed; a Sudog gets elem/ok set by the caller and is itself
+ * the param (select reads the fired case from it). */
+static int
+ready_waiter(RtObject *rt, PyObject *w, PyObject *param)
+{
+    if (G_Check(w))
+        return goready(rt, (GObject *)w, param);
+    PyObject *g = PyObject_GetAttr(w, str_g);
+    if (g == NULL)
+        return -1;
+    int rc = goready(rt, (GObject *)g, w);
+    Py_DECREF(g);
+    return rc;
+}
+
+static int
+set_waiter_ok(PyObject *w, int ok)
+{
+    if (G_Check(w)) {
+        ((GObject *)w)->ok = (char)ok;
+        return 0;
+    }
+    return PyObject_SetAttr(w, str_ok, ok ? Py_True : Py_False);
+}
+
+/* A waiter's elem: the G's (plain send) or the Sudog's. New reference. */
+static PyObject *
+waiter_elem(PyObject *w)
+{
+    if (G_Check(w))
+        return Py_NewRef(((GObject *)w)->elem);
+    return PyObject_GetAttr(w, str_elem);
+}
+
+/* Budget countdown: 1 when the caller should check for preemption now. */
+static inline int
+spend_budget(void)
+{
+    if (--budget > 0)
+        return 0;
+    budget = op_budget_max;
+    return 1;
+}
+
+/* Ask the runtime whether the running G used up its slice: 1 yes, 0 no, -1 error. */
+static int
+preempt_due(void)
+{
+    if (current_rt == NULL)
+        return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(current_rt, str_preempt_check);
+    if (r == NULL)
+        return -1;
+    int due = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return due;
+}
+
+/* Try to send v: 1 sent, 0 would block, -1 error (closed: SendOnClosedChannel). */
+static int
+chan_trysend(ChanObject *ch, PyObject *v)
+{
+    if (ch->closed) {
+        PyErr_SetString(SendOnClosedChannel, "send on closed channel");
+        return -1;
+    }
+    if (Py_SIZE(ch->recvq) > 0) {
+        PyObject *w = dequeue(ch->recvq);
+        if (w == NULL && PyErr_Occurred())
+            return -1;
+        if (w != NULL) {
+            RtObject *rt = need_rt("chan send: waking a receiver needs the runtime");
+            if (rt == NULL) {
+                Py_DECREF(w);
+                return -1;
+            }
+            int rc;
+            if (G_Check(w)) {
+                ((GObject *)w)->ok = 1;
+                rc = goready(rt, (GObject *)w, v);
+            }
+            else {
+                rc = PyObject_SetAttr(w, str_elem, v);
+                if (rc == 0)
+                    rc = PyObject_SetAttr(w, str_ok, Py_True);
+                if (rc == 0)
+                    rc = ready_waiter(rt, w, NULL);
+            }
+            Py_DECREF(w);
+            return rc < 0 ? -1 : 1;
+        }
+    }
+    if (ch->count < ch->cap) {
+        if (ring_push(ch, Py_NewRef(v)) < 0)
+            return -1;
+        return 1;
+    }
+    return 0;
+}
+
+/* The buffer was full with senders waiting and its head was just taken: move the first
+ * waiting sender's value to the tail and ready it (Go's recv on a full channel). */
+static int
+take_sender_into_buf(ChanObject *ch)
+{
+    PyObject *w = dequeue(ch->sendq);
+    if (w == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    RtObject *rt = need_rt("chan receive: waking a sender needs the runtime");
+    PyObject *e = rt ? waiter_elem(w) : NULL;
+    if (e == NULL || ring_push(ch, e) < 0) {
+        Py_DECREF(w);
+        return -1;
+    }
+    int rc = ready_waiter(rt, w, Py_True);
+    Py_DECREF(w);
+    return rc;
+}
+
+/* Try to receive: 1 received (*v set, *ok set), 0 would block, -1 error. A closed,
+ * drained channel counts as received with *v None and *ok 0. */
+static int
+chan_tryrecv(ChanObject *ch, PyObject **v, int *ok)
+{
+    if (ch->count > 0) {
+        *v = ring_pop(ch);
+        *ok = 1;
+        if (Py_SIZE(ch->sendq) > 0 && take_sender_into_buf(ch) < 0) {
+            Py_CLEAR(*v);
+            return -1;
+        }
+        return 1;
+    }
+    if (Py_SIZE(ch->sendq) > 0) {
+        PyObject *w = dequeue(ch->sendq);
+        if (w == NULL && PyErr_Occurred())
+            return -1;
+        if (w != NULL) {
+            RtObject *rt = need_rt("chan receive: waking a sender needs the runtime");
+            PyObject *e = rt ? waiter_elem(w) : NULL;
+            if (e == NULL || ready_waiter(rt, w, Py_True) < 0) {
+                Py_XDECREF(e);
+                Py_DECREF(w);
+                return -1;
+            }
+            Py_DECREF(w);
+            *v = e;
+            *ok = 1;
+            return 1;
+        }
+    }
+    if (ch->closed) {
+        *v = Py_NewRef(Py_None);
+        *ok = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ ChanOp */
+
+enum { OP_RECV = 0, OP_RECV2 = 1, OP_ANEXT = 2, OP_SEND = 3, OP_READY = 4 };
+enum { ST_FRESH = 0, ST_PARKED = 1, ST_PREEMPTED = 2, ST_DONE = 3 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *chan;   /* ChanObject */
+    PyObject *value;  /* the value to send, or the result held across a preempt yield */
+    int mode, state;
+} ChanOpObject;
+
+static PyTypeObject ChanOpType;
+
+static ChanOpObject *
+chanop_new(ChanObject *ch, int mode, PyObject *value)
+{
+    ChanOpObject *op = PyObject_GC_New(ChanOpObject, &ChanOpType);
+    if (op == NULL)
+        return NULL;
+    op->chan = Py_NewRef((PyObject *)ch);
+    op->value = Py_NewRef(value ? value : Py_None);
+    op->mode = mode;
+    op->state = ST_FRESH;
+    PyObject_GC_Track(op);
+    return op;
+}
+
+static int
+ChanOp_traverse(ChanOpObject *op, visitproc visit, void *arg)
+{
+    Py_VISIT(op->chan);
+    Py_VISIT(op->value);
+    return 0;
+}
+
+static int
+ChanOp_clear(ChanOpObject *op)
+{
+    Py_CLEAR(op->chan);
+    Py_CLEAR(op->value);
+    return 0;
+}
+
+static void
+ChanOp_dealloc(ChanOpObject *op)
+{
+    PyObject_GC_UnTrack(op);
+    ChanOp_clear(op);
+    PyObject_GC_Del(op);
+}
+
+/* The result of a receive in this op's mode, from the value and ok. New reference;
+ * NULL with StopAsyncIteration for `async for` on a closed, drained channel. */
+static PyObject *
+recv_result(int mode, PyObject *v, int ok)
+{
+    if (mode == OP_RECV2) {
+        return PyTuple_Pack(2, v, ok ? Py_True : Py_False);
+    }
+    if (mode == OP_ANEXT && !ok) {
+        PyErr_SetNone(PyExc_StopAsyncIteration);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+/* Yield PREEMPT now and finish with *result (stolen) when resumed. */
+static PySendResult
+yield_preempt(ChanOpObject *op, PyObject *res, PyObject **result)
+{
+    Py_SETREF(op->value, res);
+    op->state = ST_PREEMPTED;
+    *result = Py_NewRef(PREEMPT);
+    return PYGEN_NEXT;
+}
+
+static PySendResult
+ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
+{
+    ChanObject *ch = (ChanObject *)op->chan;
+    switch (op->state) {
+    case ST_FRESH:
+        break;
+    case ST_PREEMPTED:
+        op->state = ST_DONE;
+        *result = op->value;
+        op->value = Py_NewRef(Py_None);
+        return PYGEN_RETURN;
+    case ST_PARKED: {
+        op->state = ST_DONE;
+        RtObject *rt = (RtObject *)current_rt;
+        GObject *g = (rt && G_Check(rt->curg)) ? (GObject *)rt->curg : NULL;
+        if (op->mode == OP_SEND) {
+            if (g != NULL)
+                Py_SETREF(g->elem, Py_NewRef(Py_None));
+            if (arg != Py_True) {
+                PyErr_SetString(SendOnClosedChannel, "send on closed channel");
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
+            *result = Py_NewRef(Py_None);
+            return PYGEN_RETURN;
+        }
+        int ok = g != NULL ? g->ok : 1;
+        if (op->mode == OP_RECV)
+            ok = 1; /* plain receive returns the value (None once closed) */
+        *result = recv_result(op->mode, arg, ok);
+        return *result ? PYGEN_RETURN : PYGEN_ERROR;
+    }
+    default:
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited channel operation");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+
+    if (op->mode == OP_READY) { /* a send that completed when called, then hit the budget */
+        op->state = ST_PREEMPTED;
+        *result = Py_NewRef(PREEMPT);
+        return PYGEN_NEXT;
+    }
+    if (op->mode == OP_SEND) {
+        /* The send could not complete when called: park in sendq with the value. */
+        RtObject *rt = (RtObject *)current_rt;
+        if (rt == NULL || !G_Check(rt->curg)) {
+            PyErr_SetString(NotInRuntime, "chan send would block outside a gosim goroutine");
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        /* Re-check: the op may be awaited later than it was made. */
+        int rc = chan_trysend(ch, op->value);
+        if (rc < 0) {
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (rc == 1) {
+            op->state = ST_DONE;
+            *result = Py_NewRef(Py_None);
+            return PYGEN_RETURN;
+        }
+        GObject *g = (GObject *)rt->curg;
+        Py_SETREF(g->elem, Py_NewRef(op->value));
+        Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_SEND));
+        PyObject *r = PyObject_CallMethodOneArg(ch->sendq, str_append, (PyObject *)g);
+        if (r == NULL) {
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        Py_DECREF(r);
+        op->state = ST_PARKED;
+        *result = Py_NewRef(PARK);
+        return PYGEN_NEXT;
+    }
+
+    /* A receive: the fast paths, then park. */
+    PyObject *v = NULL;
+    int ok = 1;
+    int rc = chan_tryrecv(ch, &v, &ok);
+    if (rc < 0) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    if (rc == 1) {
+        if (op->mode == OP_RECV)
+            ok = 1;
+        PyObject *res = recv_result(op->mode, v, ok);
+        Py_DECREF(v);
+        if (res == NULL) {
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (current_rt != NULL && spend_budget()) {
+            int due = preempt_due();
+            if (due < 0) {
+                Py_DECREF(res);
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
+            if (due)
+                return yield_preempt(op, res, result);
+        }
+        op->state = ST_DONE;
+        *result = res;
+        return PYGEN_RETURN;
+    }
+    RtObject *rt = (RtObject *)current_rt;
+    if (rt == NULL || !G_Check(rt->curg)) {
+        PyErr_SetString(NotInRuntime, "chan receive would block outside a gosim goroutine");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    GObject *g = (GObject *)rt->curg;
+    Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_RECEIVE));
+    g->ok = 1;
+    PyObject *r = PyObject_CallMethodOneArg(ch->recvq, str_append, (PyObject *)g);
+    if (r == NULL) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    Py_DECREF(r);
+    op->state = ST_PARKED;
+    *result = Py_NewRef(PARK);
+    return PYGEN_NEXT;
+}
+
+static PyObject *
+ChanOp_await(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+/* Iterator and generator protocol, for `yield from` and for callers that drive the
+ * op with send()/throw() (coroutine.throw delegates to throw). */
+static PyObject *
+chanop_send_impl(ChanOpObject *op, PyObject *arg)
+{
+    PyObject *result = NULL;
+    PySendResult r = ChanOp_am_send(op, arg, &result);
+    if (r == PYGEN_NEXT)
+        return result;
+    if (r == PYGEN_RETURN) {
+        if (result == Py_None) {
+            PyErr_SetNone(PyExc_StopIteration);
+        }
+        else {
+            PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, result);
+            if (e != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, e);
+                Py_DECREF(e);
+            }
+        }
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+static PyObject *
+ChanOp_iternext(ChanOpObject *op)
+{
+    return chanop_send_impl(op, Py_None);
+}
+
+static PyObject *
+ChanOp_send(ChanOpObject *op, PyObject *arg)
+{
+    return chanop_send_impl(op, arg);
+}
+
+static PyObject *
+ChanOp_throw(ChanOpObject *op, PyObject *args)
+{
+    PyObject *typ, *val = NULL, *tb = NULL;
+    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+        return NULL;
+    op->state = ST_DONE;
+    if (PyExceptionClass_Check(typ))
+        PyErr_SetObject(typ, val);
+    else
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    return NULL;
+}
+
+static PyObject *
+ChanOp_close(ChanOpObject *op, PyObject *unused)
+{
+    op->state = ST_DONE;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ChanOp_methods[] = {
+    {"send", (PyCFunction)ChanOp_send, METH_O, NULL},
+    {"throw", (PyCFunction)ChanOp_throw, METH_VARARGS, NULL},
+    {"close", (PyCFunction)ChanOp_close, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyAsyncMethods ChanOp_async = {
+    .am_await = ChanOp_await,
+    .am_send = (sendfunc)ChanOp_am_send,
+};
+
+static PyTypeObject ChanOpType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.ChanOp",
+    .tp_basicsize = sizeof(ChanOpObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A channel operation to await.",
+    .tp_dealloc = (destructor)ChanOp_dealloc,
+    .tp_traverse = (traverseproc)ChanOp_traverse,
+    .tp_clear = (inquiry)ChanOp_clear,
+    .tp_as_async = &ChanOp_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)ChanOp_iternext,
+    .tp_methods = ChanOp_methods,
+};
+
+/* ------------------------------------------------------------ Chan methods */
+
+static PyObject *
+Chan_send(ChanObject *ch, PyObject *v)
+{
+    int rc = chan_trysend(ch, v);
+    if (rc < 0)
+        return NULL;
+    if (rc == 1) {
+        if (current_rt != NULL && spend_budget()) {
+            int due = preempt_due();
+            if (due < 0)
+                return NULL;
+            if (due)
+                return (PyObject *)chanop_new(ch, OP_READY, NULL);
+        }
+        return Py_NewRef(DONE);
+    }
+    return (PyObject *)chanop_new(ch, OP_SEND, v);
+}
+
+static PyObject *
+Chan_try_send(ChanObject *ch, PyObject *v)
+{
+    int rc = chan_trysend(ch, v);
+    if (rc < 0)
+        return NULL;
+    return Py_NewRef(rc ? Py_True : Py_False);
+}
+
+static PyObject *
+Chan_recv(ChanObject *ch, PyObject *unused)
+{
+    return (PyObject *)chanop_new(ch, OP_RECV, NULL);
+}
+
+static PyObject *
+Chan_recv2(ChanObject *ch, PyObject *unused)
+{
+    return (PyObject *)chanop_new(ch, OP_RECV2, NULL);
+}
+
+static PyObject *
+Chan_anext(ChanObject *ch)
+{
+    return (PyObject *)chanop_new(ch, OP_ANEXT, NULL);
+}
+
+static PyObject *
+Chan_try_recv(ChanObject *ch, PyObject *unused)
+{
+    PyObject *v = NULL;
+    int ok = 0;
+    int rc = chan_tryrecv(ch, &v, &ok);
+    if (rc < 0)
+        return NULL;
+    if (rc == 0)
+        return PyTuple_Pack(3, Py_None, Py_False, Py_False);
+    PyObject *t = PyTuple_Pack(3, v, ok ? Py_True : Py_False, Py_True);
+    Py_DECREF(v);
+    return t;
+}
+
+/* Go's closechan: wake every receiver with (None, ok False) and every sender to panic. */
+static PyObject *
+Chan_close(ChanObject *ch, PyObject *unused)
+{
+    if (ch->closed) {
+        PyErr_SetString(CloseOfClosedChannel, "close of closed channel");
+        return NULL;
+    }
+    ch->closed = 1;
+    if (Py_SIZE(ch->recvq) == 0 && Py_SIZE(ch->sendq) == 0)
+        Py_RETURN_NONE;
+    RtObject *rt = need_rt("close: waking parked goroutines needs the runtime");
+    if (rt == NULL)
+        return NULL;
+    /* Go gathers all waiters first (receivers, then senders), then readies them in
+     * order: a plain receiver is handed None, a plain sender False (it panics), a
+     * select's Sudog itself. */
+    PyObject *woken[2] = {PyList_New(0), PyList_New(0)};
+    PyObject *handed[2] = {Py_None, Py_False};
+    if (woken[0] == NULL || woken[1] == NULL)
+        goto fail;
+    for (int pass = 0; pass < 2; pass++) {
+        PyObject *q = pass == 0 ? ch->recvq : ch->sendq;
+        for (;;) {
+            PyObject *w = dequeue(q);
+            if (w == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                break;
+            }
+            int rc = set_waiter_ok(w, 0);
+            if (rc == 0 && pass == 0 && !G_Check(w))
+                rc = PyObject_SetAttr(w, str_elem, Py_None);
+            if (rc == 0)
+                rc = PyList_Append(woken[pass], w);
+            Py_DECREF(w);
+            if (rc < 0)
+                goto fail;
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(woken[pass]); i++) {
+            if (ready_waiter(rt, PyList_GET_ITEM(woken[pass], i), handed[pass]) < 0)
+                goto fail;
+        }
+    }
+    Py_DECREF(woken[0]);
+    Py_DECREF(woken[1]);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(woken[0]);
+    Py_XDECREF(woken[1]);
+    return NULL;
+}
+
+static PyObject *
+Chan_len(ChanObject *ch, PyObject *unused)
+{
+    return PyLong_FromSsize_t(ch->count);
+}
+
+static PyObject *
+Chan_cap(ChanObject *ch, PyObject *unused)
+{
+    return PyLong_FromSsize_t(ch->cap);
+}
+
+static PyObject *
+Chan_clear_buf(ChanObject *ch, PyObject *unused)
+{
+    Py_ssize_t n = ch->count;
+    ring_clear(ch);
+    return PyLong_FromSsize_t(n);
+}
+
+static Py_ssize_t
+Chan_sq_len(ChanObject *ch)
+{
+    return ch->count;
+}
+
+static int
+Chan_bool(ChanObject *ch)
+{
+    /* A channel is a handle, not a container: `if ch:` means "not nil", as in Go. */
+    return 1;
+}
+
+static PyObject *
+Chan_repr(ChanObject *ch)
+{
+    return PyUnicode_FromFormat("<Chan len=%zd cap=%zd%s>", ch->count, ch->cap,
+                                ch->closed ? " closed" : "");
+}
+
+static PyObject *
+Chan_get_closed(ChanObject *ch, void *closure)
+{
+    return Py_NewRef(ch->closed ? Py_True : Py_False);
+}
+
+static PyGetSetDef Chan_getset[] = {
+    {"closed", (getter)Chan_get_closed, NULL,
+     "True once close has been called (Go has no such query; for tests and dumps).", NULL},
+    {"_closed", (getter)Chan_get_closed, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyMemberDef Chan_members[] = {
+    {"_recvq", T_OBJECT, offsetof(ChanObject, recvq), READONLY, "parked receivers"},
+    {"_sendq", T_OBJECT, offsetof(ChanObject, sendq), READONLY, "parked senders"},
+    {"_cap", T_PYSSIZET, offsetof(ChanObject, cap), READONLY, "capacity"},
+    {NULL},
+};
+
+static PyMethodDef Chan_methods[] = {
+    {"send", (PyCFunction)Chan_send, METH_O,
+     "Send value; block until a receiver takes it or there is buffer room."},
+    {"try_send", (PyCFunction)Chan_try_send, METH_O,
+     "Send without blocking: True when sent, False when it would block."},
+    {"recv", (PyCFunction)Chan_recv, METH_NOARGS,
+     "Receive a value; block until one is available. None once closed and drained."},
+    {"recv2", (PyCFunction)Chan_recv2, METH_NOARGS,
+     "Go's v, ok := <-ch: ok is False once the channel is closed and drained."},
+    {"try_recv", (PyCFunction)Chan_try_recv, METH_NOARGS,
+     "Receive without blocking: (value, ok, received)."},
+    {"close", (PyCFunction)Chan_close, METH_NOARGS,
+     "Close the channel: receivers drain the buffer, then get the zero value."},
+    {"len", (PyCFunction)Chan_len, METH_NOARGS, "Values buffered now (Go's len(ch))."},
+    {"cap", (PyCFunction)Chan_cap, METH_NOARGS, "The buffer's capacity (Go's cap(ch))."},
+    {"_clear_buf", (PyCFunction)Chan_clear_buf, METH_NOARGS,
+     "Drop every buffered value; return how many there were."},
+    {"__class_getitem__", Py_GenericAlias, METH_O | METH_CLASS, "Chan[T]"},
+    {NULL},
+};
+
+static PySequenceMethods Chan_as_sequence = {
+    .sq_length = (lenfunc)Chan_sq_len,
+};
+
+static PyNumberMethods Chan_as_number = {
+    .nb_bool = (inquiry)Chan_bool,
+};
+
+static PyAsyncMethods Chan_async = {
+    .am_aiter = PyObject_SelfIter,
+    .am_anext = (unaryfunc)Chan_anext,
+};
+
+static PyTypeObject ChanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim.Chan",
+    .tp_basicsize = sizeof(ChanObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A Go channel: Chan[int](0) is unbuffered, Chan[int](16) holds 16 values.\n\n"
+              "Operations block (park the goroutine) as Go's do; values arrive in FIFO order;\n"
+              "blocked senders and receivers are served in arrival order.",
+    .tp_new = Chan_new,
+    .tp_init = (initproc)Chan_init,
+    .tp_dealloc = (destructor)Chan_dealloc,
+    .tp_traverse = (traverseproc)Chan_traverse,
+    .tp_clear = (inquiry)Chan_clear,
+    .tp_repr = (reprfunc)Chan_repr,
+    .tp_as_sequence = &Chan_as_sequence,
+    .tp_as_number = &Chan_as_number,
+    .tp_as_async = &Chan_async,
+    .tp_weaklistoffset = offsetof(ChanObject, weakreflist),
+    .tp_methods = Chan_methods,
+    .tp_members = Chan_members,
+    .tp_getset = Chan_getset,
+};
+
+/* ------------------------------------------------------------------ go */
+
+/* Go's `go fn(*args)`: newproc for the common case (a native coroutine, no trace), with
+ * everything else handed to Runtime.newproc. Keep in step with gosim._core._sched.go. */
+static PyObject *
+go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "go() needs a function to start");
+        return NULL;
+    }
+    if (current_rt == NULL || !PyObject_TypeCheck(current_rt, &RuntimeBaseType)) {
+        PyErr_SetString(NotInRuntime, "go: not inside a gosim goroutine (use gosim.run or rt.call)");
+        return NULL;
+    }
+    RtObject *rt = (RtObject *)Py_NewRef(current_rt);
+    PyObject *fn = args[0];
+    Py_ssize_t parent = G_Check(rt->curg) ? ((GObject *)rt->curg)->goid : 0;
+    PyObject *coro = PyObject_Vectorcall(fn, args + 1, nargs - 1, NULL);
+    if (coro == NULL)
+        goto fail;
+    PObject *p = rt_curp(rt);
+    if (p == NULL || !PyList_CheckExact(p->gfree) || !PyDict_CheckExact(rt->allg) ||
+        !PyCoro_CheckExact(coro) || rt->trace != Py_None) {
+        PyErr_Clear();
+        /* Not a native coroutine (newproc accepts coroutine-likes or raises TypeError),
+         * or traced: the Python newproc does it. */
+        PyObject *argt = PyTuple_New(nargs - 1);
+        if (argt == NULL) {
+            Py_DECREF(coro);
+            goto fail;
+        }
+        for (Py_ssize_t i = 1; i < nargs; i++)
+            PyTuple_SET_ITEM(argt, i - 1, Py_NewRef(args[i]));
+        PyObject *r = PyObject_CallMethod((PyObject *)rt, "newproc", "OOnO", fn, argt, parent, coro);
+        Py_DECREF(argt);
+        Py_DECREF(coro);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+        Py_DECREF(rt);
+        Py_RETURN_NONE;
+    }
+    PyObject *g;
+    Py_ssize_t nfree = PyList_GET_SIZE(p->gfree);
+    if (nfree == 0) {
+        nfree = gfget_refill(rt, p);
+        if (nfree < 0) {
+            Py_DECREF(coro);
+            goto fail;
+        }
+    }
+    if (nfree > 0) {
+        g = Py_NewRef(PyList_GET_ITEM(p->gfree, nfree - 1));
+        if (PyList_SetSlice(p->gfree, nfree - 1, nfree, NULL) < 0) {
+            Py_DECREF(g);
+            Py_DECREF(coro);
+            goto fail;
+        }
+    }
+    else if (g_class != NULL) {
+        g = g_class->tp_new(g_class, empty_tuple, NULL);
+        if (g == NULL) {
+            Py_DECREF(coro);
+            goto fail;
+        }
+    }
+    else {
+        g = PyObject_CallMethod((PyObject *)rt, "gfget", "O", (PyObject *)p);
+        if (g == NULL) {
+            Py_DECREF(coro);
+            goto fail;
+        }
+    }
+    if (!G_Check(g)) {
+        PyErr_SetString(PyExc_TypeError, "go: the free list holds a non-G");
+        Py_DECREF(g);
+        Py_DECREF(coro);
+        goto fail;
+    }
+    GObject *gg = (GObject *)g;
+    Py_ssize_t goid = ++rt->goidgen;
+    gg->goid = goid;
+    Py_SETREF(gg->coro, coro);
+    gg->parent = parent;
+    gg->status = G_RUNNABLE;
+    PyObject *key = PyLong_FromSsize_t(goid);
+    if (key == NULL || PyDict_SetItem(rt->allg, key, g) < 0) {
+        Py_XDECREF(key);
+        Py_DECREF(g);
+        goto fail;
+    }
+    Py_DECREF(key);
+    PyObject *old = p->runnext;
+    p->runnext = g; /* takes our reference */
+    int rc = 0;
+    if (old != Py_None)
+        rc = runq_put_tail(rt, p, old);
+    Py_DECREF(old);
+    Py_DECREF(rt);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(rt);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyObject *
+configure(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"park", "preempt", "send_on_closed", "close_of_closed",
+                             "not_in_runtime", "wait_recv", "wait_send", "op_budget",
+                             "g_class", NULL};
+    PyObject *park, *preempt, *soc, *coc, *nir, *wr, *ws, *gc;
+    Py_ssize_t ob;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOnO:configure", kwlist, &park, &preempt,
+                                     &soc, &coc, &nir, &wr, &ws, &ob, &gc))
+        return NULL;
+    if (!PyType_Check(gc) || !PyType_IsSubtype((PyTypeObject *)gc, &GBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "configure: g_class must subclass GBase");
+        return NULL;
+    }
+    Py_XSETREF(g_class, (PyTypeObject *)Py_NewRef(gc));
+    Py_XSETREF(PARK, Py_NewRef(park));
+    Py_XSETREF(PREEMPT, Py_NewRef(preempt));
+    Py_XSETREF(SendOnClosedChannel, Py_NewRef(soc));
+    Py_XSETREF(CloseOfClosedChannel, Py_NewRef(coc));
+    Py_XSETREF(NotInRuntime, Py_NewRef(nir));
+    Py_XSETREF(WAIT_CHAN_RECEIVE, Py_NewRef(wr));
+    Py_XSETREF(WAIT_CHAN_SEND, Py_NewRef(ws));
+    op_budget_max = budget = ob > 0 ? ob : 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+reset_budget(PyObject *module, PyObject *unused)
+{
+    budget = op_budget_max;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "Hand the module gosim's traps, errors and constants (done once by gosim._core)."},
+    {"reset_budget", reset_budget, METH_NOARGS, "Refill the preemption budget."},
+    {"go", (PyCFunction)(void (*)(void))go_impl, METH_FASTCALL,
+     "Start fn(*args) as a new goroutine in the current P's runnext."},
+    {NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gosim._speedups",
+    .m_doc = "The scheduler's and channels' hot paths in C (optional; see gosim/_chan.py).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+#define INTERN(var, s)                                  \
+    do {                                                \
+        var = PyUnicode_InternFromString(s);            \
+        if (var == NULL)                                \
+            return NULL;                                \
+    } while (0)
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    INTERN(str_popleft, "popleft");
+    INTERN(str_append, "append");
+    INTERN(str_emit, "emit");
+    INTERN(str_ready, "ready");
+    INTERN(str_runqput, "runqput");
+    INTERN(str_preempt_check, "preempt_check");
+    INTERN(str_g, "g");
+    INTERN(str_elem, "elem");
+    INTERN(str_ok, "ok");
+    INTERN(str_gfput_spill, "_gfput_spill");
+    INTERN(str_remove, "remove");
+    PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
+                             &DoneType, &ChanType, &ChanOpType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (PyType_Ready(types[i]) < 0)
+            return NULL;
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL)
+        return NULL;
+    PyObject *collections = PyImport_ImportModule("collections");
+    if (collections == NULL)
+        return NULL;
+    deque_type = PyObject_GetAttrString(collections, "deque");
+    Py_DECREF(collections);
+    if (deque_type == NULL)
+        return NULL;
+    empty_tuple = PyTuple_New(0);
+    if (empty_tuple == NULL)
+        return NULL;
+    DONE = PyObject_New(PyObject, &DoneType);
+    if (DONE == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "DONE", DONE) < 0 ||
+        PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0 ||
+        PyModule_AddObjectRef(m, "GBase", (PyObject *)&GBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "PBase", (PyObject *)&PBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "RuntimeBase", (PyObject *)&RuntimeBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "Chan", (PyObject *)&ChanType) < 0 ||
+        PyModule_AddObjectRef(m, "ChanOp", (PyObject *)&ChanOpType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
