@@ -11,10 +11,12 @@ use); Ps added later by ``gomaxprocs`` share mcaches modulo that count.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gosim._core._sched import Runtime, current_runtime
-from gosim.mem import Heap
+
+if TYPE_CHECKING:
+    from gosim.mem import Heap
 
 DEFAULT_ARENA_BYTES: Final = 64 * 1024 * 1024  # pages are only resident once touched
 HEAP_PROCS: Final = 16
@@ -25,6 +27,9 @@ _heaps: dict[int, Heap] = {}  # id(runtime) -> heap; dropped with the runtime
 def _heap_of(rt: Runtime) -> Heap:
     heap = rt.heap
     if heap is None:
+        # Imported here: gosim.mem loads numba, which `import gosim` should not pay for.
+        from gosim.mem import Heap  # noqa: PLC0415
+
         heap = Heap(DEFAULT_ARENA_BYTES, procs=max(HEAP_PROCS, len(rt.allp)))
         rt.heap = heap
     return heap  # type: ignore[no-any-return]

@@ -35,12 +35,40 @@ static PyObject *WAIT_CHAN_RECEIVE, *WAIT_CHAN_SEND;
 static Py_ssize_t op_budget_max = 128;
 static PyTypeObject *g_class;  /* gosim._core._g.G, a subclass of GBase */
 static PyObject *empty_tuple;
+static PyObject *empty_str;
 /* Operations that complete at once count this down; at zero the runtime is asked
  * whether the running goroutine used up its slice (cooperative preemption). */
 static Py_ssize_t budget = 128;
 
 static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput,
     *str_preempt_check, *str_g, *str_elem, *str_ok, *str_gfput_spill, *str_remove;
+
+/* collections.deque and its popleft/append C functions, called directly on exact
+ * deques (the run queues and channel wait queues): a method lookup per call would
+ * cost more than the operation. */
+static PyTypeObject *deque_type;
+static PyCFunction deque_popleft_fn, deque_append_fn;
+
+/* q.popleft(): new reference, NULL with IndexError when empty. */
+static inline PyObject *
+q_popleft(PyObject *q)
+{
+    if (Py_IS_TYPE(q, deque_type))
+        return deque_popleft_fn(q, NULL);
+    return PyObject_CallMethodNoArgs(q, str_popleft);
+}
+
+/* q.append(v): 0 or -1. */
+static inline int
+q_append(PyObject *q, PyObject *v)
+{
+    PyObject *r = Py_IS_TYPE(q, deque_type) ? deque_append_fn(q, v)
+                                            : PyObject_CallMethodOneArg(q, str_append, v);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
 
 /* ------------------------------------------------------------------ State */
 
@@ -98,7 +126,8 @@ typedef struct {
 } GObject;
 
 static PyTypeObject GBaseType;
-#define G_Check(o) PyObject_TypeCheck((o), &GBaseType)
+/* The exact class first: every G is a gosim._core._g.G, and the subtype walk costs. */
+#define G_Check(o) (Py_IS_TYPE((o), g_class) || PyObject_TypeCheck((o), &GBaseType))
 
 static PyObject *
 GBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -111,12 +140,14 @@ GBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     g->fn = Py_NewRef(Py_None);
     g->p = Py_NewRef(Py_None);
     g->param = Py_NewRef(Py_None);
-    g->waitreason = PyUnicode_FromString("");
-    if (g->waitreason == NULL) {
-        Py_DECREF(g);
-        return NULL;
-    }
+    g->waitreason = Py_NewRef(empty_str);
     g->ok = 1;
+    /* G records are not tracked by the cycle collector: they come and go by the
+     * hundred thousand and tracking them was a large share of the collector's work
+     * when goroutines are spawned in bulk. No cycle can be lost through them: a live G
+     * is reachable from the runtime's allg, and the runtime clears every reference a G
+     * holds when the goroutine exits (goexit0) or the runtime closes (close_all). */
+    PyObject_GC_UnTrack(g);
     return (PyObject *)g;
 }
 
@@ -335,11 +366,10 @@ rt_curp(RtObject *rt)
 static int
 runq_put_tail(RtObject *rt, PObject *p, PyObject *g)
 {
-    PyObject *r;
     if (Py_SIZE(p->runq) < RUNQ_SIZE)
-        r = PyObject_CallMethodOneArg(p->runq, str_append, g);
-    else
-        r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g, Py_False, NULL);
+        return q_append(p->runq, g);
+    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
+                                             Py_False, NULL);
     if (r == NULL)
         return -1;
     Py_DECREF(r);
@@ -424,6 +454,10 @@ goexit0(RtObject *rt, PObject *p, GObject *g)
     Py_SETREF(g->param, Py_NewRef(Py_None));
     if (g->fn != Py_None)
         Py_SETREF(g->fn, Py_NewRef(Py_None));
+    if (g->elem != Py_None)
+        Py_SETREF(g->elem, Py_NewRef(Py_None));
+    if (g->p != Py_None)
+        Py_SETREF(g->p, Py_NewRef(Py_None));
     PyObject *key = PyLong_FromSsize_t(g->goid);
     if (key == NULL)
         return -1;
@@ -450,7 +484,7 @@ p_next_g(PObject *p)
         return g;
     }
     if (Py_SIZE(p->runq) > 0)
-        return PyObject_CallMethodNoArgs(p->runq, str_popleft);
+        return q_popleft(p->runq);
     return NULL;
 }
 
@@ -683,7 +717,6 @@ static PyTypeObject DoneType = {
 };
 
 static PyObject *DONE;
-static PyObject *deque_type; /* collections.deque */
 
 /* ------------------------------------------------------------------ Chan */
 
@@ -704,8 +737,8 @@ Chan_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ChanObject *ch = (ChanObject *)type->tp_alloc(type, 0);
     if (ch == NULL)
         return NULL;
-    ch->recvq = PyObject_CallNoArgs(deque_type);
-    ch->sendq = PyObject_CallNoArgs(deque_type);
+    ch->recvq = PyObject_CallNoArgs((PyObject *)deque_type);
+    ch->sendq = PyObject_CallNoArgs((PyObject *)deque_type);
     if (ch->recvq == NULL || ch->sendq == NULL) {
         Py_DECREF(ch);
         return NULL;
@@ -837,7 +870,7 @@ static PyObject *
 dequeue(PyObject *q)
 {
     while (Py_SIZE(q) > 0) {
-        PyObject *w = PyObject_CallMethodNoArgs(q, str_popleft);
+        PyObject *w = q_popleft(q);
         if (w == NULL)
             return NULL;
         if (G_Check(w))
@@ -1050,12 +1083,25 @@ typedef struct {
 
 static PyTypeObject ChanOpType;
 
+/* Freed ops are kept for reuse (as Cython's freelists do): a receive allocates one
+ * per call, and the allocator's round trip was a visible share of a receive's cost. */
+#define CHANOP_FREELIST_MAX 64
+static ChanOpObject *chanop_freelist[CHANOP_FREELIST_MAX];
+static int chanop_nfree;
+
 static ChanOpObject *
 chanop_new(ChanObject *ch, int mode, PyObject *value)
 {
-    ChanOpObject *op = PyObject_GC_New(ChanOpObject, &ChanOpType);
-    if (op == NULL)
-        return NULL;
+    ChanOpObject *op;
+    if (chanop_nfree > 0) {
+        op = chanop_freelist[--chanop_nfree];
+        PyObject_Init((PyObject *)op, &ChanOpType);
+    }
+    else {
+        op = PyObject_GC_New(ChanOpObject, &ChanOpType);
+        if (op == NULL)
+            return NULL;
+    }
     op->chan = Py_NewRef((PyObject *)ch);
     op->value = Py_NewRef(value ? value : Py_None);
     op->mode = mode;
@@ -1085,7 +1131,10 @@ ChanOp_dealloc(ChanOpObject *op)
 {
     PyObject_GC_UnTrack(op);
     ChanOp_clear(op);
-    PyObject_GC_Del(op);
+    if (chanop_nfree < CHANOP_FREELIST_MAX)
+        chanop_freelist[chanop_nfree++] = op;
+    else
+        PyObject_GC_Del(op);
 }
 
 /* The result of a receive in this op's mode, from the value and ok. New reference;
@@ -1179,12 +1228,10 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         GObject *g = (GObject *)rt->curg;
         Py_SETREF(g->elem, Py_NewRef(op->value));
         Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_SEND));
-        PyObject *r = PyObject_CallMethodOneArg(ch->sendq, str_append, (PyObject *)g);
-        if (r == NULL) {
+        if (q_append(ch->sendq, (PyObject *)g) < 0) {
             *result = NULL;
             return PYGEN_ERROR;
         }
-        Py_DECREF(r);
         op->state = ST_PARKED;
         *result = Py_NewRef(PARK);
         return PYGEN_NEXT;
@@ -1230,12 +1277,10 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
     GObject *g = (GObject *)rt->curg;
     Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_RECEIVE));
     g->ok = 1;
-    PyObject *r = PyObject_CallMethodOneArg(ch->recvq, str_append, (PyObject *)g);
-    if (r == NULL) {
+    if (q_append(ch->recvq, (PyObject *)g) < 0) {
         *result = NULL;
         return PYGEN_ERROR;
     }
-    Py_DECREF(r);
     op->state = ST_PARKED;
     *result = Py_NewRef(PARK);
     return PYGEN_NEXT;
@@ -1760,12 +1805,30 @@ PyInit__speedups(void)
     PyObject *collections = PyImport_ImportModule("collections");
     if (collections == NULL)
         return NULL;
-    deque_type = PyObject_GetAttrString(collections, "deque");
+    deque_type = (PyTypeObject *)PyObject_GetAttrString(collections, "deque");
     Py_DECREF(collections);
     if (deque_type == NULL)
         return NULL;
+    {
+        PyObject *pl = PyObject_GetAttrString((PyObject *)deque_type, "popleft");
+        PyObject *ap = PyObject_GetAttrString((PyObject *)deque_type, "append");
+        if (pl == NULL || ap == NULL || !Py_IS_TYPE(pl, &PyMethodDescr_Type) ||
+            !Py_IS_TYPE(ap, &PyMethodDescr_Type) ||
+            !(((PyMethodDescrObject *)pl)->d_method->ml_flags & METH_NOARGS) ||
+            !(((PyMethodDescrObject *)ap)->d_method->ml_flags & METH_O)) {
+            Py_XDECREF(pl);
+            Py_XDECREF(ap);
+            PyErr_SetString(PyExc_ImportError, "gosim._speedups: unexpected deque methods");
+            return NULL;
+        }
+        deque_popleft_fn = ((PyMethodDescrObject *)pl)->d_method->ml_meth;
+        deque_append_fn = ((PyMethodDescrObject *)ap)->d_method->ml_meth;
+        Py_DECREF(pl);
+        Py_DECREF(ap);
+    }
     empty_tuple = PyTuple_New(0);
-    if (empty_tuple == NULL)
+    empty_str = PyUnicode_InternFromString("");
+    if (empty_tuple == NULL || empty_str == NULL)
         return NULL;
     DONE = PyObject_New(PyObject, &DoneType);
     if (DONE == NULL)

@@ -69,7 +69,6 @@ from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
 
 import outcome
 import trio
-import trio.testing
 
 from gosim._core import _exceptions, _g
 from gosim._core._accel import speedups
@@ -527,6 +526,8 @@ class Runtime(_RuntimeFields):
         g.param = None
         if g.fn is not None:
             g.fn = None
+        if g.p is not None:
+            g.p = None
         del self.allg[g.goid]
         if self.trace is not None:
             self.trace.emit(self, "exit", p.id, g.goid, 0, 0)
@@ -956,6 +957,8 @@ class Runtime(_RuntimeFields):
                 g.param = None
                 if g.fn is not None:
                     g.fn = None
+                if g.p is not None:
+                    g.p = None
                 del allg[g.goid]
                 if trace is not None:
                     trace.emit(self, "exit", p.id, g.goid, 0, 0)
@@ -1048,7 +1051,7 @@ class Runtime(_RuntimeFields):
         err.__cause__ = exc
         g.status = DEAD
         self.allg.pop(g.goid, None)
-        g.coro = None
+        g.coro = g.elem = g.param = g.p = None
         self._fail(err)
 
     def _trap_slow(self, g: G, p: P, trap: Any) -> bool:
@@ -1177,7 +1180,9 @@ class Runtime(_RuntimeFields):
                 g = self.allg[goid]
                 coro = g.coro
                 g.status = DEAD
-                g.coro = None
+                # Drop everything the G holds: with the C accelerator, G records are not
+                # tracked by the cycle collector, so nothing may stay reachable from them.
+                g.coro = g.elem = g.param = g.p = g.fn = None
                 if coro is not None:
                     try:
                         coro.close()
@@ -1334,7 +1339,12 @@ def run(
     cycles are still collected, just in larger batches, as Go's GOGC paces its GC.
     """
     nprocs = _resolve_procs(procs)
-    clock = trio.testing.MockClock(autojump_threshold=0) if virtual_time else None
+    clock = None
+    if virtual_time:
+        # Imported only here: trio.testing pulls in pytest when it is installed.
+        from trio.testing import MockClock  # noqa: PLC0415
+
+        clock = MockClock(autojump_threshold=0)
 
     async def top() -> T:
         rt = Runtime(nprocs, seed, trace, deterministic=seed is not None)

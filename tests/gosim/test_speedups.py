@@ -8,11 +8,13 @@ like the generators they replace where user code can see the difference.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import types
+import weakref
 from typing import Any
 
 import pytest
@@ -216,3 +218,27 @@ def test_huge_capacity_costs_what_it_holds() -> None:
     assert ch.len() == 0
     with pytest.raises(ValueError, match="makechan: size out of range"):
         Chan(2**80)
+
+
+def test_goroutines_left_parked_when_main_returns_keep_nothing_alive() -> None:
+    # G records are not tracked by the cycle collector when the C accelerator is in use,
+    # so the runtime must drop what they hold when it closes.
+    class Marker:
+        ch: Chan[int]
+
+    refs: list[weakref.ref[Marker]] = []
+
+    async def parked(m: Marker) -> None:
+        m.ch = Chan(0)
+        await m.ch.recv()  # never satisfied: main returns first
+
+    async def main() -> None:
+        m = Marker()
+        refs.append(weakref.ref(m))
+        go(parked, m)
+        await gosim.sleep(0.001)
+
+    for _ in range(3):
+        gosim.run(main)
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
