@@ -25,6 +25,10 @@ cases; a select's sudogs on other channels are skipped once one of its cases has
 (``g.selectdone``) and removed by the select when it resumes.
 
 The zero value is ``None`` (Python has no typed zero values).
+
+This class is the reference implementation. When the C accelerator is built,
+``gosim.Chan`` is its twin in ``gosim/_speedups.c`` (same rules, same queues, the buffer
+a ring that grows on demand up to ``cap``); keep the two in step.
 """
 
 from __future__ import annotations
