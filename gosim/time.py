@@ -159,7 +159,7 @@ def _start_func(
 class FuncTimer:
     """The timer :func:`after_func` returns: ``stop`` prevents the call if it has not started."""
 
-    __slots__ = ("_args", "_rt", "_t")
+    __slots__ = ("_rt", "_t")
 
     def __init__(
         self, d: float, fn: Callable[..., Coroutine[Any, Any, Any]], args: tuple[Any, ...]

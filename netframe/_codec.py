@@ -293,6 +293,15 @@ class FrameFormat:
             return b"".join((preamble, self._pack(n - self._fixed_adjust), payload))
         return b"".join((preamble, self._uvarint_field(n), payload))
 
+    def check_payload(self, payload: bytes | bytearray | memoryview) -> None:
+        """Raise what :meth:`encode` would raise for ``payload``, without encoding it."""
+        n = payload.nbytes if type(payload) is memoryview else len(payload)
+        if self._fixed_header >= 0:
+            if not self._min_payload <= n <= self._max_payload:
+                self._raise_payload_error(n)
+        else:
+            self._uvarint_field(n)
+
     def encode_many(self, payloads: Iterable[bytes | bytearray | memoryview]) -> bytes:
         """Return the frames for ``payloads``, concatenated in order (zero preambles).
 

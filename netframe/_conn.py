@@ -221,7 +221,9 @@ class FramedConn:
             raise self._writer_error
         if self._closed:
             raise ClosedError("send on a closed FramedConn")
-        self.format.encode(b"")  # cheap check that the format itself is usable
+        # A payload the format cannot carry fails here, in the sender, not later in the
+        # writer goroutine (which would then fail the whole connection).
+        self.format.check_payload(payload)
         if not self._writer_started:
             self._writer_started = True
             gosim.go(self._writer)

@@ -1009,10 +1009,6 @@ class Runtime(_RuntimeFields):
     def _exited(self, g: G, value: Any) -> bool:
         """After goexit0 of a goroutine with a caller waiting for its result (main,
         ``rt.call``), or of anyone once main called goexit; True if the runtime stopped."""
-        self._exited_inner(g, value)
-        return self.stopped
-
-    def _exited_inner(self, g: G, value: Any) -> None:
         box = self.call_boxes.pop(g.goid, None)
         if box is not None:
             box.deliver(outcome.Value(value))
@@ -1020,16 +1016,13 @@ class Runtime(_RuntimeFields):
             self.stopped = True
         elif self.main_goexited and not self.allg:
             self._checkdead()
+        return self.stopped
 
     def _goexited(self, g: G, p: P) -> bool:
         """g called goexit (True if that stopped the runtime).
 
         From main under ``run``, the program goes on without main.
         """
-        self._goexited_inner(g, p)
-        return self.stopped
-
-    def _goexited_inner(self, g: G, p: P) -> None:
         box = self.call_boxes.get(g.goid)
         if box is not None and (self.open_mode or g is not self.main_g):
             del self.call_boxes[g.goid]
@@ -1040,6 +1033,7 @@ class Runtime(_RuntimeFields):
         self.goexit0(g, p)
         if self.main_goexited and not self.allg:
             self._checkdead()
+        return self.stopped
 
     def _raised(self, g: G, p: P, exc: Exception) -> bool:
         """g raised exc: deliver it to an ``rt.call`` caller (True: the driver goes on)
@@ -1064,10 +1058,6 @@ class Runtime(_RuntimeFields):
 
     def _trap_slow(self, g: G, p: P, trap: Any) -> bool:
         """Handle a trap other than PARK; True when it stopped the runtime."""
-        self._trap_slow_inner(g, p, trap)
-        return self.stopped
-
-    def _trap_slow_inner(self, g: G, p: P, trap: Any) -> None:
         if trap is GOSCHED or trap is PREEMPT:
             g.status = RUNNABLE
             g.param = None
@@ -1078,13 +1068,13 @@ class Runtime(_RuntimeFields):
                     self, "preempt" if trap is PREEMPT else "gosched", p.id, g.goid, 0, 0
                 )
             self.globrunq.append(g)
-            return
+            return self.stopped
         if type(trap) is _SyscallTrap:
             self._entersyscall(g, p, trap)
-            return
+            return self.stopped
         if type(trap) is _TrioCallTrap:
             self._start_trio_call(g, p, trap)
-            return
+            return self.stopped
         # Something awaited a foreign awaitable (trio, asyncio) inside a goroutine.
         g.status = RUNNABLE
         g.param = None
@@ -1097,14 +1087,15 @@ class Runtime(_RuntimeFields):
         except BaseException as exc:  # the goroutine did not handle it: a panic
             if isinstance(exc, StopIteration):
                 self.goexit0(g, p)
-                return
+                return self.stopped
             if isinstance(exc, Exception):
                 self._panic(g, exc)
             else:
                 self._fail(exc)
-            return
+            return self.stopped
         # It caught the error and trapped again: treat like a gosched to keep it simple.
         self.globrunq.append(g)
+        return self.stopped
 
     def _entersyscall(self, g: G, p: P, trap: _SyscallTrap) -> None:
         g.status = SYSCALL

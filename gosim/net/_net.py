@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from typing import Any
+from typing import Any, Protocol
 
 from gosim import lowlevel
 
@@ -103,6 +103,27 @@ def _format_addr(addr: Any) -> str:
     return str(addr)
 
 
+class _Reader(Protocol):
+    async def read(self, n: int) -> bytes: ...
+
+
+async def read_full(conn: _Reader, n: int) -> bytes:
+    """Go's ``io.ReadFull``: exactly ``n`` bytes from ``conn``, reading as often as needed.
+
+    Raises :class:`BrokenError` if the stream ends first (shared by every gosim.net
+    connection type).
+    """
+    parts: list[bytes] = []
+    got = 0
+    while got < n:
+        chunk = await conn.read(n - got)
+        if not chunk:
+            raise BrokenError(f"unexpected EOF: {got} of {n} bytes read")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 class Conn:
     """A connected stream socket owned by the runtime; see the module docstring."""
 
@@ -150,15 +171,7 @@ class Conn:
 
     async def read_exactly(self, n: int) -> bytes:
         """Exactly ``n`` bytes; :class:`BrokenError` if the stream ends first (``io.ReadFull``)."""
-        parts: list[bytes] = []
-        got = 0
-        while got < n:
-            chunk = await self.read(n - got)
-            if not chunk:
-                raise BrokenError(f"unexpected EOF: {got} of {n} bytes read")
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
+        return await read_full(self, n)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write all of ``data``; return its length. Raises rather than writing part."""

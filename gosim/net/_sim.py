@@ -35,7 +35,14 @@ from typing import Any
 from gosim import Chan, lowlevel
 from gosim.lowlevel import RuntimeTimer
 
-from ._net import AddrError, BrokenError, BusyError, ClosedError, DeadlineExceeded
+from ._net import (
+    AddrError,
+    BrokenError,
+    BusyError,
+    ClosedError,
+    DeadlineExceeded,
+    read_full,
+)
 
 _EXT_KEY = "gosim.net.sim"
 
@@ -190,15 +197,8 @@ class SimConn:
             self._reading = False
 
     async def read_exactly(self, n: int) -> bytes:
-        parts: list[bytes] = []
-        got = 0
-        while got < n:
-            chunk = await self.read(n - got)
-            if not chunk:
-                raise BrokenError(f"unexpected EOF: {got} of {n} bytes read")
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
+        """Exactly ``n`` bytes; :class:`BrokenError` if the stream ends first (``io.ReadFull``)."""
+        return await read_full(self, n)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._closed:

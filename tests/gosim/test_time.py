@@ -136,6 +136,46 @@ def test_after_func_runs_in_its_own_goroutine_and_stop_prevents_it() -> None:
     assert (prevented, again) == (True, False)
 
 
+def test_ticker_reset_changes_the_period_and_drops_a_pending_tick() -> None:
+    async def main() -> list[float]:
+        start = gosim.now()
+        tk = gosim.Ticker(1.0)
+        await gosim.sleep(1.5)  # the tick at 1.0 waits, unreceived
+        tk.reset(0.25)  # Go 1.23: no tick from before reset is received after it
+        ticks = []
+        for _ in range(3):
+            v = await tk.c.recv()
+            assert v is not None
+            ticks.append(round(v - start, 6))
+        with pytest.raises(ValueError, match=r"non-positive interval for Ticker\.Reset"):
+            tk.reset(0)
+        tk.stop()
+        return ticks
+
+    assert vrun(main) == [1.75, 2.0, 2.25]
+
+
+def test_after_func_reset_moves_the_call_and_reports_whether_it_was_pending() -> None:
+    async def main() -> tuple[list[float], bool, bool]:
+        start = gosim.now()
+        when: list[float] = []
+
+        async def record() -> None:
+            when.append(round(gosim.now() - start, 6))
+
+        t = gosim.after_func(1.0, record)
+        await gosim.sleep(0.5)
+        was_pending = t.reset(2.0)  # from now: the call moves to 2.5
+        await gosim.sleep(3.0)
+        again = t.reset(1.0)  # it already ran: not pending, but it is armed again
+        await gosim.sleep(2.0)
+        return when, was_pending, again
+
+    when, was_pending, again = vrun(main)
+    assert when == [2.5, 4.5]
+    assert (was_pending, again) == (True, False)
+
+
 def test_select_timeout_with_after() -> None:
     async def main() -> int:
         never: Chan[int] = Chan()

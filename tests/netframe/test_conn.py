@@ -9,7 +9,16 @@ from hypothesis import given, settings
 
 import gosim
 from gosim import Chan, go
-from netframe import BusyError, ClosedError, FramedConn, FrameFormat, FrameTooLarge, IncompleteFrame
+from netframe import (
+    BusyError,
+    ClosedError,
+    FramedConn,
+    FrameFormat,
+    FrameTooLarge,
+    IncompleteFrame,
+    LocalFrameError,
+    PayloadTooLarge,
+)
 
 
 class MemoryConn:
@@ -181,3 +190,21 @@ def test_closed_conn_refuses_sends() -> None:
             await fa.send(b"late")
 
     run(main)
+
+
+def test_send_refuses_a_payload_the_format_cannot_carry_and_the_conn_goes_on() -> None:
+    async def main() -> list[bytes]:
+        a, b = conn_pair()
+        fmt = FrameFormat(length_size=1, length_adjustment=2)  # payloads of 2..257 bytes
+        fa, fb = FramedConn(a, fmt), FramedConn(b, fmt)
+        with pytest.raises(PayloadTooLarge):
+            await fa.send(b"x" * 258)
+        with pytest.raises(LocalFrameError):
+            await fa.send(b"x")
+        await fa.send(b"ok")  # the connection is unharmed: nothing was queued
+        await fa.flush()
+        got = await fb.read_frame()
+        assert got is not None
+        return [got]
+
+    assert run(main) == [b"ok"]
