@@ -132,8 +132,10 @@ async def main() -> None:
     go(count)
     await gosim.syscall(_wall.sleep, 0.05)  # blocks an OS thread, not the runtime
     await done.recv()
-    print(f"a 50 ms blocking syscall while another goroutine yielded {counted} times "
-          f"({(gosim.now() - start) * 1000:.0f} ms)")
+    print(
+        f"a 50 ms blocking syscall while another goroutine yielded {counted} times "
+        f"({(gosim.now() - start) * 1000:.0f} ms)"
+    )
 
     await long_connections()
 

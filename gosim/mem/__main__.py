@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     syn.add_argument("--gc-every", type=int, default=0)
     args = parser.parse_args(argv)
     if args.cmd == "synth":
-        Path(args.out).write_text(synthetic_trace(args.nops, args.seed,
-                                                  gc_every=args.gc_every))
+        Path(args.out).write_text(synthetic_trace(args.nops, args.seed, gc_every=args.gc_every))
         return 0
     report = report_file(args.trace, plot=args.plot, arena_bytes=args.arena)
     print(format_report(report))

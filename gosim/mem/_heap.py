@@ -191,15 +191,24 @@ class Heap:
         b_palloc = b_acache + npages
         bits = np.zeros(b_palloc + nchunks * lay.CHUNK_WORDS, dtype=np.uint64)
         header = {
-            lay.H_NPAGES: npages, lay.H_PROCS: procs, lay.H_NCHUNKS: nchunks,
-            lay.H_ARENA: arena_bytes, lay.H_O_SPAN: o_span, lay.H_O_SPANOF: o_spanof,
-            lay.H_O_CENTRAL: o_central, lay.H_O_MCACHE: o_mcache, lay.H_O_CLASS: o_class,
-            lay.H_O_STATS: o_stats, lay.H_O_SUM: o_sum, lay.H_B_MBITS: b_mbits,
-            lay.H_B_ACACHE: b_acache, lay.H_B_PALLOC: b_palloc,
+            lay.H_NPAGES: npages,
+            lay.H_PROCS: procs,
+            lay.H_NCHUNKS: nchunks,
+            lay.H_ARENA: arena_bytes,
+            lay.H_O_SPAN: o_span,
+            lay.H_O_SPANOF: o_spanof,
+            lay.H_O_CENTRAL: o_central,
+            lay.H_O_MCACHE: o_mcache,
+            lay.H_O_CLASS: o_class,
+            lay.H_O_STATS: o_stats,
+            lay.H_O_SUM: o_sum,
+            lay.H_B_MBITS: b_mbits,
+            lay.H_B_ACACHE: b_acache,
+            lay.H_B_PALLOC: b_palloc,
         }
         for k, v in header.items():
             meta[k] = v
-        meta[o_span : o_spanof].reshape(npages, lay.SPAN_FIELDS)[:, lay.S_SPC] = -1
+        meta[o_span:o_spanof].reshape(npages, lay.SPAN_FIELDS)[:, lay.S_SPC] = -1
         meta[o_spanof:o_central] = -1
         lists = meta[o_central:o_mcache].reshape(-1, lay.LIST_WORDS)
         lists[:, 0] = -1
@@ -272,8 +281,9 @@ class Heap:
             p = self._check_p(p)
         if n == 0:
             return self.arena_bytes
-        a = int(malloc_one(self._meta, self._bits, self._tiny, self._arena_words, p, n,
-                           bool(noscan)))
+        a = int(
+            malloc_one(self._meta, self._bits, self._tiny, self._arena_words, p, n, bool(noscan))
+        )
         if a < 0:
             raise self._oom(n, 1)
         return a
@@ -287,8 +297,7 @@ class Heap:
         spans = -(-n // c.objects) + 1
         return spans * c.npages <= free_pages
 
-    def malloc_many(self, size: int, n: int, p: int = 0, *, noscan: bool = True
-                    ) -> Int64Array:
+    def malloc_many(self, size: int, n: int, p: int = 0, *, noscan: bool = True) -> Int64Array:
         """Allocate ``n`` objects of ``size`` bytes each from P ``p``; returns their
         addresses (int64 array), in allocation order. All or nothing: on exhaustion
         :class:`OutOfMemoryError` is raised and the heap is as before the call."""
@@ -326,21 +335,27 @@ class Heap:
         if code == lay.ERR_FOREIGN:
             raise ForeignAddressError(
                 f"{verb} of foreign address {addr:#x}: outside the arena "
-                f"[0, {self.arena_bytes:#x})", addr, index)
+                f"[0, {self.arena_bytes:#x})",
+                addr,
+                index,
+            )
         if code == lay.ERR_UNALLOCATED:
-            raise UnallocatedAddressError(
-                f"{verb} of unallocated address {addr:#x}", addr, index)
+            raise UnallocatedAddressError(f"{verb} of unallocated address {addr:#x}", addr, index)
         if code == lay.ERR_INTERIOR:
             raise InteriorPointerError(
-                f"{verb} of interior pointer {addr:#x}: no object starts there", addr, index)
+                f"{verb} of interior pointer {addr:#x}: no object starts there", addr, index
+            )
         if code == lay.ERR_DOUBLE:
             raise DoubleFreeError(
-                f"{verb} of freed object {addr:#x} (double free, or unmarked by mark)",
-                addr, index)
+                f"{verb} of freed object {addr:#x} (double free, or unmarked by mark)", addr, index
+            )
         if code == lay.ERR_TINY:
             raise BadAddressError(
                 f"{verb} of {addr:#x}: no live tiny object starts there "
-                "(double free or interior pointer)", addr, index)
+                "(double free or interior pointer)",
+                addr,
+                index,
+            )
         raise AssertionError(f"unknown kernel code {code}")  # pragma: no cover
 
     def free(self, addr: int) -> None:
@@ -417,15 +432,19 @@ class Heap:
         """Go's ``runtime.ReadMemStats``: exact counters at this moment."""
         meta = self._meta
         o_stats = int(meta[lay.H_O_STATS])
-        small_alloc = meta[o_stats + lay.ST_SMALL_ALLOC : o_stats + lay.ST_SMALL_ALLOC
-                           + NUM_SIZE_CLASSES].copy()
-        small_free = meta[o_stats + lay.ST_SMALL_FREE : o_stats + lay.ST_SMALL_FREE
-                          + NUM_SIZE_CLASSES].copy()
+        small_alloc = meta[
+            o_stats + lay.ST_SMALL_ALLOC : o_stats + lay.ST_SMALL_ALLOC + NUM_SIZE_CLASSES
+        ].copy()
+        small_free = meta[
+            o_stats + lay.ST_SMALL_FREE : o_stats + lay.ST_SMALL_FREE + NUM_SIZE_CLASSES
+        ].copy()
         o_mc = int(meta[lay.H_O_MCACHE])
         mc = meta[o_mc : o_mc + self._procs * lay.MCACHE_WORDS].reshape(
-            self._procs, lay.MCACHE_WORDS)
+            self._procs, lay.MCACHE_WORDS
+        )
         spans = meta[int(meta[lay.H_O_SPAN]) : int(meta[lay.H_O_SPANOF])].reshape(
-            -1, lay.SPAN_FIELDS)
+            -1, lay.SPAN_FIELDS
+        )
         # Allocations from spans still cached (Go flushes mcaches before reading).
         cached = mc[:, : lay.NUM_SPAN_CLASSES]
         pi, spc = np.nonzero(cached >= 0)
@@ -438,8 +457,11 @@ class Heap:
         large_frees = int(meta[lay.H_LARGE_FREES])
         mallocs = int(small_alloc[1:].sum()) + large_allocs + tiny_allocs
         frees = int(small_free[1:].sum()) + large_frees + tiny_allocs
-        heap_alloc = int(((small_alloc - small_free) * sizes).sum()
-                         + meta[lay.H_LARGE_ALLOC_BYTES] - meta[lay.H_LARGE_FREE_BYTES])
+        heap_alloc = int(
+            ((small_alloc - small_free) * sizes).sum()
+            + meta[lay.H_LARGE_ALLOC_BYTES]
+            - meta[lay.H_LARGE_FREE_BYTES]
+        )
         total_alloc = int((small_alloc * sizes).sum() + meta[lay.H_LARGE_ALLOC_BYTES])
         npages = int(meta[lay.H_NPAGES])
         inuse = int(meta[lay.H_PAGES_INUSE]) * PAGE_SIZE
@@ -447,16 +469,25 @@ class Heap:
         census(meta, occ)
         tails = np.array([c.tail_waste for c in CLASSES], dtype=np.int64)
         by_size = [BySizeEntry(0, large_allocs, large_frees)]
-        by_size += [BySizeEntry(CLASSES[c].size, int(small_alloc[c]), int(small_free[c]))
-                    for c in range(1, NUM_SIZE_CLASSES)]
+        by_size += [
+            BySizeEntry(CLASSES[c].size, int(small_alloc[c]), int(small_free[c]))
+            for c in range(1, NUM_SIZE_CLASSES)
+        ]
         per_p = tuple(
-            PStats(int((mc[p, : lay.NUM_SPAN_CLASSES] >= 0).sum()), int(mc[p, lay.MC_REFILLS]),
-                   int(mc[p, lay.MC_MALLOCS]), int(mc[p, lay.MC_TINYALLOCS]))
-            for p in range(self._procs))
+            PStats(
+                int((mc[p, : lay.NUM_SPAN_CLASSES] >= 0).sum()),
+                int(mc[p, lay.MC_REFILLS]),
+                int(mc[p, lay.MC_MALLOCS]),
+                int(mc[p, lay.MC_TINYALLOCS]),
+            )
+            for p in range(self._procs)
+        )
         by_class = tuple(
-            ClassOccupancy(CLASSES[c].size, int(occ[c, 0]), int(occ[c, 1]), int(occ[c, 2]),
-                           int(occ[c, 3]))
-            for c in range(NUM_SIZE_CLASSES))
+            ClassOccupancy(
+                CLASSES[c].size, int(occ[c, 0]), int(occ[c, 1]), int(occ[c, 2]), int(occ[c, 3])
+            )
+            for c in range(NUM_SIZE_CLASSES)
+        )
         return MemStats(
             HeapAlloc=heap_alloc,
             HeapSys=npages * PAGE_SIZE,

@@ -159,8 +159,7 @@ def free_slots(meta: np.ndarray, s: int, cls: int, k: int) -> None:
 
 
 @kernel
-def release_tiny_if_empty(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray,
-                          block: int) -> None:
+def release_tiny_if_empty(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, block: int) -> None:
     """Free tiny ``block`` if no live tiny object starts in it and no mcache packs into it."""
     if tiny[block >> 4] != 0 or is_current_tiny(meta, block):
         return
@@ -185,7 +184,8 @@ def refill(meta: np.ndarray, bits: np.ndarray, p: int, spc: int) -> int:
     if s >= 0:
         row = span_row(meta, s)
         meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
-            meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE])
+            meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
+        )
         meta[row + S_BEFORE_CACHE] = 0
         meta[row + S_CACHED_BY] = -1
         uncache_span(meta, s)
@@ -215,7 +215,8 @@ def release_all(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, p: int) ->
         if s >= 0:
             row = span_row(meta, s)
             meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
-                meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE])
+                meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
+            )
             meta[row + S_BEFORE_CACHE] = 0
             meta[row + S_CACHED_BY] = -1
             uncache_span(meta, s)
@@ -233,8 +234,9 @@ def release_all(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, p: int) ->
 
 
 @kernel
-def alloc_small(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray,
-                p: int, spc: int) -> int:
+def alloc_small(
+    meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray, p: int, spc: int
+) -> int:
     """One object of span class ``spc`` from P ``p``'s mcache (the small-object path of
     ``mallocgc``): its address, or -1 when the heap is exhausted."""
     mc = mcache_row(meta, p)
@@ -266,8 +268,9 @@ def alloc_small(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.
 
 
 @kernel
-def malloc_tiny(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray,
-                p: int, size: int) -> int:
+def malloc_tiny(
+    meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray, p: int, size: int
+) -> int:
     """The tiny allocator of ``mallocgc``: a noscan object under 16 bytes, packed into the
     P's current 16-byte block when it fits (aligned by Go's rules: 8 if ``size % 8 == 0``,
     4 if ``% 4``, 2 if ``% 2``), else at the start of a new block."""
@@ -302,8 +305,9 @@ def malloc_tiny(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.
 
 
 @kernel
-def malloc_large(meta: np.ndarray, bits: np.ndarray, arena: np.ndarray, p: int, size: int,
-                 noscan: bool) -> int:
+def malloc_large(
+    meta: np.ndarray, bits: np.ndarray, arena: np.ndarray, p: int, size: int, noscan: bool
+) -> int:
     """Go's ``mcache.allocLarge``: a span of whole pages for one object over 32 KiB."""
     npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT
     spc = 1 if noscan else 0
@@ -326,8 +330,15 @@ def malloc_large(meta: np.ndarray, bits: np.ndarray, arena: np.ndarray, p: int, 
 
 
 @kernel
-def malloc_one(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray,
-               p: int, size: int, noscan: bool) -> int:
+def malloc_one(
+    meta: np.ndarray,
+    bits: np.ndarray,
+    tiny: np.ndarray,
+    arena: np.ndarray,
+    p: int,
+    size: int,
+    noscan: bool,
+) -> int:
     """``mallocgc`` for ``size >= 1``: the address, or ``ERR_OOM``."""
     if size > MAX_SMALL_SIZE:
         return malloc_large(meta, bits, arena, p, size, noscan)
@@ -338,8 +349,16 @@ def malloc_one(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.n
 
 
 @kernel
-def malloc_batch(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray,
-                 p: int, size: int, noscan: bool, out: np.ndarray) -> int:
+def malloc_batch(
+    meta: np.ndarray,
+    bits: np.ndarray,
+    tiny: np.ndarray,
+    arena: np.ndarray,
+    p: int,
+    size: int,
+    noscan: bool,
+    out: np.ndarray,
+) -> int:
     """``len(out)`` objects of ``size`` bytes from P ``p``; returns how many were made
     (fewer only when the heap ran out; the caller then restores its snapshot)."""
     n = int(out.shape[0])
@@ -417,8 +436,7 @@ def unmalloc_large(meta: np.ndarray, bits: np.ndarray, addr: int) -> None:
 
 
 @kernel
-def classify(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
-             claim: bool) -> int:
+def classify(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int, claim: bool) -> int:
     """What lives at ``addr``: ``KIND_OBJECT`` (a live object starts there), ``KIND_TINY``
     (a live tiny object starts there) or a negative error code. With ``claim`` the object
     is marked dead (mark bit or tiny bit cleared) so a second claim in the same batch
@@ -468,8 +486,7 @@ def classify(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
 
 
 @kernel
-def unclaim(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
-            kind: int) -> None:
+def unclaim(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int, kind: int) -> None:
     """Undo a successful ``classify(..., claim=True)``."""
     if kind == KIND_TINY:
         tiny[addr >> 4] |= np.uint16(1 << (addr & 15))
@@ -484,8 +501,7 @@ def unclaim(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
 
 
 @kernel
-def commit_free(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
-                kind: int) -> None:
+def commit_free(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int, kind: int) -> None:
     """Finish freeing a claimed object: counters, span queues, large pages back."""
     s = meta[meta[H_O_SPANOF] + (addr >> PAGE_SHIFT)]
     if kind == KIND_TINY:
@@ -503,8 +519,9 @@ def commit_free(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addr: int,
 
 
 @kernel
-def free_batch(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addrs: np.ndarray,
-               kinds: np.ndarray) -> int:
+def free_batch(
+    meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addrs: np.ndarray, kinds: np.ndarray
+) -> int:
     """Free every address in ``addrs`` or none: returns ``OK``, or an error code with
     ``meta[H_ERR_INDEX]`` = the first bad element (the heap is then unchanged).
     ``kinds`` is scratch space of the same length."""
@@ -548,8 +565,9 @@ def free_batch(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addrs: np.n
 
 
 @kernel
-def mark_live(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addrs: np.ndarray,
-              kinds: np.ndarray) -> int:
+def mark_live(
+    meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, addrs: np.ndarray, kinds: np.ndarray
+) -> int:
     """A whole GC mark phase with ``addrs`` as the reachable objects (``kinds``: scratch
     space of the same length). Returns ``OK`` or an error code (heap unchanged).
 
@@ -634,10 +652,22 @@ def _report_class(meta: np.ndarray, size: int, noscan: bool) -> int:
 
 
 @kernel
-def replay(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, arena: np.ndarray,
-           ops: np.ndarray, start: int, stop: int, noscan: bool, addr_by_id: np.ndarray,
-           size_by_id: np.ndarray, state: np.ndarray, req_live: np.ndarray,
-           scratch: np.ndarray, kinds: np.ndarray) -> int:
+def replay(
+    meta: np.ndarray,
+    bits: np.ndarray,
+    tiny: np.ndarray,
+    arena: np.ndarray,
+    ops: np.ndarray,
+    start: int,
+    stop: int,
+    noscan: bool,
+    addr_by_id: np.ndarray,
+    size_by_id: np.ndarray,
+    state: np.ndarray,
+    req_live: np.ndarray,
+    scratch: np.ndarray,
+    kinds: np.ndarray,
+) -> int:
     """Run trace operations ``ops[start:stop]`` (rows ``(op, arg, p)``: 0 = allocate
     ``arg`` bytes as the next object id, 1 = free object ``arg``, 2 = mark every live
     object and sweep). ``state[0]`` is the next object id; ``req_live[c]`` tracks the

@@ -315,4 +315,3 @@ def reclaim(meta: np.ndarray, bits: np.ndarray) -> int:
                 if sweep_span(meta, bits, s, False):
                     freed += 1
     return freed
-

@@ -133,13 +133,30 @@ def _rows(heap: Heap, req_live: npt.NDArray[np.int64]) -> tuple[ClassRow, ...]:
             free_slot = (slots - objects) * size
             tail = spans * CLASSES[c].tail_waste
         req = int(req_live[c])
-        rows.append(ClassRow(c, size, spans, objects, pages * PAGE_SIZE, object_bytes, req,
-                             max(object_bytes - req, 0), free_slot, tail))
+        rows.append(
+            ClassRow(
+                c,
+                size,
+                spans,
+                objects,
+                pages * PAGE_SIZE,
+                object_bytes,
+                req,
+                max(object_bytes - req, 0),
+                free_slot,
+                tail,
+            )
+        )
     return tuple(rows)
 
 
-def replay_trace(ops: npt.NDArray[np.int64], *, arena_bytes: int | None = None,
-                 procs: int | None = None, samples: int = 100) -> ReplayReport:
+def replay_trace(
+    ops: npt.NDArray[np.int64],
+    *,
+    arena_bytes: int | None = None,
+    procs: int | None = None,
+    samples: int = 100,
+) -> ReplayReport:
     """Replay parsed operations through a fresh :class:`Heap` and measure it.
 
     The arena defaults to twice the trace's total allocated bytes (pages rounded), at
@@ -151,8 +168,11 @@ def replay_trace(ops: npt.NDArray[np.int64], *, arena_bytes: int | None = None,
     if procs is None:
         procs = int(allocs[:, 2].max()) + 1 if allocs.size else 1
     if arena_bytes is None:
-        total = int(((allocs[:, 1] + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE).sum()) \
-            if allocs.size else 0
+        total = (
+            int(((allocs[:, 1] + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE).sum())
+            if allocs.size
+            else 0
+        )
         arena_bytes = max(8 << 20, 2 * total)
         arena_bytes = -(-arena_bytes // PAGE_SIZE) * PAGE_SIZE
     heap = Heap(arena_bytes, procs)
@@ -172,8 +192,24 @@ def replay_trace(ops: npt.NDArray[np.int64], *, arena_bytes: int | None = None,
     t0 = time.perf_counter()
     for start in range(0, n, step):
         stop = min(n, start + step)
-        bad = int(replay(meta, heap._bits, heap._tiny, heap._arena_words, ops, start, stop,
-                         True, addr_by_id, size_by_id, state, req_live, scratch, kinds))
+        bad = int(
+            replay(
+                meta,
+                heap._bits,
+                heap._tiny,
+                heap._arena_words,
+                ops,
+                start,
+                stop,
+                True,
+                addr_by_id,
+                size_by_id,
+                state,
+                req_live,
+                scratch,
+                kinds,
+            )
+        )
         if bad >= 0:
             code = int(meta[lay.H_ERR_INDEX])
             op = ("a", "f", "gc")[int(ops[bad, 0])]
@@ -185,8 +221,7 @@ def replay_trace(ops: npt.NDArray[np.int64], *, arena_bytes: int | None = None,
             peak_ops = stop
             peak_rows = _rows(heap, req_live)
     seconds = time.perf_counter() - t0
-    return ReplayReport(n, seconds, 0.0, tuple(taken), _rows(heap, req_live), peak_rows,
-                        peak_ops)
+    return ReplayReport(n, seconds, 0.0, tuple(taken), _rows(heap, req_live), peak_rows, peak_ops)
 
 
 def _op_error(code: int, index: int, op: str, arg: int, heap: Heap) -> Exception:
@@ -200,26 +235,33 @@ def format_report(rep: ReplayReport) -> str:
     """The report as text: totals, then per-class tables at the end and at the peak."""
     out = []
     rate = rep.ops / rep.seconds if rep.seconds else float("inf")
-    out.append(f"replayed {rep.ops} operations in {rep.seconds:.3f} s "
-               f"({rate / 1e6:.2f} M ops/s; parse {rep.parse_seconds:.3f} s)")
+    out.append(
+        f"replayed {rep.ops} operations in {rep.seconds:.3f} s "
+        f"({rate / 1e6:.2f} M ops/s; parse {rep.parse_seconds:.3f} s)"
+    )
     if rep.samples:
         last = rep.samples[-1]
         peak = max(rep.samples, key=lambda s: s.heap_inuse)
-        out.append(f"end:  HeapInuse {last.heap_inuse} HeapAlloc {last.heap_alloc} "
-                   f"requested {last.requested}")
+        out.append(
+            f"end:  HeapInuse {last.heap_inuse} HeapAlloc {last.heap_alloc} "
+            f"requested {last.requested}"
+        )
         out.append(f"peak: HeapInuse {peak.heap_inuse} at op {peak.ops}")
-    for title, rows in (("at end of trace", rep.final), (f"at peak (op {rep.peak_ops})",
-                                                         rep.peak)):
+    for title, rows in (("at end of trace", rep.final), (f"at peak (op {rep.peak_ops})", rep.peak)):
         out.append("")
         out.append(f"per size class, {title}:")
-        out.append(f"{'class':>5} {'size':>6} {'spans':>6} {'objects':>8} {'occupancy':>9} "
-                   f"{'round-up':>10} {'free slots':>11} {'tail':>8}")
+        out.append(
+            f"{'class':>5} {'size':>6} {'spans':>6} {'objects':>8} {'occupancy':>9} "
+            f"{'round-up':>10} {'free slots':>11} {'tail':>8}"
+        )
         for r in rows:
             if r.spans == 0:
                 continue
-            out.append(f"{r.size_class:>5} {r.size if r.size_class else 'large':>6} "
-                       f"{r.spans:>6} {r.objects:>8} {100 * r.occupancy:>8.1f}% "
-                       f"{r.round_up_waste:>10} {r.free_slot_bytes:>11} {r.tail_waste:>8}")
+            out.append(
+                f"{r.size_class:>5} {r.size if r.size_class else 'large':>6} "
+                f"{r.spans:>6} {r.objects:>8} {100 * r.occupancy:>8.1f}% "
+                f"{r.round_up_waste:>10} {r.free_slot_bytes:>11} {r.tail_waste:>8}"
+            )
     return "\n".join(out)
 
 
@@ -247,15 +289,18 @@ def plot_report(rep: ReplayReport, path: str | Path) -> None:
     kib = 1024.0
     ax2.bar(idx, [r.requested_bytes / kib for r in rows], label="requested")
     bottom = np.array([r.requested_bytes / kib for r in rows])
-    for name, vals in (("round-up", [r.round_up_waste for r in rows]),
-                       ("free slots", [r.free_slot_bytes for r in rows]),
-                       ("span tail", [r.tail_waste for r in rows])):
+    for name, vals in (
+        ("round-up", [r.round_up_waste for r in rows]),
+        ("free slots", [r.free_slot_bytes for r in rows]),
+        ("span tail", [r.tail_waste for r in rows]),
+    ):
         v = np.array(vals) / kib
         ax2.bar(idx, v, bottom=bottom, label=name)
         bottom = bottom + v
     for i, r in zip(idx, rows, strict=True):
-        ax2.annotate(f"{100 * r.occupancy:.0f}%", (i, bottom[i]), ha="center",
-                     va="bottom", fontsize=7)
+        ax2.annotate(
+            f"{100 * r.occupancy:.0f}%", (i, bottom[i]), ha="center", va="bottom", fontsize=7
+        )
     ax2.set_xticks(idx, labels, rotation=90, fontsize=7)
     ax2.set_xlabel("size class (bytes); label = occupancy")
     ax2.set_ylabel("KiB")
@@ -266,15 +311,17 @@ def plot_report(rep: ReplayReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-def report_file(path: str | Path, *, plot: str | Path | None = None,
-                arena_bytes: int | None = None) -> ReplayReport:
+def report_file(
+    path: str | Path, *, plot: str | Path | None = None, arena_bytes: int | None = None
+) -> ReplayReport:
     """Parse, replay and (optionally) plot a trace file; returns the report."""
     t0 = time.perf_counter()
     ops = parse_trace(Path(path).read_text())
     parse_seconds = time.perf_counter() - t0
     rep = replay_trace(ops, arena_bytes=arena_bytes)
-    rep = ReplayReport(rep.ops, rep.seconds, parse_seconds, rep.samples, rep.final,
-                       rep.peak, rep.peak_ops)
+    rep = ReplayReport(
+        rep.ops, rep.seconds, parse_seconds, rep.samples, rep.final, rep.peak, rep.peak_ops
+    )
     if plot is not None:
         plot_report(rep, plot)
     return rep
@@ -287,8 +334,7 @@ def synthetic_trace(nops: int, seed: int = 0, *, gc_every: int = 0) -> str:
     lines = []
     live: list[int] = []
     next_id = 0
-    choices = np.array([8, 12, 16, 24, 32, 48, 64, 100, 128, 250, 512, 1000, 2048, 5000,
-                        40000])
+    choices = np.array([8, 12, 16, 24, 32, 48, 64, 100, 128, 250, 512, 1000, 2048, 5000, 40000])
     weights = np.array([8, 6, 10, 8, 10, 6, 10, 5, 6, 4, 4, 3, 2, 1, 0.2])
     sizes = rng.choice(choices, size=nops, p=weights / weights.sum())
     coin = rng.random(nops)

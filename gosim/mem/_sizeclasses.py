@@ -128,18 +128,23 @@ def _build() -> tuple[tuple[SizeClass, ...], tuple[int, ...], tuple[int, ...]]:
         max_waste = ((size - prev_size - 1) * objects + tail) / span
         align_bits = min((size & -size).bit_length() - 1, PAGE_SHIFT)
         rows.append(
-            SizeClass(size, npages, objects, tail, max_waste, 1 << align_bits,
-                      _div_magic(size, npages))
+            SizeClass(
+                size, npages, objects, tail, max_waste, 1 << align_bits, _div_magic(size, npages)
+            )
         )
         prev_size = size
 
     def first_class_at_least(n: int) -> int:
         return next(j for j, r in enumerate(rows) if r.size >= n)
 
-    sc8 = tuple(first_class_at_least(i * SMALL_SIZE_DIV)
-                for i in range(SMALL_SIZE_MAX // SMALL_SIZE_DIV + 1))
-    sc128 = tuple(first_class_at_least(SMALL_SIZE_MAX + i * LARGE_SIZE_DIV)
-                  for i in range((MAX_SMALL_SIZE - SMALL_SIZE_MAX) // LARGE_SIZE_DIV + 1))
+    sc8 = tuple(
+        first_class_at_least(i * SMALL_SIZE_DIV)
+        for i in range(SMALL_SIZE_MAX // SMALL_SIZE_DIV + 1)
+    )
+    sc128 = tuple(
+        first_class_at_least(SMALL_SIZE_MAX + i * LARGE_SIZE_DIV)
+        for i in range((MAX_SMALL_SIZE - SMALL_SIZE_MAX) // LARGE_SIZE_DIV + 1)
+    )
     return tuple(rows), sc8, sc128
 
 

@@ -58,9 +58,7 @@ def _barrier(shared: Any, n_threads: int) -> None:
 
 
 @_kernel
-def _hammer(
-    kind: int, words: Any, me: int, shared: Any, n_threads: int, increments: int
-) -> int:
+def _hammer(kind: int, words: Any, me: int, shared: Any, n_threads: int, increments: int) -> int:
     _barrier(shared, n_threads)
     for _ in range(increments):
         k.spin_acquire(kind, words, me)
@@ -74,9 +72,7 @@ def _hammer(
 
 
 @_kernel
-def _spend(
-    kind: int, words: Any, me: int, shared: Any, n_threads: int, budget: int
-) -> int:
+def _spend(kind: int, words: Any, me: int, shared: Any, n_threads: int, budget: int) -> int:
     _barrier(shared, n_threads)
     mine = 0
     while True:

@@ -370,6 +370,7 @@ def test_stats_counts_creation_switches_and_steals() -> None:
             go(work)
         for _ in range(1000):
             await done.recv()
+
         # 200 more that never touch the global queue: they sit in this P's local queue
         # (it holds 256), so the idle Ps can only get work by stealing half of it.
         async def signal() -> None:

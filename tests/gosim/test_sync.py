@@ -399,6 +399,7 @@ TestSemaphoreMachine = SemaphoreMachine.TestCase
 
 def test_spinning_rule_in_the_schedulers_terms() -> None:
     """Go's canSpin: more than one P, other Ps with work, this P's queue empty, < 4 spins."""
+
     async def noop() -> None:
         pass
 

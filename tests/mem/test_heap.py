@@ -15,8 +15,14 @@ PAGE = mem.PAGE_SIZE
 
 def counters(h: mem.Heap) -> tuple[int, ...]:
     st = h.read_mem_stats()
-    return (st.Mallocs, st.Frees, st.HeapAlloc, st.HeapObjects, st.TinyAllocs,
-            tuple((b.Mallocs, b.Frees) for b in st.BySize))
+    return (
+        st.Mallocs,
+        st.Frees,
+        st.HeapAlloc,
+        st.HeapObjects,
+        st.TinyAllocs,
+        tuple((b.Mallocs, b.Frees) for b in st.BySize),
+    )
 
 
 def test_small_objects_round_up_and_align() -> None:
@@ -28,7 +34,8 @@ def test_small_objects_round_up_and_align() -> None:
         st = h.read_mem_stats()
         assert st.BySize[mem.size_to_class(n)].Mallocs == 1
     assert h.read_mem_stats().HeapAlloc == sum(
-        mem.roundupsize(n) for n in (17, 33, 100, 1000, 4000, 9000, 32768))
+        mem.roundupsize(n) for n in (17, 33, 100, 1000, 4000, 9000, 32768)
+    )
 
 
 def test_power_of_two_classes_aligned_to_size() -> None:
@@ -364,6 +371,16 @@ def test_malloc_many_matches_single_malloc_layout() -> None:
 def test_layout_offsets_are_disjoint() -> None:
     h = mem.Heap(600 * PAGE, procs=2)
     m = h._meta
-    offs = sorted(int(m[k]) for k in (lay.H_O_SPAN, lay.H_O_SPANOF, lay.H_O_CENTRAL, lay.H_O_MCACHE,
-                                        lay.H_O_CLASS, lay.H_O_STATS, lay.H_O_SUM))
+    offs = sorted(
+        int(m[k])
+        for k in (
+            lay.H_O_SPAN,
+            lay.H_O_SPANOF,
+            lay.H_O_CENTRAL,
+            lay.H_O_MCACHE,
+            lay.H_O_CLASS,
+            lay.H_O_STATS,
+            lay.H_O_SUM,
+        )
+    )
     assert offs[0] >= lay.HEADER_WORDS and len(set(offs)) == len(offs)

@@ -106,8 +106,7 @@ class HeapMachine(RuleBasedStateMachine):
             return
         self.record(a, size, noscan)
 
-    @rule(size=sizes, n=st.integers(1, 40), p=st.integers(0, PROCS - 1),
-          noscan=st.booleans())
+    @rule(size=sizes, n=st.integers(1, 40), p=st.integers(0, PROCS - 1), noscan=st.booleans())
     def malloc_many(self, size: int, n: int, p: int, noscan: bool) -> None:
         before = self.counters()
         try:
@@ -129,8 +128,7 @@ class HeapMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live)
     @rule(data=st.data())
     def free_many(self, data: st.DataObject) -> None:
-        addrs = data.draw(st.lists(st.sampled_from(sorted(self.live)), unique=True,
-                                   max_size=30))
+        addrs = data.draw(st.lists(st.sampled_from(sorted(self.live)), unique=True, max_size=30))
         self.heap.free_many(np.array(addrs, dtype=np.int64))
         for a in addrs:
             self.forget(a)
@@ -153,8 +151,7 @@ class HeapMachine(RuleBasedStateMachine):
             self.heap.free(a + off)
         assert self.counters() == before
 
-    @rule(addr=st.one_of(st.integers(-2**40, -1),
-                         st.integers(ARENA_PAGES * PAGE + 1, 2**40)))
+    @rule(addr=st.one_of(st.integers(-(2**40), -1), st.integers(ARENA_PAGES * PAGE + 1, 2**40)))
     def foreign_free(self, addr: int) -> None:
         before = self.counters()
         with pytest.raises(mem.ForeignAddressError):
@@ -163,8 +160,9 @@ class HeapMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def mark_and_sweep(self, data: st.DataObject) -> None:
-        keep = data.draw(st.sets(st.sampled_from(sorted(self.live))) if self.live
-                         else st.just(set()))
+        keep = data.draw(
+            st.sets(st.sampled_from(sorted(self.live))) if self.live else st.just(set())
+        )
         self.heap.mark(sorted(keep))
         # Swept at once so the counters are exact: unswept garbage still counts in
         # HeapAlloc, as in Go (lazy sweeping after mark is covered in test_heap.py).
@@ -225,19 +223,40 @@ class HeapMachine(RuleBasedStateMachine):
         assert [b.Mallocs - b.Frees for b in s.BySize] == per_class
 
 
-HeapMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS,
-                                         deadline=None)
+HeapMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None
+)
 TestHeapMachine = HeapMachine.TestCase
 
 
 def test_machine_without_jit() -> None:
     """The same machine on the pure-Python kernels (``NUMBA_DISABLE_JIT=1``)."""
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1", GOSIM_MEM_MACHINE_EXAMPLES="8",
-               GOSIM_MEM_MACHINE_STEPS="20")
+    env = dict(
+        os.environ,
+        NUMBA_DISABLE_JIT="1",
+        GOSIM_MEM_MACHINE_EXAMPLES="8",
+        GOSIM_MEM_MACHINE_STEPS="20",
+    )
     here = Path(__file__)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider",
-         "-k", "TestHeapMachine", "--import-mode=importlib"],
-        check=False, cwd=here.parents[2], env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(here),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "TestHeapMachine",
+            "--import-mode=importlib",
+        ],
+        check=False,
+        cwd=here.parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "1 passed" in proc.stdout

@@ -21,8 +21,7 @@ from gosim.mem._replay import (
 
 def test_parse_and_replay_counts() -> None:
     ops = parse_trace("# demo\na 64\na 100000 1\n\na 5\nf 0\ngc\na 64 # comment\n")
-    assert ops.tolist() == [[0, 64, 0], [0, 100000, 1], [0, 5, 0], [1, 0, 0], [2, 0, 0],
-                            [0, 64, 0]]
+    assert ops.tolist() == [[0, 64, 0], [0, 100000, 1], [0, 5, 0], [1, 0, 0], [2, 0, 0], [0, 64, 0]]
     rep = replay_trace(ops)
     last = rep.final
     assert last[0].objects == 1 and last[0].span_bytes == 13 * mem.PAGE_SIZE  # large

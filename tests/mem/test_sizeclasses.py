@@ -20,8 +20,9 @@ def _go_sizeclasses() -> Path | None:
     go = shutil.which("go")
     if go:
         try:
-            root = subprocess.run([go, "env", "GOROOT"], capture_output=True, text=True,
-                                  timeout=30, check=True).stdout.strip()
+            root = subprocess.run(
+                [go, "env", "GOROOT"], capture_output=True, text=True, timeout=30, check=True
+            ).stdout.strip()
             candidates.insert(0, os.path.join(root, "src/runtime/sizeclasses.go"))
         except (OSError, subprocess.SubprocessError):
             pass
@@ -32,8 +33,9 @@ def _go_sizeclasses() -> Path | None:
 
 
 GO_FILE = _go_sizeclasses()
-needs_go = pytest.mark.skipif(GO_FILE is None,
-                              reason="Go is not installed: no sizeclasses.go to compare with")
+needs_go = pytest.mark.skipif(
+    GO_FILE is None, reason="Go is not installed: no sizeclasses.go to compare with"
+)
 
 
 def _array(src: str, name: str) -> list[str]:
@@ -48,7 +50,9 @@ def test_comment_table_matches_every_field() -> None:
     src = GO_FILE.read_text()
     rows = re.findall(
         r"^//\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)%(?:\s+(\d+))?\s*$",
-        src, re.MULTILINE)
+        src,
+        re.MULTILINE,
+    )
     classes = mem.size_classes()
     assert len(rows) == len(classes) - 1 == 67
     for row in rows:
