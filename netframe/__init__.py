@@ -56,6 +56,7 @@ from ._exceptions import FrameTooLarge as FrameTooLarge
 from ._exceptions import LocalFrameError as LocalFrameError
 from ._exceptions import PayloadTooLarge as PayloadTooLarge
 from ._exceptions import RemoteFrameError as RemoteFrameError
+from ._kernels import load as load_kernel
 from ._session import CLOSED as CLOSED
 from ._session import GOAWAY_RECEIVED as GOAWAY_RECEIVED
 from ._session import GOAWAY_SENT as GOAWAY_SENT
@@ -109,6 +110,7 @@ __all__ = [
     "Session",
     "SessionState",
     "StreamConn",
+    "load_kernel",
 ]
 
 

@@ -32,7 +32,8 @@ How a frame is decoded, fast to slow
 3. Otherwise scan the buffer in place (no copy) with the Python loop for up to
    :data:`KERNEL_MIN_FRAMES` frames. If it stopped only because it reached that
    count, more frames are likely, and the numba kernel
-   (:func:`netframe._kernels.scan_frames`) finds the rest of the boundaries in one call.
+   (:func:`netframe._kernels.scan_frames`) finds the rest of the boundaries in one call
+   (once it is compiled; it is never compiled on the decoding path, see ``_kernels``).
    Each frame is then cut with one slice of an immutable ``bytes`` buffer (see
    ``_buffer``) and the consumed bytes are committed at once.
 4. A header that is invalid stops the scan; the frames before it are delivered, and
@@ -530,9 +531,12 @@ class FrameDecoder:
     next frame's header is invalid, after every frame before it was returned; the
     decoder is left unchanged and raises it again if asked again (see the module
     docstring). ``scan`` picks the boundary scanner: ``"auto"`` (the Python loop, then
-    the numba kernel for the rest of a buffer holding many frames, when numba
-    compiles), ``"python"`` (the loop only) or ``"kernel"`` (the kernel only, even
-    interpreted under ``NUMBA_DISABLE_JIT=1``; for tests and benchmarks).
+    the numba kernel for the rest of a buffer holding many frames, once the kernel is
+    compiled: the first ``"auto"`` decoder starts that compilation in a background
+    thread and decodes with the loop meanwhile, see :func:`netframe.load_kernel`),
+    ``"python"`` (the loop only) or ``"kernel"`` (the kernel only, compiled on first
+    use if need be, even interpreted under ``NUMBA_DISABLE_JIT=1``; for tests and
+    benchmarks).
     """
 
     __slots__ = (
@@ -563,8 +567,12 @@ class FrameDecoder:
         self._ready: deque[bytes] = deque()
         self._need = 0
         self._frames_decoded = 0
-        if scan == "auto" and not _kernels.JIT_ENABLED:
-            scan = "python"  # the interpreted kernel would be far slower than the loop
+        if scan == "auto":
+            if not _kernels.JIT_ENABLED:
+                scan = "python"  # the interpreted kernel would be far slower than the loop
+            else:
+                # Compiled off the hot path; the loop decodes until it is READY.
+                _kernels.load_in_background()
         self._mode = _SCAN_MODES[scan]
         self._starts: np.ndarray[Any, np.dtype[np.int64]] | None = None
         self._ends: np.ndarray[Any, np.dtype[np.int64]] | None = None
@@ -643,7 +651,7 @@ class FrameDecoder:
             stop_pos, stop, need = fmt.scan(
                 data, pos, end, KERNEL_MIN_FRAMES, bounds, stop_at=stop_at
             )
-            if stop == _STOP_FULL and stop_pos < stop_at:
+            if stop == _STOP_FULL and stop_pos < stop_at and _kernels.READY:
                 # KERNEL_MIN_FRAMES were scanned. At their average size, do the bytes
                 # left in this batch hold as many again? Then the kernel is faster.
                 if min(end, stop_at) - stop_pos >= stop_pos - pos:

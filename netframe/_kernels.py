@@ -13,6 +13,14 @@ Used by :class:`netframe.FrameDecoder` only where it measurably beats the Python
 ``NUMBA_DISABLE_JIT=1`` the same function runs as plain Python (slowly, on numpy
 scalars), so the decoder then keeps to its Python loop unless told otherwise.
 
+Loading without a stall: numba compiles (or loads from its disk cache) on the first
+call, which takes 0.3 s to seconds. A decoder that made that first call in the middle
+of traffic would stop every goroutine of its runtime for that long. So the decoder's
+``"auto"`` mode uses the kernel only once :data:`READY` is set, and its constructor
+starts :func:`load` in a background thread (:func:`load_in_background`); until then the
+Python loop decodes. A server that wants the kernel from its first request calls
+:func:`load` (``netframe.load_kernel``) before it accepts connections.
+
 Integer care: a length field is read as ``uint64`` (an 8-byte prefix can announce up to
 ``2**64 - 1``) and compared with :data:`LENGTH_CUTOFF` *as uint64* before it is turned
 into ``int64``: numba would otherwise mix ``uint64`` and ``int64`` into ``float64``. The
@@ -22,6 +30,7 @@ valid length reaches it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -34,11 +43,20 @@ __all__ = [
     "STOP_FULL",
     "STOP_INVALID",
     "STOP_NEED_DATA",
+    "load",
+    "load_in_background",
     "scan_frames",
 ]
 
 #: True when numba compiles; False under ``NUMBA_DISABLE_JIT=1``.
 JIT_ENABLED: bool = not cast(Any, config).DISABLE_JIT
+
+#: True once :func:`scan_frames` is compiled (or, under ``NUMBA_DISABLE_JIT=1``, at
+#: once): calling it then costs a call, not a compilation.
+READY: bool = not JIT_ENABLED
+
+_load_lock = threading.Lock()
+_loader: threading.Thread | None = None
 
 #: Any length field value at or above this is invalid for every allowed format
 #: (``FrameFormat`` keeps max_frame_length <= 2**60, |adjustment| <= 2**40, offset <
@@ -139,3 +157,45 @@ def scan_frames(
         count += 1
         pos = stop
     return count, pos, STOP_FULL
+
+
+def _ready() -> bool:
+    # Read through a call: READY may change in another thread between two reads
+    # (a type checker would otherwise take the second read as the first's value).
+    return READY
+
+
+def load() -> None:
+    """Compile :func:`scan_frames` now (from numba's disk cache when it is there).
+
+    Blocks for as long as that takes (0.3 s to a few seconds; once per process) and
+    sets :data:`READY`. Safe to call from any thread, any number of times.
+    """
+    global READY
+    if READY:
+        return
+    with _load_lock:
+        if _ready():  # another thread compiled it while this one waited for the lock
+            return
+        # Every argument type the decoder passes: a uint8 view and int64 outputs.
+        # Python ints and bools are typed as int64 and bool, as in the decoder's call.
+        buf = np.zeros(8, dtype=np.uint8)
+        out = np.empty(1, dtype=np.int64)
+        scan_frames(buf, 0, 8, 8, 4, True, 0, 0, False, -1, 16, out, out.copy())
+        READY = True
+
+
+def load_in_background() -> None:
+    """Start :func:`load` in a thread unless it is loaded or loading; return at once.
+
+    The thread is not a daemon: an interpreter that exits meanwhile waits for the
+    compilation to finish rather than killing it inside LLVM.
+    """
+    global _loader
+    if READY or _loader is not None:
+        return
+    with _load_lock:
+        if _ready() or _loader is not None:
+            return
+        _loader = threading.Thread(target=load, name="netframe-kernel-load")
+        _loader.start()

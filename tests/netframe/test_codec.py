@@ -52,6 +52,10 @@ needs_jit = pytest.mark.skipif(
     not _kernels.JIT_ENABLED, reason="needs compiled kernels; NUMBA_DISABLE_JIT is set"
 )
 
+# "auto" decoders use the kernel only once it is compiled (it loads in the background);
+# compile it now so every "auto" test below exercises the loop-then-kernel path.
+_kernels.load()
+
 
 # ----------------------------------------------------------------- the reference
 
@@ -693,6 +697,63 @@ def test_kernel_and_python_loop_agree_frame_for_frame(
     stop_at = lead + budget
     py_pos, py_stop, _ = fmt.scan(data, lead, len(data), capacity, bounds, stop_at=stop_at)
     assert kernel_scan(fmt, data, lead, capacity, stop_at) == (py_pos, py_stop, bounds)
+
+
+def test_auto_decodes_with_the_loop_until_the_kernel_is_compiled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before READY, an "auto" decoder must never call the kernel (that first call
+    # would compile it on the decoding path, stalling the caller), and it must have
+    # asked for the background load.
+    requested = []
+    monkeypatch.setattr(_kernels, "READY", False)
+    monkeypatch.setattr(_kernels, "load_in_background", lambda: requested.append(1))
+
+    def no_kernel(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the kernel was called before it was compiled")
+
+    monkeypatch.setattr(FrameDecoder, "_scan_kernel", no_kernel)
+    fmt = FrameFormat()
+    payloads = [bytes([i % 256]) * 64 for i in range(3000)]
+    decoder = FrameDecoder(fmt, scan="auto")
+    decoder.feed(fmt.encode_many(payloads))
+    assert list(decoder) == payloads
+    assert requested == ([1] if _kernels.JIT_ENABLED else [])
+
+
+FRESH_PROCESS_LOAD_SCRIPT = textwrap.dedent(
+    """
+    import netframe
+    from netframe import FrameDecoder, FrameFormat, _kernels
+
+    assert not _kernels.READY
+    fmt = FrameFormat()
+    payloads = [bytes([i % 256]) * 64 for i in range(5000)]
+    d = FrameDecoder(fmt)  # starts the background compilation, returns at once
+    assert _kernels._loader is not None
+    d.feed(fmt.encode_many(payloads))
+    assert list(d) == payloads  # decoded whether or not the kernel is ready yet
+    netframe.load_kernel()  # waits for it (the same compilation, not a second one)
+    assert _kernels.READY
+    d.feed(fmt.encode_many(payloads))
+    assert list(d) == payloads
+    print("ok")
+    """
+)
+
+
+@needs_jit
+def test_kernel_loads_in_the_background_in_a_fresh_process() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_LOAD_SCRIPT],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def test_kernel_threshold_constant_matches_the_measurement_note() -> None:
