@@ -127,7 +127,7 @@ async def read_full(conn: _Reader, n: int) -> bytes:
 class Conn:
     """A connected stream socket owned by the runtime; see the module docstring."""
 
-    __slots__ = ("_closed", "_pd", "_reading", "_sock", "_writing", "network")
+    __slots__ = ("_closed", "_drained", "_pd", "_reading", "_sock", "_writing", "network")
 
     def __init__(self, sock: socket.socket, network: str) -> None:
         sock.setblocking(False)
@@ -136,6 +136,7 @@ class Conn:
         self._pd: PollDesc = netpoller().register(sock.fileno())
         self._pd.owner = sock
         self._closed = False
+        self._drained = False
         self._reading = False
         self._writing = False
 
@@ -154,9 +155,21 @@ class Conn:
             raise BusyError("another goroutine is already reading this connection")
         self._reading = True
         try:
+            if self._drained:
+                # The last read came back short: the kernel's queue was empty then, and
+                # any byte that arrived since has raised an edge (READY, or it will
+                # wake the park). Wait first instead of a recv doomed to EAGAIN, unless
+                # the peer's end of stream (or an error) was seen: it may have come in
+                # the same edge as the data, and waiting for another would hang.
+                self._drained = False
+                if not self._pd.hangup:
+                    await self._wait("r")
             while True:
                 try:
-                    return self._sock.recv(n)
+                    data = self._sock.recv(n)
+                    if 0 < len(data) < n:
+                        self._drained = True
+                    return data
                 except BlockingIOError:
                     pass
                 except (ConnectionResetError, ConnectionAbortedError) as exc:

@@ -31,6 +31,7 @@ CLOSED: Final = "closed"
 
 _IN = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 _OUT = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
+_HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 
 
 class PollDesc:
@@ -39,6 +40,7 @@ class PollDesc:
     __slots__ = (
         "closing",
         "fd",
+        "hangup",
         "owner",
         "poller",
         "rdeadline",
@@ -60,6 +62,10 @@ class PollDesc:
         self.rtimer: RuntimeTimer | None = None
         self.wtimer: RuntimeTimer | None = None
         self.closing = False
+        # Sticky: the peer closed or the socket failed. One edge can carry the last
+        # data and the end of stream together, so a read that drained the data still
+        # has an end of stream (or an error) to read without any further edge.
+        self.hangup = False
         self.owner: Any = None  # the socket, closed if the runtime ends first
 
     async def wait(self, mode: str) -> str | None:
@@ -151,6 +157,8 @@ class NetPoller:
             pd = self.descs.get(fd)
             if pd is None:
                 continue
+            if ev & _HANGUP:
+                pd.hangup = True
             if ev & _IN:
                 woken += pd._wake("rg", None)
             if ev & _OUT:
