@@ -1,8 +1,9 @@
-"""Build script for the optional C accelerator; all metadata lives in pyproject.toml.
+"""Build script for the optional C accelerators; all metadata lives in pyproject.toml.
 
-``gosim._speedups`` is optional: when it cannot be compiled (no C compiler, an
-unsupported Python), the install goes on and gosim runs its pure-Python code, which is
-the reference implementation and is tested in CI too (GOSIM_PURE_PYTHON=1).
+``gosim._speedups`` (channels, go, the driver loop) and ``netframe._speedups`` (the
+codec's per-frame loops) are optional: when they cannot be compiled (no C compiler, an
+unsupported Python), the install goes on and the pure-Python code runs, which is the
+reference implementation and is tested in CI too (GOSIM_PURE_PYTHON=1).
 """
 
 from setuptools import Extension, setup
@@ -14,6 +15,12 @@ setup(
             sources=["gosim/_speedups.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
-        )
+        ),
+        Extension(
+            "netframe._speedups",
+            sources=["netframe/_speedups.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c11"],
+        ),
     ]
 )

@@ -3,17 +3,20 @@
 Groups (one run compares the members of each):
 
 * ``decode-64B`` / ``decode-64KiB``: one large buffer of frames fed at once, then every
-  frame pulled by iteration. ``netframe`` (auto: Python loop, numba kernel for the rest
-  of a buffer holding many frames), ``netframe-python`` (the loop alone) and
-  ``struct-baseline`` (``bytearray`` + ``struct.unpack_from`` + ``del buf[:n]``, the way
-  such decoders are usually written).
+  frame pulled by iteration. ``netframe`` (auto: the C loop where it is built),
+  ``netframe-numba`` (the Python loop, then the numba kernel for the rest of a buffer
+  holding many frames: what auto is without the C extension), ``netframe-python``
+  (the loop alone) and ``struct-baseline`` (``bytearray`` + ``struct.unpack_from`` +
+  ``del buf[:n]``, the way such decoders are usually written).
 * ``decode-64B-stream``: the same frames arriving as 64 KiB receive chunks that split
-  frames, each chunk fed and drained (what a connection does).
+  frames, each chunk fed and drained (what a connection does); ``netframe-decode``
+  uses ``FrameDecoder.decode(chunk)`` (feed and drain in one call, as FramedConn does).
 * ``encode-64B`` / ``encode-64KiB``: ``encode_many``, ``encode`` per payload, and the
   baseline ``struct.pack(...) + payload`` joined.
 * ``scan-<n>x64B``: finding the boundaries of n frames, the Python loop against one
   numba kernel call (with ``tolist`` of its output): the measurement behind
-  ``netframe._codec.KERNEL_MIN_FRAMES``.
+  ``netframe._codec.KERNEL_MIN_FRAMES``; and the C loop, which also cuts the frames
+  (so it does more than the other two).
 
 Rates are in each result's ``extra_info`` (``frames_per_s``, ``MB_per_s``). Reproduce:
 ``pytest benchmarks/bench_codec.py --benchmark-columns=min,mean,ops``.
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from netframe import FrameDecoder, FrameFormat, _kernels
+from netframe import FrameDecoder, FrameFormat, _codec, _kernels
 
 FORMAT = FrameFormat()  # 4-byte big-endian length, 16 MiB maximum
 SMALL = 64
@@ -104,6 +107,7 @@ def _decode_struct(wire: bytes) -> int:
 
 DECODERS = {
     "netframe": _decode_netframe("auto"),
+    "netframe-numba": _decode_netframe("numba"),
     "netframe-python": _decode_netframe("python"),
     "struct-baseline": _decode_struct,
 }
@@ -113,7 +117,7 @@ DECODERS = {
 @pytest.mark.benchmark(group="decode-64B")
 def bench_decode_64B(benchmark: Any, impl: str) -> None:
     wire = FORMAT.encode_many(_payloads(SMALL, SMALL_FRAMES))
-    _decode_netframe("auto")(wire)  # compile or load the kernel before timing
+    _kernels.load()  # compile or load the kernel before timing
     assert benchmark(DECODERS[impl], wire) == SMALL_FRAMES
     _record(benchmark, SMALL_FRAMES, len(wire))
 
@@ -136,6 +140,14 @@ def _stream_netframe(chunks: list[bytes]) -> int:
     return count
 
 
+def _stream_netframe_decode(chunks: list[bytes]) -> int:
+    decoder = FrameDecoder(FORMAT)
+    count = 0
+    for chunk in chunks:
+        count += len(decoder.decode(chunk))
+    return count
+
+
 def _stream_struct(chunks: list[bytes]) -> int:
     decoder = StructDecoder()
     count = 0
@@ -146,13 +158,20 @@ def _stream_struct(chunks: list[bytes]) -> int:
     return count
 
 
-@pytest.mark.parametrize("impl", ["netframe", "struct-baseline"])
+STREAMERS: dict[str, Callable[[list[bytes]], int]] = {
+    "netframe": _stream_netframe,
+    "netframe-decode": _stream_netframe_decode,
+    "struct-baseline": _stream_struct,
+}
+
+
+@pytest.mark.parametrize("impl", list(STREAMERS))
 @pytest.mark.benchmark(group="decode-64B-stream")
 def bench_decode_64B_stream(benchmark: Any, impl: str) -> None:
     wire = FORMAT.encode_many(_payloads(SMALL, SMALL_FRAMES))
     chunks = [wire[i : i + RECV_CHUNK] for i in range(0, len(wire), RECV_CHUNK)]
-    _stream_netframe(chunks)
-    fn = _stream_netframe if impl == "netframe" else _stream_struct
+    _kernels.load()
+    fn = STREAMERS[impl]
     assert benchmark(fn, chunks) == SMALL_FRAMES
     _record(benchmark, SMALL_FRAMES, len(wire))
 
@@ -225,14 +244,29 @@ def _scan_kernel(data: bytes) -> int:
     return min(len(starts), len(ends))
 
 
+def _scan_c(data: bytes) -> int:
+    frames: list[bytes] = []
+    _codec._speedups.cut_frames(data, 0, len(data), len(data), 4096, *FORMAT._scan_params, frames)
+    return len(frames)
+
+
+SCANNERS: dict[str, Callable[[bytes], int]] = {
+    "python-loop": _scan_python,
+    "numba-kernel": _scan_kernel,
+    "c-loop-and-cut": _scan_c,
+}
+
+
 @pytest.mark.parametrize("frames", [1, 4, 8, 16, 64, 4096])
-@pytest.mark.parametrize("impl", ["python-loop", "numba-kernel"])
+@pytest.mark.parametrize("impl", list(SCANNERS))
 def bench_scan(benchmark: Any, impl: str, frames: int) -> None:
     benchmark.group = f"scan-{frames}x64B"
     data = FORMAT.encode_many(_payloads(SMALL - 4, frames))
-    fn = _scan_python if impl == "python-loop" else _scan_kernel
+    fn = SCANNERS[impl]
     _scan_kernel(data)  # compile or load before timing
     if impl == "numba-kernel" and not _kernels.JIT_ENABLED:
         pytest.skip("NUMBA_DISABLE_JIT is set: the kernel is interpreted, nothing to measure")
+    if impl == "c-loop-and-cut" and not _codec.C_ENABLED:
+        pytest.skip("netframe._speedups is not in use (not built, or GOSIM_PURE_PYTHON=1)")
     assert benchmark(fn, data) == frames
     _record(benchmark, frames, len(data))

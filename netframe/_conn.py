@@ -186,13 +186,28 @@ class FramedConn:
         Reads from the connection only when no frame is buffered, so a pipelining peer's
         burst comes back as one list: one call per receive, not per frame.
         """
-        first = await self.read_frame()
-        if first is None:
-            return []
-        frames = [first]
-        frames.extend(self._decoder)  # the rest of what is buffered, no more reads
-        self.frames_read += len(frames) - 1
-        return frames
+        if self._reading:
+            raise BusyError("another goroutine is already reading this FramedConn")
+        self._reading = True
+        try:
+            decoder = self._decoder
+            frames = decoder.decode()  # what is buffered already, no read
+            while not frames:
+                if self._eof:
+                    pending = decoder.statistics().bytes_buffered
+                    if pending:
+                        raise IncompleteFrame(pending)
+                    return frames
+                data = await self.conn.read(self._read_size)
+                if not data:
+                    self._eof = True
+                    continue
+                self.bytes_read += len(data)
+                frames = decoder.decode(data)
+            self.frames_read += len(frames)
+            return frames
+        finally:
+            self._reading = False
 
     # ---------------------------------------------------------------- write
 

@@ -45,15 +45,21 @@ from netframe import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-SCANS = ("python", "auto", "kernel")
+# "c" (the C loop, netframe._speedups) only where it is built and not switched off.
+SCANS = ("python", "auto", "numba", "kernel") + (("c",) if _codec.C_ENABLED else ())
 WIDTHS = (1, 2, 4, 8, "uvarint")
 
 needs_jit = pytest.mark.skipif(
     not _kernels.JIT_ENABLED, reason="needs compiled kernels; NUMBA_DISABLE_JIT is set"
 )
+needs_c = pytest.mark.skipif(
+    not _codec.C_ENABLED,
+    reason="netframe._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)",
+)
 
-# "auto" decoders use the kernel only once it is compiled (it loads in the background);
-# compile it now so every "auto" test below exercises the loop-then-kernel path.
+# "numba" decoders (and "auto" without the C loops) use the kernel only once it is
+# compiled (it loads in the background); compile it now so every such test below
+# exercises the loop-then-kernel path.
 _kernels.load()
 
 
@@ -157,6 +163,9 @@ def drain(decoder: FrameDecoder, out: list[bytes], how: str) -> None:
     if how == "iter":
         out.extend(decoder)
         return
+    if how == "decode":
+        out.extend(decoder.decode())
+        return
     while True:
         frame = decoder.next_frame()
         if frame is NEED_DATA:
@@ -178,10 +187,13 @@ def test_any_payloads_in_any_split_come_back(
     expected = [expected_output(fmt, p) for p in payloads]
     cuts = split_points(data, len(wire))
     kind = data.draw(st.sampled_from(["bytes", "bytearray", "memoryview"]))
-    how = data.draw(st.sampled_from(["iter", "next_frame"]))
+    how = data.draw(st.sampled_from(["iter", "next_frame", "decode", "decode_chunk"]))
     decoder = FrameDecoder(fmt, scan=data.draw(st.sampled_from(SCANS)))
     out: list[bytes] = []
     for a, b in itertools.pairwise(cuts):
+        if how == "decode_chunk":  # feed and drain in one call (the C fast path)
+            out.extend(decoder.decode(as_chunk_type(wire[a:b], kind)))
+            continue
         decoder.feed(as_chunk_type(wire[a:b], kind))
         drain(decoder, out, how)
     assert out == expected
@@ -457,6 +469,29 @@ def _collect_until_error(decoder: FrameDecoder) -> tuple[list[bytes], FrameError
 
 
 @pytest.mark.parametrize("scan", SCANS)
+@pytest.mark.parametrize("split", [0, 5, 65])
+def test_decode_returns_the_frames_before_a_bad_header_then_raises(scan: str, split: int) -> None:
+    fmt = FrameFormat(length_size=2, max_frame_length=50)
+    decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    good = [b"a" * i for i in range(12)]
+    wire = fmt.encode_many(good) + b"\x00\x33" + b"b" * 10
+    out = decoder.decode(wire[:split])
+    out += decoder.decode(wire[split:])  # a fresh chunk: the C path cuts it directly
+    assert out == good
+    before = decoder.statistics()
+    assert before == netframe.DecoderStatistics(12, 0, 12)
+    for _ in range(2):
+        with pytest.raises(FrameTooLarge):
+            decoder.decode()
+        assert decoder.statistics() == before
+    # A bad header first in a fresh chunk raises at once and keeps the bytes.
+    fresh = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
+    with pytest.raises(FrameTooLarge):
+        fresh.decode(b"\x00\x33tail")
+    assert fresh.statistics() == netframe.DecoderStatistics(0, 0, 6)
+
+
+@pytest.mark.parametrize("scan", SCANS)
 def test_error_raises_again_and_leaves_state_unchanged(scan: str) -> None:
     fmt = FrameFormat(length_size=2, max_frame_length=50)
     decoder = FrameDecoder(fmt, scan=scan)  # type: ignore[arg-type]
@@ -597,6 +632,15 @@ class DecoderMachine(RuleBasedStateMachine):
         self.pulled.extend(self.decoder)
         assert len(self.pulled) == self.complete_frames()
 
+    @rule(data=st.data())
+    def feed_and_decode(self, data: st.DataObject) -> None:
+        size = data.draw(st.integers(0, len(self.wire) - self.fed))
+        kind = data.draw(st.sampled_from(["bytes", "bytearray", "memoryview"]))
+        chunk = as_chunk_type(self.wire[self.fed : self.fed + size], kind)
+        self.fed += size
+        self.pulled.extend(self.decoder.decode(chunk))
+        assert len(self.pulled) == self.complete_frames()
+
     @invariant()
     def pulled_frames_are_a_prefix_of_the_expected(self) -> None:
         assert self.pulled == self.expected[: len(self.pulled)]
@@ -699,10 +743,10 @@ def test_kernel_and_python_loop_agree_frame_for_frame(
     assert kernel_scan(fmt, data, lead, capacity, stop_at) == (py_pos, py_stop, bounds)
 
 
-def test_auto_decodes_with_the_loop_until_the_kernel_is_compiled(
+def test_numba_mode_decodes_with_the_loop_until_the_kernel_is_compiled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Before READY, an "auto" decoder must never call the kernel (that first call
+    # Before READY, a "numba" decoder must never call the kernel (that first call
     # would compile it on the decoding path, stalling the caller), and it must have
     # asked for the background load.
     requested = []
@@ -715,10 +759,14 @@ def test_auto_decodes_with_the_loop_until_the_kernel_is_compiled(
     monkeypatch.setattr(FrameDecoder, "_scan_kernel", no_kernel)
     fmt = FrameFormat()
     payloads = [bytes([i % 256]) * 64 for i in range(3000)]
-    decoder = FrameDecoder(fmt, scan="auto")
+    decoder = FrameDecoder(fmt, scan="numba")
     decoder.feed(fmt.encode_many(payloads))
     assert list(decoder) == payloads
     assert requested == ([1] if _kernels.JIT_ENABLED else [])
+    # "auto" asks for the kernel only where it would use it: not with the C loops.
+    requested.clear()
+    FrameDecoder(fmt, scan="auto")
+    assert requested == ([1] if _kernels.JIT_ENABLED and not _codec.C_ENABLED else [])
 
 
 FRESH_PROCESS_LOAD_SCRIPT = textwrap.dedent(
@@ -729,7 +777,7 @@ FRESH_PROCESS_LOAD_SCRIPT = textwrap.dedent(
     assert not _kernels.READY
     fmt = FrameFormat()
     payloads = [bytes([i % 256]) * 64 for i in range(5000)]
-    d = FrameDecoder(fmt)  # starts the background compilation, returns at once
+    d = FrameDecoder(fmt, scan="numba")  # starts the compilation, returns at once
     assert _kernels._loader is not None
     d.feed(fmt.encode_many(payloads))
     assert list(d) == payloads  # decoded whether or not the kernel is ready yet
@@ -754,6 +802,62 @@ def test_kernel_loads_in_the_background_in_a_fresh_process() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@needs_c
+@given(
+    inputs=scan_inputs(),
+    capacity=st.integers(1, 20),
+    lead=st.integers(0, 3),
+    budget=st.integers(0, 2000),
+)
+@settings(max_examples=400)
+def test_c_loop_and_python_loop_agree_frame_for_frame(
+    inputs: tuple[FrameFormat, bytes], capacity: int, lead: int, budget: int
+) -> None:
+    # Same frames, same stop, same position and the same `need` (which the decoder
+    # uses to skip rescans), for valid, partial and garbage input alike.
+    fmt, data = inputs
+    data = b"\x00" * lead + data
+    bounds: list[int] = []
+    stop_at = lead + budget
+    expected = fmt.scan(data, lead, len(data), capacity, bounds, stop_at=stop_at)
+    for kind in (bytes, bytearray):
+        frames: list[bytes] = []
+        got = _codec._speedups.cut_frames(
+            kind(data), lead, len(data), stop_at, capacity, *fmt._scan_params, frames
+        )
+        assert got == expected
+        it = iter(bounds)
+        assert frames == [data[a:b] for a, b in zip(it, it, strict=True)]
+        assert all(type(f) is bytes for f in frames)
+
+
+@needs_c
+def test_c_loop_refuses_bad_arguments() -> None:
+    cut = _codec._speedups.cut_frames
+    params = FrameFormat()._scan_params
+    with pytest.raises(ValueError, match="pos and end"):
+        cut(b"abc", 0, 4, 10, 10, *params, [])
+    with pytest.raises(ValueError, match="pos and end"):
+        cut(b"abc", 2, 1, 10, 10, *params, [])
+    with pytest.raises(TypeError, match="list"):
+        cut(b"abc", 0, 3, 10, 10, *params, ())
+    with pytest.raises(TypeError, match="13 arguments"):
+        cut(b"abc", 0, 3)
+    with pytest.raises(TypeError):
+        cut("text", 0, 3, 10, 10, *params, [])  # not a buffer
+
+
+@needs_c
+@given(fmt=frame_formats(), payloads=payload_lists)
+@settings(max_examples=300)
+def test_c_encoder_matches_the_reference_encoding(fmt: FrameFormat, payloads: list[bytes]) -> None:
+    payloads = encodable(fmt, payloads)
+    expected = b"".join(reference_frame(fmt, p) or b"" for p in payloads)
+    assert fmt.encode_many(payloads) == expected
+    assert fmt.encode_many([bytearray(p) for p in payloads]) == expected
+    assert fmt.encode_many(iter(payloads)) == expected
 
 
 def test_kernel_threshold_constant_matches_the_measurement_note() -> None:
@@ -790,7 +894,7 @@ DISABLED_JIT_SCRIPT = textwrap.dedent(
                               length_adjustment=2, length_includes_header=True)
             payloads = [bytes([i]) * (i + 2) for i in range(60)]
             wire = fmt.encode_many(payloads)
-            for scan in ("auto", "python", "kernel"):
+            for scan in ("auto", "numba", "python", "kernel"):
                 d = FrameDecoder(fmt, scan=scan)
                 out = []
                 for i in range(0, len(wire), 7):
