@@ -678,6 +678,8 @@ class FrameDecoder:
         invalid header is raised only when no frame comes before it: frames before
         it are returned, and the next call raises.
         """
+        if not data and not self._ready and len(self._buffer) < max(self._need, 1):
+            return []  # nothing fed, nothing that could make a frame (the common ask)
         frames: list[bytes] = []
         if (
             self._mode == _SCAN_C

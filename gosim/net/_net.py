@@ -193,27 +193,40 @@ class Conn:
         if self._writing:
             raise BusyError("another goroutine is already writing this connection")
         self._writing = True
-        view = memoryview(data).cast("B")
-        total = len(view)
         try:
             sent = 0
-            while sent < total:
-                try:
-                    sent += self._sock.send(view[sent:])
-                    continue
-                except BlockingIOError:
-                    pass
-                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
-                    raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
-                except OSError:
-                    if self._closed:
-                        raise ClosedError() from None
-                    raise
-                await self._wait("w")
-            return total
+            if type(data) is bytes:
+                # The common case first: one send of the whole object, no view.
+                sent = self._send(data)
+                if sent == len(data):
+                    return sent
+            view = memoryview(data).cast("B")
+            try:
+                total = len(view)
+                while sent < total:
+                    n = self._send(view[sent:])
+                    if n:
+                        sent += n
+                    else:
+                        await self._wait("w")
+                return total
+            finally:
+                view.release()
         finally:
             self._writing = False
-            view.release()
+
+    def _send(self, data: bytes | memoryview) -> int:
+        """One send: bytes sent, 0 when the socket buffer is full (EAGAIN)."""
+        try:
+            return self._sock.send(data)
+        except BlockingIOError:
+            return 0
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
+            raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
+        except OSError:
+            if self._closed:
+                raise ClosedError() from None
+            raise
 
     async def _wait(self, mode: str) -> None:
         why = await self._pd.wait(mode)

@@ -20,9 +20,13 @@ goroutine reading the same connection at once is refused by the connection (busy
 from __future__ import annotations
 
 import select
+import types
+from collections.abc import Generator
 from typing import Any, Final
 
 from gosim import lowlevel
+from gosim._core import _sched
+from gosim._core._exceptions import NotInRuntime
 from gosim.lowlevel import RuntimeTimer
 
 READY: Final = "ready"  # an edge arrived with nobody waiting
@@ -68,24 +72,40 @@ class PollDesc:
         self.hangup = False
         self.owner: Any = None  # the socket, closed if the runtime ends first
 
-    async def wait(self, mode: str) -> str | None:
-        """Park until ready (None), the deadline passes (TIMEOUT) or the fd closes (CLOSED)."""
+    @types.coroutine
+    def wait(self, mode: str) -> Generator[Any, Any, str | None]:
+        """Park until ready (None), the deadline passes (TIMEOUT) or the fd closes (CLOSED).
+
+        A generator-based coroutine that parks with one bare yield to the driver, as
+        the channel operations do: every read and write of a busy server passes here.
+        """
         if self.closing:
             return CLOSED
-        slot = "rg" if mode == "r" else "wg"
-        state = getattr(self, slot)
+        reading = mode == "r"
+        state = self.rg if reading else self.wg
         if state is READY:
-            setattr(self, slot, None)
+            if reading:
+                self.rg = None
+            else:
+                self.wg = None
             return None
-        deadline = self.rdeadline if mode == "r" else self.wdeadline
+        deadline = self.rdeadline if reading else self.wdeadline
         if deadline and deadline <= lowlevel.current_runtime().now():
             return TIMEOUT
         if state is not None:
             raise RuntimeError("netpoll: two goroutines wait on one side of a socket")
-        g = lowlevel.current_g()
-        setattr(self, slot, g)
+        rt = _sched._state.rt
+        g = None if rt is None else rt.curg
+        if g is None:
+            raise NotInRuntime("not inside a gosim goroutine")
+        if reading:
+            self.rg = g
+        else:
+            self.wg = g
         self.poller.nwaiters += 1
-        return await lowlevel.park("IO wait")  # type: ignore[no-any-return]
+        g.waitreason = "IO wait"
+        why: str | None = yield _sched.PARK
+        return why
 
     def _wake(self, slot: str, value: Any) -> bool:
         state = getattr(self, slot)
@@ -152,17 +172,40 @@ class NetPoller:
         return self.nwaiters
 
     def poll(self) -> int:
+        events = self.ep.poll(0)
+        if not events:
+            return 0
         woken = 0
-        for fd, ev in self.ep.poll(0):
-            pd = self.descs.get(fd)
+        descs = self.descs
+        rt = _sched._state.rt  # poll runs on the driver, inside the runtime
+        if rt is None:
+            raise NotInRuntime("netpoll: not inside a gosim runtime")
+        goready = rt.goready
+        for fd, ev in events:
+            pd = descs.get(fd)
             if pd is None:
                 continue
             if ev & _HANGUP:
                 pd.hangup = True
+            # _wake inlined for both sides: this loop runs for every readiness edge.
             if ev & _IN:
-                woken += pd._wake("rg", None)
+                g = pd.rg
+                if g is None or g is READY:
+                    pd.rg = READY
+                else:
+                    pd.rg = None
+                    self.nwaiters -= 1
+                    goready(g, None)
+                    woken += 1
             if ev & _OUT:
-                woken += pd._wake("wg", None)
+                g = pd.wg
+                if g is None or g is READY:
+                    pd.wg = READY
+                else:
+                    pd.wg = None
+                    self.nwaiters -= 1
+                    goready(g, None)
+                    woken += 1
         return woken
 
     def close(self) -> None:
