@@ -10,7 +10,10 @@ the client's wall time and is not the figure to compare.
 
 Workloads: ``pipelined`` (one connection, 64-byte frames, all in flight: frames/s),
 ``rr`` (100 connections, one request in flight each: requests/s), ``big`` (1 MiB frames
-pipelined: MB/s). Go runs with ``GOMAXPROCS=1`` on both sides.
+pipelined: MB/s). Go runs with ``GOMAXPROCS=1`` on both sides. ``idle``: one netframe
+session server process holding 10,000 TCP connections from a client process, heartbeats
+every 5 s on both sides, idle for 11 s (past the 10 s dead-peer timeout), then one
+request on each; the figure is the server's peak RSS (``VmHWM``).
 
 Reproduce::
 
@@ -24,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,3 +162,58 @@ def bench_big_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
         cmd = [str(go_binary), "big", "-addr", srv.addr, "-n", str(n), "-size", str(1 << 20)]
         r = _measure(benchmark, cmd)
         assert r["frames"] == n
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set (VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc status")
+
+
+@pytest.mark.benchmark(group="net-idle-10k")
+def bench_idle_connections(benchmark: Any) -> None:
+    # Heartbeats every 5 s on both sides (long-connection servers use 10-60 s), idle for
+    # 11 s: past the 10 s after which a silent peer would be declared dead.
+    conns, hold, heartbeat = (200, 0.6, 0.2) if benchmark.disabled else (10_000, 11.0, 5.0)
+    server = subprocess.Popen(
+        [sys.executable, str(PEERS), "idle-server", "netframe", "--heartbeat", str(heartbeat)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    stats: list[dict[str, Any]] = []
+    collector: threading.Thread | None = None
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("LISTEN "), line
+        addr = line.split()[1]
+        out = server.stdout
+
+        def collect() -> None:  # the server's stats lines, one per heartbeat interval
+            for text in out:
+                stats.append(json.loads(text))
+
+        collector = threading.Thread(target=collect, daemon=True)
+        collector.start()
+        cmd = [sys.executable, str(PEERS), "idle-clients", "netframe", "--addr", addr]
+        cmd += ["--conns", str(conns), "--seconds", str(hold), "--heartbeat", str(heartbeat)]
+        result = _measure(benchmark, cmd)
+        peak_mb = _peak_rss_mb(server.pid)
+    finally:
+        server.kill()  # our own child, by its PID
+        server.wait(timeout=30)
+        if collector is not None:
+            collector.join(timeout=30)  # the pipe is at its end: the thread finishes
+        if server.stdout is not None:
+            server.stdout.close()
+    assert result["answered"] == conns  # every connection survived the idle period
+    assert max(s["connections"] for s in stats) == conns
+    assert max(s["dead_peers"] for s in stats) == 0
+    benchmark.extra_info.update(
+        server_peak_rss_mb=round(peak_mb, 1),
+        server_kb_per_conn=round(peak_mb * 1024 / conns, 1),
+    )

@@ -8,6 +8,9 @@ of ``benchmarks/go/net``. Every server echoes every frame; clients check each ec
     python benchmarks/net_peers.py pipelined trio --addr A [--n N] [--size 64]
     python benchmarks/net_peers.py rr trio --addr A [--conns 100] [--seconds 2]
         print one JSON object, as the Go client does
+    python benchmarks/net_peers.py idle-server netframe [--heartbeat 1.0]
+    python benchmarks/net_peers.py idle-clients netframe --addr A --conns N --seconds HOLD
+        long idle session connections with heartbeats (netframe's Server and Client)
 
 The servers are written the way each library is used at its best: the trio server
 reads 64 KiB at a time and echoes every complete frame of a read with one ``send_all``
@@ -210,6 +213,75 @@ def netframe_server(addr: str) -> None:
     gosim.run(main, procs=1)
 
 
+def idle_server(addr: str, heartbeat: float) -> None:
+    """A netframe session server with heartbeats; prints LISTEN, then serves until killed.
+
+    Every ``heartbeat`` seconds it prints one JSON line of its stats (connections,
+    heartbeats missed, dead peers), so a benchmark can read them while it runs.
+    """
+
+    async def echo(payload: bytes) -> bytes:
+        return payload
+
+    async def main() -> None:
+        ln = net.listen("tcp", addr)
+        server = netframe.Server(echo, heartbeat_interval=heartbeat, max_connections=100_000)
+        go(server.serve, ln)
+        print(f"LISTEN {ln.addr()}", flush=True)
+        while True:
+            await gosim.sleep(heartbeat)
+            st = server.stats()
+            line = {
+                "connections": st.connections,
+                "heartbeats_missed": st.heartbeats_missed,
+                "dead_peers": st.dead_peers,
+                "frames_received": st.frames_received,
+            }
+            print(json.dumps(line), flush=True)
+
+    gosim.run(main, procs=1)
+
+
+def idle_clients(addr: str, conns: int, hold: float, heartbeat: float) -> dict[str, object]:
+    """Open ``conns`` session connections (heartbeats on), print CONNECTED, stay idle for
+    ``hold`` seconds, then make one request on each; report how many were answered."""
+
+    async def main() -> dict[str, object]:
+        clients: list[netframe.Client] = []
+        start = time.perf_counter()
+
+        async def dial() -> net.Conn:
+            return await net.dial("tcp", addr, timeout=30)
+
+        for _ in range(conns):
+            c = netframe.Client(dial, heartbeat_interval=heartbeat)
+            await c.connect()
+            clients.append(c)
+        connect_s = time.perf_counter() - start
+        print("CONNECTED", flush=True)
+        await gosim.sleep(hold)  # idle: only heartbeats cross the connections
+        done: Chan[int] = Chan(conns)
+
+        async def ask(k: int, c: netframe.Client) -> None:
+            try:
+                await c.send(b"%d" % k)
+                ok = await c.recv() == b"%d" % k
+            except netframe.ConnectionLost:
+                ok = False
+            await c.close()
+            await done.send(int(ok))
+
+        for k, c in enumerate(clients):
+            go(ask, k, c)
+        answered = 0
+        for _ in range(conns):
+            answered += await done.recv() or 0
+        return {"mode": "idle", "conns": conns, "answered": answered, "connect_s": connect_s}
+
+    result: dict[str, object] = gosim.run(main, procs=1)
+    return result
+
+
 def netframe_client(
     mode: str, addr: str, n: int, size: int, conns: int, seconds: float
 ) -> dict[str, object]:
@@ -283,14 +355,22 @@ def netframe_client(
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["server", "pipelined", "rr"])
+    ap.add_argument("mode", choices=["server", "pipelined", "rr", "idle-server", "idle-clients"])
     ap.add_argument("peer", choices=["trio", "asyncio", "netframe"])
     ap.add_argument("--addr", default="127.0.0.1:0")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--conns", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--heartbeat", type=float, default=1.0)
     args = ap.parse_args(argv)
+    if args.mode == "idle-server":
+        idle_server(args.addr, args.heartbeat)
+        return
+    if args.mode == "idle-clients":
+        out = idle_clients(args.addr, args.conns, args.seconds, args.heartbeat)
+        print(json.dumps(out))
+        return
     if args.mode == "server":
         if args.peer == "trio":
             trio.run(trio_server, args.addr)

@@ -490,10 +490,20 @@ class Client:
         go(self._heartbeat, st, self._inbox)
 
     async def send(self, payload: bytes) -> None:
+        """Queue one DATA frame; ConnectionLost when the connection has ended or breaks.
+
+        A payload the format cannot carry raises the codec's LocalFrameError instead
+        (the connection is fine; the payload is not).
+        """
         st = self._st
         if st is None or st.closed:
             raise ConnectionLost("not connected")
-        await st.fc.send(st.session.data(payload, gosim.now()))
+        try:
+            await st.fc.send(st.session.data(payload, gosim.now()))
+        except (ClosedError, OSError) as exc:
+            # The writer hit a reset or a broken pipe, or the reader closed the
+            # connection meanwhile: one exception type for "connection gone".
+            raise ConnectionLost(f"connection broken: {exc}") from exc
 
     async def recv(self) -> bytes:
         """The next DATA payload from the server; ConnectionLost when the connection ended."""

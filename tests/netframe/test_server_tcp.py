@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+
 import gosim
 import netframe
 from gosim import Chan, go, net
@@ -97,3 +100,30 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
         return peak, total, server.stats().dead_peers
 
     assert gosim.run(main, procs=2) == (n, 2 * n, 0)
+
+
+def test_client_send_after_the_server_resets_raises_connection_lost() -> None:
+    # The peer resets the connection (SO_LINGER 0): whether the client's writer meets
+    # the reset or its reader does first, send() raises ConnectionLost, never a raw
+    # OSError, so a caller has one exception to catch for "connection gone".
+    async def main() -> str:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=None)
+        await c.connect()
+        peer = await ln.accept()
+        peer._sock.setsockopt(  # type: ignore[attr-defined]
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+        )
+        peer.close()
+        try:
+            # No pause: the send queue fills, the writer goroutine runs and meets the
+            # reset before the reader has been woken to notice it.
+            for _ in range(5000):
+                await c.send(b"x" * 1000)
+        except netframe.ConnectionLost as exc:
+            return type(exc).__name__
+        finally:
+            ln.close()
+        return "never raised"
+
+    assert gosim.run(main, procs=1) == "ConnectionLost"
