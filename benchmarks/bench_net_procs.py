@@ -194,8 +194,7 @@ def bench_idle_connections(benchmark: Any) -> None:
         out = server.stdout
 
         def collect() -> None:  # the server's stats lines, one per heartbeat interval
-            for text in out:
-                stats.append(json.loads(text))
+            stats.extend(json.loads(text) for text in out)
 
         collector = threading.Thread(target=collect, daemon=True)
         collector.start()
