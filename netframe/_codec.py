@@ -339,6 +339,22 @@ class FrameFormat:
             return b"".join((preamble, self._pack(n - self._fixed_adjust), payload))
         return b"".join((preamble, self._uvarint_field(n), payload))
 
+    def header_for(self, payload: bytes | bytearray | memoryview) -> bytes:
+        """The bytes that go before ``payload`` in its frame (zero preamble and length
+        field): ``header_for(p) + p == encode(p)``. For writers that gather a header
+        and a large payload into one system call without copying the payload.
+
+        Raises what :meth:`encode` raises for ``payload``.
+        """
+        n = payload.nbytes if type(payload) is memoryview else len(payload)
+        if self._fixed_header >= 0:
+            if not self._min_payload <= n <= self._max_payload:
+                self._raise_payload_error(n)
+            field_ = self._pack(n - self._fixed_adjust)
+        else:
+            field_ = self._uvarint_field(n)
+        return self._zero_preamble + field_ if self._zero_preamble else field_
+
     def check_payload(self, payload: bytes | bytearray | memoryview) -> None:
         """Raise what :meth:`encode` would raise for ``payload``, without encoding it."""
         n = payload.nbytes if type(payload) is memoryview else len(payload)
@@ -657,6 +673,16 @@ class FrameDecoder:
             f"<FrameDecoder ready={stats.frames_ready} buffered={stats.bytes_buffered}"
             f" {self._format!r}>"
         )
+
+    @property
+    def bytes_needed(self) -> int:
+        """At least this many more bytes must be fed before the next frame can be cut
+        (0 when unknown or when a frame may already be complete).
+
+        Known once the next frame's header has been read: a reader can then ask its
+        connection for the rest of a large frame in one receive.
+        """
+        return max(0, self._need - len(self._buffer)) if not self._ready else 0
 
     def statistics(self) -> DecoderStatistics:
         """Return a snapshot of the counters (see :class:`DecoderStatistics`)."""

@@ -13,13 +13,18 @@ close). A second concurrent reader gets :class:`BusyError` at once.
 Writing, two ways:
 
 1. :meth:`FramedConn.write_frame` / :meth:`FramedConn.write_frames`: encode and write
-   now; ``write_frames`` makes one buffer, so one syscall, for many frames.
+   now; ``write_frames`` makes one buffer, so one syscall, for many frames (or, for
+   large payloads on a connection that gathers, one ``sendmsg`` of headers and
+   payloads without copying the payloads).
 2. :meth:`FramedConn.send`: queue the frame for a writer goroutine that batches every
    queued frame into one write. The queue is bounded (``send_queue`` frames), so a
    peer that stops reading makes ``send`` block: backpressure instead of unbounded
    memory. This is what a server answering pipelined requests wants: replies made
    one at a time leave in batches. A write error stops the writer; the next ``send``
    (or :meth:`flush`) raises it.
+
+Reading asks the connection for the whole rest of a large frame at once when the
+decoder knows its size (``FrameDecoder.bytes_needed``).
 
 Buffers from ``gosim.mem`` are not used: received frames are ``bytes`` handed to the
 caller, and the codec's offset buffer already reuses its storage; a measured benefit
@@ -50,6 +55,10 @@ __all__ = [
 DEFAULT_READ_SIZE = 64 * 1024
 DEFAULT_SEND_QUEUE = 1024
 MAX_BATCH_BYTES = 1 << 20  # one write carries at most about this much
+#: Payloads this large together are written by gathering (no copy into one buffer).
+GATHER_MIN_BYTES = 64 * 1024
+#: ...unless there are more frames than this (many small iovecs cost more than a copy).
+GATHER_MAX_FRAMES = 64
 
 
 class StreamConn(Protocol):
@@ -136,6 +145,8 @@ class FramedConn:
         # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
         self._writer_exit: Chan[None] = Chan()
         self._closed = False
+        # The connection's gathering write, where it has one (gosim.net.Conn does).
+        self._gather = getattr(conn, "write_buffers", None)
         self.frames_read = 0
         self.frames_written = 0
         self.bytes_read = 0
@@ -171,7 +182,7 @@ class FramedConn:
                     if pending:
                         raise IncompleteFrame(pending)
                     return None
-                data = await self.conn.read(self._read_size)
+                data = await self.conn.read(max(self._read_size, decoder.bytes_needed))
                 if not data:
                     self._eof = True
                     continue
@@ -198,7 +209,9 @@ class FramedConn:
                     if pending:
                         raise IncompleteFrame(pending)
                     return frames
-                data = await self.conn.read(self._read_size)
+                # The rest of a large frame in one receive where the kernel has it:
+                # fewer, larger reads and fewer buffer appends.
+                data = await self.conn.read(max(self._read_size, decoder.bytes_needed))
                 if not data:
                     self._eof = True
                     continue
@@ -213,21 +226,40 @@ class FramedConn:
 
     async def write_frame(self, payload: bytes | bytearray | memoryview) -> None:
         """Encode one frame and write it now."""
-        data = self.format.encode(payload)
-        await self.conn.write(data)
-        self.frames_written += 1
-        self.bytes_written += len(data)
-        self.writes += 1
+        await self._write_encoded([payload])
 
     async def write_frames(self, payloads: Iterable[bytes | bytearray | memoryview]) -> None:
-        """Encode many frames into one buffer and write it with one call."""
+        """Encode many frames and write them with one call on the connection.
+
+        Small frames are encoded into one buffer; when the payloads are large (at
+        least GATHER_MIN_BYTES together) and the connection can gather buffers
+        (gosim.net's ``write_buffers``), headers and payloads go out in one
+        ``sendmsg`` without copying the payloads.
+        """
         items = list(payloads)
-        if not items:
-            return
-        data = self.format.encode_many(items)
+        if items:
+            await self._write_encoded(items)
+
+    async def _write_encoded(self, items: list[bytes | bytearray | memoryview]) -> None:
+        fmt = self.format
+        gather = self._gather
+        if gather is not None and len(items) <= GATHER_MAX_FRAMES:
+            size = sum(p.nbytes if type(p) is memoryview else len(p) for p in items)
+            if size >= GATHER_MIN_BYTES:
+                parts: list[bytes | bytearray | memoryview] = []
+                for p in items:  # every header first: a bad payload writes nothing
+                    parts.append(fmt.header_for(p))
+                    parts.append(p)
+                written = await gather(parts)
+                self._count_write(len(items), written)
+                return
+        data = fmt.encode_many(items)
         await self.conn.write(data)
-        self.frames_written += len(items)
-        self.bytes_written += len(data)
+        self._count_write(len(items), len(data))
+
+    def _count_write(self, frames: int, nbytes: int) -> None:
+        self.frames_written += frames
+        self.bytes_written += nbytes
         self.writes += 1
 
     async def send(self, payload: bytes | bytearray | memoryview) -> None:
@@ -258,7 +290,6 @@ class FramedConn:
 
     async def _writer(self) -> None:
         q = self._queue
-        fmt = self.format
         try:
             while True:
                 item = await q.recv()
@@ -284,11 +315,7 @@ class FramedConn:
                     if not got:
                         break
                 if batch:
-                    data = fmt.encode_many(batch)
-                    await self.conn.write(data)
-                    self.frames_written += len(batch)
-                    self.bytes_written += len(data)
-                    self.writes += 1
+                    await self._write_encoded(batch)  # type: ignore[arg-type]
                 for f in flushes:
                     f.done.try_send(None)
                 if stop:

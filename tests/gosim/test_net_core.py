@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import gosim
 from gosim import Chan, go, net
+from gosim.net._net import _IOV_MAX
 
 
 def run(main, *args):  # type: ignore[no-untyped-def]
@@ -348,3 +349,73 @@ def test_short_read_then_wait_skips_the_doomed_recv() -> None:
     # Each first read after a short one waits instead: at most a spurious wake-up's
     # retry now and then, not one failed recv per request.
     assert run(main) < 20
+
+
+def test_write_buffers_gathers_many_buffers_through_partial_sends() -> None:
+    # More buffers than one sendmsg takes (IOV_MAX), large ones that need several
+    # sends while the reader is slow, empty ones, bytearrays and memoryviews of
+    # wider items: all arrive in order, nothing copied or lost.
+    parts: list[bytes | bytearray | memoryview] = []
+    for i in range(_IOV_MAX + 300):
+        if i % 97 == 0:
+            parts.append(bytes([i % 251]) * 300_000)
+        elif i % 5 == 0:
+            parts.append(b"")
+        elif i % 7 == 0:
+            parts.append(bytearray(b"ba%d" % i))
+        elif i % 11 == 0:
+            parts.append(memoryview(struct.pack("<3i", i, -i, 7)).cast("i"))
+        else:
+            parts.append(b"%d," % i)
+    expected = b"".join(bytes(p) for p in parts)
+
+    async def main() -> tuple[int, bytes]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        got: Chan[bytes] = Chan(1)
+
+        async def reader() -> None:
+            c = await ln.accept()
+            buf = bytearray()
+            while data := await c.read(4096):
+                buf += data
+                if len(buf) % 7 == 0:
+                    await gosim.sleep(0.0001)  # slow: the writer meets a full buffer
+            c.close()
+            await got.send(bytes(buf))
+
+        go(reader)
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        written = await c.write_buffers(parts)
+        c.close()
+        data = await got.recv() or b""
+        ln.close()
+        return written, data
+
+    written, data = run(main)
+    assert written == len(expected)
+    assert data == expected
+
+
+def test_write_buffers_reports_errors_like_write() -> None:
+    async def main() -> list[str]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        peer = await ln.accept()
+        peer._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # a reset: the next writes fail
+        seen = []
+        for _ in range(3):
+            try:
+                await c.write_buffers([b"x" * 100_000, b"y"])
+            except net.BrokenError:
+                seen.append("broken")
+                break
+        c.close()
+        try:
+            await c.write_buffers([b"z"])
+        except net.ClosedError:
+            seen.append("closed")
+        ln.close()
+        return seen
+
+    assert run(main) == ["broken", "closed"]

@@ -849,6 +849,24 @@ def test_c_loop_refuses_bad_arguments() -> None:
         cut("text", 0, 3, 10, 10, *params, [])  # not a buffer
 
 
+@given(fmt=frame_formats(), payloads=payload_lists)
+@settings(max_examples=300)
+def test_header_for_is_what_encode_puts_before_the_payload(
+    fmt: FrameFormat, payloads: list[bytes]
+) -> None:
+    for p in encodable(fmt, payloads):
+        assert fmt.header_for(p) + p == fmt.encode(p) == reference_frame(fmt, p)
+        assert fmt.header_for(memoryview(p)) == fmt.header_for(bytearray(p))
+
+
+def test_header_for_refuses_what_encode_refuses() -> None:
+    fmt = FrameFormat(length_size=1, max_frame_length=200)
+    with pytest.raises(PayloadTooLarge):
+        fmt.header_for(b"x" * 201)
+    with pytest.raises(LocalFrameError):
+        FrameFormat(length_adjustment=5).header_for(b"abc")
+
+
 @needs_c
 @given(fmt=frame_formats(), payloads=payload_lists)
 @settings(max_examples=300)
