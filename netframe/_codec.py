@@ -684,6 +684,36 @@ class FrameDecoder:
         """
         return max(0, self._need - len(self._buffer)) if not self._ready else 0
 
+    def take_partial_frame(self, minimum: int) -> tuple[bytes, int, int] | None:
+        """Hand the caller the start of a large frame, to receive the rest in place.
+
+        When the buffer holds only the start of one frame whose size is known (a
+        fixed-size length field, header complete) and at least ``minimum`` bytes, the
+        buffered bytes are taken out of the decoder and ``(prefix, skip, size)`` is
+        returned: the frame's returned bytes are ``prefix[skip:]`` followed by the
+        next ``size - (len(prefix) - skip)`` bytes of the stream. Otherwise ``None``
+        and nothing changes. A caller that cannot finish the frame (end of stream, an
+        error, a timeout) feeds ``prefix`` and what it received back, which restores
+        the decoder exactly.
+        """
+        fmt = self._format
+        need = self._need
+        header = fmt._fixed_header
+        buffered = len(self._buffer)
+        if self._ready or header < 0 or need < minimum or not header <= buffered < need:
+            return None
+        skip = header if fmt.strip is None else fmt.strip
+        if skip > buffered:
+            return None
+        prefix = self._buffer.consume_at_most(buffered)
+        self._buffer.commit()
+        self._need = 0
+        return prefix, skip, need - skip
+
+    def count_frame(self) -> None:
+        """Count a frame finished by the caller after :meth:`take_partial_frame`."""
+        self._frames_decoded += 1
+
     def statistics(self) -> DecoderStatistics:
         """Return a snapshot of the counters (see :class:`DecoderStatistics`)."""
         return DecoderStatistics(

@@ -41,6 +41,7 @@ import gosim
 from gosim import Chan, recv, select, send
 
 from ._codec import NEED_DATA, FrameDecoder, FrameFormat
+from ._codec import _speedups as _c_speedups
 from ._exceptions import RemoteFrameError
 
 __all__ = [
@@ -52,9 +53,13 @@ __all__ = [
     "StreamConn",
 ]
 
+_FrameBuffer: Any = None if _c_speedups is None else _c_speedups.FrameBuffer
+
 DEFAULT_READ_SIZE = 64 * 1024
 DEFAULT_SEND_QUEUE = 1024
 MAX_BATCH_BYTES = 1 << 20  # one write carries at most about this much
+#: A frame at least this large is received in place once its header is read.
+LARGE_FRAME_BYTES = 256 * 1024
 #: Payloads this large together are written by gathering (no copy into one buffer).
 GATHER_MIN_BYTES = 64 * 1024
 #: ...unless there are more frames than this (many small iovecs cost more than a copy).
@@ -145,8 +150,10 @@ class FramedConn:
         # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
         self._writer_exit: Chan[None] = Chan()
         self._closed = False
-        # The connection's gathering write, where it has one (gosim.net.Conn does).
+        # The connection's gathering write and in-place read, where it has them
+        # (gosim.net.Conn does).
         self._gather = getattr(conn, "write_buffers", None)
+        self._read_into = getattr(conn, "read_into", None)
         self.frames_read = 0
         self.frames_written = 0
         self.bytes_read = 0
@@ -177,6 +184,11 @@ class FramedConn:
                 if frame is not NEED_DATA:
                     self.frames_read += 1
                     return frame
+                if self._read_into is not None and decoder.bytes_needed >= LARGE_FRAME_BYTES:
+                    large = await self._read_rest_in_place()
+                    if large is not None:
+                        self.frames_read += 1
+                        return large
                 if self._eof:
                     pending = decoder.statistics().bytes_buffered
                     if pending:
@@ -204,6 +216,11 @@ class FramedConn:
             decoder = self._decoder
             frames = decoder.decode()  # what is buffered already, no read
             while not frames:
+                if self._read_into is not None and decoder.bytes_needed >= LARGE_FRAME_BYTES:
+                    frame = await self._read_rest_in_place()
+                    if frame is not None:
+                        frames = [frame]
+                        break
                 if self._eof:
                     pending = decoder.statistics().bytes_buffered
                     if pending:
@@ -221,6 +238,45 @@ class FramedConn:
             return frames
         finally:
             self._reading = False
+
+    async def _read_rest_in_place(self) -> bytes | None:
+        """Receive the rest of a large frame straight into a buffer of its size.
+
+        One copy of the frame in user space (the buffer into ``bytes``) instead of the
+        receive buffer's appends and the cut. None (nothing changed) when the decoder
+        declines; at end of stream or on any error the bytes go back to the decoder,
+        so the usual path reports or retries exactly as before.
+        """
+        decoder = self._decoder
+        taken = decoder.take_partial_frame(LARGE_FRAME_BYTES)
+        if taken is None:
+            return None
+        prefix, skip, size = taken
+        read_into = self._read_into
+        assert read_into is not None
+        # The C FrameBuffer is the bytes object itself, written in place; without
+        # the extension a bytearray is filled and copied once at the end.
+        frame: Any = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
+        filled = len(prefix) - skip
+        with memoryview(frame) as view:
+            view[:filled] = memoryview(prefix)[skip:]
+            try:
+                while filled < size:
+                    n = await read_into(view[filled:])
+                    if not n:
+                        self._eof = True
+                        break
+                    filled += n
+                    self.bytes_read += n
+            finally:
+                if filled < size:  # give everything back; the caller goes on as usual
+                    decoder.feed(prefix)
+                    decoder.feed(view[len(prefix) - skip : filled])
+        if filled < size:
+            return None
+        decoder.count_frame()
+        done: bytes = frame.finish() if _FrameBuffer is not None else bytes(frame)
+        return done
 
     # ---------------------------------------------------------------- write
 

@@ -2,7 +2,8 @@
  * netframe._speedups: the codec's per-frame loops in C (optional).
  *
  * Two functions, each the twin of a Python reference in netframe/_codec.py that stays
- * the specification and the fallback (tests compare them frame for frame):
+ * the specification and the fallback (tests compare them frame for frame), and a
+ * FrameBuffer type (below) for receiving a large frame in place:
  *
  *   cut_frames(data, pos, end, stop_at, capacity, width, big_endian, length_offset,
  *              adjustment, includes_header, strip, max_body, out) -> (pos, stop, need)
@@ -278,6 +279,124 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/*
+ * FrameBuffer(n): an n-byte bytes object under construction, writable through the
+ * buffer protocol until finish() hands it out. A large frame is received straight
+ * into the bytes object the caller gets: no zero-fill, no copy out of a bytearray.
+ * Safe because nothing else can reach the bytes object before finish() (it is
+ * fresh, so neither shared nor hashed), and finish() refuses while a view is open.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *bytes; /* NULL once finished */
+    Py_ssize_t exports;
+} FrameBuffer;
+
+static PyObject *
+FrameBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t size;
+    static char *kwlist[] = {"size", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &size)) {
+        return NULL;
+    }
+    if (size < 2) {
+        /* Sizes 0 and 1 are shared singletons in CPython: never write into those. */
+        PyErr_SetString(PyExc_ValueError, "FrameBuffer size must be at least 2");
+        return NULL;
+    }
+    FrameBuffer *self = (FrameBuffer *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->bytes = PyBytes_FromStringAndSize(NULL, size);
+    if (self->bytes == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->exports = 0;
+    return (PyObject *)self;
+}
+
+static void
+FrameBuffer_dealloc(FrameBuffer *self)
+{
+    Py_XDECREF(self->bytes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+FrameBuffer_getbuffer(FrameBuffer *self, Py_buffer *view, int flags)
+{
+    if (self->bytes == NULL) {
+        PyErr_SetString(PyExc_BufferError, "FrameBuffer already finished");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->bytes),
+                          PyBytes_GET_SIZE(self->bytes), 0, flags) < 0) {
+        return -1;
+    }
+    self->exports++;
+    return 0;
+}
+
+static void
+FrameBuffer_releasebuffer(FrameBuffer *self, Py_buffer *view)
+{
+    self->exports--;
+}
+
+static PyObject *
+FrameBuffer_finish(FrameBuffer *self, PyObject *unused)
+{
+    if (self->bytes == NULL) {
+        PyErr_SetString(PyExc_ValueError, "FrameBuffer already finished");
+        return NULL;
+    }
+    if (self->exports > 0) {
+        PyErr_SetString(PyExc_BufferError, "FrameBuffer.finish: a view is still open");
+        return NULL;
+    }
+    PyObject *out = self->bytes;
+    self->bytes = NULL; /* the reference moves to the caller */
+    return out;
+}
+
+static Py_ssize_t
+FrameBuffer_len(FrameBuffer *self)
+{
+    return self->bytes == NULL ? 0 : PyBytes_GET_SIZE(self->bytes);
+}
+
+static PyBufferProcs FrameBuffer_as_buffer = {
+    (getbufferproc)FrameBuffer_getbuffer,
+    (releasebufferproc)FrameBuffer_releasebuffer,
+};
+
+static PySequenceMethods FrameBuffer_as_sequence = {
+    .sq_length = (lenfunc)FrameBuffer_len,
+};
+
+static PyMethodDef FrameBuffer_methods[] = {
+    {"finish", (PyCFunction)FrameBuffer_finish, METH_NOARGS,
+     "Return the bytes object (once; no view may be open)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FrameBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netframe._speedups.FrameBuffer",
+    .tp_basicsize = sizeof(FrameBuffer),
+    .tp_dealloc = (destructor)FrameBuffer_dealloc,
+    .tp_as_buffer = &FrameBuffer_as_buffer,
+    .tp_as_sequence = &FrameBuffer_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A bytes object under construction, writable until finish().",
+    .tp_methods = FrameBuffer_methods,
+    .tp_new = FrameBuffer_new,
+};
+
 static PyMethodDef methods[] = {
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,
      "Cut the complete frames of data[pos:end] into out; return (pos, stop, need)."},
@@ -297,5 +416,18 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&FrameBufferType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&FrameBufferType);
+    if (PyModule_AddObject(m, "FrameBuffer", (PyObject *)&FrameBufferType) < 0) {
+        Py_DECREF(&FrameBufferType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

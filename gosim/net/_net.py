@@ -154,6 +154,23 @@ class Conn:
 
     async def read(self, n: int = 65536) -> bytes:
         """Up to ``n`` bytes as soon as some are available; ``b""`` at end of stream."""
+        data: bytes = await self._read(self._sock.recv, n, n)
+        return data
+
+    async def read_into(self, buffer: bytearray | memoryview) -> int:
+        """Go's ``Read(p)``: receive into ``buffer`` as soon as bytes are available;
+        return how many (0 at end of stream, or for an empty buffer). No copy: for
+        readers that know where a large message must end up."""
+        with memoryview(buffer) as view:
+            size = view.nbytes
+            if not size:
+                if self._closed:
+                    raise ClosedError()
+                return 0
+            count: int = await self._read(self._sock.recv_into, view, size)
+        return count
+
+    async def _read(self, receive: Any, arg: Any, size: int) -> Any:
         if self._closed:
             raise ClosedError()
         if self._reading:
@@ -171,10 +188,11 @@ class Conn:
                     await self._wait("r")
             while True:
                 try:
-                    data = self._sock.recv(n)
-                    if 0 < len(data) < n:
+                    result = receive(arg)
+                    got = result if type(result) is int else len(result)
+                    if 0 < got < size:
                         self._drained = True
-                    return data
+                    return result
                 except BlockingIOError:
                     pass
                 except (ConnectionResetError, ConnectionAbortedError) as exc:

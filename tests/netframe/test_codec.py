@@ -1036,3 +1036,67 @@ def test_encode_decode_single_frames(fmt: FrameFormat, payload: bytes) -> None:
     decoder.feed(fmt.encode(payload))
     assert decoder.next_frame() == expected_output(fmt, payload)
     assert decoder.next_frame() is NEED_DATA
+
+
+@needs_c
+def test_frame_buffer_is_a_bytes_object_written_in_place() -> None:
+    fb = _codec._speedups.FrameBuffer(10)
+    assert len(fb) == 10
+    with memoryview(fb) as view:
+        assert not view.readonly and view.nbytes == 10
+        view[:] = b"0123456789"
+        with pytest.raises(BufferError, match="view is still open"):
+            fb.finish()
+    out = fb.finish()
+    assert type(out) is bytes and out == b"0123456789"
+    assert hash(out) == hash(b"0123456789")
+    assert len(fb) == 0
+    with pytest.raises(ValueError, match="finished"):
+        fb.finish()
+    with pytest.raises(BufferError, match="finished"):
+        memoryview(fb)
+    for bad in (0, 1, -5):
+        with pytest.raises(ValueError, match="at least 2"):
+            _codec._speedups.FrameBuffer(bad)
+    unfinished = _codec._speedups.FrameBuffer(1000)
+    del unfinished  # dropped unfinished: its bytes object is freed with it
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        FrameFormat(),
+        FrameFormat(length_size=2, byteorder="little", length_offset=3, length_adjustment=-2),
+        FrameFormat(length_size=8, length_includes_header=True, strip=1),
+        FrameFormat(length_size="uvarint"),
+    ],
+)
+def test_take_partial_frame_hands_out_a_large_frame_and_restores_exactly(
+    fmt: FrameFormat,
+) -> None:
+    payload = bytes(range(256)) * 200  # 51,200 bytes
+    wire = fmt.encode(payload) + fmt.encode(b"next")
+    expected = expected_output(fmt, payload)
+    decoder = FrameDecoder(fmt)
+    assert decoder.take_partial_frame(1000) is None  # nothing buffered
+    decoder.feed(wire[:3000])
+    assert decoder.next_frame() is NEED_DATA
+    if fmt.length_size == "uvarint":  # the header's size varies: never handed out
+        assert decoder.take_partial_frame(1000) is None
+        return
+    assert decoder.take_partial_frame(len(wire)) is None  # below the minimum asked
+    assert decoder.bytes_needed == fmt_size(fmt, payload) - 3000
+    before = decoder.statistics()
+    taken = decoder.take_partial_frame(1000)
+    assert taken is not None
+    prefix, skip, size = taken
+    assert prefix == wire[:3000]
+    assert prefix[skip:] + wire[3000 : 3000 + size - (3000 - skip)] == expected
+    assert decoder.statistics() == netframe.DecoderStatistics(before.frames_decoded, 0, 0)
+    decoder.feed(prefix)  # giving it back restores the decoder
+    decoder.feed(wire[3000:])
+    assert list(decoder) == [expected, expected_output(fmt, b"next")]
+
+
+def fmt_size(fmt: FrameFormat, payload: bytes) -> int:
+    return len(fmt.encode(payload))

@@ -174,3 +174,45 @@ def test_large_frames_are_gathered_and_arrive_whole_in_any_format() -> None:
         return results
 
     assert gosim.run(main, procs=2) == [True] * len(formats)
+
+
+def test_large_frame_read_in_place_survives_a_timeout_and_reports_an_early_end() -> None:
+    # A read deadline passes while a large frame is half received in place: the
+    # bytes go back to the decoder and the next read returns the frame whole. Then
+    # the peer closes inside a second large frame: IncompleteFrame with its count.
+    big = bytes(range(256)) * 4096  # 1 MiB
+
+    async def main() -> tuple[bool, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        step: Chan[None] = Chan()
+
+        async def peer() -> None:
+            c = await ln.accept()
+            wire = netframe.FrameFormat().encode(big)
+            await c.write(wire[:400_000])
+            await step.recv()  # the reader has timed out meanwhile
+            await c.write(wire[400_000:])
+            await c.write(wire[:700_000])  # the start of a second frame, then close
+            c.close()
+
+        go(peer)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()))
+        fc.conn.set_read_deadline(gosim.now() + 0.2)  # type: ignore[attr-defined]
+        try:
+            await fc.read_frames()
+            raise AssertionError("no timeout")
+        except net.DeadlineExceeded:
+            pass
+        fc.conn.set_read_deadline(None)  # type: ignore[attr-defined]
+        await step.send(None)
+        frames = await fc.read_frames()
+        try:
+            await fc.read_frame()
+            raise AssertionError("no IncompleteFrame")
+        except netframe.IncompleteFrame as exc:
+            buffered = exc.buffered
+        fc.conn.close()
+        ln.close()
+        return frames == [big], buffered
+
+    assert gosim.run(main, procs=2) == (True, 700_000)
