@@ -196,10 +196,15 @@ async def trio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str,
 # ------------------------------------------------------------ netframe (gosim)
 
 
-def netframe_server(addr: str) -> None:
+def netframe_server(addr: str, batch: bool = False) -> None:
+    """netframe's raw-mode Server; ``batch``: a ``handle_batch`` handler (one call per
+    receive) instead of one handler call per frame."""
 
     async def echo(payload: bytes) -> bytes:
         return payload
+
+    async def echo_batch(payloads: list[bytes]) -> list[bytes | None]:
+        return list(payloads)
 
     async def main() -> None:
         # Compile the frame-scan kernel before serving, as a deployment warms up;
@@ -207,7 +212,10 @@ def netframe_server(addr: str) -> None:
         netframe.load_kernel()
         ln = net.listen("tcp", addr)
         print(f"LISTEN {ln.addr()}", flush=True)
-        server = netframe.Server(echo, raw=True, max_in_flight=1, heartbeat_interval=None)
+        if batch:
+            server = netframe.Server(handle_batch=echo_batch, raw=True, heartbeat_interval=None)
+        else:
+            server = netframe.Server(echo, raw=True, max_in_flight=1, heartbeat_interval=None)
         await server.serve(ln)
 
     gosim.run(main, procs=1)
@@ -356,7 +364,7 @@ def netframe_client(
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["server", "pipelined", "rr", "idle-server", "idle-clients"])
-    ap.add_argument("peer", choices=["trio", "asyncio", "netframe"])
+    ap.add_argument("peer", choices=["trio", "asyncio", "netframe", "netframe-batch"])
     ap.add_argument("--addr", default="127.0.0.1:0")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=64)
@@ -374,8 +382,8 @@ def main(argv: list[str]) -> None:
     if args.mode == "server":
         if args.peer == "trio":
             trio.run(trio_server, args.addr)
-        elif args.peer == "netframe":
-            netframe_server(args.addr)
+        elif args.peer in ("netframe", "netframe-batch"):
+            netframe_server(args.addr, batch=args.peer == "netframe-batch")
         else:
             asyncio.run(asyncio_server(args.addr))
         return

@@ -39,6 +39,7 @@ from ._session import Data, GoAway, GoAwayCode, Session
 __all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
 
 Handler = Callable[[bytes], Awaitable[bytes | None]]
+BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]]]
 
 
 class Listener(Protocol):
@@ -103,12 +104,22 @@ async def _send(st: _Conn, payload: bytes) -> bool:
 
 
 class Server:
-    """Serves ``handler(payload) -> reply | None`` on long connections; see the module docstring."""
+    """Serves ``handler(payload) -> reply | None`` on long connections; see the module docstring.
+
+    ``handle_batch`` instead of ``handler``: ``handle_batch(payloads) -> replies`` gets
+    the DATA payloads of one receive, in order, and returns one entry per payload
+    (``None``: no reply), for protocols whose peers pipeline many small requests: one
+    call per receive instead of one per frame. A connection's batches are handled one
+    at a time, in order (``max_in_flight`` does not apply). A batch whose handler
+    raises, or returns a list of the wrong length, gets no replies and counts once in
+    ``handler_errors``; the connection goes on.
+    """
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Handler | None = None,
         *,
+        handle_batch: BatchHandler | None = None,
         format: FrameFormat | None = None,
         max_connections: int = 10_000,
         max_in_flight: int = 64,
@@ -121,7 +132,12 @@ class Server:
     ) -> None:
         if max_connections < 1 or max_in_flight < 1:
             raise ValueError("max_connections and max_in_flight must be at least 1")
+        if (handler is None) == (handle_batch is None):
+            raise TypeError("Server needs a handler or a handle_batch, not both")
+        if handle_batch is not None:
+            max_in_flight = 1  # batches of one connection run one at a time, in order
         self.handler = handler
+        self.handle_batch = handle_batch
         self.format = FrameFormat() if format is None else format
         self.max_connections = max_connections
         self.max_in_flight = max_in_flight
@@ -228,6 +244,9 @@ class Server:
         if self.raw and self.max_in_flight == 1:
             await self._raw_inline_loop(st)
             return
+        if self.handle_batch is not None:
+            await self._session_batch_loop(st)
+            return
         fc, session = st.fc, st.session
         while not st.closed:
             try:
@@ -272,7 +291,7 @@ class Server:
         Nothing else writes in raw mode (no pongs, no goaway), so the replies go out
         with a direct ``write_frames`` in order, without the writer goroutine's queue.
         """
-        fc, handler = st.fc, self.handler
+        fc, handler, batch = st.fc, self.handler, self.handle_batch
         while not st.closed:
             try:
                 frames = await fc.read_frames()
@@ -284,16 +303,20 @@ class Server:
                 return
             if not frames:
                 return
-            replies = []
             st.in_flight = 1
-            for frame in frames:
-                try:
-                    reply = await handler(frame)
-                except Exception:
-                    self._counters["handler_errors"] += 1
-                    continue
-                if reply is not None:
-                    replies.append(reply)
+            if batch is not None:
+                replies = await self._call_batch(batch, frames)
+            else:
+                assert handler is not None
+                replies = []
+                for frame in frames:
+                    try:
+                        reply = await handler(frame)
+                    except Exception:
+                        self._counters["handler_errors"] += 1
+                        continue
+                    if reply is not None:
+                        replies.append(reply)
             st.in_flight = 0
             if replies and not st.closed:
                 try:
@@ -301,7 +324,60 @@ class Server:
                 except OSError:
                     return
 
+    async def _call_batch(self, batch: BatchHandler, payloads: list[bytes]) -> list[bytes]:
+        """The batch handler's replies, ``None`` entries dropped; [] when it failed."""
+        try:
+            replies = await batch(payloads)
+        except Exception:
+            self._counters["handler_errors"] += 1
+            return []
+        if type(replies) is not list or len(replies) != len(payloads):
+            self._counters["handler_errors"] += 1
+            return []
+        if None in replies:
+            return [r for r in replies if r is not None]
+        return replies  # type: ignore[return-value]  # no None in it
+
+    async def _session_batch_loop(self, st: _Conn) -> None:
+        """Session frames with a batch handler: the DATA payloads of each receive go to
+        one ``handle_batch`` call; pings are answered at once, as in the other loop."""
+        fc, session, batch = st.fc, st.session, self.handle_batch
+        assert batch is not None
+        while not st.closed:
+            try:
+                frames = await fc.read_frames()
+            except RemoteFrameError:
+                self._counters["protocol_errors"] += 1
+                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
+                return
+            except OSError:
+                return
+            if not frames:
+                return
+            payloads = []
+            for frame in frames:
+                try:
+                    event = session.receive(frame, gosim.now())
+                except RemoteFrameError:
+                    self._counters["protocol_errors"] += 1
+                    await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
+                    return
+                if isinstance(event, Data):
+                    payloads.append(event.payload)
+            for out in session.poll(gosim.now()):  # pongs go out at once
+                if not await _send(st, out):
+                    return
+            if not payloads:
+                continue
+            st.in_flight = 1
+            replies = await self._call_batch(batch, payloads)
+            st.in_flight = 0
+            for reply in replies:
+                if st.closed or not await _send(st, session.data(reply, gosim.now())):
+                    return
+
     async def _handle_one(self, st: _Conn, payload: bytes) -> None:
+        assert self.handler is not None
         try:
             reply = await self.handler(payload)
         except Exception:

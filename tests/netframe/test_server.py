@@ -347,3 +347,52 @@ def test_reset_in_the_middle_of_a_frame_is_counted_and_closed() -> None:
         return server.stats().protocol_errors, server.stats().connections
 
     assert vrun(main) == (1, 0)
+
+
+def test_server_needs_exactly_one_kind_of_handler() -> None:
+    async def batch(payloads: list[bytes]) -> list[bytes | None]:
+        return list(payloads)
+
+    with pytest.raises(TypeError, match="handler or a handle_batch"):
+        Server()
+    with pytest.raises(TypeError, match="handler or a handle_batch"):
+        Server(echo, handle_batch=batch)
+    assert Server(handle_batch=batch).max_in_flight == 1
+
+
+def test_session_batch_handler_answers_in_order_and_survives_its_own_errors() -> None:
+    calls: list[int] = []
+
+    async def batch(payloads: list[bytes]) -> list[bytes | None]:
+        calls.append(len(payloads))
+        if b"boom" in payloads:
+            raise ValueError("a bad batch")
+        if b"short" in payloads:
+            return []  # wrong length: no replies for this batch
+        return [None if p.startswith(b"quiet") else p.upper() for p in payloads]
+
+    async def main() -> tuple[list[bytes], int, int]:
+        ln = MemoryListener()
+        server = Server(handle_batch=batch, heartbeat_interval=0.5)
+        go(server.serve, ln)
+        c = Client(ln.dial, heartbeat_interval=0.5)
+        await c.connect()
+        for p in [b"a", b"quiet1", b"b", b"c"]:
+            await c.send(p)
+        got = [await c.recv() for _ in range(3)]
+        await c.send(b"boom")
+        await gosim.sleep(1.6)  # idle past the heartbeat timeout: pongs keep it alive
+        await c.send(b"short")
+        await gosim.sleep(0.1)  # a write of its own: "after" is in the next batch
+        await c.send(b"after")
+        got.append(await c.recv())
+        await c.close()
+        await server.shutdown()
+        stats = server.stats()
+        return got, stats.handler_errors, stats.dead_peers
+
+    got, errors, dead = vrun(main)
+    assert got == [b"A", b"B", b"C", b"AFTER"]
+    assert errors == 2
+    assert dead == 0
+    assert sum(calls) == 7  # every payload reached the handler once

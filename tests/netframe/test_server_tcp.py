@@ -216,3 +216,31 @@ def test_large_frame_read_in_place_survives_a_timeout_and_reports_an_early_end()
         return frames == [big], buffered
 
     assert gosim.run(main, procs=2) == (True, 700_000)
+
+
+def test_raw_batch_handler_gets_each_receive_and_replies_in_order() -> None:
+    sizes: list[int] = []
+
+    async def batch(payloads: list[bytes]) -> list[bytes | None]:
+        sizes.append(len(payloads))
+        return [None if p == b"skip" else p[::-1] for p in payloads]
+
+    async def main() -> bool:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = netframe.Server(handle_batch=batch, raw=True)
+        go(server.serve, ln)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()))
+        msgs = [b"skip" if i % 10 == 0 else b"%d" % i * (i % 50) for i in range(5000)]
+        await fc.write_frames(msgs)
+        want = [m[::-1] for m in msgs if m != b"skip"]
+        got: list[bytes] = []
+        while len(got) < len(want):
+            frames = await fc.read_frames()
+            assert frames
+            got += frames
+        fc.conn.close()
+        await server.shutdown()
+        return got == want
+
+    assert gosim.run(main, procs=2)
+    assert sum(sizes) == 5000 and max(sizes) > 1  # batches, not one call per frame
