@@ -759,8 +759,14 @@ class FrameDecoder:
                 return frames  # the bad header is raised by the next call
         else:
             self.feed(data)
+        ready = self._ready
         try:
-            frames.extend(self)
+            while True:  # whole batches of cut frames at a time, not a yield per frame
+                if ready:
+                    frames.extend(ready)
+                    ready.clear()
+                if not self._refill():
+                    break
         except RemoteFrameError:
             if not frames:  # else those frames are returned; the next call raises
                 raise

@@ -32,11 +32,14 @@ import gosim
 from gosim import Chan, go, recv, select
 
 from ._codec import FrameFormat
+from ._codec import _speedups as _c_speedups
 from ._conn import ClosedError, FramedConn, StreamConn
 from ._exceptions import RemoteFrameError
 from ._session import Data, GoAway, GoAwayCode, Session
 
 __all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
+
+_drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
 
 Handler = Callable[[bytes], Awaitable[bytes | None]]
 BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]]]
@@ -334,9 +337,10 @@ class Server:
         if type(replies) is not list or len(replies) != len(payloads):
             self._counters["handler_errors"] += 1
             return []
-        if None in replies:
-            return [r for r in replies if r is not None]
-        return replies  # type: ignore[return-value]  # no None in it
+        if _drop_none is not None:
+            kept: list[bytes] = _drop_none(replies)
+            return kept
+        return [r for r in replies if r is not None]
 
     async def _session_batch_loop(self, st: _Conn) -> None:
         """Session frames with a batch handler: the DATA payloads of each receive go to

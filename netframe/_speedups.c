@@ -397,7 +397,42 @@ static PyTypeObject FrameBufferType = {
     .tp_new = FrameBuffer_new,
 };
 
+/* drop_none(items): the list itself when it holds no None (an identity scan: `None in
+ * items` compares every element through rich comparison), else a new list without them. */
+static PyObject *
+drop_none(PyObject *module, PyObject *items)
+{
+    if (!PyList_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "drop_none: a list is needed");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    Py_ssize_t nones = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        nones += PyList_GET_ITEM(items, i) == Py_None;
+    }
+    if (!nones) {
+        Py_INCREF(items);
+        return items;
+    }
+    PyObject *out = PyList_New(n - nones);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n && k < n - nones; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (item != Py_None) {
+            Py_INCREF(item);
+            PyList_SET_ITEM(out, k++, item);
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"drop_none", (PyCFunction)drop_none, METH_O,
+     "The list itself if it holds no None, else a copy without the Nones."},
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,
      "Cut the complete frames of data[pos:end] into out; return (pos, stop, need)."},
     {"encode_fixed", (PyCFunction)(void (*)(void))encode_fixed, METH_FASTCALL,

@@ -1100,3 +1100,17 @@ def test_take_partial_frame_hands_out_a_large_frame_and_restores_exactly(
 
 def fmt_size(fmt: FrameFormat, payload: bytes) -> int:
     return len(fmt.encode(payload))
+
+
+@needs_c
+def test_drop_none_keeps_the_list_or_copies_it_without_nones() -> None:
+    drop_none = _codec._speedups.drop_none
+    items = [b"a", b"", bytearray(b"c")]
+    assert drop_none(items) is items  # nothing to drop: no copy
+    with_nones = [None, b"a", None, b"", None]
+    assert drop_none(with_nones) == [b"a", b""]
+    assert with_nones == [None, b"a", None, b"", None]  # the input is left alone
+    assert drop_none([None, None]) == []
+    assert drop_none([]) == []
+    with pytest.raises(TypeError):
+        drop_none((b"a", None))
