@@ -105,7 +105,7 @@ def _sizes(benchmark: Any) -> tuple[int, float, int]:
     """Frames for pipelined, seconds for rr, frames for big: small for the CI smoke run."""
     if benchmark.disabled:
         return 2_000, 0.2, 4
-    return 200_000, 2.0, 1000
+    return 1_000_000, 2.0, 1000
 
 
 @pytest.mark.benchmark(group="net-pipelined-64B")
