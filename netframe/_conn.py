@@ -55,7 +55,7 @@ __all__ = [
 
 _FrameBuffer: Any = None if _c_speedups is None else _c_speedups.FrameBuffer
 
-DEFAULT_READ_SIZE = 64 * 1024
+DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
 MAX_BATCH_BYTES = 1 << 20  # one write carries at most about this much
 #: A frame at least this large is received in place once its header is read.
