@@ -132,12 +132,12 @@ _BATCH_FRAMES: Final = 4096
 _BATCH_BYTES: Final = 256 * 1024
 
 _SCAN_PYTHON: Final = 0
-_SCAN_AUTO: Final = 1
+_SCAN_NUMBA: Final = 1
 _SCAN_KERNEL: Final = 2
 _SCAN_C: Final = 3
 _SCAN_MODES: Final = {
     "python": _SCAN_PYTHON,
-    "numba": _SCAN_AUTO,
+    "numba": _SCAN_NUMBA,
     "kernel": _SCAN_KERNEL,
     "c": _SCAN_C,
     "auto": -1,  # resolved in FrameDecoder.__init__
@@ -896,8 +896,6 @@ class FrameDecoder:
         if starts is None or ends is None:
             starts = self._starts = np.empty(_BATCH_FRAMES, dtype=np.int64)
             ends = self._ends = np.empty(_BATCH_FRAMES, dtype=np.int64)
-        fmt = self._format
-        width = fmt.length_size
         array = np.frombuffer(data, dtype=np.uint8)
         try:
             count, stop_pos, stop = _kernels.scan_frames(
@@ -905,13 +903,7 @@ class FrameDecoder:
                 pos,
                 end,
                 stop_at,
-                0 if width == _UVARINT else width,
-                fmt.byteorder == "big",
-                fmt.length_offset,
-                fmt.length_adjustment,
-                fmt.length_includes_header,
-                -1 if fmt.strip is None else fmt.strip,
-                fmt.max_frame_length,
+                *self._format._scan_params,
                 starts,
                 ends,
             )

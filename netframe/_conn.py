@@ -23,8 +23,12 @@ Writing, two ways:
    one at a time leave in batches. A write error stops the writer; the next ``send``
    (or :meth:`flush`) raises it.
 
-Reading asks the connection for the whole rest of a large frame at once when the
-decoder knows its size (``FrameDecoder.bytes_needed``).
+Reading: once the header of a frame of LARGE_FRAME_BYTES or more is in, the rest is
+received straight into the ``bytes`` object the caller gets (``read_into`` on a C
+``FrameBuffer``, where the connection and the extension have them), with no copy in
+user space; on a timeout or an early end the bytes go back to the decoder. Otherwise
+each receive asks for ``read_size`` bytes, or the rest of a frame whose size is known
+(``FrameDecoder.bytes_needed``) when that is more.
 
 Buffers from ``gosim.mem`` are not used: received frames are ``bytes`` handed to the
 caller, and the codec's offset buffer already reuses its storage; a measured benefit

@@ -8,18 +8,20 @@ It never raises and never reports *why* a header is invalid: the decoder re-read
 one header in Python, which owns every error message, so the kernel and the Python loop
 cannot disagree on wording and the kernel stays small.
 
-Used by :class:`netframe.FrameDecoder` only where it measurably beats the Python loop
-(many frames in one buffer; see ``_codec.KERNEL_MIN_FRAMES``). Under
+Used by :class:`netframe.FrameDecoder` where the C extension is not in use, and there
+only where it measurably beats the Python loop (many frames in one buffer; see
+``_codec.KERNEL_MIN_FRAMES``). Under
 ``NUMBA_DISABLE_JIT=1`` the same function runs as plain Python (slowly, on numpy
 scalars), so the decoder then keeps to its Python loop unless told otherwise.
 
 Loading without a stall: numba compiles (or loads from its disk cache) on the first
 call, which takes 0.3 s to seconds. A decoder that made that first call in the middle
 of traffic would stop every goroutine of its runtime for that long. So the decoder's
-``"auto"`` mode uses the kernel only once :data:`READY` is set, and its constructor
-starts :func:`load` in a background thread (:func:`load_in_background`); until then the
-Python loop decodes. A server that wants the kernel from its first request calls
-:func:`load` (``netframe.load_kernel``) before it accepts connections.
+``"numba"`` mode (what ``"auto"`` is when the C extension is not in use) calls the
+kernel only once :data:`READY` is set, and its constructor starts :func:`load` in a
+background thread (:func:`load_in_background`); until then the Python loop decodes. A
+server that wants the kernel from its first request calls :func:`load`
+(``netframe.load_kernel``) before it accepts connections.
 
 Integer care: a length field is read as ``uint64`` (an 8-byte prefix can announce up to
 ``2**64 - 1``) and compared with :data:`LENGTH_CUTOFF` *as uint64* before it is turned

@@ -296,14 +296,7 @@ class Server:
         """
         fc, handler, batch = st.fc, self.handler, self.handle_batch
         while not st.closed:
-            try:
-                frames = await fc.read_frames()
-            except RemoteFrameError:
-                self._counters["protocol_errors"] += 1
-                self._close_now(st)
-                return
-            except OSError:
-                return
+            frames = await self._read_burst(st)
             if not frames:
                 return
             st.in_flight = 1
@@ -327,6 +320,19 @@ class Server:
                 except OSError:
                     return
 
+    async def _read_burst(self, st: _Conn) -> list[bytes]:
+        """The frames of the next receive; [] when the connection has ended. A framing
+        error from the peer counts as a protocol error and ends the connection (with a
+        goaway in session mode; raw mode just closes)."""
+        try:
+            return await st.fc.read_frames()
+        except RemoteFrameError:
+            self._counters["protocol_errors"] += 1
+            await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
+        except OSError:
+            pass  # broken connection (reset, or closed by us)
+        return []
+
     async def _call_batch(self, batch: BatchHandler, payloads: list[bytes]) -> list[bytes]:
         """The batch handler's replies, ``None`` entries dropped; [] when it failed."""
         try:
@@ -345,17 +351,10 @@ class Server:
     async def _session_batch_loop(self, st: _Conn) -> None:
         """Session frames with a batch handler: the DATA payloads of each receive go to
         one ``handle_batch`` call; pings are answered at once, as in the other loop."""
-        fc, session, batch = st.fc, st.session, self.handle_batch
+        session, batch = st.session, self.handle_batch
         assert batch is not None
         while not st.closed:
-            try:
-                frames = await fc.read_frames()
-            except RemoteFrameError:
-                self._counters["protocol_errors"] += 1
-                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
-                return
-            except OSError:
-                return
+            frames = await self._read_burst(st)
             if not frames:
                 return
             payloads = []

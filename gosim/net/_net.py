@@ -220,14 +220,14 @@ class Conn:
             sent = 0
             if type(data) is bytes:
                 # The common case first: one send of the whole object, no view.
-                sent = self._send(data)
+                sent = self._send_once(self._sock.send, data)
                 if sent == len(data):
                     return sent
             view = memoryview(data).cast("B")
             try:
                 total = len(view)
                 while sent < total:
-                    n = self._send(view[sent:])
+                    n = self._send_once(self._sock.send, view[sent:])
                     if n:
                         sent += n
                     else:
@@ -255,7 +255,7 @@ class Conn:
             total = sum(v.nbytes for v in pending)
             first = 0
             while first < len(pending):
-                n = self._sendmsg(pending[first : first + _IOV_MAX])
+                n = self._send_once(self._sock.sendmsg, pending[first : first + _IOV_MAX])
                 if not n:
                     await self._wait("w")
                     continue
@@ -273,10 +273,10 @@ class Conn:
             for v in views:
                 v.release()
 
-    def _sendmsg(self, buffers: list[memoryview]) -> int:
-        """One sendmsg: bytes sent, 0 when the socket buffer is full (EAGAIN)."""
+    def _send_once(self, send: Any, data: Any) -> int:
+        """One ``send`` or ``sendmsg``: bytes sent, 0 when the socket buffer is full."""
         try:
-            return self._sock.sendmsg(buffers)
+            sent: int = send(data)
         except BlockingIOError:
             return 0
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
@@ -285,19 +285,7 @@ class Conn:
             if self._closed:
                 raise ClosedError() from None
             raise
-
-    def _send(self, data: bytes | memoryview) -> int:
-        """One send: bytes sent, 0 when the socket buffer is full (EAGAIN)."""
-        try:
-            return self._sock.send(data)
-        except BlockingIOError:
-            return 0
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
-            raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
-        except OSError:
-            if self._closed:
-                raise ClosedError() from None
-            raise
+        return sent
 
     async def _wait(self, mode: str) -> None:
         why = await self._pd.wait(mode)

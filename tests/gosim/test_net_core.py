@@ -419,3 +419,32 @@ def test_write_buffers_reports_errors_like_write() -> None:
         return seen
 
     assert run(main) == ["broken", "closed"]
+
+
+def test_read_into_fills_the_callers_buffer() -> None:
+    # Go's Read(p): as many bytes as are there (at most len(p)), 0 at end of stream,
+    # 0 for an empty buffer, ClosedError after close.
+    async def main() -> list[object]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        peer = await ln.accept()
+        await peer.write(b"hello world")
+        buf = bytearray(5)
+        seen: list[object] = [await c.read_into(buf), bytes(buf)]
+        view = memoryview(bytearray(100))
+        got = 0
+        while got < 6:
+            got += await c.read_into(view[got:])
+        seen.append(bytes(view[:got]))
+        seen.append(await c.read_into(bytearray()))
+        peer.close()
+        seen.append(await c.read_into(bytearray(10)))  # end of stream
+        c.close()
+        try:
+            await c.read_into(bytearray(10))
+        except net.ClosedError:
+            seen.append("closed")
+        ln.close()
+        return seen
+
+    assert run(main) == [5, b"hello", b" world", 0, 0, "closed"]

@@ -211,6 +211,9 @@ def test_large_frame_read_in_place_survives_a_timeout_and_reports_an_early_end()
             raise AssertionError("no IncompleteFrame")
         except netframe.IncompleteFrame as exc:
             buffered = exc.buffered
+        # The frame received in place is counted like any other.
+        assert fc.frames_read == 1
+        assert fc._decoder.statistics().frames_decoded == 1
         fc.conn.close()
         ln.close()
         return frames == [big], buffered
