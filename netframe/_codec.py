@@ -714,6 +714,10 @@ class FrameDecoder:
         """Count a frame finished by the caller after :meth:`take_partial_frame`."""
         self._frames_decoded += 1
 
+    def is_empty(self) -> bool:
+        """No frame ready and no byte buffered."""
+        return not self._ready and not len(self._buffer)
+
     def statistics(self) -> DecoderStatistics:
         """Return a snapshot of the counters (see :class:`DecoderStatistics`)."""
         return DecoderStatistics(

@@ -30,6 +30,14 @@ user space; on a timeout or an early end the bytes go back to the decoder. Other
 each receive asks for ``read_size`` bytes, or the rest of a frame whose size is known
 (``FrameDecoder.bytes_needed``) when that is more.
 
+On a connection with Go's ``SyscallConn`` (gosim.net's ``Conn``) and with the C
+extension, the hot path is one C call per receive and per send: ``FrameReader``
+receives and cuts every complete frame (keeping the start of the next one, receiving
+a large frame straight into its ``bytes``), ``FrameWriter`` encodes and sends, and the
+netpoller waits in between (``RawConn.read``/``write``). What the reader cannot finish
+(an invalid header, the end of the stream inside a frame) goes to the decoder, whose
+path serves until it is empty again, so errors and counts are the same either way.
+
 Buffers from ``gosim.mem`` are not used: received frames are ``bytes`` handed to the
 caller, and the codec's offset buffer already reuses its storage; a measured benefit
 would be needed to add a second allocator here.
@@ -58,6 +66,8 @@ __all__ = [
 ]
 
 _FrameBuffer: Any = None if _c_speedups is None else _c_speedups.FrameBuffer
+_FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
+_FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
 
 DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
@@ -158,11 +168,49 @@ class FramedConn:
         # (gosim.net.Conn does).
         self._gather = getattr(conn, "write_buffers", None)
         self._read_into = getattr(conn, "read_into", None)
+        # The C fast path, on a connection with Go's SyscallConn (gosim.net.Conn): a
+        # receive and its cut in one call (FrameReader), an encode and its send in one
+        # call (FrameWriter), the netpoller waiting in between (RawConn.read/write).
+        # The reader holds the start of the next frame itself while it is active;
+        # anything it hands back (an invalid header, a large frame, the end of stream)
+        # goes to the decoder, and the general path serves until the decoder is empty.
+        self._raw: Any = None
+        self._reader: Any = None
+        self._fast_writer: Any = None
+        syscall_conn = getattr(conn, "syscall_conn", None)
+        if syscall_conn is not None and _FrameReader is not None:
+            fmt = self.format
+            self._raw = syscall_conn()
+            self._reader = _FrameReader(read_size, LARGE_FRAME_BYTES, *fmt._scan_params)
+            if fmt._fixed_header >= 0:
+                self._fast_writer = _FrameWriter(
+                    fmt.length_size,
+                    fmt.byteorder == "big",
+                    fmt._fixed_adjust,
+                    fmt._min_payload,
+                    fmt._max_payload,
+                    fmt.length_offset,
+                    GATHER_MIN_BYTES if self._gather is not None else -1,
+                    GATHER_MAX_FRAMES,
+                )
+        self._reader_active = self._reader is not None
         self.frames_read = 0
         self.frames_written = 0
-        self.bytes_read = 0
-        self.bytes_written = 0
+        self._bytes_read = 0
+        self._bytes_written = 0
         self.writes = 0
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes received from the connection."""
+        reader = self._reader
+        return self._bytes_read + (reader.bytes_received if reader is not None else 0)
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes written to the connection."""
+        writer = self._fast_writer
+        return self._bytes_written + (writer.bytes_sent if writer is not None else 0)
 
     def statistics(self) -> FramedConnStatistics:
         return FramedConnStatistics(
@@ -183,6 +231,8 @@ class FramedConn:
         self._reading = True
         try:
             decoder = self._decoder
+            if self._reader_active:
+                self._hand_back()  # one frame at a time is the decoder's job
             while True:
                 frame = decoder.next_frame()
                 if frame is not NEED_DATA:
@@ -202,7 +252,7 @@ class FramedConn:
                 if not data:
                     self._eof = True
                     continue
-                self.bytes_read += len(data)
+                self._bytes_read += len(data)
                 decoder.feed(data)
         finally:
             self._reading = False
@@ -217,6 +267,15 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
+            if self._reader_active:
+                reader = self._reader
+                if not reader.handback and not reader.eof:
+                    await self._raw.read(reader)
+                    frames: list[bytes] = reader.take()
+                    if frames:
+                        self.frames_read += len(frames)
+                        return frames
+                self._hand_back()
             decoder = self._decoder
             frames = decoder.decode()  # what is buffered already, no read
             while not frames:
@@ -236,12 +295,25 @@ class FramedConn:
                 if not data:
                     self._eof = True
                     continue
-                self.bytes_read += len(data)
+                self._bytes_read += len(data)
                 frames = decoder.decode(data)
             self.frames_read += len(frames)
+            if self._reader is not None and not self._eof and decoder.is_empty():
+                self._reader_active = True  # back to the fast path
             return frames
         finally:
             self._reading = False
+
+    def _hand_back(self) -> None:
+        """The reader stops; what it carries (and its end of stream) goes to the decoder."""
+        reader = self._reader
+        self._reader_active = False
+        if reader.eof:
+            self._eof = True
+        if reader.carried:
+            self._decoder.feed(reader.take_carry())
+        else:
+            reader.take_carry()  # resets its hand-back state and its drained hint
 
     async def _read_rest_in_place(self) -> bytes | None:
         """Receive the rest of a large frame straight into a buffer of its size.
@@ -271,7 +343,7 @@ class FramedConn:
                         self._eof = True
                         break
                     filled += n
-                    self.bytes_read += n
+                    self._bytes_read += n
             finally:
                 if filled < size:  # give everything back; the caller goes on as usual
                     decoder.feed(prefix)
@@ -301,6 +373,15 @@ class FramedConn:
             await self._write_encoded(items)
 
     async def _write_encoded(self, items: list[bytes | bytearray | memoryview]) -> None:
+        writer = self._fast_writer
+        if writer is not None and writer.load(items):
+            try:
+                await self._raw.write(writer)
+            finally:
+                writer.discard()  # after an error nothing half-sent stays loaded
+            self.frames_written += len(items)
+            self.writes += 1
+            return
         fmt = self.format
         gather = self._gather
         if gather is not None and len(items) <= GATHER_MAX_FRAMES:
@@ -319,7 +400,7 @@ class FramedConn:
 
     def _count_write(self, frames: int, nbytes: int) -> None:
         self.frames_written += frames
-        self.bytes_written += nbytes
+        self._bytes_written += nbytes
         self.writes += 1
 
     async def send(self, payload: bytes | bytearray | memoryview) -> None:

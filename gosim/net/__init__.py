@@ -14,6 +14,7 @@ from ._net import ClosedError as ClosedError
 from ._net import Conn as Conn
 from ._net import DeadlineExceeded as DeadlineExceeded
 from ._net import Listener as Listener
+from ._net import RawConn as RawConn
 from ._net import dial as _dial_socket
 from ._net import listen as _listen_socket
 from ._sim import SimConn as SimConn
@@ -50,6 +51,7 @@ __all__ = [
     "Conn",
     "DeadlineExceeded",
     "Listener",
+    "RawConn",
     "SimConn",
     "SimListener",
     "SimNetwork",

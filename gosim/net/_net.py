@@ -23,8 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
 
 from gosim import lowlevel
 
@@ -38,6 +38,7 @@ __all__ = [
     "Conn",
     "DeadlineExceeded",
     "Listener",
+    "RawConn",
     "dial",
     "listen",
 ]
@@ -151,6 +152,12 @@ class Conn:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def syscall_conn(self) -> RawConn:
+        """Go's ``SyscallConn``: raw access to the socket, with the netpoller's waits."""
+        if self._closed:
+            raise ClosedError()
+        return RawConn(self)
 
     async def read(self, n: int = 65536) -> bytes:
         """Up to ``n`` bytes as soon as some are available; ``b""`` at end of stream."""
@@ -289,10 +296,14 @@ class Conn:
 
     async def _wait(self, mode: str) -> None:
         why = await self._pd.wait(mode)
+        if why is not None or self._closed:
+            self._raise_wait(why)
+
+    def _raise_wait(self, why: str | None) -> NoReturn:
+        """A wait ended by a deadline (``i/o timeout``) or by close."""
         if why is TIMEOUT:
             raise DeadlineExceeded()
-        if why is CLOSED or self._closed:
-            raise ClosedError()
+        raise ClosedError()
 
     def close(self) -> None:
         """Close the connection; goroutines waiting on it get :class:`ClosedError`."""
@@ -335,6 +346,98 @@ class Conn:
 
     def remote_addr(self) -> str:
         return _format_addr(self._sock.getpeername())
+
+
+class RawConn:
+    """Go's ``syscall.RawConn`` for a :class:`Conn`: run your own non-blocking system
+    calls on the socket and let the netpoller do the waiting.
+
+    ``read(f)`` and ``write(f)`` call ``f(fd)`` until it returns True; each time it
+    returns False (it met ``EAGAIN``) the goroutine parks in ``IO wait`` until the
+    socket is readable (writable) again, under the connection's deadlines, and tries
+    again. An ``OSError`` from ``f`` ends the call, mapped as the connection's own
+    operations map it (:class:`BrokenError`, :class:`ClosedError`). The connection's
+    rules hold: one reader and one writer at a time (:class:`BusyError`), and none
+    after close. This is how a protocol implemented in C (netframe's frame reader)
+    receives and sends without a Python frame per system call.
+    """
+
+    __slots__ = ("_conn", "_fd")
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        self._fd = conn._sock.fileno()
+
+    def control(self, f: Callable[[int], Any]) -> None:
+        """Call ``f(fd)`` once, with no waiting (socket options and the like)."""
+        if self._conn._closed:
+            raise ClosedError()
+        f(self._fd)
+
+    async def read(self, f: Callable[[int], bool]) -> None:
+        """Call ``f(fd)`` until it returns True, waiting for input between calls.
+
+        After the peer's hang-up has been seen, one False is retried at once instead
+        of waiting: the edge that carried the hang-up may have been consumed by an
+        earlier wait, and a receive no longer blocks then.
+        """
+        conn = self._conn
+        if conn._closed:
+            raise ClosedError()
+        if conn._reading:
+            raise BusyError("another goroutine is already reading this connection")
+        conn._reading = True
+        # Reads the Conn does not see: its "drained" hint no longer holds.
+        conn._drained = False
+        pd = conn._pd
+        fd = self._fd
+        retried = False
+        try:
+            while True:
+                try:
+                    if f(fd):
+                        return
+                except (ConnectionResetError, ConnectionAbortedError) as exc:
+                    raise BrokenError(exc.errno, f"read: {exc.strerror}") from None
+                except OSError:
+                    if conn._closed:
+                        raise ClosedError() from None
+                    raise
+                if pd.hangup and not retried:
+                    retried = True
+                    continue
+                why = await pd.wait("r")
+                if why is not None or conn._closed:
+                    conn._raise_wait(why)
+        finally:
+            conn._reading = False
+
+    async def write(self, f: Callable[[int], bool]) -> None:
+        """Call ``f(fd)`` until it returns True, waiting for buffer space between calls."""
+        conn = self._conn
+        if conn._closed:
+            raise ClosedError()
+        if conn._writing:
+            raise BusyError("another goroutine is already writing this connection")
+        conn._writing = True
+        pd = conn._pd
+        fd = self._fd
+        try:
+            while True:
+                try:
+                    if f(fd):
+                        return
+                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
+                    raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
+                except OSError:
+                    if conn._closed:
+                        raise ClosedError() from None
+                    raise
+                why = await pd.wait("w")
+                if why is not None or conn._closed:
+                    conn._raise_wait(why)
+        finally:
+            conn._writing = False
 
 
 class Listener:

@@ -3,6 +3,7 @@ deadlines, resets, busy and closed errors, and I/O waits in deadlock detection."
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from pathlib import Path
@@ -448,3 +449,201 @@ def test_read_into_fills_the_callers_buffer() -> None:
         return seen
 
     assert run(main) == [5, b"hello", b" world", 0, 0, "closed"]
+
+
+def test_raw_conn_calls_f_until_done_and_waits_on_the_netpoller_between() -> None:
+    # Go's SyscallConn: f(fd) makes the system calls; False parks the goroutine in IO
+    # wait until the socket is ready again. The call count shows waits, not spinning.
+    payload = b"x" * 3_000_000  # more than the socket buffers hold: the writer waits
+
+    async def main() -> tuple[bytes, int, bool, bool]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(echo_server, ln)
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        c.set_deadline(gosim.now() + 10)  # a lost wake-up fails instead of hanging
+        raw = c.syscall_conn()
+        got = bytearray()
+        calls = 0
+
+        def read_five(fd: int) -> bool:
+            nonlocal calls
+            calls += 1
+            try:
+                got.extend(os.read(fd, 5 - len(got)))
+            except BlockingIOError:
+                return False
+            return len(got) == 5
+
+        async def send_in_pieces() -> None:
+            await gosim.sleep(0.05)
+            await c.write(b"hel")
+            await gosim.sleep(0.05)
+            await c.write(b"lo")
+
+        go(send_in_pieces)
+        await raw.read(read_five)
+        first_calls = calls
+
+        sent = 0
+        writes = 0
+
+        def write_all(fd: int) -> bool:
+            nonlocal sent, writes
+            writes += 1
+            try:
+                sent += os.write(fd, payload[sent:])
+            except BlockingIOError:
+                return False
+            return sent == len(payload)
+
+        echoed = bytearray()
+        done: Chan[None] = Chan()
+
+        async def read_echo() -> None:  # a reader and a writer at once are allowed
+            while len(echoed) < len(payload):
+                echoed.extend(await c.read(1 << 16))
+            await done.send(None)
+
+        go(read_echo)
+        await raw.write(write_all)
+        await done.recv()
+        seen: list[int] = []
+        raw.control(seen.append)
+        fd = c.fileno()
+        c.close()
+        ln.close()
+        return bytes(got), first_calls, echoed == bytearray(payload), seen == [fd]
+
+    got, calls, echoed_all, control_saw_fd = run(main)
+    assert got == b"hello" and echoed_all and control_saw_fd
+    assert calls <= 4  # echoes "hel", then "lo": a few tries around two waits
+
+
+def test_raw_conn_keeps_the_connections_rules_and_error_mapping() -> None:
+    async def main() -> list[str]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        peer: Chan[net.Conn] = Chan(1)
+
+        async def accept() -> None:
+            await peer.send(await ln.accept())
+
+        go(accept)
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        server_side = await peer.recv()
+        raw = c.syscall_conn()
+        seen: list[str] = []
+
+        # A deadline: Go's i/o timeout.
+        c.set_read_deadline(gosim.now() + 0.05)
+        try:
+            await raw.read(lambda fd: False)
+        except net.DeadlineExceeded as exc:
+            seen.append(f"timeout {exc.timeout()}")
+        c.set_read_deadline(None)
+
+        # One reader at a time: a second one (plain read or raw) is refused.
+        async def parked_reader() -> None:
+            try:
+                await raw.read(lambda fd: False)
+            except net.ClosedError:
+                seen.append("parked reader: closed")
+
+        go(parked_reader)
+        await gosim.gosched()
+        try:
+            await c.read(10)
+        except net.BusyError:
+            seen.append("busy")
+
+        # OSError from f: a reset is the peer's doing (BrokenError); others pass through.
+        def reset(fd: int) -> bool:
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+        try:
+            await raw.write(reset)
+        except net.BrokenError:
+            seen.append("broken")
+
+        def other(fd: int) -> bool:
+            raise PermissionError(1, "not permitted")
+
+        try:
+            await raw.write(other)
+        except PermissionError:
+            seen.append("oserror")
+
+        c.close()  # wakes the parked reader with ClosedError
+        await gosim.gosched()
+        for call in (raw.read, raw.write):
+            try:
+                await call(lambda fd: True)
+            except net.ClosedError:
+                seen.append("closed")
+        try:
+            raw.control(lambda fd: None)
+        except net.ClosedError:
+            seen.append("control closed")
+        try:
+            c.syscall_conn()
+        except net.ClosedError:
+            seen.append("syscall_conn closed")
+        server_side.close()
+        ln.close()
+        return seen
+
+    # One P: gosched runs the parked reader before main goes on.
+    assert gosim.run(main, procs=1) == [
+        "timeout True",
+        "busy",
+        "broken",
+        "oserror",
+        "parked reader: closed",
+        "closed",
+        "closed",
+        "control closed",
+        "syscall_conn closed",
+    ]
+
+
+def test_raw_conn_read_retries_once_after_a_hang_up_instead_of_waiting() -> None:
+    # The peer's last bytes and its close arrive in one edge, consumed by the wait
+    # that woke this reader. An f that reports "nothing" once (as netframe's reader
+    # does after a short receive) is retried at once: waiting would never end.
+    async def main() -> bytes:
+        ln = net.listen("tcp", "127.0.0.1:0")
+
+        async def peer() -> None:
+            s = await ln.accept()
+            await gosim.sleep(0.05)  # the reader is parked by then
+            await s.write(b"last")
+            s.close()
+
+        go(peer)
+        c = await net.dial("tcp", ln.addr(), timeout=10)
+        c.set_read_deadline(gosim.now() + 5)
+        raw = c.syscall_conn()
+        got = bytearray()
+        state = {"eof": False, "short": False}
+
+        def reader(fd: int) -> bool:
+            if state["short"]:
+                state["short"] = False
+                return False  # "the last receive was short: wait first"
+            try:
+                data = os.read(fd, 100)
+            except BlockingIOError:
+                return False
+            if not data:
+                state["eof"] = True
+                return True
+            got.extend(data)
+            state["short"] = True
+            return False
+
+        await gosim.sleep(0.1)  # data and FIN are both queued before the first call
+        await raw.read(reader)
+        c.close()
+        ln.close()
+        return bytes(got) if state["eof"] else b"no eof"
+
+    assert run(main) == b"last"

@@ -11,6 +11,7 @@ import array
 import itertools
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import textwrap
@@ -1114,3 +1115,225 @@ def test_drop_none_keeps_the_list_or_copies_it_without_nones() -> None:
     assert drop_none([]) == []
     with pytest.raises(TypeError):
         drop_none((b"a", None))
+
+
+# ---------------------------------------------------------------------------------------
+# The C FrameReader and FrameWriter (FramedConn's fast path) over a real socket pair:
+# their output is compared with the Python decoder and encoder reading the same stream.
+
+
+def _socket_pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def _drain_reader(reader: Any, fd: int, out: list[bytes], calls: int = 10_000) -> None:
+    """Call the reader until it has nothing more now (False), collecting its frames."""
+    for _ in range(calls):
+        done = reader(fd)
+        out.extend(reader.take())
+        if not done or reader.eof or reader.handback:
+            return
+    raise AssertionError("reader kept returning True")
+
+
+@needs_c
+@given(
+    inputs=scan_inputs(),
+    data=st.data(),
+    read_size=st.integers(1, 400),
+    large=st.integers(1, 400),
+)
+@settings(max_examples=400, deadline=None)
+def test_c_reader_cuts_what_the_decoder_cuts_in_any_split(
+    inputs: tuple[FrameFormat, bytes], data: st.DataObject, read_size: int, large: int
+) -> None:
+    # Valid frames, partial frames and garbage, arriving in any split, received in
+    # any read size, with frames above `large` received in place: the reader yields
+    # the decoder's frames; what it hands back at an invalid header or at the end of
+    # the stream is exactly the rest of the wire, and the decoder then says the same.
+    fmt, wire = inputs
+    cuts = split_points(data, len(wire))
+    expected: list[bytes] = []
+    ref = FrameDecoder(fmt, scan="python")
+    ref.feed(wire)
+    error: type[Exception] | None = None
+    try:
+        expected.extend(ref)
+    except RemoteFrameError as exc:
+        error = type(exc)
+    a, b = _socket_pair()
+    try:
+        reader = _codec._speedups.FrameReader(read_size, large, *fmt._scan_params)
+        got: list[bytes] = []
+        for lo, hi in itertools.pairwise(cuts):
+            if lo < hi:
+                a.sendall(wire[lo:hi])
+            _drain_reader(reader, b.fileno(), got)
+            if reader.handback:
+                break
+        if not reader.handback:
+            a.shutdown(socket.SHUT_WR)
+            _drain_reader(reader, b.fileno(), got)
+            assert reader.eof
+        consumed = sum(len(fmt.encode(f)) for f in got) if fmt.strip is None else None
+        assert got == expected[: len(got)]
+        rest = reader.take_carry()
+        assert reader.carried == 0 and not reader.handback
+        # Hand the rest to a decoder (as FramedConn does): together they read the
+        # stream exactly as one decoder did.
+        after = FrameDecoder(fmt, scan="python")
+        after.feed(rest)
+        tail: list[bytes] = []
+        try:
+            tail.extend(after)
+        except RemoteFrameError as exc:
+            assert type(exc) is error
+        assert got + tail == expected
+        if consumed is not None and error is None:
+            assert rest == wire[consumed:]
+        if error is None:
+            assert reader.bytes_received == len(wire)
+    finally:
+        a.close()
+        b.close()
+
+
+@needs_c
+def test_c_reader_receives_a_large_frame_in_place_and_waits_after_a_short_read() -> None:
+    fmt = FrameFormat()
+    big = bytes(range(256)) * 4096  # 1 MiB
+    a, b = _socket_pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    try:
+        reader = _codec._speedups.FrameReader(4096, 1024, *fmt._scan_params)
+        wire = fmt.encode(big) + fmt.encode(b"after")
+        sent = 0
+        got: list[bytes] = []
+        while not got:
+            try:
+                sent += a.send(wire[sent:])
+            except BlockingIOError:
+                pass
+            if reader(b.fileno()):
+                got.extend(reader.take())
+            assert reader.carried <= len(wire)
+        assert got == [big] and type(got[0]) is bytes
+        a.sendall(wire[sent:])
+        # A short receive empties the socket: the next call reports "nothing" at
+        # once, without a system call, and the one after receives again.
+        assert reader(b.fileno()) is True and reader.take() == [b"after"]
+        assert reader(b.fileno()) is False
+        assert reader(b.fileno()) is False  # EAGAIN this time
+        a.close()
+        assert reader(b.fileno()) is True and reader.eof
+        assert reader.bytes_received == len(wire)
+    finally:
+        a.close()
+        b.close()
+
+
+@needs_c
+def test_c_reader_hands_back_a_partial_large_frame_whole() -> None:
+    # The stream ends inside a large frame being received in place: take_carry()
+    # rebuilds its raw bytes, header included, for the decoder's IncompleteFrame.
+    fmt = FrameFormat(length_size=2, strip=1)
+    payload = b"x" * 5000
+    wire = fmt.encode(payload)
+    a, b = _socket_pair()
+    try:
+        reader = _codec._speedups.FrameReader(100, 300, *fmt._scan_params)
+        a.sendall(wire[:3000])
+        a.close()
+        got: list[bytes] = []
+        _drain_reader(reader, b.fileno(), got)
+        while not reader.eof:
+            _drain_reader(reader, b.fileno(), got)
+        assert got == [] and reader.carried == 3000
+        assert reader.take_carry() == wire[:3000]
+    finally:
+        b.close()
+
+
+@needs_c
+def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> None:
+    params = FrameFormat()._scan_params
+    with pytest.raises(ValueError, match="positive"):
+        _codec._speedups.FrameReader(0, 10, *params)
+    with pytest.raises(TypeError):
+        _codec._speedups.FrameReader(10, 10)
+    with pytest.raises(ValueError, match="width"):
+        _codec._speedups.FrameReader(10, 10, 3, *params[1:])
+    with pytest.raises(ValueError, match="width"):
+        _codec._speedups.FrameWriter(3, True, 0, 0, 10, 0, -1, 0)
+    reader = _codec._speedups.FrameReader(10, 10, *params)
+    with pytest.raises(OSError):
+        reader(-1)  # EBADF, raised as OSError like socket.recv
+    writer = _codec._speedups.FrameWriter(4, True, 0, 0, 100, 0, -1, 0)
+    assert writer.load([b"abc"])
+    with pytest.raises(RuntimeError, match="unsent"):
+        writer.load([b"more"])
+    with pytest.raises(OSError):
+        writer(-1)
+    writer.discard()
+    assert writer.pending == 0
+    a, b = _socket_pair()
+    b.close()
+    assert writer.load([b"abc"])
+    with pytest.raises(BrokenPipeError):  # no SIGPIPE: the error, as socket.send gives
+        writer(a.fileno())
+    a.close()
+
+
+@needs_c
+@given(
+    fmt=frame_formats(),
+    payloads=st.lists(st.binary(max_size=300) | st.binary(max_size=20).map(bytearray), max_size=12),
+    gather_min=st.integers(-1, 600),
+    gather_max=st.integers(0, 4),
+)
+@settings(max_examples=300, deadline=None)
+def test_c_writer_sends_what_encode_many_encodes_through_partial_sends(
+    fmt: FrameFormat,
+    payloads: list[bytes | bytearray],
+    gather_min: int,
+    gather_max: int,
+) -> None:
+    assume(fmt.length_size != "uvarint")
+    writer = _codec._speedups.FrameWriter(
+        fmt.length_size,
+        fmt.byteorder == "big",
+        fmt._fixed_adjust,
+        fmt._min_payload,
+        fmt._max_payload,
+        fmt.length_offset,
+        gather_min,
+        gather_max,
+    )
+    try:
+        expected = fmt.encode_many(payloads)
+    except LocalFrameError:
+        assert writer.load(payloads) is False  # the general path raises the error
+        assert writer.pending == 0
+        return
+    size = sum(len(p) for p in payloads)
+    declined = gather_min >= 0 and len(payloads) <= gather_max and size >= gather_min
+    assert writer.load(payloads) is (not declined)
+    if declined:
+        return
+    assert writer.pending == len(expected)
+    a, b = _socket_pair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1024)
+    try:
+        received = bytearray()
+        while not writer(a.fileno()):
+            received += b.recv(1 << 16)
+        while len(received) < len(expected):
+            received += b.recv(1 << 16)
+        assert bytes(received) == expected
+        assert writer.pending == 0 and writer.bytes_sent == len(expected)
+    finally:
+        a.close()
+        b.close()
