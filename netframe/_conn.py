@@ -368,8 +368,19 @@ class FramedConn:
         (gosim.net's ``write_buffers``), headers and payloads go out in one
         ``sendmsg`` without copying the payloads.
         """
-        items = list(payloads)
-        if items:
+        items = payloads if type(payloads) is list else list(payloads)
+        if not items:
+            return
+        writer = self._fast_writer
+        if writer is not None and writer.load(items):
+            # _write_encoded's first case, here too: a reply a request pays for it.
+            try:
+                await self._raw.write(writer)
+            finally:
+                writer.discard()
+            self.frames_written += len(items)
+            self.writes += 1
+        else:
             await self._write_encoded(items)
 
     async def _write_encoded(self, items: list[bytes | bytearray | memoryview]) -> None:

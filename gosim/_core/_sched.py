@@ -448,6 +448,11 @@ class Runtime(_RuntimeFields):
             else:
                 self.runqput(p, old, False)
 
+    if _burst_available:
+        # The C twin (trace events included) where built: the netpoller readies a
+        # goroutine per I/O event through here.
+        goready = _RuntimeFields.goready  # type: ignore[attr-defined]
+
     def inject(self, g: G, param: Any) -> None:
         """Ready g from outside the driver (a trio task): queue it and wake the driver."""
         g.param = param
