@@ -45,6 +45,7 @@ would be needed to add a second allocator here.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -194,6 +195,7 @@ class FramedConn:
                     GATHER_MAX_FRAMES,
                 )
         self._reader_active = self._reader is not None
+        self._pending: deque[bytes] = deque()  # frames the reader cut ahead of read_frame
         self.frames_read = 0
         self.frames_written = 0
         self._bytes_read = 0
@@ -230,13 +232,29 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
-            decoder = self._decoder
+            ahead = self._pending
+            if ahead:
+                self.frames_read += 1
+                return ahead.popleft()
             if self._reader_active:
-                self._hand_back()  # one frame at a time is the decoder's job
+                reader = self._reader
+                if not reader.handback and not reader.eof:
+                    await self._raw.read(reader)
+                    frames = reader.take()
+                    if frames:
+                        self.frames_read += 1
+                        if len(frames) > 1:
+                            ahead.extend(frames[1:])
+                        first: bytes = frames[0]
+                        return first
+                self._hand_back()
+            decoder = self._decoder
             while True:
                 frame = decoder.next_frame()
                 if frame is not NEED_DATA:
                     self.frames_read += 1
+                    if self._reader is not None and not self._eof and decoder.is_empty():
+                        self._reader_active = True  # back to the fast path
                     return frame
                 if self._read_into is not None and decoder.bytes_needed >= LARGE_FRAME_BYTES:
                     large = await self._read_rest_in_place()
@@ -267,11 +285,17 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
+            ahead = self._pending
+            if ahead:  # cut by the reader for read_frame, not yet returned
+                frames: list[bytes] = list(ahead)
+                ahead.clear()
+                self.frames_read += len(frames)
+                return frames
             if self._reader_active:
                 reader = self._reader
                 if not reader.handback and not reader.eof:
                     await self._raw.read(reader)
-                    frames: list[bytes] = reader.take()
+                    frames = reader.take()
                     if frames:
                         self.frames_read += len(frames)
                         return frames
@@ -305,7 +329,8 @@ class FramedConn:
             self._reading = False
 
     def _hand_back(self) -> None:
-        """The reader stops; what it carries (and its end of stream) goes to the decoder."""
+        """The reader stops; what it carries (and its end of stream) goes to the decoder
+        (after the frames already cut, which ``_pending`` still holds)."""
         reader = self._reader
         self._reader_active = False
         if reader.eof:
