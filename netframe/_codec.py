@@ -241,6 +241,11 @@ class FrameFormat:
     _fixed_adjust: int = field(init=False, repr=False, compare=False)
     _min_payload: int = field(init=False, repr=False, compare=False)
     _max_payload: int = field(init=False, repr=False, compare=False)
+    # The C encoder's parameters for a fixed-width format (encode_fixed, FrameWriter):
+    # width, big-endian, adjustment, smallest and largest payload, zero preamble.
+    _encode_params: tuple[int, bool, int, int, int, int] = field(
+        init=False, repr=False, compare=False
+    )
     _unpack: Callable[[bytes | bytearray, int], tuple[int]] = field(
         init=False, repr=False, compare=False
     )
@@ -303,6 +308,18 @@ class FrameFormat:
         setattr_(self, "_fixed_adjust", adjust)
         setattr_(self, "_min_payload", min_payload)
         setattr_(self, "_max_payload", max_payload)
+        setattr_(
+            self,
+            "_encode_params",
+            (
+                size if isinstance(size, int) else 0,
+                self.byteorder == "big",
+                adjust,
+                min_payload,
+                max_payload,
+                self.length_offset,
+            ),
+        )
 
     # ------------------------------------------------------------------ encoding
 
@@ -375,15 +392,7 @@ class FrameFormat:
         if not count:
             return b""
         if _speedups is not None and self._fixed_header >= 0:
-            encoded: bytes | None = _speedups.encode_fixed(
-                items,
-                self.length_size,
-                self.byteorder == "big",
-                self._fixed_adjust,
-                self._min_payload,
-                self._max_payload,
-                self.length_offset,
-            )
+            encoded: bytes | None = _speedups.encode_fixed(items, *self._encode_params)
             if encoded is not None:
                 return encoded
             # A payload out of range (the code below raises the precise error) or not

@@ -185,12 +185,7 @@ class FramedConn:
             self._reader = _FrameReader(read_size, LARGE_FRAME_BYTES, *fmt._scan_params)
             if fmt._fixed_header >= 0:
                 self._fast_writer = _FrameWriter(
-                    fmt.length_size,
-                    fmt.byteorder == "big",
-                    fmt._fixed_adjust,
-                    fmt._min_payload,
-                    fmt._max_payload,
-                    fmt.length_offset,
+                    *fmt._encode_params,
                     GATHER_MIN_BYTES if self._gather is not None else -1,
                     GATHER_MAX_FRAMES,
                 )
@@ -237,6 +232,8 @@ class FramedConn:
                 self.frames_read += 1
                 return ahead.popleft()
             if self._reader_active:
+                # The same fast read as read_frames', kept inline in both: each is on a
+                # request's hot path, and a shared helper costs a coroutine frame.
                 reader = self._reader
                 if not reader.handback and not reader.eof:
                     await self._raw.read(reader)

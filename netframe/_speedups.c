@@ -817,8 +817,8 @@ static PyGetSetDef FrameReader_getset[] = {
      "Bytes received by this reader in all.", NULL},
     {"eof", (getter)FrameReader_get_eof, NULL, "The peer ended the stream.", NULL},
     {"handback", (getter)FrameReader_get_handback, NULL,
-     "The carried bytes start an invalid header or a large frame: take_carry() them "
-     "into the general decoder.", NULL},
+     "The carried bytes start an invalid header: take_carry() them into the general "
+     "decoder, which raises the error.", NULL},
     {NULL},
 };
 

@@ -202,12 +202,8 @@ class Conn:
                     return result
                 except BlockingIOError:
                     pass
-                except (ConnectionResetError, ConnectionAbortedError) as exc:
-                    raise BrokenError(exc.errno, f"read: {exc.strerror}") from None
-                except OSError:
-                    if self._closed:
-                        raise ClosedError() from None
-                    raise
+                except OSError as exc:
+                    raise self._failed("read", exc) from None
                 await self._wait("r")
         finally:
             self._reading = False
@@ -286,13 +282,18 @@ class Conn:
             sent: int = send(data)
         except BlockingIOError:
             return 0
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
-            raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
-        except OSError:
-            if self._closed:
-                raise ClosedError() from None
-            raise
+        except OSError as exc:
+            raise self._failed("write", exc) from None
         return sent
+
+    def _failed(self, op: str, exc: OSError) -> OSError:
+        """What a failed read or write raises: the peer's doing (reset, broken pipe) is
+        a BrokenError, a socket this side closed meanwhile a ClosedError, the rest as is."""
+        if isinstance(exc, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+            return BrokenError(exc.errno, f"{op}: {exc.strerror}")
+        if self._closed:
+            return ClosedError()
+        return exc
 
     async def _wait(self, mode: str) -> None:
         why = await self._pd.wait(mode)
@@ -397,12 +398,8 @@ class RawConn:
                 try:
                     if f(fd):
                         return
-                except (ConnectionResetError, ConnectionAbortedError) as exc:
-                    raise BrokenError(exc.errno, f"read: {exc.strerror}") from None
-                except OSError:
-                    if conn._closed:
-                        raise ClosedError() from None
-                    raise
+                except OSError as exc:
+                    raise conn._failed("read", exc) from None
                 if pd.hangup and not retried:
                     retried = True
                     continue
@@ -427,12 +424,8 @@ class RawConn:
                 try:
                     if f(fd):
                         return
-                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
-                    raise BrokenError(exc.errno, f"write: {exc.strerror}") from None
-                except OSError:
-                    if conn._closed:
-                        raise ClosedError() from None
-                    raise
+                except OSError as exc:
+                    raise conn._failed("write", exc) from None
                 why = await pd.wait("w")
                 if why is not None or conn._closed:
                     conn._raise_wait(why)

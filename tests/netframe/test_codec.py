@@ -1302,16 +1302,7 @@ def test_c_writer_sends_what_encode_many_encodes_through_partial_sends(
     gather_max: int,
 ) -> None:
     assume(fmt.length_size != "uvarint")
-    writer = _codec._speedups.FrameWriter(
-        fmt.length_size,
-        fmt.byteorder == "big",
-        fmt._fixed_adjust,
-        fmt._min_payload,
-        fmt._max_payload,
-        fmt.length_offset,
-        gather_min,
-        gather_max,
-    )
+    writer = _codec._speedups.FrameWriter(*fmt._encode_params, gather_min, gather_max)
     try:
         expected = fmt.encode_many(payloads)
     except LocalFrameError:
