@@ -23,13 +23,14 @@ The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, go, recv, select
+from gosim import Chan, go, lowlevel, recv, select
 
 from ._codec import FrameFormat
 from ._codec import _speedups as _c_speedups
@@ -79,8 +80,53 @@ class ServerStats:
     handler_errors: int
 
 
+class _Alarm:
+    """A goroutine's sleep until a runtime-clock deadline, cut short by :meth:`ring`.
+
+    The heartbeat loops' wait: one runtime timer per connection, re-armed in place,
+    where a ``Timer``, its channel and a three-case ``select`` per wait cost several
+    times more (10,000 connections wait once per heartbeat interval each). Nothing
+    can come between a loop's last look at the connection and its park (no await),
+    so a ring while nobody sleeps has nothing to wake and is dropped.
+    """
+
+    __slots__ = ("_g", "_timer")
+
+    def __init__(self) -> None:
+        self._g: lowlevel.G | None = None
+        self._timer = lowlevel.RuntimeTimer(_alarm_fired, self)
+
+    async def sleep_until(self, when: float) -> None:
+        """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`."""
+        if when != math.inf:
+            lowlevel.add_timer(self._timer, when)
+        self._g = lowlevel.current_g()
+        await lowlevel.park("select")
+        lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
+
+    def ring(self) -> None:
+        g = self._g
+        if g is not None:
+            self._g = None
+            lowlevel.ready(g)
+
+
+def _alarm_fired(alarm: _Alarm, now: float) -> None:
+    alarm.ring()
+
+
 class _Conn:
-    __slots__ = ("closed", "done", "draining", "fc", "in_flight", "session", "slots", "wake")
+    __slots__ = (
+        "alarm",
+        "closed",
+        "done",
+        "draining",
+        "fc",
+        "in_flight",
+        "session",
+        "slots",
+        "wake",
+    )
 
     def __init__(self, fc: FramedConn, session: Session, max_in_flight: int) -> None:
         self.fc = fc
@@ -90,7 +136,15 @@ class _Conn:
         self.closed = False
         self.draining = False
         self.done: Chan[None] = Chan()  # closed when the connection is finished
-        self.wake: Chan[None] = Chan(1)  # nudges the heartbeat goroutine
+        self.wake: Chan[None] = Chan(1)  # nudges _finish when the last handler ends
+        self.alarm = _Alarm()  # the heartbeat goroutine's sleep
+
+    def end(self) -> None:
+        """Mark the connection finished: close ``done`` and wake the heartbeat loop."""
+        self.closed = True
+        if not self.done.closed:
+            self.done.close()
+        self.alarm.ring()
 
     def is_closed(self) -> bool:
         # Read through a call: other goroutines close the connection while we await.
@@ -404,12 +458,8 @@ class Server:
         session = st.session
         while not st.closed:
             deadline = session.next_deadline()
-            now = gosim.now()
-            if deadline > now:
-                timer = gosim.Timer(deadline - now) if deadline != float("inf") else None
-                await select(recv(st.done), recv(st.wake), recv(timer.c if timer else None))
-                if timer is not None:
-                    timer.stop()
+            if deadline > gosim.now():
+                await st.alarm.sleep_until(deadline)
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):
@@ -442,19 +492,24 @@ class Server:
             return
         st.closed = True
         st.fc.conn.close()  # unblocks the reader (EOF or error) and the writer
+        st.alarm.ring()
 
     async def _finish(self, st: _Conn) -> None:
         """After the reader ends: wait for handlers (bounded by shutdown's grace), close."""
         while st.in_flight and not st.closed:
             st.draining = True
             await select(recv(st.wake), recv(st.done))
-        if not st.closed:
-            st.closed = True
-            try:
+        try:
+            if not st.closed:
+                st.closed = True
                 await st.fc.aclose(flush=True)
-            except Exception:
-                pass
-        st.done.close()
+            else:
+                # Closed already (dead peer, protocol error, shutdown): stop the
+                # FramedConn's writer goroutine too, or every such connection leaves one.
+                await st.fc.aclose(flush=False)
+        except Exception:
+            pass
+        st.end()
         self._conns.discard(st)
         self._counters["frames_received"] += st.fc.frames_read
         self._counters["frames_sent"] += st.fc.frames_written
@@ -604,7 +659,7 @@ class Client:
                 await st.fc.aclose(flush=True)
             except Exception:
                 st.fc.conn.close()
-            st.done.close()
+            st.end()
 
     async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
         reason = "server closed the connection"
@@ -632,23 +687,18 @@ class Client:
         finally:
             if st.session.dead:
                 reason = "server missed its heartbeats"
-            if not st.closed:
-                st.closed = True
-                st.fc.conn.close()
-                if not st.done.closed:
-                    st.done.close()
+            # The FramedConn's writer goroutine stops with the connection (a client that
+            # reconnects after every loss would otherwise leave one behind each time).
+            await st.fc.aclose(flush=False)
+            st.end()
             inbox.try_send(ConnectionLost(reason))
 
     async def _heartbeat(self, st: _Conn, inbox: Chan[Any]) -> None:
         session = st.session
         while not st.closed:
             deadline = session.next_deadline()
-            now = gosim.now()
-            if deadline > now:
-                timer = gosim.Timer(deadline - now) if deadline != float("inf") else None
-                await select(recv(st.done), recv(timer.c if timer else None))
-                if timer is not None:
-                    timer.stop()
+            if deadline > gosim.now():
+                await st.alarm.sleep_until(deadline)
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):

@@ -396,3 +396,61 @@ def test_session_batch_handler_answers_in_order_and_survives_its_own_errors() ->
     assert errors == 2
     assert dead == 0
     assert sum(calls) == 7  # every payload reached the handler once
+
+
+@pytest.mark.parametrize("heartbeat", [None, 0.5])
+def test_heartbeat_goroutines_end_with_their_connections(heartbeat: float | None) -> None:
+    # The heartbeat loops sleep until their next deadline (never, without heartbeats
+    # and idle timeout) and are woken when the connection ends: no goroutine is left
+    # behind, on either side, whether the client or the server ends the connection.
+    async def main() -> list[int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=heartbeat)
+        go(server.serve, ln)
+        await gosim.sleep(0.01)
+        counts = [gosim.stats().goroutines]
+        for who_ends in ("client", "server"):
+            c = Client(ln.dial, heartbeat_interval=heartbeat)
+            await c.connect()
+            await c.send(b"x")
+            assert await c.recv() == b"x"
+            if who_ends == "client":
+                await c.close()
+            else:
+                await server.shutdown(grace=0.1)
+                try:
+                    await c.recv()
+                except ConnectionLost:
+                    pass
+                await c.close()
+            await gosim.sleep(0.05)  # far less than a heartbeat interval
+            counts.append(gosim.stats().goroutines)
+        return counts
+
+    baseline, after_client_end, after_server_end = gosim.run(main, procs=1)
+    assert after_client_end == baseline
+    # serve() returned after the shutdown; nothing of the connection is left (the
+    # client's FramedConn writer goroutine used to stay behind after a lost connection).
+    assert after_server_end == baseline - 1
+
+
+def test_dead_peers_leave_no_goroutines_behind() -> None:
+    # Peers that go silent are closed by the server's heartbeat check; each one's
+    # reader, heartbeat and FramedConn writer goroutines all end.
+    async def main() -> tuple[int, int, int]:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=0.05, heartbeat_timeout=0.1)
+        go(server.serve, ln)
+        await gosim.sleep(0.01)
+        baseline = gosim.stats().goroutines
+        silent = [await ln.dial() for _ in range(20)]  # connect, then never answer
+        await gosim.sleep(0.5)
+        dead = server.stats().dead_peers
+        for conn in silent:
+            conn.close()
+        await gosim.sleep(0.05)
+        return baseline, gosim.stats().goroutines, dead
+
+    baseline, after, dead = gosim.run(main, procs=1)
+    assert dead == 20
+    assert after == baseline
