@@ -173,15 +173,19 @@ class FramedConn:
         # receive and its cut in one call (FrameReader), an encode and its send in one
         # call (FrameWriter), the netpoller waiting in between (RawConn.read/write).
         # The reader holds the start of the next frame itself while it is active;
-        # anything it hands back (an invalid header, a large frame, the end of stream)
+        # what it hands back (an invalid header, the end of the stream inside a frame)
         # goes to the decoder, and the general path serves until the decoder is empty.
         self._raw: Any = None
         self._reader: Any = None
         self._fast_writer: Any = None
         syscall_conn = getattr(conn, "syscall_conn", None)
         if syscall_conn is not None and _FrameReader is not None:
+            try:
+                self._raw = syscall_conn()
+            except OSError:
+                pass  # closed already: the general path reports it on first use
+        if self._raw is not None:
             fmt = self.format
-            self._raw = syscall_conn()
             self._reader = _FrameReader(read_size, LARGE_FRAME_BYTES, *fmt._scan_params)
             if fmt._fixed_header >= 0:
                 self._fast_writer = _FrameWriter(
@@ -395,7 +399,7 @@ class FramedConn:
             return
         writer = self._fast_writer
         if writer is not None and writer.load(items):
-            # _write_encoded's first case, here too: a reply a request pays for it.
+            # _write_encoded's first case, inline: one coroutine frame less per reply.
             try:
                 await self._raw.write(writer)
             finally:

@@ -317,3 +317,21 @@ def test_framed_conn_reads_any_split_mixing_read_frame_and_read_frames(
     assert frames_read == len(payloads)
     assert end == ("too large" if garbage else "eof")
     assert bytes_read == len(wire)
+
+
+def test_framed_conn_over_a_closed_conn_reports_closed_on_use() -> None:
+    async def main() -> list[str]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        c = await net.dial("tcp", ln.addr())
+        c.close()
+        fc = netframe.FramedConn(c)  # no fast path to set up; no error yet
+        seen = []
+        for op in (fc.read_frames, fc.read_frame, lambda: fc.write_frames([b"x"])):
+            try:
+                await op()
+            except net.ClosedError:
+                seen.append("closed")
+        ln.close()
+        return seen
+
+    assert gosim.run(main) == ["closed", "closed", "closed"]
