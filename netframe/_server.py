@@ -319,13 +319,14 @@ class Server:
             if self.raw:
                 event: Data | object = Data(frame)
             else:
+                now = gosim.now()  # one clock read for the frame (~1 us each)
                 try:
-                    event = session.receive(frame, gosim.now())
+                    event = session.receive(frame, now)
                 except RemoteFrameError:
                     self._counters["protocol_errors"] += 1
                     await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
                     return
-                for out in session.poll(gosim.now()):  # pongs go out at once
+                for out in session.poll(now):  # pongs go out at once
                     if not await _send(st, out):
                         return
             if isinstance(event, Data):
@@ -412,16 +413,17 @@ class Server:
             if not frames:
                 return
             payloads = []
+            now = gosim.now()  # one clock read for the receive's frames
             for frame in frames:
                 try:
-                    event = session.receive(frame, gosim.now())
+                    event = session.receive(frame, now)
                 except RemoteFrameError:
                     self._counters["protocol_errors"] += 1
                     await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
                     return
                 if isinstance(event, Data):
                     payloads.append(event.payload)
-            for out in session.poll(gosim.now()):  # pongs go out at once
+            for out in session.poll(now):  # pongs go out at once
                 if not await _send(st, out):
                     return
             if not payloads:
@@ -672,12 +674,13 @@ class Client:
                     return
                 if frame is None:
                     return
+                now = gosim.now()
                 try:
-                    event = st.session.receive(frame, gosim.now())
+                    event = st.session.receive(frame, now)
                 except RemoteFrameError as exc:
                     reason = f"protocol error from the server: {exc}"
                     return
-                for out in st.session.poll(gosim.now()):
+                for out in st.session.poll(now):
                     if not await _send(st, out):
                         return
                 if isinstance(event, Data):
