@@ -2,7 +2,8 @@
 
 Frames: 4-byte big-endian length + payload. Servers: Go (``benchmarks/go/net``, the
 ceiling), netframe's ``Server`` in raw mode on gosim.net (``netframe``: a handler call
-per frame; ``netframe-batch``: one ``handle_batch`` call per receive), a batched
+per frame, an async function; ``netframe-plain``: a plain function per frame;
+``netframe-batch``: one ``handle_batch`` call per receive), a batched
 plain-trio server and an asyncio ``Protocol`` server (``benchmarks/net_peers.py``).
 Clients: the Go load generator, and netframe and trio clients for the "at both ends"
 rows. Each benchmark starts the server, runs one client process, checks every echo (the clients
@@ -109,7 +110,9 @@ def _sizes(benchmark: Any) -> tuple[int, float, int]:
 
 
 @pytest.mark.benchmark(group="net-pipelined-64B")
-@pytest.mark.parametrize("server", ["go", "netframe", "netframe-batch", "trio", "asyncio"])
+@pytest.mark.parametrize(
+    "server", ["go", "netframe", "netframe-plain", "netframe-batch", "trio", "asyncio"]
+)
 def bench_pipelined_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
     n, _, _ = _sizes(benchmark)
     for srv in _server(server, go_binary):
@@ -128,7 +131,9 @@ def bench_pipelined_both_ends(benchmark: Any, peer: str) -> None:
 
 
 @pytest.mark.benchmark(group="net-rr-100conns")
-@pytest.mark.parametrize("server", ["go", "netframe", "netframe-batch", "trio", "asyncio"])
+@pytest.mark.parametrize(
+    "server", ["go", "netframe", "netframe-plain", "netframe-batch", "trio", "asyncio"]
+)
 def bench_rr_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
     _, seconds, _ = _sizes(benchmark)
     for srv in _server(server, go_binary):

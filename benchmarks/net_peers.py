@@ -196,11 +196,15 @@ async def trio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str,
 # ------------------------------------------------------------ netframe (gosim)
 
 
-def netframe_server(addr: str, batch: bool = False) -> None:
-    """netframe's raw-mode Server; ``batch``: a ``handle_batch`` handler (one call per
-    receive) instead of one handler call per frame."""
+def netframe_server(addr: str, kind: str = "netframe") -> None:
+    """netframe's raw-mode Server: ``netframe``, an async handler called per frame;
+    ``netframe-plain``, a plain-function handler per frame; ``netframe-batch``, a
+    ``handle_batch`` handler (one call per receive)."""
 
     async def echo(payload: bytes) -> bytes:
+        return payload
+
+    def echo_plain(payload: bytes) -> bytes:
         return payload
 
     async def echo_batch(payloads: list[bytes]) -> list[bytes | None]:
@@ -212,10 +216,11 @@ def netframe_server(addr: str, batch: bool = False) -> None:
         netframe.load_kernel()
         ln = net.listen("tcp", addr)
         print(f"LISTEN {ln.addr()}", flush=True)
-        if batch:
+        if kind == "netframe-batch":
             server = netframe.Server(handle_batch=echo_batch, raw=True, heartbeat_interval=None)
         else:
-            server = netframe.Server(echo, raw=True, max_in_flight=1, heartbeat_interval=None)
+            handler = echo_plain if kind == "netframe-plain" else echo
+            server = netframe.Server(handler, raw=True, max_in_flight=1, heartbeat_interval=None)
         await server.serve(ln)
 
     gosim.run(main, procs=1)
@@ -364,7 +369,9 @@ def netframe_client(
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["server", "pipelined", "rr", "idle-server", "idle-clients"])
-    ap.add_argument("peer", choices=["trio", "asyncio", "netframe", "netframe-batch"])
+    ap.add_argument(
+        "peer", choices=["trio", "asyncio", "netframe", "netframe-plain", "netframe-batch"]
+    )
     ap.add_argument("--addr", default="127.0.0.1:0")
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=64)
@@ -382,8 +389,8 @@ def main(argv: list[str]) -> None:
     if args.mode == "server":
         if args.peer == "trio":
             trio.run(trio_server, args.addr)
-        elif args.peer in ("netframe", "netframe-batch"):
-            netframe_server(args.addr, batch=args.peer == "netframe-batch")
+        elif args.peer.startswith("netframe"):
+            netframe_server(args.addr, args.peer)
         else:
             asyncio.run(asyncio_server(args.addr))
         return

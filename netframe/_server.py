@@ -23,8 +23,10 @@ The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
+import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,8 +44,20 @@ __all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
 
 _drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
 
-Handler = Callable[[bytes], Awaitable[bytes | None]]
-BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]]]
+#: An async function, or a plain function (its return value is the reply: no coroutine
+#: per request, for handlers that never wait).
+Handler = Callable[[bytes], Awaitable[bytes | None] | bytes | None]
+BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[bytes | None]]
+
+_Coroutine = types.CoroutineType
+
+
+def _awaitable(value: Any) -> bool:
+    """A handler's result that is still to be awaited (an async handler's coroutine, or
+    any awaitable a plain function returned) rather than the reply itself."""
+    if type(value) is _Coroutine:
+        return True
+    return value is not None and type(value) is not bytes and inspect.isawaitable(value)
 
 
 class Listener(Protocol):
@@ -162,6 +176,11 @@ async def _send(st: _Conn, payload: bytes) -> bool:
 
 class Server:
     """Serves ``handler(payload) -> reply | None`` on long connections; see the module docstring.
+
+    ``handler`` is an async function, or a plain function for work that never waits: a
+    plain function's return value is the reply, with no coroutine made and run per
+    request (several times cheaper for small requests: see BENCHMARKS.md). Whatever
+    awaitable a handler returns is awaited. The same holds for ``handle_batch``.
 
     ``handle_batch`` instead of ``handler``: ``handle_batch(payloads) -> replies`` gets
     the DATA payloads of one receive, in order, and returns one entry per payload
@@ -362,7 +381,9 @@ class Server:
                 replies = []
                 for frame in frames:
                     try:
-                        reply = await handler(frame)
+                        reply: Any = handler(frame)
+                        if type(reply) is not bytes and _awaitable(reply):  # bytes: at once
+                            reply = await reply
                     except Exception:
                         self._counters["handler_errors"] += 1
                         continue
@@ -391,7 +412,9 @@ class Server:
     async def _call_batch(self, batch: BatchHandler, payloads: list[bytes]) -> list[bytes]:
         """The batch handler's replies, ``None`` entries dropped; [] when it failed."""
         try:
-            replies = await batch(payloads)
+            replies: Any = batch(payloads)
+            if type(replies) is not list and _awaitable(replies):
+                replies = await replies
         except Exception:
             self._counters["handler_errors"] += 1
             return []
@@ -438,7 +461,9 @@ class Server:
     async def _handle_one(self, st: _Conn, payload: bytes) -> None:
         assert self.handler is not None
         try:
-            reply = await self.handler(payload)
+            reply: Any = self.handler(payload)
+            if _awaitable(reply):
+                reply = await reply
         except Exception:
             self._counters["handler_errors"] += 1
             return

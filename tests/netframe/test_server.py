@@ -4,12 +4,13 @@ and dead peers, idle timeout, connection limit, graceful shutdown, reconnect bac
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 import gosim
 from gosim import Chan, go
-from netframe import FrameFormat, GoAway, GoAwayCode, Kind, Session
+from netframe import Data, FrameFormat, GoAway, GoAwayCode, Kind, Session
 from netframe._conn import FramedConn
 from netframe._server import Client, ConnectionLost, Server
 
@@ -454,3 +455,78 @@ def test_dead_peers_leave_no_goroutines_behind() -> None:
     baseline, after, dead = gosim.run(main, procs=1)
     assert dead == 20
     assert after == baseline
+
+
+def test_plain_function_handlers_reply_without_a_coroutine() -> None:
+    # A plain function's return value is the reply; an awaitable it returns is
+    # awaited; a bytearray reply is a reply (not something to await); its exceptions
+    # count as handler errors. Raw and session modes, a handler per frame and batches.
+    calls: list[str] = []
+
+    def plain(payload: bytes) -> bytes | bytearray | None:
+        calls.append("plain")
+        if payload == b"boom":
+            raise ValueError("bad request")
+        if payload == b"quiet":
+            return None
+        if payload == b"array":
+            return bytearray(b"from a bytearray")
+        return payload.upper()
+
+    async def later(payload: bytes) -> bytes:
+        await gosim.sleep(0.001)
+        return b"awaited " + payload
+
+    def returns_awaitable(payload: bytes) -> Any:
+        calls.append("indirect")
+        return later(payload)
+
+    def plain_batch(payloads: list[bytes]) -> list[bytes | None]:
+        calls.append("batch")
+        return [p[::-1] for p in payloads]
+
+    async def main() -> list[object]:
+        results: list[object] = []
+        for kwargs in (
+            {"handler": plain, "raw": True, "max_in_flight": 1},
+            {"handler": plain},
+            {"handler": plain, "max_in_flight": 1},
+            {"handler": returns_awaitable},
+            {"handle_batch": plain_batch, "raw": True},
+            {"handle_batch": plain_batch},
+        ):
+            ln = MemoryListener()
+            raw = bool(kwargs.get("raw"))
+            server = Server(heartbeat_interval=None, **kwargs)  # type: ignore[arg-type]
+            go(server.serve, ln)
+            conn = await ln.dial()
+            fc = FramedConn(conn)
+            session = Session(gosim.now(), heartbeat_interval=None)
+            out = []
+            for payload in (b"hi", b"boom", b"quiet", b"array", b"end"):
+                await fc.write_frame(payload if raw else session.data(payload, gosim.now()))
+            while len(out) < (3 if kwargs.get("handler") is plain else 5):
+                frame = await fc.read_frame()
+                assert frame is not None
+                if raw:
+                    out.append(frame)
+                else:
+                    event = session.receive(frame, gosim.now())
+                    if isinstance(event, Data):
+                        out.append(event.payload)
+            results.append((out, server.stats().handler_errors))
+            await server.shutdown(grace=0.1)
+            await fc.aclose()
+        return results
+
+    got = gosim.run(main, procs=1)
+    plain_out = ([b"HI", b"from a bytearray", b"END"], 1)
+    assert got[0] == plain_out  # raw, inline
+    assert got[1][1] == 1 and sorted(got[1][0]) == sorted(plain_out[0])  # goroutine each
+    assert got[2] == plain_out  # session, inline
+    awaited = [b"awaited " + p for p in (b"hi", b"boom", b"quiet", b"array", b"end")]
+    assert sorted(got[3][0]) == sorted(awaited) and got[3][1] == 0
+    reversed_all = [p[::-1] for p in (b"hi", b"boom", b"quiet", b"array", b"end")]
+    assert got[4] == (reversed_all, 0)
+    assert got[5] == (reversed_all, 0)
+    assert "indirect" in calls and "batch" in calls
