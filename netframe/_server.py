@@ -382,7 +382,9 @@ class Server:
                 for frame in frames:
                     try:
                         reply: Any = handler(frame)
-                        if type(reply) is not bytes and _awaitable(reply):  # bytes: at once
+                        if type(reply) is _Coroutine:  # an async handler
+                            reply = await reply
+                        elif type(reply) is not bytes and _awaitable(reply):
                             reply = await reply
                     except Exception:
                         self._counters["handler_errors"] += 1
