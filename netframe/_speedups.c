@@ -641,7 +641,10 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         }
         else {
             want = self->read_size;
-            if (self->need > 0 && self->need - self->carry_len > want) {
+            /* The rest of a frame in one receive, when it is known and not large (a
+             * large frame starts the in-place receive as soon as its header and the
+             * stripped bytes are in: never a receive of its whole size here). */
+            if (self->need > 0 && self->need < self->large && self->need - self->carry_len > want) {
                 want = (Py_ssize_t)(self->need - self->carry_len);
             }
             kept = self->carry_len;
