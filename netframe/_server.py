@@ -382,9 +382,11 @@ class Server:
                 for frame in frames:
                     try:
                         reply: Any = handler(frame)
-                        if type(reply) is _Coroutine:  # an async handler
-                            reply = await reply
-                        elif type(reply) is not bytes and _awaitable(reply):
+                        # An async handler's coroutine first (one type check), then a
+                        # plain handler's bytes (no call), then anything else.
+                        if type(reply) is _Coroutine or (
+                            type(reply) is not bytes and _awaitable(reply)
+                        ):
                             reply = await reply
                     except Exception:
                         self._counters["handler_errors"] += 1
