@@ -27,7 +27,7 @@ import inspect
 import math
 import random
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from ._session import Data, GoAway, GoAwayCode, Session
 __all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
 
 _drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
+_handle_each: Any = None if _c_speedups is None else _c_speedups.handle_each
 
 #: An async function, or a plain function (its return value is the reply: no coroutine
 #: per request, for handlers that never wait).
@@ -50,6 +51,28 @@ Handler = Callable[[bytes], Awaitable[bytes | None] | bytes | None]
 BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[bytes | None]]
 
 _Coroutine = types.CoroutineType
+
+
+@types.coroutine
+def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
+    """Go on with a coroutine that was started elsewhere (handle_each) and suspended,
+    yielding ``yielded``: pass that up to the driver, then delegate as ``await`` would."""
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # thrown in by the driver: the coroutine's to handle
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
 
 
 def _awaitable(value: Any) -> bool:
@@ -376,10 +399,13 @@ class Server:
             st.in_flight = 1
             if batch is not None:
                 replies = await self._call_batch(batch, frames)
+            elif _handle_each is not None:
+                assert handler is not None
+                replies = await self._handle_each(handler, frames)
             else:
                 assert handler is not None
                 replies = []
-                for frame in frames:
+                for frame in frames:  # handle_each's twin (netframe/_speedups.c)
                     try:
                         reply: Any = handler(frame)
                         # An async handler's coroutine first (one type check), then a
@@ -399,6 +425,32 @@ class Server:
                     await fc.write_frames(replies)
                 except OSError:
                     return
+
+    async def _handle_each(self, handler: Handler, frames: list[bytes]) -> list[bytes]:
+        """The handler's replies to ``frames``, in order: the C loop calls it per frame and
+        stops only where a result must be awaited, which is done here."""
+        replies: list[bytes] = []
+        i, count = 0, len(frames)
+        while i < count:
+            i, pending, suspended, errors = _handle_each(handler, frames, i, replies)
+            if errors:
+                self._counters["handler_errors"] += errors
+            if pending is None:
+                break
+            try:
+                if suspended:
+                    reply: Any = await _resume(*pending)
+                elif _awaitable(pending):
+                    reply = await pending
+                else:
+                    reply = pending  # a reply of an unusual type: write_frames judges it
+            except Exception:
+                self._counters["handler_errors"] += 1
+            else:
+                if reply is not None:
+                    replies.append(reply)
+            i += 1
+        return replies
 
     async def _read_burst(self, st: _Conn) -> list[bytes]:
         """The frames of the next receive; [] when the connection has ended. A framing

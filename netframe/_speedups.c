@@ -1080,7 +1080,87 @@ static PyTypeObject FrameWriterType = {
     .tp_new = FrameWriter_new,
 };
 
+/*
+ * handle_each(handler, frames, start, replies) -> (index, pending, suspended, errors)
+ *
+ * The raw server's per-frame handler loop (netframe/_server.py, Server._raw_inline_loop
+ * holds the Python twin): calls handler(frame) for frames[start:], in order. A reply
+ * (anything but None and an awaitable) is appended to `replies`; None adds nothing; an
+ * Exception from the handler counts in `errors` and the loop goes on (other exceptions
+ * propagate). An async handler's coroutine is run here with one send: when it returns
+ * at once, as a handler that does not wait does, no Python frame is spent on awaiting
+ * it. The loop stops at the first result it cannot finish, returned as `pending` with
+ * its index: a coroutine that suspended (`suspended` True: resume it with the value it
+ * yielded, which is `pending`'s second item) or another object the caller awaits or
+ * takes as the reply (`suspended` False). Done: (len(frames), None, False, errors).
+ */
+static PyObject *
+handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "handle_each(handler, frames, start, replies)");
+        return NULL;
+    }
+    PyObject *handler = args[0], *frames = args[1], *replies = args[3];
+    if (!PyList_CheckExact(frames) || !PyList_CheckExact(replies)) {
+        PyErr_SetString(PyExc_TypeError, "handle_each: frames and replies must be lists");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[2]);
+    if (i == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "handle_each: start must not be negative");
+        return NULL;
+    }
+    Py_ssize_t errors = 0;
+    for (; i < PyList_GET_SIZE(frames); i++) {
+        PyObject *frame = PyList_GET_ITEM(frames, i);
+        Py_INCREF(frame);
+        PyObject *result = PyObject_CallOneArg(handler, frame);
+        Py_DECREF(frame);
+        if (result != NULL && PyCoro_CheckExact(result)) {
+            PyObject *value = NULL;
+            PySendResult sent = PyIter_Send(result, Py_None, &value);
+            if (sent == PYGEN_NEXT) {
+                PyObject *pending = Py_BuildValue("(NN)", result, value);
+                if (pending == NULL) {
+                    return NULL;
+                }
+                return Py_BuildValue("(nNOn)", i, pending, Py_True, errors);
+            }
+            Py_DECREF(result);
+            result = sent == PYGEN_RETURN ? value : NULL;
+        }
+        if (result == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                return NULL;
+            }
+            PyErr_Clear();
+            errors++;
+            continue;
+        }
+        if (result == Py_None) {
+            Py_DECREF(result);
+            continue;
+        }
+        if (!PyBytes_CheckExact(result) && !PyByteArray_CheckExact(result)) {
+            /* An awaitable of another kind, or an unusual reply: the caller decides. */
+            return Py_BuildValue("(nNOn)", i, result, Py_False, errors);
+        }
+        int failed = PyList_Append(replies, result);
+        Py_DECREF(result);
+        if (failed) {
+            return NULL;
+        }
+    }
+    return Py_BuildValue("(nOOn)", i, Py_None, Py_False, errors);
+}
+
 static PyMethodDef methods[] = {
+    {"handle_each", (PyCFunction)(void (*)(void))handle_each, METH_FASTCALL,
+     "Call a handler per frame, collecting replies, up to the first one that must wait."},
     {"drop_none", (PyCFunction)drop_none, METH_O,
      "The list itself if it holds no None, else a copy without the Nones."},
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,

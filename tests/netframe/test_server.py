@@ -7,10 +7,13 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gosim
 from gosim import Chan, go
 from netframe import Data, FrameFormat, GoAway, GoAwayCode, Kind, Session
+from netframe import _server as _server_module
 from netframe._conn import FramedConn
 from netframe._server import Client, ConnectionLost, Server
 
@@ -530,3 +533,137 @@ def test_plain_function_handlers_reply_without_a_coroutine() -> None:
     assert got[4] == (reversed_all, 0)
     assert got[5] == (reversed_all, 0)
     assert "indirect" in calls and "batch" in calls
+
+
+def _op_handler(log: list[str]) -> Any:
+    """A handler whose behaviour each frame picks with its first byte."""
+
+    async def suspend_then(payload: bytes) -> bytes:
+        await gosim.gosched()  # yields to the driver: the C loop hands the coroutine back
+        return b"late " + payload
+
+    async def async_reply(payload: bytes) -> bytes | None:
+        return None if payload[1:] == b"none" else b"async " + payload
+
+    async def async_raise(payload: bytes) -> bytes:
+        raise KeyError("async failure")
+
+    def handler(payload: bytes) -> Any:
+        op = payload[:1]
+        log.append(op.decode())
+        if op == b"p":
+            return b"plain " + payload
+        if op == b"b":
+            return bytearray(b"array " + payload)
+        if op == b"n":
+            return None
+        if op == b"r":
+            raise ValueError("plain failure")
+        if op == b"a":
+            return async_reply(payload)
+        if op == b"x":
+            return async_raise(payload)
+        if op == b"s":
+            return suspend_then(payload)
+        raise AssertionError(op)
+
+    return handler
+
+
+@given(ops=st.lists(st.sampled_from("pbnraxs"), min_size=1, max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
+    # The raw server's per-frame loop, in C where built (handle_each) and in Python:
+    # the same replies in the same order and the same handler_errors, whatever mix of
+    # plain replies, None, exceptions, async replies and handlers that wait.
+    payloads = [op.encode() + b"%d" % i for i, op in enumerate(ops)]
+
+    def serve(use_c: bool) -> tuple[list[bytes], int, list[str]]:
+        log: list[str] = []
+        saved = _server_module._handle_each
+        if not use_c:
+            _server_module._handle_each = None
+        try:
+
+            async def main() -> tuple[list[bytes], int]:
+                ln = MemoryListener()
+                server = Server(
+                    _op_handler(log), raw=True, max_in_flight=1, heartbeat_interval=None
+                )
+                go(server.serve, ln)
+                fc = FramedConn(await ln.dial())
+                await fc.write_frames(payloads)  # one burst: one loop call
+                await fc.write_frame(b"pend")  # a last reply marks the end
+                got: list[bytes] = []
+                while not got or got[-1] != b"plain pend":
+                    frame = await fc.read_frame()
+                    assert frame is not None
+                    got.append(frame)
+                await server.shutdown(grace=0.1)
+                await fc.aclose()
+                return got[:-1], server.stats().handler_errors
+
+            got, errors = gosim.run(main, procs=1)
+        finally:
+            _server_module._handle_each = saved
+        return got, errors, log
+
+    python = serve(False)
+    expected = [
+        {"p": b"plain ", "b": b"array ", "a": b"async ", "s": b"late "}[op] + p
+        for op, p in zip(ops, payloads, strict=True)
+        if op in "pbas"
+    ]
+    assert python[0] == expected
+    assert python[1] == sum(op in "rx" for op in ops)
+    if _server_module._handle_each is not None:
+        assert serve(True) == python
+
+
+@pytest.mark.skipif(
+    _server_module._handle_each is None, reason="netframe._speedups not in use (pure Python)"
+)
+def test_c_handler_loop_propagates_what_is_not_an_exception_and_checks_arguments() -> None:
+    class Stop(BaseException):
+        pass
+
+    def handler(payload: bytes) -> bytes:
+        if payload == b"stop":
+            raise Stop()
+        return payload
+
+    replies: list[bytes] = []
+    with pytest.raises(Stop):
+        _server_module._handle_each(handler, [b"a", b"stop", b"b"], 0, replies)
+    assert replies == [b"a"]
+    assert _server_module._handle_each(handler, [b"a", b"b"], 1, replies) == (2, None, False, 0)
+    assert replies == [b"a", b"b"]
+    with pytest.raises(TypeError):
+        _server_module._handle_each(handler, (b"a",), 0, [])
+    with pytest.raises(ValueError):
+        _server_module._handle_each(handler, [b"a"], -1, [])
+
+
+def test_a_handler_waiting_when_the_program_ends_runs_its_finally() -> None:
+    # A coroutine started by the C loop and suspended is resumed through _resume;
+    # closing the goroutine (main returns) reaches the handler's own finally block.
+    cleaned: list[str] = []
+    started: Chan[None] = Chan(1)
+
+    async def forever(payload: bytes) -> bytes:
+        try:
+            started.try_send(None)
+            await Chan[None]().recv()  # nobody ever sends
+            return payload
+        finally:
+            cleaned.append("finally")
+
+    async def main() -> None:
+        ln = MemoryListener()
+        go(Server(forever, raw=True, max_in_flight=1, heartbeat_interval=None).serve, ln)
+        fc = FramedConn(await ln.dial())
+        await fc.write_frame(b"hang")
+        await started.recv()
+
+    gosim.run(main, procs=1)
+    assert cleaned == ["finally"]
