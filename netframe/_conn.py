@@ -24,10 +24,12 @@ Writing, two ways:
    (or :meth:`flush`) raises it.
 
 Reading: once the header of a frame of LARGE_FRAME_BYTES or more is in, the rest is
-received straight into the ``bytes`` object the caller gets (``read_into`` on a C
-``FrameBuffer``, where the connection and the extension have them), with no copy in
-user space; on a timeout or an early end the bytes go back to the decoder. Otherwise
-each receive asks for ``read_size`` bytes, or the rest of a frame whose size is known
+received in place (the C reader into the ``bytes`` object the caller gets; without it,
+``read_into`` a buffer copied once at the end); on a timeout or an early end the bytes
+go back to the decoder. Either way the buffer grows with the bytes received, doubling,
+never to the announced length at once: a header alone costs its sender a few bytes and
+the process a few hundred KiB, not the frame. Otherwise each receive asks for
+``read_size`` bytes, or the rest of a frame whose size is known
 (``FrameDecoder.bytes_needed``) when that is more.
 
 On a connection with Go's ``SyscallConn`` (gosim.net's ``Conn``) and with the C
@@ -66,7 +68,6 @@ __all__ = [
     "StreamConn",
 ]
 
-_FrameBuffer: Any = None if _c_speedups is None else _c_speedups.FrameBuffer
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
 _FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
 
@@ -342,7 +343,8 @@ class FramedConn:
             reader.take_carry()  # resets its hand-back state and its drained hint
 
     async def _read_rest_in_place(self) -> bytes | None:
-        """Receive the rest of a large frame straight into a buffer of its size.
+        """Receive the rest of a large frame straight into a buffer (the general path's
+        in-place receive; the C reader has its own).
 
         One copy of the frame in user space (the buffer into ``bytes``) instead of the
         receive buffer's appends and the cut. None (nothing changed) when the decoder
@@ -356,29 +358,29 @@ class FramedConn:
         prefix, skip, size = taken
         read_into = self._read_into
         assert read_into is not None
-        # The C FrameBuffer is the bytes object itself, written in place; without
-        # the extension a bytearray is filled and copied once at the end.
-        frame: Any = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
         filled = len(prefix) - skip
-        with memoryview(frame) as view:
-            view[:filled] = memoryview(prefix)[skip:]
-            try:
-                while filled < size:
+        # Sized by what has arrived, doubling as more does (see the module docstring).
+        frame = bytearray(min(size, max(2 * filled, LARGE_FRAME_BYTES)))
+        frame[:filled] = memoryview(prefix)[skip:]
+        try:
+            while filled < size:
+                if filled == len(frame):
+                    frame.extend(bytes(min(size, 2 * filled) - filled))
+                with memoryview(frame) as view:
                     n = await read_into(view[filled:])
-                    if not n:
-                        self._eof = True
-                        break
-                    filled += n
-                    self._bytes_read += n
-            finally:
-                if filled < size:  # give everything back; the caller goes on as usual
-                    decoder.feed(prefix)
-                    decoder.feed(view[len(prefix) - skip : filled])
+                if not n:
+                    self._eof = True
+                    break
+                filled += n
+                self._bytes_read += n
+        finally:
+            if filled < size:  # give everything back; the caller goes on as usual
+                decoder.feed(prefix)
+                decoder.feed(frame[len(prefix) - skip : filled])
         if filled < size:
             return None
         decoder.count_frame()
-        done: bytes = frame.finish() if _FrameBuffer is not None else bytes(frame)
-        return done
+        return bytes(frame)
 
     # ---------------------------------------------------------------- write
 

@@ -2,10 +2,10 @@
  * netframe._speedups: the codec's per-frame loops in C (optional).
  *
  * Two functions, each the twin of a Python reference in netframe/_codec.py that stays
- * the specification and the fallback (tests compare them frame for frame), a
- * FrameBuffer type (below) for receiving a large frame in place, and FrameReader and
- * FrameWriter, FramedConn's receive-and-cut and encode-and-send on a socket (below,
- * compared in the tests with the decoder and encoder reading the same stream):
+ * the specification and the fallback (tests compare them frame for frame), and
+ * FrameReader and FrameWriter, FramedConn's receive-and-cut and encode-and-send on a
+ * socket (below, compared in the tests with the decoder and encoder reading the same
+ * stream):
  *
  *   cut_frames(data, pos, end, stop_at, capacity, width, big_endian, length_offset,
  *              adjustment, includes_header, strip, max_body, out) -> (pos, stop, need)
@@ -324,124 +324,6 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
-/*
- * FrameBuffer(n): an n-byte bytes object under construction, writable through the
- * buffer protocol until finish() hands it out. A large frame is received straight
- * into the bytes object the caller gets: no zero-fill, no copy out of a bytearray.
- * Safe because nothing else can reach the bytes object before finish() (it is
- * fresh, so neither shared nor hashed), and finish() refuses while a view is open.
- */
-typedef struct {
-    PyObject_HEAD
-    PyObject *bytes; /* NULL once finished */
-    Py_ssize_t exports;
-} FrameBuffer;
-
-static PyObject *
-FrameBuffer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
-{
-    Py_ssize_t size;
-    static char *kwlist[] = {"size", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &size)) {
-        return NULL;
-    }
-    if (size < 2) {
-        /* Sizes 0 and 1 are shared singletons in CPython: never write into those. */
-        PyErr_SetString(PyExc_ValueError, "FrameBuffer size must be at least 2");
-        return NULL;
-    }
-    FrameBuffer *self = (FrameBuffer *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        return NULL;
-    }
-    self->bytes = PyBytes_FromStringAndSize(NULL, size);
-    if (self->bytes == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    self->exports = 0;
-    return (PyObject *)self;
-}
-
-static void
-FrameBuffer_dealloc(FrameBuffer *self)
-{
-    Py_XDECREF(self->bytes);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int
-FrameBuffer_getbuffer(FrameBuffer *self, Py_buffer *view, int flags)
-{
-    if (self->bytes == NULL) {
-        PyErr_SetString(PyExc_BufferError, "FrameBuffer already finished");
-        view->obj = NULL;
-        return -1;
-    }
-    if (PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->bytes),
-                          PyBytes_GET_SIZE(self->bytes), 0, flags) < 0) {
-        return -1;
-    }
-    self->exports++;
-    return 0;
-}
-
-static void
-FrameBuffer_releasebuffer(FrameBuffer *self, Py_buffer *view)
-{
-    self->exports--;
-}
-
-static PyObject *
-FrameBuffer_finish(FrameBuffer *self, PyObject *unused)
-{
-    if (self->bytes == NULL) {
-        PyErr_SetString(PyExc_ValueError, "FrameBuffer already finished");
-        return NULL;
-    }
-    if (self->exports > 0) {
-        PyErr_SetString(PyExc_BufferError, "FrameBuffer.finish: a view is still open");
-        return NULL;
-    }
-    PyObject *out = self->bytes;
-    self->bytes = NULL; /* the reference moves to the caller */
-    return out;
-}
-
-static Py_ssize_t
-FrameBuffer_len(FrameBuffer *self)
-{
-    return self->bytes == NULL ? 0 : PyBytes_GET_SIZE(self->bytes);
-}
-
-static PyBufferProcs FrameBuffer_as_buffer = {
-    (getbufferproc)FrameBuffer_getbuffer,
-    (releasebufferproc)FrameBuffer_releasebuffer,
-};
-
-static PySequenceMethods FrameBuffer_as_sequence = {
-    .sq_length = (lenfunc)FrameBuffer_len,
-};
-
-static PyMethodDef FrameBuffer_methods[] = {
-    {"finish", (PyCFunction)FrameBuffer_finish, METH_NOARGS,
-     "Return the bytes object (once; no view may be open)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject FrameBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "netframe._speedups.FrameBuffer",
-    .tp_basicsize = sizeof(FrameBuffer),
-    .tp_dealloc = (destructor)FrameBuffer_dealloc,
-    .tp_as_buffer = &FrameBuffer_as_buffer,
-    .tp_as_sequence = &FrameBuffer_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A bytes object under construction, writable until finish().",
-    .tp_methods = FrameBuffer_methods,
-    .tp_new = FrameBuffer_new,
-};
-
 /* drop_none(items): the list itself when it holds no None (an identity scan: `None in
  * items` compares every element through rich comparison), else a new list without them. */
 static PyObject *
@@ -532,6 +414,7 @@ typedef struct {
      * filled, and the stripped header bytes (to rebuild the raw frame on hand-back). */
     PyObject *big;
     Py_ssize_t big_filled;
+    Py_ssize_t big_size;    /* the frame's returned size; `big` is grown towards it */
     PyObject *big_head;
 } FrameReader;
 
@@ -636,6 +519,17 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         unsigned char *into;
         Py_ssize_t want, kept = 0;
         if (self->big != NULL) {
+            if (self->big_filled == PyBytes_GET_SIZE(self->big)) {
+                /* Grow as the bytes arrive, doubling (realloc, usually in place for
+                 * blocks this size): memory follows what the peer has sent, never
+                 * what its header announced. `big` is ours alone until complete. */
+                Py_ssize_t grown = PyBytes_GET_SIZE(self->big);
+                grown = grown > self->big_size / 2 ? self->big_size : grown * 2;
+                if (_PyBytes_Resize(&self->big, grown) < 0) {
+                    Py_CLEAR(self->big_head);
+                    return NULL;
+                }
+            }
             into = (unsigned char *)PyBytes_AS_STRING(self->big) + self->big_filled;
             want = PyBytes_GET_SIZE(self->big) - self->big_filled;
         }
@@ -679,7 +573,7 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         }
         if (self->big != NULL) {
             self->big_filled += (Py_ssize_t)got;
-            if (self->big_filled < PyBytes_GET_SIZE(self->big)) {
+            if (self->big_filled < self->big_size) {
                 continue;
             }
             int failed = PyList_Append(self->frames, self->big);
@@ -704,7 +598,12 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         if (stop == STOP_NEED_DATA && head && need >= self->large && strip <= end - pos) {
             /* A large frame: the rest is received straight into its bytes object. The
              * header has passed the maximum check in cut_core, so its size is bounded. */
-            self->big = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(need - strip));
+            /* Sized by what has arrived (at least `large`), not by the announced
+             * length: a header alone must not make the process allocate the frame. */
+            Py_ssize_t have = end - pos - (Py_ssize_t)strip;
+            Py_ssize_t start = have * 2 > (Py_ssize_t)self->large ? have * 2 : (Py_ssize_t)self->large;
+            self->big_size = (Py_ssize_t)(need - strip);
+            self->big = PyBytes_FromStringAndSize(NULL, start < self->big_size ? start : self->big_size);
             self->big_head = PyBytes_FromStringAndSize((const char *)scratch + pos,
                                                        (Py_ssize_t)strip);
             if (self->big == NULL || self->big_head == NULL) {
@@ -712,8 +611,8 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
                 Py_CLEAR(self->big_head);
                 return NULL;
             }
-            self->big_filled = end - pos - (Py_ssize_t)strip;
-            memcpy(PyBytes_AS_STRING(self->big), scratch + pos + strip, (size_t)self->big_filled);
+            self->big_filled = have;
+            memcpy(PyBytes_AS_STRING(self->big), scratch + pos + strip, (size_t)have);
             if (reader_set_carry(self, NULL, 0) < 0) {
                 return NULL;
             }
@@ -1181,16 +1080,14 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&FrameBufferType) < 0 || PyType_Ready(&FrameReaderType) < 0 ||
-        PyType_Ready(&FrameWriterType) < 0) {
+    if (PyType_Ready(&FrameReaderType) < 0 || PyType_Ready(&FrameWriterType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddType(m, &FrameBufferType) < 0 || PyModule_AddType(m, &FrameReaderType) < 0 ||
-        PyModule_AddType(m, &FrameWriterType) < 0) {
+    if (PyModule_AddType(m, &FrameReaderType) < 0 || PyModule_AddType(m, &FrameWriterType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1039,30 +1039,6 @@ def test_encode_decode_single_frames(fmt: FrameFormat, payload: bytes) -> None:
     assert decoder.next_frame() is NEED_DATA
 
 
-@needs_c
-def test_frame_buffer_is_a_bytes_object_written_in_place() -> None:
-    fb = _codec._speedups.FrameBuffer(10)
-    assert len(fb) == 10
-    with memoryview(fb) as view:
-        assert not view.readonly and view.nbytes == 10
-        view[:] = b"0123456789"
-        with pytest.raises(BufferError, match="view is still open"):
-            fb.finish()
-    out = fb.finish()
-    assert type(out) is bytes and out == b"0123456789"
-    assert hash(out) == hash(b"0123456789")
-    assert len(fb) == 0
-    with pytest.raises(ValueError, match="finished"):
-        fb.finish()
-    with pytest.raises(BufferError, match="finished"):
-        memoryview(fb)
-    for bad in (0, 1, -5):
-        with pytest.raises(ValueError, match="at least 2"):
-            _codec._speedups.FrameBuffer(bad)
-    unfinished = _codec._speedups.FrameBuffer(1000)
-    del unfinished  # dropped unfinished: its bytes object is freed with it
-
-
 @pytest.mark.parametrize(
     "fmt",
     [
@@ -1325,6 +1301,41 @@ def test_c_writer_sends_what_encode_many_encodes_through_partial_sends(
             received += b.recv(1 << 16)
         assert bytes(received) == expected
         assert writer.pending == 0 and writer.bytes_sent == len(expected)
+    finally:
+        a.close()
+        b.close()
+
+
+@needs_c
+def test_c_reader_allocates_by_bytes_received_not_by_the_announced_length() -> None:
+    # A header announcing 12 MiB (under the 16 MiB maximum) and a few bytes: the
+    # reader's in-place buffer follows what arrived, and grows to the frame as the
+    # rest comes.
+    fmt = FrameFormat()
+    payload = bytes(range(256)) * (12 * 4096)  # 12 MiB
+    wire = fmt.encode(payload)
+    a, b = _socket_pair()
+    try:
+        reader = _codec._speedups.FrameReader(4096, 64 * 1024, *fmt._scan_params)
+        a.sendall(wire[:100])
+        tracemalloc.start()
+        try:
+            assert reader(b.fileno()) is False
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, peak
+        got: list[bytes] = []
+        sent = 100
+        while not got:
+            if sent < len(wire):
+                try:
+                    sent += a.send(wire[sent : sent + (1 << 20)])
+                except BlockingIOError:
+                    pass
+            if reader(b.fileno()):
+                got.extend(reader.take())
+        assert got == [payload]
     finally:
         a.close()
         b.close()

@@ -335,3 +335,41 @@ def test_framed_conn_over_a_closed_conn_reports_closed_on_use() -> None:
         return seen
 
     assert gosim.run(main) == ["closed", "closed", "closed"]
+
+
+def test_a_large_frames_header_alone_does_not_allocate_the_frame() -> None:
+    # A peer announces a 12 MiB frame and sends 100 bytes of it, then stalls: the
+    # reading side holds about what arrived (both the C reader and, with
+    # GOSIM_PURE_PYTHON=1, the general path), not the announced 12 MiB.
+    import tracemalloc
+
+    fmt = netframe.FrameFormat()
+    wire = fmt.encode(b"x" * (12 << 20))
+
+    async def main() -> int:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        stalled: Chan[None] = Chan()
+
+        async def peer() -> None:
+            c = await ln.accept()
+            await c.write(wire[:100])
+            await stalled.recv()
+            c.close()
+
+        go(peer)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()), fmt)
+        fc.conn.set_read_deadline(gosim.now() + 0.2)  # type: ignore[attr-defined]
+        tracemalloc.start()
+        try:
+            await fc.read_frames()
+            raise AssertionError("a frame from 100 bytes")
+        except net.DeadlineExceeded:
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        await stalled.send(None)
+        fc.conn.close()
+        ln.close()
+        return peak
+
+    assert gosim.run(main) < 2 << 20
