@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import tracemalloc
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -341,8 +342,6 @@ def test_a_large_frames_header_alone_does_not_allocate_the_frame() -> None:
     # A peer announces a 12 MiB frame and sends 100 bytes of it, then stalls: the
     # reading side holds about what arrived (both the C reader and, with
     # GOSIM_PURE_PYTHON=1, the general path), not the announced 12 MiB.
-    import tracemalloc
-
     fmt = netframe.FrameFormat()
     wire = fmt.encode(b"x" * (12 << 20))
 
