@@ -337,10 +337,9 @@ class FramedConn:
         self._reader_active = False
         if reader.eof:
             self._eof = True
-        if reader.carried:
-            self._decoder.feed(reader.take_carry())
-        else:
-            reader.take_carry()  # resets its hand-back state and its drained hint
+        carried = reader.take_carry()  # also resets its hand-back state and drained hint
+        if carried:
+            self._decoder.feed(carried)
 
     async def _read_rest_in_place(self) -> bytes | None:
         """Receive the rest of a large frame straight into a buffer (the general path's
@@ -386,7 +385,7 @@ class FramedConn:
 
     async def write_frame(self, payload: bytes | bytearray | memoryview) -> None:
         """Encode one frame and write it now."""
-        await self._write_encoded([payload])
+        await self.write_frames([payload])
 
     async def write_frames(self, payloads: Iterable[bytes | bytearray | memoryview]) -> None:
         """Encode many frames and write them with one call on the connection.
@@ -400,27 +399,19 @@ class FramedConn:
         if not items:
             return
         writer = self._fast_writer
-        if writer is not None and writer.load(items):
-            # _write_encoded's first case, inline: one coroutine frame less per reply.
-            try:
-                await self._raw.write(writer)
-            finally:
-                writer.discard()
-            self.frames_written += len(items)
-            self.writes += 1
-        else:
-            await self._write_encoded(items)
-
-    async def _write_encoded(self, items: list[bytes | bytearray | memoryview]) -> None:
-        writer = self._fast_writer
-        if writer is not None and writer.load(items):
+        if writer is not None and writer.load(items):  # encoded in C, sent by RawConn
             try:
                 await self._raw.write(writer)
             finally:
                 writer.discard()  # after an error nothing half-sent stays loaded
             self.frames_written += len(items)
             self.writes += 1
-            return
+        else:
+            await self._write_general(items)
+
+    async def _write_general(self, items: list[bytes | bytearray | memoryview]) -> None:
+        """What the C writer declines or cannot do: large payloads gathered into one
+        ``sendmsg``, connections without SyscallConn, payload errors (raised here)."""
         fmt = self.format
         gather = self._gather
         if gather is not None and len(items) <= GATHER_MAX_FRAMES:
@@ -495,7 +486,7 @@ class FramedConn:
                     if not got:
                         break
                 if batch:
-                    await self._write_encoded(batch)  # type: ignore[arg-type]
+                    await self.write_frames(batch)
                 for f in flushes:
                     f.done.try_send(None)
                 if stop:

@@ -408,11 +408,7 @@ class Server:
                 for frame in frames:  # handle_each's twin (netframe/_speedups.c)
                     try:
                         reply: Any = handler(frame)
-                        # An async handler's coroutine first (one type check), then a
-                        # plain handler's bytes (no call), then anything else.
-                        if type(reply) is _Coroutine or (
-                            type(reply) is not bytes and _awaitable(reply)
-                        ):
+                        if _awaitable(reply):
                             reply = await reply
                     except Exception:
                         self._counters["handler_errors"] += 1

@@ -4,7 +4,9 @@
 :class:`Listener` and :class:`Conn` whose operations park the goroutine (``IO wait``)
 while the runtime's epoll waits, with no trio task per connection; ``"unix"`` takes a
 socket path; ``"sim"`` is the seeded in-memory network of deterministic mode
-(``_sim``). See ``_net`` for the error taxonomy and ``_poll`` for the netpoller.
+(``_sim``). ``Conn.syscall_conn()`` gives a :class:`RawConn` (Go's ``syscall.RawConn``)
+for your own non-blocking system calls with the netpoller's waits between them. See
+``_net`` for the error taxonomy and ``_poll`` for the netpoller.
 """
 
 from ._net import AddrError as AddrError

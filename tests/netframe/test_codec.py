@@ -1339,3 +1339,16 @@ def test_c_reader_allocates_by_bytes_received_not_by_the_announced_length() -> N
     finally:
         a.close()
         b.close()
+
+
+def test_is_empty_means_no_frame_ready_and_no_byte_buffered() -> None:
+    fmt = FrameFormat()
+    decoder = FrameDecoder(fmt)
+    assert decoder.is_empty()
+    decoder.feed(fmt.encode(b"abc")[:3])
+    assert not decoder.is_empty()  # a partial header
+    decoder.feed(fmt.encode(b"abc")[3:] + fmt.encode(b"de"))
+    assert decoder.next_frame() == b"abc"
+    assert not decoder.is_empty()  # one more frame cut or buffered
+    assert decoder.next_frame() == b"de"
+    assert decoder.is_empty()
