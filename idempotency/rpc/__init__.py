@@ -1,0 +1,32 @@
+"""idempotency.rpc: msgpack-rpc over netframe long connections, with idempotency keys.
+
+Layout: ``_protocol`` is sans-IO (messages, the idempotency extension, error shapes,
+the framed and plain-stream decoders); the client and server build on it and on
+:mod:`netframe`. This file only re-exports.
+"""
+
+from ._protocol import MAX_MSGID as MAX_MSGID
+from ._protocol import NOTIFICATION as NOTIFICATION
+from ._protocol import REQUEST as REQUEST
+from ._protocol import RESPONSE as RESPONSE
+from ._protocol import CallMeta as CallMeta
+from ._protocol import ErrorInfo as ErrorInfo
+from ._protocol import Limits as Limits
+from ._protocol import LocalProtocolError as LocalProtocolError
+from ._protocol import Message as Message
+from ._protocol import MessageTooLarge as MessageTooLarge
+from ._protocol import Notification as Notification
+from ._protocol import ProtocolError as ProtocolError
+from ._protocol import RemoteProtocolError as RemoteProtocolError
+from ._protocol import Request as Request
+from ._protocol import Response as Response
+from ._protocol import Status as Status
+from ._protocol import StreamDecoder as StreamDecoder
+from ._protocol import decode as decode
+from ._protocol import encode as encode
+from ._protocol import encode_error as encode_error
+from ._protocol import encode_notification as encode_notification
+from ._protocol import encode_request as encode_request
+from ._protocol import encode_response as encode_response
+from ._protocol import parse as parse
+from ._protocol import parse_error as parse_error

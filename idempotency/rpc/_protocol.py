@@ -1,0 +1,574 @@
+"""msgpack-rpc messages with the idempotency extension, sans-IO.
+
+This module does no I/O and imports neither trio nor gosim (h11's rule): a transport
+hands it the bytes of one netframe frame (:func:`decode`) or the chunks of a plain
+msgpack stream (:class:`StreamDecoder`), and gets message objects back; ``encode_*``
+turn messages into bytes to write. The wire format is specified byte by byte in
+``PROTOCOL.md`` ("Idempotent msgpack-rpc"); its examples are tests.
+
+The messages (the msgpack-rpc specification's three shapes)
+-----------------------------------------------------------
+* request ``[0, msgid, method, params]``, optionally with a fifth element, the call's
+  metadata map (:class:`CallMeta`: idempotency key, caller, timeout, attempt);
+* response ``[1, msgid, error, result]``, optionally with a fifth element, the reply's
+  metadata map (``{"replayed": true}`` when a stored outcome was returned);
+* notification ``[2, method, params]``.
+
+A plain msgpack-rpc peer (Neovim, say) never sees a fifth element unless it is sent a
+call that carries metadata: a request without key, caller or timeout, and a response
+that is not a replay, are the spec's four-element arrays exactly. The decoder accepts
+both lengths, and ignores metadata keys it does not know (so later versions may add
+some).
+
+Errors
+------
+An error travels as ``[code, message, data]``: ``code`` is one of gRPC's status codes
+(:class:`Status`; the client's retry policy is written in them, as gRPC's A6 is),
+``message`` a string, ``data`` anything (the server puts ``{"type": name}`` there, the
+remote exception's type). Peers send other shapes too (Neovim: ``[type, message]``);
+:func:`parse_error` reads every shape into an :class:`ErrorInfo` and never fails.
+
+Bad input
+---------
+Every decode failure is a :class:`RemoteProtocolError` that says what was wrong, with
+``msgid`` set when the bad message was a request whose id could be read, so a server
+can answer that request with an ``INVALID_ARGUMENT`` error and keep the connection. A
+message that is not msgpack at all, or larger than the limit, loses the stream (plain
+transport) or only that frame (framed transport: the next frame starts clean).
+Limits are constructor arguments with safe defaults (see :class:`Limits`), and maps
+accept only string or bytes keys (msgpack's ``strict_map_key``, against hash flooding).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+
+from netframe import NEED_DATA, NeedData
+
+__all__ = [
+    "MAX_MSGID",
+    "NOTIFICATION",
+    "REQUEST",
+    "RESPONSE",
+    "CallMeta",
+    "ErrorInfo",
+    "Limits",
+    "LocalProtocolError",
+    "Message",
+    "MessageTooLarge",
+    "Notification",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "Request",
+    "Response",
+    "Status",
+    "StreamDecoder",
+    "decode",
+    "encode",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_response",
+    "parse",
+    "parse_error",
+]
+
+REQUEST: Final = 0
+RESPONSE: Final = 1
+NOTIFICATION: Final = 2
+#: msgpack-rpc message ids are 32-bit unsigned integers.
+MAX_MSGID: Final = 2**32 - 1
+#: Largest idempotency key, in characters (printable ASCII), as the idempotency core.
+MAX_KEY_LENGTH: Final = 255
+#: Largest caller name carried in a request's metadata, in bytes.
+MAX_CALLER_LENGTH: Final = 255
+
+
+class Status(enum.IntEnum):
+    """gRPC's status codes, used as msgpack-rpc error codes.
+
+    The retry policy names retryable codes in these terms (gRPC's A6 design); a peer
+    that sends some other integer is read as it is, and treated as ``UNKNOWN`` by
+    code that needs a status.
+    """
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class ProtocolError(ValueError):
+    """Base of the RPC protocol errors; never raised itself."""
+
+
+class LocalProtocolError(ProtocolError):
+    """*We* asked to send something the protocol cannot carry (a msgid out of range, a
+    value msgpack cannot pack). Nothing was encoded; fix the call."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The bytes received are not a valid message.
+
+    ``msgid`` is the request id when the bad message was a request whose id could be
+    read (answer it with an ``INVALID_ARGUMENT`` error), else None. ``stream_lost`` is
+    True when the transport cannot find the next message (undecodable msgpack on the
+    plain stream transport): close the connection.
+    """
+
+    def __init__(self, reason: str, msgid: int | None = None, stream_lost: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.msgid = msgid
+        self.stream_lost = stream_lost
+
+
+class MessageTooLarge(RemoteProtocolError):
+    """A message is larger than :attr:`Limits.max_message_size`; it was never buffered
+    past the limit. On the plain stream transport the stream is lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a decoder accepts from a peer; every bound is checked before the value is
+    built.
+
+    ``max_message_size`` bounds one message's bytes (and, on the plain stream, the
+    bytes buffered waiting for one); the others bound a single string, binary, array or
+    map inside it, so a small message cannot announce a huge container.
+    """
+
+    max_message_size: int = 16 * 1024 * 1024
+    max_str_len: int = 1024 * 1024
+    max_bin_len: int = 16 * 1024 * 1024
+    max_array_len: int = 128 * 1024
+    max_map_len: int = 32 * 1024
+    max_ext_len: int = 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_message_size",
+            "max_str_len",
+            "max_bin_len",
+            "max_array_len",
+            "max_map_len",
+            "max_ext_len",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive int, not {value!r}")
+
+    def unpack_options(self) -> dict[str, Any]:
+        return {
+            "raw": False,
+            "strict_map_key": True,
+            "use_list": True,
+            "max_str_len": self.max_str_len,
+            "max_bin_len": self.max_bin_len,
+            "max_array_len": self.max_array_len,
+            "max_map_len": self.max_map_len,
+            "max_ext_len": self.max_ext_len,
+        }
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+@dataclass(slots=True)
+class CallMeta:
+    """A request's fifth element: what makes a call idempotent and bounded in time.
+
+    ``key``: the idempotency key (1-255 printable ASCII; checked by the idempotency
+    core, which says why a key is refused). ``caller``: who is calling, the key's scope.
+    ``timeout_ms``: how long the caller will wait for this attempt, counted from when
+    the server reads the request (relative, as gRPC's ``grpc-timeout``, so the two
+    clocks need not agree). ``attempt``: 1 for the first transmission, 2 and up for
+    retries (gRPC's ``grpc-previous-rpc-attempts`` plus one).
+    """
+
+    key: str | None = None
+    caller: str | None = None
+    timeout_ms: int | None = None
+    attempt: int = 1
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.key is not None:
+            out["key"] = self.key
+        if self.caller is not None:
+            out["caller"] = self.caller
+        if self.timeout_ms is not None:
+            out["timeout"] = self.timeout_ms
+        if self.attempt != 1:
+            out["attempt"] = self.attempt
+        return out
+
+
+@dataclass(slots=True)
+class Request:
+    """``[0, msgid, method, params(, meta)]``."""
+
+    msgid: int
+    method: str
+    params: list[Any]
+    meta: CallMeta | None = None
+
+
+@dataclass(slots=True)
+class Response:
+    """``[1, msgid, error, result(, meta)]``; ``error`` is None on success."""
+
+    msgid: int
+    error: Any
+    result: Any
+    replayed: bool = False
+
+
+@dataclass(slots=True)
+class Notification:
+    """``[2, method, params]``: no reply is sent."""
+
+    method: str
+    params: list[Any]
+
+
+Message = Request | Response | Notification
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """An error response's content, whatever shape the peer sent."""
+
+    code: int
+    message: str
+    data: Any = None
+
+    @property
+    def type_name(self) -> str | None:
+        """The remote exception's type name, when the peer sent one (ours do)."""
+        if isinstance(self.data, dict):
+            name = self.data.get("type")
+            if isinstance(name, str):
+                return name
+        return None
+
+
+# ------------------------------------------------------------------------ encoding
+
+_packb = msgpack.packb
+
+
+def _pack(obj: Any) -> bytes:
+    try:
+        packed: bytes = _packb(obj, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise LocalProtocolError(f"cannot encode as msgpack: {exc}") from exc
+    return packed
+
+
+def _check_msgid(msgid: int) -> None:
+    if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+        raise LocalProtocolError(f"msgid must be an int in [0, 2**32), not {msgid!r}")
+
+
+def encode_request(
+    msgid: int, method: str, params: list[Any] | tuple[Any, ...], meta: CallMeta | None = None
+) -> bytes:
+    """``[0, msgid, method, params]``, with ``meta`` as a fifth element when it says
+    anything (a meta with every field at its default is left out)."""
+    _check_msgid(msgid)
+    if not isinstance(method, str):
+        raise LocalProtocolError(f"method must be a str, not {type(method).__name__}")
+    if meta is not None:
+        wire = meta.to_wire()
+        if wire:
+            return _pack([REQUEST, msgid, method, list(params), wire])
+    return _pack([REQUEST, msgid, method, list(params)])
+
+
+def encode_response(msgid: int, error: Any, result: Any, replayed: bool = False) -> bytes:
+    """``[1, msgid, error, result]``, plus ``{"replayed": true}`` for a replay."""
+    _check_msgid(msgid)
+    if replayed:
+        return _pack([RESPONSE, msgid, error, result, {"replayed": True}])
+    return _pack([RESPONSE, msgid, error, result])
+
+
+def encode_error(msgid: int, code: int, message: str, data: Any = None) -> bytes:
+    """An error response: ``[1, msgid, [code, message, data], nil]``."""
+    return encode_response(msgid, [int(code), message, data], None)
+
+
+def encode_notification(method: str, params: list[Any] | tuple[Any, ...]) -> bytes:
+    """``[2, method, params]``."""
+    if not isinstance(method, str):
+        raise LocalProtocolError(f"method must be a str, not {type(method).__name__}")
+    return _pack([NOTIFICATION, method, list(params)])
+
+
+def encode(msg: Message) -> bytes:
+    """Any message object to bytes (the ``encode_*`` functions skip the object)."""
+    if isinstance(msg, Request):
+        return encode_request(msg.msgid, msg.method, msg.params, msg.meta)
+    if isinstance(msg, Response):
+        return encode_response(msg.msgid, msg.error, msg.result, msg.replayed)
+    if isinstance(msg, Notification):
+        return encode_notification(msg.method, msg.params)
+    raise LocalProtocolError(f"not a message: {type(msg).__name__}")
+
+
+# ------------------------------------------------------------------------ decoding
+
+
+def _method(value: Any, what: str, msgid: int | None) -> str:
+    if type(value) is str:
+        return value
+    if type(value) is bytes:
+        # msgpack's old raw type: early msgpack-rpc peers send method names as raw.
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RemoteProtocolError(f"{what} method is not UTF-8", msgid) from None
+    raise RemoteProtocolError(f"{what} method must be a string, not {type(value).__name__}", msgid)
+
+
+def _call_meta(value: Any, msgid: int) -> CallMeta | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(
+            f"request metadata must be a map, not {type(value).__name__}", msgid
+        )
+    meta = CallMeta()
+    key = value.get("key")
+    if key is not None:
+        if type(key) is not str:
+            raise RemoteProtocolError("request metadata 'key' must be a string", msgid)
+        if len(key) > MAX_KEY_LENGTH:
+            raise RemoteProtocolError(
+                f"request metadata 'key' is {len(key)} characters, at most "
+                f"{MAX_KEY_LENGTH} allowed",
+                msgid,
+            )
+        meta.key = key
+    caller = value.get("caller")
+    if caller is not None:
+        if type(caller) is not str:
+            raise RemoteProtocolError("request metadata 'caller' must be a string", msgid)
+        if len(caller.encode("utf-8")) > MAX_CALLER_LENGTH:
+            raise RemoteProtocolError(
+                f"request metadata 'caller' is longer than {MAX_CALLER_LENGTH} bytes", msgid
+            )
+        meta.caller = caller
+    timeout = value.get("timeout")
+    if timeout is not None:
+        if type(timeout) is not int or timeout < 0:
+            raise RemoteProtocolError(
+                "request metadata 'timeout' must be a non-negative integer (milliseconds)",
+                msgid,
+            )
+        meta.timeout_ms = timeout
+    attempt = value.get("attempt", 1)
+    if type(attempt) is not int or not 1 <= attempt <= MAX_MSGID:
+        raise RemoteProtocolError("request metadata 'attempt' must be a positive integer", msgid)
+    meta.attempt = attempt
+    return meta
+
+
+def parse(obj: Any) -> Message:
+    """Check a decoded msgpack object's shape and make the message it is.
+
+    Raises :class:`RemoteProtocolError` saying what is wrong (with ``msgid`` when a
+    request's id could be read).
+    """
+    if type(obj) is not list:
+        raise RemoteProtocolError(f"message must be an array, not {type(obj).__name__}")
+    n = len(obj)
+    if n == 0:
+        raise RemoteProtocolError("message is an empty array")
+    kind = obj[0]
+    if kind == REQUEST and type(kind) is int:
+        if n not in (4, 5):
+            raise RemoteProtocolError(f"request has {n} elements, expected 4 or 5")
+        msgid = obj[1]
+        if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+            raise RemoteProtocolError(f"request msgid must be a uint32, not {msgid!r}"[:200])
+        method = _method(obj[2], "request", msgid)
+        params = obj[3]
+        if type(params) is not list:
+            raise RemoteProtocolError(
+                f"request params must be an array, not {type(params).__name__}", msgid
+            )
+        meta = _call_meta(obj[4], msgid) if n == 5 else None
+        return Request(msgid, method, params, meta)
+    if kind == RESPONSE and type(kind) is int:
+        if n not in (4, 5):
+            raise RemoteProtocolError(f"response has {n} elements, expected 4 or 5")
+        msgid = obj[1]
+        if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+            raise RemoteProtocolError(f"response msgid must be a uint32, not {msgid!r}"[:200])
+        replayed = False
+        if n == 5:
+            rmeta = obj[4]
+            if rmeta is not None:
+                if not isinstance(rmeta, dict):
+                    raise RemoteProtocolError(
+                        f"response metadata must be a map, not {type(rmeta).__name__}"
+                    )
+                flag = rmeta.get("replayed", False)
+                if type(flag) is not bool:
+                    raise RemoteProtocolError("response metadata 'replayed' must be a boolean")
+                replayed = flag
+        return Response(msgid, obj[2], obj[3], replayed)
+    if kind == NOTIFICATION and type(kind) is int:
+        if n != 3:
+            raise RemoteProtocolError(f"notification has {n} elements, expected 3")
+        method = _method(obj[1], "notification", None)
+        params = obj[2]
+        if type(params) is not list:
+            raise RemoteProtocolError(
+                f"notification params must be an array, not {type(params).__name__}"
+            )
+        return Notification(method, params)
+    raise RemoteProtocolError(f"unknown message type {kind!r}"[:200])
+
+
+def parse_error(error: Any) -> ErrorInfo:
+    """Read an error response's ``error`` element, whatever its shape; never fails.
+
+    ``[code, message(, data)]`` (ours; Neovim sends ``[type, message]``) keeps its
+    parts; a bare string becomes ``UNKNOWN`` with that message; anything else becomes
+    ``UNKNOWN`` with the value in ``data``.
+    """
+    if isinstance(error, list) and 2 <= len(error) <= 3 and type(error[0]) is int:
+        message = error[1]
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        elif not isinstance(message, str):
+            message = repr(message)
+        return ErrorInfo(error[0], message, error[2] if len(error) == 3 else None)
+    if isinstance(error, str):
+        return ErrorInfo(Status.UNKNOWN, error, None)
+    return ErrorInfo(Status.UNKNOWN, "error response of an unknown shape", error)
+
+
+def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """One message from one frame's payload (the framed transport).
+
+    The payload must hold exactly one msgpack object. A failure loses only this frame:
+    the frame boundaries are the transport's, so the next frame decodes on its own.
+    """
+    if len(data) > limits.max_message_size:
+        raise MessageTooLarge(
+            f"message of {len(data)} bytes, at most {limits.max_message_size} allowed"
+        )
+    try:
+        obj = msgpack.unpackb(data, **limits.unpack_options())
+    except msgpack.ExtraData:
+        raise RemoteProtocolError("frame holds more than one msgpack object") from None
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise RemoteProtocolError(f"undecodable msgpack: {exc}") from None
+    return parse(obj)
+
+
+class StreamDecoder:
+    """Messages from a plain msgpack stream (no framing), for msgpack-rpc peers.
+
+    ``feed(bytes)`` buffers, ``next_message()`` returns a message or
+    :data:`~netframe.NEED_DATA`; iterating yields messages until more data is needed.
+    At most ``limits.max_message_size`` bytes are buffered waiting for one message:
+    a longer message raises :class:`MessageTooLarge` once that much has arrived, not
+    after it has all been read. A message that parses as msgpack but is not a valid
+    message raises a :class:`RemoteProtocolError` and is consumed (the stream goes on);
+    undecodable msgpack raises with ``stream_lost`` set, and asking again raises the
+    same error.
+    """
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self._unpacker = msgpack.Unpacker(
+            max_buffer_size=limits.max_message_size, **limits.unpack_options()
+        )
+        self._fed = 0  # stream offset: bytes handed to the unpacker so far
+        self._boundary = 0  # stream offset where the message being read starts
+        # Bytes fed but not yet handed to the unpacker. The unpacker parses containers
+        # as their elements arrive, so its buffer alone does not bound a message; the
+        # bound is kept here, by handing it no more than the limit past the boundary.
+        # (One receive may carry many small messages whose total exceeds the limit.)
+        self._pending: list[bytes] = []
+        self._failed: RemoteProtocolError | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer bytes received; never raises a protocol error."""
+        if data:
+            self._pending.append(bytes(data))
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as messages."""
+        return self._fed - self._boundary + sum(map(len, self._pending))
+
+    def _refill(self) -> bool:
+        """Move pending bytes into the unpacker, up to the limit past the boundary."""
+        room = self.limits.max_message_size - (self._fed - self._boundary)
+        moved = False
+        while self._pending and room > 0:
+            chunk = self._pending[0]
+            if len(chunk) <= room:
+                self._pending.pop(0)
+            else:
+                self._pending[0] = chunk[room:]
+                chunk = chunk[:room]
+            self._unpacker.feed(chunk)
+            self._fed += len(chunk)
+            room -= len(chunk)
+            moved = True
+        return moved
+
+    def next_message(self) -> Message | NeedData:
+        """The next message, or NEED_DATA; see the class docstring for errors."""
+        if self._failed is not None:
+            raise self._failed
+        while True:
+            try:
+                obj = self._unpacker.unpack()
+            except msgpack.OutOfData:
+                if self._refill():
+                    continue
+                if self._fed - self._boundary >= self.limits.max_message_size:
+                    self._failed = MessageTooLarge(
+                        f"message longer than {self.limits.max_message_size} bytes",
+                        stream_lost=True,
+                    )
+                    raise self._failed from None
+                return NEED_DATA
+            except (ValueError, msgpack.UnpackException) as exc:
+                self._failed = RemoteProtocolError(f"undecodable msgpack: {exc}", stream_lost=True)
+                raise self._failed from None
+            self._boundary = self._unpacker.tell()
+            return parse(obj)
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.next_message()
+            if msg is NEED_DATA:
+                return
+            yield msg
