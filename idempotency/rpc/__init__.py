@@ -5,6 +5,15 @@ the framed and plain-stream decoders); the client and server build on it and on
 :mod:`netframe`. This file only re-exports.
 """
 
+from ._client import CallResult as CallResult
+from ._client import Client as Client
+from ._client import ClientStats as ClientStats
+from ._client import RetryPolicy as RetryPolicy
+from ._client import RetryThrottle as RetryThrottle
+from ._dispatch import ServerStats as ServerStats
+from ._errors import CallTimeout as CallTimeout
+from ._errors import RPCError as RPCError
+from ._errors import Unavailable as Unavailable
 from ._protocol import MAX_MSGID as MAX_MSGID
 from ._protocol import NOTIFICATION as NOTIFICATION
 from ._protocol import REQUEST as REQUEST
@@ -30,3 +39,4 @@ from ._protocol import encode_request as encode_request
 from ._protocol import encode_response as encode_response
 from ._protocol import parse as parse
 from ._protocol import parse_error as parse_error
+from ._server import Server as Server

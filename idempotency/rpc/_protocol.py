@@ -455,8 +455,9 @@ def parse_error(error: Any) -> ErrorInfo:
     """Read an error response's ``error`` element, whatever its shape; never fails.
 
     ``[code, message(, data)]`` (ours; Neovim sends ``[type, message]``) keeps its
-    parts; a bare string becomes ``UNKNOWN`` with that message; anything else becomes
-    ``UNKNOWN`` with the value in ``data``.
+    parts; a string ``"STATUS: message"`` with a status name (our plain-stream
+    servers') becomes that status; any other string ``UNKNOWN`` with that message;
+    anything else ``UNKNOWN`` with the value in ``data``.
     """
     if isinstance(error, list) and 2 <= len(error) <= 3 and type(error[0]) is int:
         message = error[1]
@@ -466,6 +467,11 @@ def parse_error(error: Any) -> ErrorInfo:
             message = repr(message)
         return ErrorInfo(error[0], message, error[2] if len(error) == 3 else None)
     if isinstance(error, str):
+        # "STATUS: message" is how our plain-stream servers send errors (see
+        # PROTOCOL.md); any other string is UNKNOWN with that message.
+        name, sep, rest = error.partition(": ")
+        if sep and name in Status.__members__:
+            return ErrorInfo(Status[name], rest, None)
         return ErrorInfo(Status.UNKNOWN, error, None)
     return ErrorInfo(Status.UNKNOWN, "error response of an unknown shape", error)
 

@@ -315,6 +315,10 @@ def test_parse_error_reads_every_shape() -> None:
         0, "Vim:E121: Undefined variable: x"
     )
     assert parse_error("boom") == ErrorInfo(Status.UNKNOWN, "boom")
+    assert parse_error("NOT_FOUND: no such account") == ErrorInfo(
+        Status.NOT_FOUND, "no such account"
+    )
+    assert parse_error("NOPE: x") == ErrorInfo(Status.UNKNOWN, "NOPE: x")
     assert parse_error({"weird": 1}).data == {"weird": 1}
     assert parse_error([1, b"raw msg"]).message == "raw msg"
     assert parse_error([1, 2]).message == "2"

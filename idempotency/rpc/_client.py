@@ -1,0 +1,548 @@
+"""The msgpack-rpc client: many calls in flight on one long connection, safe retries.
+
+A :class:`Client` holds one connection at a time (framed, through netframe's
+:class:`~netframe.Client` with its heartbeats; or the plain msgpack stream) and matches
+responses to calls by msgid, so any number of goroutines may call at once.
+
+When a call is sent again
+-------------------------
+A retry is safe only when running the method twice cannot happen, so the client asks
+two questions. Did the request provably never leave? (It could not be queued on a
+live connection, or the server answered a status it sends only before running a
+method: ``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``.) Then any call may be sent again. Does
+the call carry an idempotency key? Then it is sent again, with the same key, after a
+lost connection or any status in the policy's retryable set: the server runs it at
+most once and answers a repeat with the stored outcome (flagged ``replayed``). A call
+without a key whose connection was lost in flight fails with
+:class:`~idempotency.rpc.Unavailable`, saying it may or may not have run.
+
+How often, and when (gRPC's A6 retry design)
+--------------------------------------------
+:class:`RetryPolicy`: at most ``max_attempts`` transmissions; before retry *n* the
+client waits ``uniform(0, min(initial_backoff * multiplier**(n-1), max_backoff))``
+(full jitter, so clients that failed together do not return together); never past
+the call's deadline. :class:`RetryThrottle`: a token bucket per client (start full at
+``max_tokens``, each failed attempt takes one, each success gives back
+``token_ratio``); retries stop while it holds half or less, so a sick server sees
+about one retry per ten calls instead of ``max_attempts`` times its load.
+
+A call's ``timeout`` bounds the whole call, retries and reconnects included; each
+transmission tells the server how much of it is left, and the server cancels the
+method's context when that passes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import gosim
+from gosim import Chan, go, recv, select
+from gosim.net import dial as net_dial
+from netframe import Client as FramedClient
+from netframe import ConnectionLost, FrameFormat
+
+from ._errors import CallTimeout, RPCError, Unavailable
+from ._protocol import (
+    DEFAULT_LIMITS,
+    MAX_MSGID,
+    CallMeta,
+    Limits,
+    Message,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+    Status,
+    decode,
+    encode_error,
+    encode_notification,
+    encode_request,
+    parse_error,
+)
+from ._stream import StreamLink
+
+__all__ = ["CallResult", "Client", "ClientStats", "RetryPolicy", "RetryThrottle"]
+
+#: Statuses our servers send only when the method did not start: any call may retry.
+NOT_STARTED: frozenset[int] = frozenset({Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """gRPC A6's retry policy: how many transmissions, how long between them, on what.
+
+    ``retryable_codes`` apply to calls with an idempotency key; calls without one are
+    retried only on the statuses that prove the method never started (see the module
+    docstring).
+    """
+
+    max_attempts: int = 5
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    backoff_multiplier: float = 2.0
+    retryable_codes: frozenset[int] = frozenset(
+        {Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED}
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be an int >= 1, not {self.max_attempts!r}")
+        if not self.initial_backoff > 0 or not self.max_backoff > 0:
+            raise ValueError("initial_backoff and max_backoff must be > 0")
+        if not self.backoff_multiplier >= 1:
+            raise ValueError("backoff_multiplier must be >= 1")
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        """The wait before retry number ``retry`` (1 for the first retry)."""
+        cap = min(self.initial_backoff * self.backoff_multiplier ** (retry - 1), self.max_backoff)
+        return rng.uniform(0, cap)
+
+
+class RetryThrottle:
+    """gRPC A6's retry throttling: a token bucket shared by a client's calls."""
+
+    def __init__(self, max_tokens: float = 10.0, token_ratio: float = 0.1) -> None:
+        if not max_tokens > 0 or not token_ratio > 0:
+            raise ValueError("max_tokens and token_ratio must be > 0")
+        self.max_tokens = float(max_tokens)
+        self.token_ratio = float(token_ratio)
+        self.tokens = self.max_tokens
+
+    def record_failure(self) -> None:
+        self.tokens = max(0.0, self.tokens - 1.0)
+
+    def record_success(self) -> None:
+        self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+
+    def allows_retry(self) -> bool:
+        return self.tokens > self.max_tokens / 2
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """What :meth:`Client.call_result` returns: the result and how it was obtained."""
+
+    result: Any
+    replayed: bool
+    attempts: int
+    key: str | None
+
+
+@dataclass
+class ClientStats:
+    calls: int = 0
+    attempts: int = 0
+    retries: int = 0
+    replays: int = 0
+    connects: int = 0
+    connections_lost: int = 0
+    throttled: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _Lost:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _Link:
+    """One live connection of the client, either transport."""
+
+    __slots__ = ("closed", "framed", "reason", "stream")
+
+    def __init__(self, framed: FramedClient | None, stream: StreamLink | None) -> None:
+        self.framed = framed
+        self.stream = stream
+        self.closed = False
+        self.reason = ""
+
+    async def send(self, payload: bytes) -> None:
+        if self.framed is not None:
+            await self.framed.send(payload)
+        else:
+            assert self.stream is not None
+            await self.stream.send(payload)
+
+
+def _addresses_dialer(addresses: Sequence[str]) -> Callable[[], Awaitable[Any]]:
+    if not addresses:
+        raise ValueError("Client needs at least one address")
+    index = [0]
+
+    async def dial() -> Any:
+        # Round-robin: a failed or lost connection's next attempt tries the next server.
+        address = addresses[index[0] % len(addresses)]
+        index[0] += 1
+        return await net_dial("tcp", address)
+
+    return dial
+
+
+class Client:
+    """Calls methods of a msgpack-rpc server; see the module docstring for retries.
+
+    ``dial`` is an async function returning a new connection (gosim.net's ``Conn``
+    shape), or a list of ``"host:port"`` addresses tried in turn. ``transport`` is
+    ``"framed"`` (netframe sessions, our servers) or ``"stream"`` (plain msgpack-rpc
+    peers such as Neovim). ``caller`` scopes this client's idempotency keys on the
+    server. Calls to the methods in ``idempotent_methods`` get a generated key when
+    none is given, and every retry of the call reuses it.
+    """
+
+    def __init__(
+        self,
+        dial: Callable[[], Awaitable[Any]] | Sequence[str],
+        *,
+        transport: str = "framed",
+        caller: str | None = None,
+        idempotent_methods: Iterable[str] = (),
+        timeout: float | None = None,
+        retry: RetryPolicy | None = None,
+        throttle: RetryThrottle | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        heartbeat_interval: float | None = 10.0,
+        heartbeat_timeout: float | None = None,
+        connect_attempts: int = 3,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if transport not in ("framed", "stream"):
+            raise ValueError(f"transport must be 'framed' or 'stream', not {transport!r}")
+        if connect_attempts < 1:
+            raise ValueError("connect_attempts must be at least 1")
+        self.dial = dial if callable(dial) else _addresses_dialer(list(dial))
+        self.transport = transport
+        self.caller = caller
+        self.idempotent_methods = frozenset(idempotent_methods)
+        self.timeout = timeout
+        self.retry = RetryPolicy() if retry is None else retry
+        self.throttle = RetryThrottle() if throttle is None else throttle
+        self.limits = limits
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.connect_attempts = connect_attempts
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.rng = random.Random() if rng is None else rng
+        self._link: _Link | None = None
+        self._connecting: Chan[None] | None = None
+        self._pending: dict[int, tuple[Chan[Any], _Link]] = {}
+        self._next_id = 0
+        self._closed = False
+        self._stats = ClientStats()
+
+    # ------------------------------------------------------------------ public
+
+    async def call(
+        self,
+        method: str,
+        *params: Any,
+        idempotency_key: str | None = None,
+        idempotent: bool | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Call ``method(*params)`` on the server and return its result.
+
+        Raises :class:`~idempotency.rpc.RPCError` for an error response (typed:
+        :class:`~idempotency.rpc.CallTimeout` when the deadline passes,
+        :class:`~idempotency.rpc.Unavailable` when no server could take the call).
+        """
+        res = await self.call_result(
+            method, *params, idempotency_key=idempotency_key, idempotent=idempotent, timeout=timeout
+        )
+        return res.result
+
+    async def call_result(
+        self,
+        method: str,
+        *params: Any,
+        idempotency_key: str | None = None,
+        idempotent: bool | None = None,
+        timeout: float | None = None,
+    ) -> CallResult:
+        """As :meth:`call`, returning a :class:`CallResult` (replayed, attempts, key)."""
+        if self._closed:
+            raise Unavailable("client is closed")
+        keyed = idempotency_key is not None or (
+            idempotent if idempotent is not None else method in self.idempotent_methods
+        )
+        key = idempotency_key
+        if keyed and key is None:
+            key = f"{self.rng.getrandbits(128):032x}"
+        timeout = self.timeout if timeout is None else timeout
+        deadline = math.inf if timeout is None else gosim.now() + timeout
+        stats = self._stats
+        stats.calls += 1
+        attempt = 0
+        while True:
+            attempt += 1
+            stats.attempts += 1
+            outcome = await self._attempt(method, params, key, attempt, deadline, timeout)
+            if isinstance(outcome, Response):
+                if outcome.error is None:
+                    self.throttle.record_success()
+                    if outcome.replayed:
+                        stats.replays += 1
+                    return CallResult(outcome.result, outcome.replayed, attempt, key)
+                info = parse_error(outcome.error)
+                retryable = info.code in NOT_STARTED or (
+                    keyed and info.code in self.retry.retryable_codes
+                )
+                error: RPCError = RPCError.from_info(info)
+            else:
+                retryable = outcome.sent is False or keyed
+                if outcome.sent is False:
+                    error = Unavailable(f"could not send the call: {outcome.reason}")
+                else:
+                    error = Unavailable(
+                        f"connection lost with the call in flight ({outcome.reason}); it has "
+                        "no idempotency key, so it was not sent again: it may or may not "
+                        "have run"
+                        if not keyed
+                        else f"connection lost with the call in flight ({outcome.reason})"
+                    )
+            if retryable:
+                self.throttle.record_failure()
+            if not retryable or attempt >= self.retry.max_attempts:
+                self._count_error(error.code)
+                raise error
+            if not self.throttle.allows_retry():
+                stats.throttled += 1
+                self._count_error(error.code)
+                raise error
+            wait = self.retry.backoff(attempt, self.rng)
+            if gosim.now() + wait >= deadline:
+                self._count_error(Status.DEADLINE_EXCEEDED)
+                raise CallTimeout(f"deadline exceeded before retry {attempt}: last error {error}")
+            stats.retries += 1
+            await gosim.sleep(wait)
+
+    async def notify(self, method: str, *params: Any) -> None:
+        """Send a notification (no response; delivered at most once)."""
+        link = await self._get_link(math.inf)
+        try:
+            await link.send(encode_notification(method, params))
+        except ConnectionError as exc:
+            raise Unavailable(f"could not send the notification: {exc}") from exc
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with Unavailable."""
+        self._closed = True
+        link = self._link
+        self._link = None
+        if link is not None:
+            await self._close_link(link, "client closed")
+
+    def statistics(self) -> ClientStats:
+        s = self._stats
+        return ClientStats(
+            s.calls,
+            s.attempts,
+            s.retries,
+            s.replays,
+            s.connects,
+            s.connections_lost,
+            s.throttled,
+            dict(s.errors),
+        )
+
+    # ------------------------------------------------------------------ one attempt
+
+    def _count_error(self, code: int) -> None:
+        try:
+            name = Status(code).name
+        except ValueError:
+            name = str(code)
+        self._stats.errors[name] = self._stats.errors.get(name, 0) + 1
+
+    async def _attempt(
+        self,
+        method: str,
+        params: tuple[Any, ...],
+        key: str | None,
+        attempt: int,
+        deadline: float,
+        timeout: float | None,
+    ) -> Response | _Failed:
+        try:
+            link = await self._get_link(deadline)
+        except Unavailable as exc:
+            return _Failed(str(exc), sent=False)
+        remaining = deadline - gosim.now()
+        if remaining <= 0:
+            raise CallTimeout(f"no reply within {timeout} s")
+        timeout_ms = None if deadline == math.inf else max(0, int(remaining * 1000))
+        meta = None
+        if key is not None or self.caller is not None or timeout_ms is not None or attempt > 1:
+            meta = CallMeta(key, self.caller, timeout_ms, attempt)
+        msgid = self._new_msgid()
+        payload = encode_request(msgid, method, params, meta)
+        waiter: Chan[Any] = Chan(1)
+        self._pending[msgid] = (waiter, link)
+        try:
+            try:
+                await link.send(payload)
+            except ConnectionError as exc:  # never queued on a live connection
+                self._drop_link(link, f"{exc}")
+                return _Failed(str(exc), sent=False)
+            if deadline == math.inf:
+                outcome = await waiter.recv()
+            else:
+                timer = gosim.Timer(remaining)
+                i, outcome, _ = await select(recv(waiter), recv(timer.c))
+                timer.stop()
+                if i == 1:
+                    self._count_error(Status.DEADLINE_EXCEEDED)
+                    raise CallTimeout(f"no reply within {timeout} s")
+        finally:
+            self._pending.pop(msgid, None)
+        if isinstance(outcome, _Lost):
+            return _Failed(outcome.reason, sent=True)
+        assert isinstance(outcome, Response)
+        return outcome
+
+    def _new_msgid(self) -> int:
+        msgid = self._next_id
+        self._next_id = 0 if msgid >= MAX_MSGID else msgid + 1
+        return msgid
+
+    # ------------------------------------------------------------------ connections
+
+    async def _get_link(self, deadline: float) -> _Link:
+        while True:
+            link = self._link
+            if link is not None and not link.closed:
+                return link
+            if self._closed:
+                raise Unavailable("client is closed")
+            connecting = self._connecting
+            if connecting is not None:  # another goroutine dials: wait for its outcome
+                await connecting.recv()
+                if self._link is None or self._link.closed:
+                    raise Unavailable(f"could not connect: {self._last_connect_error}")
+                continue
+            self._connecting = Chan()
+            try:
+                self._link = await self._connect()
+            finally:
+                done, self._connecting = self._connecting, None
+                done.close()
+
+    _last_connect_error = ""
+
+    async def _connect(self) -> _Link:
+        self._stats.connects += 1
+        if self.transport == "framed":
+            fmt = FrameFormat(max_frame_length=self.limits.max_message_size + 1)
+            nc = FramedClient(
+                self.dial,
+                format=fmt,
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_timeout=self.heartbeat_timeout,
+                backoff_initial=self.backoff_initial,
+                backoff_max=self.backoff_max,
+                max_attempts=self.connect_attempts,
+                rng=self.rng,
+            )
+            try:
+                await nc.connect()
+            except OSError as exc:
+                self._last_connect_error = str(exc)
+                raise Unavailable(f"could not connect: {exc}") from exc
+            link = _Link(nc, None)
+            go(self._framed_reader, link, nc)
+            return link
+        conn = await self._dial_stream()
+        link = _Link(None, None)
+        link.stream = StreamLink(
+            conn,
+            self.limits,
+            lambda msg: self._on_message(link, msg),
+            lambda exc: None,
+            lambda reason: self._drop_link(link, reason),
+        )
+        return link
+
+    async def _dial_stream(self) -> Any:
+        backoff = self.backoff_initial
+        for tries in range(1, self.connect_attempts + 1):
+            try:
+                return await self.dial()
+            except OSError as exc:
+                self._last_connect_error = str(exc)
+                if tries >= self.connect_attempts:
+                    raise Unavailable(f"could not connect: {exc}") from exc
+                await gosim.sleep(self.rng.uniform(0, backoff))
+                backoff = min(backoff * 2, self.backoff_max)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _framed_reader(self, link: _Link, nc: FramedClient) -> None:
+        reason = "connection closed"
+        try:
+            while not link.closed:
+                try:
+                    payload = await nc.recv()
+                except ConnectionLost as exc:
+                    reason = str(exc)
+                    return
+                try:
+                    msg = decode(payload, self.limits)
+                except RemoteProtocolError:
+                    continue  # one bad frame from the server: that call times out
+                out = self._on_message(link, msg)
+                if out is not None:
+                    await out
+        finally:
+            self._drop_link(link, reason)
+            await nc.close()
+
+    def _on_message(self, link: _Link, msg: Message) -> Any:
+        if type(msg) is Response:
+            entry = self._pending.get(msg.msgid)
+            if entry is not None and entry[1] is link:
+                entry[0].try_send(msg)
+            return None
+        if type(msg) is Request:
+            # This client serves no methods: say so, as a server would.
+            return link.send(
+                encode_error(msg.msgid, Status.UNIMPLEMENTED, f"no method {msg.method!r}")
+            )
+        assert isinstance(msg, Notification)
+        return None
+
+    def _drop_link(self, link: _Link, reason: str) -> None:
+        """The link has ended: fail every call waiting on it (they may retry)."""
+        if link.closed:
+            return
+        link.closed = True
+        link.reason = reason
+        self._stats.connections_lost += 1
+        if self._link is link:
+            self._link = None
+        for waiter, on in list(self._pending.values()):
+            if on is link:
+                waiter.try_send(_Lost(reason))
+        if link.stream is not None:
+            link.stream.close(reason)
+
+    async def _close_link(self, link: _Link, reason: str) -> None:
+        self._drop_link(link, reason)
+        if link.framed is not None:
+            await link.framed.close()
+
+
+class _Failed:
+    """An attempt that got no response: ``sent`` False when the request never left."""
+
+    __slots__ = ("reason", "sent")
+
+    def __init__(self, reason: str, sent: bool) -> None:
+        self.reason = reason
+        self.sent = sent

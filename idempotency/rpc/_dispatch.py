@@ -1,0 +1,301 @@
+"""Method registry and dispatch: one request's bytes in, its response's bytes out.
+
+Both transports (netframe frames and the plain msgpack stream) hand every message to
+:meth:`Dispatcher.handle`, so a method behaves the same whichever way it was called.
+
+How a request is answered, fast to slow
+---------------------------------------
+1. A plain (non-async) method, called without a timeout: checked against its arity,
+   called, and its response encoded, all in the caller's frame. ``handle`` returns the
+   bytes, so netframe's server writes them without making a coroutine.
+2. An async method without a timeout: ``handle`` returns a coroutine that awaits it.
+3. A call with a timeout: the method runs in a goroutine of its own with a
+   :mod:`gosim.context` cancelled at the deadline; the reply is whichever comes first,
+   the method's outcome or ``DEADLINE_EXCEEDED``. A method that ignores its context
+   runs on to its end (as in Go, cancellation is cooperative) and its late outcome is
+   dropped.
+
+Arguments are checked against the method's signature before it runs, from counts taken
+once at registration (``inspect.signature().bind`` per call costs more than the rest of
+the dispatch together): msgpack-rpc params are positional, so arity is the whole check.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gosim import Chan, context, go, recv, select
+
+from ._errors import RPCError
+from ._protocol import (
+    DEFAULT_LIMITS,
+    Limits,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+    Status,
+    decode,
+    encode_error,
+    encode_response,
+)
+
+__all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
+
+
+@dataclass(slots=True)
+class MethodSpec:
+    """A registered method and what was learnt of it at registration."""
+
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    pass_context: bool
+    min_args: int
+    max_args: int | None  # None: takes *args
+
+    def arity_error(self, n: int) -> str | None:
+        if n < self.min_args or (self.max_args is not None and n > self.max_args):
+            if self.max_args is None:
+                want = f"at least {self.min_args}"
+            elif self.min_args == self.max_args:
+                want = str(self.min_args)
+            else:
+                want = f"{self.min_args} to {self.max_args}"
+            return f"{self.name}() takes {want} argument(s), {n} given"
+        return None
+
+
+def method_spec(name: str, fn: Callable[..., Any], pass_context: bool) -> MethodSpec:
+    """Read a function's positional arity; refuse what msgpack-rpc cannot call."""
+    if not callable(fn):
+        raise TypeError(f"method {name!r}: {fn!r} is not callable")
+    sig = inspect.signature(fn)
+    min_args = 0
+    max_args: int | None = 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            assert max_args is not None
+            max_args += 1
+            if p.default is p.empty:
+                min_args += 1
+        elif p.kind is p.VAR_POSITIONAL:
+            max_args = None
+        elif p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            raise TypeError(
+                f"method {name!r}: keyword-only parameter {p.name!r} has no default, "
+                "and msgpack-rpc passes arguments by position"
+            )
+    if pass_context:
+        if min_args < 1 and max_args == 0:
+            raise TypeError(f"method {name!r}: pass_context needs a first parameter (ctx)")
+        min_args = max(min_args - 1, 0)
+        if max_args is not None:
+            max_args -= 1
+    is_async = inspect.iscoroutinefunction(fn)
+    return MethodSpec(name, fn, is_async, pass_context, min_args, max_args)
+
+
+@dataclass
+class ServerStats:
+    """Counters of a dispatcher; a snapshot, see :meth:`Dispatcher.statistics`."""
+
+    calls: int = 0
+    notifications: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    bad_messages: int = 0
+    deadline_exceeded: int = 0
+    late_completions: int = 0
+
+
+def _status_name(code: int) -> str:
+    try:
+        return Status(code).name
+    except ValueError:
+        return str(code)
+
+
+def _error_payload(exc: BaseException) -> tuple[int, str, Any]:
+    if isinstance(exc, RPCError):
+        return exc.code, exc.message, exc.data
+    return Status.UNKNOWN, str(exc), {"type": type(exc).__name__}
+
+
+class Dispatcher:
+    """Turns requests into responses by calling registered methods; no I/O."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, string_errors: bool = False) -> None:
+        self.limits = limits
+        # Plain msgpack-rpc peers read errors their own way: Neovim takes a string, or
+        # [0 or 1, string], and reports anything else as "unknown error". The plain
+        # stream transport therefore sends "STATUS: message" (the type name leading the
+        # message), which parse_error reads back into the status; the framed one sends
+        # [code, message, data].
+        self.string_errors = string_errors
+        self.methods: dict[str, MethodSpec] = {}
+        self._stats = ServerStats()
+
+    def sibling(self, *, string_errors: bool) -> Dispatcher:
+        """A dispatcher with the same methods and counters, another error shape."""
+        other = Dispatcher(self.limits, string_errors=string_errors)
+        other.methods = self.methods
+        other._stats = self._stats
+        return other
+
+    def register(
+        self, fn: Callable[..., Any], name: str | None = None, *, pass_context: bool = False
+    ) -> MethodSpec:
+        name = fn.__name__ if name is None else name
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a method name must be a non-empty str, not {name!r}")
+        if name in self.methods:
+            raise ValueError(f"method {name!r} is registered already")
+        spec = method_spec(name, fn, pass_context)
+        self.methods[name] = spec
+        return spec
+
+    def statistics(self) -> ServerStats:
+        s = self._stats
+        return ServerStats(
+            s.calls,
+            s.notifications,
+            dict(s.errors),
+            s.bad_messages,
+            s.deadline_exceeded,
+            s.late_completions,
+        )
+
+    def _count_error(self, code: int) -> None:
+        key = _status_name(code)
+        self._stats.errors[key] = self._stats.errors.get(key, 0) + 1
+
+    def _error(self, msgid: int, code: int, message: str, data: Any = None) -> bytes:
+        self._count_error(code)
+        if self.string_errors:
+            name = data.get("type") if isinstance(data, dict) else None
+            text = f"{name}: {message}" if isinstance(name, str) else message
+            return encode_response(msgid, f"{_status_name(code)}: {text}", None)
+        return encode_error(msgid, code, message, data)
+
+    # ------------------------------------------------------------------ entry points
+
+    def error(self, msgid: int, code: int, message: str, data: Any = None) -> bytes:
+        """An error response in this dispatcher's shape, counted."""
+        return self._error(msgid, code, message, data)
+
+    def bad_message(self, exc: RemoteProtocolError) -> bytes | None:
+        """The answer to a message that did not parse: an error if it had a msgid."""
+        self._stats.bad_messages += 1
+        if exc.msgid is not None:
+            return self._error(exc.msgid, Status.INVALID_ARGUMENT, exc.reason)
+        return None  # nothing to answer: no request id could be read
+
+    def handle_payload(self, payload: bytes) -> Any:
+        """netframe's handler: one frame's payload in; bytes, None or an awaitable out."""
+        try:
+            msg = decode(payload, self.limits)
+        except RemoteProtocolError as exc:
+            return self.bad_message(exc)
+        return self.handle(msg)
+
+    def handle(self, msg: Request | Response | Notification) -> Any:
+        """One decoded message: the response's bytes, None (no reply), or an awaitable."""
+        if type(msg) is Request:
+            self._stats.calls += 1
+            spec = self.methods.get(msg.method)
+            if spec is None:
+                return self._error(msg.msgid, Status.UNIMPLEMENTED, f"no method {msg.method!r}")
+            problem = spec.arity_error(len(msg.params))
+            if problem is not None:
+                return self._error(msg.msgid, Status.INVALID_ARGUMENT, problem)
+            meta = msg.meta
+            if meta is not None and meta.timeout_ms is not None:
+                return self._call_with_deadline(spec, msg.msgid, msg.params, meta.timeout_ms)
+            if spec.is_async or spec.pass_context:
+                return self._call_async(spec, msg.msgid, msg.params)
+            try:
+                result = spec.fn(*msg.params)
+            except Exception as exc:
+                return self._error(msg.msgid, *_error_payload(exc))
+            return self._response(msg.msgid, result)
+        if type(msg) is Notification:
+            self._stats.notifications += 1
+            spec = self.methods.get(msg.method)
+            if spec is None or spec.arity_error(len(msg.params)) is not None:
+                self._count_error(Status.UNIMPLEMENTED if spec is None else Status.INVALID_ARGUMENT)
+                return None
+            return self._notify(spec, msg.params)
+        # A response sent to a server: nothing asked for it.
+        self._stats.bad_messages += 1
+        return None
+
+    # ------------------------------------------------------------------ slower paths
+
+    def _response(self, msgid: int, result: Any) -> bytes:
+        try:
+            return encode_response(msgid, None, result)
+        except ValueError as exc:  # LocalProtocolError: the result is not msgpack-able
+            return self._error(msgid, Status.INTERNAL, f"result cannot be encoded: {exc}")
+
+    async def _invoke(self, spec: MethodSpec, params: list[Any], ctx: context.Context) -> Any:
+        args = (ctx, *params) if spec.pass_context else params
+        result = spec.fn(*args)
+        if spec.is_async or inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _call_async(self, spec: MethodSpec, msgid: int, params: list[Any]) -> bytes:
+        try:
+            result = await self._invoke(spec, params, context.background())
+        except Exception as exc:
+            return self._error(msgid, *_error_payload(exc))
+        return self._response(msgid, result)
+
+    async def _notify(self, spec: MethodSpec, params: list[Any]) -> None:
+        try:
+            await self._invoke(spec, params, context.background())
+        except Exception as exc:
+            self._count_error(_error_payload(exc)[0])
+
+    async def _call_with_deadline(
+        self, spec: MethodSpec, msgid: int, params: list[Any], timeout_ms: int
+    ) -> bytes:
+        ctx, cancel = context.with_timeout(context.background(), timeout_ms / 1000.0)
+        done = ctx.done()
+        assert done is not None
+        if ctx.err() is not None:  # a zero timeout: nothing may start
+            self._stats.deadline_exceeded += 1
+            return self._error(msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start")
+        out: Chan[bytes] = Chan(1)  # buffered: a late outcome never blocks its goroutine
+        go(self._run_to, out, spec, msgid, params, ctx, cancel)
+        i, reply, _ = await select(recv(out), recv(done))
+        if i == 0:
+            assert isinstance(reply, bytes)
+            return reply
+        self._stats.deadline_exceeded += 1
+        return self._error(msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    async def _run_to(
+        self,
+        out: Chan[bytes],
+        spec: MethodSpec,
+        msgid: int,
+        params: list[Any],
+        ctx: context.Context,
+        cancel: Callable[[], None],
+    ) -> None:
+        try:
+            try:
+                result = await self._invoke(spec, params, ctx)
+            except Exception as exc:
+                reply = self._error(msgid, *_error_payload(exc))
+            else:
+                reply = self._response(msgid, result)
+            if ctx.err() is not None:
+                self._stats.late_completions += 1
+            out.try_send(reply)
+        finally:
+            cancel()  # releases the deadline's timer at once

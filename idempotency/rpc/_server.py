@@ -1,0 +1,222 @@
+"""The msgpack-rpc server: methods registered once, served on either transport.
+
+``serve(listener)`` speaks the framed transport: every message is a netframe session
+frame, so heartbeats, idle timeouts, the connection and in-flight limits, goaway and
+graceful shutdown are netframe's :class:`~netframe.Server`'s, and this layer adds only
+the dispatch (see ``_dispatch``). ``serve_stream(listener)`` speaks the plain msgpack
+stream for existing msgpack-rpc peers (Neovim), with the same methods, the same
+connection and in-flight limits and the same shutdown.
+
+Calls on one connection run concurrently up to ``max_in_flight``; past it the server
+stops reading that connection until a call finishes (backpressure: the peer's calls
+wait in its socket rather than in our memory). Responses leave in completion order;
+msgpack-rpc matches them by msgid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import gosim
+from gosim import Chan, go
+from netframe import FrameFormat, Listener
+from netframe import Server as FramedServer
+
+from ._dispatch import Dispatcher, ServerStats
+from ._protocol import DEFAULT_LIMITS, Limits, Message, RemoteProtocolError, Request, Status
+from ._stream import StreamLink
+
+__all__ = ["Server"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Server:
+    """Serves registered methods to msgpack-rpc callers.
+
+    Register with the decorator ``@server.method()`` (the function's name) or
+    ``@server.method("name")``, or with :meth:`add_method`. A method is a plain or an
+    async function taking the call's params by position; its return value is the
+    result (anything msgpack can carry). ``pass_context=True`` gives it a
+    :class:`gosim.context.Context` first, cancelled when the caller's timeout passes.
+    Raise :class:`~idempotency.rpc.RPCError` to answer with a chosen status code; any
+    other exception is answered as ``UNKNOWN`` with its type name and message.
+
+    Keyword options are netframe's :class:`~netframe.Server`'s; ``limits`` bounds what
+    a peer's message may contain (:class:`~idempotency.rpc.Limits`).
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        max_connections: int = 10_000,
+        max_in_flight: int = 64,
+        heartbeat_interval: float | None = 10.0,
+        heartbeat_timeout: float | None = None,
+        idle_timeout: float | None = None,
+        grace_period: float = 5.0,
+        send_queue: int = 1024,
+    ) -> None:
+        self.limits = limits
+        self.dispatcher = Dispatcher(limits)
+        self.stream_dispatcher = self.dispatcher.sibling(string_errors=True)
+        self.max_connections = max_connections
+        self.max_in_flight = max_in_flight
+        self.grace_period = grace_period
+        self.send_queue = send_queue
+        # A session frame is one kind byte plus the message.
+        fmt = FrameFormat(max_frame_length=limits.max_message_size + 1)
+        self.framed = FramedServer(
+            self.dispatcher.handle_payload,
+            format=fmt,
+            max_connections=max_connections,
+            max_in_flight=max_in_flight,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            idle_timeout=idle_timeout,
+            grace_period=grace_period,
+            send_queue=send_queue,
+        )
+        self._stream_links: set[_StreamServerConn] = set()
+        self._stream_listeners: list[Listener] = []
+        self._shutting_down = False
+
+    # ------------------------------------------------------------------ methods
+
+    def method(self, name: str | None = None, *, pass_context: bool = False) -> Callable[[F], F]:
+        """Decorator: register the function as method ``name`` (default: its name)."""
+
+        def register(fn: F) -> F:
+            self.dispatcher.register(fn, name, pass_context=pass_context)
+            return fn
+
+        return register
+
+    def add_method(
+        self, fn: Callable[..., Any], name: str | None = None, *, pass_context: bool = False
+    ) -> None:
+        """Register ``fn`` as method ``name`` (default: its name)."""
+        self.dispatcher.register(fn, name, pass_context=pass_context)
+
+    def statistics(self) -> ServerStats:
+        """Call counters (errors by status name); the transports keep their own."""
+        return self.dispatcher.statistics()
+
+    # ------------------------------------------------------------------ serving
+
+    async def serve(self, listener: Listener) -> None:
+        """Serve the framed transport on ``listener`` until :meth:`shutdown` finishes."""
+        await self.framed.serve(listener)
+
+    async def serve_stream(self, listener: Listener) -> None:
+        """Serve the plain msgpack stream on ``listener`` until :meth:`shutdown`."""
+        self._stream_listeners.append(listener)
+        while not self._stopping():
+            try:
+                conn = await listener.accept()
+            except Exception:
+                if self._stopping():
+                    return
+                raise
+            if self._stopping():
+                conn.close()
+                return
+            if len(self._stream_links) >= self.max_connections:
+                conn.close()  # the plain stream has no way to say why
+                continue
+            _StreamServerConn(self, conn)
+
+    def _stopping(self) -> bool:
+        # A method, not the attribute inline: shutdown() flips it while serve awaits.
+        return self._shutting_down
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting, let calls already received finish (up to ``grace`` seconds,
+        default ``grace_period``), then close every connection, on both transports."""
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        grace = self.grace_period if grace is None else grace
+        for listener in self._stream_listeners:
+            listener.close()
+        deadline = gosim.now() + grace
+        for sc in list(self._stream_links):
+            sc.draining = True
+        await self.framed.shutdown(grace)
+        while any(sc.in_flight for sc in self._stream_links) and gosim.now() < deadline:
+            await gosim.sleep(min(0.01, max(deadline - gosim.now(), 0.0)))
+        for sc in list(self._stream_links):
+            await sc.flush_and_close(deadline)
+
+
+class _StreamServerConn:
+    """One plain-stream connection being served."""
+
+    def __init__(self, server: Server, conn: Any) -> None:
+        self.server = server
+        self.in_flight = 0
+        self.draining = False
+        self._slots: Chan[None] = Chan(server.max_in_flight)
+        self._idle: Chan[None] = Chan(1)
+        server._stream_links.add(self)
+        self.link = StreamLink(
+            conn,
+            server.limits,
+            self._on_message,
+            self._on_bad,
+            self._on_end,
+            server.send_queue,
+        )
+
+    def _on_end(self, reason: str) -> None:
+        self.server._stream_links.discard(self)
+
+    def _on_bad(self, exc: RemoteProtocolError) -> Any:
+        return self._reply(self.server.stream_dispatcher.bad_message(exc))
+
+    async def _reply(self, payload: bytes | None) -> None:
+        if payload is None:
+            return
+        try:
+            await self.link.send(payload)
+        except ConnectionError:
+            pass  # the peer is gone: the reply has nobody to reach
+
+    def _on_message(self, msg: Message) -> Any:
+        if self.draining and type(msg) is Request:
+            return self._reply(
+                self.server.stream_dispatcher.error(
+                    msg.msgid, Status.UNAVAILABLE, "server is shutting down"
+                )
+            )
+        out = self.server.stream_dispatcher.handle(msg)
+        if out is None:
+            return None
+        if isinstance(out, bytes):
+            return self._reply(out)
+        return self._start(out)
+
+    async def _start(self, awaitable: Any) -> None:
+        await self._slots.send(None)  # blocks the reader at max_in_flight: backpressure
+        self.in_flight += 1
+        go(self._finish, awaitable)
+
+    async def _finish(self, awaitable: Any) -> None:
+        try:
+            reply = await awaitable
+            if reply is not None:
+                await self._reply(reply)
+        finally:
+            self.in_flight -= 1
+            self._slots.try_recv()
+            if self.in_flight == 0:
+                self._idle.try_send(None)
+
+    async def flush_and_close(self, deadline: float) -> None:
+        """Give queued replies until ``deadline`` to leave, then close."""
+        link = self.link
+        while not link.closed and link.queued and gosim.now() < deadline:
+            await gosim.sleep(0.005)
+        link.close("server shut down")

@@ -1,0 +1,141 @@
+"""The plain msgpack stream transport: msgpack-rpc with no length prefix (Neovim's).
+
+One :class:`StreamLink` per connection, for either role: a reader goroutine feeds the
+:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; writes
+go through a bounded queue to one writer goroutine that sends whatever has queued in
+one gathered write (replies made one at a time leave in batches, and a peer that stops
+reading makes :meth:`StreamLink.send` block instead of growing memory).
+
+This transport has no heartbeats or goaway (the stream has no room for them): a dead
+peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gosim import Chan, SendOnClosedChannel, go
+from netframe import NEED_DATA
+
+from ._protocol import Limits, Message, RemoteProtocolError, StreamDecoder
+
+__all__ = ["StreamLink"]
+
+READ_SIZE = 256 * 1024
+
+
+class _Conn(Protocol):
+    async def read(self, n: int) -> bytes: ...
+
+    async def write(self, data: bytes) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class StreamLink:
+    """A msgpack-rpc peer over one byte stream.
+
+    ``on_message(msg)`` is called by the reader goroutine for every message, in order;
+    ``on_bad(exc)`` for a message that decoded but is not valid msgpack-rpc (the stream
+    goes on); ``on_end(reason)`` once, when the connection has ended for any reason.
+    """
+
+    def __init__(
+        self,
+        conn: _Conn,
+        limits: Limits,
+        on_message: Callable[[Message], Any],
+        on_bad: Callable[[RemoteProtocolError], Any],
+        on_end: Callable[[str], None],
+        send_queue: int = 1024,
+    ) -> None:
+        self.conn = conn
+        self.decoder = StreamDecoder(limits)
+        self.on_message = on_message
+        self.on_bad = on_bad
+        self.on_end = on_end
+        self.closed = False
+        self.reason = ""
+        self._queue: Chan[bytes | None] = Chan(send_queue)
+        self.messages_read = 0
+        self.messages_written = 0
+        go(self._reader)
+        go(self._writer)
+
+    async def send(self, payload: bytes) -> None:
+        """Queue one message's bytes; ConnectionError once the link has ended."""
+        if self.closed:
+            raise ConnectionResetError(self.reason or "connection closed")
+        try:
+            await self._queue.send(payload)
+        except SendOnClosedChannel:  # the link ended while this send waited for room
+            raise ConnectionResetError(self.reason or "connection closed") from None
+
+    @property
+    def queued(self) -> int:
+        """Messages queued and not yet handed to the connection."""
+        return len(self._queue)
+
+    def close(self, reason: str = "closed by this side") -> None:
+        """End the link now: queued messages not yet written are dropped."""
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.reason = reason
+        self.conn.close()
+        # Closing the queue wakes the writer (it receives None) and every sender that
+        # waits for room (they raise): nobody stays parked on a dead link.
+        self._queue.close()
+        self.on_end(reason)
+
+    async def _reader(self) -> None:
+        reason = "peer closed the connection"
+        try:
+            while not self.closed:
+                data = await self.conn.read(READ_SIZE)
+                if not data:
+                    return
+                self.decoder.feed(data)
+                while True:
+                    try:
+                        msg = self.decoder.next_message()
+                    except RemoteProtocolError as exc:
+                        if exc.stream_lost:
+                            reason = f"protocol error from the peer: {exc}"
+                            return
+                        bad = self.on_bad(exc)
+                        if bad is not None:
+                            await bad
+                        continue
+                    if msg is NEED_DATA:
+                        break
+                    self.messages_read += 1
+                    result = self.on_message(msg)
+                    if result is not None:
+                        await result
+        except OSError as exc:
+            reason = f"connection broken: {exc}"
+        finally:
+            self._end(reason)
+
+    async def _writer(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                item = await queue.recv()
+                if item is None or self.closed:
+                    return
+                batch = [item]
+                while len(batch) < 256:
+                    more, _, received = queue.try_recv()
+                    if not received or more is None:
+                        break
+                    batch.append(more)
+                await self.conn.write(b"".join(batch))
+                self.messages_written += len(batch)
+        except OSError as exc:
+            self._end(f"connection broken: {exc}")

@@ -1,0 +1,423 @@
+"""idempotency.rpc's server and client over real loopback sockets, both transports."""
+
+from __future__ import annotations
+
+import functools
+import random
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import pytest
+
+import gosim
+from gosim import Chan, context, go, net, recv, select
+from idempotency.rpc import (
+    CallTimeout,
+    Client,
+    RetryPolicy,
+    RetryThrottle,
+    RPCError,
+    Server,
+    Status,
+    Unavailable,
+    encode_request,
+)
+
+
+def run_bounded(main: Callable[[], Awaitable[Any]], seconds: float = 20.0) -> Any:
+    """Run ``main`` in a runtime; fail (instead of hanging) if it takes over ``seconds``."""
+
+    async def bounded() -> Any:
+        out: Chan[tuple[bool, Any]] = Chan(1)
+
+        async def body() -> None:
+            try:
+                await out.send((True, await main()))
+            except BaseException as exc:  # reported to the test below
+                await out.send((False, exc))
+
+        go(body)
+        i, got, _ = await select(recv(out), recv(gosim.after(seconds)))
+        if i == 1:
+            raise TimeoutError(f"test body did not finish within {seconds} s")
+        assert got is not None
+        ok, value = got
+        if not ok:
+            raise value
+        return value
+
+    return gosim.run(bounded)
+
+
+def make_server(**options: Any) -> Server:
+    options.setdefault("heartbeat_interval", None)
+    srv = Server(**options)
+
+    @srv.method()
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @srv.method()
+    def echo(*args: Any) -> list[Any]:
+        return list(args)
+
+    @srv.method("fail")
+    def fail(kind: str) -> None:
+        if kind == "value":
+            raise ValueError("bad value")
+        raise RPCError(Status.NOT_FOUND, "no such account", {"account": kind})
+
+    @srv.method(pass_context=True)
+    async def slow(ctx: context.Context, seconds: float) -> bool:
+        done = ctx.done()
+        timer = gosim.after(seconds)
+        if done is None:
+            await timer.recv()
+            return True
+        i, _, _ = await select(recv(timer), recv(done))
+        return i == 0
+
+    @srv.method()
+    async def later(x: int) -> int:
+        await gosim.sleep(0.001 * (x % 7))
+        return x * 2
+
+    return srv
+
+
+@pytest.mark.parametrize("transport", ["framed", "stream"])
+def test_calls_errors_and_concurrency(transport: str) -> None:
+    async def main() -> None:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve if transport == "framed" else srv.serve_stream, ln)
+        c = Client([ln.addr()], transport=transport, heartbeat_interval=None)
+        assert await c.call("add", 2, 3) == 5
+        assert await c.call("echo", b"\x00bin", "s", [1, {"k": None}]) == [
+            b"\x00bin",
+            "s",
+            [1, {"k": None}],
+        ]
+        with pytest.raises(RPCError) as info:
+            await c.call("nope")
+        assert info.value.status is Status.UNIMPLEMENTED
+        assert "no method 'nope'" in str(info.value)
+        with pytest.raises(RPCError) as info:
+            await c.call("add", 1)
+        assert info.value.status is Status.INVALID_ARGUMENT
+        assert info.value.message == "add() takes 2 argument(s), 1 given"
+        with pytest.raises(RPCError) as info:
+            await c.call("fail", "value")
+        assert info.value.status is Status.UNKNOWN
+        if transport == "framed":
+            assert (info.value.type_name, info.value.message) == ("ValueError", "bad value")
+        else:  # the plain stream sends "STATUS: message", which Neovim reads
+            assert (info.value.type_name, info.value.message) == (None, "ValueError: bad value")
+        with pytest.raises(RPCError) as info:
+            await c.call("fail", "acct-9")
+        assert info.value.status is Status.NOT_FOUND
+        assert info.value.data == ({"account": "acct-9"} if transport == "framed" else None)
+
+        # Many calls in flight on one connection, answered out of order, each matched.
+        results: Chan[tuple[int, int]] = Chan(200)
+
+        async def one(x: int) -> None:
+            await results.send((x, await c.call("later", x)))
+
+        for x in range(200):
+            go(one, x)
+        got = dict([await results.recv() or (0, 0) for _ in range(200)])
+        assert got == {x: 2 * x for x in range(200)}
+        stats = c.statistics()
+        assert stats.connects == 1 and stats.retries == 0
+        await c.close()
+        await srv.shutdown(1.0)
+
+    run_bounded(main)
+
+
+def test_deadline_reaches_the_method_as_a_context() -> None:
+    async def main() -> None:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        c = Client([ln.addr()], heartbeat_interval=None)
+        assert await c.call("slow", 0.01, timeout=5.0) is True
+        with pytest.raises(CallTimeout):
+            await c.call("slow", 10.0, timeout=0.2)
+        with pytest.raises(TimeoutError):  # CallTimeout is a TimeoutError
+            await c.call("slow", 10.0, timeout=0.05)
+        await gosim.sleep(0.1)
+        # The server answered DEADLINE_EXCEEDED itself and the method saw its context end.
+        assert srv.statistics().deadline_exceeded >= 2
+        await c.close()
+        await srv.shutdown(1.0)
+
+    run_bounded(main)
+
+
+def test_a_malformed_request_gets_an_error_and_the_connection_goes_on() -> None:
+    async def main() -> list[Any]:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        conn = await net.dial("tcp", ln.addr())
+        bad = msgpack.packb([0, 11, "add", {"not": "a list"}])
+        await conn.write(bad + encode_request(12, "add", [1, 2]))
+        unpacker = msgpack.Unpacker()
+        out: list[Any] = []
+        while len(out) < 2:
+            unpacker.feed(await conn.read(4096))
+            out.extend(unpacker)
+        conn.close()
+        await srv.shutdown(1.0)
+        return out
+
+    replies = sorted(run_bounded(main), key=lambda m: m[1])
+    assert replies[0] == [
+        1,
+        11,
+        "INVALID_ARGUMENT: request params must be an array, not dict",
+        None,
+    ]
+    assert replies[1] == [1, 12, None, 3]
+
+
+def test_lost_connection_resends_keyed_calls_and_fails_unkeyed_ones() -> None:
+    """A proxy cuts the first connection right after a request went through."""
+
+    async def main() -> tuple[int, str]:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        proxy = net.listen("tcp", "127.0.0.1:0")
+        cuts = [1]  # the next connection dies after carrying one request
+
+        async def pump(src: Any, dst: Any, cut: bool) -> None:
+            try:
+                while True:
+                    data = await src.read(65536)
+                    if not data:
+                        break
+                    await dst.write(data)
+                    if cut:
+                        break
+            except OSError:
+                pass
+            src.close()
+            dst.close()
+
+        async def serve_proxy() -> None:
+            while True:
+                try:
+                    down = await proxy.accept()
+                except OSError:
+                    return
+                up = await net.dial("tcp", ln.addr())
+                cut = cuts[0] > 0
+                cuts[0] -= 1
+                go(pump, down, up, cut)
+                go(pump, up, down, False)
+
+        go(serve_proxy)
+        c = Client(
+            [proxy.addr()],
+            heartbeat_interval=None,
+            retry=RetryPolicy(initial_backoff=0.01),
+        )
+        calls = 0
+        # Keyed: the request reaches the server, the connection dies, the call is sent
+        # again on a new connection with the same key, and returns.
+        res = await c.call_result("add", 20, 22, idempotency_key="k-1")
+        assert res.result == 42 and res.attempts == 2 and res.key == "k-1"
+        calls += 1
+        await c.close()
+        # Unkeyed: the same fault fails the call, saying it may have run.
+        cuts[0] = 1
+        c = Client([proxy.addr()], heartbeat_interval=None)
+        with pytest.raises(Unavailable) as info:
+            await c.call("add", 1, 1)
+        assert c.statistics().attempts == 1
+        await c.close()
+        proxy.close()
+        await srv.shutdown(1.0)
+        return calls, str(info.value)
+
+    calls, message = run_bounded(main)
+    assert calls == 1
+    assert "may or may not have run" in message
+
+
+def test_retry_gives_up_at_max_attempts_and_the_throttle_stops_storms() -> None:
+    async def main() -> tuple[int, int]:
+        # Nothing listens here: every attempt fails to connect ("never left").
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{sock.getsockname()[1]}"
+        sock.close()
+        throttle = RetryThrottle(max_tokens=6, token_ratio=0.5)
+        c = Client(
+            [addr],
+            connect_attempts=1,
+            retry=RetryPolicy(max_attempts=3, initial_backoff=0.001),
+            throttle=throttle,
+        )
+        with pytest.raises(Unavailable, match="could not connect"):
+            await c.call("add", 1, 2)
+        first = c.statistics().attempts
+        # The bucket is now at or below half: the next call is not retried at all.
+        with pytest.raises(Unavailable):
+            await c.call("add", 1, 2)
+        return first, c.statistics().attempts - first
+
+    assert run_bounded(main) == (3, 1)
+
+
+def test_retry_policy_and_throttle_rules() -> None:
+    policy = RetryPolicy(initial_backoff=0.1, max_backoff=0.5, backoff_multiplier=2)
+    rng = random.Random(1)
+    for n, cap in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.5), (9, 0.5)]:
+        waits = [policy.backoff(n, rng) for _ in range(200)]
+        assert all(0 <= w <= cap for w in waits)
+        assert max(waits) > cap * 0.8  # full jitter spans the whole range
+    t = RetryThrottle(max_tokens=10, token_ratio=0.1)
+    assert t.allows_retry()
+    for _ in range(5):
+        t.record_failure()
+    assert not t.allows_retry()  # 5 tokens: not more than half
+    t.record_success()
+    assert t.allows_retry()
+    for bad in ({"max_attempts": 0}, {"initial_backoff": 0}, {"backoff_multiplier": 0.5}):
+        with pytest.raises(ValueError):
+            RetryPolicy(**bad)
+
+
+def test_server_refuses_methods_it_cannot_call() -> None:
+    srv = Server()
+
+    def needs_kw(a: int, *, b: int) -> None: ...
+
+    with pytest.raises(TypeError, match="keyword-only parameter 'b' has no default"):
+        srv.add_method(needs_kw)
+    srv.add_method(lambda: 1, "one")
+    with pytest.raises(ValueError, match="registered already"):
+        srv.add_method(lambda: 2, "one")
+    with pytest.raises(TypeError, match="pass_context needs a first parameter"):
+        srv.add_method(lambda: 1, "ctxless", pass_context=True)
+
+
+# ------------------------------------------------------------------------ Neovim
+
+nvim = shutil.which("nvim")
+needs_nvim = pytest.mark.skipif(
+    nvim is None, reason="nvim is not installed (apt-get install neovim)"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@needs_nvim
+def test_our_client_calls_neovim() -> None:
+    assert nvim is not None
+    port = _free_port()
+    proc = subprocess.Popen(
+        [nvim, "--headless", "--clean", "--listen", f"127.0.0.1:{port}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        async def main() -> tuple[Any, ...]:
+            c = Client(
+                [f"127.0.0.1:{port}"],
+                transport="stream",
+                connect_attempts=50,
+                backoff_initial=0.05,
+                backoff_max=0.1,
+            )
+            three = await c.call("nvim_eval", "1 + 2")
+            await c.call("nvim_buf_set_lines", 0, 0, -1, False, ["alpha", "beta"])
+            lines = await c.call("nvim_buf_get_lines", 0, 0, -1, False)
+            buf = await c.call("nvim_get_current_buf")
+            with pytest.raises(RPCError) as info:
+                await c.call("nvim_eval", "undefined_variable_x")
+            await c.notify("nvim_set_var", "from_gosim", 7)
+            var = await c.call("nvim_get_var", "from_gosim")
+            await c.close()
+            return three, lines, buf, info.value.message, var
+
+        three, lines, buf, message, var = run_bounded(main)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert three == 3
+    assert lines == ["alpha", "beta"]
+    assert isinstance(buf, msgpack.ExtType)  # Neovim's Buffer handle, kept as sent
+    assert "E121" in message
+    assert var == 7
+
+
+@needs_nvim
+def test_neovim_calls_our_server(tmp_path: Any) -> None:
+    assert nvim is not None
+    out_file = tmp_path / "out.txt"
+    port_box: list[int] = []
+    ready = threading.Event()
+
+    async def main() -> int:
+        srv = make_server()
+        notes: list[Any] = []
+
+        @srv.method()
+        def note(x: Any) -> None:
+            notes.append(x)
+
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        port_box.append(int(ln.addr().rsplit(":", 1)[1]))
+        ready.set()
+        script = (
+            f"let ch = sockconnect('tcp', '127.0.0.1:{port_box[0]}', {{'rpc': v:true}})\n"
+            "let r = []\n"
+            "call add(r, string(rpcrequest(ch, 'add', 20, 22)))\n"
+            "call add(r, string(rpcrequest(ch, 'echo', 'x', [1, 2], {'k': 'v'})))\n"
+            "try\n"
+            "  call rpcrequest(ch, 'fail', 'value')\n"
+            "catch\n"
+            "  call add(r, v:exception)\n"
+            "endtry\n"
+            "call rpcnotify(ch, 'note', 'hello')\n"
+            "call add(r, string(rpcrequest(ch, 'add', 1, 1)))\n"
+            f"call writefile(r, '{out_file}')\n"
+            "qa!\n"
+        )
+        script_file = tmp_path / "script.vim"
+        script_file.write_text(script)
+        run_nvim = functools.partial(
+            subprocess.run,
+            [nvim, "--headless", "--clean", "-S", str(script_file)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        )
+        result = await gosim.syscall(run_nvim)
+        await srv.shutdown(1.0)
+        assert notes == ["hello"]
+        return int(result.returncode)
+
+    assert run_bounded(main, 40.0) == 0
+    lines = out_file.read_text().splitlines()
+    assert lines[0] == "42"
+    assert lines[1] == "['x', [1, 2], {'k': 'v'}]"
+    assert lines[2].endswith("ValueError: bad value")
+    assert lines[3] == "2"
