@@ -1,0 +1,3 @@
+module gosim.bench/rpc
+
+go 1.19
