@@ -108,6 +108,19 @@ def redis_server() -> Iterator[RedisServer]:
         server.stop()
 
 
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server for one test alone (it may kill and restart it)."""
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 class StoreKit:
     """How a test makes one kind of store and its exactly-once effects.
 
