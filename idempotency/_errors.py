@@ -73,7 +73,9 @@ class KeyReused(IdempotencyError, ValueError):
     """
 
     def __init__(self, caller: str, key: str) -> None:
-        super().__init__(f"idempotency key {key!r} of caller {caller!r} was used for a different request")
+        super().__init__(
+            f"idempotency key {key!r} of caller {caller!r} was used for a different request"
+        )
         self.caller = caller
         self.key = key
 

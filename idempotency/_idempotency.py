@@ -177,7 +177,9 @@ class Idempotency:
             if isinstance(result, Effect):
                 completion = Completion(True, None, result, self.ttl, max_bytes)
             else:
-                completion = Completion(True, encode_result(result, max_bytes), None, self.ttl, max_bytes)
+                completion = Completion(
+                    True, encode_result(result, max_bytes), None, self.ttl, max_bytes
+                )
         except ApplicationError as err:
             if err.retryable:
                 await self._release(caller, key, fence)

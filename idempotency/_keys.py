@@ -105,7 +105,8 @@ def canonical_packb(obj: Any) -> bytes:
     Raises TypeError, ValueError or OverflowError from msgpack when ``obj`` cannot be
     encoded.
     """
-    return _packb(_canonical(obj))
+    packed: bytes = _packb(_canonical(obj))
+    return packed
 
 
 def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_BYTES) -> bytes:

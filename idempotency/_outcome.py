@@ -31,7 +31,7 @@ def _unpackb(payload: bytes) -> Any:
 def encode_result(value: Any, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> bytes:
     """The payload of a return value; :class:`InvalidResult` when it cannot be recorded."""
     try:
-        payload = _packb(value)
+        payload: bytes = _packb(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidResult(f"result is not msgpack-serialisable: {exc}") from exc
     if len(payload) > max_bytes:
@@ -88,4 +88,5 @@ class Outcome:
 
     def __repr__(self) -> str:
         kind = "value" if self.ok else "error"
-        return f"<Outcome {kind} {len(self.payload)} bytes replayed={self.replayed} fence={self.fence}>"
+        size = len(self.payload)
+        return f"<Outcome {kind} {size} bytes replayed={self.replayed} fence={self.fence}>"

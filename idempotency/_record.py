@@ -169,9 +169,7 @@ def claim(
     return ClaimResult(_BUSY, record)
 
 
-def _check_holder(
-    record: Record | None, fence: int, now: float, caller: str, key: str
-) -> Record:
+def _check_holder(record: Record | None, fence: int, now: float, caller: str, key: str) -> Record:
     state = state_at(record, now)
     if record is None:
         raise StaleClaim(caller, key, fence, "the record is gone (released or swept)")

@@ -114,8 +114,7 @@ class GroupCommitter:
                             o.error = exc
                 self.operations += len(batch)
                 self.batches += 1
-                if len(batch) > self.largest_batch:
-                    self.largest_batch = len(batch)
+                self.largest_batch = max(self.largest_batch, len(batch))
                 mine = False
                 for o in batch:
                     if o is op:

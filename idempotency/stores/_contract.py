@@ -114,5 +114,5 @@ class Store(abc.ABC):
     def statistics(self) -> StoreStatistics:
         """Counters since the store was opened."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 -- optional: a store may hold nothing to release
         """Release the store's resources (a connection); idempotent."""

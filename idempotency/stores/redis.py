@@ -73,7 +73,9 @@ local live = s ~= nil and x > now
 """
 
 # _record.claim. ARGV: now, fingerprint, lease ms. KEYS: record, fence counter.
-_CLAIM_LUA: Final = _PRELUDE + """
+_CLAIM_LUA: Final = (
+    _PRELUDE
+    + """
 if not live then
     local fence = redis.call('INCR', KEYS[2])
     local expires = now + tonumber(ARGV[3])
@@ -90,6 +92,7 @@ if s == 2 then
 end
 return {2, tonumber(rec[3]), x}
 """
+)
 
 # _record._check_holder, shared by completion and release. ARGV[2] is the fence.
 _HOLDER: Final = """
@@ -100,16 +103,23 @@ if s == 2 then return {-1, 'completed', 0} end
 """
 
 # _record.complete. ARGV: now, fence, ttl ms, ok, payload.
-_COMPLETE_LUA: Final = _PRELUDE + _HOLDER + """
+_COMPLETE_LUA: Final = (
+    _PRELUDE
+    + _HOLDER
+    + """
 local expires = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 's', 2, 'x', expires, 'ok', ARGV[4], 'p', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
 return {0, expires, tonumber(ARGV[4]), ARGV[5], rec[2]}
 """
+)
 
 # _record.complete with an effect. ARGV: now, fence, ttl ms, max payload bytes, the
 # effect's ARGV...; KEYS: record, the effect's KEYS... The body is spliced in below.
-_EFFECT_HEAD: Final = _PRELUDE + _HOLDER + """
+_EFFECT_HEAD: Final = (
+    _PRELUDE
+    + _HOLDER
+    + """
 local function idempotency_fail(code, message, data)
     error({idempotency_fail = true, code = code, message = message, data = data})
 end
@@ -118,6 +128,7 @@ for i = 2, #KEYS do effect_keys[i - 1] = KEYS[i] end
 for i = 5, #ARGV do effect_argv[i - 4] = ARGV[i] end
 local function effect(KEYS, ARGV)
 """
+)
 _EFFECT_TAIL: Final = """
 end
 local okflag, payload
@@ -138,22 +149,32 @@ return {0, expires, okflag, payload, rec[2]}
 """
 
 # _record.release. ARGV: now, fence.
-_RELEASE_LUA: Final = _PRELUDE + _HOLDER + """
+_RELEASE_LUA: Final = (
+    _PRELUDE
+    + _HOLDER
+    + """
 redis.call('DEL', KEYS[1])
 return {0}
 """
+)
 
 # The live record, or nothing. ARGV: now.
-_GET_LUA: Final = _PRELUDE + """
+_GET_LUA: Final = (
+    _PRELUDE
+    + """
 if not live then return {0} end
 return {1, s, rec[2], tonumber(rec[3]), x, tonumber(rec[5]) or 1, rec[6] or false}
 """
+)
 
 # Delete the record if expired. ARGV: now.
-_SWEEP_LUA: Final = _PRELUDE + """
+_SWEEP_LUA: Final = (
+    _PRELUDE
+    + """
 if rec[1] and not live then redis.call('DEL', KEYS[1]) return 1 end
 return 0
 """
+)
 
 _CLAIM: Final = 0
 _COMPLETE: Final = 1
@@ -275,7 +296,15 @@ class RedisStore(Store):
         if kind == _COMPLETE:
             caller, key, fence, c = op.args
             ttl = max(1, round(c.ttl * 1000))
-            return _COMPLETE_LUA, [1, self.record_key(caller, key), now, fence, ttl, int(c.ok), c.payload]
+            return _COMPLETE_LUA, [
+                1,
+                self.record_key(caller, key),
+                now,
+                fence,
+                ttl,
+                int(c.ok),
+                c.payload,
+            ]
         if kind == _EFFECT:
             caller, key, fence, c = op.args
             eff: LuaEffect = c.effect
@@ -348,7 +377,9 @@ class RedisStore(Store):
             if code == 0:
                 return ClaimResult(ClaimKind.CLAIMED, Record(IN_PROGRESS, fp, fence, x))
             if code == 1:
-                return ClaimResult(ClaimKind.REPLAY, Record(COMPLETED, fp, fence, x, bool(reply[3]), reply[4]))
+                return ClaimResult(
+                    ClaimKind.REPLAY, Record(COMPLETED, fp, fence, x, bool(reply[3]), reply[4])
+                )
             if code == 2:
                 return ClaimResult(ClaimKind.BUSY, Record(IN_PROGRESS, fp, fence, x))
             stored = reply[4]
@@ -357,15 +388,14 @@ class RedisStore(Store):
             if reply[3] == COMPLETED:
                 return ClaimResult(_KINDS[code], Record(COMPLETED, stored, fence, x, True, b""))
             return ClaimResult(_KINDS[code], Record(IN_PROGRESS, stored, fence, x))
-        if kind == _COMPLETE or kind == _EFFECT:
+        if kind in (_COMPLETE, _EFFECT):
             fence = op.args[2]
             if code == -1:
                 why = _STALE_WHY.get(reply[1]) or f"taken over by claim {reply[2]}"
                 raise StaleClaim(caller, key, fence, why)
             if code == -2:
-                raise InvalidResult(
-                    f"result encodes to {reply[1]} bytes; the limit is {op.args[3].max_result_bytes}"
-                )
+                limit = op.args[3].max_result_bytes
+                raise InvalidResult(f"result encodes to {reply[1]} bytes; the limit is {limit}")
             return Record(COMPLETED, reply[4], fence, reply[1] / 1000, bool(reply[2]), reply[3])
         if kind == _RELEASE:
             return code == 0
@@ -389,4 +419,3 @@ class RedisStore(Store):
         except redis_py.RedisError as exc:
             raise StoreUnavailable(f"{self._name}: sweep: {type(exc).__name__}: {exc}") from exc
         return deleted
-

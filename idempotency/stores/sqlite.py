@@ -234,7 +234,9 @@ class SQLiteStore(Store):
         if state not in (IN_PROGRESS, COMPLETED):
             raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
         if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
-            raise CorruptedRecord(f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}")
+            raise CorruptedRecord(
+                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
+            )
         if type(fence) is not int or fence < 1:
             raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
         if type(expires_at) not in (float, int):
@@ -252,9 +254,9 @@ class SQLiteStore(Store):
     def _apply_batch(self, ops: list[Op]) -> None:
         conn = self._conn
         if conn is None:
-            err = StoreUnavailable(f"{self._name}: the store is closed")
+            closed = StoreUnavailable(f"{self._name}: the store is closed")
             for op in ops:
-                op.error = err
+                op.error = closed
             return
         now = self._clock()
         try:
@@ -274,7 +276,9 @@ class SQLiteStore(Store):
                         self._complete(conn, op, now)
                     elif op.kind == _RELEASE:
                         caller, key, f = op.args
-                        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
+                        rec = self._decode(
+                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
+                        )
                         try:
                             release(rec, f, now, caller, key)
                         except StaleClaim:
@@ -284,7 +288,9 @@ class SQLiteStore(Store):
                             op.result = True
                     elif op.kind == _GET:
                         caller, key = op.args
-                        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
+                        rec = self._decode(
+                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
+                        )
                         op.result = rec if state_at(rec, now) else None
                     elif op.kind == _SWEEP:
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount

@@ -59,7 +59,13 @@ def test_fingerprint_distinguishes_what_msgpack_distinguishes() -> None:
     base = fingerprint("op", [1, "a"])
     assert len(base) == 32
     assert fingerprint("op", (1, "a")) == base  # msgpack has one array type
-    for other in [("op", [1, b"a"]), ("op", [True, "a"]), ("op", [1.0, "a"]), ("op2", [1, "a"]), ("op", [1, "a", None])]:
+    for other in [
+        ("op", [1, b"a"]),
+        ("op", [True, "a"]),
+        ("op", [1.0, "a"]),
+        ("op2", [1, "a"]),
+        ("op", [1, "a", None]),
+    ]:
         assert fingerprint(*other) != base, other
 
 
@@ -70,10 +76,20 @@ def test_fingerprint_is_canonical_for_maps() -> None:
     assert fingerprint("op", {1: "x", "1": "y"}) == fingerprint("op", {"1": "y", 1: "x"})
 
 
-scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5) | st.binary(max_size=5) | st.floats(allow_nan=False)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.text(max_size=5)
+    | st.binary(max_size=5)
+    | st.floats(allow_nan=False)
+)
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3) | st.integers(0, 9), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=3) | st.integers(0, 9), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 

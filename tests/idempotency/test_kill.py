@@ -98,7 +98,9 @@ def _kill_child(kind: str, where: str, prefix: str, rnd: random.Random) -> set[s
         time.sleep(rnd.uniform(0.0, 0.005))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        acked |= {line.split()[1] for line in proc.stdout.read().splitlines() if line.startswith("ack ")}
+        acked |= {
+            line.split()[1] for line in proc.stdout.read().splitlines() if line.startswith("ack ")
+        }
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -132,7 +134,9 @@ def _retry_all(store: Any, effect: Any) -> int:
 
         for i in range(N_KEYS):
             key = f"t{i}"
-            await idem.run(caller="c", key=key, request=("apply", [key]), handler=handler, timeout=30)
+            await idem.run(
+                caller="c", key=key, request=("apply", [key]), handler=handler, timeout=30
+            )
 
     gosim.run(main)
     return runs
@@ -163,7 +167,9 @@ def test_sigkill_while_completing_sqlite(tmp_path: Path, request: pytest.Fixture
             conn.execute("INSERT INTO totals VALUES (0)")
         acked = _kill_child("sqlite", str(path), "", rnd)
         recorded, applied = _check_sqlite(path)
-        assert recorded == applied, f"round {round_}: record without effect or effect without record"
+        assert recorded == applied, (
+            f"round {round_}: record without effect or effect without record"
+        )
         assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
         mid_run += len(recorded) < N_KEYS
         store = SQLiteStore(path)
@@ -175,6 +181,40 @@ def test_sigkill_while_completing_sqlite(tmp_path: Path, request: pytest.Fixture
     assert mid_run, "every kill came after the child had finished: nothing was tested"
 
 
+def _redis_round(redis_store: Any, url: str, prefix: str, acked: set[str]) -> bool:
+    """Check one killed run on Redis, retry every key, check again; True when the kill
+    came before the child finished."""
+    store = redis_store.RedisStore(url, prefix=prefix)
+    client = store.client
+
+    def check() -> tuple[set[str], set[str]]:
+        recorded = set()
+        for rkey in client.scan_iter(match=f"{prefix}rec:*"):
+            if client.hget(rkey, "s") == b"2":
+                recorded.add(rkey.decode().rsplit(":", 1)[1])
+        applied = {k.decode() for k in client.smembers(f"{prefix}applied")}
+        assert int(client.get(f"{prefix}total") or 0) == len(applied)
+        return recorded, applied
+
+    recorded, applied = check()
+    assert recorded == applied, "record without effect or effect without record"
+    assert acked <= recorded, "an acknowledged call was lost"
+
+    def effect(key: str) -> Any:
+        return redis_store.LuaEffect(
+            "redis.call('SADD', KEYS[1], ARGV[1]) redis.call('INCR', KEYS[2]) return ARGV[1]",
+            [f"{prefix}applied", f"{prefix}total"],
+            [key],
+        )
+
+    runs = _retry_all(store, effect)
+    recorded2, applied2 = check()
+    assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
+    assert runs == N_KEYS - len(recorded)
+    store.close()
+    return len(recorded) < N_KEYS
+
+
 def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.FixtureRequest) -> None:
     redis_store = pytest.importorskip("idempotency.stores.redis", reason="needs redis-py")
     rnd = random.Random(int(os.environ.get("IDEM_KILL_SEED", "14")))
@@ -182,33 +222,5 @@ def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.Fixtu
     for round_ in range(_kills(request)):
         prefix = f"kill{os.getpid()}-{round_}:"
         acked = _kill_child("redis", redis_server.url, prefix, rnd)
-        store = redis_store.RedisStore(redis_server.url, prefix=prefix)
-        client = store.client
-
-        def check() -> tuple[set[str], set[str]]:
-            recorded = set()
-            for rkey in client.scan_iter(match=f"{prefix}rec:*"):
-                if client.hget(rkey, "s") == b"2":
-                    recorded.add(rkey.decode().rsplit(":", 1)[1])
-            applied = {k.decode() for k in client.smembers(f"{prefix}applied")}
-            assert int(client.get(f"{prefix}total") or 0) == len(applied)
-            return recorded, applied
-
-        recorded, applied = check()
-        assert recorded == applied, f"round {round_}: record without effect or effect without record"
-        assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
-        mid_run += len(recorded) < N_KEYS
-
-        def effect(key: str) -> Any:
-            return redis_store.LuaEffect(
-                "redis.call('SADD', KEYS[1], ARGV[1]) redis.call('INCR', KEYS[2]) return ARGV[1]",
-                [f"{prefix}applied", f"{prefix}total"],
-                [key],
-            )
-
-        runs = _retry_all(store, effect)
-        recorded2, applied2 = check()
-        assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
-        assert runs == N_KEYS - len(recorded)
-        store.close()
+        mid_run += _redis_round(redis_store, redis_server.url, prefix, acked)
     assert mid_run, "every kill came after the child had finished: nothing was tested"

@@ -42,7 +42,9 @@ def test_every_pair_is_allowed_or_raises(state: State, event: Event) -> None:
     if (state, event) in TRANSITIONS:
         assert next_state(state, event) == TRANSITIONS[state, event]
     else:
-        with pytest.raises(IllegalTransition, match=f"{event.name} is not allowed in state {state.name}"):
+        with pytest.raises(
+            IllegalTransition, match=f"{event.name} is not allowed in state {state.name}"
+        ):
             next_state(state, event)
 
 

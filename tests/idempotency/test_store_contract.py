@@ -188,7 +188,9 @@ def test_in_progress_without_waiting(store: Store) -> None:
         with pytest.raises(InProgress, match="'k'"):
             await idem.run(caller="c", key="k", request=("op", [1]), handler=Counting(), wait=False)
         with pytest.raises(InProgress, match="after waiting"):
-            await idem.run(caller="c", key="k", request=("op", [1]), handler=Counting(), timeout=0.05)
+            await idem.run(
+                caller="c", key="k", request=("op", [1]), handler=Counting(), timeout=0.05
+            )
 
     grun(main)
 
@@ -236,7 +238,9 @@ def test_a_waiter_takes_over_when_the_holder_releases(store: Store) -> None:
         second = Counting(result="second")
 
         async def waiter() -> None:
-            await done.send(await idem.run(caller="c", key="k", request=("op", []), handler=second, timeout=10))
+            await done.send(
+                await idem.run(caller="c", key="k", request=("op", []), handler=second, timeout=10)
+            )
 
         gosim.go(holder)
         await first_started.recv()
@@ -270,7 +274,10 @@ def test_lapsed_lease_is_taken_over_and_the_stale_completion_refused(
             )
         with pytest.raises(StaleClaim):
             await store.complete(
-                "c", "k", old.record.fence, Completion(True, None, kit.counter_effect(store, "n", 5), TTL, 1000)
+                "c",
+                "k",
+                old.record.fence,
+                Completion(True, None, kit.counter_effect(store, "n", 5), TTL, 1000),
             )
         assert kit.read(store, "n") == 0  # the stale holder's effect did not happen
         assert await store.get("c", "k") == before
@@ -285,7 +292,9 @@ def test_completion_after_the_lease_lapsed_is_stale(store: Store, clock: Any) ->
         res = await store.claim("c", "k", fingerprint("op", []), LEASE)
         clock.advance(LEASE)
         with pytest.raises(StaleClaim, match="lapsed"):
-            await store.complete("c", "k", res.record.fence, Completion(True, b"\xc0", None, TTL, 10))
+            await store.complete(
+                "c", "k", res.record.fence, Completion(True, b"\xc0", None, TTL, 10)
+            )
         assert await store.get("c", "k") is None
 
     grun(main)
@@ -375,7 +384,7 @@ def test_effect_failure_rolls_back_and_releases(store: Store, kit: Any) -> None:
 
     async def main() -> None:
         idem = make_idem(store)
-        with pytest.raises(Exception, match="boom|NOSUCHCOMMAND|Unknown"):
+        with pytest.raises(Exception, match=r"boom|NOSUCHCOMMAND|Unknown"):
             await idem.run(caller="c", key="t", request=("boom", []), handler=boom)
         assert await store.get("c", "t") is None
         if kit.kind == "sqlite":  # only SQLite can undo a write made before the failure
@@ -409,7 +418,9 @@ def test_many_concurrent_calls_each_run_once(store: Store) -> None:
         done: gosim.Chan[Any] = gosim.Chan(2 * n)
 
         async def one(i: int) -> None:
-            out = await idem.run(caller="c", key=f"k{i % 20}", request=("op", [i % 20]), handler=h, timeout=10)
+            out = await idem.run(
+                caller="c", key=f"k{i % 20}", request=("op", [i % 20]), handler=h, timeout=10
+            )
             await done.send((i % 20, out))
 
         for i in range(n):
@@ -427,7 +438,9 @@ def test_many_concurrent_calls_each_run_once(store: Store) -> None:
 
 def test_plain_function_handlers(store: Store) -> None:
     async def main() -> None:
-        out = await make_idem(store).run(caller="c", key="k", request=("op", [2]), handler=lambda call: call.args[0] * 21)
+        out = await make_idem(store).run(
+            caller="c", key="k", request=("op", [2]), handler=lambda call: call.args[0] * 21
+        )
         assert out.value == 42
 
     grun(main)

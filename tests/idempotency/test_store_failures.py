@@ -128,7 +128,9 @@ def test_corrupted_row_is_named_and_does_not_break_the_batch(tmp_path: Path) -> 
 
         async def one(k: str) -> None:
             try:
-                await out.send(await idem.run(caller="c", key=k, request=("op", []), handler=lambda call: 2))
+                await out.send(
+                    await idem.run(caller="c", key=k, request=("op", []), handler=lambda call: 2)
+                )
             except CorruptedRecord as exc:
                 await out.send(exc)
 
@@ -139,7 +141,10 @@ def test_corrupted_row_is_named_and_does_not_break_the_batch(tmp_path: Path) -> 
         assert len(errors) == 1
         msg = str(errors[0])
         assert str(path) in msg and "key='bad'" in msg and "state 7" in msg
-        assert sorted((g.value, g.replayed) for g in got if g is not errors[0]) == [(1, True), (2, False)]
+        assert sorted((g.value, g.replayed) for g in got if g is not errors[0]) == [
+            (1, True),
+            (2, False),
+        ]
 
     grun(main)
     store.close()
@@ -148,7 +153,7 @@ def test_corrupted_row_is_named_and_does_not_break_the_batch(tmp_path: Path) -> 
 def test_damaged_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(CorruptedRecord, match="junk.db.*damaged|not a database"):
+    with pytest.raises(CorruptedRecord, match=r"junk\.db.*(damaged|not a database)"):
         SQLiteStore(path)
 
 
@@ -188,7 +193,9 @@ def test_locked_database_is_unavailable_and_does_not_stall_goroutines(tmp_path: 
 
             gosim.go(ticker)
             with pytest.raises(StoreUnavailable, match=r"l\.db.*locked"):
-                await Idempotency(store).run(caller="c", key="k", request=("op", []), handler=lambda c: 1)
+                await Idempotency(store).run(
+                    caller="c", key="k", request=("op", []), handler=lambda c: 1
+                )
             stop.close()
             return ticks
 
@@ -203,7 +210,9 @@ def test_locked_database_is_unavailable_and_does_not_stall_goroutines(tmp_path: 
         locker.stdout.close()
 
     async def after() -> Any:
-        return await Idempotency(store).run(caller="c", key="k", request=("op", []), handler=lambda c: 1)
+        return await Idempotency(store).run(
+            caller="c", key="k", request=("op", []), handler=lambda c: 1
+        )
 
     out = grun(after)  # the store is back: the same key runs
     assert out.value == 1 and not out.replayed
@@ -216,7 +225,9 @@ def test_redis_killed_mid_call_then_back(own_redis: Any) -> None:
     runs = []
 
     async def acknowledged() -> Any:
-        return await Idempotency(store).run(caller="c", key="acked", request=("op", []), handler=lambda c: "kept")
+        return await Idempotency(store).run(
+            caller="c", key="acked", request=("op", []), handler=lambda c: "kept"
+        )
 
     first = grun(acknowledged)
 
@@ -228,9 +239,13 @@ def test_redis_killed_mid_call_then_back(own_redis: Any) -> None:
 
     async def mid_call() -> None:
         with pytest.raises(StoreUnavailable, match=r"RedisStore\('redis://127\.0\.0\.1"):
-            await Idempotency(store, lease=1.0).run(caller="c", key="k", request=("op", []), handler=killer)
+            await Idempotency(store, lease=1.0).run(
+                caller="c", key="k", request=("op", []), handler=killer
+            )
         with pytest.raises(StoreUnavailable):
-            await Idempotency(store).run(caller="c", key="other", request=("op", []), handler=killer)
+            await Idempotency(store).run(
+                caller="c", key="other", request=("op", []), handler=killer
+            )
 
     grun(mid_call)
     own_redis.start()  # the same port and directory: the append-only file is replayed
@@ -240,7 +255,9 @@ def test_redis_killed_mid_call_then_back(own_redis: Any) -> None:
         kept = await idem.run(caller="c", key="acked", request=("op", []), handler=killer)
         # The interrupted call's claim is in the file; it lapses with its lease and the
         # retry runs the handler again (its completion was never acknowledged).
-        retried = await idem.run(caller="c", key="k", request=("op", []), handler=killer, timeout=10)
+        retried = await idem.run(
+            caller="c", key="k", request=("op", []), handler=killer, timeout=10
+        )
         return kept, retried
 
     kept, retried = grun(back)

@@ -218,7 +218,9 @@ class StoreMachine(RuleBasedStateMachine):
                 firsts = [r for r in results if not isinstance(r, InProgress)]
                 assert len(firsts) >= 1 and all(r.payload == firsts[0].payload for r in firsts)
             payload = msgpack.packb(["dup", seq])
-            self.model[caller, key] = ModelRecord(True, req, self.fence, self.clock.t + TTL, payload)
+            self.model[caller, key] = ModelRecord(
+                True, req, self.fence, self.clock.t + TTL, payload
+            )
 
     @invariant()
     def reads_agree(self) -> None:
