@@ -125,6 +125,10 @@ class Idempotency:
         # Keys whose holder runs in this process and that someone waits for: the holder
         # closes the channel when it finishes (completes or releases).
         self._waiters: dict[tuple[str, str], Chan[None]] = {}
+        # Keys held by executions in this process: fence and lease deadline on the
+        # runtime clock, so a waiter here sleeps until the holder finishes or its lease
+        # lapses instead of polling the store.
+        self._holders: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def run(
         self,
@@ -148,12 +152,9 @@ class Idempotency:
         """
         validate_key(key)
         validate_caller(caller)
-        try:
-            operation, args = request
-        except (TypeError, ValueError):
-            raise InvalidRequest(
-                f"request must be a pair (operation, args), not {request!r:.60}"
-            ) from None
+        if type(request) is not tuple or len(request) != 2:
+            raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
+        operation, args = request
         fp = fingerprint(operation, args, self.max_args_bytes)
         store = self.store
         res = await store.claim(caller, key, fp, self.lease)
@@ -169,6 +170,8 @@ class Idempotency:
                 return settled
             res = settled  # type: ignore[assignment]
         fence = res.record.fence
+        rk = (caller, key)
+        self._holders[rk] = (fence, gosim.now() + self.lease)
         max_bytes = self.max_result_bytes
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
@@ -203,15 +206,19 @@ class Idempotency:
             await self._release(caller, key, fence)
             raise
         finally:
-            if self._waiters:
-                self._wake((caller, key))
+            self._finish(rk, fence)
         assert rec.payload is not None
         return Outcome(rec.ok, rec.payload, False, fence)
 
-    def _wake(self, rk: tuple[str, str]) -> None:
-        ch = self._waiters.pop(rk, None)
-        if ch is not None:
-            ch.close()
+    def _finish(self, rk: tuple[str, str], fence: int) -> None:
+        """The execution of claim ``fence`` is over: wake this process's waiters."""
+        held = self._holders.get(rk)
+        if held is not None and held[0] == fence:
+            del self._holders[rk]
+        if self._waiters:
+            ch = self._waiters.pop(rk, None)
+            if ch is not None:
+                ch.close()
 
     async def _release(self, caller: str, key: str, fence: int) -> None:
         try:
@@ -219,8 +226,7 @@ class Idempotency:
         except StoreError:
             pass  # the store is down: the claim lapses with its lease instead
         finally:
-            if self._waiters:
-                self._wake((caller, key))
+            self._finish((caller, key), fence)
 
     async def _settle(
         self,
@@ -266,10 +272,18 @@ class Idempotency:
                 self._waiters[rk] = Chan()
                 res = await self.store.claim(caller, key, fp, self.lease)
                 continue
-            timer = gosim.Timer(min(interval, deadline - now))
+            held = self._holders.get(rk)
+            if held is not None:
+                # The holder runs here: it closes ``ch`` when done; if it overruns its
+                # lease, claim again just after the lease lapses (and take over).
+                sleep = held[1] - now + POLL_MIN
+            else:
+                # The holder is another process: poll, backing off.
+                sleep = interval
+                interval = min(interval * 2, POLL_MAX)
+            timer = gosim.Timer(max(0.0, min(sleep, deadline - now)))
             try:
                 await select(recv(ch), recv(timer.c), recv(done))
             finally:
                 timer.stop()
-            interval = min(interval * 2, POLL_MAX)
             res = await self.store.claim(caller, key, fp, self.lease)
