@@ -1,0 +1,368 @@
+"""SQLiteStore: the embedded, durable default -- one file, WAL, group commit.
+
+Durability
+----------
+The database runs in WAL mode with ``synchronous=FULL`` by default: every commit is
+fsynced before it returns, so an acknowledged record survives a power loss. Several
+processes on one machine may share the file: each batch is a ``BEGIN IMMEDIATE``
+transaction (SQLite's write lock, waited for up to ``busy_timeout``), and fencing tokens
+come from a counter row updated in the same transaction, so they rise across processes.
+
+Group commit
+------------
+sqlite3 calls block, so they run off the scheduler (``gosim.syscall``) and never stall
+other goroutines. Operations of concurrent calls -- claims, completions with their
+effects, releases, reads -- go through one :class:`~._batch.GroupCommitter`: those that
+arrive while a batch is being written are applied together in the next transaction, and
+one fsync makes them all durable. Replies are released only after that commit returns.
+
+Within a batch, an operation's failure is its own: a stale completion or a corrupted row
+writes nothing, and an operation that runs user code (an effect, :meth:`transact`) runs
+inside its own ``SAVEPOINT``, so an exception rolls back only that operation. Only a
+failure of the transaction itself (disk error, lock timeout, failed commit) fails the
+whole batch, and then nothing of it was committed: every operation gets
+:class:`StoreUnavailable` and every caller may retry.
+
+Exactly-once effects
+--------------------
+A handler returns ``SQLiteEffect(fn)``; ``fn(conn)`` runs on the store's connection
+inside the transaction and savepoint that complete the record, after the fencing token
+is checked, and returns the call's result. A crash at any point leaves both the effect
+and the record or neither (SQLite's atomic commit). A final ApplicationError raised by
+``fn`` rolls back its writes and records the error.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from .._errors import (
+    ApplicationError,
+    CorruptedRecord,
+    IdempotencyError,
+    StaleClaim,
+    StoreUnavailable,
+)
+from .._keys import FINGERPRINT_SIZE
+from .._record import (
+    COMPLETED,
+    IN_PROGRESS,
+    ClaimKind,
+    ClaimResult,
+    Record,
+    claim,
+    complete,
+    release,
+    state_at,
+)
+from ._batch import GroupCommitter, Op
+from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
+
+__all__ = ["SQLiteEffect", "SQLiteStore"]
+
+_CLAIM: Final = 0
+_COMPLETE: Final = 1
+_RELEASE: Final = 2
+_GET: Final = 3
+_SWEEP: Final = 4
+_TRANSACT: Final = 5
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    caller      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    state       INTEGER NOT NULL,  -- _record.State: 1 in progress, 2 completed
+    fingerprint BLOB    NOT NULL,  -- SHA-256 of the canonical request
+    fence       INTEGER NOT NULL,  -- fencing token of the claim that wrote it
+    expires_at  REAL    NOT NULL,  -- lease deadline, or end of retention (Unix time)
+    ok          INTEGER NOT NULL,  -- completed: 1 value, 0 final error
+    payload     BLOB,              -- completed: msgpack outcome; NULL in progress
+    PRIMARY KEY (caller, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_records_expiry ON idempotency_records (expires_at);
+CREATE TABLE IF NOT EXISTS idempotency_meta (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
+"""
+
+_SELECT: Final = (
+    "SELECT state, fingerprint, fence, expires_at, ok, payload"
+    " FROM idempotency_records WHERE caller = ? AND key = ?"
+)
+_INSERT_CLAIM: Final = (
+    "INSERT OR REPLACE INTO idempotency_records"
+    " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
+    " VALUES (?, ?, 1, ?, ?, ?, 1, NULL)"
+)
+_UPDATE_COMPLETE: Final = (
+    "UPDATE idempotency_records SET state = 2, expires_at = ?, ok = ?, payload = ?"
+    " WHERE caller = ? AND key = ?"
+)
+_DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
+_SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
+_READ_FENCE: Final = "SELECT value FROM idempotency_meta WHERE name = 'fence'"
+_WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
+
+_SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
+# Errors meaning the file itself is damaged, not that it is busy or unreachable.
+_CORRUPT_MARKERS: Final = ("malformed", "not a database", "corrupt")
+
+
+class SQLiteEffect(Effect):
+    """An effect committed with its record: ``fn(conn)`` runs on the store's connection,
+    inside the transaction (and a savepoint) that completes the record, and returns the
+    call's result.
+
+    ``fn`` must not commit, roll back or begin transactions itself, and must not keep
+    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        self.fn = fn
+
+
+class SQLiteStore(Store):
+    """Records in one SQLite file, durable and shared by the processes of one machine.
+
+    ``synchronous``: SQLite's setting; ``"FULL"`` (default) fsyncs every commit,
+    ``"NORMAL"`` survives a process crash but may lose the last commits on power loss.
+    ``group_commit=False`` gives every operation its own transaction (for comparison:
+    it is several times slower under concurrency). ``max_batch`` bounds a transaction.
+    ``busy_timeout``: how long to wait for another process's write lock before
+    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file.
+
+    One store object serves one gosim runtime at a time. The connection is opened at
+    construction; :meth:`close` closes it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        group_commit: bool = True,
+        max_batch: int = 512,
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if synchronous.upper() not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
+        self.path = os.fspath(path)
+        self._clock = clock
+        self._name = f"SQLiteStore({self.path!r})"
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self._name}: cannot open the database: {exc}") from exc
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._store_error(exc, "opening") from exc
+        self.journal_mode = mode
+        self._conn: sqlite3.Connection | None = conn
+        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+
+    def __repr__(self) -> str:
+        return self._name
+
+    # ------------------------------------------------------------------ public API
+
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return await self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))  # type: ignore[no-any-return]
+
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, SQLiteEffect):
+            raise TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
+        return await self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))  # type: ignore[no-any-return]
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
+
+    async def sweep(self) -> int:
+        return await self._committer.submit(Op(_SWEEP, ()))  # type: ignore[no-any-return]
+
+    async def transact(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(conn)`` in the next group-committed transaction; return its result.
+
+        For the application's own tables (a ledger's accounts and balances): reads see
+        every committed effect, and writes commit durably with the batch. ``fn`` runs in
+        a savepoint, so its exception rolls back only its own writes and is raised here.
+        The rules of :class:`SQLiteEffect` apply to ``fn``.
+        """
+        return await self._committer.submit(Op(_TRANSACT, (fn,)))
+
+    def statistics(self) -> StoreStatistics:
+        c = self._committer
+        return StoreStatistics(c.operations, c.batches, c.largest_batch)
+
+    def close(self) -> None:
+        with self._committer._thread_lock:  # not while a batch runs on its thread
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # ------------------------------------------------------- on the syscall thread
+
+    def _store_error(self, exc: sqlite3.Error, doing: str) -> IdempotencyError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.DatabaseError) and any(m in text for m in _CORRUPT_MARKERS):
+            return CorruptedRecord(f"{self._name}: {doing}: the database is damaged: {text}")
+        return StoreUnavailable(f"{self._name}: {doing}: {text}")
+
+    def _decode(self, row: tuple[Any, ...] | None, caller: str, key: str) -> Record | None:
+        if row is None:
+            return None
+        state, fp, fence, expires_at, ok, payload = row
+        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
+        if state not in (IN_PROGRESS, COMPLETED):
+            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
+        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
+            raise CorruptedRecord(
+                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
+            )
+        if type(fence) is not int or fence < 1:
+            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
+        if type(expires_at) not in (float, int):
+            raise CorruptedRecord(f"{where}: expires_at {expires_at!r} is not a number")
+        if ok not in (0, 1):
+            raise CorruptedRecord(f"{where}: ok {ok!r} is not 0 or 1")
+        if state == COMPLETED:
+            if type(payload) is not bytes:
+                raise CorruptedRecord(f"{where}: completed without a payload blob: {payload!r:.80}")
+            return Record(COMPLETED, fp, fence, float(expires_at), bool(ok), payload)
+        if payload is not None:
+            raise CorruptedRecord(f"{where}: in progress with a payload")
+        return Record(IN_PROGRESS, fp, fence, float(expires_at))
+
+    def _apply_batch(self, ops: list[Op]) -> None:
+        conn = self._conn
+        if conn is None:
+            closed = StoreUnavailable(f"{self._name}: the store is closed")
+            for op in ops:
+                op.error = closed
+            return
+        now = self._clock()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = self._store_error(exc, "beginning a transaction")
+            for op in ops:
+                op.error = err
+            return
+        try:
+            fence0 = fence = conn.execute(_READ_FENCE).fetchone()[0]
+            for op in ops:
+                try:
+                    if op.kind == _CLAIM:
+                        fence = self._claim(conn, op, now, fence)
+                    elif op.kind == _COMPLETE:
+                        self._complete(conn, op, now)
+                    elif op.kind == _RELEASE:
+                        caller, key, f = op.args
+                        rec = self._decode(
+                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
+                        )
+                        try:
+                            release(rec, f, now, caller, key)
+                        except StaleClaim:
+                            op.result = False
+                        else:
+                            conn.execute(_DELETE, (caller, key))
+                            op.result = True
+                    elif op.kind == _GET:
+                        caller, key = op.args
+                        rec = self._decode(
+                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
+                        )
+                        op.result = rec if state_at(rec, now) else None
+                    elif op.kind == _SWEEP:
+                        op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
+                    else:
+                        self._transact(conn, op)
+                except (IdempotencyError, ApplicationError) as exc:
+                    op.error = exc
+            if fence != fence0:
+                conn.execute(_WRITE_FENCE, (fence,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # The transaction as a whole failed: nothing of it is committed.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            err = self._store_error(exc, "committing a batch")
+            for op in ops:
+                op.result = None
+                op.error = err
+
+    def _claim(self, conn: sqlite3.Connection, op: Op, now: float, fence: int) -> int:
+        caller, key, fp, lease = op.args
+        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
+        res = claim(rec, fp, now, lease, fence + 1)
+        if res.kind is ClaimKind.CLAIMED:
+            new = res.record
+            conn.execute(_INSERT_CLAIM, (caller, key, fp, new.fence, new.expires_at))
+            fence += 1
+        op.result = res
+        return fence
+
+    def _complete(self, conn: sqlite3.Connection, op: Op, now: float) -> None:
+        caller, key, fence, c = op.args
+        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
+        effect = c.effect
+        if effect is None:
+            done = complete(rec, fence, c.ok, c.payload, now, c.ttl, caller, key)
+            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
+            op.result = done
+            return
+        # Check the claim before the effect runs: a stale holder's effect must not run.
+        complete(rec, fence, True, b"", now, c.ttl, caller, key)
+        conn.execute("SAVEPOINT idempotency_effect")
+        try:
+            ok, payload = run_effect(
+                lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(conn)
+            )
+            done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
+            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
+        except Exception as exc:
+            _rollback_to(conn)
+            conn.execute("RELEASE idempotency_effect")
+            if isinstance(exc, (IdempotencyError, ApplicationError)):
+                raise
+            op.error = exc  # the effect's own failure (a bug, a constraint): this call only
+            return
+        conn.execute("RELEASE idempotency_effect")
+        op.result = done
+
+    def _transact(self, conn: sqlite3.Connection, op: Op) -> None:
+        conn.execute("SAVEPOINT idempotency_effect")
+        try:
+            value = op.args[0](conn)
+        except Exception as exc:
+            _rollback_to(conn)
+            conn.execute("RELEASE idempotency_effect")
+            op.error = exc  # the function's own failure: this call only
+            return
+        conn.execute("RELEASE idempotency_effect")
+        op.result = value
+
+
+def _rollback_to(conn: sqlite3.Connection) -> None:
+    conn.execute("ROLLBACK TO idempotency_effect")
