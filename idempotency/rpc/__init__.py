@@ -37,6 +37,7 @@ from ._protocol import encode_error as encode_error
 from ._protocol import encode_notification as encode_notification
 from ._protocol import encode_request as encode_request
 from ._protocol import encode_response as encode_response
+from ._protocol import encode_response_payloads as encode_response_payloads
 from ._protocol import parse as parse
 from ._protocol import parse_error as parse_error
 from ._server import Server as Server

@@ -23,15 +23,28 @@ the dispatch together): msgpack-rpc params are positional, so arity is the whole
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gosim import Chan, context, go, recv, select
 
+from .._errors import (
+    ApplicationError,
+    CorruptedRecord,
+    InProgress,
+    InvalidKey,
+    InvalidRequest,
+    InvalidResult,
+    KeyReused,
+    StaleClaim,
+    StoreUnavailable,
+)
+from .._idempotency import Call, Idempotency
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
+    CallMeta,
     Limits,
     Notification,
     RemoteProtocolError,
@@ -41,6 +54,7 @@ from ._protocol import (
     decode,
     encode_error,
     encode_response,
+    encode_response_payloads,
 )
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
@@ -56,6 +70,9 @@ class MethodSpec:
     pass_context: bool
     min_args: int
     max_args: int | None  # None: takes *args
+    idempotent: bool = False
+    key_optional: bool = False
+    pass_call: bool = False
 
     def arity_error(self, n: int) -> str | None:
         if n < self.min_args or (self.max_args is not None and n > self.max_args):
@@ -69,7 +86,9 @@ class MethodSpec:
         return None
 
 
-def method_spec(name: str, fn: Callable[..., Any], pass_context: bool) -> MethodSpec:
+def method_spec(
+    name: str, fn: Callable[..., Any], pass_context: bool, pass_call: bool = False
+) -> MethodSpec:
     """Read a function's positional arity; refuse what msgpack-rpc cannot call."""
     if not callable(fn):
         raise TypeError(f"method {name!r}: {fn!r} is not callable")
@@ -89,14 +108,23 @@ def method_spec(name: str, fn: Callable[..., Any], pass_context: bool) -> Method
                 f"method {name!r}: keyword-only parameter {p.name!r} has no default, "
                 "and msgpack-rpc passes arguments by position"
             )
-    if pass_context:
+    if pass_context and pass_call:
+        raise TypeError(f"method {name!r}: pass_context or pass_call, not both (call.ctx)")
+    if pass_context or pass_call:
+        what = (
+            "pass_context needs a first parameter (ctx)"
+            if pass_context
+            else ("pass_call needs a first parameter (call)")
+        )
         if min_args < 1 and max_args == 0:
-            raise TypeError(f"method {name!r}: pass_context needs a first parameter (ctx)")
+            raise TypeError(f"method {name!r}: {what}")
         min_args = max(min_args - 1, 0)
         if max_args is not None:
             max_args -= 1
     is_async = inspect.iscoroutinefunction(fn)
-    return MethodSpec(name, fn, is_async, pass_context, min_args, max_args)
+    spec = MethodSpec(name, fn, is_async, pass_context, min_args, max_args)
+    spec.pass_call = pass_call
+    return spec
 
 
 @dataclass
@@ -109,6 +137,40 @@ class ServerStats:
     bad_messages: int = 0
     deadline_exceeded: int = 0
     late_completions: int = 0
+    replays: int = 0
+
+
+#: The scope of idempotency keys sent without a caller.
+ANONYMOUS_CALLER: Final = "anonymous"
+_BACKGROUND: Final = context.background()
+
+
+def _idempotency_error(exc: Exception) -> tuple[int, str, Any]:
+    """The status an idempotency failure (or a method's exception) is answered with."""
+    name = type(exc).__name__
+    if isinstance(exc, KeyReused):
+        code: int = Status.ALREADY_EXISTS
+    elif isinstance(exc, InProgress | StaleClaim):
+        code = Status.ABORTED  # retry the same key to get the first execution's outcome
+    elif isinstance(exc, InvalidKey | InvalidRequest):
+        code = Status.INVALID_ARGUMENT
+    elif isinstance(exc, StoreUnavailable):
+        code = Status.UNAVAILABLE
+    elif isinstance(exc, CorruptedRecord):
+        code = Status.DATA_LOSS
+    elif isinstance(exc, InvalidResult):
+        code = Status.INTERNAL
+    elif isinstance(exc, context.DeadlineExceeded):
+        code = Status.DEADLINE_EXCEEDED
+    elif isinstance(exc, ApplicationError):  # retryable: nothing was recorded
+        return (
+            exc.code if type(exc.code) is int else Status.UNAVAILABLE,
+            exc.message,
+            exc.data if exc.data is not None else {"type": name},
+        )
+    else:
+        return _error_payload(exc)
+    return code, str(exc), {"type": name}
 
 
 def _status_name(code: int) -> str:
@@ -127,8 +189,15 @@ def _error_payload(exc: BaseException) -> tuple[int, str, Any]:
 class Dispatcher:
     """Turns requests into responses by calling registered methods; no I/O."""
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, string_errors: bool = False) -> None:
+    def __init__(
+        self,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        string_errors: bool = False,
+        idempotency: Idempotency | None = None,
+    ) -> None:
         self.limits = limits
+        self.idempotency = idempotency
         # Plain msgpack-rpc peers read errors their own way: Neovim takes a string, or
         # [0 or 1, string], and reports anything else as "unknown error". The plain
         # stream transport therefore sends "STATUS: message" (the type name leading the
@@ -140,20 +209,35 @@ class Dispatcher:
 
     def sibling(self, *, string_errors: bool) -> Dispatcher:
         """A dispatcher with the same methods and counters, another error shape."""
-        other = Dispatcher(self.limits, string_errors=string_errors)
+        other = Dispatcher(self.limits, string_errors=string_errors, idempotency=self.idempotency)
         other.methods = self.methods
         other._stats = self._stats
         return other
 
     def register(
-        self, fn: Callable[..., Any], name: str | None = None, *, pass_context: bool = False
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        *,
+        pass_context: bool = False,
+        idempotent: bool = False,
+        key_optional: bool = False,
+        pass_call: bool = False,
     ) -> MethodSpec:
         name = fn.__name__ if name is None else name
         if not isinstance(name, str) or not name:
             raise ValueError(f"a method name must be a non-empty str, not {name!r}")
         if name in self.methods:
             raise ValueError(f"method {name!r} is registered already")
-        spec = method_spec(name, fn, pass_context)
+        if (idempotent or pass_call) and self.idempotency is None:
+            raise ValueError(
+                f"method {name!r}: idempotent methods need Server(idempotency=Idempotency(store))"
+            )
+        if pass_call and not idempotent:
+            raise ValueError(f"method {name!r}: pass_call is for idempotent methods")
+        spec = method_spec(name, fn, pass_context, pass_call)
+        spec.idempotent = idempotent
+        spec.key_optional = key_optional
         self.methods[name] = spec
         return spec
 
@@ -166,6 +250,7 @@ class Dispatcher:
             s.bad_messages,
             s.deadline_exceeded,
             s.late_completions,
+            s.replays,
         )
 
     def _count_error(self, code: int) -> None:
@@ -212,10 +297,21 @@ class Dispatcher:
             if problem is not None:
                 return self._error(msg.msgid, Status.INVALID_ARGUMENT, problem)
             meta = msg.meta
+            if spec.idempotent:
+                if meta is not None and meta.key is not None:
+                    if meta.timeout_ms is not None:
+                        return self._with_deadline(self._idempotent_reply, spec, msg, meta)
+                    return self._idempotent_reply(spec, msg, meta, _BACKGROUND)
+                if not spec.key_optional:
+                    return self._error(
+                        msg.msgid,
+                        Status.FAILED_PRECONDITION,
+                        f"method {spec.name!r} is idempotent: call it with an idempotency key",
+                    )
             if meta is not None and meta.timeout_ms is not None:
-                return self._call_with_deadline(spec, msg.msgid, msg.params, meta.timeout_ms)
+                return self._with_deadline(self._plain_reply, spec, msg, meta)
             if spec.is_async or spec.pass_context:
-                return self._call_async(spec, msg.msgid, msg.params)
+                return self._plain_reply(spec, msg, meta, _BACKGROUND)
             try:
                 result = spec.fn(*msg.params)
             except Exception as exc:
@@ -247,55 +343,117 @@ class Dispatcher:
             result = await result
         return result
 
-    async def _call_async(self, spec: MethodSpec, msgid: int, params: list[Any]) -> bytes:
+    async def _plain_reply(
+        self, spec: MethodSpec, msg: Request, meta: CallMeta | None, ctx: context.Context
+    ) -> bytes:
         try:
-            result = await self._invoke(spec, params, context.background())
+            result = await self._invoke(spec, msg.params, ctx)
         except Exception as exc:
-            return self._error(msgid, *_error_payload(exc))
-        return self._response(msgid, result)
+            return self._error(msg.msgid, *_error_payload(exc))
+        return self._response(msg.msgid, result)
+
+    async def _idempotent_reply(
+        self, spec: MethodSpec, msg: Request, meta: CallMeta, ctx: context.Context
+    ) -> bytes:
+        """Run the call through the idempotency core: once per (caller, key)."""
+        idem = self.idempotency
+        assert idem is not None and meta.key is not None
+        msgid, params = msg.msgid, msg.params
+
+        async def handler(call: Call) -> Any:
+            if spec.pass_call:
+                args: Any = (call, *params)
+            elif spec.pass_context:
+                args = (ctx, *params)
+            else:
+                args = params
+            try:
+                result = spec.fn(*args)
+                if spec.is_async or inspect.isawaitable(result):
+                    result = await result
+            except RPCError as exc:  # a method's chosen status: final, recorded
+                raise ApplicationError(exc.code, exc.message, exc.data) from exc
+            return result
+
+        try:
+            outcome = await idem.run(
+                caller=meta.caller or ANONYMOUS_CALLER,
+                key=meta.key,
+                request=(spec.name, params),
+                handler=handler,
+                ctx=None if ctx is _BACKGROUND else ctx,
+            )
+        except Exception as exc:
+            code, message, data = _idempotency_error(exc)
+            return self._error(msgid, code, message, data)
+        if outcome.replayed:
+            self._stats.replays += 1
+        if outcome.ok:
+            return encode_response_payloads(msgid, None, outcome.payload, outcome.replayed)
+        if self.string_errors:
+            err = outcome.error
+            assert err is not None
+            code = err.code if type(err.code) is int else Status.UNKNOWN
+            return self._error(msgid, code, err.message, err.data)
+        self._count_error(Status.UNKNOWN)
+        return encode_response_payloads(msgid, outcome.payload, None, outcome.replayed)
+
+    def _with_deadline(
+        self,
+        run: Callable[[MethodSpec, Request, Any, context.Context], Awaitable[bytes]],
+        spec: MethodSpec,
+        msg: Request,
+        meta: CallMeta,
+    ) -> Awaitable[bytes]:
+        return self._call_with_deadline(run, spec, msg, meta)
+
+    async def _call_with_deadline(
+        self,
+        run: Callable[[MethodSpec, Request, Any, context.Context], Awaitable[bytes]],
+        spec: MethodSpec,
+        msg: Request,
+        meta: CallMeta,
+    ) -> bytes:
+        assert meta.timeout_ms is not None
+        ctx, cancel = context.with_timeout(_BACKGROUND, meta.timeout_ms / 1000.0)
+        done = ctx.done()
+        assert done is not None
+        if ctx.err() is not None:  # a zero timeout: nothing may start
+            self._stats.deadline_exceeded += 1
+            return self._error(
+                msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start"
+            )
+        out: Chan[bytes] = Chan(1)  # buffered: a late outcome never blocks its goroutine
+        go(self._run_to, out, run, spec, msg, meta, ctx, cancel)
+        i, reply, _ = await select(recv(out), recv(done))
+        if i == 0:
+            assert isinstance(reply, bytes)
+            return reply
+        self._stats.deadline_exceeded += 1
+        return self._error(msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    async def _run_to(
+        self,
+        out: Chan[bytes],
+        run: Callable[[MethodSpec, Request, Any, context.Context], Awaitable[bytes]],
+        spec: MethodSpec,
+        msg: Request,
+        meta: CallMeta,
+        ctx: context.Context,
+        cancel: Callable[[], None],
+    ) -> None:
+        # The method (and, for idempotent ones, the recording of its outcome) runs to its
+        # end here even when the caller's deadline passes first: a retry then replays.
+        try:
+            reply = await run(spec, msg, meta, ctx)
+            if ctx.err() is not None:
+                self._stats.late_completions += 1
+            out.try_send(reply)
+        finally:
+            cancel()  # releases the deadline's timer at once
 
     async def _notify(self, spec: MethodSpec, params: list[Any]) -> None:
         try:
             await self._invoke(spec, params, context.background())
         except Exception as exc:
             self._count_error(_error_payload(exc)[0])
-
-    async def _call_with_deadline(
-        self, spec: MethodSpec, msgid: int, params: list[Any], timeout_ms: int
-    ) -> bytes:
-        ctx, cancel = context.with_timeout(context.background(), timeout_ms / 1000.0)
-        done = ctx.done()
-        assert done is not None
-        if ctx.err() is not None:  # a zero timeout: nothing may start
-            self._stats.deadline_exceeded += 1
-            return self._error(msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start")
-        out: Chan[bytes] = Chan(1)  # buffered: a late outcome never blocks its goroutine
-        go(self._run_to, out, spec, msgid, params, ctx, cancel)
-        i, reply, _ = await select(recv(out), recv(done))
-        if i == 0:
-            assert isinstance(reply, bytes)
-            return reply
-        self._stats.deadline_exceeded += 1
-        return self._error(msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
-
-    async def _run_to(
-        self,
-        out: Chan[bytes],
-        spec: MethodSpec,
-        msgid: int,
-        params: list[Any],
-        ctx: context.Context,
-        cancel: Callable[[], None],
-    ) -> None:
-        try:
-            try:
-                result = await self._invoke(spec, params, ctx)
-            except Exception as exc:
-                reply = self._error(msgid, *_error_payload(exc))
-            else:
-                reply = self._response(msgid, result)
-            if ctx.err() is not None:
-                self._stats.late_completions += 1
-            out.try_send(reply)
-        finally:
-            cancel()  # releases the deadline's timer at once

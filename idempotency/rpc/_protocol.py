@@ -74,6 +74,7 @@ __all__ = [
     "encode_notification",
     "encode_request",
     "encode_response",
+    "encode_response_payloads",
     "parse",
     "parse_error",
 ]
@@ -310,6 +311,21 @@ def encode_response(msgid: int, error: Any, result: Any, replayed: bool = False)
     if replayed:
         return _pack([RESPONSE, msgid, error, result, {"replayed": True}])
     return _pack([RESPONSE, msgid, error, result])
+
+
+_REPLAYED_META: Final = b"\x81\xa8replayed\xc3"  # {"replayed": true}
+
+
+def encode_response_payloads(
+    msgid: int, error: bytes | None, result: bytes | None, replayed: bool = False
+) -> bytes:
+    """A response whose error or result is already msgpack (a recorded outcome's bytes):
+    spliced in as they are, so a replay is byte-identical to the first reply's result.
+    A missing part is nil."""
+    _check_msgid(msgid)
+    head = b"\x95\x01" if replayed else b"\x94\x01"
+    body = head + _pack(msgid) + (error or b"\xc0") + (result or b"\xc0")
+    return body + _REPLAYED_META if replayed else body
 
 
 def encode_error(msgid: int, code: int, message: str, data: Any = None) -> bytes:

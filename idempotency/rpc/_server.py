@@ -23,6 +23,7 @@ from gosim import Chan, go
 from netframe import FrameFormat, Listener
 from netframe import Server as FramedServer
 
+from .._idempotency import Idempotency
 from ._dispatch import Dispatcher, ServerStats
 from ._protocol import DEFAULT_LIMITS, Limits, Message, RemoteProtocolError, Request, Status
 from ._stream import StreamLink
@@ -50,6 +51,7 @@ class Server:
     def __init__(
         self,
         *,
+        idempotency: Idempotency | None = None,
         limits: Limits = DEFAULT_LIMITS,
         max_connections: int = 10_000,
         max_in_flight: int = 64,
@@ -60,7 +62,8 @@ class Server:
         send_queue: int = 1024,
     ) -> None:
         self.limits = limits
-        self.dispatcher = Dispatcher(limits)
+        self.idempotency = idempotency
+        self.dispatcher = Dispatcher(limits, idempotency=idempotency)
         self.stream_dispatcher = self.dispatcher.sibling(string_errors=True)
         self.max_connections = max_connections
         self.max_in_flight = max_in_flight
@@ -85,20 +88,63 @@ class Server:
 
     # ------------------------------------------------------------------ methods
 
-    def method(self, name: str | None = None, *, pass_context: bool = False) -> Callable[[F], F]:
-        """Decorator: register the function as method ``name`` (default: its name)."""
+    def method(
+        self,
+        name: str | None = None,
+        *,
+        pass_context: bool = False,
+        idempotent: bool = False,
+        key_optional: bool = False,
+        pass_call: bool = False,
+    ) -> Callable[[F], F]:
+        """Decorator: register the function as method ``name`` (default: its name);
+        the options are :meth:`add_method`'s."""
 
         def register(fn: F) -> F:
-            self.dispatcher.register(fn, name, pass_context=pass_context)
+            self.add_method(
+                fn,
+                name,
+                pass_context=pass_context,
+                idempotent=idempotent,
+                key_optional=key_optional,
+                pass_call=pass_call,
+            )
             return fn
 
         return register
 
     def add_method(
-        self, fn: Callable[..., Any], name: str | None = None, *, pass_context: bool = False
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        *,
+        pass_context: bool = False,
+        idempotent: bool = False,
+        key_optional: bool = False,
+        pass_call: bool = False,
     ) -> None:
-        """Register ``fn`` as method ``name`` (default: its name)."""
-        self.dispatcher.register(fn, name, pass_context=pass_context)
+        """Register ``fn`` as method ``name`` (default: its name).
+
+        ``idempotent=True`` runs every call through the server's
+        :class:`~idempotency.Idempotency` under the call's key and caller: once per key,
+        replayed after (flagged ``replayed``), ``ALREADY_EXISTS`` for a key reused with
+        other params, duplicates waiting for the first execution's outcome. A call
+        without a key is refused (``FAILED_PRECONDITION``) unless ``key_optional``, when
+        it runs as a plain call. ``pass_call=True`` gives the method the
+        :class:`~idempotency.Call` first (``call.fence`` for external effects,
+        ``call.ctx``); a method that returns the store's ``Effect`` has it committed
+        with the record (exactly once). An :class:`~idempotency.rpc.RPCError` the
+        method raises is its final answer, recorded and replayed; any other exception
+        releases the key, so a retry runs the method again.
+        """
+        self.dispatcher.register(
+            fn,
+            name,
+            pass_context=pass_context,
+            idempotent=idempotent,
+            key_optional=key_optional,
+            pass_call=pass_call,
+        )
 
     def statistics(self) -> ServerStats:
         """Call counters (errors by status name); the transports keep their own."""

@@ -1,0 +1,202 @@
+"""Idempotent RPC methods: once per key over real sockets, with a real SQLite store."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gosim
+from gosim import Chan, go, net
+from idempotency import Call, Idempotency, MemoryStore, SQLiteEffect, SQLiteStore
+from idempotency.rpc import Client, RetryPolicy, RPCError, Server, Status
+
+from .test_rpc import run_bounded
+
+
+def ledger_server(idem: Idempotency, runs: dict[str, int]) -> Server:
+    srv = Server(idempotency=idem, heartbeat_interval=None)
+
+    @srv.method(idempotent=True)
+    def add(a: int, b: int) -> int:
+        runs["add"] = runs.get("add", 0) + 1
+        return a + b
+
+    @srv.method(idempotent=True, key_optional=True)
+    def maybe(a: int) -> int:
+        runs["maybe"] = runs.get("maybe", 0) + 1
+        return a
+
+    @srv.method(idempotent=True)
+    async def slow(x: int) -> int:
+        runs["slow"] = runs.get("slow", 0) + 1
+        await gosim.sleep(0.2)
+        return x
+
+    @srv.method(idempotent=True)
+    def refuse(reason: str) -> None:
+        runs["refuse"] = runs.get("refuse", 0) + 1
+        raise RPCError(Status.FAILED_PRECONDITION, reason, {"type": "InsufficientFunds"})
+
+    @srv.method(idempotent=True)
+    def crash(x: int) -> None:
+        runs["crash"] = runs.get("crash", 0) + 1
+        raise ValueError(f"bug {x}")
+
+    @srv.method(idempotent=True, pass_call=True)
+    def transfer(call: Call, src: str, dst: str, amount: int) -> SQLiteEffect:
+        runs["transfer"] = runs.get("transfer", 0) + 1
+
+        def apply(conn: sqlite3.Connection) -> int:
+            conn.execute("UPDATE acct SET bal = bal - ? WHERE id = ?", (amount, src))
+            conn.execute("UPDATE acct SET bal = bal + ? WHERE id = ?", (amount, dst))
+            return call.fence
+
+        return SQLiteEffect(apply)
+
+    return srv
+
+
+def test_idempotent_calls_run_once_and_replay(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE acct (id TEXT PRIMARY KEY, bal INTEGER)")
+        conn.executemany("INSERT INTO acct VALUES (?, ?)", [("a", 100), ("b", 0)])
+    runs: dict[str, int] = {}
+
+    async def main() -> None:
+        store = SQLiteStore(db)
+        srv = ledger_server(Idempotency(store), runs)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        c = Client([ln.addr()], caller="acct-7", heartbeat_interval=None)
+
+        # Without a key: refused, unless the method says keys are optional.
+        with pytest.raises(RPCError) as info:
+            await c.call("add", 1, 2)
+        assert info.value.status is Status.FAILED_PRECONDITION
+        assert await c.call("maybe", 5) == 5
+
+        first = await c.call_result("add", 1, 2, idempotency_key="k1")
+        again = await c.call_result("add", 1, 2, idempotency_key="k1")
+        assert (first.result, first.replayed) == (3, False)
+        assert (again.result, again.replayed) == (3, True)
+        assert runs["add"] == 1
+        # Another caller's k1 is another record.
+        other = Client([ln.addr()], caller="acct-8", heartbeat_interval=None)
+        assert (await other.call_result("add", 1, 2, idempotency_key="k1")).replayed is False
+        assert runs["add"] == 2
+        # The same key with other params: refused, nothing run.
+        with pytest.raises(RPCError) as info:
+            await c.call("add", 1, 3, idempotency_key="k1")
+        assert info.value.status is Status.ALREADY_EXISTS
+        assert info.value.type_name == "KeyReused"
+        assert runs["add"] == 2
+
+        # A chosen status is final: recorded, replayed, the method not run again.
+        for _ in range(2):
+            with pytest.raises(RPCError) as info:
+                await c.call("refuse", "no funds", idempotency_key="r1")
+            assert info.value.status is Status.FAILED_PRECONDITION
+            assert info.value.type_name == "InsufficientFunds"
+        assert runs["refuse"] == 1
+        # Any other exception releases the key: a retry runs the method again.
+        for _ in range(2):
+            with pytest.raises(RPCError) as info:
+                await c.call("crash", 1, idempotency_key="c1")
+            assert info.value.type_name == "ValueError"
+        assert runs["crash"] == 2
+
+        # Concurrent duplicates wait for the first execution and share its outcome.
+        out: Chan[tuple[Any, bool]] = Chan(5)
+
+        async def dup() -> None:
+            r = await c.call_result("slow", 9, idempotency_key="s1")
+            await out.send((r.result, r.replayed))
+
+        for _ in range(5):
+            go(dup)
+        got = [await out.recv() for _ in range(5)]
+        assert runs["slow"] == 1
+        assert sorted(r for r, _ in got if r is not None) == [9] * 5
+        assert sum(1 for g in got if g is not None and not g[1]) == 1
+
+        # Exactly-once effect: the balance change commits with the record.
+        fence = await c.call("transfer", "a", "b", 30, idempotency_key="t1")
+        assert await c.call("transfer", "a", "b", 30, idempotency_key="t1") == fence
+        assert runs["transfer"] == 1
+        assert srv.statistics().replays >= 3
+        await c.close()
+        await other.close()
+        await srv.shutdown(1.0)
+        store.close()
+
+    run_bounded(main)
+    with sqlite3.connect(db) as conn:
+        assert dict(conn.execute("SELECT id, bal FROM acct")) == {"a": 70, "b": 30}
+
+
+def test_a_keyed_call_whose_connection_dies_runs_once() -> None:
+    """The request reaches the server, the connection is cut before the reply: the
+    client resends with the same key and gets the outcome of the one execution."""
+    runs: dict[str, int] = {}
+
+    async def main() -> tuple[Any, bool, int]:
+        srv = ledger_server(Idempotency(MemoryStore()), runs)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        proxy = net.listen("tcp", "127.0.0.1:0")
+        cut_next = [True]
+
+        async def pump(src: Any, dst: Any, cut: bool) -> None:
+            try:
+                while True:
+                    data = await src.read(65536)
+                    if not data:
+                        break
+                    await dst.write(data)
+                    if cut:
+                        await gosim.sleep(0.05)  # the server has the request: now cut
+                        break
+            except OSError:
+                pass
+            src.close()
+            dst.close()
+
+        async def serve_proxy() -> None:
+            while True:
+                try:
+                    down = await proxy.accept()
+                except OSError:
+                    return
+                up = await net.dial("tcp", ln.addr())
+                cut, cut_next[0] = cut_next[0], False
+                go(pump, down, up, cut)
+                go(pump, up, down, False)
+
+        go(serve_proxy)
+        c = Client(
+            [proxy.addr()],
+            caller="acct-1",
+            heartbeat_interval=None,
+            idempotent_methods={"slow"},
+            retry=RetryPolicy(initial_backoff=0.01),
+        )
+        res = await c.call_result("slow", 4)  # a key is generated and reused
+        await c.close()
+        proxy.close()
+        await srv.shutdown(1.0)
+        return res.result, res.replayed, res.attempts
+
+    result, replayed, attempts = run_bounded(main)
+    assert (result, attempts) == (4, 2)
+    assert runs["slow"] == 1
+    assert replayed  # the resend waited for, then replayed, the first execution
+
+
+def test_registering_an_idempotent_method_needs_a_store() -> None:
+    srv = Server()
+    with pytest.raises(ValueError, match="need Server\\(idempotency=Idempotency\\(store\\)\\)"):
+        srv.add_method(lambda: 1, "one", idempotent=True)
