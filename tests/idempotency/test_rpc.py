@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 import pytest
+import trio
 
 import gosim
 from gosim import Chan, context, go, net, recv, select
@@ -421,3 +422,54 @@ def test_neovim_calls_our_server(tmp_path: Any) -> None:
     assert lines[1] == "['x', [1, 2], {'k': 'v'}]"
     assert lines[2].endswith("ValueError: bad value")
     assert lines[3] == "2"
+
+
+def test_usable_from_a_trio_program_through_open_runtime() -> None:
+    async def start(srv: Server) -> str:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        return ln.addr()
+
+    async def trio_main() -> list[int]:
+        with trio.fail_after(20):
+            async with gosim.open_runtime() as rt:
+                srv = make_server()
+                addr = await rt.call(start, srv)
+                c = Client([addr], heartbeat_interval=None)
+                got = [await rt.call(c.call, "add", i, i) for i in range(5)]
+                await rt.call(c.close)
+                await rt.call(srv.shutdown, 1.0)
+                return got
+
+    assert trio.run(trio_main) == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("transport", ["framed", "stream"])
+def test_shutdown_drains_calls_already_received(transport: str) -> None:
+    async def main() -> tuple[list[Any], float]:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve if transport == "framed" else srv.serve_stream, ln)
+        c = Client([ln.addr()], transport=transport, heartbeat_interval=None)
+        await c.call("add", 0, 0)  # connected
+        out: Chan[Any] = Chan(10)
+
+        async def one(i: int) -> None:
+            try:
+                await out.send(await c.call("slow", 0.2))
+            except RPCError as exc:
+                await out.send(exc.status)
+
+        for i in range(10):
+            go(one, i)
+        await gosim.sleep(0.05)  # all ten are running on the server
+        start = gosim.now()
+        await srv.shutdown(grace=5.0)
+        took = gosim.now() - start
+        got = [await out.recv() for _ in range(10)]
+        await c.close()
+        return got, took
+
+    got, took = run_bounded(main)
+    assert got == [True] * 10  # every call already received finished and replied
+    assert took < 5.0  # and shutdown did not wait out its grace for nothing

@@ -5,6 +5,7 @@
 //	rpc rr -addr A -conns 100 -seconds 2              each connection one call in flight
 //	rpc inflight -addr A -conns 1 -depth 16 -seconds 2  depth calls in flight per connection
 //	rpc rr -addr A -key                               every call carries a fresh idempotency key
+//	rpc rr -addr A -stream                            plain msgpack stream (aio-msgpack-rpc, ...)
 //
 // Wire: each message is a frame (4-byte big-endian length) whose payload is the DATA kind
 // byte 0 and one msgpack-rpc message; a PING (kind 1) is answered with a PONG (kind 2).
@@ -278,11 +279,46 @@ func request(msgid uint64, key string) []byte {
 	return b
 }
 
-// check reads one DATA frame (answering pings) and checks it answers msgid.
-func check(r *bufio.Reader, w *bufio.Writer, mu *sync.Mutex, buf []byte, want map[uint64]bool) ([]byte, error) {
+// streamReader cuts msgpack objects from a plain stream (no frames).
+type streamReader struct {
+	r       *bufio.Reader
+	pending []byte
+	tmp     []byte
+}
+
+func (s *streamReader) next() ([]byte, error) {
 	for {
-		f, err := readFrame(r, buf)
+		if len(s.pending) > 0 {
+			if n, err := skip(s.pending); err == nil {
+				msg := s.pending[:n:n]
+				s.pending = s.pending[n:]
+				return msg, nil
+			}
+		}
+		if s.tmp == nil {
+			s.tmp = make([]byte, 64<<10)
+		}
+		k, err := s.r.Read(s.tmp)
 		if err != nil {
+			return nil, err
+		}
+		s.pending = append(append([]byte(nil), s.pending...), s.tmp[:k]...)
+	}
+}
+
+// check reads one reply (answering pings on the framed transport) and checks it answers
+// one of the calls in flight.
+func check(r *bufio.Reader, sr *streamReader, w *bufio.Writer, mu *sync.Mutex, buf []byte, want map[uint64]bool) ([]byte, error) {
+	for {
+		var f []byte
+		var err error
+		if sr != nil {
+			var m []byte
+			if m, err = sr.next(); err != nil {
+				return buf, err
+			}
+			f = append(append(buf[:0], kindData), m...)
+		} else if f, err = readFrame(r, buf); err != nil {
 			return f, err
 		}
 		if len(f) > 0 && f[0] == kindPing {
@@ -313,7 +349,7 @@ func check(r *bufio.Reader, w *bufio.Writer, mu *sync.Mutex, buf []byte, want ma
 	}
 }
 
-func load(addr string, conns, depth int, seconds float64, keyed bool) map[string]any {
+func load(addr string, conns, depth int, seconds float64, keyed, stream bool) map[string]any {
 	var total int64
 	deadline := time.Now().Add(time.Duration(seconds * float64(time.Second)))
 	var wg sync.WaitGroup
@@ -329,6 +365,10 @@ func load(addr string, conns, depth int, seconds float64, keyed bool) map[string
 			defer c.Close()
 			r := bufio.NewReaderSize(c, 64<<10)
 			w := bufio.NewWriterSize(c, 64<<10)
+			var sr *streamReader
+			if stream {
+				sr = &streamReader{r: r}
+			}
 			var mu sync.Mutex
 			var buf []byte
 			want := map[uint64]bool{}
@@ -340,7 +380,13 @@ func load(addr string, conns, depth int, seconds float64, keyed bool) map[string
 				}
 				want[next] = true
 				mu.Lock()
-				if writeFrame(w, kindData, request(next, key)) != nil {
+				var err error
+				if stream {
+					_, err = w.Write(request(next, key))
+				} else {
+					err = writeFrame(w, kindData, request(next, key))
+				}
+				if err != nil {
 					panic("write")
 				}
 				mu.Unlock()
@@ -359,18 +405,18 @@ func load(addr string, conns, depth int, seconds float64, keyed bool) map[string
 			flush()
 			n := int64(0)
 			for time.Now().Before(deadline) {
-				if buf, err = check(r, w, &mu, buf, want); err != nil {
+				if buf, err = check(r, sr, w, &mu, buf, want); err != nil {
 					panic(err)
 				}
 				n++
 				send()
-				if r.Buffered() < 4 {
+				if r.Buffered() < 4 && (sr == nil || len(sr.pending) == 0) {
 					flush()
 				}
 			}
 			flush()
 			for len(want) > 0 { // drain what is in flight, so every reply is counted
-				if buf, err = check(r, w, &mu, buf, want); err != nil {
+				if buf, err = check(r, sr, w, &mu, buf, want); err != nil {
 					panic(err)
 				}
 				n++
@@ -381,7 +427,7 @@ func load(addr string, conns, depth int, seconds float64, keyed bool) map[string
 	wg.Wait()
 	el := time.Since(start).Seconds()
 	return map[string]any{"conns": conns, "depth": depth, "calls": total, "seconds": el,
-		"calls_per_s": float64(total) / el, "keyed": keyed}
+		"calls_per_s": float64(total) / el, "keyed": keyed, "stream": stream}
 }
 
 func main() {
@@ -395,6 +441,7 @@ func main() {
 	depth := fs.Int("depth", 1, "calls in flight per connection")
 	seconds := fs.Float64("seconds", 2, "duration")
 	keyed := fs.Bool("key", false, "send an idempotency key with every call")
+	stream := fs.Bool("stream", false, "plain msgpack stream (no frames), for msgpack-rpc peers")
 	fs.Parse(os.Args[2:])
 	var out map[string]any
 	switch os.Args[1] {
@@ -402,10 +449,10 @@ func main() {
 		serve(*addr)
 		return
 	case "rr":
-		out = load(*addr, *conns, 1, *seconds, *keyed)
+		out = load(*addr, *conns, 1, *seconds, *keyed, *stream)
 		out["mode"] = "rr"
 	case "inflight":
-		out = load(*addr, *conns, *depth, *seconds, *keyed)
+		out = load(*addr, *conns, *depth, *seconds, *keyed, *stream)
 		out["mode"] = "inflight"
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
