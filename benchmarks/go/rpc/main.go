@@ -333,7 +333,9 @@ func check(r *bufio.Reader, sr *streamReader, w *bufio.Writer, mu *sync.Mutex, b
 			}
 			continue
 		}
-		if len(f) < 3 || f[0] != kindData || f[1] != 0x94 || f[2] != 0x01 {
+		// [1, msgid, nil, params], or with a fifth element, the reply's metadata
+		// ({"replayed": true} when an idempotency key's outcome was replayed).
+		if len(f) < 3 || f[0] != kindData || (f[1] != 0x94 && f[1] != 0x95) || f[2] != 0x01 {
 			return f, fmt.Errorf("unexpected frame %x", f)
 		}
 		msgid, k, err := readUint(f[3:])
@@ -341,15 +343,24 @@ func check(r *bufio.Reader, sr *streamReader, w *bufio.Writer, mu *sync.Mutex, b
 			return f, fmt.Errorf("unexpected msgid in %x", f)
 		}
 		rest := f[3+k:]
-		if len(rest) < 1 || rest[0] != 0xc0 || !bytes.Equal(rest[1:], params) {
+		if len(rest) < 1 || rest[0] != 0xc0 || !bytes.HasPrefix(rest[1:], params) {
 			return f, fmt.Errorf("bad reply %x", f)
+		}
+		tail := rest[1+len(params):]
+		if f[1] == 0x94 && len(tail) != 0 {
+			return f, fmt.Errorf("bad reply %x", f)
+		}
+		if f[1] == 0x95 {
+			if n, err := skip(tail); err != nil || n != len(tail) {
+				return f, fmt.Errorf("bad reply metadata %x", f)
+			}
 		}
 		delete(want, msgid)
 		return f, nil
 	}
 }
 
-func load(addr string, conns, depth int, seconds float64, keyed, stream bool) map[string]any {
+func load(addr string, conns, depth int, seconds float64, keyed, stream bool, calls int) map[string]any {
 	var total int64
 	deadline := time.Now().Add(time.Duration(seconds * float64(time.Second)))
 	var wg sync.WaitGroup
@@ -399,17 +410,19 @@ func load(addr string, conns, depth int, seconds float64, keyed, stream bool) ma
 				}
 				mu.Unlock()
 			}
-			for i := 0; i < depth; i++ {
+			for i := 0; i < depth && (calls == 0 || int(next) < calls); i++ {
 				send()
 			}
 			flush()
 			n := int64(0)
-			for time.Now().Before(deadline) {
+			for len(want) > 0 && (calls > 0 || time.Now().Before(deadline)) {
 				if buf, err = check(r, sr, w, &mu, buf, want); err != nil {
 					panic(err)
 				}
 				n++
-				send()
+				if calls == 0 || int(next) < calls {
+					send()
+				}
 				if r.Buffered() < 4 && (sr == nil || len(sr.pending) == 0) {
 					flush()
 				}
@@ -442,6 +455,7 @@ func main() {
 	seconds := fs.Float64("seconds", 2, "duration")
 	keyed := fs.Bool("key", false, "send an idempotency key with every call")
 	stream := fs.Bool("stream", false, "plain msgpack stream (no frames), for msgpack-rpc peers")
+	calls := fs.Int("calls", 0, "calls per connection (0: as many as -seconds allows); with -key, a second run with the same -calls replays every key")
 	fs.Parse(os.Args[2:])
 	var out map[string]any
 	switch os.Args[1] {
@@ -449,10 +463,10 @@ func main() {
 		serve(*addr)
 		return
 	case "rr":
-		out = load(*addr, *conns, 1, *seconds, *keyed, *stream)
+		out = load(*addr, *conns, 1, *seconds, *keyed, *stream, *calls)
 		out["mode"] = "rr"
 	case "inflight":
-		out = load(*addr, *conns, *depth, *seconds, *keyed, *stream)
+		out = load(*addr, *conns, *depth, *seconds, *keyed, *stream, *calls)
 		out["mode"] = "inflight"
 	default:
 		fmt.Fprintln(os.Stderr, "unknown mode", os.Args[1])
