@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import msgpack
+
 from gosim import Chan, context, go, recv, select
 
 from .._errors import (
@@ -44,6 +46,7 @@ from .._idempotency import Call, Idempotency
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
+    MAX_MSGID,
     CallMeta,
     Limits,
     Notification,
@@ -59,6 +62,9 @@ from ._protocol import (
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
 
+_unpackb = msgpack.unpackb
+_pack_response = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
 
 @dataclass(slots=True)
 class MethodSpec:
@@ -73,6 +79,14 @@ class MethodSpec:
     idempotent: bool = False
     key_optional: bool = False
     pass_call: bool = False
+    # Derived by finish(), read by the fast path (attributes, not properties: cheaper).
+    fast: bool = False  # called in the caller's frame: plain, no context, not idempotent
+    max_fast: int = 0  # max_args, or MAX_MSGID for *args
+
+    def finish(self) -> MethodSpec:
+        self.fast = not (self.is_async or self.pass_context or self.idempotent)
+        self.max_fast = MAX_MSGID if self.max_args is None else self.max_args
+        return self
 
     def arity_error(self, n: int) -> str | None:
         if n < self.min_args or (self.max_args is not None and n > self.max_args):
@@ -206,6 +220,7 @@ class Dispatcher:
         self.string_errors = string_errors
         self.methods: dict[str, MethodSpec] = {}
         self._stats = ServerStats()
+        self._bare_max = limits.bare_max
 
     def sibling(self, *, string_errors: bool) -> Dispatcher:
         """A dispatcher with the same methods and counters, another error shape."""
@@ -238,7 +253,7 @@ class Dispatcher:
         spec = method_spec(name, fn, pass_context, pass_call)
         spec.idempotent = idempotent
         spec.key_optional = key_optional
-        self.methods[name] = spec
+        self.methods[name] = spec.finish()
         return spec
 
     def statistics(self) -> ServerStats:
@@ -280,6 +295,35 @@ class Dispatcher:
 
     def handle_payload(self, payload: bytes) -> Any:
         """netframe's handler: one frame's payload in; bytes, None or an awaitable out."""
+        if len(payload) <= self._bare_max:
+            # Fast path: a four-element request to a plain method (no key, no timeout),
+            # decoded with msgpack's defaults (see Limits.bare_max), checked, called and
+            # encoded here; anything else, errors included, takes the general path below,
+            # which decodes again and says what is wrong.
+            try:
+                obj = _unpackb(payload)
+            except Exception:
+                obj = None
+            if type(obj) is list and len(obj) == 4 and obj[0] == 0 and type(obj[0]) is int:
+                msgid, name, params = obj[1], obj[2], obj[3]
+                spec = self.methods.get(name) if type(name) is str else None
+                if (
+                    spec is not None
+                    and spec.fast
+                    and type(params) is list
+                    and type(msgid) is int
+                    and 0 <= msgid <= MAX_MSGID
+                    and spec.min_args <= len(params) <= spec.max_fast
+                ):
+                    self._stats.calls += 1
+                    try:
+                        result = spec.fn(*params)
+                    except Exception as exc:
+                        return self._error(msgid, *_error_payload(exc))
+                    try:
+                        return _pack_response([1, msgid, None, result])
+                    except Exception:
+                        return self._response(msgid, result)  # says why it cannot encode
         try:
             msg = decode(payload, self.limits)
         except RemoteProtocolError as exc:

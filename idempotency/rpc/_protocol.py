@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
@@ -163,6 +163,10 @@ class Limits:
     max_array_len: int = 128 * 1024
     max_map_len: int = 32 * 1024
     max_ext_len: int = 1024 * 1024
+    #: A message at most this long decodes with msgpack's default limits, which are
+    #: derived from its length and so within every limit here (a keyword-free unpackb
+    #: costs a third of one with options).
+    bare_max: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -176,6 +180,15 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Limits.{name} must be a positive int, not {value!r}")
+        bare = min(
+            self.max_message_size,
+            self.max_str_len,
+            self.max_bin_len,
+            self.max_array_len,
+            2 * self.max_map_len,
+            self.max_ext_len,
+        )
+        object.__setattr__(self, "bare_max", bare)
 
     def unpack_options(self) -> dict[str, Any]:
         return {
@@ -274,12 +287,14 @@ class ErrorInfo:
 
 # ------------------------------------------------------------------------ encoding
 
-_packb = msgpack.packb
+# One Packer for the module: a packb call builds a Packer each time (twice the cost).
+# Goroutines run on one thread; nothing here is called from a syscall thread.
+_packer_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 def _pack(obj: Any) -> bytes:
     try:
-        packed: bytes = _packb(obj, use_bin_type=True)
+        packed: bytes = _packer_pack(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LocalProtocolError(f"cannot encode as msgpack: {exc}") from exc
     return packed
@@ -492,6 +507,9 @@ def parse_error(error: Any) -> ErrorInfo:
     return ErrorInfo(Status.UNKNOWN, "error response of an unknown shape", error)
 
 
+_unpackb = msgpack.unpackb
+
+
 def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Message:
     """One message from one frame's payload (the framed transport).
 
@@ -503,7 +521,10 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
             f"message of {len(data)} bytes, at most {limits.max_message_size} allowed"
         )
     try:
-        obj = msgpack.unpackb(data, **limits.unpack_options())
+        if len(data) <= limits.bare_max:
+            obj = _unpackb(data)  # the defaults: raw=False, strict_map_key=True, lists
+        else:
+            obj = msgpack.unpackb(data, **limits.unpack_options())
     except msgpack.ExtraData:
         raise RemoteProtocolError("frame holds more than one msgpack object") from None
     except (ValueError, msgpack.UnpackException) as exc:
