@@ -55,7 +55,7 @@ def rpc_server(kind: str) -> None:
         else:
             await srv.serve(ln)
 
-    gosim.run(main)
+    gosim.run(main, procs=1)  # as the netframe servers of bench_net_procs.py
 
 
 def aio_server() -> None:
