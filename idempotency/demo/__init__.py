@@ -1,0 +1,13 @@
+"""The long-connection demo: a ledger whose transfers are idempotent RPC calls.
+
+``python -m idempotency.demo`` starts a ledger server (SQLite, durable), a fault
+injector and client processes holding long connections, runs transfers among the
+accounts while the injector drops connections mid-call, loses replies after the server
+committed, duplicates requests and stalls connections past their heartbeats, kills the
+server with SIGKILL and restarts it on the same file, then audits the ledger: balances
+conserved, every acknowledged transfer applied exactly once, nothing applied that no
+client asked for. It exits 0 only when every check holds.
+
+Modules: ``_ledger`` (the service), ``_proxy`` (the fault injector), ``_clients`` (a
+client process), ``_run`` (the conductor and the audit).
+"""

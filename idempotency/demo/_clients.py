@@ -1,0 +1,180 @@
+"""A client process of the demo: many long connections issuing idempotent transfers.
+
+Each connection is one :class:`~idempotency.rpc.Client` with its own caller name and
+heartbeats, running transfers between random accounts until the deadline, one call in
+flight at a time, each with a fresh idempotency key that every retry reuses. Then it
+reconciles: a call whose outcome it never learnt (the retries ran out while the server
+was down) is asked again with the same key until it gets an answer, so at the end every
+transfer the client issued is either acknowledged or refused, and the log says which.
+
+Every half second the process prints a JSON line of its counters and latencies; at the
+end it writes its log (one JSON object per issued transfer) and a last line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import gosim
+from gosim import Chan, go, net
+
+from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
+
+__all__ = ["run_clients"]
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.acked = 0
+        self.refused = 0
+        self.unknown = 0
+        self.in_flight = 0
+        self.latencies: list[float] = []  # since the last report
+        self.all_latencies: list[float] = []
+
+    def line(self, clients: list[Client], done: bool = False) -> str:
+        stats = [c.statistics() for c in clients]
+        self.all_latencies += self.latencies
+        # Live lines show the last half second; the last line the whole run.
+        lat = sorted(self.all_latencies if done else self.latencies)
+        self.latencies = []
+
+        def pct(p: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
+
+        return json.dumps(
+            {
+                "acked": self.acked,
+                "refused": self.refused,
+                "unknown": self.unknown,
+                "in_flight": self.in_flight,
+                "retries": sum(s.retries for s in stats),
+                "replays": sum(s.replays for s in stats),
+                "reconnects": sum(max(s.connects - 1, 0) for s in stats),
+                "p50_ms": pct(0.5),
+                "p99_ms": pct(0.99),
+                "done": done,
+            }
+        )
+
+
+def run_clients(
+    addr: str,
+    ident: int,
+    connections: int,
+    accounts: int,
+    seconds: float,
+    seed: int,
+    heartbeat: float,
+    log_path: Path,
+) -> None:
+    """Run ``connections`` connections for ``seconds``, then reconcile and write the log."""
+    rng = random.Random(seed)
+    stats = _Stats()
+    log: list[dict[str, Any]] = []
+
+    async def dial() -> Any:
+        return await net.dial("tcp", addr)
+
+    def client(i: int) -> Client:
+        return Client(
+            dial,
+            caller=f"c{ident}-{i}",
+            idempotent_methods={"transfer"},
+            heartbeat_interval=heartbeat,
+            connect_attempts=5,
+            backoff_initial=0.05,
+            backoff_max=0.5,
+            retry=RetryPolicy(max_attempts=8, initial_backoff=0.05, max_backoff=1.0),
+            rng=random.Random(rng.random()),
+        )
+
+    async def call(c: Client, entry: dict[str, Any], timeout: float) -> None:
+        stats.in_flight += 1
+        start = gosim.now()
+        try:
+            res = await c.call_result(
+                "transfer",
+                entry["src"],
+                entry["dst"],
+                entry["amount"],
+                idempotency_key=entry["key"],
+                timeout=timeout,
+            )
+        except (CallTimeout, RPCError) as exc:
+            if isinstance(exc, RPCError) and exc.code in (3, 9):  # the ledger's refusals
+                entry["status"] = "refused"
+                stats.refused += 1
+            else:
+                entry["status"] = "unknown"
+            return
+        finally:
+            stats.in_flight -= 1
+        entry["status"] = "acked"
+        entry["fence"] = res.result
+        entry["replayed"] = res.replayed
+        stats.acked += 1
+        stats.latencies.append(gosim.now() - start)
+
+    async def connection(i: int, c: Client, done: Chan[None]) -> None:
+        crng = random.Random(rng.random())
+        deadline = gosim.now() + seconds
+        n = 0
+        while gosim.now() < deadline:
+            src, dst = crng.sample(range(accounts), 2)
+            entry = {
+                "caller": c.caller,
+                "key": f"t{n}",
+                "src": src,
+                "dst": dst,
+                "amount": crng.randint(1, 50),
+                "status": "issued",
+            }
+            n += 1
+            log.append(entry)
+            await call(c, entry, timeout=10.0)
+            if entry["status"] == "unknown":
+                # The server is out of reach (its retries and the retry budget are
+                # spent): give it a moment, as a person at a terminal would.
+                await gosim.sleep(crng.uniform(0.1, 0.5))
+        # Reconcile: ask again, with the same key, until every outcome is known (for
+        # at most about 30 s of the server being unreachable).
+        for entry in log:
+            if entry["caller"] != c.caller:
+                continue
+            wait = 0.05
+            for _ in range(60):
+                if entry["status"] in ("acked", "refused"):
+                    break
+                await call(c, entry, timeout=10.0)
+                if entry["status"] == "unknown":
+                    await gosim.sleep(crng.uniform(0, wait))
+                    wait = min(wait * 2, 1.0)
+            if entry["status"] not in ("acked", "refused"):
+                stats.unknown += 1
+        await done.send(None)
+
+    async def report(clients: list[Client]) -> None:
+        while True:
+            await gosim.sleep(0.5)
+            print(stats.line(clients), flush=True)
+
+    async def main() -> None:
+        clients = [client(i) for i in range(connections)]
+        done: Chan[None] = Chan(connections)
+        go(report, clients)
+        for i, c in enumerate(clients):
+            go(connection, i, c, done)
+        for _ in clients:
+            await done.recv()
+        for c in clients:
+            await c.close()
+        with open(log_path, "w") as f:
+            for entry in log:
+                f.write(json.dumps(entry) + "\n")
+        print(stats.line(clients, done=True), flush=True)
+
+    gosim.run(main, procs=1)

@@ -1,0 +1,323 @@
+"""The demo's conductor: start the ledger, the fault injector and the clients, kill the
+server with SIGKILL and restart it mid-run, show progress live, then audit the ledger.
+
+Processes (each its own Python process, talking TCP on 127.0.0.1):
+
+    clients x K --> fault proxy --> ledger server (SQLite file, killed and restarted)
+
+The audit reads the SQLite file after every process has stopped and checks:
+
+1. balances are conserved: their sum is what the ledger started with;
+2. every transfer a client saw acknowledged is in the ledger exactly once, as issued;
+3. no transfer is in the ledger that no client issued, and none was applied twice:
+   replaying the ``transfers`` table from the opening balances gives every account's
+   balance exactly;
+4. every issued transfer's outcome is known (acknowledged or refused) after the
+   clients' reconciliation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ._ledger import INITIAL_BALANCE, create_ledger
+
+__all__ = ["Options", "audit", "run"]
+
+
+@dataclass
+class Options:
+    connections: int = 200
+    clients: int = 2
+    accounts: int = 100
+    seconds: float = 15.0
+    seed: int = 1
+    faults: bool = True
+    kills: int = 1
+    heartbeat: float = 1.0
+    db: Path | None = None
+    live: bool | None = None  # None: when stdout is a terminal
+
+
+@dataclass
+class _Proc:
+    name: str
+    proc: subprocess.Popen[str]
+    addr: str = ""
+    last: dict[str, Any] = field(default_factory=dict)
+    reader: threading.Thread | None = None
+
+
+def _spawn(name: str, args: list[str], on_line: Callable[[_Proc, dict[str, Any]], None]) -> _Proc:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "idempotency.demo", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    p = _Proc(name, proc)
+    out = proc.stdout
+    assert out is not None
+    line = out.readline()
+    if line.startswith("LISTEN "):
+        p.addr = line.split()[1]
+    elif line:
+        on_line(p, json.loads(line))
+
+    def read(stream: TextIO) -> None:
+        for text in stream:
+            if text.startswith("{"):
+                on_line(p, json.loads(text))
+
+    p.reader = threading.Thread(target=read, args=(out,), daemon=True)
+    p.reader.start()
+    return p
+
+
+def _stop(p: _Proc, sig: int = signal.SIGKILL) -> None:
+    if p.proc.poll() is None:
+        p.proc.send_signal(sig)
+    p.proc.wait(timeout=30)
+    if p.reader is not None:
+        p.reader.join(timeout=10)
+    if p.proc.stdout is not None:
+        p.proc.stdout.close()
+
+
+def audit(db: Path, accounts: int, logs: list[Path]) -> list[tuple[str, bool, str]]:
+    """The checks of the module docstring: ``(name, passed, detail)`` each."""
+    issued: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in logs:
+        with open(path) as f:
+            for text in f:
+                e = json.loads(text)
+                issued[(e["caller"], e["key"])] = e
+    conn = sqlite3.connect(db)
+    try:
+        balances = dict(conn.execute("SELECT id, balance FROM accounts"))
+        rows = conn.execute("SELECT caller, key, src, dst, amount FROM transfers").fetchall()
+    finally:
+        conn.close()
+    checks = []
+    total = sum(balances.values())
+    want = accounts * INITIAL_BALANCE
+    checks.append(("balances conserved", total == want, f"sum {total}, started with {want}"))
+    applied = {(c, k): (s, d, a) for c, k, s, d, a in rows}
+    acked = [e for e in issued.values() if e["status"] == "acked"]
+    missing = [
+        e
+        for e in acked
+        if applied.get((e["caller"], e["key"])) != (e["src"], e["dst"], e["amount"])
+    ]
+    checks.append(
+        (
+            "every acknowledged transfer in the ledger once",
+            not missing and len(applied) == len(rows),
+            f"{len(acked)} acknowledged, {len(missing)} missing or altered",
+        )
+    )
+    stray = [k for k in applied if k not in issued]
+    refused_applied = [k for k, e in issued.items() if e["status"] == "refused" and k in applied]
+    replayed = {i: INITIAL_BALANCE for i in balances}
+    for s, d, a in applied.values():
+        replayed[s] -= a
+        replayed[d] += a
+    exact = replayed == balances
+    checks.append(
+        (
+            "nothing applied twice or unasked",
+            exact and not stray and not refused_applied,
+            f"{len(rows)} applied; {len(stray)} not issued; {len(refused_applied)} refused yet "
+            f"applied; balances {'match' if exact else 'differ from'} the transfers",
+        )
+    )
+    unknown = [e for e in issued.values() if e["status"] not in ("acked", "refused")]
+    checks.append(
+        (
+            "every outcome known after reconciliation",
+            not unknown,
+            f"{len(issued)} issued, {len(unknown)} unknown",
+        )
+    )
+    return checks
+
+
+def run(opts: Options) -> int:
+    """Run the demo; 0 when every check holds."""
+    console = Console()
+    live_display = console.is_terminal if opts.live is None else opts.live
+    rng = random.Random(opts.seed)
+    workdir = Path(tempfile.mkdtemp(prefix="ledger-demo-"))
+    db = opts.db or workdir / "ledger.db"
+    if db.exists():
+        raise SystemExit(f"{db} exists: the demo starts from a new ledger")
+    create_ledger(db, opts.accounts)
+    lock = threading.Lock()
+    client_stats: dict[str, dict[str, Any]] = {}
+    faults: dict[str, int] = {}
+    events: list[str] = []
+
+    def on_client(p: _Proc, d: dict[str, Any]) -> None:
+        with lock:
+            client_stats[p.name] = d
+
+    def on_proxy(p: _Proc, d: dict[str, Any]) -> None:
+        with lock:
+            faults.update(d.get("faults", {}))
+
+    def ignore(p: _Proc, d: dict[str, Any]) -> None:
+        pass
+
+    hb = str(opts.heartbeat)
+    max_conns = str(opts.connections * 2 + 100)
+    server_args = ["server", "--db", str(db), "--heartbeat", hb, "--max-connections", max_conns]
+    server = _spawn("server", [*server_args, "--addr", "127.0.0.1:0"], ignore)
+    upstream = server.addr
+    procs: list[_Proc] = []
+    if opts.faults:
+        proxy = _spawn(
+            "proxy",
+            ["proxy", "--upstream", upstream, "--seed", str(rng.getrandbits(32))],
+            on_proxy,
+        )
+        procs.append(proxy)
+        entry = proxy.addr
+    else:
+        entry = upstream
+    logs = []
+    per = [
+        opts.connections // opts.clients + (i < opts.connections % opts.clients)
+        for i in range(opts.clients)
+    ]
+    clients = []
+    for i, n in enumerate(per):
+        log = workdir / f"client{i}.jsonl"
+        logs.append(log)
+        args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
+        args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
+        args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
+        clients.append(_spawn(f"client{i}", args, on_client))
+    start = time.monotonic()
+    kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
+    recovered: list[float] = []
+
+    def totals() -> dict[str, Any]:
+        with lock:
+            stats = list(client_stats.values())
+        keys = ("acked", "refused", "in_flight", "retries", "replays", "reconnects")
+        out: dict[str, Any] = {k: sum(s.get(k, 0) for s in stats) for k in keys}
+        p99 = [s["p99_ms"] for s in stats if s.get("p99_ms") is not None]
+        p50 = [s["p50_ms"] for s in stats if s.get("p50_ms") is not None]
+        out["p50_ms"] = max(p50) if p50 else None
+        out["p99_ms"] = max(p99) if p99 else None
+        return out
+
+    def table() -> Table:
+        t = totals()
+        elapsed = time.monotonic() - start
+        fault_text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
+        caption = "; ".join(x for x in (fault_text, *events) if x) or "no faults yet"
+        tbl = Table(
+            title=f"ledger demo: {elapsed:5.1f} s of {opts.seconds:g} s",
+            caption=f"faults: {caption}",
+        )
+        for col in ("acked", "per s", "in flight", "retries", "replays", "reconnects"):
+            tbl.add_column(col, justify="right")
+        tbl.add_column("p50/p99 ms", justify="right")
+        rate = t["acked"] / elapsed if elapsed > 0 else 0.0
+        tbl.add_row(
+            str(t["acked"]),
+            f"{rate:,.0f}",
+            str(t["in_flight"]),
+            str(t["retries"]),
+            str(t["replays"]),
+            str(t["reconnects"]),
+            f"{t['p50_ms']}/{t['p99_ms']}",
+        )
+        return tbl
+
+    def conduct(refresh: Callable[[], None]) -> None:
+        nonlocal server
+        pending = list(kill_at)
+        while any(c.proc.poll() is None for c in clients):
+            now = time.monotonic() - start
+            if pending and now >= pending[0]:
+                pending.pop(0)
+                _stop(server)  # kill -9: no goodbye, no flush beyond what was committed
+                events.append(f"kill -9 at {now:.1f} s")
+                server = _spawn("server", [*server_args, "--addr", upstream], ignore)
+                restarted = time.monotonic()
+                before = totals()["acked"]
+                while time.monotonic() - restarted < 30 and totals()["acked"] == before:
+                    time.sleep(0.01)
+                recovered.append(time.monotonic() - restarted)
+            refresh()
+            time.sleep(0.1)
+        refresh()
+
+    try:
+        if live_display:
+            with Live(table(), console=console, refresh_per_second=4) as live:
+                conduct(lambda: live.update(table()))
+        else:
+            last = [0.0]
+
+            def plain() -> None:
+                if time.monotonic() - last[0] >= 2:
+                    last[0] = time.monotonic()
+                    console.print(table())
+
+            conduct(plain)
+        for c in clients:
+            _stop(c)
+    finally:
+        for p in [*clients, *procs, server]:
+            _stop(p)
+    checks = audit(db, opts.accounts, logs)
+    t = totals()
+    result = Table(title="audit")
+    result.add_column("check")
+    result.add_column("holds")
+    result.add_column("detail")
+    for name, ok, detail in checks:
+        result.add_row(name, "yes" if ok else "NO", detail)
+    console.print(table())
+    console.print(result)
+    counts = Table(title="counts")
+    counts.add_column("what")
+    counts.add_column("how many", justify="right")
+    for k, v in [
+        *faults.items(),
+        ("server kills (kill -9)", opts.kills),
+        ("retries", t["retries"]),
+        ("replays", t["replays"]),
+        ("reconnects", t["reconnects"]),
+        ("refused (insufficient funds)", t["refused"]),
+    ]:
+        counts.add_row(k.replace("_", " "), str(v))
+    for i, r in enumerate(recovered):
+        counts.add_row(f"served again after restart {i + 1} (s)", f"{r:.2f}")
+    console.print(counts)
+    failed = [name for name, ok, _ in checks if not ok]
+    if failed:
+        console.print(f"[bold red]FAILED[/]: {', '.join(failed)} (ledger kept in {db})")
+        return 1
+    console.print(f"[bold green]all checks hold[/] (ledger in {db})")
+    return 0
