@@ -1236,7 +1236,7 @@ def test_c_reader_hands_back_a_partial_large_frame_whole() -> None:
 @needs_c
 def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> None:
     params = FrameFormat()._scan_params
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="read_size must be in"):
         _codec._speedups.FrameReader(0, 10, *params)
     with pytest.raises(TypeError):
         _codec._speedups.FrameReader(10, 10)
