@@ -86,11 +86,19 @@ State_get_rt(StateObject *self, void *closure)
     return Py_NewRef(current_rt ? current_rt : Py_None);
 }
 
+static PyTypeObject RuntimeBaseType;
+
 static int
 State_set_rt(StateObject *self, PyObject *value, void *closure)
 {
     if (value == NULL) {
         PyErr_SetString(PyExc_AttributeError, "cannot delete rt");
+        return -1;
+    }
+    /* The channel code reads the slot as a runtime record without checking its type. */
+    if (value != Py_None && !PyObject_TypeCheck(value, &RuntimeBaseType)) {
+        PyErr_Format(PyExc_TypeError, "State.rt must be a runtime or None, not %s",
+                     Py_TYPE(value)->tp_name);
         return -1;
     }
     PyObject *old = current_rt;
@@ -114,6 +122,50 @@ static PyTypeObject StateType = {
     .tp_getset = State_getset,
     .tp_new = PyType_GenericNew,
 };
+
+/* ------------------------------------------------- record field descriptors */
+
+/* The object fields of the G, P and runtime records are reached from Python through
+ * these getters and setters, not as plain members: the C code reads them without a NULL
+ * check, so deleting one is refused, and the few whose type the C code relies on are
+ * checked when set. (A plain T_OBJECT member can be deleted, leaving the NULL that the
+ * next read dereferences.) */
+static int
+refuse_delete(PyObject *self, const char *field)
+{
+    PyErr_Format(PyExc_AttributeError,
+                 "cannot delete %s.%s: the scheduler reads it",
+                 Py_TYPE(self)->tp_name, field);
+    return -1;
+}
+
+static int
+refuse_type(PyObject *self, const char *field, const char *want, PyObject *value)
+{
+    PyErr_Format(PyExc_TypeError, "%s.%s must be %s, not %s", Py_TYPE(self)->tp_name, field,
+                 want, Py_TYPE(value)->tp_name);
+    return -1;
+}
+
+/* A getter and a setter for the object field `field` of records of C type Obj; `check`
+ * is an expression in `value` that must hold for an assignment (1 for any value). */
+#define RECORD_FIELD(prefix, Obj, field, check, want)                                   \
+    static PyObject *prefix##_get_##field(Obj *self, void *closure)                     \
+    {                                                                                   \
+        return Py_NewRef(self->field);                                                  \
+    }                                                                                   \
+    static int prefix##_set_##field(Obj *self, PyObject *value, void *closure)          \
+    {                                                                                   \
+        if (value == NULL)                                                              \
+            return refuse_delete((PyObject *)self, #field);                             \
+        if (!(check))                                                                   \
+            return refuse_type((PyObject *)self, #field, want, value);                  \
+        Py_SETREF(self->field, Py_NewRef(value));                                       \
+        return 0;                                                                       \
+    }
+
+#define RECORD_GETSET(prefix, field, doc)                                               \
+    {#field, (getter)prefix##_get_##field, (setter)prefix##_set_##field, doc, NULL}
 
 /* ------------------------------------------------------------------ GBase */
 
@@ -184,13 +236,24 @@ GBase_dealloc(GObject *g)
     tp->tp_free((PyObject *)g);
 }
 
+RECORD_FIELD(GBase, GObject, coro, 1, "")
+RECORD_FIELD(GBase, GObject, elem, 1, "")
+RECORD_FIELD(GBase, GObject, fn, 1, "")
+RECORD_FIELD(GBase, GObject, p, 1, "")
+RECORD_FIELD(GBase, GObject, param, 1, "")
+RECORD_FIELD(GBase, GObject, waitreason, 1, "")
+
+static PyGetSetDef GBase_getset[] = {
+    RECORD_GETSET(GBase, coro, "the goroutine's coroutine (None when idle or dead)"),
+    RECORD_GETSET(GBase, elem, "value being sent while parked in a sendq"),
+    RECORD_GETSET(GBase, fn, "the function started, for dumps"),
+    RECORD_GETSET(GBase, p, "the P this G last left for a syscall"),
+    RECORD_GETSET(GBase, param, "value handed to the G when next stepped"),
+    RECORD_GETSET(GBase, waitreason, "Go's wait reason while parked"),
+    {NULL},
+};
+
 static PyMemberDef GBase_members[] = {
-    {"coro", T_OBJECT, offsetof(GObject, coro), 0, "the goroutine's coroutine (None when idle or dead)"},
-    {"elem", T_OBJECT, offsetof(GObject, elem), 0, "value being sent while parked in a sendq"},
-    {"fn", T_OBJECT, offsetof(GObject, fn), 0, "the function started, for dumps"},
-    {"p", T_OBJECT, offsetof(GObject, p), 0, "the P this G last left for a syscall"},
-    {"param", T_OBJECT, offsetof(GObject, param), 0, "value handed to the G when next stepped"},
-    {"waitreason", T_OBJECT, offsetof(GObject, waitreason), 0, "Go's wait reason while parked"},
     {"goid", T_PYSSIZET, offsetof(GObject, goid), 0, "goroutine id"},
     {"parent", T_PYSSIZET, offsetof(GObject, parent), 0, "goid of the creator"},
     {"status", T_INT, offsetof(GObject, status), 0, "Go's _G status"},
@@ -210,6 +273,7 @@ static PyTypeObject GBaseType = {
     .tp_traverse = (traverseproc)GBase_traverse,
     .tp_clear = (inquiry)GBase_clear,
     .tp_members = GBase_members,
+    .tp_getset = GBase_getset,
 };
 
 /* ------------------------------------------------------------------ PBase */
@@ -228,10 +292,16 @@ PBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PObject *p = (PObject *)type->tp_alloc(type, 0);
     if (p == NULL)
         return NULL;
+    /* runq and gfree are typed from the start (the C code reads their sizes): a P made
+     * without its __init__ is empty, not broken. */
     p->runnext = Py_NewRef(Py_None);
-    p->runq = Py_NewRef(Py_None);
+    p->runq = PyObject_CallNoArgs((PyObject *)deque_type);
     p->timers = Py_NewRef(Py_None);
-    p->gfree = Py_NewRef(Py_None);
+    p->gfree = PyList_New(0);
+    if (p->runq == NULL || p->gfree == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
     return (PyObject *)p;
 }
 
@@ -264,11 +334,20 @@ PBase_dealloc(PObject *p)
     tp->tp_free((PyObject *)p);
 }
 
+RECORD_FIELD(PBase, PObject, runnext, 1, "")
+RECORD_FIELD(PBase, PObject, runq, PyObject_TypeCheck(value, deque_type), "a deque")
+RECORD_FIELD(PBase, PObject, timers, 1, "")
+RECORD_FIELD(PBase, PObject, gfree, PyList_CheckExact(value), "a list")
+
+static PyGetSetDef PBase_getset[] = {
+    RECORD_GETSET(PBase, runnext, "the G to run next, or None"),
+    RECORD_GETSET(PBase, runq, "the local run queue (a deque)"),
+    RECORD_GETSET(PBase, timers, "this P's timer heap"),
+    RECORD_GETSET(PBase, gfree, "dead Gs for reuse (a list)"),
+    {NULL},
+};
+
 static PyMemberDef PBase_members[] = {
-    {"runnext", T_OBJECT, offsetof(PObject, runnext), 0, "the G to run next, or None"},
-    {"runq", T_OBJECT, offsetof(PObject, runq), 0, "the local run queue (a deque)"},
-    {"timers", T_OBJECT, offsetof(PObject, timers), 0, "this P's timer heap"},
-    {"gfree", T_OBJECT, offsetof(PObject, gfree), 0, "dead Gs for reuse (a list)"},
     {"id", T_PYSSIZET, offsetof(PObject, id), 0, "the P's index"},
     {"schedtick", T_PYSSIZET, offsetof(PObject, schedtick), 0, "switches since the last fairness check"},
     {NULL},
@@ -285,6 +364,7 @@ static PyTypeObject PBaseType = {
     .tp_traverse = (traverseproc)PBase_traverse,
     .tp_clear = (inquiry)PBase_clear,
     .tp_members = PBase_members,
+    .tp_getset = PBase_getset,
 };
 
 /* ------------------------------------------------------------ RuntimeBase */
@@ -381,17 +461,22 @@ runq_put_tail(RtObject *rt, PObject *p, PyObject *g)
 static int
 goready(RtObject *rt, GObject *g, PyObject *param)
 {
+    Py_SETREF(g->param, Py_NewRef(param));
+    g->status = G_RUNNABLE;
+    /* Read after the old param was released: its finalizer may have changed rt.curp. */
     PObject *p = rt_curp(rt);
     if (p == NULL)
         return -1;
-    Py_SETREF(g->param, Py_NewRef(param));
-    g->status = G_RUNNABLE;
     if (rt->trace != Py_None) {
         PyObject *r = PyObject_CallMethod(rt->trace, "emit", "OOnnii", (PyObject *)rt, str_ready,
                                           p->id, g->goid, 0, 0);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
+        /* The trace is Python code: it may have changed rt.curp and freed the old P. */
+        p = rt_curp(rt);
+        if (p == NULL)
+            return -1;
     }
     PyObject *old = p->runnext;
     p->runnext = Py_NewRef((PyObject *)g);
@@ -619,13 +704,24 @@ static PyMethodDef RtBase_methods[] = {
     {NULL},
 };
 
+RECORD_FIELD(RtBase, RtObject, curg, value == Py_None || G_Check(value), "a G or None")
+RECORD_FIELD(RtBase, RtObject, curp, PyObject_TypeCheck(value, &PBaseType), "a P")
+RECORD_FIELD(RtBase, RtObject, trace, 1, "")
+RECORD_FIELD(RtBase, RtObject, allg, PyDict_CheckExact(value), "a dict")
+RECORD_FIELD(RtBase, RtObject, call_boxes, PyDict_CheckExact(value), "a dict")
+RECORD_FIELD(RtBase, RtObject, gfree, PyList_CheckExact(value), "a list")
+
+static PyGetSetDef RtBase_getset[] = {
+    RECORD_GETSET(RtBase, curg, "the G being stepped, or None"),
+    RECORD_GETSET(RtBase, curp, "the P being run"),
+    RECORD_GETSET(RtBase, trace, "the event trace, or None"),
+    RECORD_GETSET(RtBase, allg, "live goroutines by goid"),
+    RECORD_GETSET(RtBase, call_boxes, "callers awaiting outcomes"),
+    RECORD_GETSET(RtBase, gfree, "the global list of dead Gs"),
+    {NULL},
+};
+
 static PyMemberDef RtBase_members[] = {
-    {"curg", T_OBJECT, offsetof(RtObject, curg), 0, "the G being stepped, or None"},
-    {"curp", T_OBJECT, offsetof(RtObject, curp), 0, "the P being run"},
-    {"trace", T_OBJECT, offsetof(RtObject, trace), 0, "the event trace, or None"},
-    {"allg", T_OBJECT, offsetof(RtObject, allg), 0, "live goroutines by goid"},
-    {"call_boxes", T_OBJECT, offsetof(RtObject, call_boxes), 0, "callers awaiting outcomes"},
-    {"gfree", T_OBJECT, offsetof(RtObject, gfree), 0, "the global list of dead Gs"},
     {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
     {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
     {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
@@ -643,6 +739,7 @@ static PyTypeObject RuntimeBaseType = {
     .tp_traverse = (traverseproc)RtBase_traverse,
     .tp_clear = (inquiry)RtBase_clear,
     .tp_members = RtBase_members,
+    .tp_getset = RtBase_getset,
     .tp_methods = RtBase_methods,
 };
 
@@ -920,6 +1017,11 @@ ready_waiter(RtObject *rt, PyObject *w, PyObject *param)
     PyObject *g = PyObject_GetAttr(w, str_g);
     if (g == NULL)
         return -1;
+    if (!G_Check(g)) {
+        Py_DECREF(g);
+        PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds a waiter without a G");
+        return -1;
+    }
     int rc = goready(rt, (GObject *)g, w);
     Py_DECREF(g);
     return rc;
