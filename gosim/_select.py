@@ -18,15 +18,13 @@ Cases are built with :func:`recv` and :func:`send`.
 from __future__ import annotations
 
 import random
-import types
-from collections.abc import Generator
 from typing import Any, Final, TypeVar
 
 from gosim._chan import Chan
 from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel
 from gosim._core._g import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog
-from gosim._core._sched import _state
+from gosim._core._sched import _state, _trap
 
 T = TypeVar("T")
 
@@ -40,13 +38,24 @@ _PREEMPT = _sched.PREEMPT
 _budget = _sched.OP_BUDGET  # see gosim._chan: the same countdown, kept per module
 
 
-@types.coroutine
-def _preempt_point() -> Generator[Any, Any, None]:
+async def _preempt_point() -> None:
     global _budget
     _budget = _sched.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
-        yield _PREEMPT
+        await _trap(_PREEMPT)
+
+
+def _dequeue_sudogs(cases: tuple[Case, ...], sudogs: list[Sudog], fired: Sudog | None) -> None:
+    """Take a select's sudogs but ``fired`` out of their channels' wait queues (pass 3)."""
+    for sg in sudogs:
+        if sg is not fired:
+            ch = sg.ch
+            q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
+            try:
+                q.remove(sg)
+            except ValueError:  # already taken out by a dequeue that skipped it
+                pass
 
 
 def recv(ch: Chan[Any] | None) -> Case:
@@ -63,12 +72,13 @@ def send(ch: Chan[T] | None, value: T) -> Case:
     return (SEND, ch, value)
 
 
-@types.coroutine
-def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int, Any, bool]]:
+async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
     """Run one ready case, chosen uniformly at random; block until one is ready unless ``default``.
 
     Returns ``(index, value, ok)`` as described in the module docstring. A send case on
-    a closed channel that is chosen raises ``send on closed channel``.
+    a closed channel that is chosen raises ``send on closed channel``. A select that
+    parked and ends without a case firing (an exception thrown into the goroutine, its
+    coroutine closed) takes every one of its sudogs out of the wait queues.
     """
     global _budget
     rt = _state.rt
@@ -95,20 +105,20 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
             if received:
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
                 return i, v, ok
         elif case[0] == SEND:
             if ch.try_send(case[2]):
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
                 return i, None, True
         else:
             raise TypeError("select: cases must be made with gosim.recv or gosim.send")
     if default:
         _budget -= 1
         if _budget <= 0:
-            yield from _preempt_point()
+            await _preempt_point()
         return -1, None, False
     if rt is None or rt.curg is None:
         raise NotInRuntime("select would block outside a gosim goroutine")
@@ -129,19 +139,18 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
         # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
         # nil channels parks in selectgo as a plain "select".
         g.waitreason = WAIT_SELECT_NO_CASES if n == 0 else WAIT_SELECT
-        yield _PARK  # never readied: blocks forever, as in Go
+        await _trap(_PARK)  # never readied: blocks forever, as in Go
         raise AssertionError("unreachable: select with no cases was woken")  # pragma: no cover
     g.waitreason = WAIT_SELECT
-    fired: Sudog = yield _PARK
+    try:
+        fired: Sudog = await _trap(_PARK)
+    except BaseException:
+        # Go's pass 3 for a select that no case woke: every sudog leaves its queue.
+        g.selectdone = False
+        _dequeue_sudogs(cases, sudogs, None)
+        raise
     g.selectdone = False
-    for sg in sudogs:
-        if sg is not fired:
-            ch = sg.ch
-            q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
-            try:
-                q.remove(sg)
-            except ValueError:  # already taken out by a dequeue that skipped it
-                pass
+    _dequeue_sudogs(cases, sudogs, fired)
     i = fired.caseidx
     if cases[i][0] == SEND:
         if not fired.ok:

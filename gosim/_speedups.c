@@ -823,6 +823,7 @@ typedef struct {
     Py_ssize_t ringcap, head, count, cap;
     PyObject *recvq, *sendq; /* deques of parked Gs and Sudogs */
     char closed;
+    char initialized; /* __init__ ran: a channel is made once (see Chan_init) */
     PyObject *weakreflist;
 } ChanObject;
 
@@ -848,6 +849,12 @@ Chan_init(ChanObject *ch, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"cap", NULL};
     PyObject *capobj = NULL;
+    /* Go's make gives a new channel; there is no re-make. Re-running __init__ on a live
+     * channel would change its capacity under its buffered values and parked waiters. */
+    if (ch->initialized) {
+        PyErr_SetString(PyExc_TypeError, "Chan.__init__: a channel cannot be re-initialised");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Chan", kwlist, &capobj))
         return -1;
     Py_ssize_t cap = 0;
@@ -871,6 +878,7 @@ Chan_init(ChanObject *ch, PyObject *args, PyObject *kwds)
         }
     }
     ch->cap = cap;
+    ch->initialized = 1;
     return 0;
 }
 
@@ -1228,10 +1236,27 @@ ChanOp_clear(ChanOpObject *op)
     return 0;
 }
 
+/* An op dropped before it was awaited did nothing (a receive took no value, a send that
+ * had to wait sent none): almost always a missing `await`. Warn as CPython does for a
+ * coroutine never awaited (the pure-Python operations are coroutines and warn so). */
+static void
+chanop_warn_unawaited(ChanOpObject *op)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    static const char *names[] = {"recv", "recv2", "__anext__", "send", "send"};
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "channel operation 'Chan.%s' was never awaited",
+                         names[op->mode]) < 0)
+        PyErr_WriteUnraisable(NULL); /* not op: it is being freed */
+    PyErr_Restore(type, value, tb);
+}
+
 static void
 ChanOp_dealloc(ChanOpObject *op)
 {
     PyObject_GC_UnTrack(op);
+    if (op->state == ST_FRESH && op->chan != NULL)
+        chanop_warn_unawaited(op);
     ChanOp_clear(op);
     if (chanop_nfree < CHANOP_FREELIST_MAX)
         chanop_freelist[chanop_nfree++] = op;
@@ -1278,11 +1303,10 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         return PYGEN_RETURN;
     case ST_PARKED: {
         op->state = ST_DONE;
-        RtObject *rt = (RtObject *)current_rt;
-        GObject *g = (rt && G_Check(rt->curg)) ? (GObject *)rt->curg : NULL;
+        /* Woken by a channel operation: the waker took the G out of the queue. */
+        GObject *g = (GObject *)op->value; /* the G that parked (set when parking) */
         if (op->mode == OP_SEND) {
-            if (g != NULL)
-                Py_SETREF(g->elem, Py_NewRef(Py_None));
+            Py_SETREF(g->elem, Py_NewRef(Py_None));
             if (arg != Py_True) {
                 PyErr_SetString(SendOnClosedChannel, "send on closed channel");
                 *result = NULL;
@@ -1291,14 +1315,14 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = Py_NewRef(Py_None);
             return PYGEN_RETURN;
         }
-        int ok = g != NULL ? g->ok : 1;
+        int ok = g->ok;
         if (op->mode == OP_RECV)
             ok = 1; /* plain receive returns the value (None once closed) */
         *result = recv_result(op->mode, arg, ok);
         return *result ? PYGEN_RETURN : PYGEN_ERROR;
     }
     default:
-        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited channel operation");
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited channel operation");
         *result = NULL;
         return PYGEN_ERROR;
     }
@@ -1334,6 +1358,9 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
+        /* The value now travels in g.elem; the op keeps the G, to leave the queue if
+         * the park ends by an exception or close instead of a wake (chanop_unpark). */
+        Py_SETREF(op->value, Py_NewRef((PyObject *)g));
         op->state = ST_PARKED;
         *result = Py_NewRef(PARK);
         return PYGEN_NEXT;
@@ -1383,6 +1410,7 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         *result = NULL;
         return PYGEN_ERROR;
     }
+    Py_SETREF(op->value, Py_NewRef((PyObject *)g)); /* see the send park above */
     op->state = ST_PARKED;
     *result = Py_NewRef(PARK);
     return PYGEN_NEXT;
@@ -1431,13 +1459,43 @@ ChanOp_send(ChanOpObject *op, PyObject *arg)
     return chanop_send_impl(op, arg);
 }
 
+/* The op is finished without a wake: an exception thrown into the parked goroutine, or
+ * its coroutine closed. A parked G leaves its wait queue, as Go's selectgo/chanrecv
+ * cleanup dequeues a sudog that was not the one woken: otherwise a later send would hand
+ * its value to whatever the G waits on next. Costs nothing on the wake path (am_send).
+ * 0, or -1 with an error. */
+static int
+chanop_unpark(ChanOpObject *op)
+{
+    int parked = op->state == ST_PARKED;
+    op->state = ST_DONE;
+    if (!parked)
+        return 0;
+    ChanObject *ch = (ChanObject *)op->chan;
+    PyObject *g = op->value;
+    PyObject *q = op->mode == OP_SEND ? ch->sendq : ch->recvq;
+    if (op->mode == OP_SEND && G_Check(g))
+        Py_SETREF(((GObject *)g)->elem, Py_NewRef(Py_None));
+    /* Absent when a waker dequeued it just before the exception came. */
+    PyObject *r = PyObject_CallMethodOneArg(q, str_remove, g);
+    if (r == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *
 ChanOp_throw(ChanOpObject *op, PyObject *args)
 {
     PyObject *typ, *val = NULL, *tb = NULL;
     if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
         return NULL;
-    op->state = ST_DONE;
+    if (chanop_unpark(op) < 0)
+        return NULL;
     if (PyExceptionClass_Check(typ))
         PyErr_SetObject(typ, val);
     else
@@ -1448,7 +1506,8 @@ ChanOp_throw(ChanOpObject *op, PyObject *args)
 static PyObject *
 ChanOp_close(ChanOpObject *op, PyObject *unused)
 {
-    op->state = ST_DONE;
+    if (chanop_unpark(op) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import gosim
-from gosim import Chan, go
+from gosim import Chan, go, recv, select
 from gosim._core._accel import speedups
 
 needs_speedups = pytest.mark.skipif(
@@ -155,7 +155,8 @@ def test_a_receive_made_but_not_awaited_takes_nothing() -> None:
         ch: Chan[int] = Chan(2)
         await ch.send(1)
         op = ch.recv()  # never awaited: the value must stay in the channel
-        del op
+        with pytest.warns(RuntimeWarning, match="never awaited"):  # as a coroutine warns
+            del op
         got = [await ch.recv()]
         await ch.send(2)
         got.append(await ch.recv())
@@ -164,17 +165,44 @@ def test_a_receive_made_but_not_awaited_takes_nothing() -> None:
     assert gosim.run(main) == [1, 2]
 
 
-@needs_speedups
 def test_an_awaited_operation_cannot_be_awaited_again() -> None:
-    # As with a native coroutine; the Python fallback's exhausted generator would
-    # quietly return None instead.
+    # As with a native coroutine, on both paths (the Python operations are coroutines;
+    # they were generators, whose second await quietly gave None). Each kind of
+    # operation that has its own awaitable: receives of every form, a send that had to
+    # park, a select. A send that completed when called returns a shared finished
+    # awaitable: the operation is over by then, and awaiting that again is a no-op.
     async def main() -> None:
         ch: Chan[int] = Chan(1)
         await ch.send(1)
+        ops: list[Any] = []
         op = ch.recv()
         assert await op == 1
-        with pytest.raises(RuntimeError, match="already awaited"):
-            await op
+        ops.append(op)
+        await ch.send(2)
+        op = ch.recv2()
+        assert await op == (2, True)
+        ops.append(op)
+        await ch.send(3)
+        it = aiter(ch)
+        op = anext(it)
+        assert await op == 3
+        ops.append(op)
+        await ch.send(4)
+        op = select(recv(ch))
+        assert await op == (0, 4, True)
+        ops.append(op)
+
+        async def receiver() -> None:
+            await ch.recv()
+
+        await ch.send(5)  # fills the buffer: the next send parks
+        op = ch.send(6)
+        go(receiver)
+        await op
+        ops.append(op)
+        for op in ops:
+            with pytest.raises(RuntimeError, match="cannot reuse already awaited"):
+                await op
 
     gosim.run(main)
 
