@@ -270,3 +270,115 @@ def test_goroutines_left_parked_when_main_returns_keep_nothing_alive() -> None:
         gosim.run(main)
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+# ------------------------------------------------------------------------------------
+# Python code must not crash the interpreter through the records gosim.lowlevel reaches
+# (issue 18). Each program runs in a child process, so a crash shows as a signal.
+
+_RECORDS_CHILD = textwrap.dedent(
+    """
+    import sys
+    from collections import deque
+    import gosim
+    from gosim import Chan, go, lowlevel, recv, select
+    from gosim._core import _sched
+
+    def workload_after(mutate):
+        # Mutate a record from inside a goroutine, then use every hot path on it.
+        async def main():
+            rt = lowlevel.current_runtime()
+            records = {"g": lowlevel.current_g(), "p": rt.curp, "rt": rt}
+            try:
+                mutate(records)
+            except (AttributeError, TypeError) as exc:
+                print("refused:", exc)
+            ch, sel = Chan(0), Chan(1)
+            async def sender():
+                await ch.send(1)
+                await sel.send(2)
+            for _ in range(3):
+                go(sender)
+            for _ in range(3):
+                await ch.recv()
+                await select(recv(sel), recv(None))
+            await gosim.gosched()
+            await gosim.sleep(0)
+        try:
+            gosim.run(main, procs=2)
+        except BaseException as exc:  # any Python error is fine here; a crash is not
+            if isinstance(exc, SystemError):
+                raise
+            print("raised:", type(exc).__name__)
+        finally:
+            _sched._state.rt = None
+
+    def delete(name, field):
+        return lambda records: delattr(records[name], field)
+
+    def assign(name, field, value):
+        return lambda records: setattr(records[name], field, value)
+
+    cases = sys.argv[1].split(",")
+    for case in cases:
+        name, field, how = case.split(".")
+        print(case, flush=True)
+        if how == "del":
+            workload_after(delete(name, field))
+        else:
+            value = {"none": None, "int": 7, "list": [], "dict": {}, "deque": deque(),
+                     "obj": object()}[how]
+            workload_after(assign(name, field, value))
+    print("survived", flush=True)
+    """
+)
+
+_OBJECT_FIELDS = {
+    "g": ["coro", "elem", "fn", "p", "param", "waitreason"],
+    "p": ["runnext", "runq", "timers", "gfree"],
+    "rt": ["curg", "curp", "trace", "allg", "call_boxes", "gfree"],
+}
+
+
+def _run_records_child(cases: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _RECORDS_CHILD, ",".join(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("record", sorted(_OBJECT_FIELDS))
+def test_deleting_a_record_field_never_crashes(record: str) -> None:
+    # `del g.coro` and friends left a NULL that the C scheduler dereferenced (SIGSEGV);
+    # `del rt.trace` gave SystemError. Deletion is refused now; the pure-Python records
+    # allow it and fail later with an AttributeError, which is fine: no crash.
+    cases = [f"{record}.{field}.del" for field in _OBJECT_FIELDS[record]]
+    proc = _run_records_child(cases)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "survived" in proc.stdout
+    if speedups is not None:
+        assert proc.stdout.count("refused: cannot delete") == len(cases)
+
+
+@pytest.mark.parametrize("value", ["none", "int", "list", "dict", "deque", "obj"])
+def test_assigning_any_value_to_a_record_field_never_crashes(value: str) -> None:
+    # The C code reads rt.allg as a dict, p.runq as a deque, p.gfree as a list...:
+    # those are checked on assignment; the others take any value, and a wrong one ends
+    # in a Python exception (a panic, a TypeError), never in a crash.
+    cases = [f"{r}.{f}.{value}" for r, fields in _OBJECT_FIELDS.items() for f in fields]
+    proc = _run_records_child(cases)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "survived" in proc.stdout
+
+
+@needs_speedups
+def test_the_current_runtime_slot_takes_only_a_runtime() -> None:
+    # The C channel code reads the per-thread slot as a runtime record.
+    from gosim._core import _sched
+
+    with pytest.raises(TypeError, match="must be a runtime or None"):
+        _sched._state.rt = object()  # type: ignore[assignment]
+    assert _sched._state.rt is None
