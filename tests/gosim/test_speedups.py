@@ -382,3 +382,118 @@ def test_the_current_runtime_slot_takes_only_a_runtime() -> None:
     with pytest.raises(TypeError, match="must be a runtime or None"):
         _sched._state.rt = object()  # type: ignore[assignment]
     assert _sched._state.rt is None
+
+
+# ------------------------------------------------------------------------------------
+# A goroutine that leaves a channel park without being woken (an exception thrown in,
+# its coroutine closed) leaves every wait queue it was on (issue 18), on both paths.
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _step_with_throw(g: Any, exc: BaseException) -> Any:
+    """Throw exc into parked goroutine g as the driver steps one (rt.curg is g meanwhile)."""
+    from gosim import lowlevel
+
+    rt = lowlevel.current_runtime()
+    me = rt.curg
+    rt.curg = g
+    try:
+        return g.coro.throw(exc)
+    finally:
+        rt.curg = me
+
+
+_PARK_KINDS = ["recv", "recv2", "anext", "send", "select-recv", "select-send"]
+
+
+async def _park_on(kind: str, ch: Chan[int], other: Chan[int]) -> Any:
+    if kind == "recv":
+        return await ch.recv()
+    if kind == "recv2":
+        return await ch.recv2()
+    if kind == "anext":
+        return await anext(aiter(ch))
+    if kind == "send":
+        return await ch.send(5)
+    if kind == "select-recv":
+        return await select(recv(ch), recv(other))
+    return await select(gosim.send(ch, 5), recv(other))
+
+
+@pytest.mark.parametrize("kind", _PARK_KINDS)
+def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
+    # The goroutine catches the exception and waits on another channel: a later
+    # operation on the first channel must not pair with it (it was handed the value,
+    # and through select the runtime's internal Sudog).
+    from gosim import lowlevel
+
+    async def main() -> list[Any]:
+        ch: Chan[int] = Chan(0)
+        other: Chan[int] = Chan(0)
+        after: Chan[int] = Chan(0)
+        got: list[Any] = []
+        box: list[Any] = []
+
+        async def waiter() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await _park_on(kind, ch, other)
+            except _Interrupt:
+                got.append("interrupted")
+            got.append(await after.recv())
+
+        go(waiter)
+        await gosim.gosched()  # the waiter parks on ch (and other, for a select)
+        assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
+        assert got == ["interrupted"]
+        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+        if kind in ("send", "select-send"):
+            assert ch.try_recv() == (None, False, False)  # nobody is sending any more
+        else:
+            assert not ch.try_send(7)  # nobody is receiving any more
+        assert not other.try_send(8)
+        await after.send(9)
+        await gosim.gosched()
+        return got
+
+    assert gosim.run(main, procs=1) == ["interrupted", 9]
+
+
+@pytest.mark.parametrize("kind", _PARK_KINDS)
+def test_a_park_left_by_closing_the_coroutine_leaves_the_wait_queues(kind: str) -> None:
+    from gosim import lowlevel
+
+    async def main() -> None:
+        ch: Chan[int] = Chan(0)
+        other: Chan[int] = Chan(0)
+        box: list[Any] = []
+        finished: list[str] = []
+
+        async def waiter() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await _park_on(kind, ch, other)
+            finally:
+                finished.append("closed")
+
+        go(waiter)
+        await gosim.gosched()
+        box[0].coro.close()
+        assert finished == ["closed"]
+        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+        assert not ch.try_send(7) and ch.try_recv() == (None, False, False)
+
+    gosim.run(main, procs=1)
+
+
+def test_a_live_channel_cannot_be_initialised_again() -> None:
+    # C kept the buffer under the new capacity (len 2, cap 0); Python dropped the buffer
+    # and orphaned any parked goroutine. Go has no re-make: both refuse.
+    ch: Chan[int] = Chan(2)
+    assert ch.try_send(1) and ch.try_send(2)
+    with pytest.raises(TypeError, match="cannot be re-initialised"):
+        ch.__init__(0)  # type: ignore[misc]
+    assert (ch.len(), ch.cap(), ch.try_recv()) == (2, 2, (1, True, True))
