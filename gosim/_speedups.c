@@ -1295,6 +1295,9 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
     ChanObject *ch = (ChanObject *)op->chan;
     switch (op->state) {
     case ST_FRESH:
+        /* Awaited now: never "unawaited", even if it fails below (each way out that
+         * does not finish it sets its state again). */
+        op->state = ST_DONE;
         break;
     case ST_PREEMPTED:
         op->state = ST_DONE;

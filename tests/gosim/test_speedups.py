@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 import gosim
-from gosim import Chan, go, recv, select
+from gosim import Chan, go, lowlevel, recv, select
+from gosim._core import _sched
 from gosim._core._accel import speedups
 
 needs_speedups = pytest.mark.skipif(
@@ -377,8 +378,6 @@ def test_assigning_any_value_to_a_record_field_never_crashes(value: str) -> None
 @needs_speedups
 def test_the_current_runtime_slot_takes_only_a_runtime() -> None:
     # The C channel code reads the per-thread slot as a runtime record.
-    from gosim._core import _sched
-
     with pytest.raises(TypeError, match="must be a runtime or None"):
         _sched._state.rt = object()  # type: ignore[assignment]
     assert _sched._state.rt is None
@@ -395,8 +394,6 @@ class _Interrupt(Exception):
 
 def _step_with_throw(g: Any, exc: BaseException) -> Any:
     """Throw exc into parked goroutine g as the driver steps one (rt.curg is g meanwhile)."""
-    from gosim import lowlevel
-
     rt = lowlevel.current_runtime()
     me = rt.curg
     rt.curg = g
@@ -428,8 +425,6 @@ def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
     # The goroutine catches the exception and waits on another channel: a later
     # operation on the first channel must not pair with it (it was handed the value,
     # and through select the runtime's internal Sudog).
-    from gosim import lowlevel
-
     async def main() -> list[Any]:
         ch: Chan[int] = Chan(0)
         other: Chan[int] = Chan(0)
@@ -464,8 +459,6 @@ def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", _PARK_KINDS)
 def test_a_park_left_by_closing_the_coroutine_leaves_the_wait_queues(kind: str) -> None:
-    from gosim import lowlevel
-
     async def main() -> None:
         ch: Chan[int] = Chan(0)
         other: Chan[int] = Chan(0)
@@ -497,3 +490,104 @@ def test_a_live_channel_cannot_be_initialised_again() -> None:
     with pytest.raises(TypeError, match="cannot be re-initialised"):
         ch.__init__(0)  # type: ignore[misc]
     assert (ch.len(), ch.cap(), ch.try_recv()) == (2, 2, (1, True, True))
+
+
+_FUZZ_RECORDS = textwrap.dedent(
+    """
+    import signal
+    from collections import deque
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    import gosim
+    from gosim import Chan, go, lowlevel, recv, select, send
+    from gosim._core import _sched
+
+    FIELDS = {
+        "g": ["coro", "elem", "fn", "p", "param", "waitreason", "goid", "parent", "status",
+              "ok", "selectdone"],
+        "p": ["runnext", "runq", "timers", "gfree", "id", "schedtick"],
+        "rt": ["curg", "curp", "trace", "allg", "call_boxes", "gfree", "nswitch", "goidgen",
+               "main_goexited"],
+        "state": ["rt"],
+    }
+    VALUES = st.sampled_from(["none", "int", "huge", "negative", "str", "list", "dict",
+                              "deque", "object", "true", "a_g", "a_p", "the_rt"])
+    ACTIONS = st.lists(
+        st.tuples(st.sampled_from(sorted(FIELDS)), st.integers(0, 10),
+                  st.sampled_from(["del", "set"]), VALUES),
+        min_size=1, max_size=3)
+
+    def value(name, records):
+        return {"none": None, "int": 3, "huge": 2**62, "negative": -5, "str": "x",
+                "list": [], "dict": {}, "deque": deque(), "object": object(), "true": True,
+                "a_g": records["g"], "a_p": records["p"], "the_rt": records["rt"]}[name]
+
+    def timeout(signum, frame):
+        raise TimeoutError("example took too long")
+
+    signal.signal(signal.SIGALRM, timeout)
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(actions=ACTIONS, when=st.sampled_from(["first", "after_spawn", "in_child"]))
+    def fuzz(actions, when):
+        def mutate():
+            rt = lowlevel.current_runtime()
+            records = {"g": lowlevel.current_g(), "p": rt.curp, "rt": rt, "state": _sched._state}
+            for name, i, how, v in actions:
+                field = FIELDS[name][i % len(FIELDS[name])]
+                try:
+                    if how == "del":
+                        delattr(records[name], field)
+                    else:
+                        setattr(records[name], field, value(v, records))
+                except (AttributeError, TypeError, ValueError, OverflowError):
+                    pass
+
+        async def child(ch, out):
+            if when == "in_child":
+                mutate()
+            v = await ch.recv()
+            await out.send(v)
+
+        async def main():
+            if when == "first":
+                mutate()
+            ch, out, buf = Chan(0), Chan(0), Chan(2)
+            for _ in range(2):
+                go(child, ch, out)
+            if when == "after_spawn":
+                mutate()
+            for i in range(2):
+                await ch.send(i)
+                await select(recv(out), send(buf, i))
+            await gosim.gosched()
+            await gosim.sleep(0)
+
+        signal.alarm(20)
+        try:
+            gosim.run(main, procs=2)
+        except SystemError:
+            raise
+        except BaseException:
+            pass  # any Python error: a wrong field makes the runtime fail, not crash
+        finally:
+            signal.alarm(0)
+            _sched._state.rt = None
+
+    fuzz()
+    print("survived")
+    """
+)
+
+
+def test_fuzz_the_records_with_deletions_and_assignments() -> None:
+    # Bounded: each example is one short runtime; a crash ends the child with a signal.
+    proc = subprocess.run(
+        [sys.executable, "-c", "MAX_EXAMPLES = 150\n" + _FUZZ_RECORDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert proc.stdout.split()[-1:] == ["survived"]
