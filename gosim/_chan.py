@@ -24,6 +24,17 @@ the driver. Parked waiters are the G itself for plain operations and a Sudog for
 cases; a select's sudogs on other channels are skipped once one of its cases has fired
 (``g.selectdone``) and removed by the select when it resumes.
 
+A park that ends without a wake (an exception thrown into the goroutine, its coroutine
+closed) takes the waiter out of its queue on the way out, as Go's ``selectgo`` dequeues
+the sudogs that were not woken: a later operation on the channel must not pair with a
+goroutine that has gone on to wait elsewhere.
+
+Each operation's awaitable is awaited once, as a coroutine is: a second ``await``
+raises RuntimeError, and one dropped unawaited warns (RuntimeWarning). The exception is
+a send that completed when ``send`` was called: it returns a shared finished awaitable.
+A channel is made once: ``__init__`` on a live channel raises TypeError (Go has no
+re-make, and a new capacity under buffered values and parked waiters means nothing).
+
 The zero value is ``None`` (Python has no typed zero values).
 
 This class is the reference implementation. When the C accelerator is built,
