@@ -591,3 +591,31 @@ def test_fuzz_the_records_with_deletions_and_assignments() -> None:
     )
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
     assert proc.stdout.split()[-1:] == ["survived"]
+
+
+def test_a_sleep_left_by_an_exception_disarms_its_timer() -> None:
+    # The same rule for the timer a sleep parks on: it must not wake the goroutine in
+    # whatever it waits on next.
+    async def main() -> list[Any]:
+        after: Chan[int] = Chan(0)
+        got: list[Any] = []
+        box: list[Any] = []
+
+        async def sleeper() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await gosim.sleep(0.01)
+            except _Interrupt:
+                got.append("interrupted")
+            got.append(await after.recv())
+
+        go(sleeper)
+        await gosim.gosched()
+        assert _step_with_throw(box[0], _Interrupt()) == "park"
+        await gosim.sleep(0.05)  # the sleep's timer would have fired by now
+        assert got == ["interrupted"]
+        await after.send(9)
+        await gosim.gosched()
+        return got
+
+    assert gosim.run(main, procs=1, virtual_time=True) == ["interrupted", 9]
