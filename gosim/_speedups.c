@@ -152,7 +152,7 @@ refuse_type(PyObject *self, const char *field, const char *want, PyObject *value
 #define RECORD_FIELD(prefix, Obj, field, check, want)                                   \
     static PyObject *prefix##_get_##field(Obj *self, void *closure)                     \
     {                                                                                   \
-        return Py_NewRef(self->field);                                                  \
+        return Py_NewRef(self->field ? self->field : Py_None);                          \
     }                                                                                   \
     static int prefix##_set_##field(Obj *self, PyObject *value, void *closure)          \
     {                                                                                   \
@@ -215,15 +215,17 @@ GBase_traverse(GObject *g, visitproc visit, void *arg)
     return 0;
 }
 
+/* tp_clear (breaking a reference cycle) leaves None, never NULL: the record may still
+ * be reached, by a finalizer or by the scheduler, after the collector cleared it. */
 static int
 GBase_clear(GObject *g)
 {
-    Py_CLEAR(g->coro);
-    Py_CLEAR(g->elem);
-    Py_CLEAR(g->fn);
-    Py_CLEAR(g->p);
-    Py_CLEAR(g->param);
-    Py_CLEAR(g->waitreason);
+    Py_SETREF(g->coro, Py_NewRef(Py_None));
+    Py_SETREF(g->elem, Py_NewRef(Py_None));
+    Py_SETREF(g->fn, Py_NewRef(Py_None));
+    Py_SETREF(g->p, Py_NewRef(Py_None));
+    Py_SETREF(g->param, Py_NewRef(Py_None));
+    Py_SETREF(g->waitreason, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -232,7 +234,12 @@ GBase_dealloc(GObject *g)
 {
     PyTypeObject *tp = Py_TYPE(g);
     PyObject_GC_UnTrack(g);
-    GBase_clear(g);
+    Py_CLEAR(g->coro);
+    Py_CLEAR(g->elem);
+    Py_CLEAR(g->fn);
+    Py_CLEAR(g->p);
+    Py_CLEAR(g->param);
+    Py_CLEAR(g->waitreason);
     tp->tp_free((PyObject *)g);
 }
 
@@ -315,13 +322,13 @@ PBase_traverse(PObject *p, visitproc visit, void *arg)
     return 0;
 }
 
+/* As GBase_clear: None for the untyped fields; the run queue and free list stay the
+ * (typed) containers the C code reads, which the collector clears themselves. */
 static int
 PBase_clear(PObject *p)
 {
-    Py_CLEAR(p->runnext);
-    Py_CLEAR(p->runq);
-    Py_CLEAR(p->timers);
-    Py_CLEAR(p->gfree);
+    Py_SETREF(p->runnext, Py_NewRef(Py_None));
+    Py_SETREF(p->timers, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -330,7 +337,10 @@ PBase_dealloc(PObject *p)
 {
     PyTypeObject *tp = Py_TYPE(p);
     PyObject_GC_UnTrack(p);
-    PBase_clear(p);
+    Py_CLEAR(p->runnext);
+    Py_CLEAR(p->runq);
+    Py_CLEAR(p->timers);
+    Py_CLEAR(p->gfree);
     tp->tp_free((PyObject *)p);
 }
 
@@ -409,15 +419,13 @@ RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
     return 0;
 }
 
+/* As PBase_clear (curp may be None here: every C read of it checks its type). */
 static int
 RtBase_clear(RtObject *rt)
 {
-    Py_CLEAR(rt->curg);
-    Py_CLEAR(rt->curp);
-    Py_CLEAR(rt->trace);
-    Py_CLEAR(rt->allg);
-    Py_CLEAR(rt->call_boxes);
-    Py_CLEAR(rt->gfree);
+    Py_SETREF(rt->curg, Py_NewRef(Py_None));
+    Py_SETREF(rt->curp, Py_NewRef(Py_None));
+    Py_SETREF(rt->trace, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -426,7 +434,12 @@ RtBase_dealloc(RtObject *rt)
 {
     PyTypeObject *tp = Py_TYPE(rt);
     PyObject_GC_UnTrack(rt);
-    RtBase_clear(rt);
+    Py_CLEAR(rt->curg);
+    Py_CLEAR(rt->curp);
+    Py_CLEAR(rt->trace);
+    Py_CLEAR(rt->allg);
+    Py_CLEAR(rt->call_boxes);
+    Py_CLEAR(rt->gfree);
     tp->tp_free((PyObject *)rt);
 }
 
