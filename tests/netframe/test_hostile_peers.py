@@ -440,16 +440,16 @@ class _ServerProcess:
             text=True,
         )
         assert self.proc.stdout is not None
-        line = self._line()
+        line = self._line(3 * BOUND)  # the frame kernel may be compiled first
         assert line.startswith("PORT "), line + self._stderr()
         self.port = int(line.split()[1])
 
-    def _line(self) -> str:
+    def _line(self, bound: float = BOUND) -> str:
         assert self.proc.stdout is not None
         result: list[str] = []
         t = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
         t.start()
-        t.join(BOUND)
+        t.join(bound)
         assert result, "the server process said nothing" + self._stderr()
         return result[0]
 
