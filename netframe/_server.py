@@ -711,17 +711,11 @@ class Server:
                 ticket = _Ticket()
                 order.append(ticket)
                 st.in_flight += 1
-                go(self._handle_in_order, st, ticket, payload)
+                go(self._handle_one, st, payload, ticket)
 
-    async def _handle_in_order(self, st: _Conn, ticket: _Ticket, payload: bytes) -> None:
-        assert self.handler is not None
-        try:
-            reply: Any = self.handler(payload)
-            if _awaitable(reply):
-                reply = await reply
-        except Exception:
-            self._counters["handler_errors"] += 1
-            reply = None
+    async def _release_in_order(self, st: _Conn, ticket: _Ticket, reply: Any) -> None:
+        """Raw mode's ordered replies: record this one, then (unless another goroutine
+        is at it) queue every finished reply at the head of the line, in order."""
         ticket.reply = reply
         ticket.done = True
         if st.releasing:
@@ -788,7 +782,9 @@ class Server:
                 if st.closed or not await _send(st, session.data(reply, gosim.now())):
                     return
 
-    async def _handle_one(self, st: _Conn, payload: bytes) -> None:
+    async def _handle_one(self, st: _Conn, payload: bytes, ticket: _Ticket | None = None) -> None:
+        """Run the handler on one request and queue its reply (raw mode with concurrent
+        handlers passes the request's ``ticket``: the reply then waits its turn)."""
         assert self.handler is not None
         try:
             reply: Any = self.handler(payload)
@@ -796,6 +792,9 @@ class Server:
                 reply = await reply
         except Exception:
             self._counters["handler_errors"] += 1
+            reply = None
+        if ticket is not None:
+            await self._release_in_order(st, ticket, reply)
             return
         if reply is not None and not st.closed:
             # A connection closed meanwhile (dead peer, shutdown past its grace) loses

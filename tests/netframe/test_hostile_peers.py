@@ -791,13 +791,13 @@ def test_raw_idle_timeout_closes_silent_and_slow_peers() -> None:
 
     async def main() -> tuple[bytes, bytes, int, int, int]:
         ln = net.listen("tcp", "127.0.0.1:0")
-        server = netframe.Server(lambda p: p, raw=True, max_in_flight=1, idle_timeout=0.3)
+        server = netframe.Server(lambda p: p, raw=True, max_in_flight=1, idle_timeout=0.5)
         go(server.serve, ln)
         peers = [Peer(f, port_of(ln)) for f in (silent, slow, chatty)]
         for p in peers:
             p.start()
         await wait_until(lambda: not peers[0].is_alive() and not peers[1].is_alive())
-        await gosim.sleep(0.5)  # the chatty peer outlives several timeouts
+        await gosim.sleep(1.0)  # the chatty peer outlives several timeouts
         left = server.stats().connections
         results = [p.finish() for p in peers]
         idle = server.stats().idle_closed
