@@ -92,8 +92,9 @@ _DEFAULT_MAX_CONNECTIONS = 10_000
 
 # accept(2) errors that say nothing about the listener: out of descriptors, buffers or
 # memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), a connection gone before it was accepted
-# (ECONNABORTED), an interrupted call; and the pending network errors Linux passes on
-# from the new socket, which its man page says to treat like EAGAIN by retrying.
+# (ECONNABORTED), an interrupted call, a firewall's refusal of one connection (EPERM);
+# and the pending network errors Linux passes on from the new socket, which accept(2)
+# says to treat like EAGAIN by retrying.
 _TEMPORARY_ACCEPT_ERRORS = frozenset(
     getattr(errno, name)
     for name in (
@@ -104,6 +105,7 @@ _TEMPORARY_ACCEPT_ERRORS = frozenset(
         "ECONNABORTED",
         "EINTR",
         "EAGAIN",
+        "ENETDOWN",
         "EPROTO",
         "ENOPROTOOPT",
         "EHOSTDOWN",
