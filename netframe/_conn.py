@@ -401,6 +401,11 @@ class FramedConn:
         least GATHER_MIN_BYTES together) and the connection can gather buffers
         (gosim.net's ``write_buffers``), headers and payloads go out in one
         ``sendmsg`` without copying the payloads.
+
+        A write deadline that passes (gosim.net's ``DeadlineExceeded``) says in
+        ``written`` how many bytes of the encoded frames went out first, as gosim.net's
+        ``Conn.write`` does; anything but 0 leaves a partial frame on the stream, so
+        the connection can only be closed then.
         """
         items = payloads if type(payloads) is list else list(payloads)
         if not items:
@@ -409,6 +414,15 @@ class FramedConn:
         if writer is not None and writer.load(items):  # encoded in C, sent by RawConn
             try:
                 await self._raw.write(writer)
+            except TimeoutError as exc:
+                # A write deadline: RawConn cannot know how much went out, the writer
+                # does (what it was loaded with, less what it still holds).
+                header = self.format._fixed_header
+                loaded = sum(
+                    header + (p.nbytes if type(p) is memoryview else len(p)) for p in items
+                )
+                exc.written = loaded - writer.pending  # type: ignore[attr-defined]
+                raise
             finally:
                 writer.discard()  # after an error nothing half-sent stays loaded
             self.frames_written += len(items)
