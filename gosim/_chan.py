@@ -24,6 +24,18 @@ the driver. Parked waiters are the G itself for plain operations and a Sudog for
 cases; a select's sudogs on other channels are skipped once one of its cases has fired
 (``g.selectdone``) and removed by the select when it resumes.
 
+A park that ends without a wake (an exception thrown into the goroutine, its coroutine
+closed) takes the waiter out of its queue on the way out, as Go's ``selectgo`` dequeues
+the sudogs that were not woken: a later operation on the channel must not pair with a
+goroutine that has gone on to wait elsewhere.
+
+Each operation's awaitable is awaited once, as a coroutine is: a second ``await``
+raises RuntimeError, and one dropped unawaited warns (RuntimeWarning). The exception is
+a send that completed when ``send`` was called: it returns a shared finished awaitable.
+(``select`` is a generator-based coroutine, on both paths, for its park's cost.)
+A channel is made once: ``__init__`` on a live channel raises TypeError (Go has no
+re-make, and a new capacity under buffered values and parked waiters means nothing).
+
 The zero value is ``None`` (Python has no typed zero values).
 
 This class is the reference implementation. When the C accelerator is built,
@@ -35,9 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import types
 from collections import deque
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gosim._core import _sched
@@ -50,7 +61,7 @@ from gosim._core._exceptions import (
 )
 from gosim._core._g import RUNNABLE as _RUNNABLE
 from gosim._core._g import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog
-from gosim._core._sched import _state
+from gosim._core._sched import _state, _trap
 
 T = TypeVar("T")
 
@@ -86,14 +97,27 @@ def _completed_awaitable() -> Awaitable[None]:
 _DONE = _completed_awaitable()
 
 
-@types.coroutine
-def _preempt_point() -> Generator[Any, Any, None]:
+async def _preempt_point() -> None:
     """Refill the budget; yield the processor if the running G has used up its slice."""
     global _budget
     _budget = _sched.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
-        yield _PREEMPT
+        await _trap(_PREEMPT)
+
+
+def _leave_queue(q: deque[Any], w: Any) -> None:
+    """Take waiter ``w`` out of wait queue ``q`` after its park ended without a wake.
+
+    An exception thrown into the parked goroutine, or its coroutine closed: as Go's
+    selectgo/chanrecv cleanup dequeues the sudogs that were not woken, so that a later
+    operation on the channel does not hand its value to whatever the G waits on next.
+    Absent when a waker dequeued it just before the exception came.
+    """
+    try:
+        q.remove(w)
+    except ValueError:
+        pass
 
 
 def _dequeue(q: deque[Any]) -> Any:
@@ -121,6 +145,10 @@ class Chan(Generic[T]):
     __slots__ = ("__weakref__", "_buf", "_cap", "_closed", "_recvq", "_sendq")
 
     def __init__(self, cap: int = 0) -> None:
+        if hasattr(self, "_closed"):
+            # Go's make gives a new channel; there is no re-make. Re-running __init__ on
+            # a live channel would drop its buffered values and orphan its parked waiters.
+            raise TypeError("Chan.__init__: a channel cannot be re-initialised")
         if not isinstance(cap, int) or isinstance(cap, bool):
             raise TypeError(f"makechan: size must be an int, got {type(cap).__name__}")
         if cap < 0 or cap > sys.maxsize:
@@ -142,7 +170,9 @@ class Chan(Generic[T]):
         """Send ``value``; block until a receiver takes it or there is buffer room.
 
         ``await ch.send(v)`` at once: the operation starts when ``send`` is called (a send
-        that can complete does so then, without a coroutine frame).
+        that can complete does so then, without a coroutine frame, and returns a shared
+        finished awaitable). An awaitable for a send that must wait is awaited once: a
+        second ``await`` raises RuntimeError, as for a coroutine.
         """
         global _budget
         if self._closed:
@@ -183,16 +213,21 @@ class Chan(Generic[T]):
             return _DONE
         return self._send_park(value)
 
-    @types.coroutine
-    def _send_park(self, value: T) -> Generator[Any, Any, None]:
+    async def _send_park(self, value: T) -> None:
         rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan send would block outside a gosim goroutine")
         g = rt.curg
         g.elem = value
         g.waitreason = WAIT_CHAN_SEND
-        self._sendq.append(g)
-        sent = yield _PARK
+        q = self._sendq
+        q.append(g)
+        try:
+            sent = await _trap(_PARK)
+        except BaseException:
+            g.elem = None
+            _leave_queue(q, g)
+            raise
         g.elem = None
         if not sent:
             raise SendOnClosedChannel("send on closed channel")
@@ -224,9 +259,11 @@ class Chan(Generic[T]):
 
     # ---------------------------------------------------------------- recv
 
-    @types.coroutine
-    def recv(self) -> Generator[Any, Any, T | None]:
-        """Receive a value; block until one is available. ``None`` once closed and drained."""
+    async def recv(self) -> T | None:
+        """Receive a value; block until one is available. ``None`` once closed and drained.
+
+        The awaitable is awaited once: a second ``await`` raises RuntimeError.
+        """
         global _budget
         buf = self._buf
         if buf:
@@ -237,7 +274,7 @@ class Chan(Generic[T]):
             if rt is not None:
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
             return v
         sq = self._sendq
         if sq:
@@ -261,7 +298,7 @@ class Chan(Generic[T]):
                         rt.runqput(p, old, False)
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
                 return v
         if self._closed:
             return None
@@ -270,11 +307,15 @@ class Chan(Generic[T]):
             raise NotInRuntime("chan receive would block outside a gosim goroutine")
         g = rt.curg
         g.waitreason = WAIT_CHAN_RECEIVE
-        self._recvq.append(g)
-        return (yield _PARK)  # type: ignore[no-any-return]
+        q = self._recvq
+        q.append(g)
+        try:
+            return await _trap(_PARK)  # type: ignore[no-any-return]
+        except BaseException:
+            _leave_queue(q, g)
+            raise
 
-    @types.coroutine
-    def recv2(self) -> Generator[Any, Any, tuple[T | None, bool]]:
+    async def recv2(self) -> tuple[T | None, bool]:
         """Go's ``v, ok := <-ch``: ``ok`` is False once the channel is closed and drained."""
         global _budget
         v, ok, received = self.try_recv()
@@ -283,7 +324,7 @@ class Chan(Generic[T]):
             if rt is not None:
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
             return v, ok
         rt = _state.rt
         if rt is None or rt.curg is None:
@@ -291,8 +332,13 @@ class Chan(Generic[T]):
         g = rt.curg
         g.waitreason = WAIT_CHAN_RECEIVE
         g.ok = True
-        self._recvq.append(g)
-        v = yield _PARK
+        q = self._recvq
+        q.append(g)
+        try:
+            v = await _trap(_PARK)
+        except BaseException:
+            _leave_queue(q, g)
+            raise
         return v, g.ok
 
     def try_recv(self) -> tuple[T | None, bool, bool]:
@@ -406,8 +452,7 @@ class Chan(Generic[T]):
     def __aiter__(self) -> Chan[T]:
         return self
 
-    @types.coroutine
-    def __anext__(self) -> Generator[Any, Any, T]:
+    async def __anext__(self) -> T:
         """``recv2`` for ``async for``, with recv's fast paths inlined (keep in step)."""
         global _budget
         buf = self._buf
@@ -417,7 +462,7 @@ class Chan(Generic[T]):
                 self._take_sender_into_buf()
             _budget -= 1
             if _budget <= 0:
-                yield from _preempt_point()
+                await _preempt_point()
             return v
         sq = self._sendq
         if sq:
@@ -440,7 +485,7 @@ class Chan(Generic[T]):
                         rt.runqput(p, old, False)
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
+                    await _preempt_point()
                 return v
         if self._closed:
             raise StopAsyncIteration
@@ -450,8 +495,13 @@ class Chan(Generic[T]):
         g = rt.curg
         g.waitreason = WAIT_CHAN_RECEIVE
         g.ok = True
-        self._recvq.append(g)
-        v = yield _PARK
+        q = self._recvq
+        q.append(g)
+        try:
+            v = await _trap(_PARK)
+        except BaseException:
+            _leave_queue(q, g)
+            raise
         if not g.ok:
             raise StopAsyncIteration
         return v

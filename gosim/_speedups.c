@@ -86,11 +86,19 @@ State_get_rt(StateObject *self, void *closure)
     return Py_NewRef(current_rt ? current_rt : Py_None);
 }
 
+static PyTypeObject RuntimeBaseType;
+
 static int
 State_set_rt(StateObject *self, PyObject *value, void *closure)
 {
     if (value == NULL) {
         PyErr_SetString(PyExc_AttributeError, "cannot delete rt");
+        return -1;
+    }
+    /* The channel code reads the slot as a runtime record without checking its type. */
+    if (value != Py_None && !PyObject_TypeCheck(value, &RuntimeBaseType)) {
+        PyErr_Format(PyExc_TypeError, "State.rt must be a runtime or None, not %s",
+                     Py_TYPE(value)->tp_name);
         return -1;
     }
     PyObject *old = current_rt;
@@ -114,6 +122,50 @@ static PyTypeObject StateType = {
     .tp_getset = State_getset,
     .tp_new = PyType_GenericNew,
 };
+
+/* ------------------------------------------------- record field descriptors */
+
+/* The object fields of the G, P and runtime records are reached from Python through
+ * these getters and setters, not as plain members: the C code reads them without a NULL
+ * check, so deleting one is refused, and the few whose type the C code relies on are
+ * checked when set. (A plain T_OBJECT member can be deleted, leaving the NULL that the
+ * next read dereferences.) */
+static int
+refuse_delete(PyObject *self, const char *field)
+{
+    PyErr_Format(PyExc_AttributeError,
+                 "cannot delete %s.%s: the scheduler reads it",
+                 Py_TYPE(self)->tp_name, field);
+    return -1;
+}
+
+static int
+refuse_type(PyObject *self, const char *field, const char *want, PyObject *value)
+{
+    PyErr_Format(PyExc_TypeError, "%s.%s must be %s, not %s", Py_TYPE(self)->tp_name, field,
+                 want, Py_TYPE(value)->tp_name);
+    return -1;
+}
+
+/* A getter and a setter for the object field `field` of records of C type Obj; `check`
+ * is an expression in `value` that must hold for an assignment (1 for any value). */
+#define RECORD_FIELD(prefix, Obj, field, check, want)                                   \
+    static PyObject *prefix##_get_##field(Obj *self, void *closure)                     \
+    {                                                                                   \
+        return Py_NewRef(self->field ? self->field : Py_None);                          \
+    }                                                                                   \
+    static int prefix##_set_##field(Obj *self, PyObject *value, void *closure)          \
+    {                                                                                   \
+        if (value == NULL)                                                              \
+            return refuse_delete((PyObject *)self, #field);                             \
+        if (!(check))                                                                   \
+            return refuse_type((PyObject *)self, #field, want, value);                  \
+        Py_SETREF(self->field, Py_NewRef(value));                                       \
+        return 0;                                                                       \
+    }
+
+#define RECORD_GETSET(prefix, field, doc)                                               \
+    {#field, (getter)prefix##_get_##field, (setter)prefix##_set_##field, doc, NULL}
 
 /* ------------------------------------------------------------------ GBase */
 
@@ -163,15 +215,17 @@ GBase_traverse(GObject *g, visitproc visit, void *arg)
     return 0;
 }
 
+/* tp_clear (breaking a reference cycle) leaves None, never NULL: the record may still
+ * be reached, by a finalizer or by the scheduler, after the collector cleared it. */
 static int
 GBase_clear(GObject *g)
 {
-    Py_CLEAR(g->coro);
-    Py_CLEAR(g->elem);
-    Py_CLEAR(g->fn);
-    Py_CLEAR(g->p);
-    Py_CLEAR(g->param);
-    Py_CLEAR(g->waitreason);
+    Py_SETREF(g->coro, Py_NewRef(Py_None));
+    Py_SETREF(g->elem, Py_NewRef(Py_None));
+    Py_SETREF(g->fn, Py_NewRef(Py_None));
+    Py_SETREF(g->p, Py_NewRef(Py_None));
+    Py_SETREF(g->param, Py_NewRef(Py_None));
+    Py_SETREF(g->waitreason, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -180,17 +234,33 @@ GBase_dealloc(GObject *g)
 {
     PyTypeObject *tp = Py_TYPE(g);
     PyObject_GC_UnTrack(g);
-    GBase_clear(g);
+    Py_CLEAR(g->coro);
+    Py_CLEAR(g->elem);
+    Py_CLEAR(g->fn);
+    Py_CLEAR(g->p);
+    Py_CLEAR(g->param);
+    Py_CLEAR(g->waitreason);
     tp->tp_free((PyObject *)g);
 }
 
+RECORD_FIELD(GBase, GObject, coro, 1, "")
+RECORD_FIELD(GBase, GObject, elem, 1, "")
+RECORD_FIELD(GBase, GObject, fn, 1, "")
+RECORD_FIELD(GBase, GObject, p, 1, "")
+RECORD_FIELD(GBase, GObject, param, 1, "")
+RECORD_FIELD(GBase, GObject, waitreason, 1, "")
+
+static PyGetSetDef GBase_getset[] = {
+    RECORD_GETSET(GBase, coro, "the goroutine's coroutine (None when idle or dead)"),
+    RECORD_GETSET(GBase, elem, "value being sent while parked in a sendq"),
+    RECORD_GETSET(GBase, fn, "the function started, for dumps"),
+    RECORD_GETSET(GBase, p, "the P this G last left for a syscall"),
+    RECORD_GETSET(GBase, param, "value handed to the G when next stepped"),
+    RECORD_GETSET(GBase, waitreason, "Go's wait reason while parked"),
+    {NULL},
+};
+
 static PyMemberDef GBase_members[] = {
-    {"coro", T_OBJECT, offsetof(GObject, coro), 0, "the goroutine's coroutine (None when idle or dead)"},
-    {"elem", T_OBJECT, offsetof(GObject, elem), 0, "value being sent while parked in a sendq"},
-    {"fn", T_OBJECT, offsetof(GObject, fn), 0, "the function started, for dumps"},
-    {"p", T_OBJECT, offsetof(GObject, p), 0, "the P this G last left for a syscall"},
-    {"param", T_OBJECT, offsetof(GObject, param), 0, "value handed to the G when next stepped"},
-    {"waitreason", T_OBJECT, offsetof(GObject, waitreason), 0, "Go's wait reason while parked"},
     {"goid", T_PYSSIZET, offsetof(GObject, goid), 0, "goroutine id"},
     {"parent", T_PYSSIZET, offsetof(GObject, parent), 0, "goid of the creator"},
     {"status", T_INT, offsetof(GObject, status), 0, "Go's _G status"},
@@ -210,6 +280,7 @@ static PyTypeObject GBaseType = {
     .tp_traverse = (traverseproc)GBase_traverse,
     .tp_clear = (inquiry)GBase_clear,
     .tp_members = GBase_members,
+    .tp_getset = GBase_getset,
 };
 
 /* ------------------------------------------------------------------ PBase */
@@ -228,10 +299,16 @@ PBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PObject *p = (PObject *)type->tp_alloc(type, 0);
     if (p == NULL)
         return NULL;
+    /* runq and gfree are typed from the start (the C code reads their sizes): a P made
+     * without its __init__ is empty, not broken. */
     p->runnext = Py_NewRef(Py_None);
-    p->runq = Py_NewRef(Py_None);
+    p->runq = PyObject_CallNoArgs((PyObject *)deque_type);
     p->timers = Py_NewRef(Py_None);
-    p->gfree = Py_NewRef(Py_None);
+    p->gfree = PyList_New(0);
+    if (p->runq == NULL || p->gfree == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
     return (PyObject *)p;
 }
 
@@ -245,13 +322,13 @@ PBase_traverse(PObject *p, visitproc visit, void *arg)
     return 0;
 }
 
+/* As GBase_clear: None for the untyped fields; the run queue and free list stay the
+ * (typed) containers the C code reads, which the collector clears themselves. */
 static int
 PBase_clear(PObject *p)
 {
-    Py_CLEAR(p->runnext);
-    Py_CLEAR(p->runq);
-    Py_CLEAR(p->timers);
-    Py_CLEAR(p->gfree);
+    Py_SETREF(p->runnext, Py_NewRef(Py_None));
+    Py_SETREF(p->timers, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -260,15 +337,27 @@ PBase_dealloc(PObject *p)
 {
     PyTypeObject *tp = Py_TYPE(p);
     PyObject_GC_UnTrack(p);
-    PBase_clear(p);
+    Py_CLEAR(p->runnext);
+    Py_CLEAR(p->runq);
+    Py_CLEAR(p->timers);
+    Py_CLEAR(p->gfree);
     tp->tp_free((PyObject *)p);
 }
 
+RECORD_FIELD(PBase, PObject, runnext, 1, "")
+RECORD_FIELD(PBase, PObject, runq, PyObject_TypeCheck(value, deque_type), "a deque")
+RECORD_FIELD(PBase, PObject, timers, 1, "")
+RECORD_FIELD(PBase, PObject, gfree, PyList_CheckExact(value), "a list")
+
+static PyGetSetDef PBase_getset[] = {
+    RECORD_GETSET(PBase, runnext, "the G to run next, or None"),
+    RECORD_GETSET(PBase, runq, "the local run queue (a deque)"),
+    RECORD_GETSET(PBase, timers, "this P's timer heap"),
+    RECORD_GETSET(PBase, gfree, "dead Gs for reuse (a list)"),
+    {NULL},
+};
+
 static PyMemberDef PBase_members[] = {
-    {"runnext", T_OBJECT, offsetof(PObject, runnext), 0, "the G to run next, or None"},
-    {"runq", T_OBJECT, offsetof(PObject, runq), 0, "the local run queue (a deque)"},
-    {"timers", T_OBJECT, offsetof(PObject, timers), 0, "this P's timer heap"},
-    {"gfree", T_OBJECT, offsetof(PObject, gfree), 0, "dead Gs for reuse (a list)"},
     {"id", T_PYSSIZET, offsetof(PObject, id), 0, "the P's index"},
     {"schedtick", T_PYSSIZET, offsetof(PObject, schedtick), 0, "switches since the last fairness check"},
     {NULL},
@@ -285,6 +374,7 @@ static PyTypeObject PBaseType = {
     .tp_traverse = (traverseproc)PBase_traverse,
     .tp_clear = (inquiry)PBase_clear,
     .tp_members = PBase_members,
+    .tp_getset = PBase_getset,
 };
 
 /* ------------------------------------------------------------ RuntimeBase */
@@ -329,15 +419,13 @@ RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
     return 0;
 }
 
+/* As PBase_clear (curp may be None here: every C read of it checks its type). */
 static int
 RtBase_clear(RtObject *rt)
 {
-    Py_CLEAR(rt->curg);
-    Py_CLEAR(rt->curp);
-    Py_CLEAR(rt->trace);
-    Py_CLEAR(rt->allg);
-    Py_CLEAR(rt->call_boxes);
-    Py_CLEAR(rt->gfree);
+    Py_SETREF(rt->curg, Py_NewRef(Py_None));
+    Py_SETREF(rt->curp, Py_NewRef(Py_None));
+    Py_SETREF(rt->trace, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -346,7 +434,12 @@ RtBase_dealloc(RtObject *rt)
 {
     PyTypeObject *tp = Py_TYPE(rt);
     PyObject_GC_UnTrack(rt);
-    RtBase_clear(rt);
+    Py_CLEAR(rt->curg);
+    Py_CLEAR(rt->curp);
+    Py_CLEAR(rt->trace);
+    Py_CLEAR(rt->allg);
+    Py_CLEAR(rt->call_boxes);
+    Py_CLEAR(rt->gfree);
     tp->tp_free((PyObject *)rt);
 }
 
@@ -381,17 +474,22 @@ runq_put_tail(RtObject *rt, PObject *p, PyObject *g)
 static int
 goready(RtObject *rt, GObject *g, PyObject *param)
 {
+    Py_SETREF(g->param, Py_NewRef(param));
+    g->status = G_RUNNABLE;
+    /* Read after the old param was released: its finalizer may have changed rt.curp. */
     PObject *p = rt_curp(rt);
     if (p == NULL)
         return -1;
-    Py_SETREF(g->param, Py_NewRef(param));
-    g->status = G_RUNNABLE;
     if (rt->trace != Py_None) {
         PyObject *r = PyObject_CallMethod(rt->trace, "emit", "OOnnii", (PyObject *)rt, str_ready,
                                           p->id, g->goid, 0, 0);
         if (r == NULL)
             return -1;
         Py_DECREF(r);
+        /* The trace is Python code: it may have changed rt.curp and freed the old P. */
+        p = rt_curp(rt);
+        if (p == NULL)
+            return -1;
     }
     PyObject *old = p->runnext;
     p->runnext = Py_NewRef((PyObject *)g);
@@ -619,13 +717,24 @@ static PyMethodDef RtBase_methods[] = {
     {NULL},
 };
 
+RECORD_FIELD(RtBase, RtObject, curg, value == Py_None || G_Check(value), "a G or None")
+RECORD_FIELD(RtBase, RtObject, curp, PyObject_TypeCheck(value, &PBaseType), "a P")
+RECORD_FIELD(RtBase, RtObject, trace, 1, "")
+RECORD_FIELD(RtBase, RtObject, allg, PyDict_CheckExact(value), "a dict")
+RECORD_FIELD(RtBase, RtObject, call_boxes, PyDict_CheckExact(value), "a dict")
+RECORD_FIELD(RtBase, RtObject, gfree, PyList_CheckExact(value), "a list")
+
+static PyGetSetDef RtBase_getset[] = {
+    RECORD_GETSET(RtBase, curg, "the G being stepped, or None"),
+    RECORD_GETSET(RtBase, curp, "the P being run"),
+    RECORD_GETSET(RtBase, trace, "the event trace, or None"),
+    RECORD_GETSET(RtBase, allg, "live goroutines by goid"),
+    RECORD_GETSET(RtBase, call_boxes, "callers awaiting outcomes"),
+    RECORD_GETSET(RtBase, gfree, "the global list of dead Gs"),
+    {NULL},
+};
+
 static PyMemberDef RtBase_members[] = {
-    {"curg", T_OBJECT, offsetof(RtObject, curg), 0, "the G being stepped, or None"},
-    {"curp", T_OBJECT, offsetof(RtObject, curp), 0, "the P being run"},
-    {"trace", T_OBJECT, offsetof(RtObject, trace), 0, "the event trace, or None"},
-    {"allg", T_OBJECT, offsetof(RtObject, allg), 0, "live goroutines by goid"},
-    {"call_boxes", T_OBJECT, offsetof(RtObject, call_boxes), 0, "callers awaiting outcomes"},
-    {"gfree", T_OBJECT, offsetof(RtObject, gfree), 0, "the global list of dead Gs"},
     {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
     {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
     {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
@@ -643,6 +752,7 @@ static PyTypeObject RuntimeBaseType = {
     .tp_traverse = (traverseproc)RtBase_traverse,
     .tp_clear = (inquiry)RtBase_clear,
     .tp_members = RtBase_members,
+    .tp_getset = RtBase_getset,
     .tp_methods = RtBase_methods,
 };
 
@@ -726,6 +836,7 @@ typedef struct {
     Py_ssize_t ringcap, head, count, cap;
     PyObject *recvq, *sendq; /* deques of parked Gs and Sudogs */
     char closed;
+    char initialized; /* __init__ ran: a channel is made once (see Chan_init) */
     PyObject *weakreflist;
 } ChanObject;
 
@@ -751,6 +862,12 @@ Chan_init(ChanObject *ch, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"cap", NULL};
     PyObject *capobj = NULL;
+    /* Go's make gives a new channel; there is no re-make. Re-running __init__ on a live
+     * channel would change its capacity under its buffered values and parked waiters. */
+    if (ch->initialized) {
+        PyErr_SetString(PyExc_TypeError, "Chan.__init__: a channel cannot be re-initialised");
+        return -1;
+    }
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Chan", kwlist, &capobj))
         return -1;
     Py_ssize_t cap = 0;
@@ -774,6 +891,7 @@ Chan_init(ChanObject *ch, PyObject *args, PyObject *kwds)
         }
     }
     ch->cap = cap;
+    ch->initialized = 1;
     return 0;
 }
 
@@ -920,6 +1038,11 @@ ready_waiter(RtObject *rt, PyObject *w, PyObject *param)
     PyObject *g = PyObject_GetAttr(w, str_g);
     if (g == NULL)
         return -1;
+    if (!G_Check(g)) {
+        Py_DECREF(g);
+        PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds a waiter without a G");
+        return -1;
+    }
     int rc = goready(rt, (GObject *)g, w);
     Py_DECREF(g);
     return rc;
@@ -1126,10 +1249,27 @@ ChanOp_clear(ChanOpObject *op)
     return 0;
 }
 
+/* An op dropped before it was awaited did nothing (a receive took no value, a send that
+ * had to wait sent none): almost always a missing `await`. Warn as CPython does for a
+ * coroutine never awaited (the pure-Python operations are coroutines and warn so). */
+static void
+chanop_warn_unawaited(ChanOpObject *op)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    static const char *names[] = {"recv", "recv2", "__anext__", "send", "send"};
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "channel operation 'Chan.%s' was never awaited",
+                         names[op->mode]) < 0)
+        PyErr_WriteUnraisable(NULL); /* not op: it is being freed */
+    PyErr_Restore(type, value, tb);
+}
+
 static void
 ChanOp_dealloc(ChanOpObject *op)
 {
     PyObject_GC_UnTrack(op);
+    if (op->state == ST_FRESH && op->chan != NULL)
+        chanop_warn_unawaited(op);
     ChanOp_clear(op);
     if (chanop_nfree < CHANOP_FREELIST_MAX)
         chanop_freelist[chanop_nfree++] = op;
@@ -1168,6 +1308,9 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
     ChanObject *ch = (ChanObject *)op->chan;
     switch (op->state) {
     case ST_FRESH:
+        /* Awaited now: never "unawaited", even if it fails below (each way out that
+         * does not finish it sets its state again). */
+        op->state = ST_DONE;
         break;
     case ST_PREEMPTED:
         op->state = ST_DONE;
@@ -1176,11 +1319,10 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         return PYGEN_RETURN;
     case ST_PARKED: {
         op->state = ST_DONE;
-        RtObject *rt = (RtObject *)current_rt;
-        GObject *g = (rt && G_Check(rt->curg)) ? (GObject *)rt->curg : NULL;
+        /* Woken by a channel operation: the waker took the G out of the queue. */
+        GObject *g = (GObject *)op->value; /* the G that parked (set when parking) */
         if (op->mode == OP_SEND) {
-            if (g != NULL)
-                Py_SETREF(g->elem, Py_NewRef(Py_None));
+            Py_SETREF(g->elem, Py_NewRef(Py_None));
             if (arg != Py_True) {
                 PyErr_SetString(SendOnClosedChannel, "send on closed channel");
                 *result = NULL;
@@ -1189,14 +1331,14 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = Py_NewRef(Py_None);
             return PYGEN_RETURN;
         }
-        int ok = g != NULL ? g->ok : 1;
+        int ok = g->ok;
         if (op->mode == OP_RECV)
             ok = 1; /* plain receive returns the value (None once closed) */
         *result = recv_result(op->mode, arg, ok);
         return *result ? PYGEN_RETURN : PYGEN_ERROR;
     }
     default:
-        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited channel operation");
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited channel operation");
         *result = NULL;
         return PYGEN_ERROR;
     }
@@ -1232,6 +1374,9 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
+        /* The value now travels in g.elem; the op keeps the G, to leave the queue if
+         * the park ends by an exception or close instead of a wake (chanop_unpark). */
+        Py_SETREF(op->value, Py_NewRef((PyObject *)g));
         op->state = ST_PARKED;
         *result = Py_NewRef(PARK);
         return PYGEN_NEXT;
@@ -1281,6 +1426,7 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         *result = NULL;
         return PYGEN_ERROR;
     }
+    Py_SETREF(op->value, Py_NewRef((PyObject *)g)); /* see the send park above */
     op->state = ST_PARKED;
     *result = Py_NewRef(PARK);
     return PYGEN_NEXT;
@@ -1329,13 +1475,43 @@ ChanOp_send(ChanOpObject *op, PyObject *arg)
     return chanop_send_impl(op, arg);
 }
 
+/* The op is finished without a wake: an exception thrown into the parked goroutine, or
+ * its coroutine closed. A parked G leaves its wait queue, as Go's selectgo/chanrecv
+ * cleanup dequeues a sudog that was not the one woken: otherwise a later send would hand
+ * its value to whatever the G waits on next. Costs nothing on the wake path (am_send).
+ * 0, or -1 with an error. */
+static int
+chanop_unpark(ChanOpObject *op)
+{
+    int parked = op->state == ST_PARKED;
+    op->state = ST_DONE;
+    if (!parked)
+        return 0;
+    ChanObject *ch = (ChanObject *)op->chan;
+    PyObject *g = op->value;
+    PyObject *q = op->mode == OP_SEND ? ch->sendq : ch->recvq;
+    if (op->mode == OP_SEND && G_Check(g))
+        Py_SETREF(((GObject *)g)->elem, Py_NewRef(Py_None));
+    /* Absent when a waker dequeued it just before the exception came. */
+    PyObject *r = PyObject_CallMethodOneArg(q, str_remove, g);
+    if (r == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *
 ChanOp_throw(ChanOpObject *op, PyObject *args)
 {
     PyObject *typ, *val = NULL, *tb = NULL;
     if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
         return NULL;
-    op->state = ST_DONE;
+    if (chanop_unpark(op) < 0)
+        return NULL;
     if (PyExceptionClass_Check(typ))
         PyErr_SetObject(typ, val);
     else
@@ -1346,7 +1522,8 @@ ChanOp_throw(ChanOpObject *op, PyObject *args)
 static PyObject *
 ChanOp_close(ChanOpObject *op, PyObject *unused)
 {
-    op->state = ST_DONE;
+    if (chanop_unpark(op) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 

@@ -54,9 +54,16 @@ async def sleep(d: float) -> None:
     g = rt.curg
     if g is None:
         raise NotInRuntime("sleep: not inside a gosim goroutine")
-    rt.addtimer(_RTimer(_ready_sleeper, g), rt.now() + d)
+    t = _RTimer(_ready_sleeper, g)
+    rt.addtimer(t, rt.now() + d)
     g.waitreason = WAIT_SLEEP
-    await _sched._trap(_sched.PARK)
+    try:
+        await _sched._trap(_sched.PARK)
+    except BaseException:
+        # Left without the timer's wake (an exception thrown in, the coroutine closed):
+        # disarm it, or it would ready the goroutine wherever it waits next.
+        rt.deltimer(t)
+        raise
 
 
 class _TimerChan(Chan[float]):

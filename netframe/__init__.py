@@ -110,6 +110,7 @@ __all__ = [
     "Session",
     "SessionState",
     "StreamConn",
+    "default_max_connections",
     "load_kernel",
 ]
 
@@ -128,6 +129,7 @@ _CONN_NAMES = {
     "Listener": "_server",
     "Server": "_server",
     "ServerStats": "_server",
+    "default_max_connections": "_server",
 }
 
 if TYPE_CHECKING:
@@ -142,6 +144,7 @@ if TYPE_CHECKING:
     from ._server import Listener as Listener
     from ._server import Server as Server
     from ._server import ServerStats as ServerStats
+    from ._server import default_max_connections as default_max_connections
 
 
 def __getattr__(name: str) -> Any:

@@ -688,8 +688,10 @@ class FrameDecoder:
         """At least this many more bytes must be fed before the next frame can be cut
         (0 when unknown or when a frame may already be complete).
 
-        Known once the next frame's header has been read: a reader can then ask its
-        connection for the rest of a large frame in one receive.
+        Known once bytes of the next frame are buffered (its header's size while the
+        header is incomplete, the whole frame's once the header has been read): a
+        reader can then ask its connection for the rest of a large frame in one
+        receive. 0 when nothing is buffered, whichever scanner cut the frames before.
         """
         return max(0, self._need - len(self._buffer)) if not self._ready else 0
 
@@ -766,7 +768,9 @@ class FrameDecoder:
             if stop_pos < end:
                 self._buffer.feed(data[stop_pos:] if stop_pos else data)
             if stop == _STOP_NEED_DATA:
-                self._need = need
+                # Nothing left over: the next header has not been read, so what it needs
+                # is unknown (0), as after every other path that cut the buffer empty.
+                self._need = need if stop_pos < end else 0
                 return frames
             if stop == _STOP_INVALID and frames:
                 return frames  # the bad header is raised by the next call

@@ -21,7 +21,14 @@ Writing, two ways:
    peer that stops reading makes ``send`` block: backpressure instead of unbounded
    memory. This is what a server answering pipelined requests wants: replies made
    one at a time leave in batches. A write error stops the writer; the next ``send``
-   (or :meth:`flush`) raises it.
+   (or :meth:`flush`) raises it, and so does a ``send`` that was waiting for room.
+   :meth:`FramedConn.send_nowait` never waits: control frames (pings, pongs, goaway)
+   go into the queue when it has room, else ahead of the queued frames, so a peer
+   that stops reading cannot hold up a heartbeat or a close.
+
+Closing: :meth:`FramedConn.aclose` writes what is queued (``flush=True``) for at most
+``timeout`` seconds, then closes the connection whatever the peer does; a ``send``
+waiting for room then raises :class:`ClosedError`.
 
 Reading: once the header of a frame of LARGE_FRAME_BYTES or more is in, the rest is
 received in place (the C reader into the ``bytes`` object the caller gets; without it,
@@ -53,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, recv, select, send
+from gosim import Chan, SendOnClosedChannel, Timer, recv, select, send
 
 from ._codec import NEED_DATA, FrameDecoder, FrameFormat
 from ._codec import _speedups as _c_speedups
@@ -80,6 +87,9 @@ LARGE_FRAME_BYTES = 256 * 1024
 GATHER_MIN_BYTES = 64 * 1024
 #: ...unless there are more frames than this (many small iovecs cost more than a copy).
 GATHER_MAX_FRAMES = 64
+#: Control frames held ahead of a full send queue (see ``send_nowait``): a few pongs and
+#: a goaway; more than that means the peer reads nothing, and its heartbeat times out.
+MAX_URGENT = 8
 
 
 class StreamConn(Protocol):
@@ -125,13 +135,6 @@ class FramedConnStatistics:
     send_queue: int  # frames queued for the writer goroutine now
 
 
-class _Stop:
-    pass
-
-
-_STOP = _Stop()
-
-
 class _Flush:
     __slots__ = ("done",)
 
@@ -160,7 +163,11 @@ class FramedConn:
         self._read_size = read_size
         self._reading = False
         self._eof = False
+        # Frames and _Flush markers for the writer goroutine; closed by aclose (the
+        # writer writes what is buffered, then stops) or when the writer fails (which
+        # wakes every send waiting for room).
         self._queue: Chan[Any] = Chan(send_queue)
+        self._urgent: list[bytes] = []  # control frames to go ahead of a full queue
         self._writer_started = False
         self._writer_error: BaseException | None = None
         # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
@@ -394,6 +401,11 @@ class FramedConn:
         least GATHER_MIN_BYTES together) and the connection can gather buffers
         (gosim.net's ``write_buffers``), headers and payloads go out in one
         ``sendmsg`` without copying the payloads.
+
+        A write deadline that passes (gosim.net's ``DeadlineExceeded``) says in
+        ``written`` how many bytes of the encoded frames went out first, as gosim.net's
+        ``Conn.write`` does; anything but 0 leaves a partial frame on the stream, so
+        the connection can only be closed then.
         """
         items = payloads if type(payloads) is list else list(payloads)
         if not items:
@@ -402,6 +414,15 @@ class FramedConn:
         if writer is not None and writer.load(items):  # encoded in C, sent by RawConn
             try:
                 await self._raw.write(writer)
+            except TimeoutError as exc:
+                # A write deadline: RawConn cannot know how much went out, the writer
+                # does (what it was loaded with, less what it still holds).
+                header = self.format._fixed_header
+                loaded = sum(
+                    header + (p.nbytes if type(p) is memoryview else len(p)) for p in items
+                )
+                exc.written = loaded - writer.pending  # type: ignore[attr-defined]
+                raise
             finally:
                 writer.discard()  # after an error nothing half-sent stays loaded
             self.frames_written += len(items)
@@ -433,8 +454,16 @@ class FramedConn:
         self._bytes_written += nbytes
         self.writes += 1
 
-    async def send(self, payload: bytes | bytearray | memoryview) -> None:
-        """Queue a frame for the writer goroutine; block while the queue is full."""
+    async def send(
+        self, payload: bytes | bytearray | memoryview, timeout: float | None = None
+    ) -> None:
+        """Queue a frame for the writer goroutine; block while the queue is full.
+
+        Raises the writer's error once a write has failed, and :class:`ClosedError`
+        after :meth:`aclose`, including in a send that was waiting for room then.
+        With ``timeout``, a queue still full after that many seconds raises
+        :class:`TimeoutError` and the frame is not queued.
+        """
         if self._writer_error is not None:
             raise self._writer_error
         if self._closed:
@@ -443,43 +472,105 @@ class FramedConn:
         # writer goroutine (which would then fail the whole connection).
         self.format.check_payload(payload)
         if not self._writer_started:
-            self._writer_started = True
-            gosim.go(self._writer)
-        await self._queue.send(bytes(payload))
+            self._start_writer()
+        try:
+            if timeout is None:
+                await self._queue.send(bytes(payload))
+            elif not self._queue.try_send(bytes(payload)):
+                timer = Timer(timeout)
+                try:
+                    i, _, _ = await select(send(self._queue, bytes(payload)), recv(timer.c))
+                finally:
+                    timer.stop()
+                if i == 1:
+                    raise TimeoutError(f"send queue still full after {timeout} s")
+        except SendOnClosedChannel:
+            # Closed while this send waited for room: by aclose, or by a failed writer.
+            raise self._writer_error or ClosedError("FramedConn closed during send") from None
 
-    async def flush(self) -> None:
-        """Wait until every frame queued by :meth:`send` so far has been written."""
+    def send_nowait(self, payload: bytes | bytearray | memoryview) -> bool:
+        """Queue a control frame without waiting; False when it cannot be queued.
+
+        Into the queue when it has room; otherwise ahead of the queued frames (at most
+        MAX_URGENT frames are held so). False after :meth:`aclose`, after a write
+        error, or with MAX_URGENT frames already waiting ahead: a peer that reads
+        nothing at all. Heartbeats and goaways use this, so a full queue never
+        delays the check that the peer is dead, nor a close.
+        """
+        if self._closed or self._writer_error is not None or self._queue.closed:
+            return False
+        frame = bytes(payload)
+        self.format.check_payload(frame)
         if not self._writer_started:
-            return
-        if not self._writer_exit.closed:
-            marker = _Flush()
-            await self._queue.send(marker)
-            # The writer may fail (and exit) before it reaches the marker.
-            await select(recv(marker.done), recv(self._writer_exit))
+            self._start_writer()
+        if self._queue.try_send(frame):
+            return True
+        # The queue is full, so the writer is not parked on it: it takes the urgent
+        # frames when it next builds a batch.
+        if len(self._urgent) >= MAX_URGENT:
+            return False
+        self._urgent.append(frame)
+        return True
+
+    def _start_writer(self) -> None:
+        self._writer_started = True
+        gosim.go(self._writer)
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every frame queued so far has been written; False if ``timeout``
+        seconds passed first (the frames stay queued). Raises the writer's error."""
+        if self._writer_started and not self._writer_exit.closed:
+            timer = None if timeout is None else Timer(timeout)
+            expired = None if timer is None else timer.c  # a nil channel never fires
+            try:
+                if self._queue.closed:  # aclose is flushing: the writer's exit is the end
+                    i, _, _ = await select(recv(self._writer_exit), recv(expired))
+                    if i == 1:
+                        return False
+                else:
+                    marker = _Flush()
+                    i, _, _ = await select(
+                        send(self._queue, marker), recv(self._writer_exit), recv(expired)
+                    )
+                    if i == 0:
+                        # The writer may fail (and exit) before it reaches the marker.
+                        i, _, _ = await select(
+                            recv(marker.done), recv(self._writer_exit), recv(expired)
+                        )
+                    if i == 2:
+                        return False
+            except SendOnClosedChannel:  # closed meanwhile: the writer is finishing
+                return await self.flush(timeout)
+            finally:
+                if timer is not None:
+                    timer.stop()
         if self._writer_error is not None:
             raise self._writer_error
+        return True
 
     async def _writer(self) -> None:
         q = self._queue
         try:
             while True:
                 item = await q.recv()
-                if item is _STOP or item is None:
+                if item is None:  # closed and drained: everything queued was written
                     return
                 batch: list[bytes] = []
-                flushes: list[_Flush] = []
                 size = 0
+                if self._urgent:  # control frames that met a full queue go first
+                    batch, self._urgent = self._urgent, batch
+                    size = sum(map(len, batch))
+                flushes: list[_Flush] = []
                 stop = False
                 while True:
-                    if isinstance(item, _Flush):
-                        flushes.append(item)
-                    elif item is _STOP:
+                    if type(item) is bytes:
+                        batch.append(item)
+                        size += len(item)
+                    elif item is None:
                         stop = True
                         break
                     else:
-                        frame: bytes = item  # type: ignore[assignment]  # queue holds bytes here
-                        batch.append(frame)
-                        size += len(frame)
+                        flushes.append(item)
                     if size >= MAX_BATCH_BYTES:
                         break
                     item, _, got = q.try_recv()
@@ -493,28 +584,45 @@ class FramedConn:
                     return
         except Exception as exc:  # reported to the next send/flush, not a runtime panic
             self._writer_error = exc
-            while True:  # release anyone waiting on a flush
-                item, _, got = q.try_recv()
-                if not got:
-                    break
-                if isinstance(item, _Flush):
-                    item.done.try_send(None)
+            self._drop_queued()
         finally:
+            if not q.closed:
+                q.close()  # a send waiting for room raises the error instead of hanging
             self._writer_exit.close()
+
+    def _drop_queued(self) -> None:
+        """Discard what waits for the writer, releasing anyone waiting on a flush."""
+        self._urgent.clear()
+        q = self._queue
+        while True:
+            item, _, got = q.try_recv()
+            if not got or item is None:
+                break
+            if isinstance(item, _Flush):
+                item.done.try_send(None)
 
     # ---------------------------------------------------------------- close
 
-    async def aclose(self, flush: bool = True) -> None:
-        """Stop the writer (after writing what is queued, unless ``flush=False``), then close."""
+    async def aclose(self, flush: bool = True, timeout: float | None = None) -> None:
+        """Stop the writer and close the connection.
+
+        With ``flush`` the frames already queued are written first, for at most
+        ``timeout`` seconds (None: as long as it takes); then the connection is closed
+        whatever the peer does, and what is still unwritten is lost. A ``send``
+        waiting for room raises :class:`ClosedError`.
+        """
         if self._closed:
             return
         self._closed = True
-        if self._writer_started:
-            if flush and not self._writer_exit.closed:
-                await select(send(self._queue, _STOP), recv(self._writer_exit))
-                await self._writer_exit.recv()
-            else:
-                while self._queue.try_recv()[2]:
+        q = self._queue
+        if not q.closed:
+            q.close()  # the writer writes what is buffered, then stops
+        if self._writer_started and not self._writer_exit.closed:
+            if flush:
+                try:
+                    await self.flush(timeout)
+                except Exception:  # the writer failed: nothing more will be written
                     pass
-                self._queue.try_send(_STOP)
-        self.conn.close()
+            else:
+                self._drop_queued()
+        self.conn.close()  # also ends a write the peer never let finish

@@ -4,18 +4,37 @@ Server, per connection (all goroutines, no trio task per connection):
 
 1. the accept loop hands each connection to its own *reader* goroutine, unless the
    server is at ``max_connections``: then the connection gets ``GOAWAY(CONNECTION_LIMIT)``
-   and is closed (a refusal, not a hang);
+   and is closed (a refusal, not a hang). A connection counts from the moment the
+   accept loop takes it, so no burst gets past the limit. Temporary accept errors
+   (out of descriptors, EMFILE/ENFILE; out of buffers; a connection aborted before it
+   was accepted) do not stop the server: as Go's ``http.Server`` does, the loop waits
+   5 ms, doubling up to 1 s while they repeat, and tries again; each one counts in
+   ``stats().accept_errors`` and goes to ``on_accept_error`` (or the log);
 2. the reader decodes frames and feeds the :class:`~netframe.Session`; each DATA frame
    starts a *handler* goroutine, at most ``max_in_flight`` per connection (reading
    pauses at the limit: backpressure reaches the peer through TCP);
 3. replies leave through the connection's batching writer (:meth:`FramedConn.send`);
 4. a *heartbeat* goroutine sleeps until the session's next deadline, sends its pings,
-   and closes the connection when the peer is dead or the connection idle.
+   and closes the connection when the peer is dead or the connection idle. Control
+   frames never wait behind a full send queue (:meth:`FramedConn.send_nowait`), so a
+   peer that neither sends nor reads is still found dead at its heartbeat timeout.
+
+A close that tells the peer why (a refusal at the limit, a protocol error) writes the
+GOAWAY, shuts the write side and reads what the peer still sends, for at most
+CLOSE_LINGER seconds, before closing: a close with unread input would reset the
+connection, and a reset can destroy the GOAWAY before the peer reads it.
 
 Graceful shutdown (:meth:`Server.shutdown`): stop accepting, send ``GOAWAY(NO_ERROR)``
 on every connection, let in-flight handlers finish and their replies flush within the
-grace period, then close every connection. A reply produced within the grace period is
-never lost.
+grace period, then close every connection, whatever the peers do: ``shutdown`` returns
+once the grace period is over (and ``stats().connections`` is 0 then). A reply
+produced within the grace period is lost only if the peer does not read it before the
+grace period ends.
+
+Raw mode (``raw=True``) has no session byte, so no heartbeat and no goaway: replies go
+out in request order whatever ``max_in_flight`` (raw frames carry no request id; a peer
+matches replies by order), and ``idle_timeout`` closes a connection that carried no
+frame either way for that long (a slow or silent raw peer is otherwise held forever).
 
 The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 ``gosim.net`` listeners and connections, or the simulated network.
@@ -23,10 +42,14 @@ The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 
 from __future__ import annotations
 
+import errno
 import inspect
+import logging
 import math
 import random
+import sys
 import types
+from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,9 +61,123 @@ from ._codec import FrameFormat
 from ._codec import _speedups as _c_speedups
 from ._conn import ClosedError, FramedConn, StreamConn
 from ._exceptions import RemoteFrameError
-from ._session import Data, GoAway, GoAwayCode, Session
+from ._session import MAX_REASON_BYTES, Data, GoAway, GoAwayCode, LocalSessionError, Session
 
-__all__ = ["Client", "ConnectionLost", "Listener", "Server", "ServerStats"]
+__all__ = [
+    "Client",
+    "ConnectionLost",
+    "Listener",
+    "Server",
+    "ServerStats",
+    "default_max_connections",
+]
+
+_log = logging.getLogger("netframe")
+
+#: How long a close that says why (GOAWAY) waits for the peer to take it: the GOAWAY's
+#: flush, then reading what the peer still sends after our write side is shut. Go's
+#: net/http waits 500 ms after CloseWrite for the same reason (``rstAvoidanceDelay``).
+CLOSE_LINGER = 0.5
+#: ...and reads at most this much of it (a peer that floods is simply closed).
+LINGER_MAX_BYTES = 256 * 1024
+#: Refusals lingering at once; past this, refused connections are closed at once so a
+#: flood of connections cannot hold descriptors for CLOSE_LINGER each.
+MAX_LINGERING = 128
+#: Go's http.Server: a temporary accept error waits 5 ms, doubling to at most 1 s.
+ACCEPT_RETRY_MIN = 0.005
+ACCEPT_RETRY_MAX = 1.0
+#: Client.close's default bound on writing what is queued.
+DEFAULT_CLOSE_TIMEOUT = 5.0
+_DEFAULT_MAX_CONNECTIONS = 10_000
+
+# accept(2) errors that say nothing about the listener: out of descriptors, buffers or
+# memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), a connection gone before it was accepted
+# (ECONNABORTED), an interrupted call, a firewall's refusal of one connection (EPERM);
+# and the pending network errors Linux passes on from the new socket, which accept(2)
+# says to treat like EAGAIN by retrying.
+_TEMPORARY_ACCEPT_ERRORS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EMFILE",
+        "ENFILE",
+        "ENOBUFS",
+        "ENOMEM",
+        "ECONNABORTED",
+        "EINTR",
+        "EAGAIN",
+        "ENETDOWN",
+        "EPROTO",
+        "ENOPROTOOPT",
+        "EHOSTDOWN",
+        "ENONET",
+        "EHOSTUNREACH",
+        "EOPNOTSUPP",
+        "ENETUNREACH",
+        "EPERM",
+    )
+    if hasattr(errno, name)
+)
+
+
+def default_max_connections() -> int:
+    """``Server``'s default connection limit: 10,000, or less under a lower descriptor limit.
+
+    Each connection holds a descriptor, and running out of them makes ``accept`` fail
+    (EMFILE), which the server survives but cannot answer. So the default leaves room
+    under the soft ``RLIMIT_NOFILE`` for the rest of the process (a tenth of the limit,
+    at least 64) and for refusals lingering to deliver their GOAWAY (MAX_LINGERING):
+    922 - 128 = 794 connections under the common limit of 1024. Raise the descriptor
+    limit (``ulimit -n``) before asking for more connections.
+    """
+    if sys.platform == "win32":  # no RLIMIT_NOFILE there
+        return _DEFAULT_MAX_CONNECTIONS
+    import resource  # noqa: PLC0415  (Unix only)
+
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return _DEFAULT_MAX_CONNECTIONS
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return _DEFAULT_MAX_CONNECTIONS
+    room = soft - MAX_LINGERING - max(64, soft // 10)
+    return max(1, min(_DEFAULT_MAX_CONNECTIONS, room))
+
+
+def _is_temporary(exc: BaseException) -> bool:
+    """An accept error to wait out and retry (Go's ``net.Error.Temporary``)."""
+    return isinstance(exc, OSError) and exc.errno in _TEMPORARY_ACCEPT_ERRORS
+
+
+def _reason_for(exc: BaseException) -> str:
+    """What the peer did wrong, for a GOAWAY's reason (cut to the protocol's limit)."""
+    text = str(exc) or type(exc).__name__
+    encoded = text.encode("utf-8")
+    if len(encoded) <= MAX_REASON_BYTES:
+        return text
+    return encoded[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+
+
+async def _close_write_and_drain(conn: Any, linger: float) -> None:
+    """Shut our write side, then read and drop what the peer sends until it closes, for
+    at most ``linger`` seconds and LINGER_MAX_BYTES: closing with its input unread
+    would reset the connection, and the reset can destroy what we wrote last (a
+    GOAWAY) before the peer reads it. The caller closes the connection after."""
+    close_write = getattr(conn, "close_write", None)
+    set_read_deadline = getattr(conn, "set_read_deadline", None)
+    if close_write is None or set_read_deadline is None:
+        return
+    try:
+        close_write()
+        set_read_deadline(gosim.now() + linger)
+        left = LINGER_MAX_BYTES
+        while left > 0:
+            data = await conn.read(min(left, 65536))
+            if not data:
+                return
+            left -= len(data)
+    except OSError:  # reset, closed, or the deadline (DeadlineExceeded): done either way
+        pass
+
 
 _drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
 _handle_each: Any = None if _c_speedups is None else _c_speedups.handle_each
@@ -106,13 +243,14 @@ class ServerStats:
     connections: int  # open now
     accepted: int
     rejected: int  # refused at the connection limit
+    accept_errors: int  # temporary accept failures (EMFILE...), each retried after a wait
     frames_received: int
     frames_sent: int
     bytes_received: int
     bytes_sent: int
     heartbeats_missed: int
     dead_peers: int
-    idle_closed: int
+    idle_closed: int  # idle timeouts, session and raw
     protocol_errors: int
     handler_errors: int
 
@@ -152,6 +290,16 @@ def _alarm_fired(alarm: _Alarm, now: float) -> None:
     alarm.ring()
 
 
+class _Ticket:
+    """A raw request's place in line: its reply leaves after the replies before it."""
+
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.reply: Any = None
+        self.done = False
+
+
 class _Conn:
     __slots__ = (
         "alarm",
@@ -160,6 +308,9 @@ class _Conn:
         "draining",
         "fc",
         "in_flight",
+        "order",
+        "releasing",
+        "retired",
         "session",
         "slots",
         "wake",
@@ -171,7 +322,12 @@ class _Conn:
         self.slots: Chan[None] = Chan(max_in_flight)  # a token per running handler
         self.in_flight = 0
         self.closed = False
+        self.retired = False  # counted out of the server (see Server._retire)
         self.draining = False
+        # Raw mode with concurrent handlers: requests in arrival order, and whether a
+        # goroutine is releasing their replies now (one at a time keeps them in order).
+        self.order: deque[_Ticket] | None = None
+        self.releasing = False
         self.done: Chan[None] = Chan()  # closed when the connection is finished
         self.wake: Chan[None] = Chan(1)  # nudges _finish when the last handler ends
         self.alarm = _Alarm()  # the heartbeat goroutine's sleep
@@ -212,6 +368,19 @@ class Server:
     at a time, in order (``max_in_flight`` does not apply). A batch whose handler
     raises, or returns a list of the wrong length, gets no replies and counts once in
     ``handler_errors``; the connection goes on.
+
+    In session mode, up to ``max_in_flight`` handlers of one connection run at once
+    and their replies leave as they finish: a protocol that pipelines requests says in
+    its payloads which reply answers which (as msgpack-rpc's ids do), or uses
+    ``max_in_flight=1``. Raw mode keeps request order itself (see the module docstring).
+
+    ``max_connections`` defaults to :func:`default_max_connections` (10,000, or less
+    under a lower descriptor limit). ``on_accept_error(exc, delay)`` sees each
+    temporary accept error and the wait before the next try (default: a warning on
+    the ``netframe`` logger). ``idle_timeout`` applies in both modes; in raw mode it
+    counts frames (one must arrive whole, or a reply leave, within the timeout) and
+    closes within 1.25 times the timeout, checked a few times per timeout so that
+    frames pay nothing for it.
     """
 
     def __init__(
@@ -220,7 +389,7 @@ class Server:
         *,
         handle_batch: BatchHandler | None = None,
         format: FrameFormat | None = None,
-        max_connections: int = 10_000,
+        max_connections: int | None = None,
         max_in_flight: int = 64,
         heartbeat_interval: float | None = 10.0,
         heartbeat_timeout: float | None = None,
@@ -228,13 +397,20 @@ class Server:
         grace_period: float = 5.0,
         send_queue: int = 1024,
         raw: bool = False,
+        on_accept_error: Callable[[OSError, float], None] | None = None,
     ) -> None:
+        if max_connections is None:
+            max_connections = default_max_connections()
         if max_connections < 1 or max_in_flight < 1:
             raise ValueError("max_connections and max_in_flight must be at least 1")
         if (handler is None) == (handle_batch is None):
             raise TypeError("Server needs a handler or a handle_batch, not both")
         if handle_batch is not None:
             max_in_flight = 1  # batches of one connection run one at a time, in order
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
+        if send_queue < 1:
+            raise ValueError(f"send_queue must be at least 1, got {send_queue}")
         self.handler = handler
         self.handle_batch = handle_batch
         self.format = FrameFormat() if format is None else format
@@ -247,16 +423,25 @@ class Server:
         self.send_queue = send_queue
         # raw: plain length-prefixed frames with no session byte (interop with peers
         # such as Go's or Twisted's Int32StringReceiver): every frame is data; no
-        # heartbeats, idle timeout or goaway, so refusals and shutdown just close.
+        # heartbeats or goaway, so refusals and shutdown just close.
         self.raw = raw
+        self.on_accept_error = on_accept_error
         self._conns: set[_Conn] = set()
         self._listener: Listener | None = None
         self._shutting_down = False
         self._stopped: Chan[None] = Chan()
+        self._lingering = 0  # refusals waiting for their peer to take the GOAWAY
+        # The refusal every excess connection gets, made once.
+        self._refusal = self.format.encode(
+            Session(0.0, heartbeat_interval=None).goaway(
+                GoAwayCode.CONNECTION_LIMIT, "connection limit"
+            )
+        )
         self._counters = dict.fromkeys(
             (
                 "accepted",
                 "rejected",
+                "accept_errors",
                 "heartbeats_missed",
                 "dead_peers",
                 "idle_closed",
@@ -286,13 +471,25 @@ class Server:
     async def serve(self, listener: Listener) -> None:
         """Accept and serve until :meth:`shutdown` has finished."""
         self._listener = listener
+        retry = 0.0
         while not self._shutting_down:
             try:
                 conn = await listener.accept()
-            except Exception:
+            except Exception as exc:
                 if self._stopping():
                     break
-                raise
+                if not _is_temporary(exc):
+                    raise
+                assert isinstance(exc, OSError)
+                retry = min(2 * retry, ACCEPT_RETRY_MAX) if retry else ACCEPT_RETRY_MIN
+                self._counters["accept_errors"] += 1
+                if self.on_accept_error is not None:
+                    self.on_accept_error(exc, retry)
+                else:
+                    _log.warning("netframe: accept error: %s; retrying in %.3f s", exc, retry)
+                await gosim.sleep(retry)
+                continue
+            retry = 0.0
             if self._stopping():
                 conn.close()
                 break
@@ -301,7 +498,9 @@ class Server:
                 go(self._reject, conn)
                 continue
             self._counters["accepted"] += 1
-            go(self._serve_conn, conn)
+            # Counted here, where the limit is checked, not in the connection's own
+            # goroutine: a burst accepted before any of those has run would pass it.
+            go(self._serve_conn, self._open(conn))
         await self._stopped.recv()
 
     def _stopping(self) -> bool:
@@ -309,20 +508,28 @@ class Server:
         return self._shutting_down
 
     async def _reject(self, conn: StreamConn) -> None:
-        if self.raw:
-            conn.close()
-            return
-        fc = FramedConn(conn, self.format)
-        session = Session(gosim.now(), heartbeat_interval=None)
+        """Refuse a connection over the limit: GOAWAY(CONNECTION_LIMIT), then a close
+        that lets the peer read it (session mode); raw mode just closes."""
         try:
-            await fc.write_frame(session.goaway(GoAwayCode.CONNECTION_LIMIT, "connection limit"))
-        except Exception:  # the peer is gone already: nothing to tell it
+            if not self.raw:
+                set_write_deadline = getattr(conn, "set_write_deadline", None)
+                if set_write_deadline is not None:
+                    set_write_deadline(gosim.now() + CLOSE_LINGER)
+                await conn.write(self._refusal)
+                if self._lingering < MAX_LINGERING:
+                    self._lingering += 1
+                    try:
+                        await _close_write_and_drain(conn, CLOSE_LINGER)
+                    finally:
+                        self._lingering -= 1
+        except OSError:  # the peer is gone already: nothing to tell it
             pass
-        conn.close()
+        finally:
+            conn.close()
 
     # -------------------------------------------------------- a connection
 
-    async def _serve_conn(self, conn: StreamConn) -> None:
+    def _open(self, conn: StreamConn) -> _Conn:
         fc = FramedConn(conn, self.format, send_queue=self.send_queue)
         session = Session(
             gosim.now(),
@@ -332,16 +539,24 @@ class Server:
         )
         st = _Conn(fc, session, self.max_in_flight)
         self._conns.add(st)
+        return st
+
+    async def _serve_conn(self, st: _Conn) -> None:
         if not self.raw:
             go(self._heartbeat, st)
+        elif self.idle_timeout is not None:
+            go(self._raw_idle_watch, st, self.idle_timeout)
         try:
             await self._read_loop(st)
         finally:
             await self._finish(st)
 
     async def _read_loop(self, st: _Conn) -> None:
-        if self.raw and self.max_in_flight == 1:
-            await self._raw_inline_loop(st)
+        if self.raw:
+            if self.max_in_flight == 1:
+                await self._raw_inline_loop(st)
+            else:
+                await self._raw_ordered_loop(st)
             return
         if self.handle_batch is not None:
             await self._session_batch_loop(st)
@@ -350,27 +565,21 @@ class Server:
         while not st.closed:
             try:
                 frame = await fc.read_frame()
-            except RemoteFrameError:
-                self._counters["protocol_errors"] += 1
-                await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
+            except RemoteFrameError as exc:
+                await self._protocol_error(st, exc)
                 return
             except OSError:
                 return  # broken connection (reset, or closed by us)
             if frame is None:
                 return
-            if self.raw:
-                event: Data | object = Data(frame)
-            else:
-                now = gosim.now()  # one clock read for the frame (~1 us each)
-                try:
-                    event = session.receive(frame, now)
-                except RemoteFrameError:
-                    self._counters["protocol_errors"] += 1
-                    await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
-                    return
-                for out in session.poll(now):  # pongs go out at once
-                    if not await _send(st, out):
-                        return
+            now = gosim.now()  # one clock read for the frame (~1 us each)
+            try:
+                event = session.receive(frame, now)
+            except RemoteFrameError as exc:
+                await self._protocol_error(st, exc)
+                return
+            for out in session.poll(now):  # pongs go out at once, ahead of replies
+                st.fc.send_nowait(out)
             if isinstance(event, Data):
                 if self.max_in_flight == 1:
                     # One at a time: handle in the reader itself, replies in order,
@@ -390,12 +599,27 @@ class Server:
 
         Nothing else writes in raw mode (no pongs, no goaway), so the replies go out
         with a direct ``write_frames`` in order, without the writer goroutine's queue.
+        A burst of more than ``send_queue`` frames is taken ``send_queue`` frames at a
+        time, each part's replies written before the next part is handled: a peer that
+        pipelines and never reads makes the server hold at most that many replies.
         """
         fc, handler, batch = st.fc, self.handler, self.handle_batch
+        limit = self.send_queue
+        rest: list[bytes] = []  # the unhandled part of a burst larger than limit
+        pos = 0
         while not st.closed:
-            frames = await self._read_burst(st)
-            if not frames:
-                return
+            if rest:
+                frames = rest[pos : pos + limit]
+                pos += limit
+                if pos >= len(rest):
+                    rest = []
+            else:
+                frames = await self._read_burst(st)
+                if not frames:
+                    return
+                if len(frames) > limit:
+                    rest, pos = frames, limit
+                    frames = rest[:limit]
             st.in_flight = 1
             if batch is not None:
                 replies = await self._call_batch(batch, frames)
@@ -454,12 +678,64 @@ class Server:
         goaway in session mode; raw mode just closes)."""
         try:
             return await st.fc.read_frames()
-        except RemoteFrameError:
-            self._counters["protocol_errors"] += 1
-            await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad frame")
+        except RemoteFrameError as exc:
+            await self._protocol_error(st, exc)
         except OSError:
             pass  # broken connection (reset, or closed by us)
         return []
+
+    async def _protocol_error(self, st: _Conn, exc: RemoteFrameError) -> None:
+        """The peer broke the framing or the session protocol: count it, tell the peer
+        what was wrong (GOAWAY(PROTOCOL_ERROR) with the error's text, e.g. the length
+        announced and the length allowed), and close. Called by the reader, which can
+        then read what the peer still sends while the goaway gets through."""
+        self._counters["protocol_errors"] += 1
+        await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, _reason_for(exc), drain=True)
+
+    async def _raw_ordered_loop(self, st: _Conn) -> None:
+        """Raw frames with up to ``max_in_flight`` handlers at once, replies in request order.
+
+        Raw frames carry no request id, so a peer can only match replies to requests by
+        order: each request takes a place in line (a :class:`_Ticket`) and a finished
+        reply waits for those before it. A request holds its ``max_in_flight`` slot
+        until its reply is queued, so a slow request holds back at most that many
+        finished replies, and queued replies are bounded by ``send_queue``.
+        """
+        st.order = order = deque[_Ticket]()
+        while not st.closed:
+            frames = await self._read_burst(st)
+            if not frames:
+                return
+            for payload in frames:
+                await st.slots.send(None)  # blocks at max_in_flight: backpressure
+                if st.is_closed():
+                    return
+                ticket = _Ticket()
+                order.append(ticket)
+                st.in_flight += 1
+                go(self._handle_one, st, payload, ticket)
+
+    async def _release_in_order(self, st: _Conn, ticket: _Ticket, reply: Any) -> None:
+        """Raw mode's ordered replies: record this one, then (unless another goroutine
+        is at it) queue every finished reply at the head of the line, in order."""
+        ticket.reply = reply
+        ticket.done = True
+        if st.releasing:
+            return  # the goroutine releasing replies now takes this one in its turn
+        st.releasing = True
+        order = st.order
+        assert order is not None
+        try:
+            while order and order[0].done:
+                head = order.popleft()
+                if head.reply is not None and not st.closed:
+                    await _send(st, head.reply)  # waits while send_queue is full
+                st.in_flight -= 1
+                st.slots.try_recv()
+        finally:
+            st.releasing = False
+        if st.draining and st.in_flight == 0:
+            st.wake.try_send(None)
 
     async def _call_batch(self, batch: BatchHandler, payloads: list[bytes]) -> list[bytes]:
         """The batch handler's replies, ``None`` entries dropped; [] when it failed."""
@@ -492,15 +768,13 @@ class Server:
             for frame in frames:
                 try:
                     event = session.receive(frame, now)
-                except RemoteFrameError:
-                    self._counters["protocol_errors"] += 1
-                    await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, "bad session frame")
+                except RemoteFrameError as exc:
+                    await self._protocol_error(st, exc)
                     return
                 if isinstance(event, Data):
                     payloads.append(event.payload)
-            for out in session.poll(now):  # pongs go out at once
-                if not await _send(st, out):
-                    return
+            for out in session.poll(now):  # pongs go out at once, ahead of replies
+                st.fc.send_nowait(out)
             if not payloads:
                 continue
             st.in_flight = 1
@@ -510,7 +784,9 @@ class Server:
                 if st.closed or not await _send(st, session.data(reply, gosim.now())):
                     return
 
-    async def _handle_one(self, st: _Conn, payload: bytes) -> None:
+    async def _handle_one(self, st: _Conn, payload: bytes, ticket: _Ticket | None = None) -> None:
+        """Run the handler on one request and queue its reply (raw mode with concurrent
+        handlers passes the request's ``ticket``: the reply then waits its turn)."""
         assert self.handler is not None
         try:
             reply: Any = self.handler(payload)
@@ -518,6 +794,9 @@ class Server:
                 reply = await reply
         except Exception:
             self._counters["handler_errors"] += 1
+            reply = None
+        if ticket is not None:
+            await self._release_in_order(st, ticket, reply)
             return
         if reply is not None and not st.closed:
             # A connection closed meanwhile (dead peer, shutdown past its grace) loses
@@ -542,28 +821,58 @@ class Server:
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):
-                if not await _send(st, out):
-                    return
+                # Never waits: a ping that cannot be queued (a peer that reads nothing)
+                # must not keep this loop from the dead-peer check below.
+                st.fc.send_nowait(out)
             if session.dead:
                 self._counters["dead_peers"] += 1
                 self._close_now(st)
                 return
             if session.idle and not st.draining:
                 self._counters["idle_closed"] += 1
-                await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle")
+                await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle", drain=False)
                 return
 
-    async def _goaway_and_close(self, st: _Conn, code: int, reason: str) -> None:
+    async def _raw_idle_watch(self, st: _Conn, timeout: float) -> None:
+        """Raw mode's idle timeout, from counters the connection keeps anyway: looked at
+        every quarter timeout, so the close comes between ``timeout`` and 1.25 times
+        that after the last frame read or written (with no handler running)."""
+        fc = st.fc
+        step = timeout / 4
+        seen = fc.frames_read + fc.frames_written
+        quiet_since = gosim.now()
+        while not st.closed:
+            await st.alarm.sleep_until(gosim.now() + step)
+            if st.is_closed():
+                return
+            now = gosim.now()
+            count = fc.frames_read + fc.frames_written
+            if count != seen or st.in_flight:
+                seen, quiet_since = count, now
+            elif now - quiet_since >= timeout:
+                self._counters["idle_closed"] += 1
+                self._close_now(st)
+                return
+
+    async def _goaway_and_close(self, st: _Conn, code: int, reason: str, *, drain: bool) -> None:
+        """Tell the peer why (session mode) and close, within about 2 * CLOSE_LINGER
+        whatever the peer does. ``drain``: the caller is the connection's reader, so
+        the peer's input can be read (and dropped) until it closes, which keeps the
+        close from becoming a reset that could destroy the goaway."""
         if st.closed:
             return
-        if self.raw:
-            self._close_now(st)
-            return
-        try:
-            await st.fc.send(st.session.goaway(code, reason))
-            await st.fc.flush()
-        except Exception:
-            pass
+        if not self.raw:
+            try:
+                goaway: bytes | None = st.session.goaway(code, reason)
+            except LocalSessionError:  # both sides have said goodbye already
+                goaway = None
+            if goaway is not None and st.fc.send_nowait(goaway):
+                try:
+                    await st.fc.flush(CLOSE_LINGER)
+                except Exception:  # the writer failed: the peer is gone
+                    pass
+            if drain and not st.closed:
+                await _close_write_and_drain(st.fc.conn, CLOSE_LINGER)
         self._close_now(st)
 
     def _close_now(self, st: _Conn) -> None:
@@ -578,16 +887,24 @@ class Server:
         while st.in_flight and not st.closed:
             st.draining = True
             await select(recv(st.wake), recv(st.done))
-        try:
-            if not st.closed:
-                st.closed = True
-                await st.fc.aclose(flush=True)
-            else:
-                # Closed already (dead peer, protocol error, shutdown): stop the
-                # FramedConn's writer goroutine too, or every such connection leaves one.
-                await st.fc.aclose(flush=False)
-        except Exception:
-            pass
+        if not st.closed:
+            # The peer ended its side; what is queued for it is written. The heartbeat
+            # (or raw mode's idle watch) still runs meanwhile: a peer that stops
+            # reading too is closed by it, which ends this flush.
+            await st.fc.aclose(flush=True)
+        else:
+            # Closed already (dead peer, protocol error, shutdown): stop the
+            # FramedConn's writer goroutine too, or every such connection leaves one.
+            await st.fc.aclose(flush=False)
+        self._retire(st)
+
+    def _retire(self, st: _Conn) -> None:
+        """Count a finished connection out of the server (once, whoever gets here first:
+        its reader, or shutdown past the grace period)."""
+        if st.retired:
+            return
+        st.retired = True
+        st.closed = True
         st.end()
         self._conns.discard(st)
         self._counters["frames_received"] += st.fc.frames_read
@@ -603,8 +920,10 @@ class Server:
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop accepting, tell every peer (GOAWAY), drain in-flight work, then close.
 
-        Handlers still running after ``grace`` seconds (default ``grace_period``) lose
-        their connection; replies produced before that are written.
+        Returns once the grace period (``grace`` seconds, default ``grace_period``) is
+        over, or sooner when every connection has finished, whatever the peers do:
+        handlers still running then lose their connection, and replies a peer has not
+        read by then are lost. When it returns, ``stats().connections`` is 0.
         """
         if self._shutting_down:
             return
@@ -612,26 +931,38 @@ class Server:
         if self._listener is not None:
             self._listener.close()
         grace = self.grace_period if grace is None else grace
+        deadline = gosim.now() + grace
         for st in list(self._conns):
             st.draining = True
-            if self.raw:
+            if self.raw or st.closed:
                 continue
             try:
-                await st.fc.send(st.session.goaway(GoAwayCode.NO_ERROR, "shutting down"))
-            except Exception:
-                pass
-        deadline = gosim.now() + grace
+                goaway = st.session.goaway(GoAwayCode.NO_ERROR, "shutting down")
+            except LocalSessionError:
+                continue
+            st.fc.send_nowait(goaway)  # never waits behind a peer that does not read
         while any(st.in_flight for st in self._conns) and gosim.now() < deadline:
             await gosim.sleep(min(0.01, max(deadline - gosim.now(), 0)))
+        # Write what is queued, on every connection at once, until the grace ends.
         for st in list(self._conns):
             if not st.closed:
                 st.closed = True
-                try:
-                    await st.fc.aclose(flush=True)
-                except Exception:
-                    st.fc.conn.close()
-        if not self._conns:
-            self._signal_stopped()
+                go(self._flush_and_close, st, deadline)
+        if self._conns:
+            timer = gosim.Timer(max(deadline - gosim.now(), 0))
+            await select(recv(self._stopped), recv(timer.c))
+            timer.stop()
+        # Past the grace period: whatever is left (a peer that does not read, a
+        # handler that does not return) is closed and counted out now.
+        for st in list(self._conns):
+            st.closed = True
+            st.fc.conn.close()  # also ends a flush that is still waiting for the peer
+            await st.fc.aclose(flush=False)
+            self._retire(st)
+        self._signal_stopped()
+
+    async def _flush_and_close(self, st: _Conn, deadline: float) -> None:
+        await st.fc.aclose(flush=True, timeout=max(deadline - gosim.now(), 0))
 
     def _signal_stopped(self) -> None:
         if not self._stopped.closed:
@@ -645,7 +976,14 @@ class Client:
     exponential backoff (``backoff_initial`` doubling up to ``backoff_max``) and full
     jitter (each wait uniform in [0, backoff]), so many clients reconnecting after an
     outage do not arrive together. :meth:`recv` raises :class:`ConnectionLost` when the
-    connection ends; call :meth:`connect` again to get a new one.
+    connection ends; call :meth:`connect` again to get a new one. When the server said
+    why (GOAWAY) before the connection ended, ``ConnectionLost.reason`` is what it
+    said, even if a reset followed.
+
+    Nothing waits without bound on the server: pings never wait behind a full send
+    queue, so a server that stops reading and answering is found dead at the
+    heartbeat timeout; :meth:`send` takes a ``timeout``; :meth:`close` writes what is
+    queued for at most ``timeout`` seconds (default DEFAULT_CLOSE_TIMEOUT).
     """
 
     def __init__(
@@ -702,21 +1040,27 @@ class Client:
         go(self._reader, st, self._inbox)
         go(self._heartbeat, st, self._inbox)
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, payload: bytes, timeout: float | None = None) -> None:
         """Queue one DATA frame; ConnectionLost when the connection has ended or breaks.
 
-        A payload the format cannot carry raises the codec's LocalFrameError instead
+        With ``timeout``, a send queue still full after that many seconds (a server that
+        does not read) raises :class:`TimeoutError`; the payload was not queued. A
+        payload the format cannot carry raises the codec's LocalFrameError instead
         (the connection is fine; the payload is not).
         """
         st = self._st
-        if st is None or st.closed:
+        if st is None:
             raise ConnectionLost("not connected")
+        if st.closed:
+            raise ConnectionLost(_lost_reason(st, "not connected"))
         try:
-            await st.fc.send(st.session.data(payload, gosim.now()))
+            await st.fc.send(st.session.data(payload, gosim.now()), timeout)
         except (ClosedError, OSError) as exc:
+            if type(exc) is TimeoutError:  # FramedConn.send's timeout: nothing was queued
+                raise
             # The writer hit a reset or a broken pipe, or the reader closed the
             # connection meanwhile: one exception type for "connection gone".
-            raise ConnectionLost(f"connection broken: {exc}") from exc
+            raise ConnectionLost(_lost_reason(st, f"connection broken: {exc}")) from exc
 
     async def recv(self) -> bytes:
         """The next DATA payload from the server; ConnectionLost when the connection ended."""
@@ -729,15 +1073,14 @@ class Client:
         data: bytes = item
         return data
 
-    async def close(self) -> None:
+    async def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> None:
+        """Write what is queued (for at most ``timeout`` seconds; None: no bound), then
+        close the connection."""
         st = self._st
         self._st = None
         if st is not None and not st.closed:
             st.closed = True
-            try:
-                await st.fc.aclose(flush=True)
-            except Exception:
-                st.fc.conn.close()
+            await st.fc.aclose(flush=True, timeout=timeout)
             st.end()
 
     async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
@@ -757,21 +1100,16 @@ class Client:
                 except RemoteFrameError as exc:
                     reason = f"protocol error from the server: {exc}"
                     return
-                for out in st.session.poll(now):
-                    if not await _send(st, out):
-                        return
+                for out in st.session.poll(now):  # pongs, ahead of queued requests
+                    st.fc.send_nowait(out)
                 if isinstance(event, Data):
                     await inbox.send(event.payload)
-                elif isinstance(event, GoAway):
-                    reason = f"server sent GOAWAY({int(event.code)}): {event.reason}"
         finally:
-            if st.session.dead:
-                reason = "server missed its heartbeats"
             # The FramedConn's writer goroutine stops with the connection (a client that
             # reconnects after every loss would otherwise leave one behind each time).
             await st.fc.aclose(flush=False)
             st.end()
-            inbox.try_send(ConnectionLost(reason))
+            inbox.try_send(ConnectionLost(_lost_reason(st, reason)))
 
     async def _heartbeat(self, st: _Conn, inbox: Chan[Any]) -> None:
         session = st.session
@@ -782,8 +1120,21 @@ class Client:
                 if st.is_closed():
                     return
             for out in session.poll(gosim.now()):
-                if not await _send(st, out):
-                    return
+                # Never waits: a full send queue (a server that stopped reading) must
+                # not keep this loop from the dead-peer check below.
+                st.fc.send_nowait(out)
             if session.dead:
                 st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
                 return
+
+
+def _lost_reason(st: _Conn, broken: str) -> str:
+    """Why a client connection ended: a dead server, else what the server said in its
+    GOAWAY (a reset or an end of stream after it is the close it announced), else
+    ``broken``, what the connection did."""
+    if st.session.dead:
+        return "server missed its heartbeats"
+    goaway = st.session.goaway_received
+    if goaway is not None:
+        return f"server sent GOAWAY({int(goaway.code)}): {goaway.reason}"
+    return broken

@@ -48,22 +48,90 @@ typedef struct {
     long long max_body;
 } ScanParams;
 
-/* Parse the seven scan parameters from args[0..6]; 0 on success, -1 with an error. */
+/* FrameFormat's bounds (netframe/_codec.py), enforced again here: the C entry points are
+ * callable from Python with any values, and the loops below index the buffer with them
+ * (an offset outside [0, 2**16) reads outside it). Checked once per call, never per
+ * frame. */
+#define MAX_OFFSET 0xFFFFLL
+#define MAX_ADJUSTMENT (1LL << 40)
+#define MAX_STRIP (1LL << 40)
+#define MAX_MAX_BODY (1LL << 60)
+/* The encoders' adjustment is FrameFormat's minus the header when the length counts it. */
+#define MAX_ENCODE_ADJUST (MAX_ADJUSTMENT + MAX_OFFSET + 8)
+/* A receive larger than this is no receive: it only risks overflowing size sums. */
+#define MAX_READ_SIZE (1LL << 40)
+
+/* Convert one argument, stopping at the first failure (a later argument's __index__
+ * or __bool__ must not run with an exception pending). 0 on success, -1 with an error. */
+static int
+arg_long_long(PyObject *arg, const char *what, long long low, long long high, long long *out)
+{
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be in [%lld, %lld]", what, low, high);
+        }
+        return -1;
+    }
+    if (v < low || v > high) {
+        PyErr_Format(PyExc_ValueError, "%s must be in [%lld, %lld], not %lld", what, low, high, v);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int
+arg_ssize(PyObject *arg, const char *what, Py_ssize_t low, Py_ssize_t high, Py_ssize_t *out)
+{
+    long long v;
+    if (arg_long_long(arg, what, (long long)low, (long long)high, &v) < 0) {
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
+    return 0;
+}
+
+static int
+arg_bool(PyObject *arg, int *out)
+{
+    int v = PyObject_IsTrue(arg);
+    if (v < 0) {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int
+arg_width(PyObject *arg, int allow_uvarint, long *out)
+{
+    long long w;
+    if (arg_long_long(arg, "width", 0, 8, &w) < 0) {
+        return -1;
+    }
+    if (!((w == 0 && allow_uvarint) || w == 1 || w == 2 || w == 4 || w == 8)) {
+        PyErr_SetString(PyExc_ValueError,
+                        allow_uvarint ? "width must be 0, 1, 2, 4 or 8" : "width must be 1, 2, 4 or 8");
+        return -1;
+    }
+    *out = (long)w;
+    return 0;
+}
+
+/* Parse the seven scan parameters from args[0..6] with FrameFormat's bounds; 0 on
+ * success, -1 with an error. */
 static int
 parse_scan_params(PyObject *const *args, ScanParams *p)
 {
-    p->width = PyLong_AsLong(args[0]);
-    p->big_endian = PyObject_IsTrue(args[1]);
-    p->offset = PyLong_AsLongLong(args[2]);
-    p->adjustment = PyLong_AsLongLong(args[3]);
-    p->includes = PyObject_IsTrue(args[4]);
-    p->strip = PyLong_AsLongLong(args[5]);
-    p->max_body = PyLong_AsLongLong(args[6]);
-    if (PyErr_Occurred() || p->big_endian < 0 || p->includes < 0) {
-        return -1;
-    }
-    if (!(p->width == 0 || p->width == 1 || p->width == 2 || p->width == 4 || p->width == 8)) {
-        PyErr_SetString(PyExc_ValueError, "width must be 0, 1, 2, 4 or 8");
+    if (arg_width(args[0], 1, &p->width) < 0 || arg_bool(args[1], &p->big_endian) < 0 ||
+        arg_long_long(args[2], "length_offset", 0, MAX_OFFSET, &p->offset) < 0 ||
+        arg_long_long(args[3], "length_adjustment", -MAX_ADJUSTMENT, MAX_ADJUSTMENT,
+                      &p->adjustment) < 0 ||
+        arg_bool(args[4], &p->includes) < 0 ||
+        arg_long_long(args[5], "strip", -1, MAX_STRIP, &p->strip) < 0 ||
+        arg_long_long(args[6], "max_body", 0, MAX_MAX_BODY, &p->max_body) < 0) {
         return -1;
     }
     return 0;
@@ -182,15 +250,14 @@ cut_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "cut_frames: out must be a list");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
-    long long stop_at = PyLong_AsLongLong(args[3]);
-    Py_ssize_t capacity = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
+    Py_ssize_t pos, end, capacity;
+    long long stop_at;
     ScanParams params;
-    if (parse_scan_params(args + 5, &params) < 0) {
+    if (arg_ssize(args[1], "pos", 0, PY_SSIZE_T_MAX, &pos) < 0 ||
+        arg_ssize(args[2], "end", 0, PY_SSIZE_T_MAX, &end) < 0 ||
+        arg_long_long(args[3], "stop_at", LLONG_MIN, LLONG_MAX, &stop_at) < 0 ||
+        arg_ssize(args[4], "capacity", 0, PY_SSIZE_T_MAX, &capacity) < 0 ||
+        parse_scan_params(args + 5, &params) < 0) {
         return NULL;
     }
     Py_buffer view;
@@ -225,17 +292,15 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "encode_fixed: payloads must be a list");
         return NULL;
     }
-    long width = PyLong_AsLong(args[1]);
-    int big_endian = PyObject_IsTrue(args[2]);
-    long long adjust = PyLong_AsLongLong(args[3]);
-    long long low = PyLong_AsLongLong(args[4]);
-    long long high = PyLong_AsLongLong(args[5]);
-    Py_ssize_t preamble = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred() || big_endian < 0) {
-        return NULL;
-    }
-    if (!(width == 1 || width == 2 || width == 4 || width == 8) || preamble < 0) {
-        PyErr_SetString(PyExc_ValueError, "encode_fixed: bad width or preamble");
+    long width;
+    int big_endian;
+    long long adjust, low, high;
+    Py_ssize_t preamble;
+    if (arg_width(args[1], 0, &width) < 0 || arg_bool(args[2], &big_endian) < 0 ||
+        arg_long_long(args[3], "adjust", -MAX_ENCODE_ADJUST, MAX_ENCODE_ADJUST, &adjust) < 0 ||
+        arg_long_long(args[4], "low", 0, LLONG_MAX, &low) < 0 ||
+        arg_long_long(args[5], "high", LLONG_MIN, MAX_MAX_BODY, &high) < 0 ||
+        arg_ssize(args[6], "preamble", 0, (Py_ssize_t)MAX_OFFSET, &preamble) < 0) {
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(items);
@@ -432,23 +497,19 @@ FrameReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     PyObject *const *items = &PyTuple_GET_ITEM(args, 0);
-    Py_ssize_t read_size = PyLong_AsSsize_t(items[0]);
-    long long large = PyLong_AsLongLong(items[1]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (read_size < 1 || large < 1) {
-        PyErr_SetString(PyExc_ValueError, "FrameReader: read_size and large must be positive");
+    Py_ssize_t read_size;
+    long long large;
+    ScanParams params;
+    if (arg_ssize(items[0], "read_size", 1, (Py_ssize_t)MAX_READ_SIZE, &read_size) < 0 ||
+        arg_long_long(items[1], "large", 1, LLONG_MAX, &large) < 0 ||
+        parse_scan_params(items + 2, &params) < 0) {
         return NULL;
     }
     FrameReader *self = (FrameReader *)type->tp_alloc(type, 0);
     if (self == NULL) {
         return NULL;
     }
-    if (parse_scan_params(items + 2, &self->params) < 0) {
-        Py_DECREF(self);
-        return NULL;
-    }
+    self->params = params;
     self->read_size = read_size;
     self->large = large;
     self->frames = PyList_New(0);
@@ -778,8 +839,14 @@ FrameWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                           &preamble, &gather_min, &gather_max)) {
         return NULL;
     }
-    if (!(width == 1 || width == 2 || width == 4 || width == 8) || preamble < 0) {
+    if (!(width == 1 || width == 2 || width == 4 || width == 8) || preamble < 0 ||
+        preamble > MAX_OFFSET) {
         PyErr_SetString(PyExc_ValueError, "FrameWriter: bad width or preamble");
+        return NULL;
+    }
+    if (adjust < -MAX_ENCODE_ADJUST || adjust > MAX_ENCODE_ADJUST || low < 0 ||
+        high > MAX_MAX_BODY) {
+        PyErr_SetString(PyExc_ValueError, "FrameWriter: adjustment or payload bounds out of range");
         return NULL;
     }
     FrameWriter *self = (FrameWriter *)type->tp_alloc(type, 0);

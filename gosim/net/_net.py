@@ -15,6 +15,9 @@ Errors, in trio's taxonomy and Go's words:
 * :class:`DeadlineExceeded` (``i/o timeout``, a ``TimeoutError`` with ``timeout()``
   returning True, like Go's ``net.Error``): a deadline set on the connection passed.
   Deadlines are absolute times on the runtime clock (``gosim.now()``); 0 or None clears.
+  A write that times out may have sent part of its data: ``written`` says how many
+  bytes went out (Go's ``Write`` returns that count with the error), so a caller
+  knows where the stream stands.
 * :class:`AddrError` (a ``ValueError``): an address that cannot be parsed.
 """
 
@@ -66,10 +69,15 @@ class BusyError(RuntimeError):
 
 
 class DeadlineExceeded(TimeoutError):
-    """``i/o timeout``: the operation's deadline passed. ``timeout()`` is True (Go's net.Error)."""
+    """``i/o timeout``: the operation's deadline passed. ``timeout()`` is True (Go's net.Error).
 
-    def __init__(self) -> None:
+    ``written``: for a write (``Conn.write``, ``Conn.write_buffers``), the bytes sent
+    before the deadline passed, 0 to all but one less than asked; 0 for other operations.
+    """
+
+    def __init__(self, written: int = 0) -> None:
         super().__init__(errno.ETIMEDOUT, "i/o timeout")
+        self.written = written
 
     def timeout(self) -> bool:
         return True
@@ -213,7 +221,8 @@ class Conn:
         return await read_full(self, n)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Write all of ``data``; return its length. Raises rather than writing part."""
+        """Write all of ``data``; return its length. Raises rather than returning a short
+        count; a :class:`DeadlineExceeded` says in ``written`` how much went out first."""
         if self._closed:
             raise ClosedError()
         if self._writing:
@@ -236,6 +245,9 @@ class Conn:
                     else:
                         await self._wait("w")
                 return total
+            except DeadlineExceeded as exc:
+                exc.written = sent
+                raise
             finally:
                 view.release()
         finally:
@@ -245,7 +257,8 @@ class Conn:
         """Write every buffer, in order, with as few system calls as the kernel allows
         (``sendmsg``, gathering up to IOV_MAX buffers a call: Go's ``net.Buffers``);
         return the bytes written. Nothing is copied in user space, which is what large
-        payloads want. Raises rather than writing part, as :meth:`write` does.
+        payloads want. Raises rather than returning a short count, as :meth:`write`
+        does (with ``written`` on a :class:`DeadlineExceeded`).
         """
         if self._closed:
             raise ClosedError()
@@ -257,11 +270,17 @@ class Conn:
             pending = [v for v in views if v.nbytes]
             total = sum(v.nbytes for v in pending)
             first = 0
+            sent = 0
             while first < len(pending):
                 n = self._send_once(self._sock.sendmsg, pending[first : first + _IOV_MAX])
                 if not n:
-                    await self._wait("w")
+                    try:
+                        await self._wait("w")
+                    except DeadlineExceeded as exc:
+                        exc.written = sent
+                        raise
                     continue
+                sent += n
                 while n:  # drop what went out; the partly sent buffer keeps its tail
                     head = pending[first]
                     if n >= head.nbytes:

@@ -647,3 +647,43 @@ def test_raw_conn_read_retries_once_after_a_hang_up_instead_of_waiting() -> None
         return bytes(got) if state["eof"] else b"no eof"
 
     assert run(main) == b"last"
+
+
+@pytest.mark.parametrize("how", ["write", "write_buffers"])
+def test_a_write_past_its_deadline_says_how_many_bytes_went_out(how: str) -> None:
+    # Go's Write returns n with the timeout error. The peer reads nothing until the
+    # deadline has passed, then everything: it receives exactly ``written`` bytes.
+    payload = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than the socket buffers
+
+    async def main() -> tuple[int, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        peer: Chan[net.Conn] = Chan(1)
+
+        async def acceptor() -> None:
+            await peer.send(await ln.accept())
+
+        go(acceptor)
+        c = await net.dial("tcp", ln.addr())
+        server_side = await peer.recv()
+        assert server_side is not None
+        c.set_write_deadline(gosim.now() + 0.2)
+        try:
+            if how == "write":
+                await c.write(payload)
+            else:
+                await c.write_buffers([payload[:1000], payload[1000:]])
+            raise AssertionError("no timeout")
+        except net.DeadlineExceeded as exc:
+            written = exc.written
+        c.close()
+        received = 0
+        while data := await server_side.read(1 << 20):
+            assert data == payload[received : received + len(data)]
+            received += len(data)
+        server_side.close()
+        ln.close()
+        return written, received
+
+    written, received = run(main)
+    assert 0 < written < len(payload)
+    assert received == written

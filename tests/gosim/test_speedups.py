@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 import gosim
-from gosim import Chan, go
+from gosim import Chan, go, lowlevel, recv, select
+from gosim._core import _sched
 from gosim._core._accel import speedups
 
 needs_speedups = pytest.mark.skipif(
@@ -155,7 +156,8 @@ def test_a_receive_made_but_not_awaited_takes_nothing() -> None:
         ch: Chan[int] = Chan(2)
         await ch.send(1)
         op = ch.recv()  # never awaited: the value must stay in the channel
-        del op
+        with pytest.warns(RuntimeWarning, match="never awaited"):  # as a coroutine warns
+            del op
         got = [await ch.recv()]
         await ch.send(2)
         got.append(await ch.recv())
@@ -164,17 +166,41 @@ def test_a_receive_made_but_not_awaited_takes_nothing() -> None:
     assert gosim.run(main) == [1, 2]
 
 
-@needs_speedups
 def test_an_awaited_operation_cannot_be_awaited_again() -> None:
-    # As with a native coroutine; the Python fallback's exhausted generator would
-    # quietly return None instead.
+    # As with a native coroutine, on both paths (the Python operations are coroutines;
+    # they were generators, whose second await quietly gave None). Each kind of
+    # channel operation that has its own awaitable: receives of every form, a send that
+    # had to park. A send that completed when called returns a shared finished
+    # awaitable: the operation is over by then, and awaiting that again is a no-op.
+    # (select stays a generator-based coroutine on both paths, for its park's cost.)
     async def main() -> None:
         ch: Chan[int] = Chan(1)
         await ch.send(1)
+        ops: list[Any] = []
         op = ch.recv()
         assert await op == 1
-        with pytest.raises(RuntimeError, match="already awaited"):
-            await op
+        ops.append(op)
+        await ch.send(2)
+        op = ch.recv2()
+        assert await op == (2, True)
+        ops.append(op)
+        await ch.send(3)
+        it = aiter(ch)
+        op = anext(it)
+        assert await op == 3
+        ops.append(op)
+
+        async def receiver() -> None:
+            await ch.recv()
+
+        await ch.send(5)  # fills the buffer: the next send parks
+        op = ch.send(6)
+        go(receiver)
+        await op
+        ops.append(op)
+        for op in ops:
+            with pytest.raises(RuntimeError, match="cannot reuse already awaited"):
+                await op
 
     gosim.run(main)
 
@@ -242,3 +268,351 @@ def test_goroutines_left_parked_when_main_returns_keep_nothing_alive() -> None:
         gosim.run(main)
     gc.collect()
     assert [r() for r in refs] == [None, None, None]
+
+
+# ------------------------------------------------------------------------------------
+# Python code must not crash the interpreter through the records gosim.lowlevel reaches
+# (issue 18). Each program runs in a child process, so a crash shows as a signal.
+
+_RECORDS_CHILD = textwrap.dedent(
+    """
+    import sys
+    from collections import deque
+    import gosim
+    from gosim import Chan, go, lowlevel, recv, select
+    from gosim._core import _sched
+
+    def workload_after(mutate):
+        # Mutate a record from inside a goroutine, then use every hot path on it.
+        async def main():
+            rt = lowlevel.current_runtime()
+            records = {"g": lowlevel.current_g(), "p": rt.curp, "rt": rt}
+            try:
+                mutate(records)
+            except (AttributeError, TypeError) as exc:
+                print("refused:", exc)
+            ch, sel = Chan(0), Chan(1)
+            async def sender():
+                await ch.send(1)
+                await sel.send(2)
+            for _ in range(3):
+                go(sender)
+            for _ in range(3):
+                await ch.recv()
+                await select(recv(sel), recv(None))
+            await gosim.gosched()
+            await gosim.sleep(0)
+        try:
+            gosim.run(main, procs=2)
+        except BaseException as exc:  # any Python error is fine here; a crash is not
+            if isinstance(exc, SystemError):
+                raise
+            print("raised:", type(exc).__name__)
+        finally:
+            _sched._state.rt = None
+
+    def delete(name, field):
+        return lambda records: delattr(records[name], field)
+
+    def assign(name, field, value):
+        return lambda records: setattr(records[name], field, value)
+
+    cases = sys.argv[1].split(",")
+    for case in cases:
+        name, field, how = case.split(".")
+        print(case, flush=True)
+        if how == "del":
+            workload_after(delete(name, field))
+        else:
+            value = {"none": None, "int": 7, "list": [], "dict": {}, "deque": deque(),
+                     "obj": object()}[how]
+            workload_after(assign(name, field, value))
+    print("survived", flush=True)
+    """
+)
+
+_OBJECT_FIELDS = {
+    "g": ["coro", "elem", "fn", "p", "param", "waitreason"],
+    "p": ["runnext", "runq", "timers", "gfree"],
+    "rt": ["curg", "curp", "trace", "allg", "call_boxes", "gfree"],
+}
+
+
+def _run_records_child(cases: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _RECORDS_CHILD, ",".join(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("record", sorted(_OBJECT_FIELDS))
+def test_deleting_a_record_field_never_crashes(record: str) -> None:
+    # `del g.coro` and friends left a NULL that the C scheduler dereferenced (SIGSEGV);
+    # `del rt.trace` gave SystemError. Deletion is refused now; the pure-Python records
+    # allow it and fail later with an AttributeError, which is fine: no crash.
+    cases = [f"{record}.{field}.del" for field in _OBJECT_FIELDS[record]]
+    proc = _run_records_child(cases)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "survived" in proc.stdout
+    if speedups is not None:
+        assert proc.stdout.count("refused: cannot delete") == len(cases)
+
+
+@pytest.mark.parametrize("value", ["none", "int", "list", "dict", "deque", "obj"])
+def test_assigning_any_value_to_a_record_field_never_crashes(value: str) -> None:
+    # The C code reads rt.allg as a dict, p.runq as a deque, p.gfree as a list...:
+    # those are checked on assignment; the others take any value, and a wrong one ends
+    # in a Python exception (a panic, a TypeError), never in a crash.
+    cases = [f"{r}.{f}.{value}" for r, fields in _OBJECT_FIELDS.items() for f in fields]
+    proc = _run_records_child(cases)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "survived" in proc.stdout
+
+
+@needs_speedups
+def test_the_current_runtime_slot_takes_only_a_runtime() -> None:
+    # The C channel code reads the per-thread slot as a runtime record.
+    with pytest.raises(TypeError, match="must be a runtime or None"):
+        _sched._state.rt = object()  # type: ignore[assignment]
+    assert _sched._state.rt is None
+
+
+# ------------------------------------------------------------------------------------
+# A goroutine that leaves a channel park without being woken (an exception thrown in,
+# its coroutine closed) leaves every wait queue it was on (issue 18), on both paths.
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _step_with_throw(g: Any, exc: BaseException) -> Any:
+    """Throw exc into parked goroutine g as the driver steps one (rt.curg is g meanwhile)."""
+    rt = lowlevel.current_runtime()
+    me = rt.curg
+    rt.curg = g
+    try:
+        return g.coro.throw(exc)
+    finally:
+        rt.curg = me
+
+
+_PARK_KINDS = ["recv", "recv2", "anext", "send", "select-recv", "select-send"]
+
+
+async def _park_on(kind: str, ch: Chan[int], other: Chan[int]) -> Any:
+    if kind == "recv":
+        return await ch.recv()
+    if kind == "recv2":
+        return await ch.recv2()
+    if kind == "anext":
+        return await anext(aiter(ch))
+    if kind == "send":
+        return await ch.send(5)
+    if kind == "select-recv":
+        return await select(recv(ch), recv(other))
+    return await select(gosim.send(ch, 5), recv(other))
+
+
+@pytest.mark.parametrize("kind", _PARK_KINDS)
+def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
+    # The goroutine catches the exception and waits on another channel: a later
+    # operation on the first channel must not pair with it (it was handed the value,
+    # and through select the runtime's internal Sudog).
+    async def main() -> list[Any]:
+        ch: Chan[int] = Chan(0)
+        other: Chan[int] = Chan(0)
+        after: Chan[int] = Chan(0)
+        got: list[Any] = []
+        box: list[Any] = []
+
+        async def waiter() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await _park_on(kind, ch, other)
+            except _Interrupt:
+                got.append("interrupted")
+            got.append(await after.recv())
+
+        go(waiter)
+        await gosim.gosched()  # the waiter parks on ch (and other, for a select)
+        assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
+        assert got == ["interrupted"]
+        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+        if kind in ("send", "select-send"):
+            assert ch.try_recv() == (None, False, False)  # nobody is sending any more
+        else:
+            assert not ch.try_send(7)  # nobody is receiving any more
+        assert not other.try_send(8)
+        await after.send(9)
+        await gosim.gosched()
+        return got
+
+    assert gosim.run(main, procs=1) == ["interrupted", 9]
+
+
+@pytest.mark.parametrize("kind", _PARK_KINDS)
+def test_a_park_left_by_closing_the_coroutine_leaves_the_wait_queues(kind: str) -> None:
+    async def main() -> None:
+        ch: Chan[int] = Chan(0)
+        other: Chan[int] = Chan(0)
+        box: list[Any] = []
+        finished: list[str] = []
+
+        async def waiter() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await _park_on(kind, ch, other)
+            finally:
+                finished.append("closed")
+
+        go(waiter)
+        await gosim.gosched()
+        box[0].coro.close()
+        assert finished == ["closed"]
+        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+        assert not ch.try_send(7) and ch.try_recv() == (None, False, False)
+
+    gosim.run(main, procs=1)
+
+
+def test_a_live_channel_cannot_be_initialised_again() -> None:
+    # C kept the buffer under the new capacity (len 2, cap 0); Python dropped the buffer
+    # and orphaned any parked goroutine. Go has no re-make: both refuse.
+    ch: Chan[int] = Chan(2)
+    assert ch.try_send(1) and ch.try_send(2)
+    with pytest.raises(TypeError, match="cannot be re-initialised"):
+        ch.__init__(0)  # type: ignore[misc]
+    assert (ch.len(), ch.cap(), ch.try_recv()) == (2, 2, (1, True, True))
+
+
+_FUZZ_RECORDS = textwrap.dedent(
+    """
+    import signal
+    from collections import deque
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    import gosim
+    from gosim import Chan, go, lowlevel, recv, select, send
+    from gosim._core import _sched
+
+    FIELDS = {
+        "g": ["coro", "elem", "fn", "p", "param", "waitreason", "goid", "parent", "status",
+              "ok", "selectdone"],
+        "p": ["runnext", "runq", "timers", "gfree", "id", "schedtick"],
+        "rt": ["curg", "curp", "trace", "allg", "call_boxes", "gfree", "nswitch", "goidgen",
+               "main_goexited"],
+        "state": ["rt"],
+    }
+    VALUES = st.sampled_from(["none", "int", "huge", "negative", "str", "list", "dict",
+                              "deque", "object", "true", "a_g", "a_p", "the_rt"])
+    ACTIONS = st.lists(
+        st.tuples(st.sampled_from(sorted(FIELDS)), st.integers(0, 10),
+                  st.sampled_from(["del", "set"]), VALUES),
+        min_size=1, max_size=3)
+
+    def value(name, records):
+        return {"none": None, "int": 3, "huge": 2**62, "negative": -5, "str": "x",
+                "list": [], "dict": {}, "deque": deque(), "object": object(), "true": True,
+                "a_g": records["g"], "a_p": records["p"], "the_rt": records["rt"]}[name]
+
+    def timeout(signum, frame):
+        raise TimeoutError("example took too long")
+
+    signal.signal(signal.SIGALRM, timeout)
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(actions=ACTIONS, when=st.sampled_from(["first", "after_spawn", "in_child"]))
+    def fuzz(actions, when):
+        def mutate():
+            rt = lowlevel.current_runtime()
+            records = {"g": lowlevel.current_g(), "p": rt.curp, "rt": rt, "state": _sched._state}
+            for name, i, how, v in actions:
+                field = FIELDS[name][i % len(FIELDS[name])]
+                try:
+                    if how == "del":
+                        delattr(records[name], field)
+                    else:
+                        setattr(records[name], field, value(v, records))
+                except (AttributeError, TypeError, ValueError, OverflowError):
+                    pass
+
+        async def child(ch, out):
+            if when == "in_child":
+                mutate()
+            v = await ch.recv()
+            await out.send(v)
+
+        async def main():
+            if when == "first":
+                mutate()
+            ch, out, buf = Chan(0), Chan(0), Chan(2)
+            for _ in range(2):
+                go(child, ch, out)
+            if when == "after_spawn":
+                mutate()
+            for i in range(2):
+                await ch.send(i)
+                await select(recv(out), send(buf, i))
+            await gosim.gosched()
+            await gosim.sleep(0)
+
+        signal.alarm(20)
+        try:
+            gosim.run(main, procs=2)
+        except SystemError:
+            raise
+        except BaseException:
+            pass  # any Python error: a wrong field makes the runtime fail, not crash
+        finally:
+            signal.alarm(0)
+            _sched._state.rt = None
+
+    fuzz()
+    print("survived")
+    """
+)
+
+
+def test_fuzz_the_records_with_deletions_and_assignments() -> None:
+    # Bounded: each example is one short runtime; a crash ends the child with a signal.
+    proc = subprocess.run(
+        [sys.executable, "-c", "MAX_EXAMPLES = 150\n" + _FUZZ_RECORDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert proc.stdout.split()[-1:] == ["survived"]
+
+
+def test_a_sleep_left_by_an_exception_disarms_its_timer() -> None:
+    # The same rule for the timer a sleep parks on: it must not wake the goroutine in
+    # whatever it waits on next.
+    async def main() -> list[Any]:
+        after: Chan[int] = Chan(0)
+        got: list[Any] = []
+        box: list[Any] = []
+
+        async def sleeper() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await gosim.sleep(0.01)
+            except _Interrupt:
+                got.append("interrupted")
+            got.append(await after.recv())
+
+        go(sleeper)
+        await gosim.gosched()
+        assert _step_with_throw(box[0], _Interrupt()) == "park"
+        await gosim.sleep(0.05)  # the sleep's timer would have fired by now
+        assert got == ["interrupted"]
+        await after.send(9)
+        await gosim.gosched()
+        return got
+
+    assert gosim.run(main, procs=1, virtual_time=True) == ["interrupted", 9]

@@ -667,3 +667,50 @@ def test_a_handler_waiting_when_the_program_ends_runs_its_finally() -> None:
 
     gosim.run(main, procs=1)
     assert cleaned == ["finally"]
+
+
+@given(
+    delays=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+    outcomes=st.lists(st.sampled_from(["reply", "none", "raise"]), min_size=1, max_size=60),
+    max_in_flight=st.integers(1, 8),
+    send_queue=st.integers(1, 4),
+)
+@settings(max_examples=40, deadline=None)
+def test_raw_replies_follow_request_order_whatever_the_handlers_timing(
+    delays: list[int], outcomes: list[str], max_in_flight: int, send_queue: int
+) -> None:
+    # Raw frames carry no request id: however long each handler takes, and whether it
+    # replies, returns None or fails, the replies that exist leave in request order.
+    # The last request always replies: its reply comes after every handler has run.
+    n = len(delays) + 1
+
+    def outcome(i: int) -> str:
+        return "reply" if i == n - 1 else outcomes[i % len(outcomes)]
+
+    async def handler(payload: bytes) -> bytes | None:
+        i = int(payload)
+        await gosim.sleep(delays[i % len(delays)] / 1000)
+        if outcome(i) == "raise":
+            raise ValueError(i)
+        return None if outcome(i) == "none" else b"re:" + payload
+
+    async def main() -> tuple[list[bytes], int]:
+        ln = MemoryListener()
+        server = Server(handler, raw=True, max_in_flight=max_in_flight, send_queue=send_queue)
+        go(server.serve, ln)
+        fc = FramedConn(await ln.dial())
+        await fc.write_frames([b"%d" % i for i in range(n)])
+        want = sum(outcome(i) == "reply" for i in range(n))
+        got: list[bytes] = []
+        while len(got) < want:
+            frames = await fc.read_frames()
+            assert frames, "the server closed before every reply"
+            got += frames
+        errors = server.stats().handler_errors
+        fc.conn.close()
+        await server.shutdown(grace=0.1)
+        return got, errors
+
+    got, errors = vrun(main)
+    assert got == [b"re:%d" % i for i in range(n) if outcome(i) == "reply"]
+    assert errors == sum(outcome(i) == "raise" for i in range(n))

@@ -6,6 +6,7 @@ import socket
 import struct
 import tracemalloc
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -414,3 +415,43 @@ def test_framed_conn_counts_what_it_writes_on_either_path() -> None:
     assert stats.frames_written == len(small) + len(large) + len(queued)
     assert stats.bytes_written == len(wire)
     assert 3 <= stats.writes <= 2 + len(queued)
+
+
+@pytest.mark.parametrize("size", [4000, 1 << 20])
+def test_framed_conn_write_past_its_deadline_says_how_many_bytes_went_out(size: int) -> None:
+    # Small frames take the encoded write (in C where built), large ones the gathering
+    # sendmsg: either way a write deadline's DeadlineExceeded says how many bytes of the
+    # encoded frames went out, and the peer receives exactly those.
+    fmt = netframe.FrameFormat()
+    payloads = [bytes([i % 251]) * size for i in range(8 * (1 << 20) // size)]
+    wire = fmt.encode_many(payloads)
+
+    async def main() -> tuple[int, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        peer: Chan[net.Conn] = Chan(1)
+
+        async def acceptor() -> None:
+            await peer.send(await ln.accept())
+
+        go(acceptor)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()), fmt)
+        server_side = await peer.recv()
+        assert server_side is not None
+        fc.conn.set_write_deadline(gosim.now() + 0.2)  # type: ignore[attr-defined]
+        try:
+            await fc.write_frames(payloads)
+            raise AssertionError("no timeout")
+        except net.DeadlineExceeded as exc:
+            written = exc.written
+        fc.conn.close()
+        received = 0
+        while data := await server_side.read(1 << 20):
+            assert data == wire[received : received + len(data)]
+            received += len(data)
+        server_side.close()
+        ln.close()
+        return written, received
+
+    written, received = gosim.run(main, procs=2)
+    assert 0 < written < len(wire)
+    assert received == written
