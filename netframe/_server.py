@@ -1062,6 +1062,16 @@ class Client:
             # connection meanwhile: one exception type for "connection gone".
             raise ConnectionLost(_lost_reason(st, f"connection broken: {exc}")) from exc
 
+    @property
+    def goaway_received(self) -> GoAway | None:
+        """The GOAWAY the server sent on the current connection, or None.
+
+        After a GOAWAY the server starts no new work on this connection: replies it owes
+        still arrive, but new requests belong on another connection (:meth:`connect`
+        again, or another server)."""
+        st = self._st
+        return None if st is None else st.session.goaway_received
+
     async def recv(self) -> bytes:
         """The next DATA payload from the server; ConnectionLost when the connection ended."""
         item = await self._inbox.recv()

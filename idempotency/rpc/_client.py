@@ -140,6 +140,7 @@ class ClientStats:
     replays: int = 0
     connects: int = 0
     connections_lost: int = 0
+    goaways: int = 0
     throttled: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
@@ -231,7 +232,8 @@ class Client:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.rng = random.Random() if rng is None else rng
-        self._link: _Link | None = None
+        self._link: _Link | None = None  # where new calls go
+        self._links: set[_Link] = set()  # every live link
         self._connecting: Chan[None] | None = None
         self._pending: dict[int, tuple[Chan[Any], _Link]] = {}
         self._next_id = 0
@@ -335,9 +337,9 @@ class Client:
     async def close(self) -> None:
         """Close the connection; calls in flight fail with Unavailable."""
         self._closed = True
-        link = self._link
         self._link = None
-        if link is not None:
+        # Every live link, the current one and any still finishing calls after a GOAWAY.
+        for link in list(self._links):
             await self._close_link(link, "client closed")
 
     def statistics(self) -> ClientStats:
@@ -349,6 +351,7 @@ class Client:
             s.replays,
             s.connects,
             s.connections_lost,
+            s.goaways,
             s.throttled,
             dict(s.errors),
         )
@@ -419,7 +422,13 @@ class Client:
         while True:
             link = self._link
             if link is not None and not link.closed:
-                return link
+                if link.framed is None or link.framed.goaway_received is None:
+                    return link
+                # The server said GOAWAY: the link finishes the calls it carries, and
+                # new calls go on a new connection (the next address, with several).
+                self._link = None
+                self._stats.goaways += 1
+                continue
             if self._closed:
                 raise Unavailable("client is closed")
             connecting = self._connecting
@@ -457,6 +466,7 @@ class Client:
                 self._last_connect_error = str(exc)
                 raise Unavailable(f"could not connect: {exc}") from exc
             link = _Link(nc, None)
+            self._links.add(link)
             go(self._framed_reader, link, nc)
             return link
         conn = await self._dial_stream()
@@ -468,6 +478,7 @@ class Client:
             lambda exc: None,
             lambda reason: self._drop_link(link, reason),
         )
+        self._links.add(link)
         return link
 
     async def _dial_stream(self) -> Any:
@@ -494,8 +505,11 @@ class Client:
                     return
                 try:
                     msg = decode(payload, self.limits)
-                except RemoteProtocolError:
-                    continue  # one bad frame from the server: that call times out
+                except RemoteProtocolError as exc:
+                    # The server sent something that is not msgpack-rpc: it cannot be
+                    # matched to a call, so no call on this link can be trusted to end.
+                    reason = f"undecodable message from the server: {exc}"
+                    return
                 out = self._on_message(link, msg)
                 if out is not None:
                     await out
@@ -523,6 +537,7 @@ class Client:
             return
         link.closed = True
         link.reason = reason
+        self._links.discard(link)
         self._stats.connections_lost += 1
         if self._link is link:
             self._link = None

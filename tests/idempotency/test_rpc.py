@@ -473,3 +473,34 @@ def test_shutdown_drains_calls_already_received(transport: str) -> None:
     got, took = run_bounded(main)
     assert got == [True] * 10  # every call already received finished and replied
     assert took < 5.0  # and shutdown did not wait out its grace for nothing
+
+
+def test_a_goaway_sends_new_calls_to_the_next_server() -> None:
+    async def main() -> tuple[int, int, int]:
+        a, b = make_server(), make_server()
+        ln_a, ln_b = net.listen("tcp", "127.0.0.1:0"), net.listen("tcp", "127.0.0.1:0")
+        go(a.serve, ln_a)
+        go(b.serve, ln_b)
+        c = Client([ln_a.addr(), ln_b.addr()], heartbeat_interval=None)
+        assert await c.call("add", 1, 1) == 2  # connected to a
+        slow: Chan[Any] = Chan(1)
+
+        async def in_flight() -> None:
+            await slow.send(await c.call("slow", 0.3))
+
+        go(in_flight)
+        await gosim.sleep(0.05)
+        go(a.shutdown, 2.0)  # GOAWAY now; a drains its call in flight
+        await gosim.sleep(0.05)
+        results = [await c.call("add", i, 1) for i in range(20)]
+        assert results == [i + 1 for i in range(20)]
+        assert await slow.recv() is True  # the call a owed still came back
+        stats = c.statistics()
+        await c.close()
+        await b.shutdown(1.0)
+        return stats.goaways, b.statistics().calls, a.statistics().calls
+
+    goaways, on_b, on_a = run_bounded(main)
+    assert goaways == 1
+    assert on_b == 20  # every call made after the GOAWAY went to b
+    assert on_a == 2
