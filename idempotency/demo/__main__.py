@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1)")
     p.add_argument("--db", type=Path, help="the ledger file to create (default: a temp dir)")
     p.add_argument("--plain", action="store_true", help="no live display")
+    p.add_argument("--plot", type=Path, help="write a throughput/latency chart (PNG)")
     a = p.parse_args(argv)
     if a.connections < 1 or a.clients < 1 or a.accounts < 2 or a.seconds <= 0:
         p.error("--connections and --clients must be >= 1, --accounts >= 2, --seconds > 0")
@@ -48,6 +49,7 @@ def main(argv: list[str]) -> int:
         heartbeat=a.heartbeat,
         db=a.db,
         live=False if a.plain else None,
+        plot=a.plot,
     )
     return run(opts)
 

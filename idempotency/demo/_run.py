@@ -54,6 +54,7 @@ class Options:
     heartbeat: float = 1.0
     db: Path | None = None
     live: bool | None = None  # None: when stdout is a terminal
+    plot: Path | None = None  # a throughput and latency chart (matplotlib)
 
 
 @dataclass
@@ -253,6 +254,17 @@ def run(opts: Options) -> int:
         )
         return tbl
 
+    series: list[tuple[float, int, float | None, float | None]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:  # on a thread: a server restart blocks the conductor
+        while not sampling.wait(0.1):
+            t = totals()
+            series.append((time.monotonic() - start, t["acked"], t["p50_ms"], t["p99_ms"]))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
     def conduct(refresh: Callable[[], None]) -> None:
         nonlocal server
         pending = list(kill_at)
@@ -288,6 +300,8 @@ def run(opts: Options) -> int:
         for c in clients:
             _stop(c)
     finally:
+        sampling.set()
+        sampler.join(timeout=5)
         for p in [*clients, *procs, server]:
             _stop(p)
     checks = audit(db, opts.accounts, logs)
@@ -315,9 +329,52 @@ def run(opts: Options) -> int:
     for i, r in enumerate(recovered):
         counts.add_row(f"served again after restart {i + 1} (s)", f"{r:.2f}")
     console.print(counts)
+    if opts.plot is not None:
+        _plot(opts.plot, series, [float(e.split()[3]) for e in events])
+        console.print(f"chart written to {opts.plot}")
     failed = [name for name, ok, _ in checks if not ok]
     if failed:
         console.print(f"[bold red]FAILED[/]: {', '.join(failed)} (ledger kept in {db})")
         return 1
     console.print(f"[bold green]all checks hold[/] (ledger in {db})")
     return 0
+
+
+def _plot(
+    path: Path, series: list[tuple[float, int, float | None, float | None]], kills: list[float]
+) -> None:
+    """Acknowledged transfers per second and latency percentiles over the run."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional: only --plot needs it
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
+    # Rates over one-second windows: the clients report every half second.
+    times, rates = [], []
+    j = 0
+    for t1, a1, _, _ in series:
+        while series[j][0] < t1 - 1.0:
+            j += 1
+        t0, a0 = series[j][0], series[j][1]
+        if t1 - t0 >= 0.5:
+            times.append(t1)
+            rates.append((a1 - a0) / (t1 - t0))
+    fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+    top.plot(times, rates, lw=0.8)
+    top.set_ylabel("acknowledged transfers/s")
+    for name, index in (("p50", 2), ("p99", 3)):
+        pts = [(s[0], s[index]) for s in series if s[index] is not None]
+        bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8, label=name)
+    bottom.set_ylabel("latency, ms (last 0.5 s)")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("seconds")
+    bottom.legend()
+    for k in kills:
+        for ax in (top, bottom):
+            ax.axvline(k, color="red", lw=0.8, ls="--")
+    top.set_title("ledger demo (red: kill -9 of the server)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
