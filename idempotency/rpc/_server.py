@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import gosim
 from gosim import Chan, go
-from netframe import FrameFormat, Listener
+from netframe import FrameFormat, Listener, default_max_connections
 from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
@@ -53,7 +53,7 @@ class Server:
         *,
         idempotency: Idempotency | None = None,
         limits: Limits = DEFAULT_LIMITS,
-        max_connections: int = 10_000,
+        max_connections: int | None = None,
         max_in_flight: int = 64,
         heartbeat_interval: float | None = 10.0,
         heartbeat_timeout: float | None = None,
@@ -65,7 +65,10 @@ class Server:
         self.idempotency = idempotency
         self.dispatcher = Dispatcher(limits, idempotency=idempotency)
         self.stream_dispatcher = self.dispatcher.sibling(string_errors=True)
-        self.max_connections = max_connections
+        # None: netframe's default, 10,000 or less under a low descriptor limit.
+        self.max_connections = (
+            default_max_connections() if max_connections is None else max_connections
+        )
         self.max_in_flight = max_in_flight
         self.grace_period = grace_period
         self.send_queue = send_queue
@@ -74,7 +77,7 @@ class Server:
         self.framed = FramedServer(
             self.dispatcher.handle_payload,
             format=fmt,
-            max_connections=max_connections,
+            max_connections=self.max_connections,
             max_in_flight=max_in_flight,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
