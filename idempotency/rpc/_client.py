@@ -171,7 +171,9 @@ class _Link:
             await self.stream.send(payload)
 
 
-def _addresses_dialer(addresses: Sequence[str]) -> Callable[[], Awaitable[Any]]:
+def _addresses_dialer(
+    addresses: Sequence[str], timeout: float | None
+) -> Callable[[], Awaitable[Any]]:
     if not addresses:
         raise ValueError("Client needs at least one address")
     index = [0]
@@ -180,7 +182,7 @@ def _addresses_dialer(addresses: Sequence[str]) -> Callable[[], Awaitable[Any]]:
         # Round-robin: a failed or lost connection's next attempt tries the next server.
         address = addresses[index[0] % len(addresses)]
         index[0] += 1
-        return await net_dial("tcp", address)
+        return await net_dial("tcp", address, timeout=timeout)
 
     return dial
 
@@ -193,7 +195,9 @@ class Client:
     ``"framed"`` (netframe sessions, our servers) or ``"stream"`` (plain msgpack-rpc
     peers such as Neovim). ``caller`` scopes this client's idempotency keys on the
     server. Calls to the methods in ``idempotent_methods`` get a generated key when
-    none is given, and every retry of the call reuses it.
+    none is given, and every retry of the call reuses it. With addresses, each dial
+    gives up after ``connect_timeout`` seconds (a black-holed address would otherwise
+    hold the connecting calls for the kernel's SYN retries, minutes).
     """
 
     def __init__(
@@ -210,6 +214,7 @@ class Client:
         heartbeat_interval: float | None = 10.0,
         heartbeat_timeout: float | None = None,
         connect_attempts: int = 3,
+        connect_timeout: float | None = 5.0,
         backoff_initial: float = 0.05,
         backoff_max: float = 2.0,
         rng: random.Random | None = None,
@@ -218,7 +223,7 @@ class Client:
             raise ValueError(f"transport must be 'framed' or 'stream', not {transport!r}")
         if connect_attempts < 1:
             raise ValueError("connect_attempts must be at least 1")
-        self.dial = dial if callable(dial) else _addresses_dialer(list(dial))
+        self.dial = dial if callable(dial) else _addresses_dialer(list(dial), connect_timeout)
         self.transport = transport
         self.caller = caller
         self.idempotent_methods = frozenset(idempotent_methods)
