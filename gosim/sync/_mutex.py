@@ -5,8 +5,9 @@ competes with goroutines arriving meanwhile, and newcomers usually win (they are
 already running). A woken waiter that loses goes back to the *front* of the queue.
 Starvation mode, entered when a waiter has waited more than 1 ms (Go's
 ``starvationThresholdNs``): ``unlock`` hands the lock directly to the first waiter and
-newcomers queue at the tail without trying. It ends when a waiter that gets the lock is
-the last one, or waited less than 1 ms. Time is the runtime clock, so virtual time
+newcomers queue at the tail without trying. It ends when the waiter that gets the lock
+is the last one, or waited less than 1 ms, judged at the handoff (before the unlocker can
+queue again, as Go's unlock yields to the waiter it hands to). Time is the runtime clock, so virtual time
 makes the mode switches deterministic.
 
 Spinning: Go spins a few times before parking only when it can pay off: more than one
@@ -110,20 +111,14 @@ class Mutex:
                 # A woken waiter that lost the race goes back to the front (Go: LIFO).
                 self._waiters.appendleft([g, wait_start])
             g.waitreason = "sync.Mutex.Lock"
-            handed = yield _PARK
-            waited = rt.now() - wait_start
-            if handed:
-                # Starvation mode handed the lock to us. Leave the mode if we are the last
-                # waiter or did not really starve (Go's two exit conditions).
-                if waited < STARVATION_THRESHOLD or not self._waiters:
-                    self._starving = False
-                return
+            if (yield _PARK):
+                return  # starvation mode handed the lock to us (unlock decided the mode)
             self._woken = False
             if not self._locked:
                 self._locked = True  # the lock is free: the woken waiter takes it
                 return
             # A newcomer took it first. Waiting too long switches to starvation mode.
-            if waited > STARVATION_THRESHOLD:
+            if rt.now() - wait_start > STARVATION_THRESHOLD:
                 self._starving = True
 
     def try_lock(self) -> bool:
@@ -139,8 +134,7 @@ class Mutex:
             raise FatalError("fatal error: sync: unlock of unlocked mutex")
         if self._starving:
             if self._waiters:
-                g, _ = self._waiters.popleft()
-                lowlevel.ready(g, True)  # ownership handed over: stays locked
+                self._hand_off()
                 return
             self._starving = False
         self._locked = False
@@ -148,6 +142,20 @@ class Mutex:
             g, _ = self._waiters.popleft()
             self._woken = True
             lowlevel.ready(g, False)  # wake one to compete
+
+    def _hand_off(self) -> None:
+        """Starvation mode's unlock: give the lock to the head waiter, which runs next.
+
+        Go's unlock hands off and yields (``semrelease`` with handoff), so the waiter
+        runs before the unlocker can queue again; the waiter then leaves starvation mode
+        when it is the last waiter or waited under 1 ms. ``unlock`` is not a yield point
+        here, so the mode is decided now, on the state the waiter would find: deciding
+        after the unlocker had re-queued would see a waiter every time and never leave.
+        """
+        g, wait_start = self._waiters.popleft()
+        if not self._waiters or lowlevel.current_runtime().now() - wait_start < STARVATION_THRESHOLD:
+            self._starving = False
+        lowlevel.ready(g, True)  # ownership handed over: stays locked
 
     async def __aenter__(self) -> None:
         await self.lock()

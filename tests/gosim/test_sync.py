@@ -91,6 +91,40 @@ def test_starvation_mode_switches_on_after_1ms_and_off_when_the_last_waiter_is_s
     ]
 
 
+def test_two_contenders_do_not_keep_the_mutex_in_starvation_mode() -> None:
+    """Go's handoff yields to the waiter, which sees it is the last one and ends the
+    mode; so with 2 ms holds the two alternate in pairs (a handoff, then a re-take in
+    normal mode), and starvation mode is off for every other acquisition."""
+
+    async def main() -> tuple[list[int], list[bool]]:
+        mu = Mutex()
+        order: list[int] = []
+        modes: list[bool] = []
+        wg = WaitGroup()
+
+        async def worker(ident: int) -> None:
+            for _ in range(20):
+                await mu.lock()
+                order.append(ident)
+                modes.append(mu.starving)
+                await gosim.sleep(0.002)
+                mu.unlock()
+            wg.done()
+
+        wg.add(2)
+        go(worker, 0)
+        go(worker, 1)
+        await wg.wait()
+        return order, modes
+
+    order, modes = vrun(main, procs=1)
+    middle = order[4:30]
+    assert all(
+        middle[i] == middle[i + 1] != middle[i + 2] for i in range(0, len(middle) - 2, 2)
+    ), order
+    assert not any(modes), modes  # each handoff ends the mode before the new owner runs
+
+
 def test_unlock_of_unlocked_mutex_is_a_fatal_error() -> None:
     async def main() -> None:
         Mutex().unlock()
