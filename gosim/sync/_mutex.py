@@ -7,8 +7,8 @@ Starvation mode, entered when a waiter has waited more than 1 ms (Go's
 ``starvationThresholdNs``): ``unlock`` hands the lock directly to the first waiter and
 newcomers queue at the tail without trying. It ends when the waiter that gets the lock
 is the last one, or waited less than 1 ms, judged at the handoff (before the unlocker can
-queue again, as Go's unlock yields to the waiter it hands to). Time is the runtime clock, so virtual time
-makes the mode switches deterministic.
+queue again, as Go's unlock yields to the waiter it hands to). Time is the runtime
+clock, so virtual time makes the mode switches deterministic.
 
 Spinning: Go spins a few times before parking only when it can pay off: more than one
 P, other Ps running, and an empty local run queue (``sync_runtime_canSpin``). In a
@@ -153,7 +153,8 @@ class Mutex:
         after the unlocker had re-queued would see a waiter every time and never leave.
         """
         g, wait_start = self._waiters.popleft()
-        if not self._waiters or lowlevel.current_runtime().now() - wait_start < STARVATION_THRESHOLD:
+        waited = lowlevel.current_runtime().now() - wait_start
+        if not self._waiters or waited < STARVATION_THRESHOLD:
             self._starving = False
         lowlevel.ready(g, True)  # ownership handed over: stays locked
 

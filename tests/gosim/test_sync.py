@@ -119,9 +119,9 @@ def test_two_contenders_do_not_keep_the_mutex_in_starvation_mode() -> None:
 
     order, modes = vrun(main, procs=1)
     middle = order[4:30]
-    assert all(
-        middle[i] == middle[i + 1] != middle[i + 2] for i in range(0, len(middle) - 2, 2)
-    ), order
+    assert all(middle[i] == middle[i + 1] != middle[i + 2] for i in range(0, len(middle) - 2, 2)), (
+        order
+    )
     assert not any(modes), modes  # each handoff ends the mode before the new owner runs
 
 
