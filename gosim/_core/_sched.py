@@ -766,11 +766,13 @@ class Runtime(_RuntimeFields):
         np_ = self.netpoller
         io_waiters = np_.waiters() if np_ is not None else 0
         if (
-            nxt == math.inf
-            and self.nexternal == 0
+            self.nexternal == 0
             and io_waiters == 0
             and (self.allg or not self.open_mode)
+            and (nxt == math.inf or not any(p.timers.can_wake() for p in self.allp))
         ):
+            # Nothing can wake a goroutine: no timer that can (channel timers nobody
+            # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call.
             self._checkdead()
             return
         now = self._clock_now()

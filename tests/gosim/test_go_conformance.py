@@ -25,10 +25,12 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,12 +117,12 @@ class GoPrograms:
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
 
-    def run(self, name: str) -> GoRun:
+    def run(self, name: str, *args: str) -> GoRun:
         env = dict(os.environ)
         for var in ("GODEBUG", "GOTRACEBACK", "GOMAXPROCS"):  # Go's defaults, as documented
             env.pop(var, None)
         res = subprocess.run(
-            [str(self.bindir / name)],
+            [str(self.bindir / name), *args],
             env=env,
             capture_output=True,
             text=True,
@@ -1170,6 +1172,100 @@ def test_mutex_fairness_matches_go(go_programs: GoPrograms) -> None:
     assert port(mutexfair, procs=2, seed=5) == want.lines
 
 
+# ------------------------------------------- 12. timers that cannot wake anyone
+
+
+async def timerdeadlock(out: Out, case: str) -> None:
+    """Port of go123/timerdeadlock/main.go: an unreceived timer hides no deadlock."""
+    never: Chan[int] = Chan()
+    if case == "ticker":
+        tk = gosim.Ticker(0.01)
+        try:
+            out.append("main: a ticker runs; receiving where nobody sends")
+            await never.recv()
+        finally:
+            tk.stop()
+    elif case == "after":
+        c = gosim.after(3600)
+        out.append("main: an hour's time.After is pending; receiving where nobody sends")
+        await never.recv()
+        await c.recv()
+    elif case == "timer":
+        t = gosim.Timer(3600)
+        try:
+            out.append("main: an hour's Timer is pending; receiving where nobody sends")
+            await never.recv()
+        finally:
+            t.stop()
+    elif case == "receiver":
+        t = gosim.Timer(0.01)
+        woke: Chan[str] = Chan()
+
+        async def receiver() -> None:
+            await t.c.recv()
+            await woke.send("receiver: the timer woke me")
+
+        go(receiver)
+        out.append("main: a goroutine waits on a timer's channel")
+        out.append(ival_s(await woke.recv()))
+
+
+TIMER_DEADLOCK_CASES = ["ticker", "after", "timer"]
+
+
+@contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Fail the test after ``seconds`` of real time instead of hanging (a runtime that
+    misses the deadlock would wait an hour, or tick virtual time forever)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("virtual_time", [True, False])
+@pytest.mark.parametrize("case", TIMER_DEADLOCK_CASES)
+def test_unreceived_timer_channels_hide_no_deadlock(case: str, virtual_time: bool) -> None:
+    """Go 1.23's rule: a channel timer is in the runtime's heap only while a goroutine
+    is blocked on its channel, so it keeps no deadlocked program alive (in real time
+    the report comes at once, not after the hour; in virtual time the ticker does not
+    tick forever)."""
+    out: Out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(timerdeadlock, out, case, procs=2, seed=3, virtual_time=virtual_time)
+    assert len(out) == 1
+    assert goroutine_waits(str(info.value)) == [(1, "chan receive")]
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("case", TIMER_DEADLOCK_CASES)
+def test_timer_deadlocks_match_go123(go123_programs: GoPrograms, case: str) -> None:
+    want = go123_programs.run("timerdeadlock", case)
+    waits = go_deadlock_waits(want)
+    assert waits == [(1, "chan receive")]
+    out: Out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(timerdeadlock, out, case, procs=2, seed=3, virtual_time=True)
+    assert out == want.lines
+    assert goroutine_waits(str(info.value)) == waits
+
+
+@pytest.mark.go
+def test_a_timer_with_a_waiting_receiver_is_no_deadlock(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("timerdeadlock", "receiver")
+    assert want.returncode == 0, want.stderr
+    out: Out = []
+    gosim.run(timerdeadlock, out, "receiver", procs=2, seed=3, virtual_time=True)
+    assert out == want.lines
+
+
 # ------------------------------------------------------- gosim as a plain program
 
 _STANDALONE = """
@@ -1210,6 +1306,7 @@ PORTED: dict[str, Callable[..., Awaitable[Any]]] = {
     "panic": panicking,
     "mainexit": mainexit,
     "mutexfair": mutexfair,
+    "go123/timerdeadlock": timerdeadlock,
 }
 
 
