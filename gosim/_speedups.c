@@ -119,7 +119,7 @@ static PyTypeObject StateType = {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *coro, *elem, *fn, *p, *param, *waitreason;
+    PyObject *coro, *creator, *elem, *fn, *p, *param, *waitreason;
     Py_ssize_t goid, parent;
     int status;
     char ok, selectdone;
@@ -136,6 +136,7 @@ GBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (g == NULL)
         return NULL;
     g->coro = Py_NewRef(Py_None);
+    g->creator = Py_NewRef(Py_None);
     g->elem = Py_NewRef(Py_None);
     g->fn = Py_NewRef(Py_None);
     g->p = Py_NewRef(Py_None);
@@ -155,6 +156,7 @@ static int
 GBase_traverse(GObject *g, visitproc visit, void *arg)
 {
     Py_VISIT(g->coro);
+    Py_VISIT(g->creator);
     Py_VISIT(g->elem);
     Py_VISIT(g->fn);
     Py_VISIT(g->p);
@@ -167,6 +169,7 @@ static int
 GBase_clear(GObject *g)
 {
     Py_CLEAR(g->coro);
+    Py_CLEAR(g->creator);
     Py_CLEAR(g->elem);
     Py_CLEAR(g->fn);
     Py_CLEAR(g->p);
@@ -186,6 +189,7 @@ GBase_dealloc(GObject *g)
 
 static PyMemberDef GBase_members[] = {
     {"coro", T_OBJECT, offsetof(GObject, coro), 0, "the goroutine's coroutine (None when idle or dead)"},
+    {"creator", T_OBJECT, offsetof(GObject, creator), 0, "the creator's coroutine, for dumps"},
     {"elem", T_OBJECT, offsetof(GObject, elem), 0, "value being sent while parked in a sendq"},
     {"fn", T_OBJECT, offsetof(GObject, fn), 0, "the function started, for dumps"},
     {"p", T_OBJECT, offsetof(GObject, p), 0, "the P this G last left for a syscall"},
@@ -1629,7 +1633,8 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     RtObject *rt = (RtObject *)Py_NewRef(current_rt);
     PyObject *fn = args[0];
-    Py_ssize_t parent = G_Check(rt->curg) ? ((GObject *)rt->curg)->goid : 0;
+    int in_g = G_Check(rt->curg);
+    Py_ssize_t parent = in_g ? ((GObject *)rt->curg)->goid : 0;
     PyObject *coro = PyObject_Vectorcall(fn, args + 1, nargs - 1, NULL);
     if (coro == NULL)
         goto fail;
@@ -1697,6 +1702,11 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     gg->goid = goid;
     Py_SETREF(gg->coro, coro);
     gg->parent = parent;
+    /* The creator's coroutine names the function in the dump's "created by" line. Not
+     * cleared at exit: by then it is the record of a finished (or closed) coroutine,
+     * which holds nothing else, and the next go on this G replaces it. */
+    if (gg->creator != (in_g ? ((GObject *)rt->curg)->coro : Py_None))
+        Py_SETREF(gg->creator, Py_NewRef(in_g ? ((GObject *)rt->curg)->coro : Py_None));
     gg->status = G_RUNNABLE;
     PyObject *key = PyLong_FromSsize_t(goid);
     if (key == NULL || PyDict_SetItem(rt->allg, key, g) < 0) {

@@ -26,7 +26,7 @@ from typing import Any
 
 from gosim import lowlevel
 from gosim._chan import _DONE
-from gosim._core._exceptions import GosimError
+from gosim._core._exceptions import FatalError
 from gosim._core._sched import GOSCHED as _GOSCHED
 from gosim._core._sched import PARK as _PARK
 
@@ -34,14 +34,6 @@ __all__ = ["FatalError", "Mutex", "RWMutex"]
 
 STARVATION_THRESHOLD = 1e-3  # seconds (Go: 1e6 ns)
 ACTIVE_SPIN = 4  # Go's active_spin
-
-
-class FatalError(GosimError):
-    """Go's ``fatal error``: an unrecoverable misuse such as unlocking an unlocked mutex.
-
-    It escapes the goroutine and stops the runtime (a Panic with this as its cause),
-    as Go's throw does; do not catch it.
-    """
 
 
 def _can_spin(iteration: int) -> bool:

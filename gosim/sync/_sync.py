@@ -57,10 +57,14 @@ class WaitGroup:
         self._releasing = 0  # waiters readied by the last done() and not yet returned
 
     def add(self, delta: int) -> None:
-        count = self._count + delta
+        """Add ``delta`` to the counter; at zero, release the waiters.
+
+        A negative result panics after it is stored, as Go's ``Add`` does, so a program
+        that recovers sees the counter Go would (``add(1)`` after ``add(-1)`` is zero).
+        """
+        self._count = count = self._count + delta
         if count < 0:
             raise SyncPanic("sync: negative WaitGroup counter")
-        self._count = count
         if count == 0 and self._waiters:
             waiters, self._waiters = self._waiters, []
             self._releasing += len(waiters)

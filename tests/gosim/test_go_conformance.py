@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 import gosim
+import gosim.context
 import gosim.sync
 from gosim import Chan, go, recv, select, send
 
@@ -1266,6 +1267,269 @@ def test_a_timer_with_a_waiting_receiver_is_no_deadlock(go123_programs: GoProgra
     assert out == want.lines
 
 
+# ------------------------------------------------ 13. WaitGroup after a panic
+
+
+async def wgnegative(out: Out) -> None:
+    """Port of wgnegative/main.go: the negative counter is stored before the panic."""
+    wg = gosim.sync.WaitGroup()
+    try:
+        wg.add(-1)
+    except gosim.sync.SyncPanic as exc:  # Go: a deferred recover()
+        out.append(f"recovered: {exc}")
+    wg.add(1)
+    await wg.wait()
+    out.append("wait returned after Add(1)")
+
+
+def test_waitgroup_keeps_the_negative_count_go_stores() -> None:
+    """Go's Add stores the counter, then panics on a negative one (sync/waitgroup.go)."""
+    out: Out = []
+    with bounded(30):
+        gosim.run(wgnegative, out, virtual_time=True)
+    assert out == ["recovered: sync: negative WaitGroup counter", "wait returned after Add(1)"]
+
+
+@pytest.mark.go
+def test_waitgroup_after_a_recovered_panic_matches_go(go_programs: GoPrograms) -> None:
+    want = go_programs.run("wgnegative")
+    assert want.returncode == 0, want.stderr
+    out: Out = []
+    with bounded(30):
+        gosim.run(wgnegative, out, virtual_time=True)
+    assert out == want.lines
+
+
+# ---------------------------------------------------- 14. a crash's first line
+
+
+async def crash(out: Out, case: str) -> None:
+    """Port of crash/main.go: die of the named misuse, unrecovered."""
+    out.append(f"main: about to crash: {case}")
+    if case == "sendclosed":
+        ch: Chan[int] = Chan(1)
+        ch.close()
+        await ch.send(1)
+    elif case == "closeclosed":
+        ch = Chan()
+        ch.close()
+        ch.close()
+    elif case == "negwaitgroup":
+        gosim.sync.WaitGroup().done()
+    elif case == "unlock":
+        gosim.sync.Mutex().unlock()
+
+
+CRASH_FIRST_LINES = {
+    "sendclosed": "panic: send on closed channel",
+    "closeclosed": "panic: close of closed channel",
+    "negwaitgroup": "panic: sync: negative WaitGroup counter",
+    "unlock": "fatal error: sync: unlock of unlocked mutex",
+}
+
+
+def crash_report(case: str) -> tuple[Out, str]:
+    out: Out = []
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(crash, out, case, virtual_time=True)
+    return out, str(info.value)
+
+
+@pytest.mark.parametrize("case", sorted(CRASH_FIRST_LINES))
+def test_crash_report_first_line_is_gos(case: str) -> None:
+    """Go prints a runtime panic's message after ``panic: `` and a throw as
+    ``fatal error: ...`` (runtime/panic.go: printpanicval, throw)."""
+    _, report = crash_report(case)
+    assert report.splitlines()[0] == CRASH_FIRST_LINES[case]
+    assert "goroutine 1 [running]:" in report
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("case", sorted(CRASH_FIRST_LINES))
+def test_crash_report_first_line_matches_go(go_programs: GoPrograms, case: str) -> None:
+    want = go_programs.run("crash", case)
+    assert want.returncode == 2, want.stderr
+    first = want.stderr.splitlines()[0]
+    assert first == CRASH_FIRST_LINES[case]
+    out, report = crash_report(case)
+    assert out == want.lines
+    assert report.splitlines()[0] == first
+
+
+# ------------------------------------------------ 15. context's documented rules
+
+NIL_PARENT_CONSTRUCTORS = [
+    "WithCancel",
+    "WithCancelCause",
+    "WithDeadline",
+    "WithDeadlineCause",
+    "WithTimeout",
+    "WithTimeoutCause",
+    "WithValue",
+    "WithoutCancel",
+]
+
+
+async def contextrules(out: Out) -> None:
+    """Port of go123/contextrules/main.go: nil parents, AfterFunc's stop, causes."""
+    ctxmod = gosim.context
+    why = ValueError("why")
+    make: dict[str, Callable[[], object]] = {
+        "WithCancel": lambda: ctxmod.with_cancel(None),  # type: ignore[arg-type]
+        "WithCancelCause": lambda: ctxmod.with_cancel_cause(None),  # type: ignore[arg-type]
+        "WithDeadline": lambda: ctxmod.with_deadline(None, gosim.now()),  # type: ignore[arg-type]
+        "WithDeadlineCause": lambda: ctxmod.with_deadline_cause(
+            None,  # type: ignore[arg-type]
+            gosim.now(),
+            why,
+        ),
+        "WithTimeout": lambda: ctxmod.with_timeout(None, 1.0),  # type: ignore[arg-type]
+        "WithTimeoutCause": lambda: ctxmod.with_timeout_cause(
+            None,  # type: ignore[arg-type]
+            1.0,
+            why,
+        ),
+        "WithValue": lambda: ctxmod.with_value(None, "key", 1),  # type: ignore[arg-type]
+        "WithoutCancel": lambda: ctxmod.without_cancel(None),  # type: ignore[arg-type]
+    }
+    for name in NIL_PARENT_CONSTRUCTORS:
+        try:
+            make[name]()
+            out.append(f"{name}(nil): <nil>")
+        except ValueError as exc:  # Go: a deferred recover()
+            out.append(f"{name}(nil): {exc}")
+
+    ran: Chan[bool] = Chan(1)
+
+    async def f() -> None:
+        await ran.send(True)
+
+    stop = ctxmod.after_func(ctxmod.background(), f)
+    first = stop()
+    out.append(f"AfterFunc(Background) stop: {gob(first)}, again: {gob(stop())}")
+
+    ctx, cancel = ctxmod.with_cancel(ctxmod.background())
+    stop = ctxmod.after_func(ctx, f)
+    out.append(f"AfterFunc(cancellable) stop before cancel: {gob(stop())}")
+    cancel()
+    await gosim.sleep(0.01)
+    out.append(f"f ran: {ran.len()} times")
+
+    ctx, cancel = ctxmod.with_cancel(ctxmod.background())
+    stop = ctxmod.after_func(ctx, f)
+    cancel()
+    await ran.recv()
+    out.append(f"AfterFunc stop after f started: {gob(stop())}")
+
+    ctx, cancel = ctxmod.with_deadline_cause(ctxmod.background(), gosim.now() + 0.001, why)
+    await ctx.done().recv()  # type: ignore[union-attr]
+    out.append(f"WithDeadlineCause: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+    cancel()
+    ctx, cancel = ctxmod.with_timeout_cause(ctxmod.background(), 0.001, why)
+    await ctx.done().recv()  # type: ignore[union-attr]
+    out.append(f"WithTimeoutCause: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+    cancel()
+    ctx, cancel = ctxmod.with_timeout_cause(ctxmod.background(), 3600, why)
+    cancel()
+    out.append(f"WithTimeoutCause cancelled first: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+
+
+CONTEXT_RULE_LINES = [
+    *(f"{name}(nil): cannot create context from nil parent" for name in NIL_PARENT_CONSTRUCTORS),
+    "AfterFunc(Background) stop: true, again: false",
+    "AfterFunc(cancellable) stop before cancel: true",
+    "f ran: 0 times",
+    "AfterFunc stop after f started: false",
+    "WithDeadlineCause: err context deadline exceeded, cause why",
+    "WithTimeoutCause: err context deadline exceeded, cause why",
+    "WithTimeoutCause cancelled first: err context canceled, cause context canceled",
+]
+
+
+def test_context_follows_gos_documented_rules() -> None:
+    """Go's context docs: constructors panic on a nil parent; AfterFunc's stop "returns
+    true if the call stopped f from being run"; WithDeadlineCause sets the cause "when
+    the deadline is exceeded" only."""
+    assert port(contextrules, procs=2, seed=4) == CONTEXT_RULE_LINES
+
+
+@pytest.mark.go
+def test_context_rules_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("contextrules")
+    assert want.returncode == 0, want.stderr
+    assert want.lines == CONTEXT_RULE_LINES
+    assert port(contextrules, procs=1, seed=1) == want.lines
+
+
+# -------------------------------------------- 16. "created by" in the crash dump
+
+_STANZA_HEAD = re.compile(r"^goroutine (\d+) \[", re.MULTILINE)
+_CREATED_BY = re.compile(r"^created by (\S+) in goroutine (\d+)$", re.MULTILINE)
+
+
+def created_by_lines(dump: str, main_name: str) -> list[tuple[int, str, int]]:
+    """``(rank, creator function, creator's rank)`` for each goroutine a dump says was
+    created by another. Ids become ranks (see goroutine_waits); functions are named as
+    in Go: the port's top function is ``main.main``, a function defined in it
+    ``main.<name>``, a closure inside that ``main.<name>.func1``."""
+    found: list[tuple[int, str, int]] = []
+    for stanza in dump.split("\n\n"):  # Go's stanzas also hold file:line lines
+        head = _STANZA_HEAD.search(stanza)
+        if head is None:
+            continue
+        creator = _CREATED_BY.search(stanza)
+        fn, parent = (creator.group(1), int(creator.group(2))) if creator else ("", 0)
+        found.append((int(head.group(1)), fn, parent))
+    rank = {goid: n for n, goid in enumerate(sorted(g for g, _, _ in found), start=1)}
+
+    def go_name(fn: str) -> str:
+        if main_name == "main":
+            return fn  # Go's own dump
+        qualname = fn[fn.index(f".{main_name}") + 1 :]  # drop the module
+        parts = qualname.split(".<locals>.")
+        return "main." + ".".join(parts[1:]) if len(parts) > 1 else "main.main"
+
+    return sorted((rank[g], go_name(fn), rank[p]) for g, fn, p in found if fn)
+
+
+async def createdby(out: Out) -> None:
+    """Port of go123/createdby/main.go: goroutines started at two depths, deadlocked."""
+    never: Chan[int] = Chan()
+    started: Chan[bool] = Chan()
+
+    async def spawner() -> None:
+        async def func1() -> None:
+            await started.send(True)
+            await never.recv()
+
+        go(func1)
+        await started.send(True)
+        await never.recv()
+
+    go(spawner)
+    await started.recv()
+    await started.recv()
+    out.append("main: every goroutine is blocked")
+    await never.recv()
+
+
+def test_deadlock_dump_names_the_creating_function() -> None:
+    """Go (1.21+) prints ``created by F in goroutine N`` under each goroutine that
+    another created: F is the function whose ``go`` statement started it."""
+    _, err = run_to_deadlock(createdby, 2, 2)
+    assert created_by_lines(str(err), "createdby") == [(2, "main.main", 1), (3, "main.spawner", 2)]
+
+
+@pytest.mark.go
+def test_created_by_lines_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("createdby")
+    go_lines = created_by_lines(want.stderr, "main")
+    assert go_lines == [(2, "main.main", 1), (3, "main.spawner", 2)]
+    out, err = run_to_deadlock(createdby, 2, 2)
+    assert out == want.lines
+    assert created_by_lines(str(err), "createdby") == go_lines
+
+
 # ------------------------------------------------------- gosim as a plain program
 
 _STANDALONE = """
@@ -1307,6 +1571,10 @@ PORTED: dict[str, Callable[..., Awaitable[Any]]] = {
     "mainexit": mainexit,
     "mutexfair": mutexfair,
     "go123/timerdeadlock": timerdeadlock,
+    "wgnegative": wgnegative,
+    "crash": crash,
+    "go123/contextrules": contextrules,
+    "go123/createdby": createdby,
 }
 
 
