@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 import gosim
+import gosim.atomic
 import gosim.context
 import gosim.sync
 from gosim import Chan, go, recv, select, send
@@ -1530,6 +1531,69 @@ def test_created_by_lines_match_go123(go123_programs: GoPrograms) -> None:
     assert created_by_lines(str(err), "createdby") == go_lines
 
 
+# ------------------------------------- 17. OnceValue, OnceFunc, atomic And/Or
+
+
+class OncePanic(Exception):
+    """The value the OnceFunc's function panics with (Go: panic("once"))."""
+
+
+async def syncextras(out: Out) -> None:
+    """Port of go123/syncextras/main.go: OnceValue/OnceFunc and atomic And/Or."""
+    calls = 0
+
+    def forty_two() -> int:
+        nonlocal calls
+        calls += 1
+        return 42
+
+    get = gosim.sync.once_value(forty_two)
+    wg = gosim.sync.WaitGroup()
+    results = [0, 0, 0]
+
+    async def fetch(i: int) -> None:
+        results[i] = await get()
+
+    for i in range(3):
+        wg.go(fetch, i)
+    await wg.wait()
+    shown = " ".join(map(str, results))
+    out.append(f"OnceValue results: [{shown}] {await get()} calls: {calls}")
+
+    failures = 0
+
+    def broken() -> None:
+        nonlocal failures
+        failures += 1
+        raise OncePanic("once")
+
+    f = gosim.sync.once_func(broken)
+    for i in range(2):
+        try:
+            await f()
+        except OncePanic as exc:  # Go: a deferred recover()
+            out.append(f"OnceFunc call {i} panicked with: {exc}")
+    out.append(f"OnceFunc ran f {failures} time(s)")
+
+    i32 = gosim.atomic.Int32(-6)
+    out.append(f"Int32(-6).And(3) old: {i32.and_(3)} new: {i32.load()}")
+    out.append(f"Int32(2).Or(-8) old: {i32.or_(-8)} new: {i32.load()}")
+    u32 = gosim.atomic.Uint32(0xFF)
+    out.append(f"Uint32(255).And(^uint32(1)) old: {u32.and_(~1)} new: {u32.load()}")
+    out.append(f"Uint32(254).Or(1<<31) old: {u32.or_(1 << 31)} new: {u32.load()}")
+    i64 = gosim.atomic.Int64(1 << 40)
+    out.append(f"Int64(1<<40).Or(1) old: {i64.or_(1)} new: {i64.load()}")
+    u64 = gosim.atomic.Uint64((1 << 64) - 1)
+    out.append(f"Uint64(max).And(1<<63) old: {u64.and_(1 << 63)} new: {u64.load()}")
+
+
+@pytest.mark.go
+def test_once_helpers_and_atomic_and_or_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("syncextras")
+    assert want.returncode == 0, want.stderr
+    assert port(syncextras, procs=2, seed=6) == want.lines
+
+
 # ------------------------------------------------------- gosim as a plain program
 
 _STANDALONE = """
@@ -1575,6 +1639,7 @@ PORTED: dict[str, Callable[..., Awaitable[Any]]] = {
     "crash": crash,
     "go123/contextrules": contextrules,
     "go123/createdby": createdby,
+    "go123/syncextras": syncextras,
 }
 
 
