@@ -346,14 +346,20 @@ class _GoCall:
 
     __slots__ = ("_args", "_fn", "_group")
 
-    def __init__(self, group: ErrGroup, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]):
-        self._group = group
+    def __init__(
+        self, group: ErrGroup, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
+        self._group: ErrGroup | None = group
         self._fn = fn
         self._args = args
 
     def __await__(self) -> Generator[Any, Any, None]:
-        self._group._unawaited -= 1
-        return self._group._go(self._fn, self._args).__await__()
+        group = self._group
+        if group is None:
+            raise RuntimeError("ErrGroup.go(...) awaited twice: it starts one goroutine")
+        self._group = None
+        group._unawaited -= 1
+        return group._go(self._fn, self._args).__await__()
 
 
 class ErrGroup:
