@@ -1246,6 +1246,43 @@ def test_unreceived_timer_channels_hide_no_deadlock(case: str, virtual_time: boo
     assert goroutine_waits(str(info.value)) == [(1, "chan receive")]
 
 
+def test_a_select_waiting_on_a_timer_keeps_it_live_until_the_select_is_done() -> None:
+    """The same rule for select: a goroutine parked in a select with a timer's channel
+    among its cases will be woken by the timer (no deadlock); once that select has
+    finished through another case, the timer can wake nobody again."""
+
+    async def waits_for_the_timer(out: Out) -> None:
+        never: Chan[int] = Chan()
+        i, _, _ = await select(recv(never), recv(gosim.after(3600)))
+        out.append("timed out" if i == 1 else "never")
+
+    async def select_done_elsewhere(out: Out) -> None:
+        t = gosim.Timer(3600)
+        other: Chan[int] = Chan()
+        never: Chan[int] = Chan()
+        finished: Chan[str] = Chan()
+
+        async def selector() -> None:
+            i, _, _ = await select(recv(t.c), recv(other))
+            await finished.send("timer" if i == 0 else "other")
+
+        go(selector)
+        await settle()
+        await other.send(1)
+        out.append(ival_s(await finished.recv()))
+        await never.recv()
+
+    out: Out = []
+    with bounded(30):
+        gosim.run(waits_for_the_timer, out, procs=2, seed=1, virtual_time=True)
+    assert out == ["timed out"]
+    out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(select_done_elsewhere, out, procs=2, seed=1, virtual_time=True)
+    assert out == ["other"]
+    assert goroutine_waits(str(info.value)) == [(1, "chan receive")]
+
+
 @pytest.mark.go
 @pytest.mark.parametrize("case", TIMER_DEADLOCK_CASES)
 def test_timer_deadlocks_match_go123(go123_programs: GoPrograms, case: str) -> None:
