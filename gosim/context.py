@@ -5,7 +5,10 @@
 :class:`DeadlineExceeded` (``context deadline exceeded``). Cancelling a context cancels
 its descendants, once: later cancels change nothing. Deadlines are runtime timers, so
 under ``virtual_time`` they cost no real time. :func:`cause` gives the cause given to a
-``with_cancel_cause`` cancel function (else the error itself).
+``with_cancel_cause`` cancel function, or to ``with_deadline_cause`` /
+``with_timeout_cause`` for when the deadline passes (else the error itself). As in Go,
+every constructor rejects a nil parent (``None``): ValueError, with Go's panic message
+``cannot create context from nil parent``.
 """
 
 from __future__ import annotations
