@@ -70,6 +70,7 @@ _RELEASE: Final = 2
 _GET: Final = 3
 _SWEEP: Final = 4
 _TRANSACT: Final = 5
+_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET})  # ops on one record
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -91,18 +92,19 @@ CREATE TABLE IF NOT EXISTS idempotency_meta (
 INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
 """
 
-_SELECT: Final = (
-    "SELECT state, fingerprint, fence, expires_at, ok, payload"
-    " FROM idempotency_records WHERE caller = ? AND key = ?"
+_SELECT_MANY: Final = (
+    "SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
+    " FROM idempotency_records WHERE "
 )
-_INSERT_CLAIM: Final = (
-    "INSERT OR REPLACE INTO idempotency_records"
+_ONE_KEY: Final = "(caller = ? AND key = ?)"
+# Columns in the order of Record's fields, after (caller, key).
+_UPSERT: Final = (
+    "INSERT INTO idempotency_records"
     " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-    " VALUES (?, ?, 1, ?, ?, ?, 1, NULL)"
-)
-_UPDATE_COMPLETE: Final = (
-    "UPDATE idempotency_records SET state = 2, expires_at = ?, ok = ?, payload = ?"
-    " WHERE caller = ? AND key = ?"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (caller, key) DO UPDATE SET state = excluded.state,"
+    " fingerprint = excluded.fingerprint, fence = excluded.fence,"
+    " expires_at = excluded.expires_at, ok = excluded.ok, payload = excluded.payload"
 )
 _DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
@@ -251,7 +253,39 @@ class SQLiteStore(Store):
             raise CorruptedRecord(f"{where}: in progress with a payload")
         return Record(IN_PROGRESS, fp, fence, float(expires_at))
 
+    def _load(
+        self, conn: sqlite3.Connection, ops: list[Op]
+    ) -> dict[tuple[str, str], Record | CorruptedRecord | None]:
+        """The working set: the stored record of every key the batch touches, read with
+        one statement per 100 keys (a corrupted row is kept as its error).
+
+        The statement is an OR of primary-key equalities, which SQLite answers with one
+        index search per key (``MULTI-INDEX OR``); a row-value ``IN (VALUES ...)``
+        scans the table instead.
+        """
+        wanted = list({(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED})
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
+        for i in range(0, len(wanted), 100):
+            chunk = wanted[i : i + 100]
+            sql = _SELECT_MANY + " OR ".join([_ONE_KEY] * len(chunk))
+            params = [part for rk in chunk for part in rk]
+            for row in conn.execute(sql, params):
+                caller, key = row[0], row[1]
+                try:
+                    ws[caller, key] = self._decode(row[2:], caller, key)
+                except CorruptedRecord as exc:
+                    ws[caller, key] = exc
+        return ws
+
     def _apply_batch(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in order in one transaction (on the syscall thread).
+
+        Records are read up front into a working set, every operation is decided by the
+        pure functions of ``_record`` against it, and the changed records are written
+        back with one ``executemany`` per kind of write: a few statements per batch
+        rather than two per operation. An operation that runs user SQL (an effect,
+        ``transact``) first flushes the writes before it, so it sees them.
+        """
         conn = self._conn
         if conn is None:
             closed = StoreUnavailable(f"{self._name}: the store is closed")
@@ -268,36 +302,52 @@ class SQLiteStore(Store):
             return
         try:
             fence0 = fence = conn.execute(_READ_FENCE).fetchone()[0]
+            ws = self._load(conn, ops)
+            dirty: dict[tuple[str, str], Record | None] = {}
             for op in ops:
+                kind = op.kind
                 try:
-                    if op.kind == _CLAIM:
-                        fence = self._claim(conn, op, now, fence)
-                    elif op.kind == _COMPLETE:
-                        self._complete(conn, op, now)
-                    elif op.kind == _RELEASE:
+                    if kind == _CLAIM:
+                        caller, key, fp, lease = op.args
+                        rk = (caller, key)
+                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        if res.kind is ClaimKind.CLAIMED:
+                            fence += 1
+                            ws[rk] = dirty[rk] = res.record
+                        op.result = res
+                    elif kind == _COMPLETE:
+                        caller, key, f, c = op.args
+                        rk = (caller, key)
+                        rec = _current(ws, rk)
+                        if c.effect is None:
+                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
+                            ws[rk] = dirty[rk] = done
+                            op.result = done
+                        else:
+                            self._flush(conn, dirty)
+                            self._complete_with_effect(conn, op, rec, now, ws)
+                    elif kind == _RELEASE:
                         caller, key, f = op.args
-                        rec = self._decode(
-                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
-                        )
+                        rk = (caller, key)
                         try:
-                            release(rec, f, now, caller, key)
+                            release(_current(ws, rk), f, now, caller, key)
                         except StaleClaim:
                             op.result = False
                         else:
-                            conn.execute(_DELETE, (caller, key))
+                            ws[rk] = dirty[rk] = None
                             op.result = True
-                    elif op.kind == _GET:
-                        caller, key = op.args
-                        rec = self._decode(
-                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
-                        )
+                    elif kind == _GET:
+                        rec = _current(ws, (op.args[0], op.args[1]))
                         op.result = rec if state_at(rec, now) else None
-                    elif op.kind == _SWEEP:
+                    elif kind == _SWEEP:
+                        self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
                     else:
+                        self._flush(conn, dirty)
                         self._transact(conn, op)
                 except (IdempotencyError, ApplicationError) as exc:
                     op.error = exc
+            self._flush(conn, dirty)
             if fence != fence0:
                 conn.execute(_WRITE_FENCE, (fence,))
             conn.execute("COMMIT")
@@ -312,26 +362,28 @@ class SQLiteStore(Store):
                 op.result = None
                 op.error = err
 
-    def _claim(self, conn: sqlite3.Connection, op: Op, now: float, fence: int) -> int:
-        caller, key, fp, lease = op.args
-        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
-        res = claim(rec, fp, now, lease, fence + 1)
-        if res.kind is ClaimKind.CLAIMED:
-            new = res.record
-            conn.execute(_INSERT_CLAIM, (caller, key, fp, new.fence, new.expires_at))
-            fence += 1
-        op.result = res
-        return fence
-
-    def _complete(self, conn: sqlite3.Connection, op: Op, now: float) -> None:
-        caller, key, fence, c = op.args
-        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
-        effect = c.effect
-        if effect is None:
-            done = complete(rec, fence, c.ok, c.payload, now, c.ttl, caller, key)
-            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
-            op.result = done
+    @staticmethod
+    def _flush(conn: sqlite3.Connection, dirty: dict[tuple[str, str], Record | None]) -> None:
+        """Write the changed records of the working set back."""
+        if not dirty:
             return
+        upserts = [(*rk, *rec) for rk, rec in dirty.items() if rec is not None]
+        if upserts:
+            conn.executemany(_UPSERT, upserts)
+        if len(upserts) != len(dirty):
+            conn.executemany(_DELETE, [rk for rk, rec in dirty.items() if rec is None])
+        dirty.clear()
+
+    def _complete_with_effect(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        rec: Record | None,
+        now: float,
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ) -> None:
+        caller, key, fence, c = op.args
+        effect = c.effect
         # Check the claim before the effect runs: a stale holder's effect must not run.
         complete(rec, fence, True, b"", now, c.ttl, caller, key)
         conn.execute("SAVEPOINT idempotency_effect")
@@ -340,7 +392,7 @@ class SQLiteStore(Store):
                 lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(conn)
             )
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
-            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
+            conn.execute(_UPSERT, (caller, key, *done))
         except Exception as exc:
             _rollback_to(conn)
             conn.execute("RELEASE idempotency_effect")
@@ -349,6 +401,7 @@ class SQLiteStore(Store):
             op.error = exc  # the effect's own failure (a bug, a constraint): this call only
             return
         conn.execute("RELEASE idempotency_effect")
+        ws[caller, key] = done
         op.result = done
 
     def _transact(self, conn: sqlite3.Connection, op: Op) -> None:
@@ -362,6 +415,15 @@ class SQLiteStore(Store):
             return
         conn.execute("RELEASE idempotency_effect")
         op.result = value
+
+
+def _current(
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
+) -> Record | None:
+    rec = ws[rk]
+    if isinstance(rec, CorruptedRecord):
+        raise rec
+    return rec
 
 
 def _rollback_to(conn: sqlite3.Connection) -> None:
