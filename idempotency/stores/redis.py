@@ -40,6 +40,7 @@ that a refusal or an error leaves nothing written.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -304,6 +305,11 @@ class RedisStore(Store):
         import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
 
         return await gosim.syscall(self._sweep)
+
+    def now(self) -> float:
+        """The clock given to the store, else this machine's (an estimate of the
+        server's: used only to time waits, never to decide a record's state)."""
+        return self._clock() if self._clock is not None else time.time()
 
     def statistics(self) -> StoreStatistics:
         c = self._committer

@@ -210,6 +210,9 @@ class SQLiteStore(Store):
         """
         return await self._committer.submit(Op(_TRANSACT, (fn,)))
 
+    def now(self) -> float:
+        return self._clock()
+
     def statistics(self) -> StoreStatistics:
         c = self._committer
         return StoreStatistics(c.operations, c.batches, c.largest_batch)
