@@ -1,8 +1,10 @@
 """RedisStore: records in Redis, shared by processes and machines (redis-py, Lua).
 
-Every operation is one Lua script, so Redis runs it atomically: the claim reads the
-record, decides, takes a fencing token (``INCR`` on one counter key) and writes; the
-completion checks the fence and writes; an effect runs in the completion's script. The
+Every operation runs inside a Lua script, so Redis runs it atomically: the claim reads
+the record, decides, takes a fencing token (``INCR`` on one counter key) and writes;
+the completion checks the fence and writes; an effect runs in the completion's script.
+The records of one store and its fence counter must live on one Redis (not spread over
+a cluster's slots): a script touches several of them. The
 scripts implement the table of ``idempotency._record`` and must agree with it (the
 contract suite and the state-machine test run against both; the names of the states
 are the same integers).
@@ -18,10 +20,13 @@ Time: by default the scripts read the server's clock (``TIME``), one clock for e
 process. A ``clock`` given to the store is sent with each call instead (tests use it to
 move time by hand); the key's Redis TTL still runs on the server's clock.
 
-Batching: concurrent calls' scripts are pipelined (one round trip per batch) through the
-same :class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
-``gosim.syscall``. redis-py's own retries are off: a script whose reply was lost may
-have run, and sending it again could, for example, answer a claim with its own BUSY.
+Batching: concurrent calls' operations go through the same
+:class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
+``gosim.syscall``: a batch's claims, completions, releases and reads travel as one
+script call (the script loops over them), and effects as further scripts in the same
+pipeline, so a batch costs one round trip and redis-py's per-command cost is paid per
+batch. redis-py's own retries are off: a script whose reply was lost may have run, and
+sending it again could, for example, answer a claim with its own BUSY.
 
 Durability is Redis's: configure ``appendonly yes`` with ``appendfsync always`` for an
 acknowledged record to survive a crash of the Redis server (``everysec`` may lose the

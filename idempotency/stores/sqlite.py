@@ -108,6 +108,11 @@ _UPSERT: Final = (
 )
 _DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
+_SWEEP_BATCH: Final = 256
+_SWEEP_SOME: Final = (
+    "DELETE FROM idempotency_records WHERE (caller, key) IN"
+    " (SELECT caller, key FROM idempotency_records WHERE expires_at <= ? LIMIT ?)"
+)
 _READ_FENCE: Final = "SELECT value FROM idempotency_meta WHERE name = 'fence'"
 _WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
 
@@ -139,7 +144,9 @@ class SQLiteStore(Store):
     ``group_commit=False`` gives every operation its own transaction (for comparison:
     it is several times slower under concurrency). ``max_batch`` bounds a transaction.
     ``busy_timeout``: how long to wait for another process's write lock before
-    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file.
+    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file. Every
+    ``sweep_every`` batches (0: never) up to 256 expired records are deleted in the
+    batch's transaction; :meth:`sweep` deletes all of them at once.
 
     One store object serves one gosim runtime at a time. The connection is opened at
     construction; :meth:`close` closes it.
@@ -154,6 +161,7 @@ class SQLiteStore(Store):
         max_batch: int = 512,
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        sweep_every: int = 64,
     ) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
@@ -176,6 +184,8 @@ class SQLiteStore(Store):
         self.journal_mode = mode
         self._conn: sqlite3.Connection | None = conn
         self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+        self._sweep_every = sweep_every
+        self._batches_to_sweep = sweep_every
 
     def __repr__(self) -> str:
         return self._name
@@ -351,6 +361,13 @@ class SQLiteStore(Store):
                 except (IdempotencyError, ApplicationError) as exc:
                     op.error = exc
             self._flush(conn, dirty)
+            if self._sweep_every > 0:
+                self._batches_to_sweep -= 1
+                if self._batches_to_sweep <= 0:
+                    # Retention: a few expired records go with every so many batches, so
+                    # the file stops growing without a sweeper and without a long stall.
+                    self._batches_to_sweep = self._sweep_every
+                    conn.execute(_SWEEP_SOME, (now, _SWEEP_BATCH))
             if fence != fence0:
                 conn.execute(_WRITE_FENCE, (fence,))
             conn.execute("COMMIT")

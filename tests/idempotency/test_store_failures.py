@@ -265,3 +265,20 @@ def test_redis_killed_mid_call_then_back(own_redis: Any) -> None:
     assert retried.value == "done" and not retried.replayed and len(runs) == 2
     assert runs[1] > runs[0]
     store.close()
+
+
+def test_sqlite_sweeps_expired_records_as_it_goes(tmp_path: Path) -> None:
+    now = [1_700_000_000.0]
+    store = SQLiteStore(tmp_path / "s.db", clock=lambda: now[0], sweep_every=4)
+
+    async def calls(tag: str, n: int) -> None:
+        idem = Idempotency(store, ttl=10.0)
+        for i in range(n):
+            await idem.run(caller="c", key=f"{tag}{i}", request=("op", []), handler=lambda c: 1)
+
+    grun(calls, "old", 3)
+    now[0] += 10.0  # the three are expired now
+    grun(calls, "new", 2)  # four more batches: one of them sweeps
+    rows = _read(tmp_path / "s.db", "SELECT key FROM idempotency_records ORDER BY key")
+    assert rows == [("new0",), ("new1",)]
+    store.close()
