@@ -282,3 +282,32 @@ def test_sqlite_sweeps_expired_records_as_it_goes(tmp_path: Path) -> None:
     rows = _read(tmp_path / "s.db", "SELECT key FROM idempotency_records ORDER BY key")
     assert rows == [("new0",), ("new1",)]
     store.close()
+
+
+def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    now = [1_700_000_000.0]
+    store = SQLiteStore(path, clock=lambda: now[0], sweep_every=1)
+    store.close()
+    with sqlite3.connect(path) as conn:  # 1,200 expired records and one live one
+        conn.executemany(
+            "INSERT INTO idempotency_records VALUES ('c', ?, 2, zeroblob(32), ?, ?, 1, x'01')",
+            [(f"k{i:04d}", i + 1, now[0] - 1) for i in range(1200)],
+        )
+        conn.execute(
+            "INSERT INTO idempotency_records"
+            " VALUES ('c', 'k0600x', 2, zeroblob(32), 9999, ?, 1, x'01')",
+            (now[0] + 100,),
+        )
+    store = SQLiteStore(path, clock=lambda: now[0], sweep_every=1)
+
+    async def reads(n: int) -> None:
+        for _ in range(n):
+            await store.get("c", "nothing")  # one batch each; each sweeps a step
+
+    grun(reads, 2)
+    left = _read(path, "SELECT count(*) FROM idempotency_records")[0][0]
+    assert 1 < left < 1201  # two steps of 512 rows: partway through
+    grun(reads, 2)
+    assert _read(path, "SELECT key FROM idempotency_records") == [("k0600x",)]
+    store.close()
