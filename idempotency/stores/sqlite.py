@@ -2,8 +2,18 @@
 
 Durability
 ----------
-The database runs in WAL mode with ``synchronous=FULL`` by default: every commit is
-fsynced before it returns, so an acknowledged record survives a power loss. Several
+The database runs in WAL mode with ``synchronous=FULL`` by default: every commit that
+records an outcome (a completion, its effect, a release, ``transact``) is fsynced before
+its reply leaves, so an acknowledged record survives a power loss. A batch of claims
+and reads alone commits without an fsync (``NORMAL``): a claim is no answer to anyone,
+a process crash keeps it (WAL), and the next durable commit makes it durable. A power
+loss may lose it -- and with it every process of the machine, the claim's holder
+included -- so the key is free again on restart, as after a lapsed lease. Fencing
+tokens stay monotonic through that: a durable batch reserves tokens ahead
+(``fence_ceiling``, 4096 more once half are used), a claim batch hands out tokens only
+below the durable reservation (else it is redone durably), and a store opening skips
+the counter to the reservation. Measured here: an fsynced commit took 5 ms on the
+loaded disk, a ``NORMAL`` one 0.1 ms; claims are half of all batches. Several
 processes on one machine may share the file: each batch is a ``BEGIN IMMEDIATE``
 transaction (SQLite's write lock, waited for up to ``busy_timeout``), and fencing tokens
 come from a counter row updated in the same transaction, so they rise across processes.
@@ -89,6 +99,7 @@ CREATE TABLE IF NOT EXISTS idempotency_meta (
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
+INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0);
 """
 
 _SELECT_MANY: Final = (
@@ -112,8 +123,20 @@ _SWEEP_SCAN: Final = (
     "SELECT caller, key, expires_at FROM idempotency_records"
     " WHERE (caller, key) > (?, ?) ORDER BY caller, key LIMIT ?"
 )
-_READ_FENCE: Final = "SELECT value FROM idempotency_meta WHERE name = 'fence'"
+_READ_FENCE: Final = (
+    "SELECT (SELECT value FROM idempotency_meta WHERE name = 'fence'),"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')"
+)
 _WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
+_WRITE_CEILING: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence_ceiling'"
+# After a restart, tokens resume above every token a claim may have handed out before
+# its commit reached the disk (see "Durability" above).
+_SKIP_TO_CEILING: Final = (
+    "UPDATE idempotency_meta SET value = max(value,"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')) WHERE name = 'fence'"
+)
+FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
+_LIGHT: Final = frozenset({_CLAIM, _GET})  # batches of these only commit without fsync
 
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Errors meaning the file itself is damaged, not that it is busy or unreachable.
@@ -178,10 +201,19 @@ class SQLiteStore(Store):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
             conn.executescript(_SCHEMA)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_SKIP_TO_CEILING)
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
             conn.close()
             raise self._store_error(exc, "opening") from exc
         self.journal_mode = mode
+        self._sync_durable = synchronous.upper()
+        # Claims need no fsync of their own: "NORMAL" unless the caller chose less.
+        self._sync_light = (
+            "NORMAL" if self._sync_durable in ("FULL", "EXTRA") else self._sync_durable
+        )
+        self._sync_now = self._sync_durable
         self._conn: sqlite3.Connection | None = conn
         self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
         self._sweep_every = sweep_every
@@ -292,7 +324,18 @@ class SQLiteStore(Store):
         return ws
 
     def _apply_batch(self, ops: list[Op]) -> None:
-        """Apply ``ops`` in order in one transaction (on the syscall thread).
+        """Apply ``ops`` in one transaction: without an fsync when they are all claims
+        and reads, unless their tokens would pass the reserved ceiling (then again,
+        durably)."""
+        durable = any(op.kind not in _LIGHT for op in ops)
+        if not self._apply(ops, durable):
+            for op in ops:
+                op.result = op.error = None
+            self._apply(ops, True)
+
+    def _apply(self, ops: list[Op], durable: bool) -> bool:
+        """Apply ``ops`` in order in one transaction (on the syscall thread); False when
+        a light batch needs tokens past the ceiling (rolled back, nothing applied).
 
         Records are read up front into a working set, every operation is decided by the
         pure functions of ``_record`` against it, and the changed records are written
@@ -305,17 +348,22 @@ class SQLiteStore(Store):
             closed = StoreUnavailable(f"{self._name}: the store is closed")
             for op in ops:
                 op.error = closed
-            return
+            return True
         now = self._clock()
         try:
+            level = self._sync_durable if durable else self._sync_light
+            if level != self._sync_now:  # only between transactions
+                conn.execute(f"PRAGMA synchronous={level}")
+                self._sync_now = level
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             err = self._store_error(exc, "beginning a transaction")
             for op in ops:
                 op.error = err
-            return
+            return True
         try:
-            fence0 = fence = conn.execute(_READ_FENCE).fetchone()[0]
+            fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
+            fence, ceiling = fence0, ceiling0
             ws = self._load(conn, ops)
             dirty: dict[tuple[str, str], Record | None] = {}
             for op in ops:
@@ -367,8 +415,15 @@ class SQLiteStore(Store):
                 if self._batches_to_sweep <= 0:
                     self._batches_to_sweep = self._sweep_every
                     self._sweep_step(conn, now)
+            if fence > ceiling and not durable:
+                conn.execute("ROLLBACK")
+                return False
+            if durable and ceiling - fence < FENCE_RESERVE // 2:
+                ceiling = fence + FENCE_RESERVE
             if fence != fence0:
                 conn.execute(_WRITE_FENCE, (fence,))
+            if ceiling != ceiling0:
+                conn.execute(_WRITE_CEILING, (ceiling,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # The transaction as a whole failed: nothing of it is committed.
@@ -380,6 +435,7 @@ class SQLiteStore(Store):
             for op in ops:
                 op.result = None
                 op.error = err
+        return True
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
         """Retention without a sweeper: look at the next 512 records in key order and

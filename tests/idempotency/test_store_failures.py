@@ -311,3 +311,31 @@ def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path) -> None:
     grun(reads, 2)
     assert _read(path, "SELECT key FROM idempotency_records") == [("k0600x",)]
     store.close()
+
+
+def test_claim_batches_skip_the_fsync_but_fences_never_go_back(tmp_path: Path) -> None:
+    from idempotency.stores.sqlite import FENCE_RESERVE  # noqa: PLC0415
+
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path)
+
+    def meta() -> dict[str, int]:
+        return dict(_read(path, "SELECT name, value FROM idempotency_meta"))
+
+    async def claims(n: int, tag: str = "k") -> list[int]:
+        fp = b"\x00" * 32
+        return [(await store.claim("c", f"{tag}{i}", fp, 60.0)).record.fence for i in range(n)]
+
+    # The first claim batch finds no reservation: it is redone durably and reserves.
+    assert grun(claims, 3) == [1, 2, 3]
+    assert meta() == {"fence": 3, "fence_ceiling": 1 + FENCE_RESERVE}
+    store.close()
+    # A power loss could have lost claim commits made without an fsync; a store that
+    # opens resumes above every token that may have been handed out.
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE idempotency_meta SET value = 1 WHERE name = 'fence'")
+    store = SQLiteStore(path)
+    assert meta()["fence"] == 1 + FENCE_RESERVE
+    (fence,) = grun(claims, 1, "new")
+    assert fence == 2 + FENCE_RESERVE
+    store.close()
