@@ -121,8 +121,8 @@ def redis_url(tmpdir_module: str) -> Iterator[str]:
     setpriv = shutil.which("setpriv")  # the server dies with the benchmark process
     die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
     proc = subprocess.Popen(
-        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port), "--dir", tmpdir_module,
-         "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
+         "--dir", tmpdir_module, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
