@@ -24,6 +24,13 @@ Guarantees: the handler runs at most once per *live claim*; a key's outcome, onc
 recorded, is the only one it ever has until its TTL passes. An effect returned as an
 Effect happens exactly once with its record (both or neither, whatever crashes); an
 effect the handler does itself happens at least once, fenced by ``call.fence``.
+
+Alternatives rejected: answering every duplicate with InProgress (the draft's 409, and
+what Stripe and Powertools do: the client must poll; here ``wait=False`` keeps it);
+Redis pub/sub or SQLite update hooks to wake waiters in other processes (a connection or
+a hook per process for a case that polling bounded at 100 ms serves); re-running the
+handler of a duplicate whose first execution is still live (that is the bug this layer
+exists to prevent).
 """
 
 from __future__ import annotations
