@@ -1,0 +1,186 @@
+"""Idempotent calls through each store, side by side in one run (issue 14).
+
+* ``sqlite``: 100 goroutines with distinct keys and a trivial handler through
+  ``SQLiteStore`` (WAL, ``synchronous=FULL``: every commit fsynced), with group commit
+  and with one transaction per store operation (``group_commit=False``); op = one call.
+* ``replay``: the same load through the group-committed store, first calls then the same
+  keys again (replays); op = one call.
+* ``redis``: the same load through ``RedisStore`` against a local redis-server of the
+  benchmark's own (127.0.0.1, free port, no persistence); op = one call.
+* ``memory``: one goroutine, distinct keys: ``Idempotency.run`` over ``MemoryStore``
+  against awaiting the handler directly; op = one call, the difference is the overhead.
+
+``extra_info['calls_per_s']`` / ``extra_info['ns_per_call']`` are the figures. Reproduce::
+
+    .venv/bin/python -m pytest benchmarks/bench_idempotency.py --benchmark-json=idem.json
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import gosim
+from idempotency import Call, Idempotency, MemoryStore, SQLiteStore
+from idempotency.stores import Store
+
+GOROUTINES = 100
+
+
+def _calls(benchmark: Any, full: int) -> int:
+    return 400 if benchmark.disabled else full
+
+
+async def _trivial(call: Call) -> int:
+    return 1
+
+
+async def _load(store: Store, n: int, tag: str, replay_too: bool) -> tuple[float, float]:
+    """``n`` calls from GOROUTINES goroutines with distinct keys; seconds for the first
+    pass, and for a second pass over the same keys (replays) when asked."""
+    idem = Idempotency(store)
+    done: gosim.Chan[None] = gosim.Chan(GOROUTINES)
+    per = n // GOROUTINES
+
+    async def worker(w: int) -> None:
+        for i in range(per):
+            await idem.run(
+                caller="bench", key=f"{tag}-{w}-{i}", request=("op", [w, i]), handler=_trivial
+            )
+        await done.send(None)
+
+    times = []
+    for _ in range(2 if replay_too else 1):
+        t0 = time.perf_counter()
+        for w in range(GOROUTINES):
+            gosim.go(worker, w)
+        for _ in range(GOROUTINES):
+            await done.recv()
+        times.append(time.perf_counter() - t0)
+    return times[0], times[-1]
+
+
+@pytest.fixture(scope="module")
+def tmpdir_module() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="bench-idem-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", ["group-commit", "txn-per-op"])
+def bench_sqlite(benchmark: Any, mode: str, tmpdir_module: str) -> None:
+    n = _calls(benchmark, 20_000 if mode == "group-commit" else 2_000)
+    benchmark.group = "idem-sqlite-durable"
+    rates: list[float] = []
+
+    def once() -> None:
+        path = os.path.join(tmpdir_module, f"{mode}-{time.monotonic_ns()}.db")
+        store = SQLiteStore(path, group_commit=mode == "group-commit")
+        first, _ = gosim.run(_load, store, n, mode, False)
+        store.close()
+        rates.append(n / first)
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+@pytest.mark.parametrize("phase", ["first", "replay"])
+def bench_replay(benchmark: Any, phase: str, tmpdir_module: str) -> None:
+    n = _calls(benchmark, 20_000)
+    benchmark.group = "idem-sqlite-replay"
+    rates: list[float] = []
+
+    def once() -> None:
+        path = os.path.join(tmpdir_module, f"replay-{time.monotonic_ns()}.db")
+        store = SQLiteStore(path)
+        first, replay = gosim.run(_load, store, n, "r", True)
+        store.close()
+        rates.append(n / (first if phase == "first" else replay))
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmpdir_module: str) -> Iterator[str]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    setpriv = shutil.which("setpriv")  # the server dies with the benchmark process
+    die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
+    proc = subprocess.Popen(
+        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
+         "--dir", tmpdir_module, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def bench_redis(benchmark: Any, redis_url: str) -> None:
+    from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
+
+    n = _calls(benchmark, 20_000)
+    benchmark.group = "idem-redis"
+    rates: list[float] = []
+
+    def once() -> None:
+        store = RedisStore(redis_url, prefix=f"b{time.monotonic_ns()}:")
+        first, _ = gosim.run(_load, store, n, "redis", False)
+        store.close()
+        rates.append(n / first)
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+async def _memory(n: int, direct: bool) -> float:
+    keys = [f"k{i}" for i in range(n)]
+    args = [1, 2]
+    if direct:
+        t0 = time.perf_counter()
+        for _key in keys:
+            await _trivial(None)  # type: ignore[arg-type]
+        return time.perf_counter() - t0
+    idem = Idempotency(MemoryStore())
+    t0 = time.perf_counter()
+    for key in keys:
+        await idem.run(caller="bench", key=key, request=("op", args), handler=_trivial)
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("path", ["direct", "memory-store"])
+def bench_memory(benchmark: Any, path: str) -> None:
+    n = _calls(benchmark, 100_000)
+    benchmark.group = "idem-memory"
+    elapsed: list[float] = []
+
+    def once() -> None:
+        elapsed.append(gosim.run(_memory, n, path == "direct", procs=1))
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 5, iterations=1)
+    benchmark.extra_info["ns_per_call"] = sorted(elapsed)[len(elapsed) // 2] / n * 1e9

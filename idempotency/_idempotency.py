@@ -1,0 +1,294 @@
+"""``Idempotency``: run a request once per key, record its outcome, replay it after.
+
+The flow of :meth:`Idempotency.run`, fast path first:
+
+1. Validate the key and caller, fingerprint the request (``_keys``).
+2. **Claim** the key in the store (``_record.claim`` applied atomically).
+   - CLAIMED: this call holds the key with a new fencing token; go to 3.
+   - REPLAY: a completed record with the same fingerprint; return its outcome with
+     ``replayed=True``. The handler does not run.
+   - MISMATCH: the key is live for another request: :class:`KeyReused`.
+   - BUSY: another execution holds the key. With ``wait=False``: :class:`InProgress`.
+     Otherwise wait -- woken at once when the holder is in this process (a channel per
+     key, closed when the holder finishes), else by a poll timer backing off from 2 ms
+     to 100 ms -- and claim again, until this call's own timeout or context ends. A
+     holder that died is taken over by the claim after its lease lapses.
+3. Run the handler with a :class:`Call` (caller, key, operation, args, fence, ctx).
+4. Record the outcome: the return value, or a final :class:`ApplicationError`, or the
+   result of the :class:`~idempotency.stores.Effect` the handler returned (run by the
+   store inside the transaction that completes the record). A retryable error, any other
+   exception, or an outcome that cannot be recorded releases the claim instead, and the
+   exception propagates: a retry runs the handler again.
+
+Guarantees: the handler runs at most once per *live claim*; a key's outcome, once
+recorded, is the only one it ever has until its TTL passes. An effect returned as an
+Effect happens exactly once with its record (both or neither, whatever crashes); an
+effect the handler does itself happens at least once, fenced by ``call.fence``.
+
+Alternatives rejected: answering every duplicate with InProgress (the draft's 409, and
+what Stripe and Powertools do: the client must poll; here ``wait=False`` keeps it);
+Redis pub/sub or SQLite update hooks to wake waiters in other processes (a connection or
+a hook per process for a case that polling bounded at 100 ms serves); re-running the
+handler of a duplicate whose first execution is still live (that is the bug this layer
+exists to prevent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeAlias
+
+import gosim
+from gosim import Chan, context, recv, select
+
+from ._errors import (
+    ApplicationError,
+    InProgress,
+    InvalidRequest,
+    InvalidResult,
+    KeyReused,
+    StaleClaim,
+    StoreError,
+)
+from ._keys import DEFAULT_MAX_ARGS_BYTES, fingerprint, validate_caller, validate_key
+from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
+from ._record import ClaimKind, ClaimResult
+from .stores._contract import Completion, Effect, Store
+
+__all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "Call", "Handler", "Idempotency"]
+
+DEFAULT_TTL: Final = 24 * 3600.0  # completed records are kept a day (Stripe, Powertools)
+DEFAULT_LEASE: Final = 60.0  # a claim lapses this long after it was taken
+POLL_MIN: Final = 0.002
+POLL_MAX: Final = 0.1
+
+_CLAIMED: Final = ClaimKind.CLAIMED
+_REPLAY: Final = ClaimKind.REPLAY
+_MISMATCH: Final = ClaimKind.MISMATCH
+
+
+class Call:
+    """What a handler is given: the request, and the claim it runs under.
+
+    ``fence`` is the claim's fencing token: higher for every later claim of any key in
+    the store. Pass it to external systems so they can refuse writes from an execution
+    that has been superseded. ``ctx`` is the caller's :mod:`gosim.context`, if any.
+    """
+
+    __slots__ = ("args", "caller", "ctx", "fence", "key", "operation")
+
+    def __init__(
+        self,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fence: int,
+        ctx: context.Context | None,
+    ) -> None:
+        self.caller = caller
+        self.key = key
+        self.operation = operation
+        self.args = args
+        self.fence = fence
+        self.ctx = ctx
+
+    def __repr__(self) -> str:
+        return f"<Call {self.operation} caller={self.caller!r} key={self.key!r} fence={self.fence}>"
+
+
+Handler: TypeAlias = Callable[[Call], Any | Awaitable[Any]]
+
+
+class Idempotency:
+    """Idempotent execution of requests over a :class:`~idempotency.stores.Store`.
+
+    ``ttl``: how long a completed outcome is replayed (default 24 h); after it, the key is
+    new again. ``lease``: how long a claim holds (default 60 s); a handler must finish
+    within it, or another execution may take the key over and this one's completion is
+    refused with :class:`StaleClaim`. ``wait``: the default for :meth:`run`.
+    ``max_args_bytes`` / ``max_result_bytes`` bound the encoded request and outcome.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        ttl: float = DEFAULT_TTL,
+        lease: float = DEFAULT_LEASE,
+        wait: bool = True,
+        max_args_bytes: int = DEFAULT_MAX_ARGS_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    ) -> None:
+        if not ttl > 0 or not lease > 0:
+            raise ValueError(f"ttl and lease must be positive, not {ttl!r} and {lease!r}")
+        self.store = store
+        self.ttl = ttl
+        self.lease = lease
+        self.wait = wait
+        self.max_args_bytes = max_args_bytes
+        self.max_result_bytes = max_result_bytes
+        # Keys whose holder runs in this process and that someone waits for: the holder
+        # closes the channel when it finishes (completes or releases).
+        self._waiters: dict[tuple[str, str], Chan[None]] = {}
+        # Keys held by executions in this process, with their fence: a waiter here
+        # sleeps until the holder finishes (or a whole lease passes, in case it overruns
+        # its lease) instead of polling the store. No clock is read on the fast path.
+        self._holders: dict[tuple[str, str], int] = {}
+
+    async def run(
+        self,
+        *,
+        caller: str,
+        key: str,
+        request: tuple[str, Any],
+        handler: Handler,
+        wait: bool | None = None,
+        timeout: float | None = None,
+        ctx: context.Context | None = None,
+    ) -> Outcome:
+        """Run ``handler`` for ``request`` once per (caller, key); see the module docstring.
+
+        Returns the :class:`Outcome` (``replayed`` tells a replay). Raises
+        :class:`InvalidKey`, :class:`InvalidRequest`, :class:`KeyReused`,
+        :class:`InProgress` (busy and ``wait`` is False, or ``timeout`` passed while
+        waiting), the context's error when ``ctx`` ends while waiting,
+        :class:`StaleClaim`, :class:`InvalidResult`, a store error, or what the handler
+        raised when it was not a final ApplicationError.
+        """
+        validate_key(key)
+        validate_caller(caller)
+        if type(request) is not tuple or len(request) != 2:
+            raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
+        operation, args = request
+        fp = fingerprint(operation, args, self.max_args_bytes)
+        store = self.store
+        res = await store.claim(caller, key, fp, self.lease)
+        if res.kind is not _CLAIMED:
+            if res.kind is _REPLAY:
+                rec = res.record
+                assert rec.payload is not None
+                return Outcome(rec.ok, rec.payload, True, rec.fence)
+            settled = await self._settle(
+                res, caller, key, fp, self.wait if wait is None else wait, timeout, ctx
+            )
+            if type(settled) is Outcome:
+                return settled
+            res = settled  # type: ignore[assignment]
+        fence = res.record.fence
+        rk = (caller, key)
+        self._holders[rk] = fence
+        max_bytes = self.max_result_bytes
+        try:
+            result = handler(Call(caller, key, operation, args, fence, ctx))
+            if hasattr(result, "__await__"):
+                result = await result
+            if isinstance(result, Effect):
+                completion = Completion(True, None, result, self.ttl, max_bytes)
+            else:
+                completion = Completion(
+                    True, encode_result(result, max_bytes), None, self.ttl, max_bytes
+                )
+        except ApplicationError as err:
+            if err.retryable:
+                await self._release(caller, key, fence)
+                raise
+            try:
+                payload = encode_error(err, max_bytes)
+            except InvalidResult:
+                await self._release(caller, key, fence)
+                raise
+            completion = Completion(False, payload, None, self.ttl, max_bytes)
+        except Exception:
+            await self._release(caller, key, fence)
+            raise
+        try:
+            rec = await store.complete(caller, key, fence, completion)
+        except StaleClaim:
+            raise
+        except Exception:
+            # The effect failed or could not be recorded, or the store failed: nothing
+            # was recorded; free the key so a retry need not wait for the lease.
+            await self._release(caller, key, fence)
+            raise
+        finally:
+            self._finish(rk, fence)
+        assert rec.payload is not None
+        return Outcome(rec.ok, rec.payload, False, fence)
+
+    def _finish(self, rk: tuple[str, str], fence: int) -> None:
+        """The execution of claim ``fence`` is over: wake this process's waiters."""
+        if self._holders.get(rk) == fence:
+            del self._holders[rk]
+        if self._waiters:
+            ch = self._waiters.pop(rk, None)
+            if ch is not None:
+                ch.close()
+
+    async def _release(self, caller: str, key: str, fence: int) -> None:
+        try:
+            await self.store.release(caller, key, fence)
+        except StoreError:
+            pass  # the store is down: the claim lapses with its lease instead
+        finally:
+            self._finish((caller, key), fence)
+
+    async def _settle(
+        self,
+        res: ClaimResult,
+        caller: str,
+        key: str,
+        fp: bytes,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+    ) -> Outcome | ClaimResult:
+        """Turn a claim that did not succeed into an outcome, an error, or (after waiting
+        for a holder that released or lapsed) a successful claim."""
+        rk = (caller, key)
+        start = deadline = math.inf
+        interval = POLL_MIN
+        done = ctx.done() if ctx is not None else None
+        while True:
+            kind = res.kind
+            if kind is _CLAIMED:
+                return res
+            if kind is _REPLAY:
+                rec = res.record
+                assert rec.payload is not None
+                return Outcome(rec.ok, rec.payload, True, rec.fence)
+            if kind is _MISMATCH:
+                raise KeyReused(caller, key)
+            # BUSY: another execution holds the key.
+            if not wait:
+                raise InProgress(caller, key)
+            now = gosim.now()
+            if start == math.inf:
+                start = now
+                deadline = now + timeout if timeout is not None else math.inf
+            if ctx is not None and (err := ctx.err()) is not None:
+                raise err
+            if now >= deadline:
+                raise InProgress(caller, key, waited=now - start)
+            ch = self._waiters.get(rk)
+            if ch is None:
+                # Registered now: claim again before sleeping, in case the holder
+                # finished before the channel existed (it would not have closed it).
+                self._waiters[rk] = Chan()
+                res = await self.store.claim(caller, key, fp, self.lease)
+                continue
+            if rk in self._holders:
+                # The holder runs here: it closes ``ch`` when done. If it overruns its
+                # lease, claim again as the lease lapses (and take the key over).
+                sleep = max(0.0, res.record.expires_at - self.store.now()) + POLL_MIN
+            else:
+                # The holder is another process: poll, backing off.
+                sleep = interval
+                interval = min(interval * 2, POLL_MAX)
+            timer = gosim.Timer(max(0.0, min(sleep, deadline - now)))
+            try:
+                await select(recv(ch), recv(timer.c), recv(done))
+            finally:
+                timer.stop()
+            res = await self.store.claim(caller, key, fp, self.lease)

@@ -1,0 +1,42 @@
+"""Stores of idempotency records: one contract (``_contract``), three homes.
+
+``MemoryStore`` (one process, runtime clock), ``SQLiteStore`` (one file, durable, group
+commit; the default) and ``RedisStore`` (shared by processes and machines). The Redis
+store is imported on first use, so redis-py is needed only by those who use it.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from ._contract import Completion as Completion
+from ._contract import Effect as Effect
+from ._contract import Store as Store
+from ._contract import StoreStatistics as StoreStatistics
+from .memory import MemoryEffect as MemoryEffect
+from .memory import MemoryStore as MemoryStore
+from .sqlite import SQLiteEffect as SQLiteEffect
+from .sqlite import SQLiteStore as SQLiteStore
+
+if TYPE_CHECKING:
+    from .redis import LuaEffect as LuaEffect
+    from .redis import RedisStore as RedisStore
+
+__all__ = [
+    "Completion",
+    "Effect",
+    "LuaEffect",
+    "MemoryEffect",
+    "MemoryStore",
+    "RedisStore",
+    "SQLiteEffect",
+    "SQLiteStore",
+    "Store",
+    "StoreStatistics",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RedisStore", "LuaEffect"):
+        from . import redis  # noqa: PLC0415 -- redis-py is an optional dependency
+
+        return getattr(redis, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

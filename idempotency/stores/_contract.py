@@ -1,0 +1,122 @@
+"""The contract every store keeps, and what the stores share.
+
+A store keeps one :class:`~idempotency._record.Record` per (caller, key) and applies the
+table of ``idempotency._record`` atomically: two concurrent claims of one key never both
+succeed, a completion lands only with the current fencing token, and every operation is
+all-or-nothing. ``Idempotency`` is the only caller; tests drive stores directly through
+this interface (``tests/idempotency/test_store_contract.py`` runs one suite unchanged
+against every store).
+
+Guarantees, named apart (the docs of ``Idempotency`` repeat them):
+
+* **Exactly-once effects** -- a handler that returns an :class:`Effect` of the store's
+  kind has that effect run *inside the transaction that completes the record* (SQLite:
+  the same connection, transaction and savepoint; Redis: the same Lua script; memory:
+  the same step, with no other goroutine in between). A crash at any instant leaves
+  either the effect and the record, or neither; a stale claim's effect is rolled back.
+* **At-least-once effects with fencing** -- whatever a handler does outside the store
+  (an email, a call to another service) happens once per execution, and an execution is
+  repeated when its claim lapses or is released before it completes. ``call.fence`` rises
+  with every claim: hand it to the external system so it can refuse an older one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .._errors import ApplicationError
+from .._outcome import encode_error, encode_result
+from .._record import ClaimResult, Record
+
+__all__ = ["Completion", "Effect", "Store", "StoreStatistics", "run_effect"]
+
+
+class Effect:
+    """Base of the store-specific effects a handler may return to have them committed in
+    the transaction that completes its record (``SQLiteEffect``, ``LuaEffect``,
+    ``MemoryEffect``). A store refuses another store's kind with TypeError."""
+
+    __slots__ = ()
+
+
+class Completion(NamedTuple):
+    """What the holder of a claim records: an encoded outcome, or an effect whose result
+    becomes the outcome inside the store's transaction. (A named tuple: one is built per
+    call, and a frozen dataclass costs several times more to build.)"""
+
+    ok: bool
+    payload: bytes | None  # None when ``effect`` is given
+    effect: Effect | None
+    ttl: float
+    max_result_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    """Counters of a store (``store.statistics()``)."""
+
+    operations: int  # claims, completions, releases, reads and sweeps done
+    batches: int  # transactions (SQLite) or pipelines (Redis) they were grouped into
+    largest_batch: int
+
+
+def run_effect(
+    fn: Callable[[], Any], max_bytes: int, undo: Callable[[], None] | None = None
+) -> tuple[bool, bytes]:
+    """Run an effect's function; return the ``(ok, payload)`` to record.
+
+    A final :class:`ApplicationError` becomes an error outcome: ``undo()`` is called first
+    to roll back what the effect did, since a refusal records the error and nothing else.
+    Anything else it raises (a retryable ApplicationError, a bug) propagates, as does
+    :class:`InvalidResult` for a result that cannot be recorded: the caller rolls back
+    and records nothing.
+    """
+    try:
+        value = fn()
+    except ApplicationError as err:
+        if err.retryable:
+            raise
+        if undo is not None:
+            undo()
+        return False, encode_error(err, max_bytes)
+    return True, encode_result(value, max_bytes)
+
+
+class Store(abc.ABC):
+    """A durable (or not) home for records; see the module docstring for the contract."""
+
+    @abc.abstractmethod
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        """Apply ``_record.claim`` atomically to the stored record; write it when CLAIMED."""
+
+    @abc.abstractmethod
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        """Record the outcome of claim ``fence`` (running its effect in the same
+        transaction); return the completed record. Raises StaleClaim and changes nothing
+        unless ``fence`` is the live claim."""
+
+    @abc.abstractmethod
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        """Delete the record when ``fence`` is its live claim; False (and no change) else."""
+
+    @abc.abstractmethod
+    async def get(self, caller: str, key: str) -> Record | None:
+        """The live record of (caller, key), or None when absent or expired."""
+
+    @abc.abstractmethod
+    async def sweep(self) -> int:
+        """Delete the expired records; return how many were deleted."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in the units of ``Record.expires_at`` (seconds)."""
+
+    @abc.abstractmethod
+    def statistics(self) -> StoreStatistics:
+        """Counters since the store was opened."""
+
+    def close(self) -> None:  # noqa: B027 -- optional: a store may hold nothing to release
+        """Release the store's resources (a connection); idempotent."""

@@ -1,0 +1,484 @@
+"""RedisStore: records in Redis, shared by processes and machines (redis-py, Lua).
+
+Every operation runs inside a Lua script, so Redis runs it atomically: the claim reads
+the record, decides, takes a fencing token (``INCR`` on one counter key) and writes;
+the completion checks the fence and writes; an effect runs in the completion's script.
+The records of one store and its fence counter must live on one Redis (not spread over
+a cluster's slots): a script touches several of them. The
+scripts implement the table of ``idempotency._record`` and must agree with it (the
+contract suite and the state-machine test run against both; the names of the states
+are the same integers).
+
+Layout of a record: a hash at ``{prefix}rec:{len(caller)}:{caller}:{key}`` (the length
+keeps a caller with ``:`` in it from colliding with another) with fields ``s`` (state),
+``fp`` (fingerprint), ``f`` (fence), ``x`` (expiry, Unix milliseconds), and once
+completed ``ok`` and ``p`` (payload). The key also carries a Redis TTL at its expiry, so
+Redis sweeps expired records itself; :meth:`RedisStore.sweep` exists for a clock other
+than the server's.
+
+Time: by default the scripts read the server's clock (``TIME``), one clock for every
+process. A ``clock`` given to the store is sent with each call instead (tests use it to
+move time by hand); the key's Redis TTL still runs on the server's clock.
+
+Batching: concurrent calls' operations go through the same
+:class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
+``gosim.syscall``: a batch's claims, completions, releases and reads travel as one
+script call (the script loops over them), and effects as further scripts in the same
+pipeline, so a batch costs one round trip and redis-py's per-command cost is paid per
+batch. redis-py's own retries are off: a script whose reply was lost may have run, and
+sending it again could, for example, answer a claim with its own BUSY.
+
+Durability is Redis's: configure ``appendonly yes`` with ``appendfsync always`` for an
+acknowledged record to survive a crash of the Redis server (``everysec`` may lose the
+last second). A lost connection fails the batch's operations with
+:class:`StoreUnavailable`; one whose script had already run may have claimed (the claim
+lapses with its lease) or completed (a retry replays it).
+
+Exactly-once effects: a handler returns ``LuaEffect(script, keys, args)``. The script
+body runs inside the completion's script after the fence check, with its own ``KEYS``
+and ``ARGV``, and returns the call's result (encoded with ``cmsgpack``). It may call
+``idempotency_fail(code, message, data)`` to refuse: the refusal is recorded. Redis
+cannot roll a script back: the body must check everything before its first write, so
+that a refusal or an error leaves nothing written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .._errors import CorruptedRecord, InvalidResult, StaleClaim, StoreUnavailable
+from .._keys import FINGERPRINT_SIZE
+from .._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
+from ._batch import GroupCommitter, Op
+from ._contract import Completion, Effect, Store, StoreStatistics
+
+__all__ = ["LuaEffect", "RedisStore"]
+
+# The library every script starts with: the time, and one function per operation of
+# idempotency._record (which they must agree with; the states are the same integers).
+# KEYS[1] is always the fence counter; ARGV[1] is the caller's clock in ms, or "" for
+# the server's. Functions return the reply of their operation; -9 is a corrupted record.
+_LIB: Final = """
+local now = tonumber(ARGV[1])
+if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local fence_key = KEYS[1]
+
+-- k's record: {rec = HMGET fields, s, x, live}, or nil and the corruption reply.
+local function load(k)
+    local rec = redis.call('HMGET', k, 's', 'fp', 'f', 'x', 'ok', 'p')
+    local s, x = tonumber(rec[1]), tonumber(rec[4])
+    if rec[1] and (not (s == 1 or s == 2) or not x or not tonumber(rec[3])) then
+        return nil, {-9, 'corrupted', rec[1] or '', rec[3] or '', rec[4] or ''}
+    end
+    return {rec = rec, s = s, x = x, live = s ~= nil and x > now}
+end
+
+-- _record._check_holder: nil when `fence` holds k's live claim, else the stale reply.
+local function stale(r, fence)
+    if not r.rec[1] then return {-1, 'gone', 0} end
+    if tonumber(r.rec[3]) ~= fence then return {-1, 'taken', tonumber(r.rec[3])} end
+    if not r.live then return {-1, 'lapsed', 0} end
+    if r.s == 2 then return {-1, 'completed', 0} end
+    return nil
+end
+
+-- _record.claim: 0 claimed, 1 replay, 2 busy, 3 mismatch.
+local function claim(k, fp, lease)
+    local r, bad = load(k)
+    if bad then return bad end
+    if not r.live then
+        local fence = redis.call('INCR', fence_key)
+        local expires = now + lease
+        redis.call('DEL', k)
+        redis.call('HSET', k, 's', 1, 'fp', fp, 'f', fence, 'x', expires)
+        redis.call('PEXPIRE', k, lease)
+        return {0, fence, expires}
+    end
+    local rec = r.rec
+    if rec[2] ~= fp then return {3, tonumber(rec[3]), r.x, r.s, rec[2]} end
+    if r.s == 2 then return {1, tonumber(rec[3]), r.x, tonumber(rec[5]), rec[6]} end
+    return {2, tonumber(rec[3]), r.x}
+end
+
+-- _record.complete.
+local function complete(k, fence, ttl, ok, payload)
+    local r, bad = load(k)
+    if bad then return bad end
+    local st = stale(r, fence)
+    if st then return st end
+    local expires = now + ttl
+    redis.call('HSET', k, 's', 2, 'x', expires, 'ok', ok, 'p', payload)
+    redis.call('PEXPIRE', k, ttl)
+    return {0, expires, tonumber(ok), payload, r.rec[2]}
+end
+
+-- _record.release.
+local function release(k, fence)
+    local r, bad = load(k)
+    if bad then return bad end
+    local st = stale(r, fence)
+    if st then return st end
+    redis.call('DEL', k)
+    return {0}
+end
+
+-- The live record, or {0}.
+local function get(k)
+    local r, bad = load(k)
+    if bad then return bad end
+    if not r.live then return {0} end
+    local rec = r.rec
+    return {1, r.s, rec[2], tonumber(rec[3]), r.x, tonumber(rec[5]) or 1, rec[6] or false}
+end
+"""
+
+# A whole batch in one script: KEYS[2..] are the operations' records, ARGV[2..] their
+# kinds and arguments in order. One command per batch keeps redis-py's per-command cost
+# (packing, parsing: most of a round trip's CPU) off the per-call path. Each operation
+# runs under pcall, so one's error (a key of the wrong type) is its own reply (-8).
+_BATCH_LUA: Final = (
+    _LIB
+    + """
+local out, a = {}, 2
+for i = 2, #KEYS do
+    local kind, k, ok, res = tonumber(ARGV[a]), KEYS[i], nil, nil
+    if kind == 0 then
+        ok, res = pcall(claim, k, ARGV[a + 1], tonumber(ARGV[a + 2]))
+        a = a + 3
+    elseif kind == 1 then
+        ok, res = pcall(complete, k, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                        ARGV[a + 3], ARGV[a + 4])
+        a = a + 5
+    elseif kind == 2 then
+        ok, res = pcall(release, k, tonumber(ARGV[a + 1]))
+        a = a + 2
+    else
+        ok, res = pcall(get, k)
+        a = a + 1
+    end
+    if not ok then
+        if type(res) == 'table' and res.err then res = res.err end
+        res = {-8, tostring(res)}
+    end
+    out[i - 1] = res
+end
+return out
+"""
+)
+
+# A completion with an effect: KEYS = fence, record, the effect's KEYS...; ARGV = now,
+# fence, ttl ms, max payload bytes, the effect's ARGV... The body is spliced in below;
+# it runs only after the fence check, and its result is recorded by `complete`.
+_EFFECT_HEAD: Final = (
+    _LIB
+    + """
+local r, bad = load(KEYS[2])
+if bad then return bad end
+local st = stale(r, tonumber(ARGV[2]))
+if st then return st end
+local function idempotency_fail(code, message, data)
+    error({idempotency_fail = true, code = code, message = message, data = data})
+end
+local effect_keys, effect_argv = {}, {}
+for i = 3, #KEYS do effect_keys[i - 2] = KEYS[i] end
+for i = 5, #ARGV do effect_argv[i - 4] = ARGV[i] end
+local function effect(KEYS, ARGV)
+"""
+)
+_EFFECT_TAIL: Final = """
+end
+local okflag, payload
+local ran, res = pcall(effect, effect_keys, effect_argv)
+if ran then
+    okflag, payload = 1, cmsgpack.pack(res)
+elseif type(res) == 'table' and res.idempotency_fail then
+    okflag, payload = 0, cmsgpack.pack({res.code, res.message, res.data})
+else
+    if type(res) == 'table' and res.err then res = res.err end
+    return redis.error_reply('LuaEffect failed: ' .. tostring(res))
+end
+if #payload > tonumber(ARGV[4]) then return {-2, #payload} end
+return complete(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), okflag, payload)
+"""
+
+# Delete KEYS[2] if it has expired. ARGV: now.
+_SWEEP_LUA: Final = (
+    _LIB
+    + """
+local r, bad = load(KEYS[2])
+if bad then return 0 end
+if r.rec[1] and not r.live then redis.call('DEL', KEYS[2]) return 1 end
+return 0
+"""
+)
+
+_CLAIM: Final = 0
+_COMPLETE: Final = 1
+_RELEASE: Final = 2
+_GET: Final = 3
+_EFFECT: Final = 4
+_KINDS: Final = (ClaimKind.CLAIMED, ClaimKind.REPLAY, ClaimKind.BUSY, ClaimKind.MISMATCH)
+_STALE_WHY: Final = {
+    b"gone": "the record is gone (released or swept)",
+    b"lapsed": "its lease lapsed",
+    b"completed": "it was already completed",
+}
+
+
+class LuaEffect(Effect):
+    """An effect committed with its record: the Lua ``script`` body runs inside the
+    script that completes the record, with ``KEYS = keys`` and ``ARGV = args``, and
+    returns the call's result (see the module docstring for the rules)."""
+
+    __slots__ = ("args", "keys", "script")
+
+    def __init__(self, script: str, keys: Sequence[str] = (), args: Sequence[Any] = ()) -> None:
+        self.script = script
+        self.keys = list(keys)
+        self.args = list(args)
+
+
+class RedisStore(Store):
+    """Records in Redis at ``url`` under ``prefix`` (see the module docstring).
+
+    ``socket_timeout`` bounds each round trip; ``max_batch`` bounds a pipeline.
+    ``clock``: None for the server's clock (the right choice for several processes).
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "idempotency:",
+        clock: Callable[[], float] | None = None,
+        max_batch: int = 512,
+        socket_timeout: float = 5.0,
+        client: redis_py.Redis | None = None,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._clock = clock
+        self._name = f"RedisStore({url!r}, prefix={prefix!r})"
+        self.client = client or redis_py.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._fence_key = f"{prefix}fence"
+        self._shas: dict[str, str] = {}  # script source -> SHA1 loaded in the server
+        self._shas_lock = threading.Lock()
+        self._committer = GroupCommitter(self._apply_batch, max_batch)
+
+    def __repr__(self) -> str:
+        return self._name
+
+    def record_key(self, caller: str, key: str) -> str:
+        """The Redis key of (caller, key)'s record."""
+        return f"{self.prefix}rec:{len(caller)}:{caller}:{key}"
+
+    # ------------------------------------------------------------------ public API
+
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return await self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))  # type: ignore[no-any-return]
+
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        effect = completion.effect
+        if effect is not None:
+            if not isinstance(effect, LuaEffect):
+                raise TypeError(f"RedisStore cannot run a {type(effect).__name__}")
+            return await self._committer.submit(Op(_EFFECT, (caller, key, fence, completion)))  # type: ignore[no-any-return]
+        return await self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))  # type: ignore[no-any-return]
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
+
+    async def sweep(self) -> int:
+        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
+
+        return await gosim.syscall(self._sweep)
+
+    def now(self) -> float:
+        """The clock given to the store, else this machine's (an estimate of the
+        server's: used only to time waits, never to decide a record's state)."""
+        return self._clock() if self._clock is not None else time.time()
+
+    def statistics(self) -> StoreStatistics:
+        c = self._committer
+        return StoreStatistics(c.operations, c.batches, c.largest_batch)
+
+    def close(self) -> None:
+        with self._committer._thread_lock:
+            self.client.close()
+
+    # ------------------------------------------------------- on the syscall thread
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else str(round(self._clock() * 1000))
+
+    def _sha(self, source: str) -> str:
+        sha = self._shas.get(source)
+        if sha is None:
+            sha = self.client.script_load(source)
+            with self._shas_lock:
+                self._shas[source] = sha
+        return sha
+
+    def _batch_args(self, op: Op, keys: list[Any], args: list[Any]) -> None:
+        """Append ``op``'s record key and ``kind, arguments`` for the batch script."""
+        kind = op.kind
+        keys.append(self.record_key(op.args[0], op.args[1]))
+        if kind == _CLAIM:
+            args += (0, op.args[2], max(1, round(op.args[3] * 1000)))
+        elif kind == _COMPLETE:
+            c = op.args[3]
+            args += (1, op.args[2], max(1, round(c.ttl * 1000)), int(c.ok), c.payload)
+        elif kind == _RELEASE:
+            args += (2, op.args[2])
+        else:
+            args.append(3)
+
+    def _effect_command(self, op: Op, now: str) -> tuple[str, list[Any]]:
+        caller, key, fence, c = op.args
+        eff: LuaEffect = c.effect
+        keys = [self._fence_key, self.record_key(caller, key), *eff.keys]
+        ttl = max(1, round(c.ttl * 1000))
+        source = _EFFECT_HEAD + eff.script + _EFFECT_TAIL
+        return source, [len(keys), *keys, now, fence, ttl, c.max_result_bytes, *eff.args]
+
+    def _apply_batch(self, ops: list[Op]) -> None:
+        now = self._now_arg()
+        # Commands of the pipeline: (script, numkeys + keys + args, the ops it serves).
+        todo: list[tuple[str, list[Any], list[Op]]] = []
+        plain = [op for op in ops if op.kind != _EFFECT]
+        if plain:
+            keys: list[Any] = [self._fence_key]
+            args: list[Any] = [now]
+            for op in plain:
+                self._batch_args(op, keys, args)
+            todo.append((_BATCH_LUA, [len(keys), *keys, *args], plain))
+        for op in ops:
+            if op.kind == _EFFECT:
+                source, argv = self._effect_command(op, now)
+                todo.append((source, argv, [op]))
+        for attempt in range(2):
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for source, argv, _ in todo:
+                    pipe.evalsha(self._sha(source), *argv)
+                replies = pipe.execute(raise_on_error=False)
+            except redis_py.RedisError as exc:
+                err = StoreUnavailable(f"{self._name}: {type(exc).__name__}: {exc}")
+                for _, _, served in todo:
+                    for op in served:
+                        op.error = err
+                return
+            retry = []
+            for (source, argv, served), reply in zip(todo, replies, strict=True):
+                if isinstance(reply, redis_py.exceptions.NoScriptError) and attempt == 0:
+                    # The server lost its script cache (a restart): the script did not
+                    # run. Load it again and resend just this command.
+                    with self._shas_lock:
+                        self._shas.pop(source, None)
+                    retry.append((source, argv, served))
+                    continue
+                per_op = reply if source is _BATCH_LUA and isinstance(reply, list) else [reply]
+                if len(per_op) != len(served):  # the whole command failed
+                    per_op = [reply] * len(served)
+                for op, op_reply in zip(served, per_op, strict=True):
+                    try:
+                        op.result = self._decode(op, op_reply)
+                    except Exception as exc:
+                        op.error = exc
+            if not retry:
+                return
+            todo = retry
+
+    def _corrupt(self, op: Op, why: str) -> CorruptedRecord:
+        caller, key = op.args[0], op.args[1]
+        return CorruptedRecord(
+            f"{self._name}: record {self.record_key(caller, key)!r} (caller={caller!r}, "
+            f"key={key!r}): {why}"
+        )
+
+    def _decode(self, op: Op, reply: Any) -> Any:
+        if isinstance(reply, redis_py.exceptions.ResponseError):
+            text = str(reply)
+            if "WRONGTYPE" in text:
+                raise self._corrupt(op, "the key does not hold a hash")
+            if op.kind == _EFFECT and "LuaEffect failed" in text:
+                raise RuntimeError(text[text.index("LuaEffect failed") :])
+            raise StoreUnavailable(f"{self._name}: {text}")
+        if isinstance(reply, Exception):
+            raise StoreUnavailable(f"{self._name}: {type(reply).__name__}: {reply}")
+        code = reply[0]
+        if code == -8:  # an error inside the batch script, for this operation only
+            text = reply[1].decode(errors="replace")
+            if "WRONGTYPE" in text:
+                raise self._corrupt(op, "the key does not hold a hash")
+            raise StoreUnavailable(f"{self._name}: {text}")
+        if code == -9:
+            raise self._corrupt(op, f"fields s={reply[2]!r} f={reply[3]!r} x={reply[4]!r}")
+        kind = op.kind
+        caller, key = op.args[0], op.args[1]
+        if kind == _CLAIM:
+            fp = op.args[2]
+            fence, x = reply[1], reply[2] / 1000
+            if code == 0:
+                return ClaimResult(ClaimKind.CLAIMED, Record(IN_PROGRESS, fp, fence, x))
+            if code == 1:
+                return ClaimResult(
+                    ClaimKind.REPLAY, Record(COMPLETED, fp, fence, x, bool(reply[3]), reply[4])
+                )
+            if code == 2:
+                return ClaimResult(ClaimKind.BUSY, Record(IN_PROGRESS, fp, fence, x))
+            stored = reply[4]
+            if type(stored) is not bytes or len(stored) != FINGERPRINT_SIZE:
+                raise self._corrupt(op, f"fingerprint is not {FINGERPRINT_SIZE} bytes")
+            if reply[3] == COMPLETED:
+                return ClaimResult(_KINDS[code], Record(COMPLETED, stored, fence, x, True, b""))
+            return ClaimResult(_KINDS[code], Record(IN_PROGRESS, stored, fence, x))
+        if kind in (_COMPLETE, _EFFECT):
+            fence = op.args[2]
+            if code == -1:
+                why = _STALE_WHY.get(reply[1]) or f"taken over by claim {reply[2]}"
+                raise StaleClaim(caller, key, fence, why)
+            if code == -2:
+                limit = op.args[3].max_result_bytes
+                raise InvalidResult(f"result encodes to {reply[1]} bytes; the limit is {limit}")
+            return Record(COMPLETED, reply[4], fence, reply[1] / 1000, bool(reply[2]), reply[3])
+        if kind == _RELEASE:
+            return code == 0
+        # _GET
+        if code == 0:
+            return None
+        _, s, fp, fence, x, ok, payload = reply
+        if s == COMPLETED:
+            if type(payload) is not bytes:
+                raise self._corrupt(op, "completed without a payload")
+            return Record(COMPLETED, fp, fence, x / 1000, bool(ok), payload)
+        return Record(IN_PROGRESS, fp, fence, x / 1000)
+
+    def _sweep(self) -> int:
+        now = self._now_arg()
+        deleted = 0
+        try:
+            sha = self._sha(_SWEEP_LUA)
+            for rkey in self.client.scan_iter(match=f"{self.prefix}rec:*", count=1000):
+                deleted += int(self.client.evalsha(sha, 2, self._fence_key, rkey, now))
+        except redis_py.RedisError as exc:
+            raise StoreUnavailable(f"{self._name}: sweep: {type(exc).__name__}: {exc}") from exc
+        return deleted

@@ -1,0 +1,517 @@
+"""SQLiteStore: the embedded, durable default -- one file, WAL, group commit.
+
+Durability
+----------
+The database runs in WAL mode with ``synchronous=FULL`` by default: every commit that
+records an outcome (a completion, its effect, a release, ``transact``) is fsynced before
+its reply leaves, so an acknowledged record survives a power loss. A batch of claims
+and reads alone commits without an fsync (``NORMAL``): a claim is no answer to anyone,
+a process crash keeps it (WAL), and the next durable commit makes it durable. A power
+loss may lose it -- and with it every process of the machine, the claim's holder
+included -- so the key is free again on restart, as after a lapsed lease. Fencing
+tokens stay monotonic through that: a durable batch reserves tokens ahead
+(``fence_ceiling``, 4096 more once half are used), a claim batch hands out tokens only
+below the durable reservation (else it is redone durably), and a store opening skips
+the counter to the reservation. Measured here: an fsynced commit took 5 ms on the
+loaded disk, a ``NORMAL`` one 0.1 ms; claims are half of all batches. Several
+processes on one machine may share the file: each batch is a ``BEGIN IMMEDIATE``
+transaction (SQLite's write lock, waited for up to ``busy_timeout``), and fencing tokens
+come from a counter row updated in the same transaction, so they rise across processes.
+
+Group commit
+------------
+sqlite3 calls block, so they run off the scheduler (``gosim.syscall``) and never stall
+other goroutines. Operations of concurrent calls -- claims, completions with their
+effects, releases, reads -- go through one :class:`~._batch.GroupCommitter`: those that
+arrive while a batch is being written are applied together in the next transaction, and
+one fsync makes them all durable. Replies are released only after that commit returns.
+
+Within a batch, an operation's failure is its own: a stale completion or a corrupted row
+writes nothing, and an operation that runs user code (an effect, :meth:`transact`) runs
+inside its own ``SAVEPOINT``, so an exception rolls back only that operation. Only a
+failure of the transaction itself (disk error, lock timeout, failed commit) fails the
+whole batch, and then nothing of it was committed: every operation gets
+:class:`StoreUnavailable` and every caller may retry.
+
+Exactly-once effects
+--------------------
+A handler returns ``SQLiteEffect(fn)``; ``fn(conn)`` runs on the store's connection
+inside the transaction and savepoint that complete the record, after the fencing token
+is checked, and returns the call's result. A crash at any point leaves both the effect
+and the record or neither (SQLite's atomic commit). A final ApplicationError raised by
+``fn`` rolls back its writes and records the error.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from .._errors import (
+    ApplicationError,
+    CorruptedRecord,
+    IdempotencyError,
+    StaleClaim,
+    StoreUnavailable,
+)
+from .._keys import FINGERPRINT_SIZE
+from .._record import (
+    COMPLETED,
+    IN_PROGRESS,
+    ClaimKind,
+    ClaimResult,
+    Record,
+    claim,
+    complete,
+    release,
+    state_at,
+)
+from ._batch import GroupCommitter, Op
+from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
+
+__all__ = ["SQLiteEffect", "SQLiteStore"]
+
+_CLAIM: Final = 0
+_COMPLETE: Final = 1
+_RELEASE: Final = 2
+_GET: Final = 3
+_SWEEP: Final = 4
+_TRANSACT: Final = 5
+_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET})  # ops on one record
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS idempotency_records (
+    caller      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    state       INTEGER NOT NULL,  -- _record.State: 1 in progress, 2 completed
+    fingerprint BLOB    NOT NULL,  -- SHA-256 of the canonical request
+    fence       INTEGER NOT NULL,  -- fencing token of the claim that wrote it
+    expires_at  REAL    NOT NULL,  -- lease deadline, or end of retention (Unix time)
+    ok          INTEGER NOT NULL,  -- completed: 1 value, 0 final error
+    payload     BLOB,              -- completed: msgpack outcome; NULL in progress
+    PRIMARY KEY (caller, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotency_meta (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
+INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0);
+"""
+
+_SELECT_MANY: Final = (
+    "SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
+    " FROM idempotency_records WHERE "
+)
+_ONE_KEY: Final = "(caller = ? AND key = ?)"
+# Columns in the order of Record's fields, after (caller, key).
+_UPSERT: Final = (
+    "INSERT INTO idempotency_records"
+    " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (caller, key) DO UPDATE SET state = excluded.state,"
+    " fingerprint = excluded.fingerprint, fence = excluded.fence,"
+    " expires_at = excluded.expires_at, ok = excluded.ok, payload = excluded.payload"
+)
+_DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
+_SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
+_SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
+_SWEEP_SCAN: Final = (
+    "SELECT caller, key, expires_at FROM idempotency_records"
+    " WHERE (caller, key) > (?, ?) ORDER BY caller, key LIMIT ?"
+)
+_READ_FENCE: Final = (
+    "SELECT (SELECT value FROM idempotency_meta WHERE name = 'fence'),"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')"
+)
+_WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
+_WRITE_CEILING: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence_ceiling'"
+# After a restart, tokens resume above every token a claim may have handed out before
+# its commit reached the disk (see "Durability" above).
+_SKIP_TO_CEILING: Final = (
+    "UPDATE idempotency_meta SET value = max(value,"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')) WHERE name = 'fence'"
+)
+FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
+_LIGHT: Final = frozenset({_CLAIM, _GET})  # batches of these only commit without fsync
+
+_SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
+# Errors meaning the file itself is damaged, not that it is busy or unreachable.
+_CORRUPT_MARKERS: Final = ("malformed", "not a database", "corrupt")
+
+
+class SQLiteEffect(Effect):
+    """An effect committed with its record: ``fn(conn)`` runs on the store's connection,
+    inside the transaction (and a savepoint) that completes the record, and returns the
+    call's result.
+
+    ``fn`` must not commit, roll back or begin transactions itself, and must not keep
+    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        self.fn = fn
+
+
+class SQLiteStore(Store):
+    """Records in one SQLite file, durable and shared by the processes of one machine.
+
+    ``synchronous``: SQLite's setting; ``"FULL"`` (default) fsyncs every commit,
+    ``"NORMAL"`` survives a process crash but may lose the last commits on power loss.
+    ``group_commit=False`` gives every operation its own transaction (for comparison:
+    it is several times slower under concurrency). ``max_batch`` bounds a transaction.
+    ``busy_timeout``: how long to wait for another process's write lock before
+    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file. Every
+    ``sweep_every`` batches (0: never) the next 512 records in key order are checked
+    and the expired ones deleted, in the batch's transaction; :meth:`sweep` deletes all
+    of them at once (a scan of the table).
+
+    One store object serves one gosim runtime at a time. The connection is opened at
+    construction; :meth:`close` closes it.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        group_commit: bool = True,
+        max_batch: int = 512,
+        busy_timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+        sweep_every: int = 64,
+    ) -> None:
+        if synchronous.upper() not in _SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
+        self.path = os.fspath(path)
+        self._clock = clock
+        self._name = f"SQLiteStore({self.path!r})"
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"{self._name}: cannot open the database: {exc}") from exc
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            conn.executescript(_SCHEMA)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_SKIP_TO_CEILING)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._store_error(exc, "opening") from exc
+        self.journal_mode = mode
+        self._sync_durable = synchronous.upper()
+        # Claims need no fsync of their own: "NORMAL" unless the caller chose less.
+        self._sync_light = (
+            "NORMAL" if self._sync_durable in ("FULL", "EXTRA") else self._sync_durable
+        )
+        self._sync_now = self._sync_durable
+        self._conn: sqlite3.Connection | None = conn
+        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+        self._sweep_every = sweep_every
+        self._batches_to_sweep = sweep_every
+        self._sweep_cursor = ("", "")  # the automatic sweep resumes after this key
+
+    def __repr__(self) -> str:
+        return self._name
+
+    # ------------------------------------------------------------------ public API
+
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return await self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))  # type: ignore[no-any-return]
+
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, SQLiteEffect):
+            raise TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
+        return await self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))  # type: ignore[no-any-return]
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
+
+    async def sweep(self) -> int:
+        return await self._committer.submit(Op(_SWEEP, ()))  # type: ignore[no-any-return]
+
+    async def transact(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(conn)`` in the next group-committed transaction; return its result.
+
+        For the application's own tables (a ledger's accounts and balances): reads see
+        every committed effect, and writes commit durably with the batch. ``fn`` runs in
+        a savepoint, so its exception rolls back only its own writes and is raised here.
+        The rules of :class:`SQLiteEffect` apply to ``fn``.
+        """
+        return await self._committer.submit(Op(_TRANSACT, (fn,)))
+
+    def now(self) -> float:
+        return self._clock()
+
+    def statistics(self) -> StoreStatistics:
+        c = self._committer
+        return StoreStatistics(c.operations, c.batches, c.largest_batch)
+
+    def close(self) -> None:
+        with self._committer._thread_lock:  # not while a batch runs on its thread
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # ------------------------------------------------------- on the syscall thread
+
+    def _store_error(self, exc: sqlite3.Error, doing: str) -> IdempotencyError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.DatabaseError) and any(m in text for m in _CORRUPT_MARKERS):
+            return CorruptedRecord(f"{self._name}: {doing}: the database is damaged: {text}")
+        return StoreUnavailable(f"{self._name}: {doing}: {text}")
+
+    def _decode(self, row: tuple[Any, ...] | None, caller: str, key: str) -> Record | None:
+        if row is None:
+            return None
+        state, fp, fence, expires_at, ok, payload = row
+        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
+        if state not in (IN_PROGRESS, COMPLETED):
+            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
+        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
+            raise CorruptedRecord(
+                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
+            )
+        if type(fence) is not int or fence < 1:
+            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
+        if type(expires_at) not in (float, int):
+            raise CorruptedRecord(f"{where}: expires_at {expires_at!r} is not a number")
+        if ok not in (0, 1):
+            raise CorruptedRecord(f"{where}: ok {ok!r} is not 0 or 1")
+        if state == COMPLETED:
+            if type(payload) is not bytes:
+                raise CorruptedRecord(f"{where}: completed without a payload blob: {payload!r:.80}")
+            return Record(COMPLETED, fp, fence, float(expires_at), bool(ok), payload)
+        if payload is not None:
+            raise CorruptedRecord(f"{where}: in progress with a payload")
+        return Record(IN_PROGRESS, fp, fence, float(expires_at))
+
+    def _load(
+        self, conn: sqlite3.Connection, ops: list[Op]
+    ) -> dict[tuple[str, str], Record | CorruptedRecord | None]:
+        """The working set: the stored record of every key the batch touches, read with
+        one statement per 100 keys (a corrupted row is kept as its error).
+
+        The statement is an OR of primary-key equalities, which SQLite answers with one
+        index search per key (``MULTI-INDEX OR``); a row-value ``IN (VALUES ...)``
+        scans the table instead.
+        """
+        wanted = list({(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED})
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
+        for i in range(0, len(wanted), 100):
+            chunk = wanted[i : i + 100]
+            sql = _SELECT_MANY + " OR ".join([_ONE_KEY] * len(chunk))
+            params = [part for rk in chunk for part in rk]
+            for row in conn.execute(sql, params):
+                caller, key = row[0], row[1]
+                try:
+                    ws[caller, key] = self._decode(row[2:], caller, key)
+                except CorruptedRecord as exc:
+                    ws[caller, key] = exc
+        return ws
+
+    def _apply_batch(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one transaction: without an fsync when they are all claims
+        and reads, unless their tokens would pass the reserved ceiling (then again,
+        durably)."""
+        durable = any(op.kind not in _LIGHT for op in ops)
+        if not self._apply(ops, durable):
+            for op in ops:
+                op.result = op.error = None
+            self._apply(ops, True)
+
+    def _apply(self, ops: list[Op], durable: bool) -> bool:
+        """Apply ``ops`` in order in one transaction (on the syscall thread); False when
+        a light batch needs tokens past the ceiling (rolled back, nothing applied).
+
+        Records are read up front into a working set, every operation is decided by the
+        pure functions of ``_record`` against it, and the changed records are written
+        back with one ``executemany`` per kind of write: a few statements per batch
+        rather than two per operation. An operation that runs user SQL (an effect,
+        ``transact``) first flushes the writes before it, so it sees them.
+        """
+        conn = self._conn
+        if conn is None:
+            closed = StoreUnavailable(f"{self._name}: the store is closed")
+            for op in ops:
+                op.error = closed
+            return True
+        now = self._clock()
+        try:
+            level = self._sync_durable if durable else self._sync_light
+            if level != self._sync_now:  # only between transactions
+                conn.execute(f"PRAGMA synchronous={level}")
+                self._sync_now = level
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            err = self._store_error(exc, "beginning a transaction")
+            for op in ops:
+                op.error = err
+            return True
+        try:
+            fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
+            fence, ceiling = fence0, ceiling0
+            ws = self._load(conn, ops)
+            dirty: dict[tuple[str, str], Record | None] = {}
+            for op in ops:
+                kind = op.kind
+                try:
+                    if kind == _CLAIM:
+                        caller, key, fp, lease = op.args
+                        rk = (caller, key)
+                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        if res.kind is ClaimKind.CLAIMED:
+                            fence += 1
+                            ws[rk] = dirty[rk] = res.record
+                        op.result = res
+                    elif kind == _COMPLETE:
+                        caller, key, f, c = op.args
+                        rk = (caller, key)
+                        rec = _current(ws, rk)
+                        if c.effect is None:
+                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
+                            ws[rk] = dirty[rk] = done
+                            op.result = done
+                        else:
+                            self._flush(conn, dirty)
+                            self._complete_with_effect(conn, op, rec, now, ws)
+                    elif kind == _RELEASE:
+                        caller, key, f = op.args
+                        rk = (caller, key)
+                        try:
+                            release(_current(ws, rk), f, now, caller, key)
+                        except StaleClaim:
+                            op.result = False
+                        else:
+                            ws[rk] = dirty[rk] = None
+                            op.result = True
+                    elif kind == _GET:
+                        rec = _current(ws, (op.args[0], op.args[1]))
+                        op.result = rec if state_at(rec, now) else None
+                    elif kind == _SWEEP:
+                        self._flush(conn, dirty)
+                        op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
+                    else:
+                        self._flush(conn, dirty)
+                        self._transact(conn, op)
+                except (IdempotencyError, ApplicationError) as exc:
+                    op.error = exc
+            self._flush(conn, dirty)
+            if self._sweep_every > 0:
+                self._batches_to_sweep -= 1
+                if self._batches_to_sweep <= 0:
+                    self._batches_to_sweep = self._sweep_every
+                    self._sweep_step(conn, now)
+            if fence > ceiling and not durable:
+                conn.execute("ROLLBACK")
+                return False
+            if durable and ceiling - fence < FENCE_RESERVE // 2:
+                ceiling = fence + FENCE_RESERVE
+            if fence != fence0:
+                conn.execute(_WRITE_FENCE, (fence,))
+            if ceiling != ceiling0:
+                conn.execute(_WRITE_CEILING, (ceiling,))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # The transaction as a whole failed: nothing of it is committed.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            err = self._store_error(exc, "committing a batch")
+            for op in ops:
+                op.result = None
+                op.error = err
+        return True
+
+    def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
+        """Retention without a sweeper: look at the next 512 records in key order and
+        delete the expired ones, wrapping around at the end of the table. Walking the
+        primary key costs no index on ``expires_at``, which would cost every write
+        (measured: a third of a call's SQLite time); the whole table is visited once
+        per ``rows / 512 * sweep_every`` batches."""
+        rows = conn.execute(_SWEEP_SCAN, (*self._sweep_cursor, _SWEEP_STEP)).fetchall()
+        expired = [(c, k) for c, k, x in rows if x <= now]
+        if expired:
+            conn.executemany(_DELETE, expired)
+        self._sweep_cursor = rows[-1][:2] if len(rows) == _SWEEP_STEP else ("", "")
+
+    @staticmethod
+    def _flush(conn: sqlite3.Connection, dirty: dict[tuple[str, str], Record | None]) -> None:
+        """Write the changed records of the working set back."""
+        if not dirty:
+            return
+        upserts = [(*rk, *rec) for rk, rec in dirty.items() if rec is not None]
+        if upserts:
+            conn.executemany(_UPSERT, upserts)
+        if len(upserts) != len(dirty):
+            conn.executemany(_DELETE, [rk for rk, rec in dirty.items() if rec is None])
+        dirty.clear()
+
+    def _complete_with_effect(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        rec: Record | None,
+        now: float,
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ) -> None:
+        caller, key, fence, c = op.args
+        effect = c.effect
+        # Check the claim before the effect runs: a stale holder's effect must not run.
+        complete(rec, fence, True, b"", now, c.ttl, caller, key)
+        conn.execute("SAVEPOINT idempotency_effect")
+        try:
+            ok, payload = run_effect(
+                lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(conn)
+            )
+            done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
+            conn.execute(_UPSERT, (caller, key, *done))
+        except Exception as exc:
+            _rollback_to(conn)
+            conn.execute("RELEASE idempotency_effect")
+            if isinstance(exc, (IdempotencyError, ApplicationError)):
+                raise
+            op.error = exc  # the effect's own failure (a bug, a constraint): this call only
+            return
+        conn.execute("RELEASE idempotency_effect")
+        ws[caller, key] = done
+        op.result = done
+
+    def _transact(self, conn: sqlite3.Connection, op: Op) -> None:
+        conn.execute("SAVEPOINT idempotency_effect")
+        try:
+            value = op.args[0](conn)
+        except Exception as exc:
+            _rollback_to(conn)
+            conn.execute("RELEASE idempotency_effect")
+            op.error = exc  # the function's own failure: this call only
+            return
+        conn.execute("RELEASE idempotency_effect")
+        op.result = value
+
+
+def _current(
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
+) -> Record | None:
+    rec = ws[rk]
+    if isinstance(rec, CorruptedRecord):
+        raise rec
+    return rec
+
+
+def _rollback_to(conn: sqlite3.Connection) -> None:
+    conn.execute("ROLLBACK TO idempotency_effect")

@@ -1,0 +1,286 @@
+"""Fixtures of the idempotency tests: a settable clock, real redis-servers, and one
+factory per store kind so the contract suite runs unchanged against every store."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from idempotency import ApplicationError, MemoryEffect, MemoryStore, SQLiteEffect, SQLiteStore
+from idempotency.stores import Effect, Store
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+class FakeClock:
+    """A store clock the test moves by hand (Unix seconds)."""
+
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, d: float) -> None:
+        self.t += d
+
+
+# The server gets SIGKILL when the test process dies (setpriv's --pdeathsig, util-linux),
+# so a killed or aborted test run leaves no redis-server behind.
+SETPRIV = shutil.which("setpriv")
+DIE_WITH_PARENT = [SETPRIV, "--pdeathsig", "KILL"] if SETPRIV else []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server of the test's own: 127.0.0.1, a free port, a temp dir, AOF with
+    ``appendfsync always`` (an acknowledged write survives a kill), stopped by PID."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="idem-redis-")
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert self.proc is None
+        self.proc = subprocess.Popen(
+            [
+                *DIE_WITH_PARENT,
+                REDIS_SERVER,
+                "--bind", "127.0.0.1",
+                "--port", str(self.port),
+                "--dir", self.dir,
+                "--save", "",
+                "--appendonly", "yes",
+                "--appendfsync", "always",
+                "--protected-mode", "yes",
+                "--loglevel", "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the server by its PID and reap it."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def stop(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server for one test alone (it may kill and restart it)."""
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class StoreKit:
+    """How a test makes one kind of store and its exactly-once effects.
+
+    ``counter_effect(name, amount)``: an Effect that adds ``amount`` to the counter
+    ``name`` in the store's own data and returns the new value; with ``amount < 0`` it
+    refuses with a final ApplicationError (after writing, where the store can roll back).
+    ``boom_effect(name)``: writes, then fails with a plain exception. ``read(name)``
+    reads the counter outside any call.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        make: Callable[[FakeClock], Store],
+        counter_effect: Callable[[Store, str, int], Effect],
+        boom_effect: Callable[[Store, str], Effect],
+        read: Callable[[Store, str], int],
+    ) -> None:
+        self.kind = kind
+        self.make = make
+        self._counter = counter_effect
+        self._boom = boom_effect
+        self._read = read
+
+    def counter_effect(self, store: Store, name: str, amount: int) -> Effect:
+        return self._counter(store, name, amount)
+
+    def boom_effect(self, store: Store, name: str) -> Effect:
+        return self._boom(store, name)
+
+    def read(self, store: Store, name: str) -> int:
+        return self._read(store, name)
+
+
+def _memory_kit() -> StoreKit:
+    counters: dict[tuple[int, str], int] = {}
+
+    def counter(store: Store, name: str, amount: int) -> Effect:
+        def fn() -> int:
+            if amount < 0:  # MemoryStore cannot roll back: check before changing
+                raise ApplicationError("negative", "amount must not be negative", amount)
+            k = (id(store), name)
+            counters[k] = counters.get(k, 0) + amount
+            return counters[k]
+
+        return MemoryEffect(fn)
+
+    def boom(store: Store, name: str) -> Effect:
+        def fn() -> int:
+            raise RuntimeError("boom")
+
+        return MemoryEffect(fn)
+
+    return StoreKit(
+        "memory",
+        lambda clock: MemoryStore(clock=clock),
+        counter,
+        boom,
+        lambda store, name: counters.get((id(store), name), 0),
+    )
+
+
+def _sqlite_counter_fn(name: str, amount: int) -> Callable[[sqlite3.Connection], int]:
+    def fn(conn: sqlite3.Connection) -> int:
+        conn.execute("CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, n INTEGER)")
+        conn.execute(
+            "INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET n = n + ?",
+            (name, amount, amount),
+        )
+        if amount < 0:  # written first: the refusal must roll the write back
+            raise ApplicationError("negative", "amount must not be negative", amount)
+        return int(conn.execute("SELECT n FROM counters WHERE name = ?", (name,)).fetchone()[0])
+
+    return fn
+
+
+def _sqlite_kit(tmp: Path) -> StoreKit:
+    def make(clock: FakeClock) -> Store:
+        return SQLiteStore(tmp / f"store-{time.monotonic_ns()}.db", clock=clock)
+
+    def boom(store: Store, name: str) -> Effect:
+        def fn(conn: sqlite3.Connection) -> int:
+            _sqlite_counter_fn(name, 1000)(conn)
+            raise RuntimeError("boom")
+
+        return SQLiteEffect(fn)
+
+    def read(store: Store, name: str) -> int:
+        assert isinstance(store, SQLiteStore)
+        with sqlite3.connect(store.path) as conn:
+            try:
+                row = conn.execute("SELECT n FROM counters WHERE name = ?", (name,)).fetchone()
+            except sqlite3.OperationalError:  # no counters table: nothing was ever added
+                return 0
+        return int(row[0]) if row else 0
+
+    return StoreKit(
+        "sqlite",
+        make,
+        lambda store, name, amount: SQLiteEffect(_sqlite_counter_fn(name, amount)),
+        boom,
+        read,
+    )
+
+
+REDIS_COUNTER = """
+local amount = tonumber(ARGV[1])
+if amount < 0 then
+    return idempotency_fail('negative', 'amount must not be negative', amount)
+end
+return redis.call('INCRBY', KEYS[1], amount)
+"""
+REDIS_BOOM = """
+redis.call('INCRBY', KEYS[1], 1000)
+return redis.call('NOSUCHCOMMAND')
+"""
+
+
+def _redis_kit(server: RedisServer) -> StoreKit:
+    from idempotency import LuaEffect, RedisStore  # noqa: PLC0415 -- needs redis-py
+
+    def make(clock: FakeClock) -> Store:
+        return RedisStore(server.url, prefix=f"t{time.monotonic_ns()}:", clock=clock)
+
+    def ckey(store: Store, name: str) -> str:
+        assert isinstance(store, RedisStore)
+        return f"{store.prefix}counter:{name}"
+
+    def read(store: Store, name: str) -> int:
+        assert isinstance(store, RedisStore)
+        v = store.client.get(ckey(store, name))
+        return int(v) if v is not None else 0
+
+    return StoreKit(
+        "redis",
+        make,
+        lambda store, name, amount: LuaEffect(REDIS_COUNTER, [ckey(store, name)], [amount]),
+        lambda store, name: LuaEffect(REDIS_BOOM, [ckey(store, name)]),
+        read,
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def kit(request: pytest.FixtureRequest, tmp_path: Path) -> StoreKit:
+    kind = request.param
+    if kind == "memory":
+        return _memory_kit()
+    if kind == "sqlite":
+        return _sqlite_kit(tmp_path)
+    server = request.getfixturevalue("redis_server")
+    return _redis_kit(server)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

@@ -1,0 +1,290 @@
+"""Exactly-once effects under SIGKILL: a child process completes calls whose effect
+commits with its record, and is killed at a random instant. Afterwards, for every key,
+the record and the effect are both there or both absent; everything the child saw
+acknowledged is there; and retrying every key applies each effect exactly once."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gosim
+from idempotency import Call, Idempotency, SQLiteEffect, SQLiteStore
+
+N_KEYS = 400
+WORKERS = 40
+
+CHILD = textwrap.dedent(
+    """
+    import sys, sqlite3
+    import gosim
+    from idempotency import Idempotency, SQLiteEffect, SQLiteStore
+
+    kind, where, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+    n_keys, workers = int(sys.argv[4]), int(sys.argv[5])
+
+    def sqlite_effect(key):
+        def fn(conn):
+            conn.execute("INSERT INTO applied (key) VALUES (?)", (key,))
+            conn.execute("UPDATE totals SET n = n + 1")
+            return key
+        return SQLiteEffect(fn)
+
+    if kind == "sqlite":
+        store = SQLiteStore(where)
+        effect = sqlite_effect
+    else:
+        from idempotency import LuaEffect, RedisStore
+        store = RedisStore(where, prefix=prefix)
+        script = (
+            "redis.call('SADD', KEYS[1], ARGV[1]) "
+            "redis.call('INCR', KEYS[2]) return ARGV[1]"
+        )
+        def effect(key):
+            return LuaEffect(script, [prefix + "applied", prefix + "total"], [key])
+
+    async def main():
+        idem = Idempotency(store, lease=1.0)  # a killed run's claims lapse soon
+        done = gosim.Chan(workers)
+
+        async def worker(w):
+            for i in range(w, n_keys, workers):
+                key = f"t{i}"
+                out = await idem.run(caller="c", key=key, request=("apply", [key]),
+                                     handler=lambda call, key=key: effect(key))
+                sys.stdout.write(f"ack {key}\\n")
+                sys.stdout.flush()
+            await done.send(None)
+
+        print("ready", flush=True)
+        for w in range(workers):
+            gosim.go(worker, w)
+        for _ in range(workers):
+            await done.recv()
+
+    gosim.run(main)
+    print("finished", flush=True)
+    """
+)
+
+
+def _kill_child(kind: str, where: str, prefix: str, rnd: random.Random) -> set[str]:
+    """Run the child, SIGKILL it at a random instant; return the keys it saw acknowledged."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, kind, where, prefix, str(N_KEYS), str(WORKERS)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        # Kill mid-run: after a random number of acknowledgements, plus a random instant
+        # (so the kill lands anywhere in a batch: claiming, in the effect, committing).
+        acked = set()
+        for _ in range(rnd.randint(1, N_KEYS // 2)):
+            line = proc.stdout.readline()
+            assert line.startswith("ack "), line
+            acked.add(line.split()[1])
+        time.sleep(rnd.uniform(0.0, 0.005))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        acked |= {
+            line.split()[1] for line in proc.stdout.read().splitlines() if line.startswith("ack ")
+        }
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc.stdout.close()
+    return acked
+
+
+def _check_sqlite(path: Path) -> tuple[set[str], set[str]]:
+    with sqlite3.connect(path) as conn:
+        recorded = {
+            k for (k,) in conn.execute("SELECT key FROM idempotency_records WHERE state = 2")
+        }
+        applied = [k for (k,) in conn.execute("SELECT key FROM applied")]
+        (total,) = conn.execute("SELECT n FROM totals").fetchone()
+    assert len(applied) == len(set(applied)) == total  # no effect twice, none half done
+    return recorded, set(applied)
+
+
+def _retry_all(store: Any, effect: Any) -> int:
+    runs = 0
+
+    async def main() -> None:
+        nonlocal runs
+        idem = Idempotency(store, lease=0.5)
+
+        def handler(call: Call) -> Any:
+            nonlocal runs
+            runs += 1
+            return effect(call.args[0])
+
+        for i in range(N_KEYS):
+            key = f"t{i}"
+            await idem.run(
+                caller="c", key=key, request=("apply", [key]), handler=handler, timeout=30
+            )
+
+    gosim.run(main)
+    return runs
+
+
+def _sqlite_effect(key: str) -> SQLiteEffect:
+    def fn(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO applied (key) VALUES (?)", (key,))
+        conn.execute("UPDATE totals SET n = n + 1")
+        return key
+
+    return SQLiteEffect(fn)
+
+
+def _kills(request: pytest.FixtureRequest) -> int:
+    return 12 if request.config.getoption("--run-slow") else 3
+
+
+def test_sigkill_while_completing_sqlite(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    rnd = random.Random(int(os.environ.get("IDEM_KILL_SEED", "14")))
+    mid_run = 0
+    for round_ in range(_kills(request)):
+        path = tmp_path / f"kill{round_}.db"
+        SQLiteStore(path).close()
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE applied (key TEXT PRIMARY KEY)")
+            conn.execute("CREATE TABLE totals (n INTEGER)")
+            conn.execute("INSERT INTO totals VALUES (0)")
+        acked = _kill_child("sqlite", str(path), "", rnd)
+        recorded, applied = _check_sqlite(path)
+        assert recorded == applied, (
+            f"round {round_}: record without effect or effect without record"
+        )
+        assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
+        mid_run += len(recorded) < N_KEYS
+        store = SQLiteStore(path)
+        runs = _retry_all(store, _sqlite_effect)
+        store.close()
+        recorded2, applied2 = _check_sqlite(path)
+        assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
+        assert runs == N_KEYS - len(recorded)  # only the missing ones ran again
+    assert mid_run, "every kill came after the child had finished: nothing was tested"
+
+
+def _redis_round(redis_store: Any, url: str, prefix: str, acked: set[str]) -> bool:
+    """Check one killed run on Redis, retry every key, check again; True when the kill
+    came before the child finished."""
+    store = redis_store.RedisStore(url, prefix=prefix)
+    client = store.client
+
+    def check() -> tuple[set[str], set[str]]:
+        recorded = set()
+        for rkey in client.scan_iter(match=f"{prefix}rec:*"):
+            if client.hget(rkey, "s") == b"2":
+                recorded.add(rkey.decode().rsplit(":", 1)[1])
+        applied = {k.decode() for k in client.smembers(f"{prefix}applied")}
+        assert int(client.get(f"{prefix}total") or 0) == len(applied)
+        return recorded, applied
+
+    recorded, applied = check()
+    assert recorded == applied, "record without effect or effect without record"
+    assert acked <= recorded, "an acknowledged call was lost"
+
+    def effect(key: str) -> Any:
+        return redis_store.LuaEffect(
+            "redis.call('SADD', KEYS[1], ARGV[1]) redis.call('INCR', KEYS[2]) return ARGV[1]",
+            [f"{prefix}applied", f"{prefix}total"],
+            [key],
+        )
+
+    runs = _retry_all(store, effect)
+    recorded2, applied2 = check()
+    assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
+    assert runs == N_KEYS - len(recorded)
+    store.close()
+    return len(recorded) < N_KEYS
+
+
+def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.FixtureRequest) -> None:
+    redis_store = pytest.importorskip("idempotency.stores.redis", reason="needs redis-py")
+    rnd = random.Random(int(os.environ.get("IDEM_KILL_SEED", "14")))
+    mid_run = 0
+    for round_ in range(_kills(request)):
+        prefix = f"kill{os.getpid()}-{round_}:"
+        acked = _kill_child("redis", redis_server.url, prefix, rnd)
+        mid_run += _redis_round(redis_store, redis_server.url, prefix, acked)
+    assert mid_run, "every kill came after the child had finished: nothing was tested"
+
+
+SHARER = textwrap.dedent(
+    """
+    import sys
+    import gosim
+    from idempotency import Idempotency, SQLiteEffect, SQLiteStore
+
+    path, n_keys = sys.argv[1], int(sys.argv[2])
+    store = SQLiteStore(path, busy_timeout=60)
+
+    def effect(key):
+        def fn(conn):
+            conn.execute("INSERT INTO applied (key) VALUES (?)", (key,))
+            return [key, conn.execute("SELECT count(*) FROM applied").fetchone()[0]]
+        return SQLiteEffect(fn)
+
+    async def main():
+        idem = Idempotency(store)
+        done = gosim.Chan(20)
+
+        async def worker(w):
+            for i in range(w, n_keys, 20):
+                key = f"t{i}"
+                out = await idem.run(caller="c", key=key, request=("apply", [key]),
+                                     handler=lambda call, key=key: effect(key), timeout=60)
+                print(key, out.payload.hex(), int(out.replayed), flush=True)
+            await done.send(None)
+
+        for w in range(20):
+            gosim.go(worker, w)
+        for _ in range(20):
+            await done.recv()
+
+    gosim.run(main)
+    """
+)
+
+
+def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
+    """Two processes call the same keys at once through one file: every effect is
+    applied once, and both processes get the same outcome for each key."""
+    path = tmp_path / "shared.db"
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE applied (key TEXT PRIMARY KEY)")
+    n = 200
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARER, str(path), str(n)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        outputs.append({line.split()[0]: line.split()[1:] for line in out.splitlines()})
+    assert all(len(o) == n for o in outputs)
+    for key in outputs[0]:
+        assert outputs[0][key][0] == outputs[1][key][0], key  # the same recorded bytes
+        assert {outputs[0][key][1], outputs[1][key][1]} == {"0", "1"}  # one ran, one replayed
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM applied").fetchone() == (n,)

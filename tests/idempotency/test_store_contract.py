@@ -1,0 +1,446 @@
+"""The store contract: one suite, run unchanged against MemoryStore, SQLiteStore and
+RedisStore (the ``kit`` fixture), through ``Idempotency`` and through the store API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+import gosim
+from idempotency import (
+    ApplicationError,
+    Call,
+    Idempotency,
+    InProgress,
+    InvalidResult,
+    KeyReused,
+    StaleClaim,
+)
+from idempotency._keys import fingerprint
+from idempotency._record import COMPLETED, IN_PROGRESS, ClaimKind
+from idempotency.stores import Completion, Store
+
+TTL = 1000.0
+LEASE = 100.0
+
+
+def grun(fn: Any, *args: Any) -> Any:
+    return gosim.run(fn, *args, procs=2)
+
+
+class Counting:
+    """A handler that counts its runs and returns what it was asked to."""
+
+    def __init__(self, result: Any = None, sleep: float = 0.0) -> None:
+        self.runs = 0
+        self.result = result
+        self.sleep = sleep
+        self.calls: list[Call] = []
+
+    async def __call__(self, call: Call) -> Any:
+        self.runs += 1
+        self.calls.append(call)
+        if self.sleep:
+            await gosim.sleep(self.sleep)
+        return self.result if self.result is not None else {"args": call.args, "op": call.operation}
+
+
+@pytest.fixture
+def store(kit: Any, clock: Any) -> Any:
+    s = kit.make(clock)
+    yield s
+    s.close()
+
+
+def make_idem(store: Store, **kw: Any) -> Idempotency:
+    kw.setdefault("ttl", TTL)
+    kw.setdefault("lease", LEASE)
+    return Idempotency(store, **kw)
+
+
+def test_first_call_runs_and_a_retry_replays_the_same_bytes(store: Store) -> None:
+    h = Counting()
+
+    async def main() -> None:
+        idem = make_idem(store)
+        first = await idem.run(caller="c", key="k", request=("op", [1, "x"]), handler=h)
+        again = await idem.run(caller="c", key="k", request=("op", [1, "x"]), handler=h)
+        assert h.runs == 1
+        assert not first.replayed and again.replayed
+        assert first.payload == again.payload == msgpack.packb({"args": [1, "x"], "op": "op"})
+        assert first.value == again.value == {"args": [1, "x"], "op": "op"}
+        assert first.fence == again.fence == h.calls[0].fence
+
+    grun(main)
+
+
+def test_keys_are_scoped_per_caller(store: Store) -> None:
+    h = Counting()
+
+    async def main() -> None:
+        idem = make_idem(store)
+        a = await idem.run(caller="alice", key="k", request=("op", [1]), handler=h)
+        b = await idem.run(caller="bob", key="k", request=("op", [1]), handler=h)
+        assert h.runs == 2 and not a.replayed and not b.replayed
+        assert b.fence > a.fence
+
+    grun(main)
+
+
+def test_same_key_different_request_is_refused_and_changes_nothing(store: Store) -> None:
+    h = Counting()
+
+    async def main() -> None:
+        idem = make_idem(store)
+        first = await idem.run(caller="c", key="k", request=("op", [1]), handler=h)
+        for other in [("op", [2]), ("other", [1]), ("op", (1, 2))]:
+            with pytest.raises(KeyReused, match="'k'"):
+                await idem.run(caller="c", key="k", request=other, handler=h)
+        again = await idem.run(caller="c", key="k", request=("op", (1,)), handler=h)
+        assert again.replayed and again.payload == first.payload and h.runs == 1
+
+    grun(main)
+
+
+def test_reuse_while_in_progress_is_refused(store: Store) -> None:
+    async def main() -> None:
+        idem = make_idem(store)
+        fp = fingerprint("op", [1])
+        res = await store.claim("c", "k", fp, LEASE)
+        assert res.kind is ClaimKind.CLAIMED
+        with pytest.raises(KeyReused):
+            await idem.run(caller="c", key="k", request=("op", [2]), handler=Counting())
+
+    grun(main)
+
+
+def test_final_application_error_is_recorded_and_replayed(store: Store) -> None:
+    runs = []
+
+    async def refuse(call: Call) -> None:
+        runs.append(call)
+        raise ApplicationError(42, "insufficient funds", {"need": 10})
+
+    async def main() -> None:
+        idem = make_idem(store)
+        first = await idem.run(caller="c", key="k", request=("op", []), handler=refuse)
+        again = await idem.run(caller="c", key="k", request=("op", []), handler=refuse)
+        assert len(runs) == 1 and not first.ok and again.replayed
+        assert first.payload == again.payload
+        with pytest.raises(ApplicationError) as info:
+            _ = again.value
+        assert (info.value.code, info.value.message, info.value.data) == (
+            42,
+            "insufficient funds",
+            {"need": 10},
+        )
+        assert info.value.replayed
+
+    grun(main)
+
+
+@pytest.mark.parametrize(
+    "exc", [ApplicationError(1, "try later", retryable=True), RuntimeError("crash")]
+)
+def test_retryable_errors_release_the_claim(store: Store, exc: Exception) -> None:
+    attempts = []
+
+    async def flaky(call: Call) -> str:
+        attempts.append(call.fence)
+        if len(attempts) == 1:
+            raise exc
+        return "done"
+
+    async def main() -> None:
+        idem = make_idem(store)
+        with pytest.raises(type(exc)):
+            await idem.run(caller="c", key="k", request=("op", []), handler=flaky)
+        assert await store.get("c", "k") is None
+        out = await idem.run(caller="c", key="k", request=("op", []), handler=flaky)
+        assert out.value == "done" and not out.replayed
+        assert attempts[1] > attempts[0]
+
+    grun(main)
+
+
+def test_unrecordable_result_releases_the_claim(store: Store) -> None:
+    async def bad(call: Call) -> Any:
+        return {1, 2} if call.args == [0] else b"x" * 2000
+
+    async def main() -> None:
+        idem = make_idem(store, max_result_bytes=1000)
+        with pytest.raises(InvalidResult, match="not msgpack-serialisable"):
+            await idem.run(caller="c", key="k", request=("op", [0]), handler=bad)
+        with pytest.raises(InvalidResult, match="limit is 1000"):
+            await idem.run(caller="c", key="k2", request=("op", [1]), handler=bad)
+        assert await store.get("c", "k") is None and await store.get("c", "k2") is None
+
+    grun(main)
+
+
+def test_in_progress_without_waiting(store: Store) -> None:
+    async def main() -> None:
+        idem = make_idem(store)
+        res = await store.claim("c", "k", fingerprint("op", [1]), LEASE)
+        assert res.kind is ClaimKind.CLAIMED
+        with pytest.raises(InProgress, match="'k'"):
+            await idem.run(caller="c", key="k", request=("op", [1]), handler=Counting(), wait=False)
+        with pytest.raises(InProgress, match="after waiting"):
+            await idem.run(
+                caller="c", key="k", request=("op", [1]), handler=Counting(), timeout=0.05
+            )
+
+    grun(main)
+
+
+def test_concurrent_duplicates_wait_for_the_first_outcome(store: Store) -> None:
+    h = Counting(sleep=0.05)
+    n = 12
+
+    async def main() -> None:
+        idem = make_idem(store)
+        results: gosim.Chan[Any] = gosim.Chan(n)
+
+        async def one() -> None:
+            out = await idem.run(caller="c", key="k", request=("op", [7]), handler=h, timeout=10)
+            await results.send(out)
+
+        for _ in range(n):
+            gosim.go(one)
+        outs = [await results.recv() for _ in range(n)]
+        assert h.runs == 1
+        assert len({o.payload for o in outs}) == 1
+        assert sorted(o.replayed for o in outs) == [False] + [True] * (n - 1)
+
+    grun(main)
+
+
+def test_a_waiter_takes_over_when_the_holder_releases(store: Store) -> None:
+    async def main() -> None:
+        idem = make_idem(store)
+        first_started: gosim.Chan[None] = gosim.Chan(1)
+        proceed: gosim.Chan[None] = gosim.Chan(1)
+        done: gosim.Chan[Any] = gosim.Chan(2)
+
+        async def failing(call: Call) -> None:
+            await first_started.send(None)
+            await proceed.recv()
+            raise RuntimeError("first attempt fails")
+
+        async def holder() -> None:
+            try:
+                await idem.run(caller="c", key="k", request=("op", []), handler=failing)
+            except RuntimeError as exc:
+                await done.send(exc)
+
+        second = Counting(result="second")
+
+        async def waiter() -> None:
+            await done.send(
+                await idem.run(caller="c", key="k", request=("op", []), handler=second, timeout=10)
+            )
+
+        gosim.go(holder)
+        await first_started.recv()
+        gosim.go(waiter)
+        await gosim.sleep(0.02)  # the waiter is parked on the key
+        await proceed.send(None)
+        got = [await done.recv(), await done.recv()]
+        outcome = next(g for g in got if not isinstance(g, Exception))
+        assert outcome.value == "second" and not outcome.replayed and second.runs == 1
+
+    grun(main)
+
+
+def test_lapsed_lease_is_taken_over_and_the_stale_completion_refused(
+    store: Store, clock: Any, kit: Any
+) -> None:
+    async def main() -> None:
+        fp = fingerprint("op", [1])
+        old = await store.claim("c", "k", fp, LEASE)
+        assert old.kind is ClaimKind.CLAIMED and old.record.state == IN_PROGRESS
+        busy = await store.claim("c", "k", fp, LEASE)
+        assert busy.kind is ClaimKind.BUSY and busy.record.fence == old.record.fence
+        clock.advance(LEASE + 1)
+        h = Counting(result="new")
+        out = await make_idem(store).run(caller="c", key="k", request=("op", [1]), handler=h)
+        assert out.fence > old.record.fence and h.runs == 1
+        before = await store.get("c", "k")
+        with pytest.raises(StaleClaim, match="taken over"):
+            await store.complete(
+                "c", "k", old.record.fence, Completion(True, b"\xa3old", None, TTL, 1000)
+            )
+        with pytest.raises(StaleClaim):
+            await store.complete(
+                "c",
+                "k",
+                old.record.fence,
+                Completion(True, None, kit.counter_effect(store, "n", 5), TTL, 1000),
+            )
+        assert kit.read(store, "n") == 0  # the stale holder's effect did not happen
+        assert await store.get("c", "k") == before
+        assert not await store.release("c", "k", old.record.fence)
+        assert await store.get("c", "k") == before
+
+    grun(main)
+
+
+def test_completion_after_the_lease_lapsed_is_stale(store: Store, clock: Any) -> None:
+    async def main() -> None:
+        res = await store.claim("c", "k", fingerprint("op", []), LEASE)
+        clock.advance(LEASE)
+        with pytest.raises(StaleClaim, match="lapsed"):
+            await store.complete(
+                "c", "k", res.record.fence, Completion(True, b"\xc0", None, TTL, 10)
+            )
+        assert await store.get("c", "k") is None
+
+    grun(main)
+
+
+def test_double_completion_is_stale(store: Store) -> None:
+    async def main() -> None:
+        res = await store.claim("c", "k", fingerprint("op", []), LEASE)
+        f = res.record.fence
+        done = await store.complete("c", "k", f, Completion(True, b"\x01", None, TTL, 10))
+        assert done.state == COMPLETED and done.payload == b"\x01"
+        with pytest.raises(StaleClaim, match="already completed"):
+            await store.complete("c", "k", f, Completion(True, b"\x02", None, TTL, 10))
+        assert await store.get("c", "k") == done
+
+    grun(main)
+
+
+def test_ttl_expiry_makes_the_key_new_and_sweep_deletes(store: Store, clock: Any) -> None:
+    h = Counting()
+
+    async def main() -> None:
+        idem = make_idem(store)
+        await idem.run(caller="c", key="k", request=("op", [1]), handler=h)
+        await idem.run(caller="c", key="other", request=("op", [1]), handler=h)
+        clock.advance(TTL - 1)
+        assert (await idem.run(caller="c", key="k", request=("op", [1]), handler=h)).replayed
+        clock.advance(1)
+        assert await store.get("c", "k") is None
+        assert await store.sweep() == 2
+        assert await store.sweep() == 0
+        # Reused after expiry: a new request, even a different one (Stripe's rule).
+        out = await idem.run(caller="c", key="k", request=("op", [2]), handler=h)
+        assert not out.replayed and h.runs == 3
+
+    grun(main)
+
+
+def test_fences_rise_across_keys_and_claims(store: Store) -> None:
+    async def main() -> None:
+        fences = []
+        for i in range(5):
+            res = await store.claim("c", f"k{i}", fingerprint("op", [i]), LEASE)
+            fences.append(res.record.fence)
+            assert await store.release("c", f"k{i}", res.record.fence)
+            res = await store.claim("c", f"k{i}", fingerprint("op", [i]), LEASE)
+            fences.append(res.record.fence)
+        assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+    grun(main)
+
+
+def test_exactly_once_effect_commits_with_its_record(store: Store, kit: Any) -> None:
+    async def add(call: Call) -> Any:
+        return kit.counter_effect(store, "balance", call.args[0])
+
+    async def main() -> None:
+        idem = make_idem(store)
+        a = await idem.run(caller="c", key="t1", request=("add", [5]), handler=add)
+        b = await idem.run(caller="c", key="t1", request=("add", [5]), handler=add)
+        c = await idem.run(caller="c", key="t2", request=("add", [3]), handler=add)
+        assert (a.value, b.value, c.value) == (5, 5, 8) and b.replayed
+        assert kit.read(store, "balance") == 8
+
+    grun(main)
+
+
+def test_effect_refusal_rolls_back_and_records_the_error(store: Store, kit: Any) -> None:
+    async def add(call: Call) -> Any:
+        return kit.counter_effect(store, "balance", call.args[0])
+
+    async def main() -> None:
+        idem = make_idem(store)
+        await idem.run(caller="c", key="t1", request=("add", [5]), handler=add)
+        refused = await idem.run(caller="c", key="t2", request=("add", [-7]), handler=add)
+        assert not refused.ok and refused.error is not None and refused.error.code == "negative"
+        again = await idem.run(caller="c", key="t2", request=("add", [-7]), handler=add)
+        assert again.replayed and again.payload == refused.payload
+        assert kit.read(store, "balance") == 5
+
+    grun(main)
+
+
+def test_effect_failure_rolls_back_and_releases(store: Store, kit: Any) -> None:
+    async def boom(call: Call) -> Any:
+        return kit.boom_effect(store, "balance")
+
+    async def main() -> None:
+        idem = make_idem(store)
+        with pytest.raises(Exception, match=r"boom|NOSUCHCOMMAND|Unknown"):
+            await idem.run(caller="c", key="t", request=("boom", []), handler=boom)
+        assert await store.get("c", "t") is None
+        if kit.kind == "sqlite":  # only SQLite can undo a write made before the failure
+            assert kit.read(store, "balance") == 0
+        ok = await idem.run(caller="c", key="t", request=("boom", []), handler=Counting(result=1))
+        assert ok.value == 1 and not ok.replayed
+
+    grun(main)
+
+
+def test_another_stores_effect_is_refused(store: Store, kit: Any) -> None:
+    from idempotency import MemoryEffect, SQLiteEffect  # noqa: PLC0415
+
+    foreign = SQLiteEffect(lambda conn: 1) if kit.kind != "sqlite" else MemoryEffect(lambda: 1)
+
+    async def main() -> None:
+        idem = make_idem(store)
+        with pytest.raises(TypeError, match="cannot run"):
+            await idem.run(caller="c", key="t", request=("x", []), handler=lambda call: foreign)
+        assert await store.get("c", "t") is None
+
+    grun(main)
+
+
+def test_many_concurrent_calls_each_run_once(store: Store) -> None:
+    h = Counting()
+    n = 60
+
+    async def main() -> None:
+        idem = make_idem(store)
+        done: gosim.Chan[Any] = gosim.Chan(2 * n)
+
+        async def one(i: int) -> None:
+            out = await idem.run(
+                caller="c", key=f"k{i % 20}", request=("op", [i % 20]), handler=h, timeout=10
+            )
+            await done.send((i % 20, out))
+
+        for i in range(n):
+            gosim.go(one, i)
+        outs = [await done.recv() for _ in range(n)]
+        assert h.runs == 20
+        by_key: dict[int, set[bytes]] = {}
+        for k, o in outs:
+            by_key.setdefault(k, set()).add(o.payload)
+        assert all(len(v) == 1 for v in by_key.values())
+        assert store.statistics().operations >= 2 * 20
+
+    grun(main)
+
+
+def test_plain_function_handlers(store: Store) -> None:
+    async def main() -> None:
+        out = await make_idem(store).run(
+            caller="c", key="k", request=("op", [2]), handler=lambda call: call.args[0] * 21
+        )
+        assert out.value == 42
+
+    grun(main)
