@@ -118,9 +118,11 @@ def redis_url(tmpdir_module: str) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    setpriv = shutil.which("setpriv")  # the server dies with the benchmark process
+    die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
     proc = subprocess.Popen(
-        [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", tmpdir_module,
-         "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
+         "--dir", tmpdir_module, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -171,7 +171,7 @@ refuse_type(PyObject *self, const char *field, const char *want, PyObject *value
 
 typedef struct {
     PyObject_HEAD
-    PyObject *coro, *elem, *fn, *p, *param, *waitreason;
+    PyObject *coro, *creator, *elem, *fn, *p, *param, *waitreason;
     Py_ssize_t goid, parent;
     int status;
     char ok, selectdone;
@@ -188,6 +188,7 @@ GBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (g == NULL)
         return NULL;
     g->coro = Py_NewRef(Py_None);
+    g->creator = Py_NewRef(Py_None);
     g->elem = Py_NewRef(Py_None);
     g->fn = Py_NewRef(Py_None);
     g->p = Py_NewRef(Py_None);
@@ -207,6 +208,7 @@ static int
 GBase_traverse(GObject *g, visitproc visit, void *arg)
 {
     Py_VISIT(g->coro);
+    Py_VISIT(g->creator);
     Py_VISIT(g->elem);
     Py_VISIT(g->fn);
     Py_VISIT(g->p);
@@ -221,6 +223,7 @@ static int
 GBase_clear(GObject *g)
 {
     Py_SETREF(g->coro, Py_NewRef(Py_None));
+    Py_SETREF(g->creator, Py_NewRef(Py_None));
     Py_SETREF(g->elem, Py_NewRef(Py_None));
     Py_SETREF(g->fn, Py_NewRef(Py_None));
     Py_SETREF(g->p, Py_NewRef(Py_None));
@@ -235,6 +238,7 @@ GBase_dealloc(GObject *g)
     PyTypeObject *tp = Py_TYPE(g);
     PyObject_GC_UnTrack(g);
     Py_CLEAR(g->coro);
+    Py_CLEAR(g->creator);
     Py_CLEAR(g->elem);
     Py_CLEAR(g->fn);
     Py_CLEAR(g->p);
@@ -244,6 +248,7 @@ GBase_dealloc(GObject *g)
 }
 
 RECORD_FIELD(GBase, GObject, coro, 1, "")
+RECORD_FIELD(GBase, GObject, creator, 1, "")
 RECORD_FIELD(GBase, GObject, elem, 1, "")
 RECORD_FIELD(GBase, GObject, fn, 1, "")
 RECORD_FIELD(GBase, GObject, p, 1, "")
@@ -252,6 +257,7 @@ RECORD_FIELD(GBase, GObject, waitreason, 1, "")
 
 static PyGetSetDef GBase_getset[] = {
     RECORD_GETSET(GBase, coro, "the goroutine's coroutine (None when idle or dead)"),
+    RECORD_GETSET(GBase, creator, "the creator's coroutine, for dumps"),
     RECORD_GETSET(GBase, elem, "value being sent while parked in a sendq"),
     RECORD_GETSET(GBase, fn, "the function started, for dumps"),
     RECORD_GETSET(GBase, p, "the P this G last left for a syscall"),
@@ -1806,7 +1812,8 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     RtObject *rt = (RtObject *)Py_NewRef(current_rt);
     PyObject *fn = args[0];
-    Py_ssize_t parent = G_Check(rt->curg) ? ((GObject *)rt->curg)->goid : 0;
+    int in_g = G_Check(rt->curg);
+    Py_ssize_t parent = in_g ? ((GObject *)rt->curg)->goid : 0;
     PyObject *coro = PyObject_Vectorcall(fn, args + 1, nargs - 1, NULL);
     if (coro == NULL)
         goto fail;
@@ -1874,6 +1881,13 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     gg->goid = goid;
     Py_SETREF(gg->coro, coro);
     gg->parent = parent;
+    /* The creator's coroutine names the function in the dump's "created by" line. Not
+     * cleared at exit: by then it is the record of a finished (or closed) coroutine,
+     * which holds nothing else, and the next go on this G replaces it. */
+    /* rt->curg is read again: gfget above ran Python code, which may have changed it. */
+    PyObject *creator = G_Check(rt->curg) ? ((GObject *)rt->curg)->coro : Py_None;
+    if (gg->creator != creator)
+        Py_SETREF(gg->creator, Py_NewRef(creator));
     gg->status = G_RUNNABLE;
     PyObject *key = PyLong_FromSsize_t(goid);
     if (key == NULL || PyDict_SetItem(rt->allg, key, g) < 0) {

@@ -5,7 +5,10 @@
 :class:`DeadlineExceeded` (``context deadline exceeded``). Cancelling a context cancels
 its descendants, once: later cancels change nothing. Deadlines are runtime timers, so
 under ``virtual_time`` they cost no real time. :func:`cause` gives the cause given to a
-``with_cancel_cause`` cancel function (else the error itself).
+``with_cancel_cause`` cancel function, or to ``with_deadline_cause`` /
+``with_timeout_cause`` for when the deadline passes (else the error itself). As in Go,
+every constructor rejects a nil parent (``None``): ValueError, with Go's panic message
+``cannot create context from nil parent``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ __all__ = [
     "with_cancel",
     "with_cancel_cause",
     "with_deadline",
+    "with_deadline_cause",
     "with_timeout",
+    "with_timeout_cause",
     "with_value",
     "without_cancel",
 ]
@@ -169,42 +174,69 @@ def todo() -> Context:
     return _TODO
 
 
+def _need_parent(parent: Context | None) -> Context:
+    """Go's constructors panic on a nil parent; a context made from none would report
+    ``err()`` while its ``done()`` never closes."""
+    if parent is None:
+        raise ValueError("cannot create context from nil parent")
+    return parent
+
+
 def with_cancel(parent: Context) -> tuple[Context, CancelFunc]:
-    ctx = Context(parent)
+    ctx = Context(_need_parent(parent))
     ctx._attach()
     return ctx, lambda: ctx._cancel(Canceled(), None)
 
 
 def with_cancel_cause(parent: Context) -> tuple[Context, Callable[[BaseException | None], None]]:
-    ctx = Context(parent)
+    ctx = Context(_need_parent(parent))
     ctx._attach()
     return ctx, lambda c=None: ctx._cancel(Canceled(), c)
 
 
-def _fire_deadline(ctx: Context, now: float) -> None:
-    ctx._cancel(DeadlineExceeded(), None)
+def _fire_deadline(arg: tuple[Context, BaseException | None], now: float) -> None:
+    ctx, cause_ = arg
+    ctx._cancel(DeadlineExceeded(), cause_)
 
 
 def with_deadline(parent: Context, d: float) -> tuple[Context, CancelFunc]:
     """Cancelled at runtime-clock time ``d`` (or with the parent, or by the cancel function)."""
-    ctx = Context(parent)
+    return with_deadline_cause(parent, d, None)
+
+
+def with_deadline_cause(
+    parent: Context, d: float, cause_: BaseException | None
+) -> tuple[Context, CancelFunc]:
+    """As :func:`with_deadline`; when the deadline passes, :func:`cause` gives ``cause_``
+    (``err()`` is still :class:`DeadlineExceeded`). The cancel function sets no cause."""
+    ctx = Context(_need_parent(parent))
     ctx._deadline = min(parent.deadline_or_inf(), d)
     ctx._attach()
     if ctx._err is None:
         rt = lowlevel.current_runtime()
         if d <= rt.now():
-            ctx._cancel(DeadlineExceeded(), None)
+            ctx._cancel(DeadlineExceeded(), cause_)
         elif d < parent.deadline_or_inf():
-            ctx._timer = RuntimeTimer(_fire_deadline, ctx)
+            ctx._timer = RuntimeTimer(_fire_deadline, (ctx, cause_))
             rt.addtimer(ctx._timer, d)
     return ctx, lambda: ctx._cancel(Canceled(), None)
 
 
 def with_timeout(parent: Context, timeout: float) -> tuple[Context, CancelFunc]:
-    return with_deadline(parent, lowlevel.current_runtime().now() + timeout)
+    """Cancelled ``timeout`` seconds from now (``with_deadline(parent, now() + timeout)``)."""
+    return with_timeout_cause(parent, timeout, None)
+
+
+def with_timeout_cause(
+    parent: Context, timeout: float, cause_: BaseException | None
+) -> tuple[Context, CancelFunc]:
+    """As :func:`with_timeout`, with :func:`with_deadline_cause`'s cause."""
+    _need_parent(parent)
+    return with_deadline_cause(parent, lowlevel.current_runtime().now() + timeout, cause_)
 
 
 def with_value(parent: Context, key: Any, val: Any) -> Context:
+    _need_parent(parent)
     if key is None:
         raise ValueError("nil key")
     return _ValueContext(parent, key, val)
@@ -212,7 +244,7 @@ def with_value(parent: Context, key: Any, val: Any) -> Context:
 
 def without_cancel(parent: Context) -> Context:
     """A context with the parent's values that is never cancelled by it."""
-    return _WithoutCancel(parent)
+    return _WithoutCancel(_need_parent(parent))
 
 
 def cause(ctx: Context) -> BaseException | None:
@@ -224,7 +256,12 @@ def cause(ctx: Context) -> BaseException | None:
 
 
 def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Callable[[], bool]:
-    """Run ``fn`` in a goroutine once ``ctx`` is done; the returned stop() prevents that."""
+    """Run ``fn`` in a goroutine once ``ctx`` is done; the returned stop() prevents that.
+
+    ``stop()`` returns True when it stopped ``fn`` from being started (the first call,
+    before ``ctx`` is done; also for a context that is never done), False after ``fn``
+    started or a previous stop, as Go's ``AfterFunc``.
+    """
     state = {"pending": True}
 
     def fire() -> None:
@@ -235,16 +272,17 @@ def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Call
     node: Context | None = ctx
     while node is not None and not node._cancellable:
         node = node._parent
-    if node is None:
-        return lambda: False
-    if node._err is not None:
-        fire()
-    else:
-        node._after.append(fire)
+    if node is not None:
+        if node._err is not None:
+            fire()
+        else:
+            node._after.append(fire)
 
     def stop() -> bool:
         was = state["pending"]
         state["pending"] = False
+        if was and node is not None and node._err is None:
+            node._after.remove(fire)  # a stopped call holds nothing on a long-lived ctx
         return was
 
     return stop

@@ -7,7 +7,9 @@ clock is trio's ``MockClock`` with autojump, so hours of sleeping take no real t
 Timer channels follow Go 1.23: they behave as unbuffered (``len`` and ``cap`` are 0), and
 once ``stop`` or ``reset`` returns no value from before the call is received. ``stop``
 and ``reset`` return True when the timer was still pending, which includes a value that
-had fired but not yet been received.
+had fired but not yet been received. As in Go 1.23, a timer channel that no goroutine
+is waiting to receive from keeps no deadlocked program alive: with every goroutine
+blocked and only such timers pending, the runtime reports the deadlock at once.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class Timer:
         rt = current_runtime()
         self._rt = rt
         self.c: Chan[float] = _TimerChan(1)
-        self._t = _RTimer(_send_time, self.c)
+        self._t = _RTimer(_send_time, self.c, chan=self.c)
         rt.addtimer(self._t, rt.now() + max(d, 0.0))
 
     def _drain(self) -> bool:
@@ -126,7 +128,7 @@ class Ticker:
         rt = current_runtime()
         self._rt = rt
         self.c: Chan[float] = _TimerChan(1)
-        self._t = _RTimer(_send_time, self.c, period=d)
+        self._t = _RTimer(_send_time, self.c, period=d, chan=self.c)
         rt.addtimer(self._t, rt.now() + d)
 
     def stop(self) -> None:

@@ -17,6 +17,24 @@ Quick use, inside a gosim goroutine::
     outcome.replayed   # True when the stored outcome was returned without running it
     outcome.value      # the recorded result (or the recorded ApplicationError, raised)
 
+A transfer whose balance change commits with its record (the exactly-once mode)::
+
+    def transfer(call):
+        src, dst, amount = call.args
+
+        def apply(conn):  # runs in the transaction that completes the record
+            (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = ?",
+                                      (src,)).fetchone()
+            if balance < amount:  # recorded and replayed; its writes (none) roll back
+                raise ApplicationError("insufficient_funds", f"{src} has {balance}")
+            conn.execute("UPDATE accounts SET balance = balance - ? WHERE id = ?",
+                         (amount, src))
+            conn.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?",
+                         (amount, dst))
+            return balance - amount
+
+        return SQLiteEffect(apply)
+
 Two guarantees, named apart:
 
 * **Exactly-once effects**: a handler that returns the store's kind of

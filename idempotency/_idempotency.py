@@ -24,6 +24,13 @@ Guarantees: the handler runs at most once per *live claim*; a key's outcome, onc
 recorded, is the only one it ever has until its TTL passes. An effect returned as an
 Effect happens exactly once with its record (both or neither, whatever crashes); an
 effect the handler does itself happens at least once, fenced by ``call.fence``.
+
+Alternatives rejected: answering every duplicate with InProgress (the draft's 409, and
+what Stripe and Powertools do: the client must poll; here ``wait=False`` keeps it);
+Redis pub/sub or SQLite update hooks to wake waiters in other processes (a connection or
+a hook per process for a case that polling bounded at 100 ms serves); re-running the
+handler of a duplicate whose first execution is still live (that is the bug this layer
+exists to prevent).
 """
 
 from __future__ import annotations
@@ -125,10 +132,10 @@ class Idempotency:
         # Keys whose holder runs in this process and that someone waits for: the holder
         # closes the channel when it finishes (completes or releases).
         self._waiters: dict[tuple[str, str], Chan[None]] = {}
-        # Keys held by executions in this process: fence and lease deadline on the
-        # runtime clock, so a waiter here sleeps until the holder finishes or its lease
-        # lapses instead of polling the store.
-        self._holders: dict[tuple[str, str], tuple[int, float]] = {}
+        # Keys held by executions in this process, with their fence: a waiter here
+        # sleeps until the holder finishes (or a whole lease passes, in case it overruns
+        # its lease) instead of polling the store. No clock is read on the fast path.
+        self._holders: dict[tuple[str, str], int] = {}
 
     async def run(
         self,
@@ -171,7 +178,7 @@ class Idempotency:
             res = settled  # type: ignore[assignment]
         fence = res.record.fence
         rk = (caller, key)
-        self._holders[rk] = (fence, gosim.now() + self.lease)
+        self._holders[rk] = fence
         max_bytes = self.max_result_bytes
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
@@ -212,8 +219,7 @@ class Idempotency:
 
     def _finish(self, rk: tuple[str, str], fence: int) -> None:
         """The execution of claim ``fence`` is over: wake this process's waiters."""
-        held = self._holders.get(rk)
-        if held is not None and held[0] == fence:
+        if self._holders.get(rk) == fence:
             del self._holders[rk]
         if self._waiters:
             ch = self._waiters.pop(rk, None)
@@ -272,11 +278,10 @@ class Idempotency:
                 self._waiters[rk] = Chan()
                 res = await self.store.claim(caller, key, fp, self.lease)
                 continue
-            held = self._holders.get(rk)
-            if held is not None:
-                # The holder runs here: it closes ``ch`` when done; if it overruns its
-                # lease, claim again just after the lease lapses (and take over).
-                sleep = held[1] - now + POLL_MIN
+            if rk in self._holders:
+                # The holder runs here: it closes ``ch`` when done. If it overruns its
+                # lease, claim again as the lease lapses (and take the key over).
+                sleep = max(0.0, res.record.expires_at - self.store.now()) + POLL_MIN
             else:
                 # The holder is another process: poll, backing off.
                 sleep = interval

@@ -27,6 +27,15 @@ class Panic(GosimError):
         self.goid = goid
 
 
+class FatalError(GosimError):
+    """Go's ``fatal error``: an unrecoverable misuse such as unlocking an unlocked mutex.
+
+    It escapes the goroutine and stops the runtime (a Panic with this as its cause),
+    as Go's throw does; do not catch it. Its message begins ``fatal error:``, which is
+    also the first line of the crash report, as in Go.
+    """
+
+
 class Deadlock(GosimError):
     """No goroutine can run and nothing can wake one: Go's fatal deadlock error.
 

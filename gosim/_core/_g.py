@@ -73,6 +73,7 @@ if TYPE_CHECKING or speedups is None:
 
         __slots__ = (
             "coro",
+            "creator",
             "elem",
             "fn",
             "goid",
@@ -88,6 +89,9 @@ if TYPE_CHECKING or speedups is None:
         def __init__(self) -> None:
             self.goid = 0
             self.coro: Any = None  # Invariant: None exactly when status is IDLE or DEAD
+            # The coroutine that ran the go statement, for "created by" in dumps; kept
+            # after exit (a finished coroutine holds nothing) until the G is reused.
+            self.creator: Any = None
             self.fn: Any = None  # the function started, for dumps
             self.status = IDLE
             self.waitreason = ""

@@ -61,6 +61,7 @@ Mirrors Go's ``proc.go`` (``newproc``, ``goready``, ``runqput``, ``runqputslow``
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import os
 import random
@@ -80,7 +81,7 @@ import trio
 
 from gosim._core import _exceptions, _g
 from gosim._core._accel import speedups
-from gosim._core._exceptions import Deadlock, GosimError, NotInRuntime, Panic
+from gosim._core._exceptions import Deadlock, FatalError, GosimError, NotInRuntime, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, SYSCALL, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._timers import Timer, TimerHeap
@@ -261,17 +262,41 @@ def _describe_fn(fn: Any) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
-def _g_funcname(g: G) -> str:
-    """The function a goroutine runs, as dumps print it (``module.qualname``)."""
-    if g.fn is not None:
-        return _describe_fn(g.fn)
-    coro = g.coro
+def _coro_funcname(coro: Any) -> str:
+    """The function a coroutine runs, as dumps print it (``module.qualname``)."""
     code = getattr(coro, "cr_code", None)
     if code is None:
         return "?"
     frame = getattr(coro, "cr_frame", None)
-    module = frame.f_globals.get("__name__") if frame is not None else None
+    if frame is not None:
+        module = frame.f_globals.get("__name__")
+    else:  # finished: no frame, so find the module by the code's file
+        found = inspect.getmodule(code)
+        module = found.__name__ if found is not None else None
     return f"{module}.{code.co_qualname}" if module else str(code.co_qualname)
+
+
+def _g_funcname(g: G) -> str:
+    """The function a goroutine runs, as dumps print it (``module.qualname``)."""
+    if g.fn is not None:
+        return _describe_fn(g.fn)
+    return _coro_funcname(g.coro)
+
+
+def _created_by(g: G) -> str | None:
+    """Go's ``created by F in goroutine N`` line, F the function that ran ``go``."""
+    if not g.parent:
+        return None
+    return f"created by {_coro_funcname(g.creator)} in goroutine {g.parent}"
+
+
+def _panic_line(exc: BaseException) -> str:
+    """The first line of Go's crash report for exc: ``fatal error: ...`` for a throw,
+    else ``panic: `` and the value's message (Go prints an error's ``Error()``), the
+    type's name when the message is empty."""
+    if isinstance(exc, FatalError):
+        return str(exc)
+    return f"panic: {str(exc) or type(exc).__name__}"
 
 
 class _CallBox:
@@ -507,6 +532,8 @@ class Runtime(_RuntimeFields):
         g.goid = goid
         g.coro = coro
         g.parent = parent
+        curg = self.curg
+        g.creator = curg.coro if curg is not None else None
         g.status = RUNNABLE
         self.allg[goid] = g
         if self.trace is not None:
@@ -766,11 +793,13 @@ class Runtime(_RuntimeFields):
         np_ = self.netpoller
         io_waiters = np_.waiters() if np_ is not None else 0
         if (
-            nxt == math.inf
-            and self.nexternal == 0
+            self.nexternal == 0
             and io_waiters == 0
             and (self.allg or not self.open_mode)
+            and (nxt == math.inf or not any(p.timers.can_wake() for p in self.allp))
         ):
+            # Nothing can wake a goroutine: no timer that can (channel timers nobody
+            # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call.
             self._checkdead()
             return
         now = self._clock_now()
@@ -814,8 +843,9 @@ class Runtime(_RuntimeFields):
             state = (g.waitreason or "waiting") if waiting else _g.STATUS_NAMES[g.status]
             lines.append(f"goroutine {goid} [{state}]:")
             lines.append(f"{_g_funcname(g)}(...)")
-            if g.parent:
-                lines.append(f"created by goroutine {g.parent}")
+            created_by = _created_by(g)
+            if created_by is not None:
+                lines.append(created_by)
             lines.append("")
         return "\n".join(lines)
 
@@ -1053,7 +1083,10 @@ class Runtime(_RuntimeFields):
         return False
 
     def _panic(self, g: G, exc: Exception) -> None:
-        msg = f"panic: {exc!r}\n\ngoroutine {g.goid} [running]:\n{_g_funcname(g)}(...)"
+        msg = f"{_panic_line(exc)}\n\ngoroutine {g.goid} [running]:\n{_g_funcname(g)}(...)"
+        created_by = _created_by(g)
+        if created_by is not None:
+            msg += "\n" + created_by
         err = Panic(g.goid, msg)
         err.__cause__ = exc
         g.status = DEAD
@@ -1420,6 +1453,7 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     g.goid = goid
     g.coro = coro
     g.parent = parent
+    g.creator = curg.coro if curg is not None else None
     g.status = RUNNABLE
     rt.allg[goid] = g
     if rt.trace is not None:

@@ -23,12 +23,19 @@ from typing import Any
 class Timer:
     """One runtime timer: ``f(arg, now)`` runs on the driver when it fires."""
 
-    __slots__ = ("arg", "armed", "f", "p", "period", "seq", "when")
+    __slots__ = ("arg", "armed", "chan", "f", "p", "period", "seq", "when")
 
-    def __init__(self, f: Callable[[Any, float], None], arg: Any, period: float = 0.0) -> None:
+    def __init__(
+        self, f: Callable[[Any, float], None], arg: Any, period: float = 0.0, chan: Any = None
+    ) -> None:
         self.f = f
         self.arg = arg
         self.period = period
+        # A channel timer's channel (Timer, Ticker, after): firing only offers a value
+        # on it, so the timer can wake a goroutine only while one waits to receive.
+        # Go 1.23 keeps such a timer out of the heap until then, which is what lets it
+        # report a deadlock that an unreceived ticker would otherwise hide.
+        self.chan = chan
         self.when = 0.0
         self.p: Any = None  # the P whose heap holds the timer
         self.armed = False  # Invariant: armed iff a live heap entry carries self.seq
@@ -90,6 +97,21 @@ class TimerHeap:
             self.nlive -= 1
             return t
         return None
+
+    def can_wake(self) -> bool:
+        """Whether some armed timer can wake a goroutine: any timer that is not a channel
+        timer (a sleep, an after_func, a context deadline), or a channel timer whose
+        channel has a receiver waiting (a plain receive, or a select not yet done)."""
+        for _, seq, t in self.heap:
+            if not t.armed or t.seq != seq:
+                continue
+            ch = t.chan
+            if ch is None:
+                return True
+            for w in ch._recvq:
+                if not w.issel or not w.g.selectdone:
+                    return True
+        return False
 
     def drain(self) -> list[Timer]:
         """Remove and return every armed timer (still marked armed), earliest first."""

@@ -15,8 +15,10 @@ import numpy.typing as npt
 
 from ._ops import (
     atomic_add,
+    atomic_and,
     atomic_cas,
     atomic_load,
+    atomic_or,
     atomic_store,
     atomic_swap,
 )
@@ -142,6 +144,17 @@ class _AtomicInteger:
         neither the signed nor the unsigned ``bits``-bit range.
         """
         return int(atomic_add(self._cell, self._index, self._operand(delta)))
+
+    def and_(self, mask: int) -> int:
+        """Bitwise AND the value with ``mask``; return the old value (Go 1.23's ``And``).
+
+        ``mask`` is read as ``add``'s delta is, so ``Uint32.and_(-2)`` clears bit 0.
+        """
+        return int(atomic_and(self._cell, self._index, self._operand(mask)))
+
+    def or_(self, mask: int) -> int:
+        """Bitwise OR the value with ``mask``; return the old value (Go 1.23's ``Or``)."""
+        return int(atomic_or(self._cell, self._index, self._operand(mask)))
 
     def swap(self, new: int) -> int:
         """Set the value to ``new`` and return the old one (Go's ``Swap``)."""

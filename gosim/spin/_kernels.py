@@ -12,8 +12,9 @@ TAS, TTAS  0: state (0 free, 1 held)
 TICKET     0: next ticket to hand out; 1: ticket now served
 MCS        0: tail (slot + 1 of the last waiter, 0 = none); 1 + k: slot k's node
            (``next`` = successor slot + 1, ``locked`` = 1 while it must wait)
-CLH        0: tail (node id); 1 + j for node j in [0, slots]: ``locked``;
-           2 + slots + k: slot k's record (``node`` it owns, ``pred`` it waits on)
+CLH        0: tail (node id, tagged: see ``_CLH_NODE_MASK``); 1 + j for node j in
+           [0, slots]: ``locked``; 2 + slots + k: slot k's record (``node`` it owns,
+           ``pred`` it waits on, ``seq``: its enqueues so far)
 RUNTIME    0: key (0 unlocked, 1 locked, 2 sleeping; futex word), spin rounds
 =========  ===========================================================================
 
@@ -101,6 +102,18 @@ _MCS_NEXT = 0
 _MCS_LOCKED = 1
 _CLH_NODE = 0
 _CLH_PRED = 1
+_CLH_SEQ = 2
+
+# A CLH tail word is (seq << 32) | (slot << 16) | node: the node at the tail, tagged
+# with the enqueuing slot and that slot's count of enqueues (31 bits), so that no two
+# enqueues write the same word until one slot has enqueued 2**31 times. That is what
+# lets try_acquire compare-and-swap the tail safely: node ids are recycled (a releaser
+# adopts its predecessor's node), so the bare node id seen in the tail can be back
+# there, locked by a new owner, by the time of the CAS (ABA); the tagged word cannot.
+CLH_NODE_BITS = 16
+CLH_MAX_SLOTS = (1 << CLH_NODE_BITS) - 2  # node ids run to `slots`, below the mask
+_CLH_NODE_MASK = (1 << CLH_NODE_BITS) - 1
+_CLH_SEQ_MASK = (1 << 31) - 1
 _RUNTIME_SPIN = 1
 
 
@@ -257,13 +270,21 @@ def _clh_record(words: Any, me: int) -> int:
 
 
 @_kernel
+def _clh_tagged(words: Any, record: int, me: int, node: int) -> int:
+    """The tail word for slot ``me`` enqueuing ``node``: a tag no earlier enqueue used."""
+    seq = (atomic_load_relaxed(words, record + _CLH_SEQ) + 1) & _CLH_SEQ_MASK
+    atomic_store_relaxed(words, record + _CLH_SEQ, seq)
+    return int((seq << (2 * CLH_NODE_BITS)) | (me << CLH_NODE_BITS) | node)
+
+
+@_kernel
 def clh_acquire(words: Any, me: int) -> None:
     """Mark our node locked, swap it into the tail, and spin on the *predecessor's*
     node until it is released; we then own the lock and, later, that node."""
     record = _clh_record(words, me)
     node = atomic_load_relaxed(words, record + _CLH_NODE)
     atomic_store_relaxed(words, (1 + node) * LINE_WORDS, 1)
-    pred = atomic_swap(words, 0, node)
+    pred = atomic_swap(words, 0, _clh_tagged(words, record, me, node)) & _CLH_NODE_MASK
     atomic_store_relaxed(words, record + _CLH_PRED, pred)
     spins = 0
     while atomic_load_acquire(words, (1 + pred) * LINE_WORDS) != 0:
@@ -271,20 +292,40 @@ def clh_acquire(words: Any, me: int) -> None:
 
 
 @_kernel
-def clh_try_acquire(words: Any, me: int) -> bool:
-    """Take the lock only if the tail node is released, by swinging the tail from it
-    to our node with one compare-and-swap."""
-    record = _clh_record(words, me)
+def clh_try_observe(words: Any) -> int:
+    """First step of :func:`clh_try_acquire`: the tail word if its node is released
+    (the lock is free), else -1."""
     tail = atomic_load_acquire(words, 0)
-    if atomic_load_acquire(words, (1 + tail) * LINE_WORDS) != 0:
-        return False
+    if atomic_load_acquire(words, (1 + (tail & _CLH_NODE_MASK)) * LINE_WORDS) != 0:
+        return -1
+    return int(tail)
+
+
+@_kernel
+def clh_try_commit(words: Any, me: int, seen: int) -> bool:
+    """Second step of :func:`clh_try_acquire`: swing the tail from ``seen`` (a value
+    :func:`clh_try_observe` returned) to our node with one compare-and-swap. It
+    succeeds only if nobody enqueued since ``seen`` was read (the tags differ), so the
+    node we queue behind is still the released one we saw."""
+    record = _clh_record(words, me)
     node = atomic_load_relaxed(words, record + _CLH_NODE)
     atomic_store_relaxed(words, (1 + node) * LINE_WORDS, 1)
-    if atomic_cas(words, 0, tail, node):
-        atomic_store_relaxed(words, record + _CLH_PRED, tail)
+    if atomic_cas(words, 0, seen, _clh_tagged(words, record, me, node)):
+        atomic_store_relaxed(words, record + _CLH_PRED, seen & _CLH_NODE_MASK)
         return True
     atomic_store_relaxed(words, (1 + node) * LINE_WORDS, 0)
     return False
+
+
+@_kernel
+def clh_try_acquire(words: Any, me: int) -> bool:
+    """Take the lock only if it is free: the tail node is released and nobody
+    enqueues before our compare-and-swap of the (tagged) tail word."""
+    _clh_record(words, me)
+    seen = clh_try_observe(words)
+    if seen < 0:
+        return False
+    return clh_try_commit(words, me, seen)
 
 
 @_kernel
@@ -301,7 +342,7 @@ def clh_release(words: Any, me: int) -> None:
 @_kernel
 def clh_locked(words: Any) -> bool:
     """Whether a CLH lock is held or has waiters."""
-    tail = atomic_load_acquire(words, 0)
+    tail = atomic_load_acquire(words, 0) & _CLH_NODE_MASK
     return atomic_load_acquire(words, (1 + tail) * LINE_WORDS) != 0
 
 

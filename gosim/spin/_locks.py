@@ -297,12 +297,20 @@ class CLHLock(QueueSpinLock):
     writes, O(1) traffic per hand-over, and unlike MCS the release never waits (no
     successor link to wait for). Nodes migrate between threads, so on NUMA machines the
     polled line is often remote; on one socket that costs nothing.
+
+    ``try_acquire`` succeeds only when the lock is free: it compare-and-swaps the tail
+    from a released node to its own. Because nodes are recycled, the tail word carries
+    a per-enqueue tag besides the node id, so the swap fails if anyone enqueued since
+    the look (an untagged id could be back in the tail, locked: the ABA problem). At
+    most :data:`~gosim.spin._kernels.CLH_MAX_SLOTS` slots.
     """
 
     __slots__ = ()
     kind = k.CLH
 
     def _lines_for(self, slots: int) -> int:
+        if slots > k.CLH_MAX_SLOTS:
+            raise ValueError(f"a CLH lock has at most {k.CLH_MAX_SLOTS} slots")
         return 2 + 2 * slots
 
     def _init_words(self, slots: int) -> None:

@@ -2,7 +2,8 @@
 
 ``Mutex`` (normal and starvation modes, Go's 1 ms rule), ``RWMutex`` (writer
 preference), ``WaitGroup``, ``Once``, ``Cond``, ``Pool`` (per-P caches), ``ErrGroup``
-and a weighted ``Semaphore``. Fast paths complete without a coroutine frame; blocked
+and a weighted ``Semaphore``; ``once_func`` and ``once_value`` (Go's ``OnceFunc``,
+``OnceValue``). Fast paths complete without a coroutine frame; blocked
 goroutines park with Go's wait reasons, which deadlock dumps show.
 """
 
@@ -17,6 +18,8 @@ from ._sync import Pool as Pool
 from ._sync import Semaphore as Semaphore
 from ._sync import SyncPanic as SyncPanic
 from ._sync import WaitGroup as WaitGroup
+from ._sync import once_func as once_func
+from ._sync import once_value as once_value
 
 __all__ = [
     "Cond",
@@ -30,6 +33,8 @@ __all__ = [
     "Semaphore",
     "SyncPanic",
     "WaitGroup",
+    "once_func",
+    "once_value",
 ]
 
 for _name in __all__:

@@ -5,9 +5,10 @@ competes with goroutines arriving meanwhile, and newcomers usually win (they are
 already running). A woken waiter that loses goes back to the *front* of the queue.
 Starvation mode, entered when a waiter has waited more than 1 ms (Go's
 ``starvationThresholdNs``): ``unlock`` hands the lock directly to the first waiter and
-newcomers queue at the tail without trying. It ends when a waiter that gets the lock is
-the last one, or waited less than 1 ms. Time is the runtime clock, so virtual time
-makes the mode switches deterministic.
+newcomers queue at the tail without trying. It ends when the waiter that gets the lock
+is the last one, or waited less than 1 ms, judged at the handoff (before the unlocker can
+queue again, as Go's unlock yields to the waiter it hands to). Time is the runtime
+clock, so virtual time makes the mode switches deterministic.
 
 Spinning: Go spins a few times before parking only when it can pay off: more than one
 P, other Ps running, and an empty local run queue (``sync_runtime_canSpin``). In a
@@ -25,7 +26,7 @@ from typing import Any
 
 from gosim import lowlevel
 from gosim._chan import _DONE
-from gosim._core._exceptions import GosimError
+from gosim._core._exceptions import FatalError
 from gosim._core._sched import GOSCHED as _GOSCHED
 from gosim._core._sched import PARK as _PARK
 
@@ -33,14 +34,6 @@ __all__ = ["FatalError", "Mutex", "RWMutex"]
 
 STARVATION_THRESHOLD = 1e-3  # seconds (Go: 1e6 ns)
 ACTIVE_SPIN = 4  # Go's active_spin
-
-
-class FatalError(GosimError):
-    """Go's ``fatal error``: an unrecoverable misuse such as unlocking an unlocked mutex.
-
-    It escapes the goroutine and stops the runtime (a Panic with this as its cause),
-    as Go's throw does; do not catch it.
-    """
 
 
 def _can_spin(iteration: int) -> bool:
@@ -110,20 +103,14 @@ class Mutex:
                 # A woken waiter that lost the race goes back to the front (Go: LIFO).
                 self._waiters.appendleft([g, wait_start])
             g.waitreason = "sync.Mutex.Lock"
-            handed = yield _PARK
-            waited = rt.now() - wait_start
-            if handed:
-                # Starvation mode handed the lock to us. Leave the mode if we are the last
-                # waiter or did not really starve (Go's two exit conditions).
-                if waited < STARVATION_THRESHOLD or not self._waiters:
-                    self._starving = False
-                return
+            if (yield _PARK):
+                return  # starvation mode handed the lock to us (unlock decided the mode)
             self._woken = False
             if not self._locked:
                 self._locked = True  # the lock is free: the woken waiter takes it
                 return
             # A newcomer took it first. Waiting too long switches to starvation mode.
-            if waited > STARVATION_THRESHOLD:
+            if rt.now() - wait_start > STARVATION_THRESHOLD:
                 self._starving = True
 
     def try_lock(self) -> bool:
@@ -139,8 +126,7 @@ class Mutex:
             raise FatalError("fatal error: sync: unlock of unlocked mutex")
         if self._starving:
             if self._waiters:
-                g, _ = self._waiters.popleft()
-                lowlevel.ready(g, True)  # ownership handed over: stays locked
+                self._hand_off()
                 return
             self._starving = False
         self._locked = False
@@ -148,6 +134,21 @@ class Mutex:
             g, _ = self._waiters.popleft()
             self._woken = True
             lowlevel.ready(g, False)  # wake one to compete
+
+    def _hand_off(self) -> None:
+        """Starvation mode's unlock: give the lock to the head waiter, which runs next.
+
+        Go's unlock hands off and yields (``semrelease`` with handoff), so the waiter
+        runs before the unlocker can queue again; the waiter then leaves starvation mode
+        when it is the last waiter or waited under 1 ms. ``unlock`` is not a yield point
+        here, so the mode is decided now, on the state the waiter would find: deciding
+        after the unlocker had re-queued would see a waiter every time and never leave.
+        """
+        g, wait_start = self._waiters.popleft()
+        waited = lowlevel.current_runtime().now() - wait_start
+        if not self._waiters or waited < STARVATION_THRESHOLD:
+            self._starving = False
+        lowlevel.ready(g, True)  # ownership handed over: stays locked
 
     async def __aenter__(self) -> None:
         await self.lock()

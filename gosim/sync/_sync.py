@@ -16,7 +16,18 @@ from gosim import go, lowlevel
 from gosim._core._exceptions import GosimError
 from gosim._core._sched import PARK as _PARK
 
-__all__ = ["Cond", "ErrGroup", "Locker", "Once", "Pool", "Semaphore", "SyncPanic", "WaitGroup"]
+__all__ = [
+    "Cond",
+    "ErrGroup",
+    "Locker",
+    "Once",
+    "Pool",
+    "Semaphore",
+    "SyncPanic",
+    "WaitGroup",
+    "once_func",
+    "once_value",
+]
 
 T = TypeVar("T")
 
@@ -57,10 +68,14 @@ class WaitGroup:
         self._releasing = 0  # waiters readied by the last done() and not yet returned
 
     def add(self, delta: int) -> None:
-        count = self._count + delta
+        """Add ``delta`` to the counter; at zero, release the waiters.
+
+        A negative result panics after it is stored, as Go's ``Add`` does, so a program
+        that recovers sees the counter Go would (``add(1)`` after ``add(-1)`` is zero).
+        """
+        self._count = count = self._count + delta
         if count < 0:
             raise SyncPanic("sync: negative WaitGroup counter")
-        self._count = count
         if count == 0 and self._waiters:
             waiters, self._waiters = self._waiters, []
             self._releasing += len(waiters)
@@ -122,6 +137,44 @@ class Once:
                 lowlevel.ready(g, None)
 
 
+def once_value(fn: Callable[[], Awaitable[T] | T]) -> Callable[[], Awaitable[T]]:
+    """Go's ``sync.OnceValue``: a function that calls ``fn`` once and returns its value.
+
+    Every call returns the first call's result; callers that arrive while ``fn`` runs
+    wait for it. If ``fn`` raised, every call raises that same exception, as Go's
+    re-panics with the same value. ``fn`` may be sync or async; the result is awaited.
+    """
+    once = Once()
+    outcome: list[Any] = []  # [value] or [None, exception], once fn has finished
+
+    async def compute() -> None:
+        try:
+            result = fn()
+            if inspect.isawaitable(result):
+                result = await result
+            outcome.append(result)
+        except Exception as exc:
+            outcome.extend((None, exc))
+
+    async def get() -> T:
+        await once.do(compute)
+        if len(outcome) == 2:
+            raise outcome[1]
+        return outcome[0]  # type: ignore[no-any-return]
+
+    return get
+
+
+def once_func(fn: Callable[[], Awaitable[Any] | Any]) -> Callable[[], Awaitable[None]]:
+    """Go's ``sync.OnceFunc``: a function that calls ``fn`` once; see :func:`once_value`."""
+    get = once_value(fn)
+
+    async def call() -> None:
+        await get()
+
+    return call
+
+
 class Cond:
     """A condition variable over a Locker: ``wait`` (lock held), ``signal``, ``broadcast``."""
 
@@ -162,19 +215,56 @@ class Semaphore:
             raise ValueError("semaphore size must be non-negative")
         self.size = n
         self._cur = 0
-        self._waiters: deque[list[Any]] = deque()  # [n, g]
+        # Each entry is [n, g, ready]: a plain waiter is readied (g), a waiter with a
+        # context has its `ready` channel closed instead (it selects on it and ctx).
+        self._waiters: deque[list[Any]] = deque()
 
-    async def acquire(self, n: int = 1) -> None:
-        """Take ``n`` units; block (``semacquire``) in FIFO order until they are free."""
-        if n > self.size:
-            # Go's semaphore would block forever (or until ctx is done); say so instead.
-            raise ValueError(f"acquire({n}) exceeds the semaphore's size {self.size}")
+    async def acquire(self, n: int = 1, ctx: Any = None) -> None:
+        """Take ``n`` units; block (``semacquire``) in FIFO order until they are free.
+
+        With a context ``ctx`` (``gosim.context``), give up when it is done and raise its
+        ``err()``, as x/sync's ``Acquire(ctx, n)`` returns it: also when it was done
+        before the call, even if the units were free; units granted to a waiter whose
+        context finished first are given back. Without one, asking for more than the
+        size raises ValueError (Go would block forever).
+        """
+        done = ctx.done() if ctx is not None else None
+        if done is not None and done.closed:
+            raise ctx.err()
         if self.size - self._cur >= n and not self._waiters:
             self._cur += n
             return
-        g = lowlevel.current_g()
-        self._waiters.append([n, g])
-        await lowlevel.park("semacquire")
+        if done is None:
+            if n > self.size:
+                raise ValueError(f"acquire({n}) exceeds the semaphore's size {self.size}")
+            self._waiters.append([n, lowlevel.current_g(), None])
+            await lowlevel.park("semacquire")
+            return
+        await self._acquire_or_done(n, ctx, done)
+
+    async def _acquire_or_done(self, n: int, ctx: Any, done: Any) -> None:
+        from gosim import Chan, recv, select  # noqa: PLC0415 - gosim imports sync
+
+        if n > self.size:  # doomed: do not make others wait behind it
+            await done.recv()
+            raise ctx.err()
+        ready: Any = Chan()
+        entry = [n, None, ready]
+        self._waiters.append(entry)
+        i, _, _ = await select(recv(ready), recv(done))
+        if i == 0:
+            if done.closed:  # granted, but the context finished too: it wins
+                self.release(n)
+                raise ctx.err()
+            return
+        if ready.closed:  # granted after the context finished: give the units back
+            self.release(n)
+        else:
+            front = self._waiters[0] is entry
+            self._waiters.remove(entry)
+            if front and self.size > self._cur:
+                self._notify()
+        raise ctx.err()
 
     def try_acquire(self, n: int = 1) -> bool:
         if self.size - self._cur >= n and not self._waiters:
@@ -186,13 +276,19 @@ class Semaphore:
         self._cur -= n
         if self._cur < 0:
             raise SyncPanic("semaphore: released more than held")
+        self._notify()
+
+    def _notify(self) -> None:
         while self._waiters:
-            need, g = self._waiters[0]
+            need, g, ready = self._waiters[0]
             if self.size - self._cur < need:
                 break  # FIFO: a big waiter at the head blocks smaller ones behind it
             self._waiters.popleft()
             self._cur += need
-            lowlevel.ready(g, None)
+            if ready is None:
+                lowlevel.ready(g, None)
+            else:
+                ready.close()
 
 
 class Pool(Generic[T]):
@@ -245,13 +341,39 @@ class Pool(Generic[T]):
             local[1].appendleft(x)
 
 
+class _GoCall:
+    """What :meth:`ErrGroup.go` returns: awaiting it starts the goroutine."""
+
+    __slots__ = ("_args", "_fn", "_group")
+
+    def __init__(
+        self, group: ErrGroup, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
+        self._group: ErrGroup | None = group
+        self._fn = fn
+        self._args = args
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        group = self._group
+        if group is None:
+            raise RuntimeError("ErrGroup.go(...) awaited twice: it starts one goroutine")
+        self._group = None
+        group._unawaited -= 1
+        return group._go(self._fn, self._args).__await__()
+
+
 class ErrGroup:
     """golang.org/x/sync/errgroup: goroutines whose first error cancels a shared context.
 
     ``ErrGroup.with_context(parent)`` returns ``(group, ctx)``; ``ctx`` is cancelled
     (cause: the error) when a goroutine fails or when ``wait`` returns. ``wait``
     returns the first error (None if all succeeded). ``set_limit(n)`` bounds the number
-    of goroutines running at once; ``go`` blocks while the limit is reached.
+    of goroutines running at once; ``await go(fn)`` blocks while the limit is reached
+    and ``try_go(fn)`` returns False instead.
+
+    ``go`` must be awaited (it may block, unlike ``WaitGroup.go``); a call that was
+    never awaited starts nothing, and ``wait`` raises SyncPanic saying so rather than
+    return as if its goroutine had run.
     """
 
     def __init__(self) -> None:
@@ -259,6 +381,7 @@ class ErrGroup:
         self._err: BaseException | None = None
         self._cancel: Callable[[BaseException | None], None] | None = None
         self._sem: Semaphore | None = None
+        self._unawaited = 0  # go() calls whose result was not awaited (yet)
 
     @classmethod
     def with_context(cls, parent: Any) -> tuple[ErrGroup, Any]:
@@ -270,14 +393,39 @@ class ErrGroup:
         return group, ctx
 
     def set_limit(self, n: int) -> None:
-        if self._wg._count:
-            raise SyncPanic("errgroup: modify limit while goroutines in the group are still active")
-        self._sem = Semaphore(n) if n >= 0 else None
+        """Allow at most ``n`` goroutines at once; a negative ``n`` removes the limit.
 
-    async def go(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Start ``fn(*args)``; blocks while the limit is reached."""
+        As in x/sync, changing a limit while goroutines counted by it are active panics
+        (SyncPanic); removing it, or setting one when none was set, is always allowed.
+        """
+        if n < 0:
+            self._sem = None
+            return
+        active = self._sem._cur if self._sem is not None else 0
+        if active:
+            raise SyncPanic(
+                f"errgroup: modify limit while {active} goroutines in the group are still active"
+            )
+        self._sem = Semaphore(n)
+
+    def go(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[None]:
+        """Start ``fn(*args)`` in a goroutine when awaited; blocks while the limit is reached."""
+        self._unawaited += 1
+        return _GoCall(self, fn, args)
+
+    def try_go(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Start ``fn(*args)`` only if the limit allows it now; True if it started."""
+        if self._sem is not None and not self._sem.try_acquire():
+            return False
+        self._start(fn, args)
+        return True
+
+    async def _go(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
         if self._sem is not None:
             await self._sem.acquire()
+        self._start(fn, args)
+
+    def _start(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
         self._wg.add(1)
         sem = self._sem
 
@@ -297,6 +445,12 @@ class ErrGroup:
         go(run)
 
     async def wait(self) -> BaseException | None:
+        """Wait for every goroutine; return the first error (None if all succeeded)."""
+        if self._unawaited:
+            raise SyncPanic(
+                f"errgroup: {self._unawaited} go() calls were not awaited, so their "
+                "goroutines never started (write `await group.go(fn)`)"
+            )
         await self._wg.wait()
         if self._cancel is not None:
             self._cancel(self._err)

@@ -9,7 +9,8 @@ batch is being written wait and go together in the next one.
 Protocol (leader/follower, as in database group commit):
 
 1. A goroutine appends its operation to ``pending``. If no batch is in flight it becomes
-   the **leader**; otherwise it parks (``idempotency commit``).
+   the **leader** and yields once (``gosched``), so that goroutines already runnable can
+   append theirs; otherwise it parks (``idempotency commit``).
 2. The leader takes up to ``max_batch`` pending operations and runs them in one
    ``gosim.syscall`` (the blocking store call runs on an OS thread, so other goroutines
    keep running and keep appending). ``apply_batch`` sets each operation's result or
@@ -103,6 +104,11 @@ class GroupCommitter:
         self._leading = True
         handed_off = False
         try:
+            # Let the goroutines that are runnable now (typically the followers just
+            # readied with the last batch's replies) add their operations first: without
+            # this yield the new leader would take a batch of one, and batches would
+            # alternate between 1 and all-but-one.
+            await gosim.gosched()
             while True:
                 batch = pending[: self.max_batch]
                 del pending[: len(batch)]

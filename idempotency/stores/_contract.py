@@ -111,6 +111,10 @@ class Store(abc.ABC):
         """Delete the expired records; return how many were deleted."""
 
     @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in the units of ``Record.expires_at`` (seconds)."""
+
+    @abc.abstractmethod
     def statistics(self) -> StoreStatistics:
         """Counters since the store was opened."""
 

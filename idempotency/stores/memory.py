@@ -100,5 +100,8 @@ class MemoryStore(Store):
             del self._records[rk]
         return len(dead)
 
+    def now(self) -> float:
+        return self._clock()
+
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(self._operations, self._operations, 1 if self._operations else 0)

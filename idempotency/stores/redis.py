@@ -1,8 +1,10 @@
 """RedisStore: records in Redis, shared by processes and machines (redis-py, Lua).
 
-Every operation is one Lua script, so Redis runs it atomically: the claim reads the
-record, decides, takes a fencing token (``INCR`` on one counter key) and writes; the
-completion checks the fence and writes; an effect runs in the completion's script. The
+Every operation runs inside a Lua script, so Redis runs it atomically: the claim reads
+the record, decides, takes a fencing token (``INCR`` on one counter key) and writes;
+the completion checks the fence and writes; an effect runs in the completion's script.
+The records of one store and its fence counter must live on one Redis (not spread over
+a cluster's slots): a script touches several of them. The
 scripts implement the table of ``idempotency._record`` and must agree with it (the
 contract suite and the state-machine test run against both; the names of the states
 are the same integers).
@@ -18,10 +20,13 @@ Time: by default the scripts read the server's clock (``TIME``), one clock for e
 process. A ``clock`` given to the store is sent with each call instead (tests use it to
 move time by hand); the key's Redis TTL still runs on the server's clock.
 
-Batching: concurrent calls' scripts are pipelined (one round trip per batch) through the
-same :class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
-``gosim.syscall``. redis-py's own retries are off: a script whose reply was lost may
-have run, and sending it again could, for example, answer a claim with its own BUSY.
+Batching: concurrent calls' operations go through the same
+:class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
+``gosim.syscall``: a batch's claims, completions, releases and reads travel as one
+script call (the script loops over them), and effects as further scripts in the same
+pipeline, so a batch costs one round trip and redis-py's per-command cost is paid per
+batch. redis-py's own retries are off: a script whose reply was lost may have run, and
+sending it again could, for example, answer a claim with its own BUSY.
 
 Durability is Redis's: configure ``appendonly yes`` with ``appendfsync always`` for an
 acknowledged record to survive a crash of the Redis server (``everysec`` may lose the
@@ -40,6 +45,7 @@ that a refusal or an error leaves nothing written.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -55,76 +61,136 @@ from ._contract import Completion, Effect, Store, StoreStatistics
 
 __all__ = ["LuaEffect", "RedisStore"]
 
-# The prelude every script starts with: the time, and the record read back. ARGV[1] is
-# the caller's clock in ms, or "" for the server's. Must agree with _record.state_at.
-_PRELUDE: Final = """
+# The library every script starts with: the time, and one function per operation of
+# idempotency._record (which they must agree with; the states are the same integers).
+# KEYS[1] is always the fence counter; ARGV[1] is the caller's clock in ms, or "" for
+# the server's. Functions return the reply of their operation; -9 is a corrupted record.
+_LIB: Final = """
 local now = tonumber(ARGV[1])
 if not now then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local rec = redis.call('HMGET', KEYS[1], 's', 'fp', 'f', 'x', 'ok', 'p')
-local s = tonumber(rec[1])
-local x = tonumber(rec[4])
-if rec[1] and (not (s == 1 or s == 2) or not x or not tonumber(rec[3])) then
-    return {-9, 'corrupted', rec[1] or '', rec[3] or '', rec[4] or ''}
+local fence_key = KEYS[1]
+
+-- k's record: {rec = HMGET fields, s, x, live}, or nil and the corruption reply.
+local function load(k)
+    local rec = redis.call('HMGET', k, 's', 'fp', 'f', 'x', 'ok', 'p')
+    local s, x = tonumber(rec[1]), tonumber(rec[4])
+    if rec[1] and (not (s == 1 or s == 2) or not x or not tonumber(rec[3])) then
+        return nil, {-9, 'corrupted', rec[1] or '', rec[3] or '', rec[4] or ''}
+    end
+    return {rec = rec, s = s, x = x, live = s ~= nil and x > now}
 end
-local live = s ~= nil and x > now
+
+-- _record._check_holder: nil when `fence` holds k's live claim, else the stale reply.
+local function stale(r, fence)
+    if not r.rec[1] then return {-1, 'gone', 0} end
+    if tonumber(r.rec[3]) ~= fence then return {-1, 'taken', tonumber(r.rec[3])} end
+    if not r.live then return {-1, 'lapsed', 0} end
+    if r.s == 2 then return {-1, 'completed', 0} end
+    return nil
+end
+
+-- _record.claim: 0 claimed, 1 replay, 2 busy, 3 mismatch.
+local function claim(k, fp, lease)
+    local r, bad = load(k)
+    if bad then return bad end
+    if not r.live then
+        local fence = redis.call('INCR', fence_key)
+        local expires = now + lease
+        redis.call('DEL', k)
+        redis.call('HSET', k, 's', 1, 'fp', fp, 'f', fence, 'x', expires)
+        redis.call('PEXPIRE', k, lease)
+        return {0, fence, expires}
+    end
+    local rec = r.rec
+    if rec[2] ~= fp then return {3, tonumber(rec[3]), r.x, r.s, rec[2]} end
+    if r.s == 2 then return {1, tonumber(rec[3]), r.x, tonumber(rec[5]), rec[6]} end
+    return {2, tonumber(rec[3]), r.x}
+end
+
+-- _record.complete.
+local function complete(k, fence, ttl, ok, payload)
+    local r, bad = load(k)
+    if bad then return bad end
+    local st = stale(r, fence)
+    if st then return st end
+    local expires = now + ttl
+    redis.call('HSET', k, 's', 2, 'x', expires, 'ok', ok, 'p', payload)
+    redis.call('PEXPIRE', k, ttl)
+    return {0, expires, tonumber(ok), payload, r.rec[2]}
+end
+
+-- _record.release.
+local function release(k, fence)
+    local r, bad = load(k)
+    if bad then return bad end
+    local st = stale(r, fence)
+    if st then return st end
+    redis.call('DEL', k)
+    return {0}
+end
+
+-- The live record, or {0}.
+local function get(k)
+    local r, bad = load(k)
+    if bad then return bad end
+    if not r.live then return {0} end
+    local rec = r.rec
+    return {1, r.s, rec[2], tonumber(rec[3]), r.x, tonumber(rec[5]) or 1, rec[6] or false}
+end
 """
 
-# _record.claim. ARGV: now, fingerprint, lease ms. KEYS: record, fence counter.
-_CLAIM_LUA: Final = (
-    _PRELUDE
+# A whole batch in one script: KEYS[2..] are the operations' records, ARGV[2..] their
+# kinds and arguments in order. One command per batch keeps redis-py's per-command cost
+# (packing, parsing: most of a round trip's CPU) off the per-call path. Each operation
+# runs under pcall, so one's error (a key of the wrong type) is its own reply (-8).
+_BATCH_LUA: Final = (
+    _LIB
     + """
-if not live then
-    local fence = redis.call('INCR', KEYS[2])
-    local expires = now + tonumber(ARGV[3])
-    redis.call('DEL', KEYS[1])
-    redis.call('HSET', KEYS[1], 's', 1, 'fp', ARGV[2], 'f', fence, 'x', expires)
-    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-    return {0, fence, expires}
+local out, a = {}, 2
+for i = 2, #KEYS do
+    local kind, k, ok, res = tonumber(ARGV[a]), KEYS[i], nil, nil
+    if kind == 0 then
+        ok, res = pcall(claim, k, ARGV[a + 1], tonumber(ARGV[a + 2]))
+        a = a + 3
+    elseif kind == 1 then
+        ok, res = pcall(complete, k, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                        ARGV[a + 3], ARGV[a + 4])
+        a = a + 5
+    elseif kind == 2 then
+        ok, res = pcall(release, k, tonumber(ARGV[a + 1]))
+        a = a + 2
+    else
+        ok, res = pcall(get, k)
+        a = a + 1
+    end
+    if not ok then
+        if type(res) == 'table' and res.err then res = res.err end
+        res = {-8, tostring(res)}
+    end
+    out[i - 1] = res
 end
-if rec[2] ~= ARGV[2] then
-    return {3, tonumber(rec[3]), x, s, rec[2]}
-end
-if s == 2 then
-    return {1, tonumber(rec[3]), x, tonumber(rec[5]), rec[6]}
-end
-return {2, tonumber(rec[3]), x}
+return out
 """
 )
 
-# _record._check_holder, shared by completion and release. ARGV[2] is the fence.
-_HOLDER: Final = """
-if not rec[1] then return {-1, 'gone', 0} end
-if tonumber(rec[3]) ~= tonumber(ARGV[2]) then return {-1, 'taken', tonumber(rec[3])} end
-if not live then return {-1, 'lapsed', 0} end
-if s == 2 then return {-1, 'completed', 0} end
-"""
-
-# _record.complete. ARGV: now, fence, ttl ms, ok, payload.
-_COMPLETE_LUA: Final = (
-    _PRELUDE
-    + _HOLDER
-    + """
-local expires = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 's', 2, 'x', expires, 'ok', ARGV[4], 'p', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {0, expires, tonumber(ARGV[4]), ARGV[5], rec[2]}
-"""
-)
-
-# _record.complete with an effect. ARGV: now, fence, ttl ms, max payload bytes, the
-# effect's ARGV...; KEYS: record, the effect's KEYS... The body is spliced in below.
+# A completion with an effect: KEYS = fence, record, the effect's KEYS...; ARGV = now,
+# fence, ttl ms, max payload bytes, the effect's ARGV... The body is spliced in below;
+# it runs only after the fence check, and its result is recorded by `complete`.
 _EFFECT_HEAD: Final = (
-    _PRELUDE
-    + _HOLDER
+    _LIB
     + """
+local r, bad = load(KEYS[2])
+if bad then return bad end
+local st = stale(r, tonumber(ARGV[2]))
+if st then return st end
 local function idempotency_fail(code, message, data)
     error({idempotency_fail = true, code = code, message = message, data = data})
 end
 local effect_keys, effect_argv = {}, {}
-for i = 2, #KEYS do effect_keys[i - 1] = KEYS[i] end
+for i = 3, #KEYS do effect_keys[i - 2] = KEYS[i] end
 for i = 5, #ARGV do effect_argv[i - 4] = ARGV[i] end
 local function effect(KEYS, ARGV)
 """
@@ -142,36 +208,16 @@ else
     return redis.error_reply('LuaEffect failed: ' .. tostring(res))
 end
 if #payload > tonumber(ARGV[4]) then return {-2, #payload} end
-local expires = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 's', 2, 'x', expires, 'ok', okflag, 'p', payload)
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]))
-return {0, expires, okflag, payload, rec[2]}
+return complete(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), okflag, payload)
 """
 
-# _record.release. ARGV: now, fence.
-_RELEASE_LUA: Final = (
-    _PRELUDE
-    + _HOLDER
-    + """
-redis.call('DEL', KEYS[1])
-return {0}
-"""
-)
-
-# The live record, or nothing. ARGV: now.
-_GET_LUA: Final = (
-    _PRELUDE
-    + """
-if not live then return {0} end
-return {1, s, rec[2], tonumber(rec[3]), x, tonumber(rec[5]) or 1, rec[6] or false}
-"""
-)
-
-# Delete the record if expired. ARGV: now.
+# Delete KEYS[2] if it has expired. ARGV: now.
 _SWEEP_LUA: Final = (
-    _PRELUDE
+    _LIB
     + """
-if rec[1] and not live then redis.call('DEL', KEYS[1]) return 1 end
+local r, bad = load(KEYS[2])
+if bad then return 0 end
+if r.rec[1] and not r.live then redis.call('DEL', KEYS[2]) return 1 end
 return 0
 """
 )
@@ -265,6 +311,11 @@ class RedisStore(Store):
 
         return await gosim.syscall(self._sweep)
 
+    def now(self) -> float:
+        """The clock given to the store, else this machine's (an estimate of the
+        server's: used only to time waits, never to decide a record's state)."""
+        return self._clock() if self._clock is not None else time.time()
+
     def statistics(self) -> StoreStatistics:
         c = self._committer
         return StoreStatistics(c.operations, c.batches, c.largest_batch)
@@ -286,65 +337,72 @@ class RedisStore(Store):
                 self._shas[source] = sha
         return sha
 
-    def _command(self, op: Op, now: str) -> tuple[str, list[Any]]:
-        """The script source and its ``keys + args`` for ``op``."""
+    def _batch_args(self, op: Op, keys: list[Any], args: list[Any]) -> None:
+        """Append ``op``'s record key and ``kind, arguments`` for the batch script."""
         kind = op.kind
+        keys.append(self.record_key(op.args[0], op.args[1]))
         if kind == _CLAIM:
-            caller, key, fp, lease = op.args
-            keys = [self.record_key(caller, key), self._fence_key]
-            return _CLAIM_LUA, [2, *keys, now, fp, max(1, round(lease * 1000))]
-        if kind == _COMPLETE:
-            caller, key, fence, c = op.args
-            ttl = max(1, round(c.ttl * 1000))
-            return _COMPLETE_LUA, [
-                1,
-                self.record_key(caller, key),
-                now,
-                fence,
-                ttl,
-                int(c.ok),
-                c.payload,
-            ]
-        if kind == _EFFECT:
-            caller, key, fence, c = op.args
-            eff: LuaEffect = c.effect
-            source = _EFFECT_HEAD + eff.script + _EFFECT_TAIL
-            ttl = max(1, round(c.ttl * 1000))
-            keys = [self.record_key(caller, key), *eff.keys]
-            return source, [len(keys), *keys, now, fence, ttl, c.max_result_bytes, *eff.args]
-        if kind == _RELEASE:
-            caller, key, fence = op.args
-            return _RELEASE_LUA, [1, self.record_key(caller, key), now, fence]
-        caller, key = op.args
-        return _GET_LUA, [1, self.record_key(caller, key), now]
+            args += (0, op.args[2], max(1, round(op.args[3] * 1000)))
+        elif kind == _COMPLETE:
+            c = op.args[3]
+            args += (1, op.args[2], max(1, round(c.ttl * 1000)), int(c.ok), c.payload)
+        elif kind == _RELEASE:
+            args += (2, op.args[2])
+        else:
+            args.append(3)
+
+    def _effect_command(self, op: Op, now: str) -> tuple[str, list[Any]]:
+        caller, key, fence, c = op.args
+        eff: LuaEffect = c.effect
+        keys = [self._fence_key, self.record_key(caller, key), *eff.keys]
+        ttl = max(1, round(c.ttl * 1000))
+        source = _EFFECT_HEAD + eff.script + _EFFECT_TAIL
+        return source, [len(keys), *keys, now, fence, ttl, c.max_result_bytes, *eff.args]
 
     def _apply_batch(self, ops: list[Op]) -> None:
         now = self._now_arg()
-        todo = [(op, *self._command(op, now)) for op in ops]
+        # Commands of the pipeline: (script, numkeys + keys + args, the ops it serves).
+        todo: list[tuple[str, list[Any], list[Op]]] = []
+        plain = [op for op in ops if op.kind != _EFFECT]
+        if plain:
+            keys: list[Any] = [self._fence_key]
+            args: list[Any] = [now]
+            for op in plain:
+                self._batch_args(op, keys, args)
+            todo.append((_BATCH_LUA, [len(keys), *keys, *args], plain))
+        for op in ops:
+            if op.kind == _EFFECT:
+                source, argv = self._effect_command(op, now)
+                todo.append((source, argv, [op]))
         for attempt in range(2):
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for _, source, argv in todo:
+                for source, argv, _ in todo:
                     pipe.evalsha(self._sha(source), *argv)
                 replies = pipe.execute(raise_on_error=False)
             except redis_py.RedisError as exc:
                 err = StoreUnavailable(f"{self._name}: {type(exc).__name__}: {exc}")
-                for op, _, _ in todo:
-                    op.error = err
+                for _, _, served in todo:
+                    for op in served:
+                        op.error = err
                 return
             retry = []
-            for (op, source, argv), reply in zip(todo, replies, strict=True):
+            for (source, argv, served), reply in zip(todo, replies, strict=True):
                 if isinstance(reply, redis_py.exceptions.NoScriptError) and attempt == 0:
                     # The server lost its script cache (a restart): the script did not
-                    # run. Load it again and resend just these.
+                    # run. Load it again and resend just this command.
                     with self._shas_lock:
                         self._shas.pop(source, None)
-                    retry.append((op, source, argv))
+                    retry.append((source, argv, served))
                     continue
-                try:
-                    op.result = self._decode(op, reply)
-                except Exception as exc:
-                    op.error = exc
+                per_op = reply if source is _BATCH_LUA and isinstance(reply, list) else [reply]
+                if len(per_op) != len(served):  # the whole command failed
+                    per_op = [reply] * len(served)
+                for op, op_reply in zip(served, per_op, strict=True):
+                    try:
+                        op.result = self._decode(op, op_reply)
+                    except Exception as exc:
+                        op.error = exc
             if not retry:
                 return
             todo = retry
@@ -367,6 +425,11 @@ class RedisStore(Store):
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"{self._name}: {type(reply).__name__}: {reply}")
         code = reply[0]
+        if code == -8:  # an error inside the batch script, for this operation only
+            text = reply[1].decode(errors="replace")
+            if "WRONGTYPE" in text:
+                raise self._corrupt(op, "the key does not hold a hash")
+            raise StoreUnavailable(f"{self._name}: {text}")
         if code == -9:
             raise self._corrupt(op, f"fields s={reply[2]!r} f={reply[3]!r} x={reply[4]!r}")
         kind = op.kind
@@ -415,7 +478,7 @@ class RedisStore(Store):
         try:
             sha = self._sha(_SWEEP_LUA)
             for rkey in self.client.scan_iter(match=f"{self.prefix}rec:*", count=1000):
-                deleted += int(self.client.evalsha(sha, 1, rkey, now))
+                deleted += int(self.client.evalsha(sha, 2, self._fence_key, rkey, now))
         except redis_py.RedisError as exc:
             raise StoreUnavailable(f"{self._name}: sweep: {type(exc).__name__}: {exc}") from exc
         return deleted

@@ -2,8 +2,18 @@
 
 Durability
 ----------
-The database runs in WAL mode with ``synchronous=FULL`` by default: every commit is
-fsynced before it returns, so an acknowledged record survives a power loss. Several
+The database runs in WAL mode with ``synchronous=FULL`` by default: every commit that
+records an outcome (a completion, its effect, a release, ``transact``) is fsynced before
+its reply leaves, so an acknowledged record survives a power loss. A batch of claims
+and reads alone commits without an fsync (``NORMAL``): a claim is no answer to anyone,
+a process crash keeps it (WAL), and the next durable commit makes it durable. A power
+loss may lose it -- and with it every process of the machine, the claim's holder
+included -- so the key is free again on restart, as after a lapsed lease. Fencing
+tokens stay monotonic through that: a durable batch reserves tokens ahead
+(``fence_ceiling``, 4096 more once half are used), a claim batch hands out tokens only
+below the durable reservation (else it is redone durably), and a store opening skips
+the counter to the reservation. Measured here: an fsynced commit took 5 ms on the
+loaded disk, a ``NORMAL`` one 0.1 ms; claims are half of all batches. Several
 processes on one machine may share the file: each batch is a ``BEGIN IMMEDIATE``
 transaction (SQLite's write lock, waited for up to ``busy_timeout``), and fencing tokens
 come from a counter row updated in the same transaction, so they rise across processes.
@@ -70,6 +80,7 @@ _RELEASE: Final = 2
 _GET: Final = 3
 _SWEEP: Final = 4
 _TRANSACT: Final = 5
+_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET})  # ops on one record
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -83,31 +94,49 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
     payload     BLOB,              -- completed: msgpack outcome; NULL in progress
     PRIMARY KEY (caller, key)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idempotency_records_expiry ON idempotency_records (expires_at);
 CREATE TABLE IF NOT EXISTS idempotency_meta (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
+INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0);
 """
 
-_SELECT: Final = (
-    "SELECT state, fingerprint, fence, expires_at, ok, payload"
-    " FROM idempotency_records WHERE caller = ? AND key = ?"
+_SELECT_MANY: Final = (
+    "SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
+    " FROM idempotency_records WHERE "
 )
-_INSERT_CLAIM: Final = (
-    "INSERT OR REPLACE INTO idempotency_records"
+_ONE_KEY: Final = "(caller = ? AND key = ?)"
+# Columns in the order of Record's fields, after (caller, key).
+_UPSERT: Final = (
+    "INSERT INTO idempotency_records"
     " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-    " VALUES (?, ?, 1, ?, ?, ?, 1, NULL)"
-)
-_UPDATE_COMPLETE: Final = (
-    "UPDATE idempotency_records SET state = 2, expires_at = ?, ok = ?, payload = ?"
-    " WHERE caller = ? AND key = ?"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (caller, key) DO UPDATE SET state = excluded.state,"
+    " fingerprint = excluded.fingerprint, fence = excluded.fence,"
+    " expires_at = excluded.expires_at, ok = excluded.ok, payload = excluded.payload"
 )
 _DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
-_READ_FENCE: Final = "SELECT value FROM idempotency_meta WHERE name = 'fence'"
+_SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
+_SWEEP_SCAN: Final = (
+    "SELECT caller, key, expires_at FROM idempotency_records"
+    " WHERE (caller, key) > (?, ?) ORDER BY caller, key LIMIT ?"
+)
+_READ_FENCE: Final = (
+    "SELECT (SELECT value FROM idempotency_meta WHERE name = 'fence'),"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')"
+)
 _WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
+_WRITE_CEILING: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence_ceiling'"
+# After a restart, tokens resume above every token a claim may have handed out before
+# its commit reached the disk (see "Durability" above).
+_SKIP_TO_CEILING: Final = (
+    "UPDATE idempotency_meta SET value = max(value,"
+    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')) WHERE name = 'fence'"
+)
+FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
+_LIGHT: Final = frozenset({_CLAIM, _GET})  # batches of these only commit without fsync
 
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Errors meaning the file itself is damaged, not that it is busy or unreachable.
@@ -137,7 +166,10 @@ class SQLiteStore(Store):
     ``group_commit=False`` gives every operation its own transaction (for comparison:
     it is several times slower under concurrency). ``max_batch`` bounds a transaction.
     ``busy_timeout``: how long to wait for another process's write lock before
-    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file.
+    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file. Every
+    ``sweep_every`` batches (0: never) the next 512 records in key order are checked
+    and the expired ones deleted, in the batch's transaction; :meth:`sweep` deletes all
+    of them at once (a scan of the table).
 
     One store object serves one gosim runtime at a time. The connection is opened at
     construction; :meth:`close` closes it.
@@ -152,6 +184,7 @@ class SQLiteStore(Store):
         max_batch: int = 512,
         busy_timeout: float = 30.0,
         clock: Callable[[], float] = time.time,
+        sweep_every: int = 64,
     ) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
@@ -168,12 +201,24 @@ class SQLiteStore(Store):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
             conn.executescript(_SCHEMA)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_SKIP_TO_CEILING)
+            conn.execute("COMMIT")
         except sqlite3.Error as exc:
             conn.close()
             raise self._store_error(exc, "opening") from exc
         self.journal_mode = mode
+        self._sync_durable = synchronous.upper()
+        # Claims need no fsync of their own: "NORMAL" unless the caller chose less.
+        self._sync_light = (
+            "NORMAL" if self._sync_durable in ("FULL", "EXTRA") else self._sync_durable
+        )
+        self._sync_now = self._sync_durable
         self._conn: sqlite3.Connection | None = conn
         self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+        self._sweep_every = sweep_every
+        self._batches_to_sweep = sweep_every
+        self._sweep_cursor = ("", "")  # the automatic sweep resumes after this key
 
     def __repr__(self) -> str:
         return self._name
@@ -207,6 +252,9 @@ class SQLiteStore(Store):
         The rules of :class:`SQLiteEffect` apply to ``fn``.
         """
         return await self._committer.submit(Op(_TRANSACT, (fn,)))
+
+    def now(self) -> float:
+        return self._clock()
 
     def statistics(self) -> StoreStatistics:
         c = self._committer
@@ -251,55 +299,131 @@ class SQLiteStore(Store):
             raise CorruptedRecord(f"{where}: in progress with a payload")
         return Record(IN_PROGRESS, fp, fence, float(expires_at))
 
+    def _load(
+        self, conn: sqlite3.Connection, ops: list[Op]
+    ) -> dict[tuple[str, str], Record | CorruptedRecord | None]:
+        """The working set: the stored record of every key the batch touches, read with
+        one statement per 100 keys (a corrupted row is kept as its error).
+
+        The statement is an OR of primary-key equalities, which SQLite answers with one
+        index search per key (``MULTI-INDEX OR``); a row-value ``IN (VALUES ...)``
+        scans the table instead.
+        """
+        wanted = list({(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED})
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
+        for i in range(0, len(wanted), 100):
+            chunk = wanted[i : i + 100]
+            sql = _SELECT_MANY + " OR ".join([_ONE_KEY] * len(chunk))
+            params = [part for rk in chunk for part in rk]
+            for row in conn.execute(sql, params):
+                caller, key = row[0], row[1]
+                try:
+                    ws[caller, key] = self._decode(row[2:], caller, key)
+                except CorruptedRecord as exc:
+                    ws[caller, key] = exc
+        return ws
+
     def _apply_batch(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one transaction: without an fsync when they are all claims
+        and reads, unless their tokens would pass the reserved ceiling (then again,
+        durably)."""
+        durable = any(op.kind not in _LIGHT for op in ops)
+        if not self._apply(ops, durable):
+            for op in ops:
+                op.result = op.error = None
+            self._apply(ops, True)
+
+    def _apply(self, ops: list[Op], durable: bool) -> bool:
+        """Apply ``ops`` in order in one transaction (on the syscall thread); False when
+        a light batch needs tokens past the ceiling (rolled back, nothing applied).
+
+        Records are read up front into a working set, every operation is decided by the
+        pure functions of ``_record`` against it, and the changed records are written
+        back with one ``executemany`` per kind of write: a few statements per batch
+        rather than two per operation. An operation that runs user SQL (an effect,
+        ``transact``) first flushes the writes before it, so it sees them.
+        """
         conn = self._conn
         if conn is None:
             closed = StoreUnavailable(f"{self._name}: the store is closed")
             for op in ops:
                 op.error = closed
-            return
+            return True
         now = self._clock()
         try:
+            level = self._sync_durable if durable else self._sync_light
+            if level != self._sync_now:  # only between transactions
+                conn.execute(f"PRAGMA synchronous={level}")
+                self._sync_now = level
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             err = self._store_error(exc, "beginning a transaction")
             for op in ops:
                 op.error = err
-            return
+            return True
         try:
-            fence0 = fence = conn.execute(_READ_FENCE).fetchone()[0]
+            fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
+            fence, ceiling = fence0, ceiling0
+            ws = self._load(conn, ops)
+            dirty: dict[tuple[str, str], Record | None] = {}
             for op in ops:
+                kind = op.kind
                 try:
-                    if op.kind == _CLAIM:
-                        fence = self._claim(conn, op, now, fence)
-                    elif op.kind == _COMPLETE:
-                        self._complete(conn, op, now)
-                    elif op.kind == _RELEASE:
+                    if kind == _CLAIM:
+                        caller, key, fp, lease = op.args
+                        rk = (caller, key)
+                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        if res.kind is ClaimKind.CLAIMED:
+                            fence += 1
+                            ws[rk] = dirty[rk] = res.record
+                        op.result = res
+                    elif kind == _COMPLETE:
+                        caller, key, f, c = op.args
+                        rk = (caller, key)
+                        rec = _current(ws, rk)
+                        if c.effect is None:
+                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
+                            ws[rk] = dirty[rk] = done
+                            op.result = done
+                        else:
+                            self._flush(conn, dirty)
+                            self._complete_with_effect(conn, op, rec, now, ws)
+                    elif kind == _RELEASE:
                         caller, key, f = op.args
-                        rec = self._decode(
-                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
-                        )
+                        rk = (caller, key)
                         try:
-                            release(rec, f, now, caller, key)
+                            release(_current(ws, rk), f, now, caller, key)
                         except StaleClaim:
                             op.result = False
                         else:
-                            conn.execute(_DELETE, (caller, key))
+                            ws[rk] = dirty[rk] = None
                             op.result = True
-                    elif op.kind == _GET:
-                        caller, key = op.args
-                        rec = self._decode(
-                            conn.execute(_SELECT, (caller, key)).fetchone(), caller, key
-                        )
+                    elif kind == _GET:
+                        rec = _current(ws, (op.args[0], op.args[1]))
                         op.result = rec if state_at(rec, now) else None
-                    elif op.kind == _SWEEP:
+                    elif kind == _SWEEP:
+                        self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
                     else:
+                        self._flush(conn, dirty)
                         self._transact(conn, op)
                 except (IdempotencyError, ApplicationError) as exc:
                     op.error = exc
+            self._flush(conn, dirty)
+            if self._sweep_every > 0:
+                self._batches_to_sweep -= 1
+                if self._batches_to_sweep <= 0:
+                    self._batches_to_sweep = self._sweep_every
+                    self._sweep_step(conn, now)
+            if fence > ceiling and not durable:
+                conn.execute("ROLLBACK")
+                return False
+            if durable and ceiling - fence < FENCE_RESERVE // 2:
+                ceiling = fence + FENCE_RESERVE
             if fence != fence0:
                 conn.execute(_WRITE_FENCE, (fence,))
+            if ceiling != ceiling0:
+                conn.execute(_WRITE_CEILING, (ceiling,))
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             # The transaction as a whole failed: nothing of it is committed.
@@ -311,27 +435,42 @@ class SQLiteStore(Store):
             for op in ops:
                 op.result = None
                 op.error = err
+        return True
 
-    def _claim(self, conn: sqlite3.Connection, op: Op, now: float, fence: int) -> int:
-        caller, key, fp, lease = op.args
-        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
-        res = claim(rec, fp, now, lease, fence + 1)
-        if res.kind is ClaimKind.CLAIMED:
-            new = res.record
-            conn.execute(_INSERT_CLAIM, (caller, key, fp, new.fence, new.expires_at))
-            fence += 1
-        op.result = res
-        return fence
+    def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
+        """Retention without a sweeper: look at the next 512 records in key order and
+        delete the expired ones, wrapping around at the end of the table. Walking the
+        primary key costs no index on ``expires_at``, which would cost every write
+        (measured: a third of a call's SQLite time); the whole table is visited once
+        per ``rows / 512 * sweep_every`` batches."""
+        rows = conn.execute(_SWEEP_SCAN, (*self._sweep_cursor, _SWEEP_STEP)).fetchall()
+        expired = [(c, k) for c, k, x in rows if x <= now]
+        if expired:
+            conn.executemany(_DELETE, expired)
+        self._sweep_cursor = rows[-1][:2] if len(rows) == _SWEEP_STEP else ("", "")
 
-    def _complete(self, conn: sqlite3.Connection, op: Op, now: float) -> None:
-        caller, key, fence, c = op.args
-        rec = self._decode(conn.execute(_SELECT, (caller, key)).fetchone(), caller, key)
-        effect = c.effect
-        if effect is None:
-            done = complete(rec, fence, c.ok, c.payload, now, c.ttl, caller, key)
-            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
-            op.result = done
+    @staticmethod
+    def _flush(conn: sqlite3.Connection, dirty: dict[tuple[str, str], Record | None]) -> None:
+        """Write the changed records of the working set back."""
+        if not dirty:
             return
+        upserts = [(*rk, *rec) for rk, rec in dirty.items() if rec is not None]
+        if upserts:
+            conn.executemany(_UPSERT, upserts)
+        if len(upserts) != len(dirty):
+            conn.executemany(_DELETE, [rk for rk, rec in dirty.items() if rec is None])
+        dirty.clear()
+
+    def _complete_with_effect(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        rec: Record | None,
+        now: float,
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ) -> None:
+        caller, key, fence, c = op.args
+        effect = c.effect
         # Check the claim before the effect runs: a stale holder's effect must not run.
         complete(rec, fence, True, b"", now, c.ttl, caller, key)
         conn.execute("SAVEPOINT idempotency_effect")
@@ -340,7 +479,7 @@ class SQLiteStore(Store):
                 lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(conn)
             )
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
-            conn.execute(_UPDATE_COMPLETE, (done.expires_at, done.ok, done.payload, caller, key))
+            conn.execute(_UPSERT, (caller, key, *done))
         except Exception as exc:
             _rollback_to(conn)
             conn.execute("RELEASE idempotency_effect")
@@ -349,6 +488,7 @@ class SQLiteStore(Store):
             op.error = exc  # the effect's own failure (a bug, a constraint): this call only
             return
         conn.execute("RELEASE idempotency_effect")
+        ws[caller, key] = done
         op.result = done
 
     def _transact(self, conn: sqlite3.Connection, op: Op) -> None:
@@ -362,6 +502,15 @@ class SQLiteStore(Store):
             return
         conn.execute("RELEASE idempotency_effect")
         op.result = value
+
+
+def _current(
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
+) -> Record | None:
+    rec = ws[rk]
+    if isinstance(rec, CorruptedRecord):
+        raise rec
+    return rec
 
 
 def _rollback_to(conn: sqlite3.Connection) -> None:

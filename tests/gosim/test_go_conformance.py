@@ -25,10 +25,12 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,9 @@ from typing import Any
 import pytest
 
 import gosim
+import gosim.atomic
+import gosim.context
+import gosim.sync
 from gosim import Chan, go, recv, select, send
 
 PROGRAMS = Path(__file__).parent / "go_programs"
@@ -114,12 +119,12 @@ class GoPrograms:
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
 
-    def run(self, name: str) -> GoRun:
+    def run(self, name: str, *args: str) -> GoRun:
         env = dict(os.environ)
         for var in ("GODEBUG", "GOTRACEBACK", "GOMAXPROCS"):  # Go's defaults, as documented
             env.pop(var, None)
         res = subprocess.run(
-            [str(self.bindir / name)],
+            [str(self.bindir / name), *args],
             env=env,
             capture_output=True,
             text=True,
@@ -1072,6 +1077,560 @@ def test_main_returning_ends_other_goroutines(
     assert sorted(finals) == ["sleeper", "spinner", "worker"]
 
 
+# ------------------------------------------------------- 11. Mutex fairness
+
+MUTEXFAIR_LINES = [
+    "hold 100us: each goroutine gets between 30% and 70%: true",
+    "hold 100us: median run between 8 and 14: true",
+    "hold 2ms: each goroutine gets between 30% and 70%: true",
+    "hold 2ms: median run between 2 and 2: true",
+]
+
+
+def lock_runs(order: list[int]) -> list[int]:
+    """Lengths of the maximal stretches of equal entries (mutexfair/main.go's ``runs``)."""
+    out: list[int] = []
+    i = 0
+    while i < len(order):
+        j = i
+        while j < len(order) and order[j] == order[i]:
+            j += 1
+        out.append(j - i)
+        i = j
+    return out
+
+
+async def mutexfair(out: Out) -> None:
+    """Port of mutexfair/main.go: two goroutines contend for a Mutex; neither mode sticks.
+
+    Go holds the lock by spinning on the clock; under virtual time the port holds it by
+    sleeping, which keeps the other goroutine parked on the mutex all the same.
+    """
+
+    async def contend(d: float, total: int) -> list[int]:
+        mu = gosim.sync.Mutex()
+        wg = gosim.sync.WaitGroup()
+        order: list[int] = []
+
+        async def worker(ident: int) -> None:
+            try:
+                while True:
+                    await mu.lock()
+                    if len(order) == total:
+                        mu.unlock()
+                        return
+                    order.append(ident)
+                    await gosim.sleep(d)
+                    mu.unlock()
+            finally:
+                wg.done()
+
+        for ident in range(2):
+            wg.add(1)
+            go(worker, ident)
+        await wg.wait()
+        return order
+
+    async def report(name: str, d: float, total: int, lo: int, hi: int) -> None:
+        order = await contend(d, total)
+        first = order.count(0)
+        runs = sorted(lock_runs(order)[1:-1])
+        median = runs[len(runs) // 2]
+        fair = first * 10 >= total * 3 and first * 10 <= total * 7
+        out.append(f"{name}: each goroutine gets between 30% and 70%: {gob(fair)}")
+        out.append(f"{name}: median run between {lo} and {hi}: {gob(lo <= median <= hi)}")
+
+    await report("hold 100us", 100e-6, 400, 8, 14)
+    await report("hold 2ms", 2e-3, 100, 2, 2)
+
+
+def go_run_matching(programs: GoPrograms, name: str, want: list[str], tries: int = 5) -> GoRun:
+    """Run a Go program whose verdicts depend on real time until it prints ``want``.
+
+    On a loaded machine an OS preemption can stretch one run of a timing program; Go
+    is taken to show ``want`` when any of ``tries`` runs prints it. The last run is
+    returned when none does, so the assertion that follows shows what Go printed.
+    """
+    run = programs.run(name)
+    for _ in range(tries - 1):
+        if run.returncode == 0 and run.lines == want:
+            break
+        run = programs.run(name)
+    return run
+
+
+@pytest.mark.parametrize(("procs", "seed"), [(1, 1), (2, 2), (4, 3)])
+def test_mutex_leaves_starvation_mode_as_go_does(procs: int, seed: int) -> None:
+    """Go's rule (sync/mutex.go): the last waiter that gets a handed-off lock ends
+    starvation mode, so two contenders alternate in runs, not one acquisition each."""
+    assert port(mutexfair, procs=procs, seed=seed) == MUTEXFAIR_LINES
+
+
+@pytest.mark.go
+def test_mutex_fairness_matches_go(go_programs: GoPrograms) -> None:
+    want = go_run_matching(go_programs, "mutexfair", MUTEXFAIR_LINES)
+    assert want.returncode == 0, want.stderr
+    assert want.lines == MUTEXFAIR_LINES
+    assert port(mutexfair, procs=2, seed=5) == want.lines
+
+
+# ------------------------------------------- 12. timers that cannot wake anyone
+
+
+async def timerdeadlock(out: Out, case: str) -> None:
+    """Port of go123/timerdeadlock/main.go: an unreceived timer hides no deadlock."""
+    never: Chan[int] = Chan()
+    if case == "ticker":
+        tk = gosim.Ticker(0.01)
+        try:
+            out.append("main: a ticker runs; receiving where nobody sends")
+            await never.recv()
+        finally:
+            tk.stop()
+    elif case == "after":
+        c = gosim.after(3600)
+        out.append("main: an hour's time.After is pending; receiving where nobody sends")
+        await never.recv()
+        await c.recv()
+    elif case == "timer":
+        t = gosim.Timer(3600)
+        try:
+            out.append("main: an hour's Timer is pending; receiving where nobody sends")
+            await never.recv()
+        finally:
+            t.stop()
+    elif case == "receiver":
+        t = gosim.Timer(0.01)
+        woke: Chan[str] = Chan()
+
+        async def receiver() -> None:
+            await t.c.recv()
+            await woke.send("receiver: the timer woke me")
+
+        go(receiver)
+        out.append("main: a goroutine waits on a timer's channel")
+        out.append(ival_s(await woke.recv()))
+
+
+TIMER_DEADLOCK_CASES = ["ticker", "after", "timer"]
+
+
+@contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Fail the test after ``seconds`` of real time instead of hanging (a runtime that
+    misses the deadlock would wait an hour, or tick virtual time forever)."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("virtual_time", [True, False])
+@pytest.mark.parametrize("case", TIMER_DEADLOCK_CASES)
+def test_unreceived_timer_channels_hide_no_deadlock(case: str, virtual_time: bool) -> None:
+    """Go 1.23's rule: a channel timer is in the runtime's heap only while a goroutine
+    is blocked on its channel, so it keeps no deadlocked program alive (in real time
+    the report comes at once, not after the hour; in virtual time the ticker does not
+    tick forever)."""
+    out: Out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(timerdeadlock, out, case, procs=2, seed=3, virtual_time=virtual_time)
+    assert len(out) == 1
+    assert goroutine_waits(str(info.value)) == [(1, "chan receive")]
+
+
+def test_a_select_waiting_on_a_timer_keeps_it_live_until_the_select_is_done() -> None:
+    """The same rule for select: a goroutine parked in a select with a timer's channel
+    among its cases will be woken by the timer (no deadlock); once that select has
+    finished through another case, the timer can wake nobody again."""
+
+    async def waits_for_the_timer(out: Out) -> None:
+        never: Chan[int] = Chan()
+        i, _, _ = await select(recv(never), recv(gosim.after(3600)))
+        out.append("timed out" if i == 1 else "never")
+
+    async def select_done_elsewhere(out: Out) -> None:
+        t = gosim.Timer(3600)
+        other: Chan[int] = Chan()
+        never: Chan[int] = Chan()
+        finished: Chan[str] = Chan()
+
+        async def selector() -> None:
+            i, _, _ = await select(recv(t.c), recv(other))
+            await finished.send("timer" if i == 0 else "other")
+
+        go(selector)
+        await settle()
+        await other.send(1)
+        out.append(ival_s(await finished.recv()))
+        await never.recv()
+
+    out: Out = []
+    with bounded(30):
+        gosim.run(waits_for_the_timer, out, procs=2, seed=1, virtual_time=True)
+    assert out == ["timed out"]
+    out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(select_done_elsewhere, out, procs=2, seed=1, virtual_time=True)
+    assert out == ["other"]
+    assert goroutine_waits(str(info.value)) == [(1, "chan receive")]
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("case", TIMER_DEADLOCK_CASES)
+def test_timer_deadlocks_match_go123(go123_programs: GoPrograms, case: str) -> None:
+    want = go123_programs.run("timerdeadlock", case)
+    waits = go_deadlock_waits(want)
+    assert waits == [(1, "chan receive")]
+    out: Out = []
+    with bounded(30), pytest.raises(gosim.Deadlock) as info:
+        gosim.run(timerdeadlock, out, case, procs=2, seed=3, virtual_time=True)
+    assert out == want.lines
+    assert goroutine_waits(str(info.value)) == waits
+
+
+@pytest.mark.go
+def test_a_timer_with_a_waiting_receiver_is_no_deadlock(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("timerdeadlock", "receiver")
+    assert want.returncode == 0, want.stderr
+    out: Out = []
+    gosim.run(timerdeadlock, out, "receiver", procs=2, seed=3, virtual_time=True)
+    assert out == want.lines
+
+
+# ------------------------------------------------ 13. WaitGroup after a panic
+
+
+async def wgnegative(out: Out) -> None:
+    """Port of wgnegative/main.go: the negative counter is stored before the panic."""
+    wg = gosim.sync.WaitGroup()
+    try:
+        wg.add(-1)
+    except gosim.sync.SyncPanic as exc:  # Go: a deferred recover()
+        out.append(f"recovered: {exc}")
+    wg.add(1)
+    await wg.wait()
+    out.append("wait returned after Add(1)")
+
+
+def test_waitgroup_keeps_the_negative_count_go_stores() -> None:
+    """Go's Add stores the counter, then panics on a negative one (sync/waitgroup.go)."""
+    out: Out = []
+    with bounded(30):
+        gosim.run(wgnegative, out, virtual_time=True)
+    assert out == ["recovered: sync: negative WaitGroup counter", "wait returned after Add(1)"]
+
+
+@pytest.mark.go
+def test_waitgroup_after_a_recovered_panic_matches_go(go_programs: GoPrograms) -> None:
+    want = go_programs.run("wgnegative")
+    assert want.returncode == 0, want.stderr
+    out: Out = []
+    with bounded(30):
+        gosim.run(wgnegative, out, virtual_time=True)
+    assert out == want.lines
+
+
+# ---------------------------------------------------- 14. a crash's first line
+
+
+async def crash(out: Out, case: str) -> None:
+    """Port of crash/main.go: die of the named misuse, unrecovered."""
+    out.append(f"main: about to crash: {case}")
+    if case == "sendclosed":
+        ch: Chan[int] = Chan(1)
+        ch.close()
+        await ch.send(1)
+    elif case == "closeclosed":
+        ch = Chan()
+        ch.close()
+        ch.close()
+    elif case == "negwaitgroup":
+        gosim.sync.WaitGroup().done()
+    elif case == "unlock":
+        gosim.sync.Mutex().unlock()
+
+
+CRASH_FIRST_LINES = {
+    "sendclosed": "panic: send on closed channel",
+    "closeclosed": "panic: close of closed channel",
+    "negwaitgroup": "panic: sync: negative WaitGroup counter",
+    "unlock": "fatal error: sync: unlock of unlocked mutex",
+}
+
+
+def crash_report(case: str) -> tuple[Out, str]:
+    out: Out = []
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(crash, out, case, virtual_time=True)
+    return out, str(info.value)
+
+
+@pytest.mark.parametrize("case", sorted(CRASH_FIRST_LINES))
+def test_crash_report_first_line_is_gos(case: str) -> None:
+    """Go prints a runtime panic's message after ``panic: `` and a throw as
+    ``fatal error: ...`` (runtime/panic.go: printpanicval, throw)."""
+    _, report = crash_report(case)
+    assert report.splitlines()[0] == CRASH_FIRST_LINES[case]
+    assert "goroutine 1 [running]:" in report
+
+
+@pytest.mark.go
+@pytest.mark.parametrize("case", sorted(CRASH_FIRST_LINES))
+def test_crash_report_first_line_matches_go(go_programs: GoPrograms, case: str) -> None:
+    want = go_programs.run("crash", case)
+    assert want.returncode == 2, want.stderr
+    first = want.stderr.splitlines()[0]
+    assert first == CRASH_FIRST_LINES[case]
+    out, report = crash_report(case)
+    assert out == want.lines
+    assert report.splitlines()[0] == first
+
+
+# ------------------------------------------------ 15. context's documented rules
+
+NIL_PARENT_CONSTRUCTORS = [
+    "WithCancel",
+    "WithCancelCause",
+    "WithDeadline",
+    "WithDeadlineCause",
+    "WithTimeout",
+    "WithTimeoutCause",
+    "WithValue",
+    "WithoutCancel",
+]
+
+
+async def contextrules(out: Out) -> None:
+    """Port of go123/contextrules/main.go: nil parents, AfterFunc's stop, causes."""
+    ctxmod = gosim.context
+    why = ValueError("why")
+    make: dict[str, Callable[[], object]] = {
+        "WithCancel": lambda: ctxmod.with_cancel(None),  # type: ignore[arg-type]
+        "WithCancelCause": lambda: ctxmod.with_cancel_cause(None),  # type: ignore[arg-type]
+        "WithDeadline": lambda: ctxmod.with_deadline(None, gosim.now()),  # type: ignore[arg-type]
+        "WithDeadlineCause": lambda: ctxmod.with_deadline_cause(
+            None,  # type: ignore[arg-type]
+            gosim.now(),
+            why,
+        ),
+        "WithTimeout": lambda: ctxmod.with_timeout(None, 1.0),  # type: ignore[arg-type]
+        "WithTimeoutCause": lambda: ctxmod.with_timeout_cause(
+            None,  # type: ignore[arg-type]
+            1.0,
+            why,
+        ),
+        "WithValue": lambda: ctxmod.with_value(None, "key", 1),  # type: ignore[arg-type]
+        "WithoutCancel": lambda: ctxmod.without_cancel(None),  # type: ignore[arg-type]
+    }
+    for name in NIL_PARENT_CONSTRUCTORS:
+        try:
+            make[name]()
+            out.append(f"{name}(nil): <nil>")
+        except ValueError as exc:  # Go: a deferred recover()
+            out.append(f"{name}(nil): {exc}")
+
+    ran: Chan[bool] = Chan(1)
+
+    async def f() -> None:
+        await ran.send(True)
+
+    stop = ctxmod.after_func(ctxmod.background(), f)
+    first = stop()
+    out.append(f"AfterFunc(Background) stop: {gob(first)}, again: {gob(stop())}")
+
+    ctx, cancel = ctxmod.with_cancel(ctxmod.background())
+    stop = ctxmod.after_func(ctx, f)
+    out.append(f"AfterFunc(cancellable) stop before cancel: {gob(stop())}")
+    cancel()
+    await gosim.sleep(0.01)
+    out.append(f"f ran: {ran.len()} times")
+
+    ctx, cancel = ctxmod.with_cancel(ctxmod.background())
+    stop = ctxmod.after_func(ctx, f)
+    cancel()
+    await ran.recv()
+    out.append(f"AfterFunc stop after f started: {gob(stop())}")
+
+    ctx, cancel = ctxmod.with_deadline_cause(ctxmod.background(), gosim.now() + 0.001, why)
+    await ctx.done().recv()  # type: ignore[union-attr]
+    out.append(f"WithDeadlineCause: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+    cancel()
+    ctx, cancel = ctxmod.with_timeout_cause(ctxmod.background(), 0.001, why)
+    await ctx.done().recv()  # type: ignore[union-attr]
+    out.append(f"WithTimeoutCause: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+    cancel()
+    ctx, cancel = ctxmod.with_timeout_cause(ctxmod.background(), 3600, why)
+    cancel()
+    out.append(f"WithTimeoutCause cancelled first: err {ctx.err()}, cause {ctxmod.cause(ctx)}")
+
+
+CONTEXT_RULE_LINES = [
+    *(f"{name}(nil): cannot create context from nil parent" for name in NIL_PARENT_CONSTRUCTORS),
+    "AfterFunc(Background) stop: true, again: false",
+    "AfterFunc(cancellable) stop before cancel: true",
+    "f ran: 0 times",
+    "AfterFunc stop after f started: false",
+    "WithDeadlineCause: err context deadline exceeded, cause why",
+    "WithTimeoutCause: err context deadline exceeded, cause why",
+    "WithTimeoutCause cancelled first: err context canceled, cause context canceled",
+]
+
+
+def test_context_follows_gos_documented_rules() -> None:
+    """Go's context docs: constructors panic on a nil parent; AfterFunc's stop "returns
+    true if the call stopped f from being run"; WithDeadlineCause sets the cause "when
+    the deadline is exceeded" only."""
+    assert port(contextrules, procs=2, seed=4) == CONTEXT_RULE_LINES
+
+
+@pytest.mark.go
+def test_context_rules_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("contextrules")
+    assert want.returncode == 0, want.stderr
+    assert want.lines == CONTEXT_RULE_LINES
+    assert port(contextrules, procs=1, seed=1) == want.lines
+
+
+# -------------------------------------------- 16. "created by" in the crash dump
+
+_STANZA_HEAD = re.compile(r"^goroutine (\d+) \[", re.MULTILINE)
+_CREATED_BY = re.compile(r"^created by (\S+) in goroutine (\d+)$", re.MULTILINE)
+
+
+def created_by_lines(dump: str, main_name: str) -> list[tuple[int, str, int]]:
+    """``(rank, creator function, creator's rank)`` for each goroutine a dump says was
+    created by another. Ids become ranks (see goroutine_waits); functions are named as
+    in Go: the port's top function is ``main.main``, a function defined in it
+    ``main.<name>``, a closure inside that ``main.<name>.func1``."""
+    found: list[tuple[int, str, int]] = []
+    for stanza in dump.split("\n\n"):  # Go's stanzas also hold file:line lines
+        head = _STANZA_HEAD.search(stanza)
+        if head is None:
+            continue
+        creator = _CREATED_BY.search(stanza)
+        fn, parent = (creator.group(1), int(creator.group(2))) if creator else ("", 0)
+        found.append((int(head.group(1)), fn, parent))
+    rank = {goid: n for n, goid in enumerate(sorted(g for g, _, _ in found), start=1)}
+
+    def go_name(fn: str) -> str:
+        if main_name == "main":
+            return fn  # Go's own dump
+        qualname = fn[fn.index(f".{main_name}") + 1 :]  # drop the module
+        parts = qualname.split(".<locals>.")
+        return "main." + ".".join(parts[1:]) if len(parts) > 1 else "main.main"
+
+    return sorted((rank[g], go_name(fn), rank[p]) for g, fn, p in found if fn)
+
+
+async def createdby(out: Out) -> None:
+    """Port of go123/createdby/main.go: goroutines started at two depths, deadlocked."""
+    never: Chan[int] = Chan()
+    started: Chan[bool] = Chan()
+
+    async def spawner() -> None:
+        async def func1() -> None:
+            await started.send(True)
+            await never.recv()
+
+        go(func1)
+        await started.send(True)
+        await never.recv()
+
+    go(spawner)
+    await started.recv()
+    await started.recv()
+    out.append("main: every goroutine is blocked")
+    await never.recv()
+
+
+def test_deadlock_dump_names_the_creating_function() -> None:
+    """Go (1.21+) prints ``created by F in goroutine N`` under each goroutine that
+    another created: F is the function whose ``go`` statement started it."""
+    _, err = run_to_deadlock(createdby, 2, 2)
+    assert created_by_lines(str(err), "createdby") == [(2, "main.main", 1), (3, "main.spawner", 2)]
+
+
+@pytest.mark.go
+def test_created_by_lines_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("createdby")
+    go_lines = created_by_lines(want.stderr, "main")
+    assert go_lines == [(2, "main.main", 1), (3, "main.spawner", 2)]
+    out, err = run_to_deadlock(createdby, 2, 2)
+    assert out == want.lines
+    assert created_by_lines(str(err), "createdby") == go_lines
+
+
+# ------------------------------------- 17. OnceValue, OnceFunc, atomic And/Or
+
+
+class OncePanic(Exception):
+    """The value the OnceFunc's function panics with (Go: panic("once"))."""
+
+
+async def syncextras(out: Out) -> None:
+    """Port of go123/syncextras/main.go: OnceValue/OnceFunc and atomic And/Or."""
+    calls = 0
+
+    def forty_two() -> int:
+        nonlocal calls
+        calls += 1
+        return 42
+
+    get = gosim.sync.once_value(forty_two)
+    wg = gosim.sync.WaitGroup()
+    results = [0, 0, 0]
+
+    async def fetch(i: int) -> None:
+        results[i] = await get()
+
+    for i in range(3):
+        wg.go(fetch, i)
+    await wg.wait()
+    shown = " ".join(map(str, results))
+    out.append(f"OnceValue results: [{shown}] {await get()} calls: {calls}")
+
+    failures = 0
+
+    def broken() -> None:
+        nonlocal failures
+        failures += 1
+        raise OncePanic("once")
+
+    f = gosim.sync.once_func(broken)
+    for i in range(2):
+        try:
+            await f()
+        except OncePanic as exc:  # Go: a deferred recover()
+            out.append(f"OnceFunc call {i} panicked with: {exc}")
+    out.append(f"OnceFunc ran f {failures} time(s)")
+
+    i32 = gosim.atomic.Int32(-6)
+    out.append(f"Int32(-6).And(3) old: {i32.and_(3)} new: {i32.load()}")
+    out.append(f"Int32(2).Or(-8) old: {i32.or_(-8)} new: {i32.load()}")
+    u32 = gosim.atomic.Uint32(0xFF)
+    out.append(f"Uint32(255).And(^uint32(1)) old: {u32.and_(~1)} new: {u32.load()}")
+    out.append(f"Uint32(254).Or(1<<31) old: {u32.or_(1 << 31)} new: {u32.load()}")
+    i64 = gosim.atomic.Int64(1 << 40)
+    out.append(f"Int64(1<<40).Or(1) old: {i64.or_(1)} new: {i64.load()}")
+    u64 = gosim.atomic.Uint64((1 << 64) - 1)
+    out.append(f"Uint64(max).And(1<<63) old: {u64.and_(1 << 63)} new: {u64.load()}")
+
+
+@pytest.mark.go
+def test_once_helpers_and_atomic_and_or_match_go123(go123_programs: GoPrograms) -> None:
+    want = go123_programs.run("syncextras")
+    assert want.returncode == 0, want.stderr
+    assert port(syncextras, procs=2, seed=6) == want.lines
+
+
 # ------------------------------------------------------- gosim as a plain program
 
 _STANDALONE = """
@@ -1111,6 +1670,13 @@ PORTED: dict[str, Callable[..., Awaitable[Any]]] = {
     "nilselectdeadlock": nilselectdeadlock,
     "panic": panicking,
     "mainexit": mainexit,
+    "mutexfair": mutexfair,
+    "go123/timerdeadlock": timerdeadlock,
+    "wgnegative": wgnegative,
+    "crash": crash,
+    "go123/contextrules": contextrules,
+    "go123/createdby": createdby,
+    "go123/syncextras": syncextras,
 }
 
 

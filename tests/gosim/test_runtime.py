@@ -126,8 +126,10 @@ def test_panic_stops_runtime_names_goroutine_and_runs_finally_blocks() -> None:
         gosim.run(main, procs=2)
     assert isinstance(info.value.__cause__, ValueError)
     assert info.value.goid == 3
-    assert "panic: ValueError('boom')" in str(info.value)
+    assert str(info.value).startswith("panic: boom\n")  # Go prints the error's message
     assert "goroutine 3 [running]:" in str(info.value)
+    assert "created by tests.gosim.test_runtime." in str(info.value)
+    assert str(info.value).endswith(" in goroutine 1")
     assert cleaned == ["bystander"]
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -20,7 +21,14 @@ from numba import njit
 from numba.core.registry import CPUDispatcher
 
 from gosim import spin
-from gosim.atomic import JIT_ENABLED, _ops, atomic_load
+from gosim.atomic import (
+    JIT_ENABLED,
+    _ops,
+    atomic_fetch_add,
+    atomic_load,
+    atomic_store_release,
+    atomic_swap,
+)
 from gosim.spin import _cpu
 from gosim.spin import _kernels as k
 
@@ -149,6 +157,98 @@ def test_try_acquire_and_locked(cls: Any) -> None:
     assert "locked" in repr(lock) and lock.locked()
     lock.release()
     assert repr(lock).endswith("unlocked>")
+
+
+# Lines of the `cell` array the mixed CLH workers share (one 128-byte line each).
+_INSIDE, _COUNTER, _OVERLAPS, _STARTED, _STOP = (i * k.LINE_WORDS for i in range(5))
+
+
+@njit(nogil=True)
+def _clh_mixed_worker(words: Any, me: int, use_try: bool, cell: Any, nthreads: int) -> int:
+    """Take the CLH lock (by acquire, or by try_acquire's steps until they succeed) and bump a
+    counter with a plain read-modify-write until told to stop; count the times the
+    critical section was found occupied. Returns the increments made."""
+    atomic_fetch_add(cell, _STARTED, 1)
+    while atomic_load(cell, _STARTED) < nthreads:
+        pass  # start together, so that the threads really overlap
+    done = 0
+    while atomic_load(cell, _STOP) == 0:
+        if use_try:
+            # clh_try_acquire in its two steps, with a pause between them as long as
+            # an OS preemption there would make it: the window in which the tail node
+            # can be released, re-taken and put back in the tail by the other threads.
+            seen = k.clh_try_observe(words)
+            if seen < 0:
+                continue
+            for _ in range(done % 256):
+                _cpu.cpu_relax()
+            if not k.clh_try_commit(words, me, seen):
+                continue
+        else:
+            k.clh_acquire(words, me)
+        if atomic_swap(cell, _INSIDE, 1) != 0:
+            atomic_fetch_add(cell, _OVERLAPS, 1)
+        cell[_COUNTER] = cell[_COUNTER] + 1
+        atomic_store_release(cell, _INSIDE, 0)
+        k.clh_release(words, me)
+        done += 1
+    return done
+
+
+@jit_only
+@pytest.mark.slow
+def test_clh_try_acquire_and_acquire_from_os_threads_keep_mutual_exclusion() -> None:
+    """A thread acquiring and a thread trying, on nogil kernels, the trier pausing
+    between its look at the tail and its compare-and-swap (the ABA window, which an OS
+    preemption opens as wide). No overlap, no lost increment."""
+    nthreads = 2
+    lock = spin.CLHLock(max_threads=nthreads)
+    cell = np.zeros(5 * k.LINE_WORDS, dtype=np.int64)
+    done = [0] * nthreads
+
+    def work(me: int) -> None:
+        done[me] = _clh_mixed_worker(lock.words, me, me == 0, cell, nthreads)
+
+    warm = np.zeros_like(cell)
+    warm[_STOP] = 1
+    _clh_mixed_worker(lock.words, 0, True, warm, 1)  # compile outside the measured run
+    threads = [threading.Thread(target=work, args=(me,)) for me in range(nthreads)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: atomic_load(cell, _STARTED) == nthreads, "the threads to start")
+    time.sleep(2.0)
+    atomic_store_release(cell, _STOP, 1)
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert done[0] > 0, done  # the trier got the lock: the race was on
+    assert cell[_OVERLAPS] == 0
+    assert cell[_COUNTER] == sum(done)
+    assert not lock.locked()
+
+
+def test_clh_try_acquire_cannot_commit_after_the_tail_node_came_back_locked() -> None:
+    """The ABA interleaving, replayed step by step on one thread: slot 0's
+    try_acquire sees the tail node released; slot 1 then acquires behind that node,
+    releases (adopting it) and acquires again, which puts the same node back in the
+    tail, locked. Slot 0's compare-and-swap must fail: the lock is slot 1's."""
+    lock = spin.CLHLock(max_threads=2)
+    words = lock.words
+    seen = k.clh_try_observe(words)
+    assert seen >= 0  # free: the dummy node is released
+    k.clh_acquire(words, 1)
+    k.clh_release(words, 1)
+    k.clh_acquire(words, 1)  # slot 1 holds the lock, through the node seen above
+    assert not k.clh_try_commit(words, 0, seen)
+    assert lock.locked()
+    assert not k.clh_try_acquire(words, 0)
+    k.clh_release(words, 1)
+    assert not lock.locked()
+    assert k.clh_try_acquire(words, 0)  # and the lock still works for both slots
+    k.clh_release(words, 0)
+    k.clh_acquire(words, 1)
+    k.clh_release(words, 1)
+    assert not lock.locked()
 
 
 def test_words_are_line_aligned() -> None:

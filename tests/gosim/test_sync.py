@@ -91,6 +91,40 @@ def test_starvation_mode_switches_on_after_1ms_and_off_when_the_last_waiter_is_s
     ]
 
 
+def test_two_contenders_do_not_keep_the_mutex_in_starvation_mode() -> None:
+    """Go's handoff yields to the waiter, which sees it is the last one and ends the
+    mode; so with 2 ms holds the two alternate in pairs (a handoff, then a re-take in
+    normal mode), and starvation mode is off for every other acquisition."""
+
+    async def main() -> tuple[list[int], list[bool]]:
+        mu = Mutex()
+        order: list[int] = []
+        modes: list[bool] = []
+        wg = WaitGroup()
+
+        async def worker(ident: int) -> None:
+            for _ in range(20):
+                await mu.lock()
+                order.append(ident)
+                modes.append(mu.starving)
+                await gosim.sleep(0.002)
+                mu.unlock()
+            wg.done()
+
+        wg.add(2)
+        go(worker, 0)
+        go(worker, 1)
+        await wg.wait()
+        return order, modes
+
+    order, modes = vrun(main, procs=1)
+    middle = order[4:30]
+    assert all(middle[i] == middle[i + 1] != middle[i + 2] for i in range(0, len(middle) - 2, 2)), (
+        order
+    )
+    assert not any(modes), modes  # each handoff ends the mode before the new owner runs
+
+
 def test_unlock_of_unlocked_mutex_is_a_fatal_error() -> None:
     async def main() -> None:
         Mutex().unlock()
@@ -442,3 +476,215 @@ def test_pool_steals_from_another_ps_shared_list() -> None:
 
     stats = vrun(main, procs=2)
     assert stats["stolen"] == 1
+
+
+# ------------------------------------------------ errgroup and semaphore, x/sync's rules
+
+
+def test_errgroup_set_limit_follows_x_sync() -> None:
+    """x/sync/errgroup's SetLimit: a negative n removes the limit at any time; a new
+    limit while goroutines hold the old one panics naming their count; setting one
+    while unlimited goroutines run is allowed (they hold no token)."""
+
+    async def main() -> list[str]:
+        log: list[str] = []
+        gate: Chan[None] = Chan()
+
+        async def blocked() -> None:
+            await gate.recv()
+
+        g = ErrGroup()
+        g.set_limit(2)
+        await g.go(blocked)
+        try:
+            g.set_limit(3)
+        except SyncPanic as exc:
+            log.append(str(exc))
+        g.set_limit(-1)  # allowed while running
+        await g.go(blocked)
+        g.set_limit(1)  # the unlimited goroutines hold no token
+        log.append(f"try_go at the limit: {g.try_go(blocked)}")
+        log.append(f"try_go over the limit: {g.try_go(blocked)}")
+        gate.close()
+        log.append(f"wait: {await g.wait()}")
+        return log
+
+    assert vrun(main) == [
+        "errgroup: modify limit while 1 goroutines in the group are still active",
+        "try_go at the limit: True",
+        "try_go over the limit: False",
+        "wait: None",
+    ]
+
+
+def test_errgroup_try_go_starts_only_under_the_limit() -> None:
+    async def main() -> tuple[list[bool], int]:
+        g = ErrGroup()
+        g.set_limit(2)
+        ran = 0
+
+        async def work() -> None:
+            nonlocal ran
+            await gosim.sleep(0.01)
+            ran += 1
+
+        started = [g.try_go(work) for _ in range(3)]
+        await g.wait()
+        started.append(g.try_go(work))  # the slots are free again
+        await g.wait()
+        return started, ran
+
+    assert vrun(main) == ([True, True, False, True], 3)
+
+
+def test_errgroup_go_without_await_is_loud() -> None:
+    """ErrGroup.go must be awaited (it blocks at the limit); forgetting it must not look
+    like success: wait() raises instead of returning None with nothing run."""
+
+    async def main() -> None:
+        g = ErrGroup()
+
+        async def work() -> None:
+            pass
+
+        g.go(work)  # the mistake: no await
+        await g.wait()
+
+    with pytest.raises(gosim.Panic) as info:
+        vrun(main)
+    assert isinstance(info.value.__cause__, SyncPanic)
+    assert "not awaited" in str(info.value.__cause__)
+
+
+def test_semaphore_acquire_gives_up_when_the_context_is_done() -> None:
+    """x/sync/semaphore's Acquire(ctx, n): a done context fails the call, even when
+    the units are free; a waiter that gives up leaves the queue and lets those behind
+    it in; without cancellation it acquires as before."""
+
+    async def main() -> list[str]:
+        log: list[str] = []
+        sem = Semaphore(2)
+        done_ctx, cancel = context.with_cancel(context.background())
+        cancel()
+        try:
+            await sem.acquire(1, ctx=done_ctx)
+        except context.Canceled as exc:
+            log.append(f"done before: {exc}; held {sem._cur}")
+
+        await sem.acquire(2)
+        ctx, _ = context.with_timeout(context.background(), 0.01)
+        try:
+            await sem.acquire(2, ctx=ctx)
+        except context.DeadlineExceeded as exc:
+            log.append(f"blocked then timed out: {exc}; waiters {len(sem._waiters)}")
+
+        # A big waiter at the head gives up: the small one behind it gets in.
+        big_ctx, cancel_big = context.with_cancel(context.background())
+        got_small: Chan[str] = Chan(1)
+
+        async def big() -> None:
+            try:
+                await sem.acquire(2, ctx=big_ctx)
+            except context.Canceled:
+                pass
+
+        async def small() -> None:
+            await sem.acquire(1, ctx=context.background())
+            await got_small.send("small acquired")
+
+        sem.release(1)  # one unit free: the big waiter (2) still blocks
+        go(big)
+        await gosim.sleep(0.001)
+        go(small)
+        await gosim.sleep(0.001)
+        log.append(f"small blocked behind big: {got_small.len() == 0}")
+        cancel_big()
+        log.append(str(await got_small.recv()))
+
+        doomed_ctx, cancel_doomed = context.with_timeout(context.background(), 0.01)
+        try:
+            await sem.acquire(3, ctx=doomed_ctx)  # more than the size: waits for ctx
+        except context.DeadlineExceeded:
+            log.append("more than the size: waited for the context")
+        cancel_doomed()
+        return log
+
+    assert vrun(main) == [
+        "done before: context canceled; held 0",
+        "blocked then timed out: context deadline exceeded; waiters 0",
+        "small blocked behind big: True",
+        "small acquired",
+        "more than the size: waited for the context",
+    ]
+
+
+def test_semaphore_units_granted_after_the_context_finished_go_back() -> None:
+    """If the units and the context's end arrive together, the context wins and the
+    units are returned (x/sync: "pretend we didn't")."""
+
+    async def main() -> tuple[str, int, int]:
+        sem = Semaphore(1)
+        await sem.acquire()
+        ctx, cancel = context.with_cancel(context.background())
+        result: Chan[str] = Chan(1)
+
+        async def waiter() -> None:
+            try:
+                await sem.acquire(1, ctx=ctx)
+                await result.send("acquired")
+            except context.Canceled:
+                await result.send("canceled")
+
+        go(waiter)
+        await gosim.sleep(0.001)
+        sem.release()  # grants the unit to the waiter...
+        cancel()  # ...and its context ends before it runs
+        outcome = await result.recv()
+        assert outcome is not None
+        return outcome, sem._cur, len(sem._waiters)
+
+    assert vrun(main) == ("canceled", 0, 0)
+
+
+def test_once_value_and_once_func_follow_go() -> None:
+    """Go 1.21's OnceValue/OnceFunc: one call of f, its value for every caller,
+    concurrent callers wait for it, and a panic is re-raised on every call."""
+
+    async def main() -> tuple[list[int], int, list[str], int]:
+        calls = 0
+
+        async def compute() -> int:
+            nonlocal calls
+            calls += 1
+            await gosim.sleep(0.01)
+            return 42
+
+        get = gosim.sync.once_value(compute)
+        results: list[int] = []
+        wg = WaitGroup()
+
+        async def user() -> None:
+            results.append(await get())
+
+        for _ in range(3):
+            wg.go(user)
+        await wg.wait()
+        results.append(await get())
+
+        failures = 0
+
+        def broken() -> None:
+            nonlocal failures
+            failures += 1
+            raise KeyError("once")
+
+        f = gosim.sync.once_func(broken)
+        raised = []
+        for _ in range(2):
+            try:
+                await f()
+            except KeyError as exc:
+                raised.append(repr(exc))
+        return results, calls, raised, failures
+
+    assert vrun(main) == ([42, 42, 42, 42], 1, ["KeyError('once')", "KeyError('once')"], 1)

@@ -35,6 +35,12 @@ class FakeClock:
         self.t += d
 
 
+# The server gets SIGKILL when the test process dies (setpriv's --pdeathsig, util-linux),
+# so a killed or aborted test run leaves no redis-server behind.
+SETPRIV = shutil.which("setpriv")
+DIE_WITH_PARENT = [SETPRIV, "--pdeathsig", "KILL"] if SETPRIV else []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,6 +60,7 @@ class RedisServer:
         assert self.proc is None
         self.proc = subprocess.Popen(
             [
+                *DIE_WITH_PARENT,
                 REDIS_SERVER,
                 "--bind", "127.0.0.1",
                 "--port", str(self.port),

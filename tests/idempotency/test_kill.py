@@ -224,3 +224,67 @@ def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.Fixtu
         acked = _kill_child("redis", redis_server.url, prefix, rnd)
         mid_run += _redis_round(redis_store, redis_server.url, prefix, acked)
     assert mid_run, "every kill came after the child had finished: nothing was tested"
+
+
+SHARER = textwrap.dedent(
+    """
+    import sys
+    import gosim
+    from idempotency import Idempotency, SQLiteEffect, SQLiteStore
+
+    path, n_keys = sys.argv[1], int(sys.argv[2])
+    store = SQLiteStore(path, busy_timeout=60)
+
+    def effect(key):
+        def fn(conn):
+            conn.execute("INSERT INTO applied (key) VALUES (?)", (key,))
+            return [key, conn.execute("SELECT count(*) FROM applied").fetchone()[0]]
+        return SQLiteEffect(fn)
+
+    async def main():
+        idem = Idempotency(store)
+        done = gosim.Chan(20)
+
+        async def worker(w):
+            for i in range(w, n_keys, 20):
+                key = f"t{i}"
+                out = await idem.run(caller="c", key=key, request=("apply", [key]),
+                                     handler=lambda call, key=key: effect(key), timeout=60)
+                print(key, out.payload.hex(), int(out.replayed), flush=True)
+            await done.send(None)
+
+        for w in range(20):
+            gosim.go(worker, w)
+        for _ in range(20):
+            await done.recv()
+
+    gosim.run(main)
+    """
+)
+
+
+def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
+    """Two processes call the same keys at once through one file: every effect is
+    applied once, and both processes get the same outcome for each key."""
+    path = tmp_path / "shared.db"
+    SQLiteStore(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE applied (key TEXT PRIMARY KEY)")
+    n = 200
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARER, str(path), str(n)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outputs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        outputs.append({line.split()[0]: line.split()[1:] for line in out.splitlines()})
+    assert all(len(o) == n for o in outputs)
+    for key in outputs[0]:
+        assert outputs[0][key][0] == outputs[1][key][0], key  # the same recorded bytes
+        assert {outputs[0][key][1], outputs[1][key][1]} == {"0", "1"}  # one ran, one replayed
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM applied").fetchone() == (n,)

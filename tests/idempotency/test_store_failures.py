@@ -265,3 +265,77 @@ def test_redis_killed_mid_call_then_back(own_redis: Any) -> None:
     assert retried.value == "done" and not retried.replayed and len(runs) == 2
     assert runs[1] > runs[0]
     store.close()
+
+
+def test_sqlite_sweeps_expired_records_as_it_goes(tmp_path: Path) -> None:
+    now = [1_700_000_000.0]
+    store = SQLiteStore(tmp_path / "s.db", clock=lambda: now[0], sweep_every=4)
+
+    async def calls(tag: str, n: int) -> None:
+        idem = Idempotency(store, ttl=10.0)
+        for i in range(n):
+            await idem.run(caller="c", key=f"{tag}{i}", request=("op", []), handler=lambda c: 1)
+
+    grun(calls, "old", 3)
+    now[0] += 10.0  # the three are expired now
+    grun(calls, "new", 2)  # four more batches: one of them sweeps
+    rows = _read(tmp_path / "s.db", "SELECT key FROM idempotency_records ORDER BY key")
+    assert rows == [("new0",), ("new1",)]
+    store.close()
+
+
+def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    now = [1_700_000_000.0]
+    store = SQLiteStore(path, clock=lambda: now[0], sweep_every=1)
+    store.close()
+    with sqlite3.connect(path) as conn:  # 1,200 expired records and one live one
+        conn.executemany(
+            "INSERT INTO idempotency_records VALUES ('c', ?, 2, zeroblob(32), ?, ?, 1, x'01')",
+            [(f"k{i:04d}", i + 1, now[0] - 1) for i in range(1200)],
+        )
+        conn.execute(
+            "INSERT INTO idempotency_records"
+            " VALUES ('c', 'k0600x', 2, zeroblob(32), 9999, ?, 1, x'01')",
+            (now[0] + 100,),
+        )
+    store = SQLiteStore(path, clock=lambda: now[0], sweep_every=1)
+
+    async def reads(n: int) -> None:
+        for _ in range(n):
+            await store.get("c", "nothing")  # one batch each; each sweeps a step
+
+    grun(reads, 2)
+    left = _read(path, "SELECT count(*) FROM idempotency_records")[0][0]
+    assert 1 < left < 1201  # two steps of 512 rows: partway through
+    grun(reads, 2)
+    assert _read(path, "SELECT key FROM idempotency_records") == [("k0600x",)]
+    store.close()
+
+
+def test_claim_batches_skip_the_fsync_but_fences_never_go_back(tmp_path: Path) -> None:
+    from idempotency.stores.sqlite import FENCE_RESERVE  # noqa: PLC0415
+
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path)
+
+    def meta() -> dict[str, int]:
+        return dict(_read(path, "SELECT name, value FROM idempotency_meta"))
+
+    async def claims(n: int, tag: str = "k") -> list[int]:
+        fp = b"\x00" * 32
+        return [(await store.claim("c", f"{tag}{i}", fp, 60.0)).record.fence for i in range(n)]
+
+    # The first claim batch finds no reservation: it is redone durably and reserves.
+    assert grun(claims, 3) == [1, 2, 3]
+    assert meta() == {"fence": 3, "fence_ceiling": 1 + FENCE_RESERVE}
+    store.close()
+    # A power loss could have lost claim commits made without an fsync; a store that
+    # opens resumes above every token that may have been handed out.
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE idempotency_meta SET value = 1 WHERE name = 'fence'")
+    store = SQLiteStore(path)
+    assert meta()["fence"] == 1 + FENCE_RESERVE
+    (fence,) = grun(claims, 1, "new")
+    assert fence == 2 + FENCE_RESERVE
+    store.close()
