@@ -55,6 +55,52 @@ def run_bounded(main: Callable[[], Awaitable[Any]], seconds: float = 20.0) -> An
     return gosim.run(bounded)
 
 
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1; while ``cut_next`` is set, the next connection carries
+    one write from the client (a request), waits ``linger`` seconds (the server has it),
+    and is cut in both directions before any reply can come back."""
+
+    def __init__(self, upstream: str, cut_next: bool = False, linger: float = 0.05) -> None:
+        self.upstream = upstream
+        self.cut_next = cut_next
+        self.linger = linger
+        self.listener = net.listen("tcp", "127.0.0.1:0")
+        go(self._serve)
+
+    def addr(self) -> str:
+        return self.listener.addr()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                down = await self.listener.accept()
+            except OSError:
+                return
+            up = await net.dial("tcp", self.upstream)
+            cut, self.cut_next = self.cut_next, False
+            go(self._pump, down, up, cut)
+            go(self._pump, up, down, False)
+
+    async def _pump(self, src: Any, dst: Any, cut: bool) -> None:
+        try:
+            while True:
+                data = await src.read(65536)
+                if not data:
+                    break
+                await dst.write(data)
+                if cut:
+                    if self.linger:
+                        await gosim.sleep(self.linger)
+                    break
+        except OSError:
+            pass
+        src.close()
+        dst.close()
+
+
 def make_server(**options: Any) -> Server:
     options.setdefault("heartbeat_interval", None)
     srv = Server(**options)
@@ -196,36 +242,7 @@ def test_lost_connection_resends_keyed_calls_and_fails_unkeyed_ones() -> None:
         srv = make_server()
         ln = net.listen("tcp", "127.0.0.1:0")
         go(srv.serve, ln)
-        proxy = net.listen("tcp", "127.0.0.1:0")
-        cuts = [1]  # the next connection dies after carrying one request
-
-        async def pump(src: Any, dst: Any, cut: bool) -> None:
-            try:
-                while True:
-                    data = await src.read(65536)
-                    if not data:
-                        break
-                    await dst.write(data)
-                    if cut:
-                        break
-            except OSError:
-                pass
-            src.close()
-            dst.close()
-
-        async def serve_proxy() -> None:
-            while True:
-                try:
-                    down = await proxy.accept()
-                except OSError:
-                    return
-                up = await net.dial("tcp", ln.addr())
-                cut = cuts[0] > 0
-                cuts[0] -= 1
-                go(pump, down, up, cut)
-                go(pump, up, down, False)
-
-        go(serve_proxy)
+        proxy = CuttingProxy(ln.addr(), cut_next=True, linger=0.0)  # cut before any reply
         c = Client(
             [proxy.addr()],
             heartbeat_interval=None,
@@ -239,7 +256,7 @@ def test_lost_connection_resends_keyed_calls_and_fails_unkeyed_ones() -> None:
         calls += 1
         await c.close()
         # Unkeyed: the same fault fails the call, saying it may have run.
-        cuts[0] = 1
+        proxy.cut_next = True
         c = Client([proxy.addr()], heartbeat_interval=None)
         with pytest.raises(Unavailable) as info:
             await c.call("add", 1, 1)

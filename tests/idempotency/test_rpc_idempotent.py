@@ -13,7 +13,7 @@ from gosim import Chan, go, net
 from idempotency import Call, Idempotency, MemoryStore, SQLiteEffect, SQLiteStore
 from idempotency.rpc import Client, RetryPolicy, RPCError, Server, Status
 
-from .test_rpc import run_bounded
+from .test_rpc import CuttingProxy, run_bounded
 
 
 def ledger_server(idem: Idempotency, runs: dict[str, int]) -> Server:
@@ -147,36 +147,7 @@ def test_a_keyed_call_whose_connection_dies_runs_once() -> None:
         srv = ledger_server(Idempotency(MemoryStore()), runs)
         ln = net.listen("tcp", "127.0.0.1:0")
         go(srv.serve, ln)
-        proxy = net.listen("tcp", "127.0.0.1:0")
-        cut_next = [True]
-
-        async def pump(src: Any, dst: Any, cut: bool) -> None:
-            try:
-                while True:
-                    data = await src.read(65536)
-                    if not data:
-                        break
-                    await dst.write(data)
-                    if cut:
-                        await gosim.sleep(0.05)  # the server has the request: now cut
-                        break
-            except OSError:
-                pass
-            src.close()
-            dst.close()
-
-        async def serve_proxy() -> None:
-            while True:
-                try:
-                    down = await proxy.accept()
-                except OSError:
-                    return
-                up = await net.dial("tcp", ln.addr())
-                cut, cut_next[0] = cut_next[0], False
-                go(pump, down, up, cut)
-                go(pump, up, down, False)
-
-        go(serve_proxy)
+        proxy = CuttingProxy(ln.addr(), cut_next=True)
         c = Client(
             [proxy.addr()],
             caller="acct-1",
