@@ -96,7 +96,10 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
 
         for k in range(n):
             go(client, k)
+        deadline = gosim.now() + 60.0  # bounded: a lost connection must fail, not hang
         while server.stats().connections < n:
+            if gosim.now() > deadline:
+                raise TimeoutError(f"{server.stats().connections} of {n} connected in 60 s")
             await gosim.sleep(0.01)
         peak = server.stats().connections
         gate.close()
