@@ -45,7 +45,9 @@ class Server:
     other exception is answered as ``UNKNOWN`` with its type name and message.
 
     Keyword options are netframe's :class:`~netframe.Server`'s; ``limits`` bounds what
-    a peer's message may contain (:class:`~idempotency.rpc.Limits`).
+    a peer's message may contain (:class:`~idempotency.rpc.Limits`). On the plain
+    stream, which has no heartbeats, ``idle_timeout`` closes a connection that sent
+    nothing for that long while none of its calls was running.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class Server:
         )
         self.max_in_flight = max_in_flight
         self.grace_period = grace_period
+        self.idle_timeout = idle_timeout
         self.send_queue = send_queue
         # A session frame is one kind byte plus the message.
         fmt = FrameFormat(max_frame_length=limits.max_message_size + 1)
@@ -217,6 +220,8 @@ class _StreamServerConn:
             self._on_bad,
             self._on_end,
             server.send_queue,
+            idle_timeout=server.idle_timeout,
+            busy=lambda: self.in_flight > 0,
         )
 
     def _on_end(self, reason: str) -> None:

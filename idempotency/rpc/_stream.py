@@ -7,7 +7,9 @@ one gathered write (replies made one at a time leave in batches, and a peer that
 reading makes :meth:`StreamLink.send` block instead of growing memory).
 
 This transport has no heartbeats or goaway (the stream has no room for them): a dead
-peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts.
+peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts, and a
+server closes a connection that sent nothing for its ``idle_timeout`` while no call of
+it was running (a silent or slow peer would otherwise hold its connection forever).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import gosim
 from gosim import Chan, SendOnClosedChannel, go
 from netframe import NEED_DATA
 
@@ -27,6 +30,8 @@ READ_SIZE = 256 * 1024
 
 class _Conn(Protocol):
     async def read(self, n: int) -> bytes: ...
+
+    def set_read_deadline(self, t: float | None) -> None: ...
 
     async def write(self, data: bytes) -> int: ...
 
@@ -49,6 +54,8 @@ class StreamLink:
         on_bad: Callable[[RemoteProtocolError], Any],
         on_end: Callable[[str], None],
         send_queue: int = 1024,
+        idle_timeout: float | None = None,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self.conn = conn
         self.decoder = StreamDecoder(limits)
@@ -60,6 +67,10 @@ class StreamLink:
         self._queue: Chan[bytes | None] = Chan(send_queue)
         self.messages_read = 0
         self.messages_written = 0
+        # Read deadlines, renewed before every read: past one with nothing received
+        # and ``busy()`` False (no call of this connection running), the link ends.
+        self.idle_timeout = idle_timeout
+        self.busy = busy
         go(self._reader)
         go(self._writer)
 
@@ -95,8 +106,19 @@ class StreamLink:
     async def _reader(self) -> None:
         reason = "peer closed the connection"
         try:
+            idle = self.idle_timeout
             while not self.closed:
-                data = await self.conn.read(READ_SIZE)
+                if idle is not None:
+                    self.conn.set_read_deadline(gosim.now() + idle)
+                    try:
+                        data = await self.conn.read(READ_SIZE)
+                    except TimeoutError:
+                        if self.busy():
+                            continue  # a call is running: the peer waits for it
+                        reason = f"idle for {idle:g} s"
+                        return
+                else:
+                    data = await self.conn.read(READ_SIZE)
                 if not data:
                     return
                 self.decoder.feed(data)

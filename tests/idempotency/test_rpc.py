@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -521,3 +522,46 @@ def test_a_goaway_sends_new_calls_to_the_next_server() -> None:
     assert goaways == 1
     assert on_b == 20  # every call made after the GOAWAY went to b
     assert on_a == 2
+
+
+def test_the_plain_stream_closes_silent_peers_but_not_waiting_ones() -> None:
+    """A peer on another thread connects and sends nothing: it is closed after the idle
+    timeout. A peer whose call runs longer than the timeout is answered, not closed."""
+    results: dict[str, Any] = {}
+
+    def silent(addr: str) -> None:
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            start = time.monotonic()
+            results["silent"] = (s.recv(1), time.monotonic() - start)  # b"": closed
+
+    def waiting(addr: str) -> None:
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(encode_request(1, "slow", [0.6]))
+            unpacker = msgpack.Unpacker()
+            while True:
+                data = s.recv(4096)
+                if not data:
+                    results["waiting"] = "closed"
+                    return
+                unpacker.feed(data)
+                for msg in unpacker:
+                    results["waiting"] = msg
+                    return
+
+    async def main() -> None:
+        srv = make_server(idle_timeout=0.3)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        threads = [threading.Thread(target=f, args=(ln.addr(),)) for f in (silent, waiting)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            await gosim.syscall(t.join, 15)
+        await srv.shutdown(1.0)
+
+    run_bounded(main)
+    data, took = results["silent"]
+    assert data == b"" and 0.25 < took < 5
+    assert results["waiting"] == [1, 1, None, True]
