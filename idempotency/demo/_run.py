@@ -208,6 +208,7 @@ def run(opts: Options) -> int:
         for i in range(opts.clients)
     ]
     clients = []
+    start = time.monotonic()  # the clients start working as soon as each is spawned
     for i, n in enumerate(per):
         log = workdir / f"client{i}.jsonl"
         logs.append(log)
@@ -215,7 +216,6 @@ def run(opts: Options) -> int:
         args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
         args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
         clients.append(_spawn(f"client{i}", args, on_client))
-    start = time.monotonic()
     kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
     recovered: list[float] = []
 
@@ -312,7 +312,8 @@ def run(opts: Options) -> int:
     result.add_column("detail")
     for name, ok, detail in checks:
         result.add_row(name, "yes" if ok else "NO", detail)
-    console.print(table())
+    if not live_display:  # the live display already shows the last figures
+        console.print(table())
     console.print(result)
     counts = Table(title="counts")
     counts.add_column("what")
