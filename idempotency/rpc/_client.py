@@ -438,7 +438,14 @@ class Client:
                 raise Unavailable("client is closed")
             connecting = self._connecting
             if connecting is not None:  # another goroutine dials: wait for its outcome
-                await connecting.recv()
+                if deadline == math.inf:
+                    await connecting.recv()
+                else:  # ...but no longer than this call may take
+                    timer = gosim.Timer(max(deadline - gosim.now(), 0.0))
+                    i, _, _ = await select(recv(connecting), recv(timer.c))
+                    timer.stop()
+                    if i == 1:
+                        raise CallTimeout("deadline exceeded while connecting")
                 if self._link is None or self._link.closed:
                     raise Unavailable(f"could not connect: {self._last_connect_error}")
                 continue

@@ -565,3 +565,34 @@ def test_the_plain_stream_closes_silent_peers_but_not_waiting_ones() -> None:
     data, took = results["silent"]
     assert data == b"" and 0.25 < took < 5
     assert results["waiting"] == [1, 1, None, True]
+
+
+def test_a_call_waiting_for_someone_elses_connect_keeps_its_deadline() -> None:
+    async def main() -> tuple[str, float]:
+        gate: Chan[None] = Chan()
+
+        async def slow_dial() -> Any:
+            await gate.recv()  # never released: the dial hangs
+            raise OSError("unreachable")
+
+        c = Client(slow_dial, heartbeat_interval=None)
+        first: Chan[str] = Chan(1)
+
+        async def connecting_call() -> None:
+            try:
+                await c.call("add", 1, 2, timeout=5.0)
+            except Exception as exc:
+                await first.send(type(exc).__name__)
+
+        go(connecting_call)
+        await gosim.sleep(0.01)  # the first call is dialing
+        start = gosim.now()
+        try:
+            await c.call("add", 1, 2, timeout=0.2)
+        except CallTimeout as exc:
+            return str(exc), gosim.now() - start
+        return "no timeout", 0.0
+
+    message, took = run_bounded(main)
+    assert "deadline exceeded while connecting" in message
+    assert took < 2.0
