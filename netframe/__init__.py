@@ -51,12 +51,12 @@ from ._codec import DecoderStatistics as DecoderStatistics
 from ._codec import FrameDecoder as FrameDecoder
 from ._codec import FrameFormat as FrameFormat
 from ._codec import NeedData as NeedData
+from ._codec import load_kernel as load_kernel
 from ._exceptions import FrameError as FrameError
 from ._exceptions import FrameTooLarge as FrameTooLarge
 from ._exceptions import LocalFrameError as LocalFrameError
 from ._exceptions import PayloadTooLarge as PayloadTooLarge
 from ._exceptions import RemoteFrameError as RemoteFrameError
-from ._kernels import load as load_kernel
 from ._session import CLOSED as CLOSED
 from ._session import GOAWAY_RECEIVED as GOAWAY_RECEIVED
 from ._session import GOAWAY_SENT as GOAWAY_SENT

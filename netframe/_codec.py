@@ -80,14 +80,13 @@ import enum
 import importlib
 import os
 import struct
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Final, Literal
 
-import numpy as np
-
-from . import _kernels
 from ._buffer import OffsetBuffer
 from ._exceptions import (
     FrameTooLarge,
@@ -181,9 +180,58 @@ if os.environ.get("GOSIM_PURE_PYTHON", "") in ("", "0"):
 #: True when the C loops are in use (``scan="auto"`` then means the C loop).
 C_ENABLED: Final = _speedups is not None
 
-_STOP_FULL: Final = _kernels.STOP_FULL
-_STOP_NEED_DATA: Final = _kernels.STOP_NEED_DATA
-_STOP_INVALID: Final = _kernels.STOP_INVALID
+#: Why a scan stopped (the Python loop's and the numba kernel's common answer).
+STOP_FULL: Final = 0  #: the output is full, or ``stop_at`` reached; more may follow
+STOP_NEED_DATA: Final = 1  #: the frame at ``pos`` is incomplete
+STOP_INVALID: Final = 2  #: the header at ``pos`` is invalid; re-read it for the error
+_STOP_FULL: Final = STOP_FULL
+_STOP_NEED_DATA: Final = STOP_NEED_DATA
+_STOP_INVALID: Final = STOP_INVALID
+
+# The numba kernel's module, imported on first need only: it brings numpy and numba
+# (70 MB, about a second), which a process on the C loops never uses. Loading it is
+# never on a decoding path: a "numba" decoder starts it in a background thread and
+# decodes with the Python loop until it is READY (see netframe._kernels).
+_kernels: ModuleType | None = None
+_kernels_lock = threading.Lock()
+_loader: threading.Thread | None = None
+
+
+def _kernels_module() -> ModuleType:
+    global _kernels
+    if _kernels is None:
+        with _kernels_lock:
+            if _kernels is None:
+                _kernels = importlib.import_module("netframe._kernels")
+    return _kernels
+
+
+def load_kernel() -> None:
+    """Import and compile the numba frame scan now, blocking (once per process).
+
+    Takes 0.3 s to a few seconds the first time (from numba's disk cache when it is
+    there). A server on the pure-Python path that wants the kernel from its first
+    request calls this before it accepts connections; with the C extension in use no
+    decoder needs it unless asked for ``scan="numba"`` or ``"kernel"``. Safe from any
+    thread, any number of times. Under ``NUMBA_DISABLE_JIT=1`` it imports the kernel
+    module and compiles nothing.
+    """
+    kernels = _kernels_module()
+    if kernels.JIT_ENABLED:
+        kernels.load()
+
+
+def _load_kernel_in_background() -> None:
+    """Start :func:`load_kernel` in a thread unless it was started; return at once.
+
+    The thread is not a daemon: an interpreter that exits meanwhile waits for the
+    compilation to finish rather than killing it inside LLVM.
+    """
+    global _loader
+    with _kernels_lock:  # once per decoder, not per frame: no need to check outside it
+        if _loader is None:
+            _loader = threading.Thread(target=load_kernel, name="netframe-kernel-load")
+            _loader.start()
 
 
 def _uvarint(value: int) -> bytes:
@@ -626,6 +674,7 @@ class FrameDecoder:
     """
 
     __slots__ = (
+        "_auto",
         "_buffer",
         "_ends",
         "_format",
@@ -657,19 +706,21 @@ class FrameDecoder:
         self._ready: deque[bytes] = deque()
         self._need = 0
         self._frames_decoded = 0
+        # "auto" without the C loops is "numba" that uses the kernel only once it is
+        # compiled: under NUMBA_DISABLE_JIT=1 it never is, and the loop does all (the
+        # interpreted kernel would be far slower than the loop).
+        self._auto = scan == "auto"
         if scan == "auto":
-            if _speedups is not None:
-                scan = "c"  # faster than the loop and the kernel at every size measured
-            elif _kernels.JIT_ENABLED:
-                scan = "numba"
-            else:
-                scan = "python"  # the interpreted kernel would be far slower than the loop
-        if scan == "numba" and _kernels.JIT_ENABLED:
-            # Compiled off the hot path; the loop decodes until it is READY.
-            _kernels.load_in_background()
+            # C: faster than the loop and the kernel at every size measured.
+            scan = "c" if _speedups is not None else "numba"
+        if scan == "numba":
+            # Imported and compiled off the hot path; the loop decodes until READY.
+            _load_kernel_in_background()
+        elif scan == "kernel":
+            _kernels_module()
         self._mode = _SCAN_MODES[scan]
-        self._starts: np.ndarray[Any, np.dtype[np.int64]] | None = None
-        self._ends: np.ndarray[Any, np.dtype[np.int64]] | None = None
+        self._starts: Any = None  # the kernel's output arrays (numpy int64)
+        self._ends: Any = None
 
     @property
     def format(self) -> FrameFormat:
@@ -855,7 +906,14 @@ class FrameDecoder:
             stop_pos, stop, need = fmt.scan(
                 data, pos, end, KERNEL_MIN_FRAMES, bounds, stop_at=stop_at
             )
-            if stop == _STOP_FULL and stop_pos < stop_at and _kernels.READY:
+            kernels = _kernels
+            if (
+                stop == _STOP_FULL
+                and stop_pos < stop_at
+                and kernels is not None
+                and kernels.READY
+                and (kernels.JIT_ENABLED or not self._auto)
+            ):
                 # KERNEL_MIN_FRAMES were scanned. At their average size, do the bytes
                 # left in this batch hold as many again? Then the kernel is faster.
                 if min(end, stop_at) - stop_pos >= stop_pos - pos:
@@ -908,14 +966,15 @@ class FrameDecoder:
         ends_out: list[int],
     ) -> tuple[int, int]:
         """Run the numba scan from ``pos``; return ``(stop_pos, stop)``."""
+        kernels = _kernels_module()
         starts = self._starts
         ends = self._ends
         if starts is None or ends is None:
-            starts = self._starts = np.empty(_BATCH_FRAMES, dtype=np.int64)
-            ends = self._ends = np.empty(_BATCH_FRAMES, dtype=np.int64)
-        array = np.frombuffer(data, dtype=np.uint8)
+            starts = self._starts = kernels.new_bounds(_BATCH_FRAMES)
+            ends = self._ends = kernels.new_bounds(_BATCH_FRAMES)
+        array = kernels.as_bytes_array(data)
         try:
-            count, stop_pos, stop = _kernels.scan_frames(
+            count, stop_pos, stop = kernels.scan_frames(
                 array,
                 pos,
                 end,

@@ -14,14 +14,15 @@ only where it measurably beats the Python loop (many frames in one buffer; see
 ``NUMBA_DISABLE_JIT=1`` the same function runs as plain Python (slowly, on numpy
 scalars), so the decoder then keeps to its Python loop unless told otherwise.
 
-Loading without a stall: numba compiles (or loads from its disk cache) on the first
-call, which takes 0.3 s to seconds. A decoder that made that first call in the middle
-of traffic would stop every goroutine of its runtime for that long. So the decoder's
-``"numba"`` mode (what ``"auto"`` is when the C extension is not in use) calls the
-kernel only once :data:`READY` is set, and its constructor starts :func:`load` in a
-background thread (:func:`load_in_background`); until then the Python loop decodes. A
-server that wants the kernel from its first request calls :func:`load`
-(``netframe.load_kernel``) before it accepts connections.
+Loading without a stall: this module imports numpy and numba (through
+``gosim._numba``), and numba compiles (or loads from its disk cache) on the first call:
+together a second or more. A decoder that did either in the middle of traffic would stop
+every goroutine of its runtime for that long, and a process on the C loops never needs
+them. So the codec imports this module only on first need, and its ``"numba"`` mode
+(what ``"auto"`` is when the C extension is not in use) imports and compiles it in a
+background thread and calls the kernel only once :data:`READY` is set; until then the
+Python loop decodes. A server that wants the kernel from its first request calls
+``netframe.load_kernel()`` before it accepts connections.
 
 Integer care: a length field is read as ``uint64`` (an 8-byte prefix can announce up to
 ``2**64 - 1``) and compared with :data:`LENGTH_CUTOFF` *as uint64* before it is turned
@@ -33,11 +34,13 @@ valid length reaches it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
-from numba import config, njit
+
+from gosim._numba import JIT_ENABLED, kernel
+
+from ._codec import STOP_FULL, STOP_INVALID, STOP_NEED_DATA
 
 __all__ = [
     "JIT_ENABLED",
@@ -45,40 +48,35 @@ __all__ = [
     "STOP_FULL",
     "STOP_INVALID",
     "STOP_NEED_DATA",
+    "as_bytes_array",
     "load",
-    "load_in_background",
+    "new_bounds",
     "scan_frames",
 ]
-
-#: True when numba compiles; False under ``NUMBA_DISABLE_JIT=1``.
-JIT_ENABLED: bool = not cast(Any, config).DISABLE_JIT
 
 #: True once :func:`scan_frames` is compiled (or, under ``NUMBA_DISABLE_JIT=1``, at
 #: once): calling it then costs a call, not a compilation.
 READY: bool = not JIT_ENABLED
 
 _load_lock = threading.Lock()
-_loader: threading.Thread | None = None
 
 #: Any length field value at or above this is invalid for every allowed format
 #: (``FrameFormat`` keeps max_frame_length <= 2**60, |adjustment| <= 2**40, offset <
 #: 2**16), so the kernel may treat it as "invalid" without exact arithmetic.
 LENGTH_CUTOFF = 1 << 61
 
-#: Why :func:`scan_frames` stopped.
-STOP_FULL = 0  #: the output arrays are full, or ``stop_at`` reached; more may follow
-STOP_NEED_DATA = 1  #: the frame at ``pos`` is incomplete
-STOP_INVALID = 2  #: the header at ``pos`` is invalid; re-read it in Python for the error
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+def new_bounds(capacity: int) -> Any:
+    """An output array for :func:`scan_frames`: ``capacity`` int64 slots."""
+    return np.empty(capacity, dtype=np.int64)
 
 
-def _kernel(fn: _F) -> _F:
-    """Compile ``fn`` with numba, cached on disk, GIL released (typed for mypy)."""
-    return cast(_F, njit(nogil=True, cache=True)(fn))
+def as_bytes_array(data: bytes | bytearray) -> Any:
+    """``data`` as the 1-d uint8 array :func:`scan_frames` reads (a view, no copy)."""
+    return np.frombuffer(data, dtype=np.uint8)
 
 
-@_kernel
+@kernel
 def scan_frames(
     buf: Any,
     start: int,
@@ -185,19 +183,3 @@ def load() -> None:
         out = np.empty(1, dtype=np.int64)
         scan_frames(buf, 0, 8, 8, 4, True, 0, 0, False, -1, 16, out, out.copy())
         READY = True
-
-
-def load_in_background() -> None:
-    """Start :func:`load` in a thread unless it is loaded or loading; return at once.
-
-    The thread is not a daemon: an interpreter that exits meanwhile waits for the
-    compilation to finish rather than killing it inside LLVM.
-    """
-    global _loader
-    if READY or _loader is not None:
-        return
-    with _load_lock:
-        if _ready() or _loader is not None:
-            return
-        _loader = threading.Thread(target=load, name="netframe-kernel-load")
-        _loader.start()

@@ -44,12 +44,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
-from numba import config, njit, types
+from numba import types
 from numba.core import cgutils as _cgutils_typed
 from numba.extending import intrinsic
+
+# JIT_ENABLED (gosim._numba's one flag, re-exported): True when numba compiles and the
+# functions below are real atomic instructions; False means the lock-based pure-Python
+# fallback is in use.
+from gosim._numba import JIT_ENABLED, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 
@@ -78,10 +83,6 @@ __all__ = [
     "atomic_swap",
 ]
 
-#: True when numba compiles (``NUMBA_DISABLE_JIT`` unset): the functions below are then
-#: real atomic instructions; False means the lock-based pure-Python fallback is in use.
-JIT_ENABLED: bool = not cast(Any, config).DISABLE_JIT
-
 #: The cell types the atomics accept (Go's int32, int64, uint32, uint64).
 SUPPORTED_DTYPES: tuple[np.dtype[Any], ...] = (
     np.dtype(np.int32),
@@ -90,21 +91,8 @@ SUPPORTED_DTYPES: tuple[np.dtype[Any], ...] = (
     np.dtype(np.uint64),
 )
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# Passed as a dict: `_nrt` is a numba option its type stubs do not list.
-_KERNEL_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "_nrt": False}
-
-
-def _kernel(fn: _F) -> _F:
-    """Compile ``fn`` as a GIL-free, disk-cached numba function (typed for mypy).
-
-    ``_nrt=False``: these functions never allocate, and without it numba increments and
-    decrements the array argument's reference count (two atomic RMWs on one shared
-    cache line) on every call: measured 10x slower for a contended lock.
-    """
-    return cast(_F, njit(**_KERNEL_OPTIONS)(fn))
+# The atomics never allocate: no numba runtime, so no reference counting per call.
+_kernel = kernel(refcounts=False)
 
 
 # --------------------------------------------------------------------------------------

@@ -8,34 +8,24 @@ ints, because numpy's uint64 scalars warn on the wrap-around the tricks rely on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
-from numba import config, njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from gosim._numba import JIT_ENABLED, kernel
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-#: True when numba compiles; False under ``NUMBA_DISABLE_JIT=1``.
-JIT_ENABLED: bool = not cast(Any, config).DISABLE_JIT
-
-# Passed as a dict: numba's stubs do not list every option.
-_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True}
-_INLINE: dict[str, Any] = {"nogil": True, "cache": True, "inline": "always"}
 
 ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 ZERO = np.uint64(0)
 ONE = np.uint64(1)
 
 
-def kernel(fn: _F) -> _F:
-    """Compile ``fn`` with ``njit(cache=True, nogil=True)`` (typed for mypy)."""
-    return cast(_F, njit(**_OPTIONS)(fn))
-
-
-def inline_kernel(fn: _F) -> _F:
-    """As :func:`kernel`, inlined into its callers at numba-IR level (hot helpers)."""
-    return cast(_F, njit(**_INLINE)(fn))
+#: Hot helpers, inlined into their callers at numba-IR level.
+inline_kernel = kernel(inline=True)
 
 
 if JIT_ENABLED:

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._bits import bit, ctz64, kernel, shr
+from gosim._numba import kernel
+
+from ._bits import bit, ctz64, shr
 from ._layout import (
     BITMAP_WORDS_PER_PAGE,
     C_DIVMAGIC,

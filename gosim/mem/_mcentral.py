@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._bits import kernel, shr
+from gosim._numba import kernel
+
+from ._bits import shr
 from ._layout import (
     C_NPAGES,
     H_B_ACACHE,

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._bits import ALL_ONES, kernel
+from gosim._numba import kernel
+
+from ._bits import ALL_ONES
 from ._layout import (
     BITMAP_WORDS_PER_PAGE,
     C_DIVMAGIC,

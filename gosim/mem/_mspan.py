@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._bits import ctz64, inline_kernel, kernel, popcount64, shr
+from gosim._numba import kernel
+
+from ._bits import ctz64, inline_kernel, popcount64, shr
 from ._layout import (
     BITMAP_WORDS_PER_PAGE,
     H_B_ACACHE,

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._bits import ALL_ONES, bit, kernel, low_mask
+from gosim._numba import kernel
+
+from ._bits import ALL_ONES, bit, low_mask
 from ._layout import (
     CHUNK_PAGES,
     CHUNK_WORDS,

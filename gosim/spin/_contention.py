@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from numba import njit
-
+from gosim._numba import kernel
 from gosim.atomic import atomic_add, atomic_load_acquire
 
 from . import _kernels as k
@@ -34,16 +33,7 @@ from ._locks import QueueSpinLock, SpinLock, new_words
 
 __all__ = ["ContentionResult", "count_under_lock", "jain_index", "measure_contention"]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# Passed as a dict: `_nrt` is a numba option its type stubs do not list.
-_KERNEL_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "_nrt": False}
-
-
-def _kernel(fn: _F) -> _F:
-    # _nrt=False: no reference counting of the array arguments (see _kernels._kernel).
-    return cast(_F, njit(**_KERNEL_OPTIONS)(fn))
+_kernel = kernel(refcounts=False)  # no allocation: see gosim._numba.kernel
 
 
 _COUNTER = 0

@@ -26,12 +26,14 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from llvmlite import ir
-from numba import config, njit, types
+from numba import types
 from numba.core import cgutils as _cgutils_typed
 from numba.extending import intrinsic
+
+from gosim._numba import JIT_ENABLED, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 
@@ -52,23 +54,7 @@ __all__ = [
     "procyield",
 ]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-_JIT = not cast(Any, config).DISABLE_JIT
-
-
-# Passed as a dict: `_nrt` is a numba option its type stubs do not list.
-_KERNEL_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "_nrt": False}
-
-
-def _kernel(fn: _F) -> _F:
-    """Compile ``fn`` as a GIL-free, disk-cached numba function (typed for mypy).
-
-    ``_nrt=False``: these functions never allocate, and without it numba increments and
-    decrements the array argument's reference count (two atomic RMWs on one shared
-    cache line) on every call: measured 10x slower for a contended lock.
-    """
-    return cast(_F, njit(**_KERNEL_OPTIONS)(fn))
+_kernel = kernel(refcounts=False)  # no allocation: see gosim._numba.kernel
 
 
 _MACHINE = platform.machine().lower()
@@ -258,19 +244,19 @@ def _py_futexwakeup(words: Any, index: int, count: int) -> None:
         _py_futex(words, index, _FUTEX_WAKE_PRIVATE, count)
 
 
-cpu_relax: Callable[[], None] = _jit_cpu_relax if _JIT else _py_cpu_relax
+cpu_relax: Callable[[], None] = _jit_cpu_relax if JIT_ENABLED else _py_cpu_relax
 """One spin-wait hint (x86 ``pause``, arm64 ``yield``; nothing elsewhere)."""
 
-procyield: Callable[[int], None] = _jit_procyield if _JIT else _py_procyield
+procyield: Callable[[int], None] = _jit_procyield if JIT_ENABLED else _py_procyield
 """``cycles`` spin-wait hints in a row (Go's ``runtime.procyield``)."""
 
-osyield: Callable[[], None] = _jit_osyield if _JIT else _py_osyield
+osyield: Callable[[], None] = _jit_osyield if JIT_ENABLED else _py_osyield
 """Offer the core to another runnable thread (``sched_yield``; Go's ``osyield``)."""
 
-futexsleep: Callable[[Any, int, int], None] = _jit_futexsleep if _JIT else _py_futexsleep
+futexsleep: Callable[[Any, int, int], None] = _jit_futexsleep if JIT_ENABLED else _py_futexsleep
 """If the 32-bit low half of ``words[index]`` still equals ``val``, sleep until a
 :func:`futexwakeup` on it (or a spurious wake-up); otherwise return at once. Go's
 ``futexsleep`` with no timeout. Callers must recheck their condition after it returns."""
 
-futexwakeup: Callable[[Any, int, int], None] = _jit_futexwakeup if _JIT else _py_futexwakeup
+futexwakeup: Callable[[Any, int, int], None] = _jit_futexwakeup if JIT_ENABLED else _py_futexwakeup
 """Wake at most ``count`` threads sleeping in :func:`futexsleep` on ``words[index]``."""

@@ -25,11 +25,9 @@ a ``kind`` so one kernel can run every lock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from numba import njit
-
+from gosim._numba import kernel
 from gosim.atomic import (
     atomic_cas,
     atomic_fetch_add,
@@ -42,27 +40,11 @@ from gosim.atomic import (
 
 from ._cpu import cpu_relax, futexsleep, futexwakeup, osyield, procyield
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-# Passed as a dict: `_nrt` is a numba option its type stubs do not list.
-_KERNEL_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "_nrt": False}
-
-
-def _kernel(fn: _F) -> _F:
-    """Compile ``fn`` as a GIL-free, disk-cached numba function (typed for mypy).
-
-    ``_nrt=False``: these functions never allocate, and without it numba increments and
-    decrements the array argument's reference count (two atomic RMWs on one shared
-    cache line) on every call: measured 10x slower for a contended lock.
-    """
-    return cast(_F, njit(**_KERNEL_OPTIONS)(fn))
-
-
-def _inline_kernel(fn: _F) -> _F:
-    """As :func:`_kernel`, and inlined into callers at numba-IR level, so that a
-    dispatch on ``kind`` costs a compare in the caller rather than a call."""
-    return cast(_F, njit(**_KERNEL_OPTIONS, inline="always")(fn))
+# The lock kernels never allocate: no numba runtime, so no reference counting per call
+# (see gosim._numba.kernel). The inlined ones make a dispatch on ``kind`` cost a compare
+# in the caller rather than a call.
+_kernel = kernel(refcounts=False)
+_inline_kernel = kernel(inline=True, refcounts=False)
 
 
 #: Words per line: 16 int64 = 128 bytes, two 64-byte lines, because x86's adjacent-line

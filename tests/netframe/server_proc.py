@@ -37,7 +37,8 @@ def main() -> None:
 
     # As a server should before taking traffic: without the C extension the frame scan
     # is a numba kernel, whose compilation would otherwise count in the first RSS rise.
-    netframe.load_kernel()
+    if not netframe._codec.C_ENABLED:
+        netframe.load_kernel()
 
     async def run() -> None:
         ln = net.listen("tcp", "127.0.0.1:0")

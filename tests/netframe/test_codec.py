@@ -62,7 +62,7 @@ needs_c = pytest.mark.skipif(
 # "numba" decoders (and "auto" without the C loops) use the kernel only once it is
 # compiled (it loads in the background); compile it now so every such test below
 # exercises the loop-then-kernel path.
-_kernels.load()
+netframe.load_kernel()
 
 
 # ----------------------------------------------------------------- the reference
@@ -753,7 +753,7 @@ def test_numba_mode_decodes_with_the_loop_until_the_kernel_is_compiled(
     # asked for the background load.
     requested = []
     monkeypatch.setattr(_kernels, "READY", False)
-    monkeypatch.setattr(_kernels, "load_in_background", lambda: requested.append(1))
+    monkeypatch.setattr(_codec, "_load_kernel_in_background", lambda: requested.append(1))
 
     def no_kernel(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the kernel was called before it was compiled")
@@ -764,26 +764,28 @@ def test_numba_mode_decodes_with_the_loop_until_the_kernel_is_compiled(
     decoder = FrameDecoder(fmt, scan="numba")
     decoder.feed(fmt.encode_many(payloads))
     assert list(decoder) == payloads
-    assert requested == ([1] if _kernels.JIT_ENABLED else [])
+    assert requested == [1]
     # "auto" asks for the kernel only where it would use it: not with the C loops.
     requested.clear()
     FrameDecoder(fmt, scan="auto")
-    assert requested == ([1] if _kernels.JIT_ENABLED and not _codec.C_ENABLED else [])
+    assert requested == ([] if _codec.C_ENABLED else [1])
 
 
 FRESH_PROCESS_LOAD_SCRIPT = textwrap.dedent(
     """
+    import sys
     import netframe
-    from netframe import FrameDecoder, FrameFormat, _kernels
+    from netframe import FrameDecoder, FrameFormat, _codec
 
-    assert not _kernels.READY
+    assert "numba" not in sys.modules  # nothing loads it before a decoder asks
     fmt = FrameFormat()
     payloads = [bytes([i % 256]) * 64 for i in range(5000)]
-    d = FrameDecoder(fmt, scan="numba")  # starts the compilation, returns at once
-    assert _kernels._loader is not None
+    d = FrameDecoder(fmt, scan="numba")  # starts import and compilation, returns at once
+    assert _codec._loader is not None
     d.feed(fmt.encode_many(payloads))
     assert list(d) == payloads  # decoded whether or not the kernel is ready yet
     netframe.load_kernel()  # waits for it (the same compilation, not a second one)
+    from netframe import _kernels
     assert _kernels.READY
     d.feed(fmt.encode_many(payloads))
     assert list(d) == payloads
