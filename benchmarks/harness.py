@@ -386,7 +386,7 @@ def fmt_value(value: float, unit: str) -> str:
             if abs(value) >= scale:
                 return f"{value / scale:.3g} {name}"
         return f"{value:.3g} ns"
-    if unit.endswith("/s") and abs(value) >= 1e3:
+    if "/s" in unit and abs(value) >= 1e3:
         for scale, prefix in _PREFIXES:
             if abs(value) >= scale:
                 return f"{value / scale:.3g} {prefix}"

