@@ -120,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         help="flag regressions beyond the noise against an earlier run",
     )
     ap.add_argument(
+        "--relative",
+        action="store_true",
+        help="with --compare: judge each peer's time over its suite's reference peer, "
+        "round by round, not its own figure (for a loaded machine)",
+    )
+    ap.add_argument(
         "--markdown",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -193,10 +199,18 @@ def main(argv: list[str] | None = None) -> int:
 
     status = 0
     if old is not None:
-        changes = harness.compare(old, result)
+        if old["quick"] != result["quick"]:
+            console.print(
+                "[yellow]warning:[/] one run used --quick sizes and the other did not: "
+                "rates of different sizes differ by more than noise"
+            )
+        if old["machine"]["host"] != result["machine"]["host"]:
+            console.print(f"[yellow]warning:[/] {args.compare} was taken on another machine")
+        changes = harness.compare(old, result, relative=args.relative)
         regressions = [c for c in changes if c.regression]
         unjudged = sum(1 for c in changes if c.noise is None)
-        table = Table(title=f"against {args.compare}: worse by more than the noise")
+        what = "time over the reference peer's" if args.relative else "figure"
+        table = Table(title=f"against {args.compare}: {what} worse by more than the noise")
         for col in ("suite", "row", "peer", "old", "new", "worse by", "noise"):
             table.add_column(col)
         for c in regressions:

@@ -13,6 +13,8 @@ Noise: the spread of a cell (one row, one peer) is ``(max - min) / median`` of i
 rounds. ``--compare OLD.json`` flags a cell as a regression when its median moved the
 wrong way by more than the larger of the two runs' spreads for that cell; a cell with
 fewer than two rounds on either side has no measured noise and is reported, not judged.
+``--relative`` judges each peer's time over the suite's reference peer instead, taken
+round by round (both ran in the same round, under the same load).
 
 This module knows nothing of gosim; :mod:`benchmarks.suites` defines the suites.
 """
@@ -326,6 +328,26 @@ def cells(row: dict[str, Any], key: str = "value") -> dict[str, Cell]:
     return {peer: Cell(tuple(v)) for peer, v in by_peer.items()}
 
 
+def relative_cells(row: dict[str, Any], ref: str) -> dict[str, Cell]:
+    """Each peer's rounds as ratios to the reference peer's figure **of the same round**
+    (its time over the reference's): the rounds are interleaved, so a round's pair shared
+    the machine's load, and the ratio cancels most of it."""
+    by_round: dict[int, dict[str, float]] = {}
+    for rec in row["rounds"]:
+        by_round.setdefault(rec["round"], {})[rec["peer"]] = float(rec["value"])
+    ratios: dict[str, list[float]] = {}
+    for figures in by_round.values():
+        base = figures.get(ref)
+        if not base:
+            continue
+        for peer, v in figures.items():
+            if peer != ref and v:
+                ratios.setdefault(peer, []).append(
+                    v / base if row["better"] == "lower" else base / v
+                )
+    return {peer: Cell(tuple(v)) for peer, v in ratios.items()}
+
+
 # ========================================================================== compare
 
 
@@ -341,24 +363,32 @@ class Change:
     regression: bool
 
 
-def compare(old: dict[str, Any], new: dict[str, Any]) -> list[Change]:
-    """Every cell present in both runs, with whether it regressed beyond the noise."""
+def compare(old: dict[str, Any], new: dict[str, Any], relative: bool = False) -> list[Change]:
+    """Every cell present in both runs, with whether it regressed beyond the noise.
+
+    ``relative``: compare each peer's time over its suite's reference peer (per round,
+    see :func:`relative_cells`) instead of its own figure, for runs on a loaded machine
+    whose load moved every peer alike; the reference peer itself is not judged."""
     changes: list[Change] = []
     for sname, snew in new["suites"].items():
         sold = old["suites"].get(sname)
-        if sold is None:
+        ref = snew.get("reference")
+        if sold is None or (relative and ref is None):
             continue
         old_rows = {r["name"]: r for r in sold["rows"]}
         for row in snew["rows"]:
             orow = old_rows.get(row["name"])
             if orow is None:
                 continue
-            before, after = cells(orow), cells(row)
+            if relative:
+                before, after = relative_cells(orow, ref), relative_cells(row, ref)
+            else:
+                before, after = cells(orow), cells(row)
             for peer, a in after.items():
                 b = before.get(peer)
                 if b is None or b.median == 0 or a.median == 0:
                     continue
-                if row["better"] == "lower":
+                if relative or row["better"] == "lower":  # a ratio is a time: lower is better
                     worse_by = a.median / b.median - 1
                 else:
                     worse_by = b.median / a.median - 1

@@ -188,3 +188,29 @@ def test_a_costly_row_runs_at_most_its_cap_of_rounds() -> None:
     result = harness.run_suites([suite], quick=False, rounds=5)
     assert [r["round"] for r in result["suites"]["capped"]["rows"][0]["rounds"]] == [0, 1]
     assert log == ["only", "only"]
+
+
+def test_relative_compare_cancels_a_load_that_moved_every_peer() -> None:
+    """Every peer 1.5x slower (the machine got busier): the absolute comparison flags the
+    fast peer, the relative one (time over the reference, round by round) does not; a
+    peer that alone got slower is flagged by both."""
+
+    def suite(fast: float, slow: float) -> Suite:
+        def rows(quick: bool) -> list[Row]:
+            return [Row("time", "ns per op", "lower", [
+                _peer("fast", [], [100.0 * fast, 101.0 * fast, 99.0 * fast]),
+                _peer("slow", [], [300.0 * slow, 303.0 * slow, 297.0 * slow]),
+            ])]  # fmt: skip
+
+        return Suite("fake", "fake", rows, reference="fast")
+
+    old = harness.run_suites([suite(1.0, 1.0)], quick=False, rounds=3)
+    busier = harness.run_suites([suite(1.5, 1.5)], quick=False, rounds=3)
+    assert [c.peer for c in harness.compare(old, busier) if c.regression] == ["fast", "slow"]
+    relative = harness.compare(old, busier, relative=True)
+    assert [c.peer for c in relative] == ["slow"]  # the reference is not judged
+    assert not relative[0].regression and relative[0].worse_by == pytest.approx(0.0)
+    slower = harness.run_suites([suite(1.0, 1.5)], quick=False, rounds=3)
+    flagged = [c for c in harness.compare(old, slower, relative=True) if c.regression]
+    assert [c.peer for c in flagged] == ["slow"]
+    assert flagged[0].worse_by == pytest.approx(0.5)
