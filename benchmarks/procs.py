@@ -71,14 +71,18 @@ class Server:
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.cmd = cmd
+        # stderr to a file, not a pipe: a chatty server must never block on a full pipe
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 -- closed by stop()
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("LISTEN "):
-            self.stop()
+            self.proc.kill()
+            self.proc.wait(timeout=30)
             err = self.stderr_tail()
+            self.stop()
             raise RuntimeError(f"server {cmd} did not start: {line!r}\n{err}")
         self.addr = line.split()[1]
 
@@ -86,17 +90,16 @@ class Server:
         return cpu_seconds(self.proc.pid)
 
     def stderr_tail(self) -> str:
-        if self.proc.poll() is None or self.proc.stderr is None:
-            return ""
-        return self.proc.stderr.read()[-2000:]
+        self.stderr.seek(0)
+        return self.stderr.read()[-2000:]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()  # our own child, by its PID
         self.proc.wait(timeout=30)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.stderr.close()
 
 
 def run_json(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> Any:
