@@ -41,7 +41,7 @@ LARGE_FRAMES = 256
 RECV_CHUNK = 64 * 1024
 
 
-def _payloads(size: int, count: int) -> list[bytes]:
+def make_payloads(size: int, count: int) -> list[bytes]:
     return [bytes([i % 251]) * size for i in range(count)]
 
 
@@ -116,7 +116,7 @@ DECODERS = {
 @pytest.mark.parametrize("impl", list(DECODERS))
 @pytest.mark.benchmark(group="decode-64B")
 def bench_decode_64B(benchmark: Any, impl: str) -> None:
-    wire = FORMAT.encode_many(_payloads(SMALL, SMALL_FRAMES))
+    wire = FORMAT.encode_many(make_payloads(SMALL, SMALL_FRAMES))
     _kernels.load()  # compile or load the kernel before timing
     assert benchmark(DECODERS[impl], wire) == SMALL_FRAMES
     _record(benchmark, SMALL_FRAMES, len(wire))
@@ -125,7 +125,7 @@ def bench_decode_64B(benchmark: Any, impl: str) -> None:
 @pytest.mark.parametrize("impl", list(DECODERS))
 @pytest.mark.benchmark(group="decode-64KiB")
 def bench_decode_64KiB(benchmark: Any, impl: str) -> None:
-    wire = FORMAT.encode_many(_payloads(LARGE, LARGE_FRAMES))
+    wire = FORMAT.encode_many(make_payloads(LARGE, LARGE_FRAMES))
     assert benchmark(DECODERS[impl], wire) == LARGE_FRAMES
     _record(benchmark, LARGE_FRAMES, len(wire))
 
@@ -168,7 +168,7 @@ STREAMERS: dict[str, Callable[[list[bytes]], int]] = {
 @pytest.mark.parametrize("impl", list(STREAMERS))
 @pytest.mark.benchmark(group="decode-64B-stream")
 def bench_decode_64B_stream(benchmark: Any, impl: str) -> None:
-    wire = FORMAT.encode_many(_payloads(SMALL, SMALL_FRAMES))
+    wire = FORMAT.encode_many(make_payloads(SMALL, SMALL_FRAMES))
     chunks = [wire[i : i + RECV_CHUNK] for i in range(0, len(wire), RECV_CHUNK)]
     _kernels.load()
     fn = STREAMERS[impl]
@@ -194,7 +194,7 @@ ENCODERS: dict[str, Callable[[list[bytes]], bytes]] = {
 @pytest.mark.parametrize("impl", list(ENCODERS))
 @pytest.mark.benchmark(group="encode-64B")
 def bench_encode_64B(benchmark: Any, impl: str) -> None:
-    payloads = _payloads(SMALL, SMALL_FRAMES)
+    payloads = make_payloads(SMALL, SMALL_FRAMES)
     wire = benchmark(ENCODERS[impl], payloads)
     assert wire == struct_encode_many(payloads)
     _record(benchmark, SMALL_FRAMES, len(wire))
@@ -203,7 +203,7 @@ def bench_encode_64B(benchmark: Any, impl: str) -> None:
 @pytest.mark.parametrize("impl", list(ENCODERS))
 @pytest.mark.benchmark(group="encode-64KiB")
 def bench_encode_64KiB(benchmark: Any, impl: str) -> None:
-    payloads = _payloads(LARGE, LARGE_FRAMES)
+    payloads = make_payloads(LARGE, LARGE_FRAMES)
     wire = benchmark(ENCODERS[impl], payloads)
     assert len(wire) == LARGE_FRAMES * (LARGE + 4)
     _record(benchmark, LARGE_FRAMES, len(wire))
@@ -261,7 +261,7 @@ SCANNERS: dict[str, Callable[[bytes], int]] = {
 @pytest.mark.parametrize("impl", list(SCANNERS))
 def bench_scan(benchmark: Any, impl: str, frames: int) -> None:
     benchmark.group = f"scan-{frames}x64B"
-    data = FORMAT.encode_many(_payloads(SMALL - 4, frames))
+    data = FORMAT.encode_many(make_payloads(SMALL - 4, frames))
     fn = SCANNERS[impl]
     _scan_kernel(data)  # compile or load before timing
     if impl == "numba-kernel" and not _kernels.JIT_ENABLED:

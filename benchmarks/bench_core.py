@@ -64,8 +64,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
-import shutil
 import statistics
 import subprocess
 import time
@@ -80,6 +78,7 @@ import pytest
 import trio
 
 import gosim
+from benchmarks.procs import find_go, go_build, go_env, go_version, parse_go_bench
 
 # The public names the gosim workloads use; the gosim cases run once all exist.
 GOSIM_API = ("run", "go", "Chan", "select", "recv")
@@ -87,7 +86,7 @@ GOSIM_READY = all(hasattr(gosim, name) for name in GOSIM_API)
 GOSIM_PROCS = tuple(int(p) for p in os.environ.get("BENCH_CORE_GOSIM_PROCS", "1").split(","))
 
 GO_DIR = Path(__file__).parent / "go" / "core"
-GO = shutil.which("go")
+GO = find_go()
 
 RING = 1000  # goroutines in the ring; must match RingSize in benchmarks/go/core/core.go
 BUFFER = 1024  # capacity of the buffered channel
@@ -681,7 +680,8 @@ def _gosim_peer(procs: int) -> str:
     return "gosim" if procs == 1 else f"gosim-p{procs}"
 
 
-def _round_for(workload: str, peer: str) -> Round:
+def round_for(workload: str, peer: str) -> Round:
+    """One round of ``workload`` on Python peer ``peer`` (gosim, gosim-pN, trio, ...)."""
     if peer.startswith("gosim"):
         procs = 1 if peer == "gosim" else int(peer.removeprefix("gosim-p"))
         return _gosim_round(GOSIM_MAINS[workload], procs)
@@ -694,7 +694,7 @@ def _quick(benchmark: Any) -> bool:
 
 def _run_python(benchmark: Any, wl: Workload, peer: str) -> None:
     """Time one Python peer on one workload and record its per-op figures."""
-    one = _round_for(wl.group, peer)
+    one = round_for(wl.group, peer)
     n = wl.quick_n if _quick(benchmark) else wl.n
     want = wl.expect(n)
     phases: list[float] = []
@@ -726,58 +726,50 @@ def _run_python(benchmark: Any, wl: Workload, peer: str) -> None:
 
 # ================================================================================= Go
 
-_GO_LINE = re.compile(r"^(Benchmark\w+)(?:-\d+)?\s+(\d+)\s+([0-9.]+) ns/op", re.MULTILINE)
-
 
 @pytest.fixture(scope="session")
 def go_test_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``go test -c`` once per session (compiling is not part of any measurement)."""
-    assert GO is not None  # only the go items ask for this, and they skip without go
-    out = tmp_path_factory.mktemp("bench_core_go") / "core.test"
-    subprocess.run(
-        [GO, "test", "-c", "-o", str(out), "."],
-        cwd=GO_DIR,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return out
+    return go_build("core", tmp_path_factory.mktemp("bench_core_go") / "core.test", test=True)
 
 
-def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
-    """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
-    assert GO is not None  # the item is skipped without it
-    smoke = _quick(benchmark)
+def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[float]:
+    """Run the workload's testing.B benchmark ``count`` times in one process with
+    GOMAXPROCS=1; its ns/op (b.N counts single ops, so this is per op) of each run."""
     argv = [
         str(binary),
         "-test.run=^$",
         f"-test.bench=^{wl.go_bench}$",
-        f"-test.benchtime={GO_SMOKE_BENCHTIME if smoke else GO_BENCHTIME}",
-        f"-test.count={1 if smoke else GO_COUNT}",
+        f"-test.benchtime={benchtime}",
+        f"-test.count={count}",
     ]
-    env = {**os.environ, "GOMAXPROCS": "1"}
-    outputs: list[str] = []
+    proc = subprocess.run(
+        argv, cwd=GO_DIR, env=go_env(), check=True, capture_output=True, text=True, timeout=300
+    )
+    found = parse_go_bench(proc.stdout)
+    if list(found) != [wl.go_bench.removeprefix("Benchmark")]:
+        raise AssertionError(f"no {wl.go_bench} result in Go output:\n{proc.stdout}")
+    return [ns for ns, _ in found[wl.go_bench.removeprefix("Benchmark")]]
 
-    def run() -> None:
-        proc = subprocess.run(
-            argv, cwd=GO_DIR, env=env, check=True, capture_output=True, text=True, timeout=300
-        )
-        outputs.append(proc.stdout)
 
-    benchmark.pedantic(run, rounds=1, iterations=1)
-    found = [(name, int(iters), float(ns)) for name, iters, ns in _GO_LINE.findall(outputs[-1])]
-    if not found or any(name != wl.go_bench for name, _, _ in found):
-        raise AssertionError(f"no {wl.go_bench} result in Go output:\n{outputs[-1]}")
-    ns = [x for _, _, x in found]
+def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
+    """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
+    smoke = _quick(benchmark)
+    benchtime = GO_SMOKE_BENCHTIME if smoke else GO_BENCHTIME
+    outputs: list[list[float]] = []
+    benchmark.pedantic(
+        lambda: outputs.append(go_round(binary, wl, benchtime, 1 if smoke else GO_COUNT)),
+        rounds=1,
+        iterations=1,
+    )
+    ns = outputs[-1]
     info = benchmark.extra_info
-    info.update(workload=wl.group, peer="go", unit=wl.unit, ops=found[-1][1], rounds=len(ns))
+    info.update(workload=wl.group, peer="go", unit=wl.unit, rounds=len(ns))
     info["ns_per_op"] = statistics.median(ns)
     info["ns_per_op_min"] = min(ns)
     info["go_ns_per_op"] = ns
     info["timing"] = "stats: wall time of the go test subprocess; ns_per_op: testing.B"
-    version = subprocess.run([GO, "version"], capture_output=True, text=True, check=False)
-    info["go_version"] = version.stdout.strip()
+    info["go_version"] = go_version()
 
 
 # ============================================================================ the items

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -69,52 +70,43 @@ async def _load(store: Store, n: int, tag: str, replay_too: bool) -> tuple[float
     return times[0], times[-1]
 
 
-@pytest.fixture(scope="module")
-def tmpdir_module() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="bench-idem-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def sqlite_rate(directory: str, mode: str, n: int) -> float:
+    """Calls/s of ``n`` calls through a fresh durable SQLite store in ``directory``, with
+    group commit (``mode`` "group-commit") or one transaction per operation."""
+    path = os.path.join(directory, f"{mode}-{time.monotonic_ns()}.db")
+    store = SQLiteStore(path, group_commit=mode == "group-commit")
+    first, _ = gosim.run(_load, store, n, mode, False)
+    store.close()
+    return n / first
 
 
-@pytest.mark.parametrize("mode", ["group-commit", "txn-per-op"])
-def bench_sqlite(benchmark: Any, mode: str, tmpdir_module: str) -> None:
-    n = _calls(benchmark, 20_000 if mode == "group-commit" else 2_000)
-    benchmark.group = "idem-sqlite-durable"
-    rates: list[float] = []
-
-    def once() -> None:
-        path = os.path.join(tmpdir_module, f"{mode}-{time.monotonic_ns()}.db")
-        store = SQLiteStore(path, group_commit=mode == "group-commit")
-        first, _ = gosim.run(_load, store, n, mode, False)
-        store.close()
-        rates.append(n / first)
-
-    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
-    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+def replay_rates(directory: str, n: int) -> tuple[float, float]:
+    """Calls/s of ``n`` first calls, then of the same keys again (replays), through a
+    fresh group-committed SQLite store."""
+    path = os.path.join(directory, f"replay-{time.monotonic_ns()}.db")
+    store = SQLiteStore(path)
+    first, replay = gosim.run(_load, store, n, "r", True)
+    store.close()
+    return n / first, n / replay
 
 
-@pytest.mark.parametrize("phase", ["first", "replay"])
-def bench_replay(benchmark: Any, phase: str, tmpdir_module: str) -> None:
-    n = _calls(benchmark, 20_000)
-    benchmark.group = "idem-sqlite-replay"
-    rates: list[float] = []
+def redis_rate(url: str, n: int) -> float:
+    """Calls/s of ``n`` calls through ``RedisStore`` at ``url`` (a fresh key prefix)."""
+    from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
 
-    def once() -> None:
-        path = os.path.join(tmpdir_module, f"replay-{time.monotonic_ns()}.db")
-        store = SQLiteStore(path)
-        first, replay = gosim.run(_load, store, n, "r", True)
-        store.close()
-        rates.append(n / (first if phase == "first" else replay))
-
-    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
-    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+    store = RedisStore(url, prefix=f"b{time.monotonic_ns()}:")
+    first, _ = gosim.run(_load, store, n, "redis", False)
+    store.close()
+    return n / first
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmpdir_module: str) -> Iterator[str]:
+@contextlib.contextmanager
+def redis_server(directory: str) -> Iterator[str]:
+    """A redis-server of our own on 127.0.0.1 (a free port, no persistence); its URL.
+    Killed by its PID on exit, and with this process if it dies first."""
     server = shutil.which("redis-server")
     if server is None:
-        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+        raise FileNotFoundError("redis-server is not installed (.ci/run installs it with apt)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -122,7 +114,7 @@ def redis_url(tmpdir_module: str) -> Iterator[str]:
     die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
     proc = subprocess.Popen(
         [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
-         "--dir", tmpdir_module, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+         "--dir", directory, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -141,23 +133,6 @@ def redis_url(tmpdir_module: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-def bench_redis(benchmark: Any, redis_url: str) -> None:
-    from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
-
-    n = _calls(benchmark, 20_000)
-    benchmark.group = "idem-redis"
-    rates: list[float] = []
-
-    def once() -> None:
-        store = RedisStore(redis_url, prefix=f"b{time.monotonic_ns()}:")
-        first, _ = gosim.run(_load, store, n, "redis", False)
-        store.close()
-        rates.append(n / first)
-
-    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
-    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
-
-
 async def _memory(n: int, direct: bool) -> float:
     keys = [f"k{i}" for i in range(n)]
     args = [1, 2]
@@ -173,14 +148,64 @@ async def _memory(n: int, direct: bool) -> float:
     return time.perf_counter() - t0
 
 
+def memory_ns_per_call(n: int, direct: bool) -> float:
+    """ns a call: ``Idempotency.run`` over MemoryStore, or the handler awaited directly."""
+    seconds: float = gosim.run(_memory, n, direct, procs=1)
+    return seconds / n * 1e9
+
+
+# ------------------------------------------------------------------ the pytest items
+
+
+@pytest.fixture(scope="module")
+def tmpdir_module() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="bench-idem-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _median_of(benchmark: Any, one: Callable[[], float], rounds: int) -> float:
+    got: list[float] = []
+    benchmark.pedantic(
+        lambda: got.append(one()), rounds=1 if benchmark.disabled else rounds, iterations=1
+    )
+    return sorted(got)[len(got) // 2]
+
+
+@pytest.mark.parametrize("mode", ["group-commit", "txn-per-op"])
+def bench_sqlite(benchmark: Any, mode: str, tmpdir_module: str) -> None:
+    n = _calls(benchmark, 20_000 if mode == "group-commit" else 2_000)
+    benchmark.group = "idem-sqlite-durable"
+    rate = _median_of(benchmark, lambda: sqlite_rate(tmpdir_module, mode, n), 3)
+    benchmark.extra_info["calls_per_s"] = rate
+
+
+@pytest.mark.parametrize("phase", ["first", "replay"])
+def bench_replay(benchmark: Any, phase: str, tmpdir_module: str) -> None:
+    n = _calls(benchmark, 20_000)
+    benchmark.group = "idem-sqlite-replay"
+    which = 0 if phase == "first" else 1
+    rate = _median_of(benchmark, lambda: replay_rates(tmpdir_module, n)[which], 3)
+    benchmark.extra_info["calls_per_s"] = rate
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmpdir_module: str) -> Iterator[str]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
+    with redis_server(tmpdir_module) as url:
+        yield url
+
+
+def bench_redis(benchmark: Any, redis_url: str) -> None:
+    n = _calls(benchmark, 20_000)
+    benchmark.group = "idem-redis"
+    benchmark.extra_info["calls_per_s"] = _median_of(benchmark, lambda: redis_rate(redis_url, n), 3)
+
+
 @pytest.mark.parametrize("path", ["direct", "memory-store"])
 def bench_memory(benchmark: Any, path: str) -> None:
     n = _calls(benchmark, 100_000)
     benchmark.group = "idem-memory"
-    elapsed: list[float] = []
-
-    def once() -> None:
-        elapsed.append(gosim.run(_memory, n, path == "direct", procs=1))
-
-    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 5, iterations=1)
-    benchmark.extra_info["ns_per_call"] = sorted(elapsed)[len(elapsed) // 2] / n * 1e9
+    ns = _median_of(benchmark, lambda: memory_ns_per_call(n, path == "direct"), 5)
+    benchmark.extra_info["ns_per_call"] = ns

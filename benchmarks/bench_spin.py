@@ -197,49 +197,54 @@ def run_adds(benchmark: Any, one_round: Callable[[], tuple[int, float]], what: s
         benchmark.extra_info["ratio_to_threading"] = statistics.median(rates) / _baseline["adds"]
 
 
+def add_threading_lock(adds: int = PYTHON_ADDS) -> tuple[int, float]:
+    """THREADS Python threads add 1 ``adds`` times each under one threading.Lock."""
+    lock = threading.Lock()
+    box = [0]
+
+    def work() -> None:
+        for _ in range(adds):
+            with lock:
+                box[0] += 1
+
+    seconds = _threads(work, ())
+    assert box[0] == THREADS * adds
+    return box[0], seconds
+
+
+def add_atomic_kernels(adds: int = ATOMIC_ADDS) -> tuple[int, float]:
+    """THREADS threads each run a nogil kernel of ``adds`` atomic adds to one cell."""
+    _add_kernel(np.zeros(1, dtype=np.int64), 1)  # compiled (once) outside the timing
+    cells = np.zeros(1, dtype=np.int64)
+    seconds = _threads(_add_kernel, (cells, adds))
+    assert cells[0] == THREADS * adds
+    return int(cells[0]), seconds
+
+
+def add_int64_python(adds: int = PYTHON_ADDS) -> tuple[int, float]:
+    """THREADS Python threads call ``Int64.add(1)`` ``adds`` times each."""
+    counter = Int64()
+
+    def work() -> None:
+        add = counter.add
+        for _ in range(adds):
+            add(1)
+
+    seconds = _threads(work, ())
+    assert counter.load() == THREADS * adds
+    return counter.load(), seconds
+
+
 @pytest.mark.benchmark(group="atomic-add")
 def bench_add_threading_lock_python(benchmark: Any) -> None:
-    def one_round() -> tuple[int, float]:
-        lock = threading.Lock()
-        box = [0]
-
-        def work() -> None:
-            for _ in range(PYTHON_ADDS):
-                with lock:
-                    box[0] += 1
-
-        seconds = _threads(work, ())
-        assert box[0] == THREADS * PYTHON_ADDS
-        return box[0], seconds
-
-    run_adds(benchmark, one_round, "threading.Lock")
+    run_adds(benchmark, add_threading_lock, "threading.Lock")
 
 
 @pytest.mark.benchmark(group="atomic-add")
 def bench_add_atomic_nogil_kernels(benchmark: Any) -> None:
-    _add_kernel(np.zeros(1, dtype=np.int64), 1)  # compile outside the timing
-
-    def one_round() -> tuple[int, float]:
-        cells = np.zeros(1, dtype=np.int64)
-        seconds = _threads(_add_kernel, (cells, ATOMIC_ADDS))
-        assert cells[0] == THREADS * ATOMIC_ADDS
-        return int(cells[0]), seconds
-
-    run_adds(benchmark, one_round, "atomic_add in nogil kernels")
+    run_adds(benchmark, add_atomic_kernels, "atomic_add in nogil kernels")
 
 
 @pytest.mark.benchmark(group="atomic-add")
 def bench_add_int64_python_threads(benchmark: Any) -> None:
-    def one_round() -> tuple[int, float]:
-        counter = Int64()
-
-        def work() -> None:
-            add = counter.add
-            for _ in range(PYTHON_ADDS):
-                add(1)
-
-        seconds = _threads(work, ())
-        assert counter.load() == THREADS * PYTHON_ADDS
-        return counter.load(), seconds
-
-    run_adds(benchmark, one_round, "Int64.add from Python threads")
+    run_adds(benchmark, add_int64_python, "Int64.add from Python threads")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -76,23 +77,30 @@ async def _trio_contended(n: int) -> float:
     return time.perf_counter() - t0
 
 
+# One round of each (workload, peer): n operations in a fresh runtime; the seconds of
+# the measured loop.
+ROUNDS: dict[tuple[str, str], Callable[[int], float]] = {
+    ("uncontended", "gosim"): lambda n: gosim.run(_gosim_uncontended, n, procs=1),
+    ("uncontended", "trio"): lambda n: trio.run(_trio_uncontended, n),
+    ("contended", "gosim"): lambda n: gosim.run(_gosim_contended, n, procs=1),
+    ("contended", "trio"): lambda n: trio.run(_trio_contended, n),
+}
+
+
+def ops(workload: str, peer: str, n: int) -> int:
+    """Operations in a round of ``n``: trio's contended rounds are a tenth (a checkpoint
+    is a full scheduler pass), so the round stays short."""
+    return n // 10 if (workload, peer) == ("contended", "trio") else n
+
+
 @pytest.mark.parametrize("peer", ["gosim", "trio"])
 @pytest.mark.parametrize("workload", ["uncontended", "contended"])
 def bench_mutex(benchmark: Any, workload: str, peer: str) -> None:
-    n = _n(benchmark)
-    if workload == "contended" and peer == "trio":
-        n //= 10  # trio's checkpoint is a full scheduler pass: keep the round short
+    n = ops(workload, peer, _n(benchmark))
     benchmark.group = f"mutex-{workload}"
     elapsed: list[float] = []
-
-    def once() -> None:
-        fn = {
-            ("uncontended", "gosim"): lambda: gosim.run(_gosim_uncontended, n, procs=1),
-            ("uncontended", "trio"): lambda: trio.run(_trio_uncontended, n),
-            ("contended", "gosim"): lambda: gosim.run(_gosim_contended, n, procs=1),
-            ("contended", "trio"): lambda: trio.run(_trio_contended, n),
-        }[(workload, peer)]
-        elapsed.append(fn())
-
-    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 5, iterations=1)
+    one = ROUNDS[(workload, peer)]
+    benchmark.pedantic(
+        lambda: elapsed.append(one(n)), rounds=1 if benchmark.disabled else 5, iterations=1
+    )
     benchmark.extra_info["ns_per_op"] = sorted(elapsed)[len(elapsed) // 2] / n * 1e9

@@ -3,10 +3,10 @@
 Frames are a 4-byte big-endian length (not counting itself) and a payload, the format
 of ``benchmarks/go/net``. Every server echoes every frame; clients check each echo.
 
-    python benchmarks/net_peers.py server trio|asyncio [--addr 127.0.0.1:0]
+    python benchmarks/net_peers.py server trio|asyncio|uvloop [--addr 127.0.0.1:0]
         prints "LISTEN host:port", serves until killed
-    python benchmarks/net_peers.py pipelined trio --addr A [--n N] [--size 64]
-    python benchmarks/net_peers.py rr trio --addr A [--conns 100] [--seconds 2]
+    python benchmarks/net_peers.py pipelined trio|asyncio|uvloop|netframe --addr A [--n N]
+    python benchmarks/net_peers.py rr trio|asyncio|uvloop|netframe --addr A [--seconds 2]
         print one JSON object, as the Go client does
     python benchmarks/net_peers.py idle-server netframe [--heartbeat 1.0]
     python benchmarks/net_peers.py idle-clients netframe --addr A --conns N --seconds HOLD
@@ -14,7 +14,12 @@ of ``benchmarks/go/net``. Every server echoes every frame; clients check each ec
 
 The servers are written the way each library is used at its best: the trio server
 reads 64 KiB at a time and echoes every complete frame of a read with one ``send_all``
-(batched); the asyncio server is a ``Protocol`` whose ``data_received`` does the same.
+(batched); the asyncio server is a ``Protocol`` whose ``data_received`` does the same,
+and the uvloop server is that ``Protocol`` on uvloop's event loop (what Python users
+pick for a fast asyncio server).
+
+Started by a benchmark, every peer applies ``$BENCH_GC_THRESHOLD`` first
+(``benchmarks/procs.py``): all Python peers run under the same collector settings.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import json
 import struct
 import sys
 import time
+from typing import cast
 
 import trio
+from procs import apply_gc_settings  # run as a script: this file's directory is on sys.path
 
 import gosim
 import netframe
@@ -86,8 +93,8 @@ class EchoProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCPTransport has the Transport methods but not the class as a base
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -183,6 +190,83 @@ async def trio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str,
     async with trio.open_nursery() as nursery:
         for k in range(conns):
             nursery.start_soon(one, k)
+    el = time.perf_counter() - start
+    return {
+        "mode": "rr",
+        "conns": conns,
+        "requests": total,
+        "seconds": el,
+        "requests_per_s": total / el,
+    }
+
+
+async def asyncio_pipelined(addr: str, n: int, size: int) -> dict[str, object]:
+    """The trio client's pipelined workload on asyncio streams (asyncio or uvloop)."""
+    host, port = parse_addr(addr)
+    reader, writer = await asyncio.open_connection(host, port)
+    msg = payload(size, 7)
+    frame = HEADER.pack(size) + msg
+    batch = frame * 256
+    start = time.perf_counter()
+
+    async def write_all() -> None:
+        sent = 0
+        while sent < n:
+            k = min(256, n - sent)
+            writer.write(batch if k == 256 else frame * k)
+            await writer.drain()
+            sent += k
+
+    sender = asyncio.create_task(write_all())
+    buf = bytearray()
+    got = 0
+    while got < n:
+        data = await reader.read(65536)
+        if not data:
+            raise ConnectionError("server closed early")
+        buf += data
+        frames, used = split_frames(buf)
+        del buf[:used]
+        if any(f != msg for f in frames):
+            raise AssertionError("echo mismatch")
+        got += len(frames)
+    await sender
+    el = time.perf_counter() - start
+    writer.close()
+    return {"mode": "pipelined", "frames": n, "size": size, "seconds": el, "frames_per_s": n / el}
+
+
+async def asyncio_rr(addr: str, conns: int, seconds: float, size: int) -> dict[str, object]:
+    """The trio client's request/response workload on asyncio streams."""
+    host, port = parse_addr(addr)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    start = time.perf_counter()
+
+    async def one(k: int) -> int:
+        msg = payload(size, k)
+        frame = HEADER.pack(size) + msg
+        reader, writer = await asyncio.open_connection(host, port)
+        buf = bytearray()
+        n = 0
+        while loop.time() < deadline:
+            writer.write(frame)
+            while True:
+                frames, used = split_frames(buf)
+                if frames:
+                    break
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("server closed early")
+                buf += data
+            del buf[:used]
+            if frames != [msg]:
+                raise AssertionError("echo mismatch")
+            n += 1
+        writer.close()
+        return n
+
+    total = sum(await asyncio.gather(*(one(k) for k in range(conns))))
     el = time.perf_counter() - start
     return {
         "mode": "rr",
@@ -370,7 +454,8 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["server", "pipelined", "rr", "idle-server", "idle-clients"])
     ap.add_argument(
-        "peer", choices=["trio", "asyncio", "netframe", "netframe-plain", "netframe-batch"]
+        "peer",
+        choices=["trio", "asyncio", "uvloop", "netframe", "netframe-plain", "netframe-batch"],
     )
     ap.add_argument("--addr", default="127.0.0.1:0")
     ap.add_argument("--n", type=int, default=200_000)
@@ -379,6 +464,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--heartbeat", type=float, default=1.0)
     args = ap.parse_args(argv)
+    apply_gc_settings()
     if args.mode == "idle-server":
         idle_server(args.addr, args.heartbeat)
         return
@@ -391,6 +477,10 @@ def main(argv: list[str]) -> None:
             trio.run(trio_server, args.addr)
         elif args.peer.startswith("netframe"):
             netframe_server(args.addr, args.peer)
+        elif args.peer == "uvloop":
+            import uvloop  # noqa: PLC0415 -- a dev dependency, only this peer needs it
+
+            uvloop.run(asyncio_server(args.addr))
         else:
             asyncio.run(asyncio_server(args.addr))
         return
@@ -398,8 +488,21 @@ def main(argv: list[str]) -> None:
         out = netframe_client(args.mode, args.addr, args.n, args.size, args.conns, args.seconds)
         print(json.dumps(out))
         return
+    if args.peer in ("asyncio", "uvloop"):
+        if args.mode == "pipelined":
+            coro = asyncio_pipelined(args.addr, args.n, args.size)
+        else:
+            coro = asyncio_rr(args.addr, args.conns, args.seconds, args.size)
+        if args.peer == "uvloop":
+            import uvloop  # noqa: PLC0415 -- a dev dependency, only this peer needs it
+
+            out = uvloop.run(coro)
+        else:
+            out = asyncio.run(coro)
+        print(json.dumps(out))
+        return
     if args.peer != "trio":
-        raise SystemExit("clients: trio and netframe are provided (the Go client is the other)")
+        raise SystemExit("clients: trio, asyncio, uvloop and netframe (and the Go client)")
     if args.mode == "pipelined":
         out = trio.run(trio_pipelined, args.addr, args.n, args.size)
     else:

