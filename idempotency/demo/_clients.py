@@ -16,14 +16,16 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import gosim
 from gosim import Chan, go, net
 
 from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
+from ._ledger import raise_nofile_limit
 
-__all__ = ["run_clients"]
+__all__ = ["run_clients", "run_fleet"]
 
 
 class _Stats:
@@ -61,23 +63,22 @@ class _Stats:
         )
 
 
-def run_clients(
-    addr: str,
+async def run_fleet(
+    dial: Callable[[], Awaitable[Any]],
     ident: int,
     connections: int,
     accounts: int,
     seconds: float,
     seed: int,
     heartbeat: float,
-    log_path: Path,
-) -> None:
-    """Run ``connections`` connections for ``seconds``, then reconcile and write the log."""
+    report: Callable[[str], None] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Run ``connections`` connections for ``seconds`` (on the runtime's clock), then
+    reconcile; returns the log (one dict per issued transfer) and the last stats line.
+    ``report`` gets a stats line every half second."""
     rng = random.Random(seed)
     stats = _Stats()
     log: list[dict[str, Any]] = []
-
-    async def dial() -> Any:
-        return await net.dial("tcp", addr)
 
     def client(i: int) -> Client:
         return Client(
@@ -123,6 +124,7 @@ def run_clients(
         crng = random.Random(rng.random())
         deadline = gosim.now() + seconds
         n = 0
+        mine: list[dict[str, Any]] = []
         while gosim.now() < deadline:
             src, dst = crng.sample(range(accounts), 2)
             entry = {
@@ -135,6 +137,7 @@ def run_clients(
             }
             n += 1
             log.append(entry)
+            mine.append(entry)
             await call(c, entry, timeout=10.0)
             if entry["status"] == "unknown":
                 # The server is out of reach (its retries and the retry budget are
@@ -142,9 +145,7 @@ def run_clients(
                 await gosim.sleep(crng.uniform(0.1, 0.5))
         # Reconcile: ask again, with the same key, until every outcome is known (for
         # at most about 30 s of the server being unreachable).
-        for entry in log:
-            if entry["caller"] != c.caller:
-                continue
+        for entry in mine:
             wait = 0.05
             for _ in range(60):
                 if entry["status"] in ("acked", "refused"):
@@ -157,24 +158,56 @@ def run_clients(
                 stats.unknown += 1
         await done.send(None)
 
-    async def report(clients: list[Client]) -> None:
+    async def reporter(clients: list[Client]) -> None:
+        assert report is not None
         while True:
             await gosim.sleep(0.5)
-            print(stats.line(clients), flush=True)
+            report(stats.line(clients))
+
+    clients = [client(i) for i in range(connections)]
+    done: Chan[None] = Chan(connections)
+    if report is not None:
+        go(reporter, clients)
+    for i, c in enumerate(clients):
+        go(connection, i, c, done)
+    for _ in clients:
+        await done.recv()
+    for c in clients:
+        await c.close()
+    return log, stats.line(clients, done=True)
+
+
+def run_clients(
+    addr: str,
+    ident: int,
+    connections: int,
+    accounts: int,
+    seconds: float,
+    seed: int,
+    heartbeat: float,
+    log_path: Path,
+) -> None:
+    """A client process: :func:`run_fleet` over TCP to ``addr``; prints its stats lines,
+    writes the log to ``log_path``."""
+    raise_nofile_limit()
+
+    async def dial() -> Any:
+        return await net.dial("tcp", addr)
 
     async def main() -> None:
-        clients = [client(i) for i in range(connections)]
-        done: Chan[None] = Chan(connections)
-        go(report, clients)
-        for i, c in enumerate(clients):
-            go(connection, i, c, done)
-        for _ in clients:
-            await done.recv()
-        for c in clients:
-            await c.close()
+        log, last = await run_fleet(
+            dial,
+            ident,
+            connections,
+            accounts,
+            seconds,
+            seed,
+            heartbeat,
+            lambda line: print(line, flush=True),
+        )
         with open(log_path, "w") as f:
             for entry in log:
                 f.write(json.dumps(entry) + "\n")
-        print(stats.line(clients, done=True), flush=True)
+        print(last, flush=True)
 
     gosim.run(main, procs=1)
