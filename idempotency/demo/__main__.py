@@ -63,6 +63,10 @@ def main(argv: list[str]) -> int:
         p.error("--servers must be >= 1")
     if a.redis and a.store != "redis":
         p.error("--redis needs --store redis")
+    if a.servers > 1 and a.store != "redis" and not a.simulate:
+        # Several processes on one SQLite file do keep every check, but they take turns
+        # on the file's one write lock by polling it: throughput collapses.
+        p.error("--servers N > 1 needs --store redis (SQLite has one writer per file)")
     if a.simulate:
         if a.store != "sqlite" or a.servers != 1 or a.plot or a.db:
             p.error("--simulate keeps its ledger in memory: no --store, --servers, --db, --plot")

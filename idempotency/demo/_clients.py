@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import gosim

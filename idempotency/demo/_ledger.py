@@ -34,8 +34,15 @@ from typing import Any
 import gosim
 from gosim import go, net
 
-from .. import ApplicationError, Call, Idempotency, MemoryEffect, MemoryStore, SQLiteEffect
-from .. import SQLiteStore
+from .. import (
+    ApplicationError,
+    Call,
+    Idempotency,
+    MemoryEffect,
+    MemoryStore,
+    SQLiteEffect,
+    SQLiteStore,
+)
 from ..rpc import Server
 from ..stores import Effect, Store
 

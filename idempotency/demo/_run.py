@@ -288,7 +288,8 @@ def _conduct(
 ) -> int:
     lock = threading.Lock()
     client_stats: dict[str, dict[str, Any]] = {}
-    server_stats: dict[int, dict[str, Any]] = {}  # by PID: every incarnation's last line
+    # By PID: every incarnation's last line, and its server's name.
+    server_stats: dict[int, tuple[str, dict[str, Any]]] = {}
     faults: dict[str, int] = {}
     events: list[str] = []
 
@@ -302,7 +303,7 @@ def _conduct(
 
     def on_server(p: _Proc, d: dict[str, Any]) -> None:
         with lock:
-            server_stats[p.proc.pid] = d.get("server", {})
+            server_stats[p.proc.pid] = (p.name, d.get("server", {}))
 
     hb = str(opts.heartbeat)
     max_conns = str(opts.connections * 2 + 100)
@@ -441,7 +442,8 @@ def _conduct(
     if not live_display:  # the live display already shows the last figures
         console.print(table())
     with lock:
-        incarnations = list(server_stats.values())
+        named = list(server_stats.values())
+    incarnations = [s for _, s in named]
     calls = sum(s.get("calls", 0) for s in incarnations)
     cpu = sum(s.get("cpu", 0.0) for s in incarnations)
     counts: list[tuple[str, Any]] = [
@@ -453,6 +455,10 @@ def _conduct(
         ("refused (insufficient funds)", t["refused"]),
         ("acknowledged transfers/s", f"{t['acked'] / elapsed:,.0f}"),
         ("server processes", opts.servers),
+        *(
+            (f"calls served by {name}", sum(s.get("calls", 0) for n, s in named if n == name))
+            for name in sorted({n for n, _ in named})
+        ),
         ("server CPU per call (ms)", f"{cpu / calls * 1000:.3f}" if calls else "-"),
         ("largest server RSS (MiB)", max((s.get("rss", 0) for s in incarnations), default=0) >> 20),
     ]

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 import gosim
 from gosim import Chan, go, net
-from rich.console import Console
 
 from .._errors import StoreUnavailable
 from .._record import ClaimResult, Record
@@ -232,8 +233,12 @@ def run_simulation(opts: SimOptions) -> SimResult:
     rows += [("server kills (kill -9)", len(events)), *((e, "") for e in events)]
     for k in ("acked", "refused", "retries", "replays", "reconnects"):
         rows.append((k, sum(s[k] for s in stats)))
-    rows.append(("p50/p99 ms (virtual)", f"{max(s['p50_ms'] or 0 for s in stats)}/"
-                 f"{max(s['p99_ms'] or 0 for s in stats)}"))
+    rows.append(
+        (
+            "p50/p99 ms (virtual)",
+            f"{max(s['p50_ms'] or 0 for s in stats)}/{max(s['p99_ms'] or 0 for s in stats)}",
+        )
+    )
     return SimResult(checks, rows)
 
 
