@@ -34,6 +34,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kills", type=int, default=1, help="server kill -9s and restarts (1)")
     p.add_argument("--no-faults", action="store_true", help="no fault injector, no kills")
     p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1)")
+    p.add_argument(
+        "--think",
+        type=float,
+        default=0.0,
+        help="mean pause between a connection's transfers, s (0: none; use one with "
+        "thousands of connections, or their queue outgrows the calls' timeouts)",
+    )
     p.add_argument("--db", type=Path, help="the ledger file to create (default: a temp dir)")
     p.add_argument("--plain", action="store_true", help="no live display")
     p.add_argument("--plot", type=Path, help="write a throughput/latency chart (PNG)")
@@ -73,12 +80,14 @@ def main(argv: list[str]) -> int:
         return simulate(
             SimOptions(
                 connections=a.connections,
+                clients=a.clients,
                 accounts=a.accounts,
                 seconds=a.seconds,
                 seed=a.seed,
                 faults=not a.no_faults,
                 kills=0 if a.no_faults else a.kills,
                 heartbeat=a.heartbeat,
+                think=a.think,
                 trace=a.trace,
             )
         )
@@ -91,6 +100,7 @@ def main(argv: list[str]) -> int:
         faults=not a.no_faults,
         kills=0 if a.no_faults else a.kills,
         heartbeat=a.heartbeat,
+        think=a.think,
         db=a.db,
         live=False if a.plain else None,
         plot=a.plot,
@@ -136,9 +146,12 @@ def _sub(argv: list[str]) -> int:
         p.add_argument("--seconds", type=float, default=10.0)
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--heartbeat", type=float, default=1.0)
+        p.add_argument("--think", type=float, default=0.0)
         p.add_argument("--log", type=Path, required=True)
         a = p.parse_args(argv[1:])
-        run_clients(a.addr, a.id, a.connections, a.accounts, a.seconds, a.seed, a.heartbeat, a.log)
+        run_clients(
+            a.addr, a.id, a.connections, a.accounts, a.seconds, a.seed, a.heartbeat, a.log, a.think
+        )
     return 0
 
 

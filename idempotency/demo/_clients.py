@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
 from ._ledger import raise_nofile_limit
 
 __all__ = ["run_clients", "run_fleet"]
+
+#: How long a connection keeps asking about transfers whose outcome it does not know,
+#: once its transfers have stopped (seconds): a killed server's claims lapse in LEASE.
+RECONCILE_FOR = 60.0
 
 
 class _Stats:
@@ -58,6 +63,7 @@ class _Stats:
                 "reconnects": sum(max(s.connects - 1, 0) for s in stats),
                 "p50_ms": pct(0.5),
                 "p99_ms": pct(0.99),
+                "cpu": round(time.process_time(), 3),
                 "done": done,
             }
         )
@@ -72,10 +78,13 @@ async def run_fleet(
     seed: int,
     heartbeat: float,
     report: Callable[[str], None] | None = None,
+    think: float = 0.0,
 ) -> tuple[list[dict[str, Any]], str]:
     """Run ``connections`` connections for ``seconds`` (on the runtime's clock), then
     reconcile; returns the log (one dict per issued transfer) and the last stats line.
-    ``report`` gets a stats line every half second."""
+    ``report`` gets a stats line every half second. ``think``: the mean pause between a
+    connection's transfers (exponential; 0, none): with many connections, most of them
+    idle on their heartbeats at any moment, as a service's clients are."""
     rng = random.Random(seed)
     stats = _Stats()
     log: list[dict[str, Any]] = []
@@ -143,14 +152,16 @@ async def run_fleet(
                 # The server is out of reach (its retries and the retry budget are
                 # spent): give it a moment, as a person at a terminal would.
                 await gosim.sleep(crng.uniform(0.1, 0.5))
-        # Reconcile: ask again, with the same key, until every outcome is known (for
-        # at most about 30 s of the server being unreachable).
+            elif think > 0:
+                await gosim.sleep(min(crng.expovariate(1 / think), deadline - gosim.now()))
+        # Reconcile: ask again, with the same key, until every outcome is known; for
+        # RECONCILE_FOR seconds at most, after which an outcome still unknown stays so
+        # (and the audit says so) rather than the run going on without end.
+        give_up = gosim.now() + RECONCILE_FOR
         for entry in mine:
             wait = 0.05
-            for _ in range(60):
-                if entry["status"] in ("acked", "refused"):
-                    break
-                await call(c, entry, timeout=10.0)
+            while entry["status"] not in ("acked", "refused") and gosim.now() < give_up:
+                await call(c, entry, timeout=min(10.0, max(give_up - gosim.now(), 0.1)))
                 if entry["status"] == "unknown":
                     await gosim.sleep(crng.uniform(0, wait))
                     wait = min(wait * 2, 1.0)
@@ -186,6 +197,7 @@ def run_clients(
     seed: int,
     heartbeat: float,
     log_path: Path,
+    think: float = 0.0,
 ) -> None:
     """A client process: :func:`run_fleet` over TCP to ``addr``; prints its stats lines,
     writes the log to ``log_path``."""
@@ -204,6 +216,7 @@ def run_clients(
             seed,
             heartbeat,
             lambda line: print(line, flush=True),
+            think,
         )
         with open(log_path, "w") as f:
             for entry in log:

@@ -373,7 +373,8 @@ def serve(
     trace_path: Path | None = None,
 ) -> None:
     """Serve the ledger on ``addr`` until the process is killed; prints ``LISTEN addr``,
-    then a JSON line of its counters (calls, CPU seconds, RSS) every half second.
+    then a JSON line of its counters (calls, CPU seconds, RSS, store operations and
+    the batches they were committed in) every half second.
 
     With ``trace_path``, the runtime's trace is written there (Chrome JSON, for
     Perfetto) on SIGTERM; a SIGKILL leaves none."""
@@ -394,6 +395,9 @@ def serve(
             await gosim.sleep(0.5)
             line = {"calls": srv.statistics().calls, "cpu": round(time.process_time(), 3)}
             line["rss"] = _rss_bytes()
+            if srv.idempotency is not None:  # the store's group commit: ops per batch
+                st = srv.idempotency.store.statistics()
+                line["store_ops"], line["store_batches"] = st.operations, st.batches
             print(json.dumps({"server": line}), flush=True)
 
     async def main() -> None:

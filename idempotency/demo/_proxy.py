@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -147,7 +148,7 @@ def run_proxy(listen: str, upstream: str, plan: FaultPlan) -> None:
 
     async def report() -> None:
         while True:
-            print(json.dumps({"faults": plan.counts}), flush=True)
+            print(json.dumps({"faults": plan.counts, "cpu": time.process_time()}), flush=True)
             await gosim.sleep(0.5)
 
     async def dial() -> Any:

@@ -56,6 +56,7 @@ class Options:
     faults: bool = True
     kills: int = 1
     heartbeat: float = 1.0
+    think: float = 0.0  # mean pause between a connection's transfers
     db: Path | None = None
     live: bool | None = None  # None: when stdout is a terminal
     plot: Path | None = None  # a throughput and latency chart (matplotlib)
@@ -269,10 +270,17 @@ def run(opts: Options) -> int:
             raise SystemExit(f"{db} exists: the demo starts from a new ledger")
         spec = LedgerSpec("sqlite", path=db)
         where = str(db)
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)  # unwinds through the finally blocks below
+
+    # A SIGTERM (a timeout, a supervisor) stops the processes this run started, too.
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         create_ledger(spec, opts.accounts)
         return _conduct(opts, console, live_display, rng, workdir, spec, where)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if redis_server is not None:
             redis_server.stop()
 
@@ -291,6 +299,7 @@ def _conduct(
     # By PID: every incarnation's last line, and its server's name.
     server_stats: dict[int, tuple[str, dict[str, Any]]] = {}
     faults: dict[str, int] = {}
+    proxy_cpu = [0.0]
     events: list[str] = []
 
     def on_client(p: _Proc, d: dict[str, Any]) -> None:
@@ -300,6 +309,7 @@ def _conduct(
     def on_proxy(p: _Proc, d: dict[str, Any]) -> None:
         with lock:
             faults.update(d.get("faults", {}))
+            proxy_cpu[0] = d.get("cpu", 0.0)
 
     def on_server(p: _Proc, d: dict[str, Any]) -> None:
         with lock:
@@ -344,6 +354,7 @@ def _conduct(
         args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
         args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
         args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
+        args += ["--think", str(opts.think)]
         clients.append(_spawn(f"client{i}", args, on_client))
     kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
     recovered: list[float] = []
@@ -351,7 +362,7 @@ def _conduct(
     def totals() -> dict[str, Any]:
         with lock:
             stats = list(client_stats.values())
-        keys = ("acked", "refused", "in_flight", "retries", "replays", "reconnects")
+        keys = ("acked", "refused", "in_flight", "retries", "replays", "reconnects", "cpu")
         out: dict[str, Any] = {k: sum(s.get(k, 0) for s in stats) for k in keys}
         p99 = [s["p99_ms"] for s in stats if s.get("p99_ms") is not None]
         p50 = [s["p50_ms"] for s in stats if s.get("p50_ms") is not None]
@@ -446,6 +457,12 @@ def _conduct(
     incarnations = [s for _, s in named]
     calls = sum(s.get("calls", 0) for s in incarnations)
     cpu = sum(s.get("cpu", 0.0) for s in incarnations)
+    ops = sum(s.get("store_ops", 0) for s in incarnations)
+    batches = sum(s.get("store_batches", 0) for s in incarnations)
+
+    def per_ack(seconds: float) -> str:
+        return f"{seconds / t['acked'] * 1000:.3f}" if t["acked"] else "-"
+
     counts: list[tuple[str, Any]] = [
         *faults.items(),
         ("server kills (kill -9)", opts.kills),
@@ -453,13 +470,22 @@ def _conduct(
         ("replays", t["replays"]),
         ("reconnects", t["reconnects"]),
         ("refused (insufficient funds)", t["refused"]),
-        ("acknowledged transfers/s", f"{t['acked'] / elapsed:,.0f}"),
+        ("acknowledged transfers/s, whole run", f"{t['acked'] / elapsed:,.0f}"),
+        ("acknowledged transfers/s, middle half", steady_rate(series)),
         ("server processes", opts.servers),
         *(
             (f"calls served by {name}", sum(s.get("calls", 0) for n, s in named if n == name))
             for name in sorted({n for n, _ in named})
         ),
         ("server CPU per call (ms)", f"{cpu / calls * 1000:.3f}" if calls else "-"),
+        ("client CPU per acknowledged transfer (ms)", per_ack(t["cpu"])),
+        *(
+            [("fault proxy CPU per acknowledged transfer (ms)", per_ack(proxy_cpu[0]))]
+            if opts.faults
+            else []
+        ),
+        ("store commits/s (transactions or pipelines)", f"{batches / elapsed:,.0f}"),
+        ("store operations per commit", f"{ops / batches:.1f}" if batches else "-"),
         ("largest server RSS (MiB)", max((s.get("rss", 0) for s in incarnations), default=0) >> 20),
     ]
     for i, r in enumerate(recovered):
@@ -473,6 +499,20 @@ def _conduct(
     if opts.trace is not None:
         console.print(f"trace of server 0 written to {opts.trace} (open in ui.perfetto.dev)")
     return code
+
+
+def steady_rate(series: list[tuple[float, int, float | None, float | None]]) -> str:
+    """Acknowledged transfers/s over the middle half of the time transfers were being
+    acknowledged: without the client processes' start and the reconciliation's tail."""
+    active = [(t, a) for t, a, _, _ in series if a > 0]
+    if len(active) < 4:
+        return "-"
+    final = active[-1][1]
+    t0 = active[0][0]
+    t1 = next(t for t, a in active if a == final)
+    lo, hi = t0 + (t1 - t0) / 4, t0 + 3 * (t1 - t0) / 4
+    (ta, a0), (tb, a1) = (next(p for p in active if p[0] >= x) for x in (lo, hi))
+    return f"{(a1 - a0) / (tb - ta):,.0f}" if tb > ta else "-"
 
 
 def _plot(

@@ -44,19 +44,19 @@ __all__ = ["SimOptions", "SimResult", "run_simulation", "simulate"]
 RESTART_DELAY = 0.5
 #: How long one store operation takes (virtual seconds): a durable write's time.
 STORE_LATENCY = (0.0002, 0.001)
-#: Client hosts the connections are spread over (each its own fleet, as processes are).
-CLIENT_HOSTS = 2
 
 
 @dataclass
 class SimOptions:
     connections: int = 200
+    clients: int = 2  # client hosts the connections are spread over (a fleet each)
     accounts: int = 100
     seconds: float = 15.0
     seed: int = 1
     faults: bool = True
     kills: int = 1
     heartbeat: float = 1.0
+    think: float = 0.0
     trace: Path | None = None
     #: FaultPlan probabilities (drop, lose_reply, duplicate, stall, stall_for) to
     #: override; the default plan otherwise.
@@ -186,7 +186,8 @@ def run_simulation(opts: SimOptions) -> SimResult:
             go(serve_proxy, proxy_ln, upstream, plan)
             entry = "proxy:1"
         kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
-        fleet_seeds = [rng.getrandbits(32) for _ in range(CLIENT_HOSTS)]
+        hosts = max(1, min(opts.clients, opts.connections))
+        fleet_seeds = [rng.getrandbits(32) for _ in range(hosts)]
 
         async def killer() -> None:
             nonlocal server
@@ -197,19 +198,25 @@ def run_simulation(opts: SimOptions) -> SimResult:
                 await gosim.sleep(RESTART_DELAY)
                 server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
 
-        lines: Chan[tuple[list[dict[str, Any]], str]] = Chan(CLIENT_HOSTS)
+        lines: Chan[tuple[list[dict[str, Any]], str]] = Chan(hosts)
 
         async def fleet(k: int, n: int) -> None:
             async def dial() -> Any:
                 return await net.dial("sim", entry, local_host=f"client{k}")
 
             result = await run_fleet(
-                dial, k, n, opts.accounts, opts.seconds, fleet_seeds[k], opts.heartbeat
+                dial,
+                k,
+                n,
+                opts.accounts,
+                opts.seconds,
+                fleet_seeds[k],
+                opts.heartbeat,
+                think=opts.think,
             )
             await lines.send(result)
 
         go(killer)
-        hosts = min(CLIENT_HOSTS, opts.connections)
         for k in range(hosts):
             go(fleet, k, opts.connections // hosts + (k < opts.connections % hosts))
         last = []
@@ -251,6 +258,13 @@ def simulate(opts: SimOptions) -> int:
     )
     result = run_simulation(opts)
     code = report_tables(console, result.checks, result.counts)
+    if code:
+        console.print(
+            f"replay this run: python -m idempotency.demo --simulate --seed {opts.seed} "
+            f"--connections {opts.connections} --clients {opts.clients} "
+            f"--accounts {opts.accounts} --seconds {opts.seconds:g} --kills {opts.kills} "
+            f"--heartbeat {opts.heartbeat:g}" + ("" if opts.faults else " --no-faults")
+        )
     if opts.trace is not None:
         console.print(f"trace written to {opts.trace} (open in ui.perfetto.dev)")
     return code
