@@ -31,6 +31,8 @@ __all__ = ["run_clients", "run_fleet"]
 #: How long a connection keeps asking about transfers whose outcome it does not know,
 #: once its transfers have stopped (seconds): a killed server's claims lapse in LEASE.
 RECONCILE_FOR = 60.0
+#: Connections a client process opens per second at its start.
+RAMP_RATE = 250.0
 
 
 class _Stats:
@@ -132,6 +134,10 @@ async def run_fleet(
     async def connection(i: int, c: Client, done: Chan[None]) -> None:
         crng = random.Random(rng.random())
         deadline = gosim.now() + seconds
+        # Connections open over a ramp (RAMP_RATE a second per process), not in one
+        # burst: thousands of connects at once overflow the server's accept queue, their
+        # first calls time out before it accepts them, and the redials add to the queue.
+        await gosim.sleep(crng.uniform(0, min(connections / RAMP_RATE, seconds / 2)))
         n = 0
         mine: list[dict[str, Any]] = []
         while gosim.now() < deadline:
