@@ -114,16 +114,19 @@ def _transfer_field(caller: str, key: str) -> str:
     return f"{len(caller)}:{caller}:{key}"
 
 
-def _redis_client(url: str) -> Any:
-    import redis  # noqa: PLC0415 -- only the Redis ledger needs redis-py
+def _redis_store(spec: LedgerSpec, socket_timeout: float = 5.0) -> Any:
+    """The ledger's RedisStore (its redis-py client reads and writes the ledger's hashes:
+    only the store imports redis-py)."""
+    from .. import RedisStore  # noqa: PLC0415 -- needs redis-py
 
-    return redis.Redis.from_url(url, socket_timeout=30)
+    return RedisStore(spec.url, prefix=f"{spec.prefix}idem:", socket_timeout=socket_timeout)
 
 
 def create_ledger(spec: LedgerSpec, accounts: int) -> None:
     """A new ledger with ``accounts`` accounts of INITIAL_BALANCE each."""
     if spec.kind == "redis":
-        client = _redis_client(spec.url)
+        store = _redis_store(spec, socket_timeout=30)
+        client = store.client
         try:
             if client.exists(f"{spec.prefix}balances", f"{spec.prefix}transfers"):
                 raise SystemExit(f"{spec.url} already holds a ledger under {spec.prefix!r}")
@@ -131,7 +134,7 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
                 f"{spec.prefix}balances", mapping=dict.fromkeys(range(accounts), INITIAL_BALANCE)
             )
         finally:
-            client.close()
+            store.close()
         return
     assert spec.path is not None
     with sqlite3.connect(spec.path) as conn:
@@ -151,12 +154,13 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
 def read_ledger(spec: LedgerSpec) -> LedgerState:
     """The ledger's balances and applied transfers (read when no server runs)."""
     if spec.kind == "redis":
-        client = _redis_client(spec.url)
+        store = _redis_store(spec, socket_timeout=30)
+        client = store.client
         try:
             raw_balances = client.hgetall(f"{spec.prefix}balances")
             raw_transfers = client.hgetall(f"{spec.prefix}transfers")
         finally:
-            client.close()
+            store.close()
         rows = []
         for name, value in raw_transfers.items():
             text = name.decode()
@@ -250,9 +254,9 @@ def _sqlite_methods(
 def _redis_methods(
     url: str, prefix: str
 ) -> tuple[Store, Callable[[Call, int, int, int], Effect], Callable[..., Any]]:
-    from .. import LuaEffect, RedisStore  # noqa: PLC0415 -- needs redis-py
+    from .. import LuaEffect  # noqa: PLC0415 -- needs redis-py
 
-    store = RedisStore(url, prefix=f"{prefix}idem:")
+    store = _redis_store(LedgerSpec("redis", url=url, prefix=prefix))
     keys = [f"{prefix}balances", f"{prefix}transfers"]
 
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:

@@ -261,9 +261,10 @@ def run(opts: Options) -> int:
         if opts.redis is None:
             redis_server = RedisServer(workdir)
         url = opts.redis or (redis_server.url if redis_server else "")
+        own = f" (the run's own redis-server, stopped; its files in {workdir})"
         # A prefix of the run's own: a shared Redis may hold other runs' ledgers.
         spec = LedgerSpec("redis", url=url, prefix=f"ledger-demo:{os.getpid()}:{time.time_ns()}:")
-        where = f"Redis {url}, keys {spec.prefix}*"
+        where = f"Redis {url}, keys {spec.prefix}*" + (own if redis_server else "")
     else:
         db = opts.db or workdir / "ledger.db"
         if db.exists():
@@ -489,7 +490,10 @@ def _conduct(
         ("largest server RSS (MiB)", max((s.get("rss", 0) for s in incarnations), default=0) >> 20),
     ]
     for i, r in enumerate(recovered):
-        counts.append((f"served again after restart {i + 1} (s)", f"{r:.2f}"))
+        intervals = r / opts.heartbeat
+        counts.append(
+            (f"served again after restart {i + 1}", f"{r:.2f} s, {intervals:.1f} heartbeats")
+        )
     code = report_tables(console, checks, counts)
     console.print(f"ledger: {where}")
     if opts.plot is not None:
