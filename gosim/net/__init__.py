@@ -28,12 +28,13 @@ from ._sim import sim_network as sim_network
 from ._sim import use_sim_network as use_sim_network
 
 
-def listen(network: str, address: str) -> Listener | SimListener:
+def listen(network: str, address: str, *, reuse_port: bool = False) -> Listener | SimListener:
     """Listen on ``address``: ``"tcp"`` (``"127.0.0.1:0"`` picks a port), ``"unix"``
-    (a path) or ``"sim"`` (``"host:port"`` on the runtime's simulated network)."""
+    (a path) or ``"sim"`` (``"host:port"`` on the runtime's simulated network).
+    ``reuse_port``: ``SO_REUSEPORT`` on a TCP listener (processes share the port)."""
     if network == "sim":
         return _sim_listen(address)
-    return _listen_socket(network, address)
+    return _listen_socket(network, address, reuse_port=reuse_port)
 
 
 async def dial(

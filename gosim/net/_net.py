@@ -514,14 +514,20 @@ class Listener:
                 pass
 
 
-def listen(network: str, address: str) -> Listener:
-    """Listen on ``address`` (``"127.0.0.1:0"`` picks a free port; ``"unix"`` takes a path)."""
+def listen(network: str, address: str, *, reuse_port: bool = False) -> Listener:
+    """Listen on ``address`` (``"127.0.0.1:0"`` picks a free port; ``"unix"`` takes a path).
+
+    ``reuse_port`` sets ``SO_REUSEPORT`` before binding (what Go does in a
+    ``ListenConfig.Control``): several processes, each with its own listener on the same
+    TCP port, share its connections, the kernel spreading them over the listeners."""
     lowlevel.current_runtime()  # sockets belong to a runtime: fail early outside one
     family, addr = _family_and_address(network, address)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         if family != socket.AF_UNIX:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(addr)
         sock.listen(_BACKLOG)
     except BaseException:

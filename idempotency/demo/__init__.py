@@ -8,6 +8,12 @@ server with SIGKILL and restarts it on the same file, then audits the ledger: ba
 conserved, every acknowledged transfer applied exactly once, nothing applied that no
 client asked for. It exits 0 only when every check holds.
 
-Modules: ``_ledger`` (the service), ``_proxy`` (the fault injector), ``_clients`` (a
-client process), ``_run`` (the conductor and the audit).
+``--store redis`` keeps the ledger in Redis (a redis-server started for the run unless
+``--redis URL``), ``--servers N`` runs N servers on one port (SO_REUSEPORT) sharing it,
+and ``--simulate`` runs the whole system in one process on gosim's simulated network in
+virtual time, one seed giving one report byte for byte.
+
+Modules: ``_ledger`` (the service, in SQLite, Redis or memory), ``_proxy`` (the fault
+injector), ``_clients`` (a client process), ``_run`` (the conductor and the audit),
+``_sim`` (the simulated run).
 """

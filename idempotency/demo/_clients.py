@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,15 @@ import gosim
 from gosim import Chan, go, net
 
 from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
+from ._ledger import raise_nofile_limit
 
-__all__ = ["run_clients"]
+__all__ = ["run_clients", "run_fleet"]
+
+#: How long a connection keeps asking about transfers whose outcome it does not know,
+#: once its transfers have stopped (seconds): a killed server's claims lapse in LEASE.
+RECONCILE_FOR = 60.0
+#: Connections a client process opens per second at its start.
+RAMP_RATE = 250.0
 
 
 class _Stats:
@@ -56,28 +65,31 @@ class _Stats:
                 "reconnects": sum(max(s.connects - 1, 0) for s in stats),
                 "p50_ms": pct(0.5),
                 "p99_ms": pct(0.99),
+                "cpu": round(time.process_time(), 3),
                 "done": done,
             }
         )
 
 
-def run_clients(
-    addr: str,
+async def run_fleet(
+    dial: Callable[[], Awaitable[Any]],
     ident: int,
     connections: int,
     accounts: int,
     seconds: float,
     seed: int,
     heartbeat: float,
-    log_path: Path,
-) -> None:
-    """Run ``connections`` connections for ``seconds``, then reconcile and write the log."""
+    report: Callable[[str], None] | None = None,
+    think: float = 0.0,
+) -> tuple[list[dict[str, Any]], str]:
+    """Run ``connections`` connections for ``seconds`` (on the runtime's clock), then
+    reconcile; returns the log (one dict per issued transfer) and the last stats line.
+    ``report`` gets a stats line every half second. ``think``: the mean pause between a
+    connection's transfers (exponential; 0, none): with many connections, most of them
+    idle on their heartbeats at any moment, as a service's clients are."""
     rng = random.Random(seed)
     stats = _Stats()
     log: list[dict[str, Any]] = []
-
-    async def dial() -> Any:
-        return await net.dial("tcp", addr)
 
     def client(i: int) -> Client:
         return Client(
@@ -122,7 +134,12 @@ def run_clients(
     async def connection(i: int, c: Client, done: Chan[None]) -> None:
         crng = random.Random(rng.random())
         deadline = gosim.now() + seconds
+        # Connections open over a ramp (RAMP_RATE a second per process), not in one
+        # burst: thousands of connects at once overflow the server's accept queue, their
+        # first calls time out before it accepts them, and the redials add to the queue.
+        await gosim.sleep(crng.uniform(0, min(connections / RAMP_RATE, seconds / 2)))
         n = 0
+        mine: list[dict[str, Any]] = []
         while gosim.now() < deadline:
             src, dst = crng.sample(range(accounts), 2)
             entry = {
@@ -135,21 +152,22 @@ def run_clients(
             }
             n += 1
             log.append(entry)
+            mine.append(entry)
             await call(c, entry, timeout=10.0)
             if entry["status"] == "unknown":
                 # The server is out of reach (its retries and the retry budget are
                 # spent): give it a moment, as a person at a terminal would.
                 await gosim.sleep(crng.uniform(0.1, 0.5))
-        # Reconcile: ask again, with the same key, until every outcome is known (for
-        # at most about 30 s of the server being unreachable).
-        for entry in log:
-            if entry["caller"] != c.caller:
-                continue
+            elif think > 0:
+                await gosim.sleep(min(crng.expovariate(1 / think), deadline - gosim.now()))
+        # Reconcile: ask again, with the same key, until every outcome is known; for
+        # RECONCILE_FOR seconds at most, after which an outcome still unknown stays so
+        # (and the audit says so) rather than the run going on without end.
+        give_up = gosim.now() + RECONCILE_FOR
+        for entry in mine:
             wait = 0.05
-            for _ in range(60):
-                if entry["status"] in ("acked", "refused"):
-                    break
-                await call(c, entry, timeout=10.0)
+            while entry["status"] not in ("acked", "refused") and gosim.now() < give_up:
+                await call(c, entry, timeout=min(10.0, max(give_up - gosim.now(), 0.1)))
                 if entry["status"] == "unknown":
                     await gosim.sleep(crng.uniform(0, wait))
                     wait = min(wait * 2, 1.0)
@@ -157,24 +175,58 @@ def run_clients(
                 stats.unknown += 1
         await done.send(None)
 
-    async def report(clients: list[Client]) -> None:
+    async def reporter(clients: list[Client]) -> None:
+        assert report is not None
         while True:
             await gosim.sleep(0.5)
-            print(stats.line(clients), flush=True)
+            report(stats.line(clients))
+
+    clients = [client(i) for i in range(connections)]
+    done: Chan[None] = Chan(connections)
+    if report is not None:
+        go(reporter, clients)
+    for i, c in enumerate(clients):
+        go(connection, i, c, done)
+    for _ in clients:
+        await done.recv()
+    for c in clients:
+        await c.close()
+    return log, stats.line(clients, done=True)
+
+
+def run_clients(
+    addr: str,
+    ident: int,
+    connections: int,
+    accounts: int,
+    seconds: float,
+    seed: int,
+    heartbeat: float,
+    log_path: Path,
+    think: float = 0.0,
+) -> None:
+    """A client process: :func:`run_fleet` over TCP to ``addr``; prints its stats lines,
+    writes the log to ``log_path``."""
+    raise_nofile_limit()
+
+    async def dial() -> Any:
+        return await net.dial("tcp", addr)
 
     async def main() -> None:
-        clients = [client(i) for i in range(connections)]
-        done: Chan[None] = Chan(connections)
-        go(report, clients)
-        for i, c in enumerate(clients):
-            go(connection, i, c, done)
-        for _ in clients:
-            await done.recv()
-        for c in clients:
-            await c.close()
+        log, last = await run_fleet(
+            dial,
+            ident,
+            connections,
+            accounts,
+            seconds,
+            seed,
+            heartbeat,
+            lambda line: print(line, flush=True),
+            think,
+        )
         with open(log_path, "w") as f:
             for entry in log:
                 f.write(json.dumps(entry) + "\n")
-        print(stats.line(clients, done=True), flush=True)
+        print(last, flush=True)
 
     gosim.run(main, procs=1)

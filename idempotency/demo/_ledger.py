@@ -1,30 +1,61 @@
 """The ledger service: accounts, idempotent transfers committed with their records.
 
-Schema (one SQLite file, shared with the idempotency records, so a transfer's balance
-change and its record commit in one transaction):
+Three homes for the ledger, each with the store whose transaction holds the idempotency
+records, so that a transfer's balance change and its record commit together (the
+exactly-once mode):
 
-* ``accounts(id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)``
-* ``transfers(caller TEXT, key TEXT, src INTEGER, dst INTEGER, amount INTEGER,
-  fence INTEGER, PRIMARY KEY (caller, key))``: one row per applied transfer.
+* **SQLite** (the default; one file): ``accounts(id INTEGER PRIMARY KEY, balance
+  INTEGER NOT NULL)`` and ``transfers(caller, key, src, dst, amount, fence, PRIMARY KEY
+  (caller, key))``, one row per applied transfer, written by a :class:`SQLiteEffect`.
+* **Redis** (``--store redis``): the hash ``{prefix}balances`` (account -> balance) and
+  the hash ``{prefix}transfers`` (``len(caller):caller:key`` -> ``"src dst amount
+  fence"``), written by a :class:`LuaEffect` inside the script that completes the record.
+  Several server processes may share it.
+* **memory** (``--simulate``): dicts in the process, written by a :class:`MemoryEffect`;
+  they outlive a simulated crash of the server as a disk would.
 
-Methods: ``transfer(src, dst, amount)`` (idempotent, exactly once: the effect runs in
-the store's transaction that completes the key's record), ``balance(account)``, and
-``audit()`` (sum of balances, applied transfers).
+Methods: ``transfer(src, dst, amount)`` (idempotent, exactly once), ``balance(account)``
+and ``audit()`` (sum of balances, number of accounts, applied transfers).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import signal
 import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gosim
-from gosim import net
+from gosim import go, net
 
-from .. import ApplicationError, Call, Idempotency, SQLiteEffect, SQLiteStore
+from .. import (
+    ApplicationError,
+    Call,
+    Idempotency,
+    MemoryEffect,
+    MemoryStore,
+    SQLiteEffect,
+    SQLiteStore,
+)
 from ..rpc import Server
+from ..stores import Effect, Store
 
-__all__ = ["INITIAL_BALANCE", "create_ledger", "serve"]
+__all__ = [
+    "INITIAL_BALANCE",
+    "LedgerSpec",
+    "LedgerState",
+    "MemoryLedger",
+    "create_ledger",
+    "make_server",
+    "read_ledger",
+    "serve",
+]
 
 INITIAL_BALANCE = 1_000
 #: How long a transfer's claim holds its key (seconds).
@@ -34,10 +65,79 @@ LEASE = 3.0
 INSUFFICIENT_FUNDS = 9
 BAD_TRANSFER = 3
 
+#: The transfer's effect in Redis. KEYS: balances, transfers. ARGV: src, dst, amount,
+#: the transfers field, the fence. Everything is checked before the first write (Redis
+#: cannot roll a script back).
+_TRANSFER_LUA = """
+local balances, transfers = KEYS[1], KEYS[2]
+local src, dst, amount = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local have = redis.call('HGET', balances, src)
+if not have then return idempotency_fail(3, 'no account ' .. src) end
+if not redis.call('HGET', balances, dst) then return idempotency_fail(3, 'no account ' .. dst) end
+if tonumber(have) < amount then
+    return idempotency_fail(9, 'account ' .. src .. ' has ' .. have)
+end
+redis.call('HINCRBY', balances, src, -amount)
+redis.call('HINCRBY', balances, dst, amount)
+redis.call('HSET', transfers, ARGV[4], src .. ' ' .. dst .. ' ' .. ARGV[3] .. ' ' .. ARGV[5])
+return tonumber(ARGV[5])
+"""
 
-def create_ledger(path: Path, accounts: int) -> None:
-    """A new ledger file with ``accounts`` accounts of INITIAL_BALANCE each."""
-    with sqlite3.connect(path) as conn:
+
+@dataclass(frozen=True)
+class LedgerSpec:
+    """Where a ledger lives: ``kind`` "sqlite" (``path``) or "redis" (``url``, keys
+    under ``prefix``)."""
+
+    kind: str
+    path: Path | None = None
+    url: str = ""
+    prefix: str = "ledger:"
+
+    def args(self) -> list[str]:
+        """The server subcommand's options that name this ledger."""
+        if self.kind == "sqlite":
+            return ["--store", "sqlite", "--db", str(self.path)]
+        return ["--store", "redis", "--redis", self.url, "--prefix", self.prefix]
+
+
+@dataclass
+class LedgerState:
+    """A ledger read at rest: balances by account, and the applied transfers as
+    ``(caller, key, src, dst, amount)``."""
+
+    balances: dict[int, int]
+    transfers: list[tuple[str, str, int, int, int]]
+
+
+def _transfer_field(caller: str, key: str) -> str:
+    return f"{len(caller)}:{caller}:{key}"
+
+
+def _redis_store(spec: LedgerSpec, socket_timeout: float = 5.0) -> Any:
+    """The ledger's RedisStore (its redis-py client reads and writes the ledger's hashes:
+    only the store imports redis-py)."""
+    from .. import RedisStore  # noqa: PLC0415 -- needs redis-py
+
+    return RedisStore(spec.url, prefix=f"{spec.prefix}idem:", socket_timeout=socket_timeout)
+
+
+def create_ledger(spec: LedgerSpec, accounts: int) -> None:
+    """A new ledger with ``accounts`` accounts of INITIAL_BALANCE each."""
+    if spec.kind == "redis":
+        store = _redis_store(spec, socket_timeout=30)
+        client = store.client
+        try:
+            if client.exists(f"{spec.prefix}balances", f"{spec.prefix}transfers"):
+                raise SystemExit(f"{spec.url} already holds a ledger under {spec.prefix!r}")
+            client.hset(
+                f"{spec.prefix}balances", mapping=dict.fromkeys(range(accounts), INITIAL_BALANCE)
+            )
+        finally:
+            store.close()
+        return
+    assert spec.path is not None
+    with sqlite3.connect(spec.path) as conn:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)")
         conn.execute(
@@ -51,6 +151,51 @@ def create_ledger(path: Path, accounts: int) -> None:
     conn.close()
 
 
+def read_ledger(spec: LedgerSpec) -> LedgerState:
+    """The ledger's balances and applied transfers (read when no server runs)."""
+    if spec.kind == "redis":
+        store = _redis_store(spec, socket_timeout=30)
+        client = store.client
+        try:
+            raw_balances = client.hgetall(f"{spec.prefix}balances")
+            raw_transfers = client.hgetall(f"{spec.prefix}transfers")
+        finally:
+            store.close()
+        rows = []
+        for name, value in raw_transfers.items():
+            text = name.decode()
+            n, _, rest = text.partition(":")
+            caller, key = rest[: int(n)], rest[int(n) + 1 :]
+            src, dst, amount, _fence = (int(x) for x in value.split())
+            rows.append((caller, key, src, dst, amount))
+        return LedgerState({int(k): int(v) for k, v in raw_balances.items()}, rows)
+    assert spec.path is not None
+    conn = sqlite3.connect(spec.path)
+    try:
+        balances = dict(conn.execute("SELECT id, balance FROM accounts"))
+        rows = conn.execute("SELECT caller, key, src, dst, amount FROM transfers").fetchall()
+    finally:
+        conn.close()
+    return LedgerState(balances, rows)
+
+
+@dataclass
+class MemoryLedger:
+    """The simulated ledger: its store and data outlive the server's crashes."""
+
+    accounts: int
+    store: MemoryStore = field(default_factory=MemoryStore)
+    balances: dict[int, int] = field(default_factory=dict)
+    transfers: dict[tuple[str, str], tuple[int, int, int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.balances.update(dict.fromkeys(range(self.accounts), INITIAL_BALANCE))
+
+    def state(self) -> LedgerState:
+        rows = [(c, k, s, d, a) for (c, k), (s, d, a, _) in self.transfers.items()]
+        return LedgerState(dict(self.balances), rows)
+
+
 def _read(path: str, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
     """A read on a connection of its own (WAL: readers never wait for the writer)."""
     conn = sqlite3.connect(path, timeout=30)
@@ -60,24 +205,20 @@ def _read(path: str, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         conn.close()
 
 
-def make_server(path: Path, heartbeat: float, max_connections: int) -> tuple[Server, SQLiteStore]:
+def _check(src: Any, dst: Any, amount: Any) -> None:
+    if not (type(src) is int and type(dst) is int and type(amount) is int) or amount <= 0:
+        raise ApplicationError(BAD_TRANSFER, "transfer needs two account ids and an amount > 0")
+    if src == dst:
+        raise ApplicationError(BAD_TRANSFER, "source and destination are the same account")
+
+
+def _sqlite_methods(
+    path: Path,
+) -> tuple[Store, Callable[[Call, int, int, int], Effect], Callable[..., Any]]:
     store = SQLiteStore(path)
-    srv = Server(
-        # A transfer takes milliseconds: a short lease lets the keys a killed server
-        # held be taken over within seconds of its restart (the default is a minute).
-        idempotency=Idempotency(store, lease=LEASE),
-        heartbeat_interval=heartbeat,
-        max_connections=max_connections,
-    )
     db = str(path)
 
-    @srv.method(idempotent=True, pass_call=True)
-    def transfer(call: Call, src: int, dst: int, amount: int) -> SQLiteEffect:
-        if not (type(src) is int and type(dst) is int and type(amount) is int) or amount <= 0:
-            raise ApplicationError(BAD_TRANSFER, "transfer needs two account ids and an amount > 0")
-        if src == dst:
-            raise ApplicationError(BAD_TRANSFER, "source and destination are the same account")
-
+    def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         def apply(conn: sqlite3.Connection) -> int:
             row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (src,)).fetchone()
             if (
@@ -97,29 +238,177 @@ def make_server(path: Path, heartbeat: float, max_connections: int) -> tuple[Ser
 
         return SQLiteEffect(apply)
 
-    @srv.method()
-    async def balance(account: int) -> int | None:
-        rows = await gosim.syscall(
-            _read, db, "SELECT balance FROM accounts WHERE id = ?", (account,)
-        )
-        return rows[0][0] if rows else None
-
-    @srv.method()
-    async def audit() -> dict[str, int]:
+    async def read(what: str, account: int = 0) -> Any:
+        if what == "balance":
+            rows = await gosim.syscall(
+                _read, db, "SELECT balance FROM accounts WHERE id = ?", (account,)
+            )
+            return rows[0][0] if rows else None
         total = await gosim.syscall(_read, db, "SELECT SUM(balance), COUNT(*) FROM accounts")
         applied = await gosim.syscall(_read, db, "SELECT COUNT(*) FROM transfers")
         return {"sum": total[0][0], "accounts": total[0][1], "transfers": applied[0][0]}
 
-    return srv, store
+    return store, transfer, read
 
 
-def serve(path: Path, addr: str, heartbeat: float, max_connections: int) -> None:
-    """Serve the ledger on ``addr`` until the process is killed; prints ``LISTEN addr``."""
+def _redis_methods(
+    url: str, prefix: str
+) -> tuple[Store, Callable[[Call, int, int, int], Effect], Callable[..., Any]]:
+    from .. import LuaEffect  # noqa: PLC0415 -- needs redis-py
+
+    store = _redis_store(LedgerSpec("redis", url=url, prefix=prefix))
+    keys = [f"{prefix}balances", f"{prefix}transfers"]
+
+    def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
+        field_name = _transfer_field(call.caller, call.key)
+        return LuaEffect(_TRANSFER_LUA, keys, [src, dst, amount, field_name, call.fence])
+
+    def _read_redis(what: str, account: int) -> Any:
+        client = store.client
+        if what == "balance":
+            v = client.hget(keys[0], account)
+            return None if v is None else int(v)
+        balances = client.hvals(keys[0])
+        return {
+            "sum": sum(int(v) for v in balances),
+            "accounts": len(balances),
+            "transfers": client.hlen(keys[1]),
+        }
+
+    async def read(what: str, account: int = 0) -> Any:
+        return await gosim.syscall(_read_redis, what, account)
+
+    return store, transfer, read
+
+
+def _memory_methods(
+    ledger: MemoryLedger,
+) -> tuple[Store, Callable[[Call, int, int, int], Effect], Callable[..., Any]]:
+    def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
+        def apply() -> int:
+            b = ledger.balances
+            if src not in b or dst not in b:
+                raise ApplicationError(BAD_TRANSFER, f"no account {src if src not in b else dst}")
+            if b[src] < amount:
+                raise ApplicationError(INSUFFICIENT_FUNDS, f"account {src} has {b[src]}")
+            b[src] -= amount
+            b[dst] += amount
+            ledger.transfers[(call.caller, call.key)] = (src, dst, amount, call.fence)
+            return call.fence
+
+        return MemoryEffect(apply)
+
+    async def read(what: str, account: int = 0) -> Any:
+        if what == "balance":
+            return ledger.balances.get(account)
+        b = ledger.balances
+        return {"sum": sum(b.values()), "accounts": len(b), "transfers": len(ledger.transfers)}
+
+    return ledger.store, transfer, read
+
+
+def make_server(
+    ledger: LedgerSpec | MemoryLedger,
+    heartbeat: float,
+    max_connections: int,
+    store_wrapper: Callable[[Store], Store] | None = None,
+) -> Server:
+    """The ledger's RPC server (not yet serving). ``store_wrapper`` lets the simulation
+    put a crash switch between the server and its store."""
+    if isinstance(ledger, MemoryLedger):
+        store, make_effect, read = _memory_methods(ledger)
+    elif ledger.kind == "redis":
+        store, make_effect, read = _redis_methods(ledger.url, ledger.prefix)
+    else:
+        assert ledger.path is not None
+        store, make_effect, read = _sqlite_methods(ledger.path)
+    if store_wrapper is not None:
+        store = store_wrapper(store)
+    srv = Server(
+        # A transfer takes milliseconds: a short lease lets the keys a killed server
+        # held be taken over within seconds of its restart (the default is a minute).
+        idempotency=Idempotency(store, lease=LEASE),
+        heartbeat_interval=heartbeat,
+        max_connections=max_connections,
+    )
+
+    @srv.method(idempotent=True, pass_call=True)
+    def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
+        _check(src, dst, amount)
+        return make_effect(call, src, dst, amount)
+
+    @srv.method()
+    async def balance(account: int) -> int | None:
+        return await read("balance", account)  # type: ignore[no-any-return]
+
+    @srv.method()
+    async def audit() -> dict[str, int]:
+        return await read("audit")  # type: ignore[no-any-return]
+
+    return srv
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's descriptor limit (soft) to its hard limit; returns both."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def serve(
+    spec: LedgerSpec,
+    addr: str,
+    heartbeat: float,
+    max_connections: int,
+    reuse_port: bool,
+    trace_path: Path | None = None,
+) -> None:
+    """Serve the ledger on ``addr`` until the process is killed; prints ``LISTEN addr``,
+    then a JSON line of its counters (calls, CPU seconds, RSS, store operations and
+    the batches they were committed in) every half second.
+
+    With ``trace_path``, the runtime's trace is written there (Chrome JSON, for
+    Perfetto) on SIGTERM; a SIGKILL leaves none."""
+    raise_nofile_limit()
+    trace = gosim.Trace() if trace_path is not None else None
+    if trace is not None:
+
+        def write_and_exit(signum: int, frame: Any) -> None:
+            # In the main thread between two bytecodes: the event list is whole.
+            assert trace is not None and trace_path is not None
+            trace_path.write_text(trace.to_chrome_json())
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, write_and_exit)
+
+    async def report(srv: Server) -> None:
+        while True:
+            await gosim.sleep(0.5)
+            line = {"calls": srv.statistics().calls, "cpu": round(time.process_time(), 3)}
+            line["rss"] = _rss_bytes()
+            if srv.idempotency is not None:  # the store's group commit: ops per batch
+                st = srv.idempotency.store.statistics()
+                line["store_ops"], line["store_batches"] = st.operations, st.batches
+            print(json.dumps({"server": line}), flush=True)
 
     async def main() -> None:
-        srv, _ = make_server(path, heartbeat, max_connections)
-        ln = net.listen("tcp", addr)
+        srv = make_server(spec, heartbeat, max_connections)
+        ln = net.listen("tcp", addr, reuse_port=reuse_port)
         print("LISTEN", ln.addr(), flush=True)
+        go(report, srv)
         await srv.serve(ln)
 
-    gosim.run(main, procs=1)
+    gosim.run(main, procs=1, trace=trace)

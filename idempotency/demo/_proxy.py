@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import json
 import random
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import gosim
 from gosim import go, net
 from netframe import FramedConn
 
-__all__ = ["FaultPlan", "run_proxy"]
+from ._ledger import raise_nofile_limit
+
+__all__ = ["FaultPlan", "run_proxy", "serve_proxy"]
 
 
 class FaultPlan:
@@ -114,30 +118,46 @@ async def _pump(
         dst.conn.close()
 
 
-def run_proxy(listen: str, upstream: str, plan: FaultPlan) -> None:
-    """Proxy ``listen`` to ``upstream`` with faults until killed; prints ``LISTEN addr``."""
-
-    async def report() -> None:
-        while True:
-            print(json.dumps({"faults": plan.counts}), flush=True)
-            await gosim.sleep(0.5)
-
-    async def main() -> None:
-        ln = net.listen("tcp", listen)
-        print("LISTEN", ln.addr(), flush=True)
-        go(report)
-        while True:
-            down = await ln.accept()
-            go(connect, down)
+async def serve_proxy(
+    ln: Any, dial_upstream: Callable[[], Awaitable[Any]], plan: FaultPlan
+) -> None:
+    """Accept on ``ln`` and proxy each connection to a new upstream one, with faults,
+    until ``ln`` is closed."""
 
     async def connect(down: Any) -> None:
         try:
-            up = await net.dial("tcp", upstream)
+            up = await dial_upstream()
         except OSError:
             down.close()  # the server is down (killed): the client reconnects later
             return
         link = _Link()
         go(_pump, plan, link, FramedConn(down), FramedConn(up), True)
         go(_pump, plan, link, FramedConn(up), FramedConn(down), False)
+
+    while True:
+        try:
+            down = await ln.accept()
+        except OSError:
+            return
+        go(connect, down)
+
+
+def run_proxy(listen: str, upstream: str, plan: FaultPlan) -> None:
+    """Proxy ``listen`` to ``upstream`` with faults until killed; prints ``LISTEN addr``."""
+    raise_nofile_limit()
+
+    async def report() -> None:
+        while True:
+            print(json.dumps({"faults": plan.counts, "cpu": time.process_time()}), flush=True)
+            await gosim.sleep(0.5)
+
+    async def dial() -> Any:
+        return await net.dial("tcp", upstream)
+
+    async def main() -> None:
+        ln = net.listen("tcp", listen)
+        print("LISTEN", ln.addr(), flush=True)
+        go(report)
+        await serve_proxy(ln, dial, plan)
 
     gosim.run(main, procs=1)

@@ -9,7 +9,10 @@ reading makes :meth:`StreamLink.send` block instead of growing memory).
 This transport has no heartbeats or goaway (the stream has no room for them): a dead
 peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts, and a
 server closes a connection that sent nothing for its ``idle_timeout`` while no call of
-it was running (a silent or slow peer would otherwise hold its connection forever).
+it was running (a silent or slow peer would otherwise hold its connection forever), and
+one whose write made no progress for ``idle_timeout`` (a peer that sends calls but never
+reads their replies: its calls stay blocked on the full queue, so the idle rule alone
+would never apply).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ class _Conn(Protocol):
 
     def set_read_deadline(self, t: float | None) -> None: ...
 
-    async def write(self, data: bytes) -> int: ...
+    def set_write_deadline(self, t: float | None) -> None: ...
+
+    async def write(self, data: bytes | memoryview) -> int: ...
 
     def close(self) -> None: ...
 
@@ -146,6 +151,7 @@ class StreamLink:
 
     async def _writer(self) -> None:
         queue = self._queue
+        idle = self.idle_timeout
         try:
             while True:
                 item = await queue.recv()
@@ -157,7 +163,28 @@ class StreamLink:
                     if not received or more is None:
                         break
                     batch.append(more)
-                await self.conn.write(b"".join(batch))
+                await self._write(b"".join(batch), idle)
                 self.messages_written += len(batch)
+        except TimeoutError:
+            self._end(f"peer read nothing for {idle:g} s")
         except OSError as exc:
             self._end(f"connection broken: {exc}")
+
+    async def _write(self, data: bytes, idle: float | None) -> None:
+        """Write all of ``data``; with ``idle``, raise TimeoutError (gosim's
+        DeadlineExceeded) once ``idle`` seconds pass with no byte taken by the peer. A slow
+        reader keeps its link: the deadline is renewed whenever some bytes went out."""
+        if idle is None:
+            await self.conn.write(data)
+            return
+        rest = memoryview(data)
+        while True:
+            self.conn.set_write_deadline(gosim.now() + idle)
+            try:
+                await self.conn.write(rest)
+                return
+            except TimeoutError as exc:
+                written = getattr(exc, "written", 0)
+                if not written:
+                    raise
+                rest = rest[written:]

@@ -687,3 +687,42 @@ def test_a_write_past_its_deadline_says_how_many_bytes_went_out(how: str) -> Non
     written, received = run(main)
     assert 0 < written < len(payload)
     assert received == written
+
+
+def test_listeners_with_reuse_port_share_a_port_and_its_connections() -> None:
+    """SO_REUSEPORT: a second listener on a bound port is refused without it; with it on
+    both, the kernel spreads connections over the two (64 dials all landing on one of
+    two listeners would be a 2**-63 chance)."""
+
+    async def main() -> tuple[int, int]:
+        first = net.listen("tcp", "127.0.0.1:0", reuse_port=True)
+        with pytest.raises(OSError):
+            net.listen("tcp", first.addr())
+        second = net.listen("tcp", first.addr(), reuse_port=True)
+        accepted = [0, 0]
+        done: Chan[None] = Chan(64)
+
+        async def accept(i: int, ln: net.Listener) -> None:
+            while True:
+                try:
+                    conn = await ln.accept()
+                except net.ClosedError:
+                    return
+                accepted[i] += 1
+                conn.close()
+                await done.send(None)
+
+        go(accept, 0, first)
+        go(accept, 1, second)
+        conns = [await net.dial("tcp", first.addr(), timeout=10) for _ in range(64)]
+        for _ in conns:
+            await done.recv()
+        for c in conns:
+            c.close()
+        first.close()
+        second.close()
+        return accepted[0], accepted[1]
+
+    a, b = run(main)
+    assert a + b == 64
+    assert a > 0 and b > 0

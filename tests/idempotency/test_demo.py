@@ -1,18 +1,33 @@
-"""The ledger demo: a short real run (processes, faults, kill -9, SQLite) passes its
-audit, and the audit fails on a ledger that lost or doubled a transfer."""
+"""The ledger demo: short real runs (processes, faults, kill -9, SQLite or a real
+redis-server, several servers on one port) pass their audit; the simulated run prints
+the same report for the same seed and keeps exactly-once and conservation over fault
+plans; and the audit fails on a ledger that lost or doubled a transfer."""
 
 from __future__ import annotations
 
 import json
+import re
+import socket
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from idempotency.demo._ledger import create_ledger
-from idempotency.demo._run import audit
+from idempotency.demo._ledger import (
+    INITIAL_BALANCE,
+    LedgerSpec,
+    LedgerState,
+    create_ledger,
+    read_ledger,
+)
+from idempotency.demo._run import audit, read_logs
+from idempotency.demo._sim import SimOptions, run_simulation
+
+from .conftest import RedisServer
 
 
 @pytest.mark.slow
@@ -23,15 +38,119 @@ def test_a_short_run_under_faults_and_a_kill_passes_its_audit(tmp_path: Path) ->
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all checks hold" in out.stdout
-    assert "kill -9 at" in out.stdout
+    assert re.search(r"kill -9 of\s+the\s+server\s+at", out.stdout), out.stdout
     with sqlite3.connect(db) as conn:
         (applied,) = conn.execute("SELECT COUNT(*) FROM transfers").fetchone()
     assert applied > 0
 
 
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "idempotency.demo", "--plain", "--seconds", "4"]
+    cmd += ["--connections", "30", "--accounts", "20", *args]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_redis_server_of_its_own_passes_its_audit_and_stops_it() -> None:
+    out = _demo("--store", "redis", "--seed", "5")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout
+    assert re.search(r"kill -9 of\s+the\s+server\s+at", out.stdout), out.stdout
+    port = int(re.search(r"redis://127\.0\.0\.1:(\d+)/0", out.stdout).group(1))  # type: ignore[union-attr]
+    with pytest.raises(OSError):  # the demo stopped the redis-server it started
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+@pytest.mark.slow
+def test_two_servers_on_one_port_share_redis_and_a_killed_ones_clients_fail_over(
+    own_redis: RedisServer,
+) -> None:
+    import redis  # noqa: PLC0415
+
+    out = _demo("--store", "redis", "--redis", own_redis.url, "--servers", "2", "--seed", "4")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout
+    assert re.search(r"kill -9 of\s+server\s+[01]\s+at", out.stdout), out.stdout
+    # Both servers served (the kernel spread the connections over the two listeners).
+    served = [int(n) for n in re.findall(r"calls served by server[01]\s*│\s*(\d+)", out.stdout)]
+    assert len(served) == 2 and min(served) > 0, out.stdout
+    # The audit read this Redis: the ledger is there, its money conserved.
+    client = redis.Redis.from_url(own_redis.url)
+    try:
+        (balances,) = client.keys("ledger-demo:*:balances")
+        assert sum(int(v) for v in client.hvals(balances)) == 20 * INITIAL_BALANCE
+    finally:
+        client.close()
+
+
+def test_several_servers_on_one_sqlite_file_are_refused() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "idempotency.demo", "--servers", "2"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--servers N > 1 needs --store redis" in out.stderr
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "idempotency.demo", "--simulate", "--seconds", "2"]
+    cmd += ["--connections", "6", "--accounts", "10", *args]
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240)
+
+
+def test_a_simulated_run_prints_the_same_report_for_the_same_seed(tmp_path: Path) -> None:
+    first, second = _simulate("--seed", "11"), _simulate("--seed", "11")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "all checks hold" in first.stdout and "kill -9 at" in first.stdout
+    assert first.stdout == second.stdout
+    other = _simulate("--seed", "12")
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert other.stdout != first.stdout
+
+
+def test_a_simulated_run_writes_a_perfetto_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    out = _simulate("--seed", "2", "--seconds", "0.5", "--trace", str(trace))
+    assert out.returncode == 0, out.stdout + out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)  # goroutine run slices
+
+
+@pytest.mark.slow
+def test_a_real_run_writes_the_servers_perfetto_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    out = _demo("--no-faults", "--seed", "2", "--trace", str(trace))
+    assert out.returncode == 0, out.stdout + out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    drop=st.sampled_from([0.0, 0.01, 0.05]),
+    lose_reply=st.sampled_from([0.0, 0.01, 0.05]),
+    duplicate=st.sampled_from([0.0, 0.01, 0.05]),
+    stall=st.sampled_from([0.0, 0.002]),
+    kills=st.integers(0, 2),
+)
+def test_simulated_fault_plans_keep_exactly_once_and_conservation(
+    seed: int, drop: float, lose_reply: float, duplicate: float, stall: float, kills: int
+) -> None:
+    plan = {"drop": drop, "lose_reply": lose_reply, "duplicate": duplicate, "stall": stall}
+    opts = SimOptions(connections=4, accounts=6, seconds=1.5, seed=seed, kills=kills, plan=plan)
+    result = run_simulation(opts)
+    failed = [(name, detail) for name, ok, detail in result.checks if not ok]
+    assert not failed, (opts, failed)
+    acked = dict(result.counts)["acked"]
+    assert acked > 0
+
+
 def _ledger(tmp_path: Path, transfers: list[tuple[str, str, int, int, int]]) -> Path:
     db = tmp_path / "ledger.db"
-    create_ledger(db, 3)
+    create_ledger(LedgerSpec("sqlite", path=db), 3)
     with sqlite3.connect(db) as conn:
         for caller, key, src, dst, amount in transfers:
             conn.execute("UPDATE accounts SET balance = balance - ? WHERE id = ?", (amount, src))
@@ -42,10 +161,14 @@ def _ledger(tmp_path: Path, transfers: list[tuple[str, str, int, int, int]]) -> 
     return db
 
 
-def _log(tmp_path: Path, entries: list[dict[str, object]]) -> Path:
+def _log(tmp_path: Path, entries: list[dict[str, object]]) -> list[dict[str, object]]:
     path = tmp_path / "client0.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in entries))
-    return path
+    return read_logs([path])
+
+
+def _state(db: Path) -> LedgerState:
+    return read_ledger(LedgerSpec("sqlite", path=db))
 
 
 def _entry(key: str, status: str, src: int = 0, dst: int = 1, amount: int = 5) -> dict[str, object]:
@@ -55,13 +178,13 @@ def _entry(key: str, status: str, src: int = 0, dst: int = 1, amount: int = 5) -
 def test_the_audit_passes_a_consistent_ledger(tmp_path: Path) -> None:
     db = _ledger(tmp_path, [("c0", "t0", 0, 1, 5), ("c0", "t1", 1, 2, 7)])
     log = _log(tmp_path, [_entry("t0", "acked"), _entry("t1", "acked", 1, 2, 7)])
-    assert all(ok for _, ok, _ in audit(db, 3, [log]))
+    assert all(ok for _, ok, _ in audit(_state(db), 3, log))
 
 
 def test_the_audit_catches_a_lost_acknowledged_transfer(tmp_path: Path) -> None:
     db = _ledger(tmp_path, [("c0", "t0", 0, 1, 5)])
     log = _log(tmp_path, [_entry("t0", "acked"), _entry("t1", "acked", 1, 2, 7)])
-    failed = [name for name, ok, _ in audit(db, 3, [log]) if not ok]
+    failed = [name for name, ok, _ in audit(_state(db), 3, log) if not ok]
     assert failed == ["every acknowledged transfer in the ledger once"]
 
 
@@ -71,7 +194,7 @@ def test_the_audit_catches_a_doubled_or_unasked_transfer(tmp_path: Path) -> None
         conn.execute("UPDATE accounts SET balance = balance - 5 WHERE id = 0")
         conn.execute("UPDATE accounts SET balance = balance + 5 WHERE id = 1")
     log = _log(tmp_path, [_entry("t0", "acked")])
-    failed = [name for name, ok, _ in audit(db, 3, [log]) if not ok]
+    failed = [name for name, ok, _ in audit(_state(db), 3, log) if not ok]
     assert failed == ["nothing applied twice or unasked"]
 
 
@@ -80,7 +203,7 @@ def test_the_audit_catches_lost_money_and_unknown_outcomes(tmp_path: Path) -> No
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE accounts SET balance = balance - 1 WHERE id = 2")
     log = _log(tmp_path, [_entry("t0", "unknown")])
-    failed = [name for name, ok, _ in audit(db, 3, [log]) if not ok]
+    failed = [name for name, ok, _ in audit(_state(db), 3, log) if not ok]
     assert failed == [
         "balances conserved",
         "nothing applied twice or unasked",

@@ -1,0 +1,270 @@
+"""``--simulate``: the whole demo in one process, on gosim's simulated network, in
+virtual time.
+
+The same pieces as the real run (the ledger server of ``_ledger``, the fault proxy of
+``_proxy``, the client fleets of ``_clients``), on ``net.listen("sim", ...)`` instead of
+TCP, with the ledger in memory (:class:`~._ledger.MemoryLedger`, which outlives a crash
+as a disk would). A crash of the server is a ``kill -9`` as seen from outside: every
+connection it accepted closes at once (no GOAWAY, no reply flushed), its listener goes,
+and its store refuses whatever the dead incarnation still tries (a process that no longer
+exists commits nothing); a new incarnation starts after a restart delay on the same
+address and the same ledger.
+
+Everything runs on one seeded runtime (``gosim.run(seed=..., virtual_time=True)``), the
+network's latencies and the fault plan come from the seed, and the report has no wall-clock
+figure in it, so one seed prints one report, byte for byte; a failing seed is a bug
+report anyone can replay.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+import gosim
+from gosim import Chan, go, net
+
+from .._errors import StoreUnavailable
+from .._record import ClaimResult, Record
+from ..stores import Store, StoreStatistics
+from ..stores._contract import Completion
+from ._clients import run_fleet
+from ._ledger import MemoryLedger, make_server
+from ._proxy import FaultPlan, serve_proxy
+from ._run import audit, report_tables
+
+__all__ = ["SimOptions", "SimResult", "run_simulation", "simulate"]
+
+#: How long a killed server stays down before its restart (virtual seconds).
+RESTART_DELAY = 0.5
+#: How long one store operation takes (virtual seconds): a durable write's time.
+STORE_LATENCY = (0.0002, 0.001)
+
+
+@dataclass
+class SimOptions:
+    connections: int = 200
+    clients: int = 2  # client hosts the connections are spread over (a fleet each)
+    accounts: int = 100
+    seconds: float = 15.0
+    seed: int = 1
+    faults: bool = True
+    kills: int = 1
+    heartbeat: float = 1.0
+    think: float = 0.0
+    trace: Path | None = None
+    #: FaultPlan probabilities (drop, lose_reply, duplicate, stall, stall_for) to
+    #: override; the default plan otherwise.
+    plan: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SimResult:
+    checks: list[tuple[str, bool, str]]
+    counts: list[tuple[str, Any]]
+
+
+class _CrashableStore(Store):
+    """The store as one server incarnation sees it. Each operation takes a write's time
+    (drawn from ``latency``) before it applies, as a disk's would, so a crash can fall
+    between a transfer's claim and its completion; after :meth:`kill`, every operation
+    fails (the process is gone) and nothing the dead incarnation had under way commits."""
+
+    def __init__(self, inner: Store, rng: random.Random, latency: tuple[float, float]) -> None:
+        self.inner = inner
+        self.rng = rng
+        self.latency = latency
+        self.dead = False
+
+    async def _alive(self) -> Store:
+        await gosim.sleep(self.rng.uniform(*self.latency))
+        if self.dead:
+            raise StoreUnavailable("the server process was killed")
+        return self.inner
+
+    def kill(self) -> None:
+        self.dead = True
+
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return await (await self._alive()).claim(caller, key, fingerprint, lease)
+
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        return await (await self._alive()).complete(caller, key, fence, completion)
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await (await self._alive()).release(caller, key, fence)
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await (await self._alive()).get(caller, key)
+
+    async def sweep(self) -> int:
+        return await (await self._alive()).sweep()
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def statistics(self) -> StoreStatistics:
+        return self.inner.statistics()
+
+
+class _Incarnation:
+    """One life of the server process: its listener, its connections and its store."""
+
+    def __init__(
+        self,
+        ledger: MemoryLedger,
+        address: str,
+        heartbeat: float,
+        conns: int,
+        rng: random.Random,
+    ) -> None:
+        self.store = _CrashableStore(ledger.store, rng, STORE_LATENCY)
+        self.server = make_server(ledger, heartbeat, conns, store_wrapper=lambda _: self.store)
+        self.listener = net.listen("sim", address)
+        self.conns: list[Any] = []  # a list, not a set: the crash closes them in order
+        self.killed = False
+        go(self._serve)
+
+    async def _serve(self) -> None:
+        try:
+            await self.server.serve(self)
+        except net.ClosedError:
+            if not self.killed:
+                raise
+
+    # The server accepts through the incarnation, which keeps what a kill must close.
+    network = "sim"
+
+    def addr(self) -> str:
+        return self.listener.addr()
+
+    async def accept(self) -> Any:
+        conn = await self.listener.accept()
+        self.conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def kill(self) -> None:
+        self.killed = True
+        self.store.kill()
+        self.listener.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def run_simulation(opts: SimOptions) -> SimResult:
+    """Run the system on the simulated network from ``opts.seed``; audit the ledger."""
+    trace = gosim.Trace() if opts.trace is not None else None
+    ledger = MemoryLedger(opts.accounts)
+    counts: dict[str, Any] = {}
+    logs: list[dict[str, Any]] = []
+    events: list[str] = []
+
+    async def system() -> list[str]:
+        rng = random.Random(opts.seed)
+        net.use_sim_network(net.SimNetwork(seed=rng.getrandbits(32), latency=(0.0005, 0.002)))
+        t0 = gosim.now()
+        store_rng = random.Random(rng.getrandbits(32))
+        max_conns = opts.connections * 2 + 100
+        server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+        plan = FaultPlan(rng.getrandbits(32), **opts.plan)
+        entry = "server:1"
+        proxy_ln = None
+        if opts.faults:
+            proxy_ln = net.listen("sim", "proxy:1")
+
+            async def upstream() -> Any:
+                return await net.dial("sim", "server:1", local_host="proxy")
+
+            go(serve_proxy, proxy_ln, upstream, plan)
+            entry = "proxy:1"
+        kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
+        hosts = max(1, min(opts.clients, opts.connections))
+        fleet_seeds = [rng.getrandbits(32) for _ in range(hosts)]
+
+        async def killer() -> None:
+            nonlocal server
+            for t in kill_at:
+                await gosim.sleep(max(t0 + t - gosim.now(), 0.0))
+                server.kill()
+                events.append(f"kill -9 at {gosim.now() - t0:.3f} s")
+                await gosim.sleep(RESTART_DELAY)
+                server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+
+        lines: Chan[tuple[list[dict[str, Any]], str]] = Chan(hosts)
+
+        async def fleet(k: int, n: int) -> None:
+            async def dial() -> Any:
+                return await net.dial("sim", entry, local_host=f"client{k}")
+
+            result = await run_fleet(
+                dial,
+                k,
+                n,
+                opts.accounts,
+                opts.seconds,
+                fleet_seeds[k],
+                opts.heartbeat,
+                think=opts.think,
+            )
+            await lines.send(result)
+
+        go(killer)
+        for k in range(hosts):
+            go(fleet, k, opts.connections // hosts + (k < opts.connections % hosts))
+        last = []
+        for _ in range(hosts):
+            log, line = await lines.recv()  # type: ignore[misc]
+            logs.extend(log)
+            last.append(line)
+        counts.update(plan.counts if opts.faults else {})
+        counts["virtual seconds"] = f"{gosim.now() - t0:.3f}"
+        server.kill()
+        if proxy_ln is not None:
+            proxy_ln.close()
+        return last
+
+    last = gosim.run(system, procs=1, seed=opts.seed, virtual_time=True, trace=trace)
+    if trace is not None and opts.trace is not None:
+        opts.trace.write_text(trace.to_chrome_json())
+    stats = [json.loads(line) for line in last]
+    checks = audit(ledger.state(), opts.accounts, logs)
+    rows: list[tuple[str, Any]] = list(counts.items())
+    rows += [("server kills (kill -9)", len(events)), *((e, "") for e in events)]
+    for k in ("acked", "refused", "retries", "replays", "reconnects"):
+        rows.append((k, sum(s[k] for s in stats)))
+    rows.append(
+        (
+            "p50/p99 ms (virtual)",
+            f"{max(s['p50_ms'] or 0 for s in stats)}/{max(s['p99_ms'] or 0 for s in stats)}",
+        )
+    )
+    return SimResult(checks, rows)
+
+
+def simulate(opts: SimOptions) -> int:
+    """``--simulate``: run, print the report; 0 when every check holds."""
+    console = Console()
+    console.print(
+        f"simulated ledger demo: seed {opts.seed}, {opts.connections} connections, "
+        f"{opts.seconds:g} virtual seconds, faults {'on' if opts.faults else 'off'}"
+    )
+    result = run_simulation(opts)
+    code = report_tables(console, result.checks, result.counts)
+    if code:
+        console.print(
+            f"replay this run: python -m idempotency.demo --simulate --seed {opts.seed} "
+            f"--connections {opts.connections} --clients {opts.clients} "
+            f"--accounts {opts.accounts} --seconds {opts.seconds:g} --kills {opts.kills} "
+            f"--heartbeat {opts.heartbeat:g}" + ("" if opts.faults else " --no-faults")
+        )
+    if opts.trace is not None:
+        console.print(f"trace written to {opts.trace} (open in ui.perfetto.dev)")
+    return code
