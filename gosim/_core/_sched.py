@@ -81,7 +81,7 @@ import trio
 
 from gosim._core import _exceptions, _g
 from gosim._core._accel import speedups
-from gosim._core._exceptions import Deadlock, FatalError, GosimError, NotInRuntime, Panic
+from gosim._core._exceptions import Deadlock, FatalError, GosimError, NotInRuntime, Panic, throw
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, SYSCALL, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._timers import Timer, TimerHeap
@@ -245,6 +245,12 @@ if speedups is not None:
         wait_send=_g.WAIT_CHAN_SEND,
         op_budget=OP_BUDGET,
         g_class=G,
+        runq_size=RUNQ_SIZE,
+        gfree_local_max=GFREE_LOCAL_MAX,
+        periodic_mask=PERIODIC_MASK,
+        transitions=_g.TRANSITIONS,
+        internal_error=_exceptions.RuntimeInternalError,
+        debug=_g.DEBUG,
     )
 
 
@@ -398,7 +404,9 @@ class Runtime(_RuntimeFields):
         """Put g on p's local queue (``runnext`` when ``next_``). Executed only for the current P.
 
         A kicked-out ``runnext`` goes to the tail; a full queue moves half of itself and g
-        to the global queue (``runqputslow``).
+        to the global queue (``runqputslow``). The one copy in Python of Go's ``runqput``:
+        ``goready`` and ``newproc`` put through it; ``runqput`` in ``gosim/_speedups.c``
+        is its C twin.
         """
         if next_:
             old = p.runnext
@@ -457,26 +465,36 @@ class Runtime(_RuntimeFields):
     def goready(self, g: G, param: Any) -> None:
         """Make a waiting g runnable on the current P's ``runnext``, handing it ``param``.
 
-        Inlined in ``Chan.send`` and ``Chan.recv``: keep those copies in step with this one.
+        Go's ``goready``: ``runqput(p, g, next=True)``, so a woken partner runs next.
         """
         g.param = param
         g.status = RUNNABLE
-        if self.trace is not None:
-            self.trace.emit(self, "ready", self.curp.id, g.goid, 0, 0)
         p = self.curp
-        old = p.runnext
-        p.runnext = g
-        if old is not None:
-            q = p.runq
-            if len(q) < RUNQ_SIZE:
-                q.append(old)
-            else:
-                self.runqput(p, old, False)
+        if self.trace is not None:
+            self.trace.emit(self, "ready", p.id, g.goid, 0, 0)
+        self.runqput(p, g, True)
 
     if _burst_available:
         # The C twin (trace events included) where built: the netpoller readies a
         # goroutine per I/O event through here.
         goready = _RuntimeFields.goready  # type: ignore[attr-defined]
+
+    if _g.DEBUG and not TYPE_CHECKING:
+        # GOSIM_DEBUG: the preconditions Go throws on, checked around the one runqput
+        # and goready (the C twins check the same in C).
+        _runqput_unchecked = runqput
+
+        def runqput(self, p: P, g: G, next_: bool) -> None:
+            if g.status != RUNNABLE:
+                raise throw(f"runqput: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._runqput_unchecked(p, g, next_)
+
+        _goready_unchecked = goready
+
+        def goready(self, g: G, param: Any) -> None:
+            if g.status != WAITING:
+                raise throw(f"goready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._goready_unchecked(g, param)
 
     def inject(self, g: G, param: Any) -> None:
         """Ready g from outside the driver (a trio task): queue it and wake the driver."""
@@ -495,7 +513,8 @@ class Runtime(_RuntimeFields):
         q = self.injectq
         self.injectq = []
         for g in q:
-            g.status = RUNNABLE
+            if g.status != RUNNABLE:  # rt.call's new G is runnable already
+                g.status = RUNNABLE
             old = g.p
             if old is not None and old in self.allp and not old.has_work():
                 old.runnext = g
@@ -513,8 +532,8 @@ class Runtime(_RuntimeFields):
     ) -> G:
         """Create a goroutine running fn(*args) and put it in the current P's runnext.
 
-        ``coro``, when given, is ``fn(*args)`` already called (by ``go``, which inlines
-        the common case of this function: keep the two in step).
+        ``coro``, when given, is ``fn(*args)`` already called (by ``go``). ``go`` in
+        ``gosim/_speedups.c`` is the C twin of ``go`` and this function.
         """
         if coro is None:
             coro = fn(*args)
@@ -526,8 +545,7 @@ class Runtime(_RuntimeFields):
                 f"got {type(coro).__name__}"
             )
         p = self.curp
-        gf = p.gfree
-        g = gf.pop() if gf else self.gfget(p)
+        g = self.gfget(p)
         self.goidgen = goid = self.goidgen + 1
         g.goid = goid
         g.coro = coro
@@ -538,14 +556,7 @@ class Runtime(_RuntimeFields):
         self.allg[goid] = g
         if self.trace is not None:
             self.trace.emit(self, "go", p.id, goid, parent, 0)
-        old = p.runnext
-        p.runnext = g
-        if old is not None:
-            q = p.runq
-            if len(q) < RUNQ_SIZE:
-                q.append(old)
-            else:
-                self.runqput(p, old, False)
+        self.runqput(p, g, True)
         return g
 
     def gfget(self, p: P) -> G:
@@ -560,14 +571,17 @@ class Runtime(_RuntimeFields):
         return G()
 
     def goexit0(self, g: G, p: P) -> None:
-        """Retire g: drop it from allg, clear its references, put it on p's free list."""
+        """Retire g: drop it from allg, clear its references, put it on p's free list.
+
+        The one copy in Python (the driver's loop calls it); ``goexit0`` in
+        ``gosim/_speedups.c`` is the C twin.
+        """
         g.status = DEAD
         g.coro = None
         g.param = None
-        if g.fn is not None:
-            g.fn = None
-        if g.p is not None:
-            g.p = None
+        g.elem = None
+        g.fn = None
+        g.p = None
         del self.allg[g.goid]
         if self.trace is not None:
             self.trace.emit(self, "exit", p.id, g.goid, 0, 0)
@@ -982,8 +996,6 @@ class Runtime(_RuntimeFields):
         trace = self.trace
         runq = p.runq
         nsw = self.nswitch
-        allg = self.allg
-        gfree = p.gfree
         while True:
             self.curg = g
             g.status = RUNNING
@@ -994,20 +1006,7 @@ class Runtime(_RuntimeFields):
             try:
                 trap = g.coro.send(g.param)
             except StopIteration as stop:
-                # goexit0, inlined: keep in step with Runtime.goexit0.
-                g.status = DEAD
-                g.coro = None
-                g.param = None
-                if g.fn is not None:
-                    g.fn = None
-                if g.p is not None:
-                    g.p = None
-                del allg[g.goid]
-                if trace is not None:
-                    trace.emit(self, "exit", p.id, g.goid, 0, 0)
-                gfree.append(g)
-                if len(gfree) >= GFREE_LOCAL_MAX:
-                    self._gfput_spill(p)
+                self.goexit0(g, p)
                 if (self.main_goexited or g.goid in self.call_boxes) and self._exited(
                     g, stop.value
                 ):
@@ -1441,35 +1440,10 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
     curg = rt.curg
     parent = curg.goid if curg is not None else 0
     coro: Any = fn(*args)
-    if type(coro) is not _CoroutineType:
-        # Not a native coroutine: let newproc accept coroutine-likes or raise TypeError.
-        rt.newproc(fn, args, parent, coro)
-        return
-    # newproc, inlined for the spawn path: keep in step with Runtime.newproc.
-    p = rt.curp
-    gf = p.gfree
-    g = gf.pop() if gf else rt.gfget(p)
-    rt.goidgen = goid = rt.goidgen + 1
-    g.goid = goid
-    g.coro = coro
-    g.parent = parent
-    g.creator = curg.coro if curg is not None else None
-    g.status = RUNNABLE
-    rt.allg[goid] = g
-    if rt.trace is not None:
-        rt.trace.emit(rt, "go", p.id, goid, parent, 0)
-    old = p.runnext
-    p.runnext = g
-    if old is not None:
-        q = p.runq
-        if len(q) < RUNQ_SIZE:
-            q.append(old)
-        else:
-            rt.runqput(p, old, False)
+    rt.newproc(fn, args, parent, coro)
 
 
 if not TYPE_CHECKING and speedups is not None:
-    _go_python = go
     go = speedups.go  # the same newproc in C (gosim/_speedups.c), same contract
 
 
