@@ -51,25 +51,25 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gosim._core import _sched
-from gosim._core._accel import speedups
+from gosim import lowlevel
 from gosim._core._exceptions import (
     CloseOfClosedChannel,
     CloseOfNilChannel,
     NotInRuntime,
     SendOnClosedChannel,
 )
-from gosim._core._g import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog
-from gosim._core._sched import _state, _trap
+from gosim.lowlevel import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog, speedups
+from gosim.lowlevel import state as _state
+from gosim.lowlevel import trap as _trap
 
 T = TypeVar("T")
 
-_PARK = _sched.PARK
-_PREEMPT = _sched.PREEMPT
+_PARK = lowlevel.PARK
+_PREEMPT = lowlevel.PREEMPT
 
 # Operations that complete at once count down this budget; at zero the runtime checks
 # whether the running goroutine has used up its slice (cooperative preemption).
-_budget = _sched.OP_BUDGET
+_budget = lowlevel.OP_BUDGET
 
 
 class _NoLoop:
@@ -99,7 +99,7 @@ _DONE = _completed_awaitable()
 async def _preempt_point() -> None:
     """Refill the budget; yield the processor if the running G has used up its slice."""
     global _budget
-    _budget = _sched.OP_BUDGET
+    _budget = lowlevel.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
         await _trap(_PREEMPT)

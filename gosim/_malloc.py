@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from gosim._core._sched import Runtime, current_runtime
+from gosim.lowlevel import Runtime, current_runtime
 
 if TYPE_CHECKING:
     from gosim.mem import Heap

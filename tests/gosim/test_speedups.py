@@ -21,7 +21,7 @@ import pytest
 
 import gosim
 from gosim import Chan, go, lowlevel, recv, select
-from gosim._core import _sched
+from gosim._core import _state as _sched
 from gosim._core._accel import speedups
 
 needs_speedups = pytest.mark.skipif(
@@ -280,7 +280,7 @@ _RECORDS_CHILD = textwrap.dedent(
     from collections import deque
     import gosim
     from gosim import Chan, go, lowlevel, recv, select
-    from gosim._core import _sched
+    from gosim._core import _state as _sched
 
     def workload_after(mutate):
         # Mutate a record from inside a goroutine, then use every hot path on it.
@@ -496,7 +496,7 @@ _FUZZ_RECORDS = textwrap.dedent(
     from hypothesis import HealthCheck, given, settings, strategies as st
     import gosim
     from gosim import Chan, go, lowlevel, recv, select, send
-    from gosim._core import _sched
+    from gosim._core import _state as _sched
 
     FIELDS = {
         "g": ["coro", "elem", "fn", "p", "param", "waitreason", "goid", "parent", "status",
