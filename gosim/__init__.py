@@ -51,7 +51,7 @@ from gosim.lowlevel import num_goroutine as num_goroutine
 from gosim.lowlevel import open_runtime as open_runtime
 from gosim.lowlevel import run as run
 from gosim.lowlevel import schedtrace as schedtrace
-from gosim.lowlevel import stats as stats
+from gosim.lowlevel import statistics as statistics
 from gosim.lowlevel import syscall as syscall
 from gosim.lowlevel import trio_call as trio_call
 from gosim.time import Ticker as Ticker
@@ -97,7 +97,7 @@ __all__ = [
     "select",
     "send",
     "sleep",
-    "stats",
+    "statistics",
     "syscall",
     "trio_call",
     "use_heap",

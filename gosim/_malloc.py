@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 DEFAULT_ARENA_BYTES: Final = 64 * 1024 * 1024  # pages are only resident once touched
 HEAP_PROCS: Final = 16
 
-_heaps: dict[int, Heap] = {}  # id(runtime) -> heap; dropped with the runtime
-
 
 def _heap_of(rt: Runtime) -> Heap:
     heap = rt.heap

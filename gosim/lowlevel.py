@@ -52,7 +52,7 @@ from gosim._core._runtime import open_runtime as open_runtime
 from gosim._core._runtime import preempt_point as preempt_point
 from gosim._core._runtime import run as run
 from gosim._core._runtime import schedtrace as schedtrace
-from gosim._core._runtime import stats as stats
+from gosim._core._runtime import statistics as statistics
 from gosim._core._state import GOSCHED as GOSCHED
 from gosim._core._state import OP_BUDGET as OP_BUDGET
 from gosim._core._state import PARK as PARK

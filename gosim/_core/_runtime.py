@@ -337,9 +337,12 @@ def goid() -> int:
     return rt.curg.goid
 
 
-def stats() -> SchedStats:
-    """An immutable snapshot of the scheduler's queues and counters."""
-    return current_runtime().stats()
+def statistics() -> SchedStats:
+    """An immutable snapshot of the scheduler's queues and counters.
+
+    Named as trio's ``statistics()`` methods are, across gosim.
+    """
+    return current_runtime().statistics()
 
 
 def schedtrace(interval: float | None, file: IO[str] | None = None) -> None:

@@ -33,7 +33,7 @@ DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one sl
 
 @dataclass(frozen=True, slots=True)
 class SchedStats:
-    """An immutable snapshot of the scheduler, from :func:`gosim.stats`.
+    """An immutable snapshot of the scheduler, from :func:`gosim.statistics`.
 
     Counters run from the start of the runtime. ``local_runq`` has one length per P
     (``runnext`` counted), as in Go's ``schedtrace`` brackets.
@@ -159,7 +159,8 @@ class Sysmon(RunQueues):
 
     # ------------------------------------------------------------------ stats
 
-    def stats(self) -> SchedStats:
+    def statistics(self) -> SchedStats:
+        """An immutable snapshot of the queues and counters (trio's ``statistics()``)."""
         local = tuple(len(p.runq) + (p.runnext is not None) for p in self.allp)
         idle = sum(1 for n in local if n == 0)
         if self.curg is not None and idle:
@@ -183,7 +184,7 @@ class Sysmon(RunQueues):
         )
 
     def schedtrace_line(self) -> str:
-        s = self.stats()
+        s = self.statistics()
         ms = int((self.now() - self.start_time) * 1000)
         queues = " ".join(str(n) for n in s.local_runq)
         return (

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-from gosim import go, lowlevel
+from gosim import Chan, context, go, lowlevel, recv, select
 from gosim._core._exceptions import GosimError
 
 __all__ = [
@@ -231,8 +231,6 @@ class Semaphore:
         await self._acquire_or_done(n, ctx, done)
 
     async def _acquire_or_done(self, n: int, ctx: Any, done: Any) -> None:
-        from gosim import Chan, recv, select  # noqa: PLC0415 - gosim imports sync
-
         if n > self.size:  # doomed: do not make others wait behind it
             await done.recv()
             raise ctx.err()
@@ -373,8 +371,6 @@ class ErrGroup:
 
     @classmethod
     def with_context(cls, parent: Any) -> tuple[ErrGroup, Any]:
-        from gosim import context  # noqa: PLC0415 - context imports sync; break the cycle
-
         ctx, cancel = context.with_cancel_cause(parent)
         group = cls()
         group._cancel = cancel

@@ -108,7 +108,7 @@ _PROGRAM = textwrap.dedent(
         await gosim.sleep(0.01)
         parked.close()
         await gosim.sleep(0.01)
-        st = gosim.stats()
+        st = gosim.statistics()
         return {"log": log, "drained": drained, "rest": rest,
                 "switches": st.context_switches, "created": st.created,
                 "steals": st.steals}
