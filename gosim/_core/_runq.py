@@ -97,7 +97,8 @@ class RunQueues(_RuntimeFields):
     """The run queues of one runtime: its Ps, the global queue, the free Gs, allg.
 
     The base of the runtime's rooms (``_sysmon``, ``_syscall``, ``_schedule``,
-    ``_runtime``), each a subclass adding what it owns.
+    ``_runtime``), each a subclass adding what it owns; each sets its fields in
+    ``_init_room``, which ``__init__`` calls once the run queues exist.
     """
 
     def __init__(
@@ -130,6 +131,11 @@ class RunQueues(_RuntimeFields):
         self.nswitch = 0
         self.nsteals = 0
         self.nstolen = 0
+        self.max_threads = max_threads
+        self._init_room()
+
+    def _init_room(self) -> None:
+        """Each room (subclass) sets its own fields here, after calling super's."""
 
     def runqput(self, p: P, g: G, next_: bool) -> None:
         """Put g on p's local queue (``runnext`` when ``next_``). Executed only for the current P.
@@ -155,6 +161,20 @@ class RunQueues(_RuntimeFields):
         batch = [popleft() for _ in range(half)]
         batch.append(g)
         self.globrunq.extend(batch)
+
+    def runqget(self, p: P) -> G | None:
+        """Go's ``runqget``: p's ``runnext``, else the head of its local queue, else None.
+
+        The driver's hot loop (``Scheduler._schedule``, ``_python_burst``, the C
+        ``_burst``) writes these few lines out rather than pay a call per switch.
+        """
+        g = p.runnext
+        if g is not None:
+            p.runnext = None
+            return g
+        if p.runq:
+            return p.runq.popleft()
+        return None
 
     def globrunqget(self, p: P, maximum: int) -> G | None:
         """Take a batch from the global queue: one to run, the rest to p's local queue."""

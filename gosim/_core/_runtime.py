@@ -70,15 +70,8 @@ class Runtime(Scheduler):
     the module functions (``go``, ``statistics``...) or through ``rt.call`` from trio.
     """
 
-    def __init__(
-        self,
-        procs: int,
-        seed: int | None,
-        trace: Trace | None,
-        deterministic: bool,
-        max_threads: int = DEFAULT_MAX_THREADS,
-    ) -> None:
-        super().__init__(procs, seed, trace, deterministic, max_threads)
+    def _init_room(self) -> None:
+        super()._init_room()
         self.heap: Any = None  # a gosim.mem.Heap once gosim.malloc is first used
         # Per-runtime state of layers above the core (the simulated network, say),
         # keyed by the layer's module name.

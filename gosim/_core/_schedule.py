@@ -48,10 +48,9 @@ from gosim._core._dump import created_by, g_funcname, goroutine_dump, panic_line
 from gosim._core._exceptions import Deadlock, GosimError, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, WAITING, G
 from gosim._core._netpoll import NetPoller
-from gosim._core._runq import DEFAULT_MAX_THREADS, P, _burst_available
+from gosim._core._runq import P, _burst_available
 from gosim._core._state import GOSCHED, PARK, PERIODIC_MASK, PREEMPT, _Goexit, _state
 from gosim._core._syscall import Syscalls, _SyscallTrap, _TrioCallTrap
-from gosim._core._trace import Trace
 
 FAIRNESS_TICKS: Final = 61  # schedule checks the global queue first every 61st tick
 STEAL_ROUNDS: Final = 4  # Go's stealTries
@@ -66,15 +65,8 @@ _BURST_EXIT: Final = 2
 class Scheduler(Syscalls):
     """The driver of one runtime: the schedule loop, its idling, exits, panics, deadlock."""
 
-    def __init__(
-        self,
-        procs: int,
-        seed: int | None,
-        trace: Trace | None,
-        deterministic: bool,
-        max_threads: int = DEFAULT_MAX_THREADS,
-    ) -> None:
-        super().__init__(procs, seed, trace, deterministic, max_threads)
+    def _init_room(self) -> None:
+        super()._init_room()
         self.netpoller: NetPoller | None = None
         self.last_trio_yield = 0.0
         self.stopped = False
@@ -98,29 +90,22 @@ class Scheduler(Syscalls):
                     # I/O that arrived by now runs before the timers' goroutines, so a
                     # deadline never fires on data that is already waiting to be read.
                     self._netpoll_into(p, np_)
-                g = p.runnext
+                g = self.runqget(p)
                 if g is not None:
-                    p.runnext = None
                     return g
-                if p.runq:
-                    return p.runq.popleft()
         if self.injectq:
             self._drain_inject()
-            g = p.runnext
+            g = self.runqget(p)
             if g is not None:
-                p.runnext = None
                 return g
         if self.globrunq:
             return self.globrunqget(p, 0)
         np_ = self.netpoller
         if np_ is not None and np_.waiters() and self._netpoll_into(p, np_):
             # netpoll readied goroutines into this P (runnext first), as Go's findRunnable.
-            g = p.runnext
+            g = self.runqget(p)
             if g is not None:
-                p.runnext = None
                 return g
-            if p.runq:
-                return p.runq.popleft()
         nump = len(self.allp)
         if nump > 1:
             rng = self.rng

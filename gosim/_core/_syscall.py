@@ -20,10 +20,9 @@ import trio
 from gosim._core import _g
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._g import RUNNABLE, SYSCALL, WAITING, G
-from gosim._core._runq import DEFAULT_MAX_THREADS, P
+from gosim._core._runq import P
 from gosim._core._state import _state, _trap
 from gosim._core._sysmon import Sysmon
-from gosim._core._trace import Trace
 
 T = TypeVar("T")
 
@@ -47,18 +46,11 @@ class _TrioCallTrap:
 class Syscalls(Sysmon):
     """The syscalls and trio calls of one runtime, and their threads."""
 
-    def __init__(
-        self,
-        procs: int,
-        seed: int | None,
-        trace: Trace | None,
-        deterministic: bool,
-        max_threads: int = DEFAULT_MAX_THREADS,
-    ) -> None:
-        super().__init__(procs, seed, trace, deterministic, max_threads)
+    def _init_room(self) -> None:
+        super()._init_room()
         self.inline_call: tuple[G, P, _TrioCallTrap] | None = None
         self.nexternal = 0  # syscalls and trio calls in flight: wake sources
-        self.thread_limiter = trio.CapacityLimiter(max_threads)
+        self.thread_limiter = trio.CapacityLimiter(self.max_threads)
         self.nursery: trio.Nursery | None = None
 
     def _entersyscall(self, g: G, p: P, trap: _SyscallTrap) -> None:

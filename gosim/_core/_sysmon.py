@@ -22,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Final
 
-from gosim._core._runq import DEFAULT_MAX_THREADS, P, RunQueues
+from gosim._core._runq import P, RunQueues
 from gosim._core._state import OP_BUDGET
 from gosim._core._timers import Timer
-from gosim._core._trace import Trace
 
 TIME_SLICE: Final = 0.010  # forcePreemptNS: 10 ms
 DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one slice
@@ -59,15 +58,8 @@ class SchedStats:
 class Sysmon(RunQueues):
     """Timers, preemption, statistics, schedtrace and procresize of one runtime."""
 
-    def __init__(
-        self,
-        procs: int,
-        seed: int | None,
-        trace: Trace | None,
-        deterministic: bool,
-        max_threads: int = DEFAULT_MAX_THREADS,
-    ) -> None:
-        super().__init__(procs, seed, trace, deterministic, max_threads)
+    def _init_room(self) -> None:
+        super()._init_room()
         self.check_switch = -1
         self.check_time = 0.0
         self.check_ops = 0
