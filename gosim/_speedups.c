@@ -1,12 +1,13 @@
 /* gosim._speedups: the scheduler's and channels' hot paths in C.
  *
- * The pure-Python implementation (gosim/_chan.py, gosim/_core/_g.py, _sched.py) is the
+ * The pure-Python implementation (gosim/_chan.py, gosim/_core/: _g.py, _runq.py,
+ * _schedule.py, _runtime.py) is the
  * reference and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it
  * off. Both are tested by the same suite. What lives here:
  *
- *   State      the per-thread "current runtime" slot (_sched._state), readable from C.
+ *   State      the per-thread "current runtime" slot (gosim._core._state._state), readable from C.
  *   GBase      a goroutine record's fields (gosim._core._g.G subclasses it).
- *   PBase      a processor's fields (gosim._core._sched.P subclasses it).
+ *   PBase      a processor's fields (gosim._core._runq.P subclasses it).
  *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
  *              call_boxes, main_goexited) and _burst, the driver's inner loop.
  *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
@@ -384,7 +385,7 @@ static PyTypeObject PBaseType = {
     .tp_name = "gosim._speedups.PBase",
     .tp_basicsize = sizeof(PObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A processor's fields (see gosim._core._sched.P).",
+    .tp_doc = "A processor's fields (see gosim._core._runq.P).",
     .tp_new = PBase_new,
     .tp_dealloc = (destructor)PBase_dealloc,
     .tp_traverse = (traverseproc)PBase_traverse,
@@ -801,7 +802,7 @@ static PyTypeObject RuntimeBaseType = {
     .tp_name = "gosim._speedups.RuntimeBase",
     .tp_basicsize = sizeof(RtObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The scheduler fields the hot paths use (see gosim._core._sched.Runtime).",
+    .tp_doc = "The scheduler fields the hot paths use (see gosim._core._runtime.Runtime).",
     .tp_new = RtBase_new,
     .tp_dealloc = (destructor)RtBase_dealloc,
     .tp_traverse = (traverseproc)RtBase_traverse,
@@ -1847,7 +1848,8 @@ static PyTypeObject ChanType = {
 /* ------------------------------------------------------------------ go */
 
 /* Go's `go fn(*args)`: newproc for the common case (a native coroutine, no trace), with
- * everything else handed to Runtime.newproc. Keep in step with gosim._core._sched.go. */
+ * everything else handed to Runtime.newproc (gosim._core._runq), whose C twin this is:
+ * the G goes on the run queue through runqput, as there. */
 static PyObject *
 go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
