@@ -484,7 +484,7 @@ runtime_throw(const char *fmt, Py_ssize_t goid, int a, int b)
 static inline int
 casgstatus(GObject *g, int new)
 {
-    if (debug_checks && !(status_edges[g->status] & (1u << new)))
+    if (__builtin_expect(debug_checks, 0) && !(status_edges[g->status] & (1u << new)))
         return runtime_throw("casgstatus: goroutine %zd: bad transition %d -> %d", g->goid,
                              g->status, new);
     g->status = new;
@@ -495,31 +495,34 @@ casgstatus(GObject *g, int new)
  * before is kicked to the local queue's tail), else to the tail; a full local queue
  * moves half of itself and g to the global queue (Runtime.runqput does that spill).
  * Takes a new reference to g. */
-static int
+static inline int
 runqput(RtObject *rt, PObject *p, PyObject *g, int next)
 {
-    if (debug_checks && ((GObject *)g)->status != G_RUNNABLE)
+    if (__builtin_expect(debug_checks, 0) && ((GObject *)g)->status != G_RUNNABLE)
         return runtime_throw("runqput: goroutine %zd has status %d, not runnable (%d)",
                              ((GObject *)g)->goid, ((GObject *)g)->status, G_RUNNABLE);
+    PyObject *kicked = NULL;
     if (next) {
-        PyObject *old = p->runnext;
+        kicked = p->runnext; /* our reference now */
         p->runnext = Py_NewRef(g);
-        if (old == Py_None) {
-            Py_DECREF(old);
+        if (kicked == Py_None) {
+            Py_DECREF(kicked);
             return 0;
         }
-        int rc = runqput(rt, p, old, 0);
-        Py_DECREF(old);
-        return rc;
+        g = kicked;
     }
-    if (Py_SIZE(p->runq) < RUNQ_SIZE)
-        return q_append(p->runq, g);
-    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
-                                             Py_False, NULL);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
+    int rc;
+    if (Py_SIZE(p->runq) < RUNQ_SIZE) {
+        rc = q_append(p->runq, g);
+    }
+    else {
+        PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
+                                                 Py_False, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(kicked);
+    return rc;
 }
 
 /* Go's goready: make the waiting g runnable in the current P's runnext, handing it
@@ -527,7 +530,7 @@ runqput(RtObject *rt, PObject *p, PyObject *g, int next)
 static int
 goready(RtObject *rt, GObject *g, PyObject *param)
 {
-    if (debug_checks && g->status != G_WAITING)
+    if (__builtin_expect(debug_checks, 0) && g->status != G_WAITING)
         return runtime_throw("goready: goroutine %zd has status %d, not waiting (%d)", g->goid,
                              g->status, G_WAITING);
     Py_SETREF(g->param, Py_NewRef(param));
