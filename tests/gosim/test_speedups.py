@@ -402,6 +402,37 @@ def _step_with_throw(g: Any, exc: BaseException) -> Any:
         rt.curg = me
 
 
+async def _interrupted_waiter(
+    park: Callable[[], Awaitable[Any]], wake: Callable[[], Any], settle: float = 0.0
+) -> list[Any]:
+    """Park a goroutine with park(), throw into it (it catches and waits on another
+    channel), then wake(): what did it see? ["interrupted", 9] when nothing woke it."""
+    after: Chan[int] = Chan(0)
+    got: list[Any] = []
+    box: list[Any] = []
+
+    async def waiter() -> None:
+        box.append(lowlevel.current_g())
+        try:
+            await park()
+        except _Interrupt:
+            got.append("interrupted")
+        got.append(await after.recv())
+
+    go(waiter)
+    await gosim.gosched()  # the waiter parks
+    assert box[0].status == 4  # waiting
+    assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
+    wake()
+    if settle:
+        await gosim.sleep(settle)
+    await gosim.gosched()
+    await gosim.gosched()
+    await after.send(9)
+    await gosim.gosched()
+    return got
+
+
 _PARK_KINDS = ["recv", "recv2", "anext", "send", "select-recv", "select-send"]
 
 
@@ -427,31 +458,16 @@ def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
     async def main() -> list[Any]:
         ch: Chan[int] = Chan(0)
         other: Chan[int] = Chan(0)
-        after: Chan[int] = Chan(0)
-        got: list[Any] = []
-        box: list[Any] = []
 
-        async def waiter() -> None:
-            box.append(lowlevel.current_g())
-            try:
-                await _park_on(kind, ch, other)
-            except _Interrupt:
-                got.append("interrupted")
-            got.append(await after.recv())
+        def operate_on_the_channels() -> None:
+            assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+            if kind in ("send", "select-send"):
+                assert ch.try_recv() == (None, False, False)  # nobody is sending any more
+            else:
+                assert not ch.try_send(7)  # nobody is receiving any more
+            assert not other.try_send(8)
 
-        go(waiter)
-        await gosim.gosched()  # the waiter parks on ch (and other, for a select)
-        assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
-        assert got == ["interrupted"]
-        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
-        if kind in ("send", "select-send"):
-            assert ch.try_recv() == (None, False, False)  # nobody is sending any more
-        else:
-            assert not ch.try_send(7)  # nobody is receiving any more
-        assert not other.try_send(8)
-        await after.send(9)
-        await gosim.gosched()
-        return got
+        return await _interrupted_waiter(lambda: _park_on(kind, ch, other), operate_on_the_channels)
 
     assert gosim.run(main, procs=1) == ["interrupted", 9]
 
@@ -631,36 +647,6 @@ def test_a_sleep_left_by_an_exception_disarms_its_timer() -> None:
 # gone on to wait elsewhere (and a starving Mutex hands it the lock, which is then lost).
 # Each test throws into a parked goroutine as the driver would step it, lets it wait on
 # another channel, then does the operation that would wake it.
-
-
-async def _interrupted_waiter(
-    park: Callable[[], Awaitable[Any]], wake: Callable[[], Any], settle: float = 0.0
-) -> list[Any]:
-    """Park a goroutine with park(), throw into it, then wake(): what did it see?"""
-    after: Chan[int] = Chan(0)
-    got: list[Any] = []
-    box: list[Any] = []
-
-    async def waiter() -> None:
-        box.append(lowlevel.current_g())
-        try:
-            await park()
-        except _Interrupt:
-            got.append("interrupted")
-        got.append(await after.recv())
-
-    go(waiter)
-    await gosim.gosched()  # the waiter parks
-    assert box[0].status == 4  # waiting
-    assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
-    wake()
-    if settle:
-        await gosim.sleep(settle)
-    await gosim.gosched()
-    await gosim.gosched()
-    await after.send(9)
-    await gosim.gosched()
-    return got
 
 
 def test_mutex_unlock_does_not_wake_a_waiter_that_left() -> None:
