@@ -32,21 +32,6 @@ from gosim._core._exceptions import NotInRuntime as NotInRuntime
 from gosim._core._exceptions import Panic as Panic
 from gosim._core._exceptions import RuntimeInternalError as RuntimeInternalError
 from gosim._core._exceptions import SendOnClosedChannel as SendOnClosedChannel
-from gosim._core._sched import RuntimeHandle as RuntimeHandle
-from gosim._core._sched import SchedStats as SchedStats
-from gosim._core._sched import go as go
-from gosim._core._sched import goexit as goexit
-from gosim._core._sched import goid as goid
-from gosim._core._sched import gomaxprocs as gomaxprocs
-from gosim._core._sched import gosched as gosched
-from gosim._core._sched import num_goroutine as num_goroutine
-from gosim._core._sched import open_runtime as open_runtime
-from gosim._core._sched import run as run
-from gosim._core._sched import schedtrace as schedtrace
-from gosim._core._sched import stats as stats
-from gosim._core._sched import syscall as syscall
-from gosim._core._sched import trio_call as trio_call
-from gosim._core._trace import Trace as Trace
 from gosim._malloc import free as free
 from gosim._malloc import heap as heap
 from gosim._malloc import malloc as malloc
@@ -54,6 +39,21 @@ from gosim._malloc import use_heap as use_heap
 from gosim._select import recv as recv
 from gosim._select import select as select
 from gosim._select import send as send
+from gosim.lowlevel import RuntimeHandle as RuntimeHandle
+from gosim.lowlevel import SchedStats as SchedStats
+from gosim.lowlevel import Trace as Trace
+from gosim.lowlevel import go as go
+from gosim.lowlevel import goexit as goexit
+from gosim.lowlevel import goid as goid
+from gosim.lowlevel import gomaxprocs as gomaxprocs
+from gosim.lowlevel import gosched as gosched
+from gosim.lowlevel import num_goroutine as num_goroutine
+from gosim.lowlevel import open_runtime as open_runtime
+from gosim.lowlevel import run as run
+from gosim.lowlevel import schedtrace as schedtrace
+from gosim.lowlevel import statistics as statistics
+from gosim.lowlevel import syscall as syscall
+from gosim.lowlevel import trio_call as trio_call
 from gosim.time import Ticker as Ticker
 from gosim.time import Timer as Timer
 from gosim.time import after as after
@@ -97,7 +97,7 @@ __all__ = [
     "select",
     "send",
     "sleep",
-    "stats",
+    "statistics",
     "syscall",
     "trio_call",
     "use_heap",

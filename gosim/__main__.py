@@ -139,7 +139,7 @@ async def main() -> None:
 
     await long_connections()
 
-    s = gosim.stats()
+    s = gosim.statistics()
     print(
         f"\nstats: procs={s.procs} goroutines={s.goroutines} created={s.created} "
         f"switches={s.context_switches} steals={s.steals} syscalls={s.syscalls} "

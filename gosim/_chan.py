@@ -51,26 +51,25 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gosim._core import _sched
-from gosim._core._accel import speedups
+from gosim import lowlevel
 from gosim._core._exceptions import (
     CloseOfClosedChannel,
     CloseOfNilChannel,
     NotInRuntime,
     SendOnClosedChannel,
 )
-from gosim._core._g import RUNNABLE as _RUNNABLE
-from gosim._core._g import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog
-from gosim._core._sched import _state, _trap
+from gosim.lowlevel import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog, speedups
+from gosim.lowlevel import state as _state
+from gosim.lowlevel import trap as _trap
 
 T = TypeVar("T")
 
-_PARK = _sched.PARK
-_PREEMPT = _sched.PREEMPT
+_PARK = lowlevel.PARK
+_PREEMPT = lowlevel.PREEMPT
 
 # Operations that complete at once count down this budget; at zero the runtime checks
 # whether the running goroutine has used up its slice (cooperative preemption).
-_budget = _sched.OP_BUDGET
+_budget = lowlevel.OP_BUDGET
 
 
 class _NoLoop:
@@ -100,7 +99,7 @@ _DONE = _completed_awaitable()
 async def _preempt_point() -> None:
     """Refill the budget; yield the processor if the running G has used up its slice."""
     global _budget
-    _budget = _sched.OP_BUDGET
+    _budget = lowlevel.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
         await _trap(_PREEMPT)
@@ -189,17 +188,8 @@ class Chan(Generic[T]):
                     w.ok = True
                     rt.goready(w.g, w)
                 else:
-                    # goready, inlined on the hottest path (see Runtime.goready).
                     w.ok = True
-                    w.param = value
-                    w.status = _RUNNABLE
-                    if rt.trace is not None:
-                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
-                    p = rt.curp
-                    old = p.runnext
-                    p.runnext = w
-                    if old is not None:
-                        rt.runqput(p, old, False)
+                    rt.goready(w, value)
                 _budget -= 1
                 if _budget <= 0:
                     return _preempt_point()
@@ -286,16 +276,7 @@ class Chan(Generic[T]):
                 if w.issel:
                     rt.goready(w.g, w)
                 else:
-                    # goready, inlined on the hottest path (see Runtime.goready).
-                    w.param = True
-                    w.status = _RUNNABLE
-                    if rt.trace is not None:
-                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
-                    p = rt.curp
-                    old = p.runnext
-                    p.runnext = w
-                    if old is not None:
-                        rt.runqput(p, old, False)
+                    rt.goready(w, True)
                 _budget -= 1
                 if _budget <= 0:
                     await _preempt_point()
@@ -453,7 +434,11 @@ class Chan(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        """``recv2`` for ``async for``, with recv's fast paths inlined (keep in step)."""
+        """``recv2`` for ``async for``, raising StopAsyncIteration once closed and drained.
+
+        recv's fast paths are written out again here rather than awaited through
+        ``recv2``: a coroutine frame per item is most of the cost of a buffered item.
+        """
         global _budget
         buf = self._buf
         if buf:
@@ -474,15 +459,7 @@ class Chan(Generic[T]):
                 if w.issel:
                     rt.goready(w.g, w)
                 else:
-                    w.param = True
-                    w.status = _RUNNABLE
-                    if rt.trace is not None:
-                        rt.trace.emit(rt, "ready", rt.curp.id, w.goid, 0, 0)
-                    p = rt.curp
-                    old = p.runnext
-                    p.runnext = w
-                    if old is not None:
-                        rt.runqput(p, old, False)
+                    rt.goready(w, True)
                 _budget -= 1
                 if _budget <= 0:
                     await _preempt_point()

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from gosim._core._sched import Runtime, current_runtime
+from gosim.lowlevel import Runtime, current_runtime
 
 if TYPE_CHECKING:
     from gosim.mem import Heap
 
 DEFAULT_ARENA_BYTES: Final = 64 * 1024 * 1024  # pages are only resident once touched
 HEAP_PROCS: Final = 16
-
-_heaps: dict[int, Heap] = {}  # id(runtime) -> heap; dropped with the runtime
 
 
 def _heap_of(rt: Runtime) -> Heap:

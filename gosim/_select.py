@@ -22,11 +22,11 @@ import types
 from collections.abc import Generator
 from typing import Any, Final, TypeVar
 
+from gosim import lowlevel
 from gosim._chan import Chan
-from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel
-from gosim._core._g import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog
-from gosim._core._sched import _state
+from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog
+from gosim.lowlevel import state as _state
 
 T = TypeVar("T")
 
@@ -35,15 +35,15 @@ SEND: Final = 1
 
 Case = tuple[int, "Chan[Any] | None", Any]
 
-_PARK = _sched.PARK
-_PREEMPT = _sched.PREEMPT
-_budget = _sched.OP_BUDGET  # see gosim._chan: the same countdown, kept per module
+_PARK = lowlevel.PARK
+_PREEMPT = lowlevel.PREEMPT
+_budget = lowlevel.OP_BUDGET  # see gosim._chan: the same countdown, kept per module
 
 
 @types.coroutine
 def _preempt_point() -> Generator[Any, Any, None]:
     global _budget
-    _budget = _sched.OP_BUDGET
+    _budget = lowlevel.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
         yield _PREEMPT

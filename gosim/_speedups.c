@@ -1,12 +1,13 @@
 /* gosim._speedups: the scheduler's and channels' hot paths in C.
  *
- * The pure-Python implementation (gosim/_chan.py, gosim/_core/_g.py, _sched.py) is the
+ * The pure-Python implementation (gosim/_chan.py, gosim/_core/: _g.py, _runq.py,
+ * _schedule.py, _runtime.py) is the
  * reference and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it
  * off. Both are tested by the same suite. What lives here:
  *
- *   State      the per-thread "current runtime" slot (_sched._state), readable from C.
+ *   State      the per-thread "current runtime" slot (gosim._core._state._state), readable from C.
  *   GBase      a goroutine record's fields (gosim._core._g.G subclasses it).
- *   PBase      a processor's fields (gosim._core._sched.P subclasses it).
+ *   PBase      a processor's fields (gosim._core._runq.P subclasses it).
  *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
  *              call_boxes, main_goexited) and _burst, the driver's inner loop.
  *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
@@ -22,11 +23,21 @@
 #include <Python.h>
 #include <structmember.h>
 
-#define RUNQ_SIZE 256
-#define GFREE_LOCAL_MAX 64
-#define PERIODIC_MASK 255
-
 enum { G_IDLE = 0, G_RUNNABLE = 1, G_RUNNING = 2, G_SYSCALL = 3, G_WAITING = 4, G_DEAD = 5 };
+
+/* The scheduler's sizes, handed over by configure() from gosim._core (the one place
+ * they are defined); the values here only serve until then. */
+static Py_ssize_t RUNQ_SIZE = 256;       /* Go's len(p.runq) */
+static Py_ssize_t GFREE_LOCAL_MAX = 64;  /* gfput moves a batch to the global list beyond */
+static Py_ssize_t PERIODIC_MASK = 255;   /* the driver's periodic duties every 256 switches */
+
+/* GOSIM_DEBUG: when set (by configure), every status change is checked against the
+ * legal edges of gosim._core._g.TRANSITIONS (Go's casgstatus) and the scheduler's
+ * preconditions are checked (Go's throws); a failure raises RuntimeInternalError.
+ * status_edges[old] has bit new set for each legal edge old -> new. */
+static int debug_checks = 0;
+static unsigned int status_edges[G_DEAD + 1];
+static PyObject *RuntimeInternalError;
 
 /* Set once by configure() from gosim._core: the traps, the errors, the wait reasons. */
 static PyObject *PARK, *PREEMPT;
@@ -374,7 +385,7 @@ static PyTypeObject PBaseType = {
     .tp_name = "gosim._speedups.PBase",
     .tp_basicsize = sizeof(PObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A processor's fields (see gosim._core._sched.P).",
+    .tp_doc = "A processor's fields (see gosim._core._runq.P).",
     .tp_new = PBase_new,
     .tp_dealloc = (destructor)PBase_dealloc,
     .tp_traverse = (traverseproc)PBase_traverse,
@@ -460,28 +471,71 @@ rt_curp(RtObject *rt)
     return (PObject *)rt->curp;
 }
 
-/* Append to a P's local run queue, spilling half to the global queue when full
- * (Runtime.runqput does the spill). */
+/* Go's throw: a broken runtime invariant (only checked under GOSIM_DEBUG). */
 static int
-runq_put_tail(RtObject *rt, PObject *p, PyObject *g)
+runtime_throw(const char *fmt, Py_ssize_t goid, int a, int b)
 {
-    if (Py_SIZE(p->runq) < RUNQ_SIZE)
-        return q_append(p->runq, g);
-    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
-                                             Py_False, NULL);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
+    PyErr_Format(RuntimeInternalError ? RuntimeInternalError : PyExc_AssertionError, fmt, goid,
+                 a, b);
+    return -1;
+}
+
+/* Go's casgstatus: move g to status new; under GOSIM_DEBUG only along a legal edge. */
+static inline int
+casgstatus(GObject *g, int new)
+{
+    if (__builtin_expect(debug_checks, 0) && !(status_edges[g->status] & (1u << new)))
+        return runtime_throw("casgstatus: goroutine %zd: bad transition %d -> %d", g->goid,
+                             g->status, new);
+    g->status = new;
     return 0;
 }
 
+/* Go's runqput, Runtime.runqput's twin: g goes to p's runnext when next (the G there
+ * before is kicked to the local queue's tail), else to the tail; a full local queue
+ * moves half of itself and g to the global queue (Runtime.runqput does that spill).
+ * Takes a new reference to g. */
+static inline int
+runqput(RtObject *rt, PObject *p, PyObject *g, int next)
+{
+    if (__builtin_expect(debug_checks, 0) && ((GObject *)g)->status != G_RUNNABLE)
+        return runtime_throw("runqput: goroutine %zd has status %d, not runnable (%d)",
+                             ((GObject *)g)->goid, ((GObject *)g)->status, G_RUNNABLE);
+    PyObject *kicked = NULL;
+    if (next) {
+        kicked = p->runnext; /* our reference now */
+        p->runnext = Py_NewRef(g);
+        if (kicked == Py_None) {
+            Py_DECREF(kicked);
+            return 0;
+        }
+        g = kicked;
+    }
+    int rc;
+    if (Py_SIZE(p->runq) < RUNQ_SIZE) {
+        rc = q_append(p->runq, g);
+    }
+    else {
+        PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
+                                                 Py_False, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(kicked);
+    return rc;
+}
+
 /* Go's goready: make the waiting g runnable in the current P's runnext, handing it
- * param; a previous runnext goes to the local queue's tail. Runtime.goready's twin. */
+ * param (runqput with next). Runtime.goready's twin. */
 static int
 goready(RtObject *rt, GObject *g, PyObject *param)
 {
+    if (__builtin_expect(debug_checks, 0) && g->status != G_WAITING)
+        return runtime_throw("goready: goroutine %zd has status %d, not waiting (%d)", g->goid,
+                             g->status, G_WAITING);
     Py_SETREF(g->param, Py_NewRef(param));
-    g->status = G_RUNNABLE;
+    if (casgstatus(g, G_RUNNABLE) < 0)
+        return -1;
     /* Read after the old param was released: its finalizer may have changed rt.curp. */
     PObject *p = rt_curp(rt);
     if (p == NULL)
@@ -497,15 +551,7 @@ goready(RtObject *rt, GObject *g, PyObject *param)
         if (p == NULL)
             return -1;
     }
-    PyObject *old = p->runnext;
-    p->runnext = Py_NewRef((PyObject *)g);
-    if (old != Py_None) {
-        int rc = runq_put_tail(rt, p, old);
-        Py_DECREF(old);
-        return rc;
-    }
-    Py_DECREF(old);
-    return 0;
+    return runqput(rt, p, (PyObject *)g, 1);
 }
 
 /* gfput: p's free list is long; move its second half to the global list
@@ -553,7 +599,8 @@ gfget_refill(RtObject *rt, PObject *p)
 static int
 goexit0(RtObject *rt, PObject *p, GObject *g)
 {
-    g->status = G_DEAD;
+    if (casgstatus(g, G_DEAD) < 0)
+        return -1;
     Py_SETREF(g->coro, Py_NewRef(Py_None));
     Py_SETREF(g->param, Py_NewRef(Py_None));
     if (g->fn != Py_None)
@@ -652,7 +699,10 @@ RtBase_burst(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         Py_SETREF(rt->curg, Py_NewRef((PyObject *)g));
-        g->status = G_RUNNING;
+        if (casgstatus(g, G_RUNNING) < 0) {
+            Py_DECREF(g);
+            return NULL;
+        }
         rt->nswitch++;
         PyObject *out = NULL;
         PyObject *param = Py_NewRef(g->param);
@@ -662,8 +712,11 @@ RtBase_burst(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(param);
         if (res == PYGEN_NEXT) {
             if (out == PARK) {
-                g->status = G_WAITING;
                 Py_DECREF(out);
+                if (casgstatus(g, G_WAITING) < 0) {
+                    Py_DECREF(g);
+                    return NULL;
+                }
             }
             else {
                 PyObject *r = burst_result(BURST_TRAP, (PyObject *)g, out);
@@ -752,7 +805,7 @@ static PyTypeObject RuntimeBaseType = {
     .tp_name = "gosim._speedups.RuntimeBase",
     .tp_basicsize = sizeof(RtObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The scheduler fields the hot paths use (see gosim._core._sched.Runtime).",
+    .tp_doc = "The scheduler fields the hot paths use (see gosim._core._runtime.Runtime).",
     .tp_new = RtBase_new,
     .tp_dealloc = (destructor)RtBase_dealloc,
     .tp_traverse = (traverseproc)RtBase_traverse,
@@ -1798,7 +1851,8 @@ static PyTypeObject ChanType = {
 /* ------------------------------------------------------------------ go */
 
 /* Go's `go fn(*args)`: newproc for the common case (a native coroutine, no trace), with
- * everything else handed to Runtime.newproc. Keep in step with gosim._core._sched.go. */
+ * everything else handed to Runtime.newproc (gosim._core._runq), whose C twin this is:
+ * the G goes on the run queue through runqput, as there. */
 static PyObject *
 go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1888,7 +1942,10 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *creator = G_Check(rt->curg) ? ((GObject *)rt->curg)->coro : Py_None;
     if (gg->creator != creator)
         Py_SETREF(gg->creator, Py_NewRef(creator));
-    gg->status = G_RUNNABLE;
+    if (casgstatus(gg, G_RUNNABLE) < 0) {
+        Py_DECREF(g);
+        goto fail;
+    }
     PyObject *key = PyLong_FromSsize_t(goid);
     if (key == NULL || PyDict_SetItem(rt->allg, key, g) < 0) {
         Py_XDECREF(key);
@@ -1896,12 +1953,8 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     }
     Py_DECREF(key);
-    PyObject *old = p->runnext;
-    p->runnext = g; /* takes our reference */
-    int rc = 0;
-    if (old != Py_None)
-        rc = runq_put_tail(rt, p, old);
-    Py_DECREF(old);
+    int rc = runqput(rt, p, g, 1);
+    Py_DECREF(g);
     Py_DECREF(rt);
     if (rc < 0)
         return NULL;
@@ -1918,12 +1971,47 @@ configure(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"park", "preempt", "send_on_closed", "close_of_closed",
                              "not_in_runtime", "wait_recv", "wait_send", "op_budget",
-                             "g_class", NULL};
-    PyObject *park, *preempt, *soc, *coc, *nir, *wr, *ws, *gc;
-    Py_ssize_t ob;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOnO:configure", kwlist, &park, &preempt,
-                                     &soc, &coc, &nir, &wr, &ws, &ob, &gc))
+                             "g_class", "runq_size", "gfree_local_max", "periodic_mask",
+                             "transitions", "internal_error", "debug", NULL};
+    PyObject *park, *preempt, *soc, *coc, *nir, *wr, *ws, *gc, *transitions, *internal_error;
+    Py_ssize_t ob, runq_size, gfree_local_max, periodic_mask;
+    int debug;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOnOnnnOOp:configure", kwlist, &park,
+                                     &preempt, &soc, &coc, &nir, &wr, &ws, &ob, &gc, &runq_size,
+                                     &gfree_local_max, &periodic_mask, &transitions,
+                                     &internal_error, &debug))
         return NULL;
+    if (runq_size < 1 || gfree_local_max < 2 || periodic_mask < 0 ||
+        (periodic_mask & (periodic_mask + 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "configure: bad scheduler sizes");
+        return NULL;
+    }
+    unsigned int edges[G_DEAD + 1] = {0};
+    PyObject *it = PyObject_GetIter(transitions);
+    if (it == NULL)
+        return NULL;
+    PyObject *edge;
+    while ((edge = PyIter_Next(it)) != NULL) {
+        int from, to;
+        int ok = PyArg_ParseTuple(edge, "ii", &from, &to);
+        Py_DECREF(edge);
+        if (!ok || from < 0 || from > G_DEAD || to < 0 || to > G_DEAD) {
+            Py_DECREF(it);
+            if (ok)
+                PyErr_SetString(PyExc_ValueError, "configure: a transition names no status");
+            return NULL;
+        }
+        edges[from] |= 1u << to;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    memcpy(status_edges, edges, sizeof edges);
+    RUNQ_SIZE = runq_size;
+    GFREE_LOCAL_MAX = gfree_local_max;
+    PERIODIC_MASK = periodic_mask;
+    debug_checks = debug;
+    Py_XSETREF(RuntimeInternalError, Py_NewRef(internal_error));
     if (!PyType_Check(gc) || !PyType_IsSubtype((PyTypeObject *)gc, &GBaseType)) {
         PyErr_SetString(PyExc_TypeError, "configure: g_class must subclass GBase");
         return NULL;

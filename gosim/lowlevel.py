@@ -1,50 +1,131 @@
 """Scheduler hooks for code that builds new primitives on gosim (not for daily use).
 
-``sync``, ``net`` and user extensions park and ready goroutines through these, as
-trio's own ``Lock`` uses ``trio.lowlevel``. The contract:
+This module is the one door from the layers above (channels, select, time, sync, net,
+context, user extensions) into ``gosim._core``: nothing outside the core imports the
+core's modules except through here and ``gosim._core._exceptions``
+(``tests/gosim/test_layering.py`` checks it). ``sync`` and ``net`` park and ready
+goroutines through these, as trio's own ``Lock`` uses ``trio.lowlevel``. The contract:
 
 * :func:`park` may only be awaited by a goroutine, after it has recorded itself
   (:func:`current_g`) somewhere a waker will find it. It returns the value passed to
-  :func:`ready`.
+  :func:`ready`. :func:`park_in` does the recording in a wait queue, and takes the
+  entry out again when the park ends by an exception instead of a wake.
 * :func:`ready` must be called exactly once per park, from a goroutine or a timer of
   the same runtime; the G then runs soon on the caller's P (``runnext``).
+
+For the fast paths, which cannot afford a function call per operation: :data:`state`
+(``state.rt`` is the running runtime or None), :func:`trap` with the traps
+:data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
+the driver), :data:`OP_BUDGET` (operations between preemption checks) and
+:data:`speedups` (the C accelerator, or None).
 """
 
 from __future__ import annotations
 
+import types
+from collections import deque
+from collections.abc import Awaitable, Generator
 from typing import Any
 
-from gosim._core import _sched
+from gosim._core._accel import speedups as speedups
 from gosim._core._exceptions import NotInRuntime
+from gosim._core._g import WAIT_CHAN_RECEIVE as WAIT_CHAN_RECEIVE
+from gosim._core._g import WAIT_CHAN_SEND as WAIT_CHAN_SEND
+from gosim._core._g import WAIT_SELECT as WAIT_SELECT
+from gosim._core._g import WAIT_SELECT_NO_CASES as WAIT_SELECT_NO_CASES
+from gosim._core._g import WAIT_SLEEP as WAIT_SLEEP
 from gosim._core._g import G as G
+from gosim._core._g import Sudog as Sudog
 from gosim._core._netpoll import NetPoller as NetPoller
-from gosim._core._sched import Runtime as Runtime
-from gosim._core._sched import current_runtime as current_runtime
-from gosim._core._sched import preempt_point as preempt_point
+from gosim._core._runtime import Runtime as Runtime
+
+# The goroutine-facing runtime API, which ``gosim`` re-exports (listed here so that the
+# package, too, reaches the core through this one door).
+from gosim._core._runtime import RuntimeHandle as RuntimeHandle
+from gosim._core._runtime import go as go
+from gosim._core._runtime import goexit as goexit
+from gosim._core._runtime import goid as goid
+from gosim._core._runtime import gomaxprocs as gomaxprocs
+from gosim._core._runtime import gosched as gosched
+from gosim._core._runtime import num_goroutine as num_goroutine
+from gosim._core._runtime import open_runtime as open_runtime
+from gosim._core._runtime import preempt_point as preempt_point
+from gosim._core._runtime import run as run
+from gosim._core._runtime import schedtrace as schedtrace
+from gosim._core._runtime import statistics as statistics
+from gosim._core._state import GOSCHED as GOSCHED
+from gosim._core._state import OP_BUDGET as OP_BUDGET
+from gosim._core._state import PARK as PARK
+from gosim._core._state import PREEMPT as PREEMPT
+from gosim._core._state import _state as state
+from gosim._core._state import _trap as trap
+from gosim._core._state import current_runtime as current_runtime
+from gosim._core._syscall import syscall as syscall
+from gosim._core._syscall import trio_call as trio_call
+from gosim._core._sysmon import SchedStats as SchedStats
 from gosim._core._timers import Timer as RuntimeTimer
+from gosim._core._trace import Trace as Trace
 
 
 def current_g() -> G:
     """The calling goroutine's record."""
-    rt = _sched._state.rt
+    rt = state.rt
     if rt is None or rt.curg is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt.curg
 
 
-async def park(waitreason: str) -> Any:
-    """Park the calling goroutine with Go's wait reason until :func:`ready` is called for it."""
+def park(waitreason: str) -> Awaitable[Any]:
+    """Park the calling goroutine with Go's wait reason until :func:`ready` is called for it.
+
+    Returns the trap itself to await (no coroutine frame of its own).
+    """
+    current_g().waitreason = waitreason
+    return trap(PARK)
+
+
+@types.coroutine
+def park_in(
+    queue: deque[Any] | list[Any], waitreason: str, entry: Any = None, front: bool = False
+) -> Generator[Any, Any, Any]:
+    """Append ``entry`` (default: the calling G) to the wait queue ``queue`` (at the front
+    if ``front``) and park with Go's wait reason.
+
+    Returns the value passed to :func:`ready`. If the park ends by an exception instead
+    (thrown into the goroutine, its coroutine closed at shutdown), ``entry`` is taken
+    out of ``queue`` before the exception goes on, as Go dequeues a sudog that was not
+    woken: a later wake must not go to a goroutine that has left (the channels do the
+    same for their own queues).
+    """
     g = current_g()
+    if entry is None:
+        entry = g
+    if front:
+        queue.insert(0, entry)
+    else:
+        queue.append(entry)
     g.waitreason = waitreason
-    return await _sched._trap(_sched.PARK)
+    try:
+        return (yield PARK)
+    except BaseException:
+        for i, queued in enumerate(queue):
+            if queued is entry:
+                del queue[i]
+                break
+        raise
 
 
 def ready(g: G, value: Any = None) -> None:
     """Make a parked goroutine runnable; its :func:`park` returns ``value``."""
-    rt = _sched._state.rt
+    rt = state.rt
     if rt is None:
         raise NotInRuntime("ready: not inside a gosim runtime")
     rt.goready(g, value)
+
+
+def can_spin(iteration: int) -> bool:
+    """Whether a lock's ``iteration``-th spin can pay off (Go's ``sync_runtime_canSpin``)."""
+    return current_runtime().can_spin(iteration)
 
 
 def netpoller() -> NetPoller | None:
@@ -71,17 +152,32 @@ def del_timer(t: RuntimeTimer) -> bool:
 
 
 __all__ = [
+    "GOSCHED",
+    "OP_BUDGET",
+    "PARK",
+    "PREEMPT",
+    "WAIT_CHAN_RECEIVE",
+    "WAIT_CHAN_SEND",
+    "WAIT_SELECT",
+    "WAIT_SELECT_NO_CASES",
+    "WAIT_SLEEP",
     "G",
     "NetPoller",
     "Runtime",
     "RuntimeTimer",
+    "Sudog",
     "add_timer",
+    "can_spin",
     "current_g",
     "current_runtime",
     "del_timer",
     "netpoller",
     "park",
+    "park_in",
     "preempt_point",
     "ready",
     "set_netpoller",
+    "speedups",
+    "state",
+    "trap",
 ]

@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+from gosim import lowlevel
 from gosim._chan import Chan
-from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime
-from gosim._core._g import WAIT_SLEEP
-from gosim._core._sched import current_runtime
-from gosim._core._timers import Timer as _RTimer
+from gosim.lowlevel import WAIT_SLEEP, current_runtime
+from gosim.lowlevel import RuntimeTimer as _RTimer
 
 Nanosecond: Final = 1e-9
 Microsecond: Final = 1e-6
@@ -43,7 +42,7 @@ def since(t: float) -> float:
 
 
 def _ready_sleeper(g: Any, now: float) -> None:
-    rt = _sched._state.rt
+    rt = lowlevel.state.rt
     assert rt is not None
     rt.goready(g, None)
 
@@ -60,7 +59,7 @@ async def sleep(d: float) -> None:
     rt.addtimer(t, rt.now() + d)
     g.waitreason = WAIT_SLEEP
     try:
-        await _sched._trap(_sched.PARK)
+        await lowlevel.trap(lowlevel.PARK)
     except BaseException:
         # Left without the timer's wake (an exception thrown in, the coroutine closed):
         # disarm it, or it would ready the goroutine wherever it waits next.
@@ -160,7 +159,7 @@ def tick(d: float) -> Chan[float] | None:
 def _start_func(
     arg: tuple[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...]], now: float
 ) -> None:
-    rt = _sched._state.rt
+    rt = lowlevel.state.rt
     assert rt is not None
     rt.newproc(arg[0], arg[1], 0)
 

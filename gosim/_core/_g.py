@@ -13,8 +13,13 @@ Sudog
     that saves an allocation on the hottest path.
 
 Status values follow Go's ``_Gidle`` ... ``_Gdead`` (``runtime2.go``), with the
-transitions tabled in :data:`TRANSITIONS` (checked under the debug flag by the scheduler,
-and by ``tests/gosim/test_g.py`` against the scheduler's behaviour).
+transitions tabled in :data:`TRANSITIONS`. With ``GOSIM_DEBUG=1`` in the environment
+(:data:`DEBUG`) every status change is checked against the table, as Go's
+``casgstatus`` does, and an illegal one raises :class:`RuntimeInternalError` through
+``throw``: assignments from Python go through a checking ``status`` property of
+:class:`G`, and the C accelerator checks its own writes (``casgstatus`` in
+``gosim/_speedups.c``). Off, ``status`` is the plain slot: the check costs nothing.
+``tests/gosim/test_g.py`` shows a bad transition caught on both paths.
 
 G records avoid reference cycles once the goroutine is dead: the scheduler clears
 ``coro``, ``param`` and ``elem`` so a dead G on the free list holds nothing alive.
@@ -22,9 +27,15 @@ G records avoid reference cycles once the goroutine is dead: the scheduler clear
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Final
 
 from gosim._core._accel import speedups
+from gosim._core._exceptions import throw
+
+# GOSIM_DEBUG=1: check every G status change and the scheduler's preconditions (Go's
+# throws); read once at import, so the checks cost nothing when it is off.
+DEBUG: Final = os.environ.get("GOSIM_DEBUG", "") not in ("", "0")
 
 IDLE: Final = 0  # just allocated, never run (Go's _Gidle)
 RUNNABLE: Final = 1  # on a run queue, not running (_Grunnable)
@@ -115,6 +126,35 @@ class G(_GFields):
 
     def __repr__(self) -> str:
         return f"<G {self.goid} {STATUS_NAMES[self.status]} {self.waitreason!r}>"
+
+    if DEBUG and not TYPE_CHECKING:
+        _status_slot = _GFields.status  # the slot (or C member) the property guards
+
+        @property
+        def status(self) -> int:
+            return G._status_slot.__get__(self)
+
+        @status.setter
+        def status(self, new: int) -> None:
+            try:
+                old = G._status_slot.__get__(self)
+            except AttributeError:  # the record's first status, set by __init__
+                pass
+            else:
+                casgstatus(self, old, new)
+            G._status_slot.__set__(self, new)
+
+
+def casgstatus(g: Any, old: int, new: int) -> None:
+    """Go's ``casgstatus`` check: raise ``throw`` unless old -> new is in TRANSITIONS.
+
+    Called for every status change when :data:`DEBUG` is on.
+    """
+    if (old, new) not in TRANSITIONS:
+        raise throw(
+            f"casgstatus: goroutine {g.goid}: bad transition "
+            f"{STATUS_NAMES[old]} -> {STATUS_NAMES[new]}"
+        )
 
 
 class Sudog:

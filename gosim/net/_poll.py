@@ -25,7 +25,6 @@ from collections.abc import Generator
 from typing import Any, Final
 
 from gosim import lowlevel
-from gosim._core import _sched
 from gosim._core._exceptions import NotInRuntime
 from gosim.lowlevel import RuntimeTimer
 
@@ -94,7 +93,7 @@ class PollDesc:
             return TIMEOUT
         if state is not None:
             raise RuntimeError("netpoll: two goroutines wait on one side of a socket")
-        rt = _sched._state.rt
+        rt = lowlevel.state.rt
         g = None if rt is None else rt.curg
         if g is None:
             raise NotInRuntime("not inside a gosim goroutine")
@@ -104,7 +103,7 @@ class PollDesc:
             self.wg = g
         self.poller.nwaiters += 1
         g.waitreason = "IO wait"
-        why: str | None = yield _sched.PARK
+        why: str | None = yield lowlevel.PARK
         return why
 
     def _wake(self, slot: str, value: Any) -> bool:
@@ -177,7 +176,7 @@ class NetPoller:
             return 0
         woken = 0
         descs = self.descs
-        rt = _sched._state.rt  # poll runs on the driver, inside the runtime
+        rt = lowlevel.state.rt  # poll runs on the driver, inside the runtime
         if rt is None:
             raise NotInRuntime("netpoll: not inside a gosim runtime")
         goready = rt.goready

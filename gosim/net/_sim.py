@@ -117,14 +117,14 @@ def _split(address: str) -> tuple[str, str]:
 class _Pipe:
     """One direction: segments in flight, bytes arrived, and a parked reader."""
 
-    __slots__ = ("arrived", "eof", "last_arrival", "reader", "reset", "timers")
+    __slots__ = ("arrived", "eof", "last_arrival", "readers", "reset", "timers")
 
     def __init__(self) -> None:
         self.arrived: deque[bytes] = deque()
         self.eof = False
         self.reset = False
         self.last_arrival = 0.0
-        self.reader: Any = None  # the parked G
+        self.readers: deque[Any] = deque()  # the parked G (one reader at a time)
         self.timers = 0  # segments in flight
 
 
@@ -185,10 +185,13 @@ class SimConn:
                 if self._rdeadline:
                     timer = RuntimeTimer(_wake_reader, (pipe, "timeout"))
                     rt.addtimer(timer, self._rdeadline)
-                pipe.reader = lowlevel.current_g()
-                why = await lowlevel.park("IO wait")
-                if timer is not None:
-                    rt.deltimer(timer)
+                try:
+                    why = await lowlevel.park_in(pipe.readers, "IO wait")
+                finally:
+                    # Also when the park ends by an exception: a deadline timer left
+                    # armed would wake whichever reader parks next.
+                    if timer is not None:
+                        rt.deltimer(timer)
                 if why == "timeout":
                     raise DeadlineExceeded()
                 if why == "closed" or self._closed:
@@ -272,10 +275,8 @@ class SimConn:
 
 
 def _wake(pipe: _Pipe, why: str) -> None:
-    g = pipe.reader
-    if g is not None:
-        pipe.reader = None
-        lowlevel.ready(g, why)
+    if pipe.readers:
+        lowlevel.ready(pipe.readers.popleft(), why)
 
 
 def _wake_reader(arg: tuple[_Pipe, str], now: float) -> None:

@@ -14,7 +14,8 @@ Spinning: Go spins a few times before parking only when it can pay off: more tha
 P, other Ps running, and an empty local run queue (``sync_runtime_canSpin``). In a
 single-threaded driver another goroutine can only release the lock if this one lets it
 run, so "spinning" here is up to 4 yields (``gosched``) under the same conditions
-before parking; with one P, or nothing else running, it parks at once.
+before parking; with one P, or nothing else running, it parks at once. The check is the
+scheduler's (``lowlevel.can_spin``, as Go keeps ``sync_runtime_canSpin`` in ``proc.go``).
 """
 
 from __future__ import annotations
@@ -27,28 +28,11 @@ from typing import Any
 from gosim import lowlevel
 from gosim._chan import _DONE
 from gosim._core._exceptions import FatalError
-from gosim._core._sched import GOSCHED as _GOSCHED
-from gosim._core._sched import PARK as _PARK
+from gosim.lowlevel import GOSCHED as _GOSCHED
 
 __all__ = ["FatalError", "Mutex", "RWMutex"]
 
 STARVATION_THRESHOLD = 1e-3  # seconds (Go: 1e6 ns)
-ACTIVE_SPIN = 4  # Go's active_spin
-
-
-def _can_spin(iteration: int) -> bool:
-    """Go's sync_runtime_canSpin in this scheduler's terms."""
-    if iteration >= ACTIVE_SPIN:
-        return False
-    rt = lowlevel.current_runtime()
-    if len(rt.allp) <= 1:
-        return False
-    p = rt.curp
-    if p.runnext is not None or p.runq:
-        return False
-    # "Other Ps running": with one driver thread, another P runs when it has work of
-    # its own or can take some from the global queue.
-    return bool(rt.globrunq) or any(q is not p and q.has_work() for q in rt.allp)
 
 
 class Mutex:
@@ -92,18 +76,16 @@ class Mutex:
             if not self._locked and not self._starving:
                 self._locked = True
                 return
-            if not self._starving and wait_start == 0.0 and _can_spin(spins):
+            if not self._starving and wait_start == 0.0 and lowlevel.can_spin(spins):
                 spins += 1
                 yield _GOSCHED
                 continue
-            if wait_start == 0.0:
+            # A woken waiter that lost the race goes back to the front (Go: LIFO).
+            front = wait_start != 0.0
+            if not front:
                 wait_start = rt.now()
-                self._waiters.append([g, wait_start])
-            else:
-                # A woken waiter that lost the race goes back to the front (Go: LIFO).
-                self._waiters.appendleft([g, wait_start])
-            g.waitreason = "sync.Mutex.Lock"
-            if (yield _PARK):
+            entry = [g, wait_start]
+            if (yield from lowlevel.park_in(self._waiters, "sync.Mutex.Lock", entry, front)):
                 return  # starvation mode handed the lock to us (unlock decided the mode)
             self._woken = False
             if not self._locked:
@@ -217,10 +199,7 @@ class RWMutex:
 
     @types.coroutine
     def _park(self, queue: deque[Any], reason: str) -> Generator[Any, Any, None]:
-        g = lowlevel.current_g()
-        queue.append(g)
-        g.waitreason = reason
-        yield _PARK  # the waker already counted us in
+        yield from lowlevel.park_in(queue, reason)  # the waker already counted us in
 
     def rlocker(self) -> _RLocker:
         """A Locker whose lock/unlock are rlock/runlock (Go's RLocker)."""

@@ -7,14 +7,12 @@ dumps read as Go's do (``goroutine 1 [sync.WaitGroup.Wait]:``).
 from __future__ import annotations
 
 import inspect
-import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Generic, Protocol, TypeVar
 
-from gosim import go, lowlevel
+from gosim import Chan, context, go, lowlevel, recv, select
 from gosim._core._exceptions import GosimError
-from gosim._core._sched import PARK as _PARK
 
 __all__ = [
     "Cond",
@@ -40,14 +38,6 @@ class Locker(Protocol):
     def lock(self) -> Awaitable[None]: ...
 
     def unlock(self) -> None: ...
-
-
-@types.coroutine
-def _park(queue: deque[Any] | list[Any], reason: str) -> Generator[Any, Any, Any]:
-    g = lowlevel.current_g()
-    queue.append(g)
-    g.waitreason = reason
-    return (yield _PARK)
 
 
 class WaitGroup:
@@ -89,7 +79,7 @@ class WaitGroup:
         """Block until the counter is zero (wait reason ``sync.WaitGroup.Wait``)."""
         if self._count == 0:
             return
-        await _park(self._waiters, "sync.WaitGroup.Wait")
+        await lowlevel.park_in(self._waiters, "sync.WaitGroup.Wait")
         self._releasing -= 1
         if self._count != 0:
             raise SyncPanic("sync: WaitGroup is reused before previous Wait has returned")
@@ -122,7 +112,7 @@ class Once:
             return
         if self._running:
             # Another goroutine is in fn: wait for it to return, as Go's Once does.
-            await _park(self._waiters, "sync.Mutex.Lock")
+            await lowlevel.park_in(self._waiters, "sync.Mutex.Lock")
             return
         self._running = True
         try:
@@ -186,11 +176,10 @@ class Cond:
 
     async def wait(self) -> None:
         """Unlock, park (``sync.Cond.Wait``) until signalled, then lock again."""
-        g = lowlevel.current_g()
-        self._waiters.append(g)
+        # Unlocking first is safe: unlock readies but never yields, so no signal can
+        # come between it and the park.
         self.locker.unlock()
-        g.waitreason = "sync.Cond.Wait"
-        await lowlevel.park("sync.Cond.Wait")
+        await lowlevel.park_in(self._waiters, "sync.Cond.Wait")
         await self.locker.lock()
 
     def signal(self) -> None:
@@ -237,14 +226,11 @@ class Semaphore:
         if done is None:
             if n > self.size:
                 raise ValueError(f"acquire({n}) exceeds the semaphore's size {self.size}")
-            self._waiters.append([n, lowlevel.current_g(), None])
-            await lowlevel.park("semacquire")
+            await lowlevel.park_in(self._waiters, "semacquire", [n, lowlevel.current_g(), None])
             return
         await self._acquire_or_done(n, ctx, done)
 
     async def _acquire_or_done(self, n: int, ctx: Any, done: Any) -> None:
-        from gosim import Chan, recv, select  # noqa: PLC0415 - gosim imports sync
-
         if n > self.size:  # doomed: do not make others wait behind it
             await done.recv()
             raise ctx.err()
@@ -385,8 +371,6 @@ class ErrGroup:
 
     @classmethod
     def with_context(cls, parent: Any) -> tuple[ErrGroup, Any]:
-        from gosim import context  # noqa: PLC0415 - context imports sync; break the cycle
-
         ctx, cancel = context.with_cancel_cause(parent)
         group = cls()
         group._cancel = cancel

@@ -89,7 +89,7 @@ def test_deterministic_mode_runs_syscalls_and_trio_calls_inline() -> None:
     async def main() -> tuple[int, str, int]:
         v = await gosim.syscall(sum, [1, 2, 3])
         t = await gosim.trio_call(trio_side)
-        return v, t, gosim.stats().trio_calls
+        return v, t, gosim.statistics().trio_calls
 
     assert gosim.run(main, procs=2, seed=9, virtual_time=True) == (6, "trio", 1)
 

@@ -117,7 +117,7 @@ class Controller:
             # Quiesce: yield until nothing else is runnable.
             while True:
                 await gosim.gosched()
-                s = gosim.stats()
+                s = gosim.statistics()
                 if sum(s.local_runq) == 0 and s.global_runq == 0:
                     break
             self.replies.put(("ok", list(completed), [c.len() for c in chans]))

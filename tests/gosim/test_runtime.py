@@ -30,7 +30,7 @@ def test_goroutine_only_calls_outside_runtime_raise() -> None:
     with pytest.raises(gosim.NotInRuntime):
         go(f)
     with pytest.raises(gosim.NotInRuntime):
-        gosim.stats()
+        gosim.statistics()
     with pytest.raises(gosim.NotInRuntime):
         gosim.goid()
 
@@ -232,7 +232,7 @@ def test_blocking_syscall_does_not_stop_other_goroutines() -> None:
     async def main() -> tuple[bool, int, int]:
         go(other)
         ok = await gosim.syscall(ran.wait, 30)
-        s = gosim.stats()
+        s = gosim.statistics()
         return ok, s.syscalls, s.handoffs
 
     ok, syscalls, handoffs = gosim.run(main, procs=1)
@@ -338,7 +338,7 @@ def test_gomaxprocs_resizes_and_keeps_work() -> None:
         for i in range(100):
             go(work, i)
         before = gosim.gomaxprocs(4)
-        during = gosim.stats().procs
+        during = gosim.statistics().procs
         shrunk_from = gosim.gomaxprocs(1)
         total = 0
         for _ in range(100):
@@ -382,7 +382,7 @@ def test_stats_counts_creation_switches_and_steals() -> None:
             go(signal)
         for _ in range(200):
             await done.recv()
-        return gosim.stats()
+        return gosim.statistics()
 
     s = gosim.run(main, procs=4, seed=7, virtual_time=True)
     assert s.created == 1201
@@ -406,7 +406,7 @@ def test_tight_loop_of_ready_operations_is_preempted() -> None:
         done: Chan[None] = Chan()
         go(spinner, Chan[None](), done)
         await done.recv()
-        return gosim.stats().preemptions
+        return gosim.statistics().preemptions
 
     assert gosim.run(main, procs=1, seed=1, virtual_time=True) >= 4
 

@@ -15,14 +15,16 @@ import sys
 import textwrap
 import types
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import gosim
-from gosim import Chan, go, lowlevel, recv, select
-from gosim._core import _sched
+from gosim import Chan, go, lowlevel, net, recv, select
+from gosim._core import _state as _sched
 from gosim._core._accel import speedups
+from gosim.sync import Cond, Mutex, Once, RWMutex, Semaphore, WaitGroup
 
 needs_speedups = pytest.mark.skipif(
     speedups is None,
@@ -108,7 +110,7 @@ _PROGRAM = textwrap.dedent(
         await gosim.sleep(0.01)
         parked.close()
         await gosim.sleep(0.01)
-        st = gosim.stats()
+        st = gosim.statistics()
         return {"log": log, "drained": drained, "rest": rest,
                 "switches": st.context_switches, "created": st.created,
                 "steals": st.steals}
@@ -280,7 +282,7 @@ _RECORDS_CHILD = textwrap.dedent(
     from collections import deque
     import gosim
     from gosim import Chan, go, lowlevel, recv, select
-    from gosim._core import _sched
+    from gosim._core import _state as _sched
 
     def workload_after(mutate):
         # Mutate a record from inside a goroutine, then use every hot path on it.
@@ -400,6 +402,37 @@ def _step_with_throw(g: Any, exc: BaseException) -> Any:
         rt.curg = me
 
 
+async def _interrupted_waiter(
+    park: Callable[[], Awaitable[Any]], wake: Callable[[], Any], settle: float = 0.0
+) -> list[Any]:
+    """Park a goroutine with park(), throw into it (it catches and waits on another
+    channel), then wake(): what did it see? ["interrupted", 9] when nothing woke it."""
+    after: Chan[int] = Chan(0)
+    got: list[Any] = []
+    box: list[Any] = []
+
+    async def waiter() -> None:
+        box.append(lowlevel.current_g())
+        try:
+            await park()
+        except _Interrupt:
+            got.append("interrupted")
+        got.append(await after.recv())
+
+    go(waiter)
+    await gosim.gosched()  # the waiter parks
+    assert box[0].status == 4  # waiting
+    assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
+    wake()
+    if settle:
+        await gosim.sleep(settle)
+    await gosim.gosched()
+    await gosim.gosched()
+    await after.send(9)
+    await gosim.gosched()
+    return got
+
+
 _PARK_KINDS = ["recv", "recv2", "anext", "send", "select-recv", "select-send"]
 
 
@@ -425,31 +458,16 @@ def test_a_park_left_by_an_exception_leaves_the_wait_queues(kind: str) -> None:
     async def main() -> list[Any]:
         ch: Chan[int] = Chan(0)
         other: Chan[int] = Chan(0)
-        after: Chan[int] = Chan(0)
-        got: list[Any] = []
-        box: list[Any] = []
 
-        async def waiter() -> None:
-            box.append(lowlevel.current_g())
-            try:
-                await _park_on(kind, ch, other)
-            except _Interrupt:
-                got.append("interrupted")
-            got.append(await after.recv())
+        def operate_on_the_channels() -> None:
+            assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
+            if kind in ("send", "select-send"):
+                assert ch.try_recv() == (None, False, False)  # nobody is sending any more
+            else:
+                assert not ch.try_send(7)  # nobody is receiving any more
+            assert not other.try_send(8)
 
-        go(waiter)
-        await gosim.gosched()  # the waiter parks on ch (and other, for a select)
-        assert _step_with_throw(box[0], _Interrupt()) == "park"  # now parked on `after`
-        assert got == ["interrupted"]
-        assert (len(ch._recvq), len(ch._sendq), len(other._recvq)) == (0, 0, 0)  # type: ignore[attr-defined]
-        if kind in ("send", "select-send"):
-            assert ch.try_recv() == (None, False, False)  # nobody is sending any more
-        else:
-            assert not ch.try_send(7)  # nobody is receiving any more
-        assert not other.try_send(8)
-        await after.send(9)
-        await gosim.gosched()
-        return got
+        return await _interrupted_waiter(lambda: _park_on(kind, ch, other), operate_on_the_channels)
 
     assert gosim.run(main, procs=1) == ["interrupted", 9]
 
@@ -496,7 +514,7 @@ _FUZZ_RECORDS = textwrap.dedent(
     from hypothesis import HealthCheck, given, settings, strategies as st
     import gosim
     from gosim import Chan, go, lowlevel, recv, select, send
-    from gosim._core import _sched
+    from gosim._core import _state as _sched
 
     FIELDS = {
         "g": ["coro", "elem", "fn", "p", "param", "waitreason", "goid", "parent", "status",
@@ -616,3 +634,133 @@ def test_a_sleep_left_by_an_exception_disarms_its_timer() -> None:
         return got
 
     assert gosim.run(main, procs=1, virtual_time=True) == ["interrupted", 9]
+
+
+# ------------------------------------------------------------------------------------
+# The same for the parks with wait queues of their own (through lowlevel.park_in):
+# A goroutine that leaves a park by an exception leaves the wait queue it was on.
+#
+# The locks, Cond, WaitGroup, Once, Semaphore and the simulated network park through their
+# own wait queues (``lowlevel.park_in``). When the park ends without a wake (an exception
+# thrown into the goroutine, its coroutine closed), the entry must go, as the channels'
+# does: else a later unlock, signal or arriving segment hands off to a goroutine that has
+# gone on to wait elsewhere (and a starving Mutex hands it the lock, which is then lost).
+# Each test throws into a parked goroutine as the driver would step it, lets it wait on
+# another channel, then does the operation that would wake it.
+
+
+def test_mutex_unlock_does_not_wake_a_waiter_that_left() -> None:
+    async def main() -> tuple[list[Any], bool]:
+        mu = Mutex()
+        await mu.lock()
+        got = await _interrupted_waiter(mu.lock, mu.unlock)
+        return got, mu.try_lock()  # nobody took the lock on the departed waiter's behalf
+
+    assert gosim.run(main, procs=1) == (["interrupted", 9], True)
+
+
+def test_a_starving_mutex_does_not_hand_the_lock_to_a_waiter_that_left() -> None:
+    async def main() -> tuple[list[Any], bool, int]:
+        mu = Mutex()
+        await mu.lock()
+        mu._starving = True  # type: ignore[attr-defined] # the handoff path
+        got = await _interrupted_waiter(mu.lock, mu.unlock)
+        return got, mu.locked(), len(mu._waiters)  # type: ignore[attr-defined]
+
+    assert gosim.run(main, procs=1) == (["interrupted", 9], False, 0)
+
+
+@pytest.mark.parametrize("kind", ["rlock", "lock"])
+def test_rwmutex_unlock_does_not_wake_a_waiter_that_left(kind: str) -> None:
+    async def main() -> tuple[list[Any], bool]:
+        rw = RWMutex()
+        await rw.lock()
+        got = await _interrupted_waiter(getattr(rw, kind), rw.unlock)
+        return got, rw.try_lock()  # free: no reader or writer was counted in
+
+    assert gosim.run(main, procs=1) == (["interrupted", 9], True)
+
+
+def test_cond_signal_does_not_wake_a_waiter_that_left() -> None:
+    async def main() -> list[Any]:
+        mu = Mutex()
+        cond = Cond(mu)
+
+        async def wait() -> None:
+            await mu.lock()
+            await cond.wait()
+
+        return await _interrupted_waiter(wait, cond.signal)
+
+    assert gosim.run(main, procs=1) == ["interrupted", 9]
+
+
+def test_waitgroup_done_does_not_wake_a_waiter_that_left() -> None:
+    async def main() -> list[Any]:
+        wg = WaitGroup()
+        wg.add(1)
+        return await _interrupted_waiter(wg.wait, wg.done)
+
+    assert gosim.run(main, procs=1) == ["interrupted", 9]
+
+
+def test_once_does_not_wake_a_waiter_that_left() -> None:
+    async def main() -> list[Any]:
+        once = Once()
+        release: Chan[None] = Chan(0)
+
+        async def slow() -> None:
+            await release.recv()
+
+        go(once.do, slow)
+        await gosim.gosched()  # the first caller runs slow and waits in it
+
+        async def second() -> None:
+            await once.do(slow)
+
+        def finish() -> None:
+            assert release.try_send(None)
+
+        return await _interrupted_waiter(second, finish)
+
+    assert gosim.run(main, procs=1) == ["interrupted", 9]
+
+
+def test_semaphore_release_does_not_wake_a_waiter_that_left() -> None:
+    async def main() -> tuple[list[Any], bool]:
+        sem = Semaphore(1)
+        await sem.acquire()
+        got = await _interrupted_waiter(sem.acquire, sem.release)
+        return got, sem.try_acquire()  # the unit was not granted to the departed waiter
+
+    assert gosim.run(main, procs=1) == (["interrupted", 9], True)
+
+
+def test_sim_network_data_does_not_wake_a_reader_that_left() -> None:
+    async def main() -> list[Any]:
+        net.use_sim_network(net.SimNetwork(seed=1, latency=(0.001, 0.002)))
+        ln = net.listen("sim", "server:1")
+        accepted: Chan[Any] = Chan(1)
+
+        async def accept() -> None:
+            await accepted.send(await ln.accept())
+
+        go(accept)
+        client = await net.dial("sim", "server:1", local_host="c")
+        server = await accepted.recv()
+        assert server is not None
+
+        async def read() -> None:
+            await server.read(100)
+
+        def write() -> None:
+            go(client.write, b"hello")
+
+        got = await _interrupted_waiter(read, write, settle=0.1)
+        got.append(await server.read(100))  # the data waited for the next reader
+        client.close()
+        server.close()
+        ln.close()
+        return got
+
+    assert gosim.run(main, procs=1, seed=1, virtual_time=True) == ["interrupted", 9, b"hello"]

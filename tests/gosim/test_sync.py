@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import gosim
 from gosim import Chan, context, go
+from gosim.lowlevel import can_spin as _can_spin
 from gosim.sync import (
     Cond,
     ErrGroup,
@@ -22,7 +23,6 @@ from gosim.sync import (
     SyncPanic,
     WaitGroup,
 )
-from gosim.sync._mutex import _can_spin
 
 
 def vrun(main, *args, procs=2, seed=1):  # type: ignore[no-untyped-def]

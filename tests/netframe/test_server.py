@@ -412,7 +412,7 @@ def test_heartbeat_goroutines_end_with_their_connections(heartbeat: float | None
         server = Server(echo, heartbeat_interval=heartbeat)
         go(server.serve, ln)
         await gosim.sleep(0.01)
-        counts = [gosim.stats().goroutines]
+        counts = [gosim.statistics().goroutines]
         for who_ends in ("client", "server"):
             c = Client(ln.dial, heartbeat_interval=heartbeat)
             await c.connect()
@@ -428,7 +428,7 @@ def test_heartbeat_goroutines_end_with_their_connections(heartbeat: float | None
                     pass
                 await c.close()
             await gosim.sleep(0.05)  # far less than a heartbeat interval
-            counts.append(gosim.stats().goroutines)
+            counts.append(gosim.statistics().goroutines)
         return counts
 
     baseline, after_client_end, after_server_end = gosim.run(main, procs=1)
@@ -446,14 +446,14 @@ def test_dead_peers_leave_no_goroutines_behind() -> None:
         server = Server(echo, heartbeat_interval=0.05, heartbeat_timeout=0.1)
         go(server.serve, ln)
         await gosim.sleep(0.01)
-        baseline = gosim.stats().goroutines
+        baseline = gosim.statistics().goroutines
         silent = [await ln.dial() for _ in range(20)]  # connect, then never answer
         await gosim.sleep(0.5)
         dead = server.stats().dead_peers
         for conn in silent:
             conn.close()
         await gosim.sleep(0.05)
-        return baseline, gosim.stats().goroutines, dead
+        return baseline, gosim.statistics().goroutines, dead
 
     baseline, after, dead = gosim.run(main, procs=1)
     assert dead == 20

@@ -1,0 +1,109 @@
+"""What every room of the scheduler shares: the per-thread state, the traps, the sizes.
+
+A goroutine talks to the driver by yielding a *trap* from its coroutine (:func:`_trap`):
+``PARK`` (marked waiting, someone will ``goready`` it), ``GOSCHED`` and ``PREEMPT`` (to
+the global queue), or a syscall or trio call record (``_syscall``). The driver sets
+:data:`_state` ``.rt`` while it steps goroutines, which is how gosim operations find
+their scheduler (:func:`current_runtime`).
+
+The sizes below are defined here once; the C accelerator receives them (and the traps,
+errors and the G status table) through ``speedups.configure`` at import, so it cannot
+drift from them.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Final
+
+import outcome
+import trio
+
+from gosim._core import _exceptions, _g
+from gosim._core._accel import speedups
+from gosim._core._exceptions import NotInRuntime
+from gosim._core._g import G
+
+if TYPE_CHECKING:
+    from gosim._core._runtime import Runtime
+
+RUNQ_SIZE: Final = 256  # Go's len(p.runq)
+GFREE_LOCAL_MAX: Final = 64  # gfput moves a batch to the global list beyond this
+PERIODIC_MASK: Final = 255  # timers and trio are checked every 256 switches
+OP_BUDGET: Final = 128  # fast operations between two preemption checks
+
+# Traps: what a goroutine's coroutine yields to the driver.
+PARK: Final = "park"
+GOSCHED: Final = "gosched"
+PREEMPT: Final = "preempt"
+
+
+class _Goexit(BaseException):
+    """Raised by :func:`goexit` to unwind the goroutine (Go's runtime.Goexit)."""
+
+
+@types.coroutine
+def _trap(what: Any) -> Generator[Any, Any, Any]:
+    """Yield one trap to the driver; evaluate to the value the G is handed when resumed."""
+    return (yield what)
+
+
+class _State(threading.local):
+    """Per OS thread: the runtime whose driver is stepping goroutines on this thread.
+
+    Invariant: ``rt`` is not None exactly while a driver on this thread is inside its
+    stepping loop (None while it awaits trio). Thread-local so that runtimes in several
+    threads (each its own trio.run) never see each other's scheduler. The C accelerator
+    keeps the same slot in C thread-local storage, where its channel code reads it.
+    """
+
+    rt: Runtime | None = None
+
+
+_state: _State = _State() if speedups is None else speedups.State()
+if speedups is not None:
+    speedups.configure(
+        park=PARK,
+        preempt=PREEMPT,
+        send_on_closed=_exceptions.SendOnClosedChannel,
+        close_of_closed=_exceptions.CloseOfClosedChannel,
+        not_in_runtime=NotInRuntime,
+        wait_recv=_g.WAIT_CHAN_RECEIVE,
+        wait_send=_g.WAIT_CHAN_SEND,
+        op_budget=OP_BUDGET,
+        g_class=G,
+        runq_size=RUNQ_SIZE,
+        gfree_local_max=GFREE_LOCAL_MAX,
+        periodic_mask=PERIODIC_MASK,
+        transitions=_g.TRANSITIONS,
+        internal_error=_exceptions.RuntimeInternalError,
+        debug=_g.DEBUG,
+    )
+
+
+def current_runtime() -> Runtime:
+    """The runtime running the calling goroutine; :class:`NotInRuntime` outside one."""
+    rt = _state.rt
+    if rt is None:
+        raise NotInRuntime("not inside a gosim goroutine")
+    return rt
+
+
+class _CallBox:
+    """Where a goroutine started by ``run`` or ``rt.call`` leaves its outcome.
+
+    The goroutine runs the caller's coroutine itself (no wrapper frame on every
+    resume); the driver delivers the return value or exception here on exit.
+    """
+
+    __slots__ = ("done", "result")
+
+    def __init__(self) -> None:
+        self.result: outcome.Outcome[Any] | None = None
+        self.done = trio.Event()
+
+    def deliver(self, result: outcome.Outcome[Any]) -> None:
+        self.result = result
+        self.done.set()

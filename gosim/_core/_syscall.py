@@ -1,0 +1,150 @@
+"""Syscalls and trio calls: a goroutine's ways out of the scheduler and back.
+
+``syscall(fn, ...)`` runs a blocking function on one of trio's worker threads (Go's
+``entersyscall``/``exitsyscall``; the P is handed off when it has other work);
+``trio_call(fn, ...)`` runs a trio async function in a task of the enclosing trio
+program while the goroutine waits. Either comes back through ``inject``, which the
+driver drains: the G prefers its old P if that is idle (``exitsyscall``), else the
+global queue. In deterministic mode both run inline on the driver, so a seed gives the
+same schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+from gosim._core import _g
+from gosim._core._exceptions import NotInRuntime
+from gosim._core._g import RUNNABLE, SYSCALL, WAITING, G
+from gosim._core._runq import P
+from gosim._core._state import _state, _trap
+from gosim._core._sysmon import Sysmon
+
+T = TypeVar("T")
+
+
+class _SyscallTrap:
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+
+
+class _TrioCallTrap:
+    __slots__ = ("args", "fn")
+
+    def __init__(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+
+
+class Syscalls(Sysmon):
+    """The syscalls and trio calls of one runtime, and their threads."""
+
+    def _init_room(self) -> None:
+        super()._init_room()
+        self.inline_call: tuple[G, P, _TrioCallTrap] | None = None
+        self.nexternal = 0  # syscalls and trio calls in flight: wake sources
+        self.thread_limiter = trio.CapacityLimiter(self.max_threads)
+        self.nursery: trio.Nursery | None = None
+
+    def _entersyscall(self, g: G, p: P, trap: _SyscallTrap) -> None:
+        g.status = SYSCALL
+        g.p = p  # exitsyscall (_drain_inject) hands g back to this P if it is idle then
+        self.nsyscalls += 1
+        if p.has_work() or self.globrunq:
+            # handoffp: this P has work, so it goes to another M while g's M blocks.
+            self.nhandoffs += 1
+        if self.trace is not None:
+            self.trace.emit(self, "syscall", p.id, g.goid, 0, 0)
+        if self.deterministic:
+            # Reproducible: the call runs inline and g takes its P back at once.
+            res = outcome.capture(trap.fn, *trap.args)
+            g.status = RUNNABLE
+            g.param = res
+            self.runqput(p, g, True)
+            return
+        self.nexternal += 1
+        assert self.nursery is not None
+        self.nursery.start_soon(self._run_syscall, g, trap.fn, trap.args)
+
+    async def _run_syscall(self, g: G, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.nthreads_busy += 1
+        try:
+            res = await outcome.acapture(
+                trio.to_thread.run_sync,
+                fn,
+                *args,
+                limiter=self.thread_limiter,
+                abandon_on_cancel=True,
+            )
+        finally:
+            self.nthreads_busy -= 1
+            self.nexternal -= 1
+        self.inject(g, res)
+
+    def _start_trio_call(self, g: G, p: P, trap: _TrioCallTrap) -> None:
+        g.status = WAITING
+        g.waitreason = _g.WAIT_TRIO_CALL
+        g.p = p  # like a syscall: back to this P when it is idle
+        self.ntriocalls += 1
+        if self.deterministic:
+            # Reproducible: the driver awaits the call itself before stepping anyone else.
+            self.inline_call = (g, p, trap)
+            return
+        self.nexternal += 1
+        assert self.nursery is not None
+        self.nursery.start_soon(self._run_trio_call, g, trap.fn, trap.args)
+
+    async def _run_inline_call(self) -> None:
+        assert self.inline_call is not None
+        g, p, trap = self.inline_call
+        self.inline_call = None
+        _state.rt = None
+        try:
+            res = await outcome.acapture(trap.fn, *trap.args)
+        finally:
+            _state.rt = self  # type: ignore[assignment]  # self is the Runtime this room is part of
+        g.status = RUNNABLE
+        g.param = res
+        self.curp = p
+        self.runqput(p, g, True)
+
+    async def _run_trio_call(
+        self, g: G, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
+        try:
+            res = await outcome.acapture(fn, *args)
+        finally:
+            self.nexternal -= 1
+        self.inject(g, res)
+
+
+async def syscall(fn: Callable[..., T], *args: Any) -> T:
+    """Run the blocking ``fn(*args)`` on an OS thread while other goroutines keep running.
+
+    The goroutine enters the syscall state and its P is handed off; on return it
+    re-acquires a P (its old one when idle) or waits in the global queue. Exceptions
+    from ``fn`` are raised here. In deterministic mode the call runs inline.
+    """
+    if _state.rt is None:
+        raise NotInRuntime("syscall: not inside a gosim goroutine")
+    res = await _trap(_SyscallTrap(fn, args))
+    return res.unwrap()  # type: ignore[no-any-return]
+
+
+async def trio_call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run the trio async function ``fn(*args)`` in the enclosing trio program; return its result.
+
+    The goroutine parks (wait reason ``trio call``) while a trio task runs the call, so
+    trio libraries can be used from goroutines. Exceptions are raised here.
+    """
+    if _state.rt is None:
+        raise NotInRuntime("trio_call: not inside a gosim goroutine")
+    res = await _trap(_TrioCallTrap(fn, args))
+    return res.unwrap()  # type: ignore[no-any-return]

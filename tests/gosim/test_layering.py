@@ -1,0 +1,95 @@
+"""The core is reached through one door: ``gosim.lowlevel`` (and the exceptions module).
+
+Every module of gosim outside ``gosim/_core``, and of netframe and idempotency, is
+parsed; an import of ``gosim._core`` or any module under it, other than
+``gosim._core._exceptions`` and other than in ``gosim/lowlevel.py`` itself, fails the
+test with the file and line. The core's own modules import nothing above the core.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {"gosim._core._exceptions"}
+DOOR = ROOT / "gosim" / "lowlevel.py"
+
+
+def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) for every import in path (or in source, read as if at path),
+    ``from . import x`` resolved."""
+    text = path.read_text() if source is None else source
+    tree = ast.parse(text, filename=str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            # `from gosim._core import _sched` names a core module too.
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def _outside_core() -> list[Path]:
+    files: list[Path] = []
+    for top in ("gosim", "netframe", "idempotency"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if (ROOT / "gosim" / "_core") in path.parents or path == DOOR:
+                continue
+            files.append(path)
+    return files
+
+
+def _is_core(module: str) -> bool:
+    return module == "gosim._core" or module.startswith("gosim._core.")
+
+
+def test_nothing_outside_the_core_imports_its_privates() -> None:
+    files = _outside_core()
+    assert len(files) > 20  # the walk found the layers (gosim, netframe, idempotency)
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: imports {module}"
+        for path in files
+        for line, module in _imports(path)
+        if _is_core(module)
+        and module not in ALLOWED
+        # `from gosim._core._exceptions import X` also yields "..._exceptions.X".
+        and not any(module.startswith(ok + ".") for ok in ALLOWED)
+    ]
+    assert not bad, "import the core through gosim.lowlevel:\n" + "\n".join(bad)
+
+
+def test_the_core_imports_nothing_above_it() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: imports {module}"
+        for path in sorted((ROOT / "gosim" / "_core").glob("*.py"))
+        for line, module in _imports(path)
+        if module.split(".")[0] in ("gosim", "netframe", "idempotency") and not _is_core(module)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from gosim._core import _runtime\n",
+        "from gosim._core._state import _state\n",
+        "import gosim._core._runq\n",
+        "from .._core import _g\n",
+    ],
+)
+def test_the_check_sees_each_form_of_import(source: str) -> None:
+    # The parser above must catch every spelling, or the first test could not fail.
+    found = _imports(ROOT / "gosim" / "sync" / "_probe.py", source)
+    assert any(_is_core(m) and m not in ALLOWED for _, m in found)
