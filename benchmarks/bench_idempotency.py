@@ -13,6 +13,19 @@
 ``extra_info['calls_per_s']`` / ``extra_info['ns_per_call']`` are the figures. Reproduce::
 
     .venv/bin/python -m pytest benchmarks/bench_idempotency.py --benchmark-json=idem.json
+
+Wall-clock figures on a shared machine move by 2x between minutes; the instructions a
+call costs do not. Run as a script, this file runs one workload of N calls for
+callgrind, and ``(Ir(N2) - Ir(N1)) / (N2 - N1)`` is the count per call (start-up cancels
+out; the redis-server process is not traced)::
+
+    for n in 2000 12000; do
+      PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+          .venv/bin/python benchmarks/bench_idempotency.py sqlite $n 2>&1 | grep Collected
+    done
+
+Workloads: ``direct``, ``memory`` (one goroutine), ``sqlite``, ``sqlite-txn``
+(``group_commit=False``) and ``redis`` (100 goroutines, distinct keys).
 """
 
 from __future__ import annotations
@@ -112,30 +125,11 @@ def bench_replay(benchmark: Any, phase: str, tmpdir_module: str) -> None:
 
 @pytest.fixture(scope="module")
 def redis_url(tmpdir_module: str) -> Iterator[str]:
-    server = shutil.which("redis-server")
-    if server is None:
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (.ci/run installs it with apt)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    setpriv = shutil.which("setpriv")  # the server dies with the benchmark process
-    die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
-    proc = subprocess.Popen(
-        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
-         "--dir", tmpdir_module, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc, url = _start_redis(tmpdir_module)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield url
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -184,3 +178,66 @@ def bench_memory(benchmark: Any, path: str) -> None:
 
     benchmark.pedantic(once, rounds=1 if benchmark.disabled else 5, iterations=1)
     benchmark.extra_info["ns_per_call"] = sorted(elapsed)[len(elapsed) // 2] / n * 1e9
+
+
+def _start_redis(directory: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server of the caller's own on 127.0.0.1 (free port, no persistence),
+    started with the parent-death signal so it never outlives the benchmark."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("redis-server is not installed (.ci/run installs it with apt)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    setpriv = shutil.which("setpriv")
+    die_with_parent = [setpriv, "--pdeathsig", "KILL"] if setpriv else []
+    proc = subprocess.Popen(
+        [*die_with_parent, server, "--bind", "127.0.0.1", "--port", str(port),
+         "--dir", directory, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.02)
+
+
+def main(argv: list[str]) -> None:
+    """``WORKLOAD N``: run N calls of one workload (see the module docstring)."""
+    workload, n = argv[0], int(argv[1])
+    directory = tempfile.mkdtemp(prefix="bench-idem-")
+    try:
+        if workload in ("direct", "memory"):
+            gosim.run(_memory, n, workload == "direct", procs=1)
+        elif workload in ("sqlite", "sqlite-txn"):
+            sqlite = SQLiteStore(os.path.join(directory, "s.db"), group_commit=workload == "sqlite")
+            gosim.run(_load, sqlite, n, "s", False)
+            sqlite.close()
+        elif workload == "redis":
+            from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
+
+            proc, url = _start_redis(directory)
+            try:
+                store = RedisStore(url)
+                gosim.run(_load, store, n, "r", False)
+                store.close()
+            finally:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        else:
+            raise SystemExit(f"unknown workload {workload!r}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
