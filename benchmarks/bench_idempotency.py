@@ -9,6 +9,14 @@
   benchmark's own (127.0.0.1, free port, no persistence); op = one call.
 * ``memory``: one goroutine, distinct keys: ``Idempotency.run`` over ``MemoryStore``
   against awaiting the handler directly; op = one call, the difference is the overhead.
+* ``sqlite_raw``: the ceiling under the SQLite figure, with no idempotency code: plain
+  ``sqlite3`` transactions of 1 and of 50 upserted rows (a completion batch at 100
+  goroutines) in the same file settings; op = one row. A call needs a durable row of
+  its own, so rows/s in transactions of 50 bounds calls/s.
+* ``redis_raw``: the ceiling under the Redis figure: ``RedisStore``'s batches (100
+  claims, then their 100 completions) applied in a plain loop, without the scheduler;
+  op = one call. ``extra_info['server_us_per_call']`` is redis-server's own time for a
+  call's Lua (its ``INFO commandstats``), which bounds calls/s from the server's side.
 
 ``extra_info['calls_per_s']`` / ``extra_info['ns_per_call']`` are the figures. Reproduce::
 
@@ -34,6 +42,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -150,6 +159,87 @@ def bench_redis(benchmark: Any, redis_url: str) -> None:
 
     benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
     benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+_UPSERT = (
+    "INSERT INTO t (caller, key, payload) VALUES ('bench', ?, x'01')"
+    " ON CONFLICT (caller, key) DO UPDATE SET payload = excluded.payload"
+)
+
+
+@pytest.mark.parametrize("rows", [1, 50])
+def bench_sqlite_raw(benchmark: Any, rows: int, tmpdir_module: str) -> None:
+    benchmark.group = "idem-sqlite-durable"
+    seconds = 0.3 if benchmark.disabled else 3.0
+    rates: list[float] = []
+
+    def once() -> None:
+        path = os.path.join(tmpdir_module, f"raw-{time.monotonic_ns()}.db")
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            "CREATE TABLE t (caller TEXT, key TEXT, payload BLOB,"
+            " PRIMARY KEY (caller, key)) WITHOUT ROWID"
+        )
+        done = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_UPSERT, [(f"k{done + i}",) for i in range(rows)])
+            conn.execute("COMMIT")
+            done += rows
+        rates.append(done / (time.perf_counter() - t0))
+        conn.close()
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["rows_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+def bench_redis_raw(benchmark: Any, redis_url: str) -> None:
+    import redis  # noqa: PLC0415 -- needs redis-py
+
+    from idempotency import RedisStore  # noqa: PLC0415
+    from idempotency._keys import fingerprint  # noqa: PLC0415
+    from idempotency.stores import Completion  # noqa: PLC0415
+    from idempotency.stores._batch import Op  # noqa: PLC0415
+
+    benchmark.group = "idem-redis"
+    seconds = 0.3 if benchmark.disabled else 3.0
+    rates: list[float] = []
+    server_us: list[float] = []
+    fp = fingerprint("op", [1, 2])
+    done_payload = Completion(True, b"\x01", None, 86400.0, 1 << 20)
+    admin = redis.Redis.from_url(redis_url)
+
+    def lua_us() -> float:
+        stats = admin.info("commandstats").get("cmdstat_evalsha", {"usec": 0})
+        return float(stats["usec"])
+
+    def once() -> None:
+        store = RedisStore(redis_url, prefix=f"raw{time.monotonic_ns()}:")
+        done = 0
+        us0 = lua_us()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            claims = [Op(0, ("bench", f"k{done + i}", fp, 60.0)) for i in range(GOROUTINES)]
+            store._apply_batch(claims)
+            completions = [
+                Op(1, ("bench", f"k{done + i}", c.take().record.fence, done_payload))
+                for i, c in enumerate(claims)
+            ]
+            store._apply_batch(completions)
+            for c in completions:
+                c.take()
+            done += GOROUTINES
+        rates.append(done / (time.perf_counter() - t0))
+        server_us.append((lua_us() - us0) / done)
+        store.close()
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+    benchmark.extra_info["server_us_per_call"] = sorted(server_us)[len(server_us) // 2]
+    admin.close()
 
 
 async def _memory(n: int, direct: bool) -> float:
