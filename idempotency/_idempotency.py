@@ -60,7 +60,7 @@ from ._keys import (
 )
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult
-from .stores._contract import Completion, Effect, Store
+from .stores._contract import Completion, Effect, Store, new_completion
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "Call", "Handler", "Idempotency"]
 
@@ -201,11 +201,10 @@ class Idempotency:
             if hasattr(result, "__await__"):
                 result = await result
             if isinstance(result, Effect):
-                completion = Completion(True, None, result, self.ttl, max_bytes)
+                completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
             else:
-                completion = Completion(
-                    True, encode_result(result, max_bytes), None, self.ttl, max_bytes
-                )
+                payload = encode_result(result, max_bytes)
+                completion = new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
         except ApplicationError as err:
             if err.retryable:
                 await self._release(caller, key, fence)

@@ -54,6 +54,13 @@ class Completion(NamedTuple):
     max_result_bytes: int
 
 
+# Completion's own constructor is a Python function; this builds one in a C call
+# (every field given, in order), about 3,000 instructions less on every call.
+new_completion: Callable[
+    [type[Completion], tuple[bool, bytes | None, Effect | None, float, int]], Completion
+] = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class StoreStatistics:
     """Counters of a store (``store.statistics()``)."""
