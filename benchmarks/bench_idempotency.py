@@ -9,10 +9,31 @@
   benchmark's own (127.0.0.1, free port, no persistence); op = one call.
 * ``memory``: one goroutine, distinct keys: ``Idempotency.run`` over ``MemoryStore``
   against awaiting the handler directly; op = one call, the difference is the overhead.
+* ``sqlite_raw``: the ceiling under the SQLite figure, with no idempotency code: plain
+  ``sqlite3`` transactions of 1 and of 50 upserted rows (a completion batch at 100
+  goroutines) in the same file settings; op = one row. A call needs a durable row of
+  its own, so rows/s in transactions of 50 bounds calls/s.
+* ``redis_raw``: the ceiling under the Redis figure: ``RedisStore``'s batches (100
+  claims, then their 100 completions) applied in a plain loop, without the scheduler;
+  op = one call. ``extra_info['server_us_per_call']`` is redis-server's own time for a
+  call's Lua (its ``INFO commandstats``), which bounds calls/s from the server's side.
 
 ``extra_info['calls_per_s']`` / ``extra_info['ns_per_call']`` are the figures. Reproduce::
 
     .venv/bin/python -m pytest benchmarks/bench_idempotency.py --benchmark-json=idem.json
+
+Wall-clock figures on a shared machine move by 2x between minutes; the instructions a
+call costs do not. Run as a script, this file runs one workload of N calls for
+callgrind, and ``(Ir(N2) - Ir(N1)) / (N2 - N1)`` is the count per call (start-up cancels
+out; the redis-server process is not traced)::
+
+    for n in 2000 12000; do
+      PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+          .venv/bin/python benchmarks/bench_idempotency.py sqlite $n 2>&1 | grep Collected
+    done
+
+Workloads: ``direct``, ``memory`` (one goroutine), ``sqlite``, ``sqlite-txn``
+(``group_commit=False``) and ``redis`` (100 goroutines, distinct keys).
 """
 
 from __future__ import annotations
@@ -22,6 +43,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -203,9 +225,120 @@ def bench_redis(benchmark: Any, redis_url: str) -> None:
     benchmark.extra_info["calls_per_s"] = _median_of(benchmark, lambda: redis_rate(redis_url, n), 3)
 
 
+_UPSERT = (
+    "INSERT INTO t (caller, key, payload) VALUES ('bench', ?, x'01')"
+    " ON CONFLICT (caller, key) DO UPDATE SET payload = excluded.payload"
+)
+
+
+@pytest.mark.parametrize("rows", [1, 50])
+def bench_sqlite_raw(benchmark: Any, rows: int, tmpdir_module: str) -> None:
+    benchmark.group = "idem-sqlite-durable"
+    seconds = 0.3 if benchmark.disabled else 3.0
+    rates: list[float] = []
+
+    def once() -> None:
+        path = os.path.join(tmpdir_module, f"raw-{time.monotonic_ns()}.db")
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            "CREATE TABLE t (caller TEXT, key TEXT, payload BLOB,"
+            " PRIMARY KEY (caller, key)) WITHOUT ROWID"
+        )
+        done = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(_UPSERT, [(f"k{done + i}",) for i in range(rows)])
+            conn.execute("COMMIT")
+            done += rows
+        rates.append(done / (time.perf_counter() - t0))
+        conn.close()
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["rows_per_s"] = sorted(rates)[len(rates) // 2]
+
+
+def bench_redis_raw(benchmark: Any, redis_url: str) -> None:
+    import redis  # noqa: PLC0415 -- needs redis-py
+
+    from idempotency import RedisStore  # noqa: PLC0415
+    from idempotency._keys import fingerprint  # noqa: PLC0415
+    from idempotency.stores import Completion  # noqa: PLC0415
+    from idempotency.stores._batch import Op  # noqa: PLC0415
+
+    benchmark.group = "idem-redis"
+    seconds = 0.3 if benchmark.disabled else 3.0
+    rates: list[float] = []
+    server_us: list[float] = []
+    fp = fingerprint("op", [1, 2])
+    done_payload = Completion(True, b"\x01", None, 86400.0, 1 << 20)
+    admin = redis.Redis.from_url(redis_url)
+
+    def lua_us() -> float:
+        stats = admin.info("commandstats").get("cmdstat_evalsha", {"usec": 0})
+        return float(stats["usec"])
+
+    def once() -> None:
+        store = RedisStore(redis_url, prefix=f"raw{time.monotonic_ns()}:")
+        done = 0
+        us0 = lua_us()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            claims = [Op(0, ("bench", f"k{done + i}", fp, 60.0)) for i in range(GOROUTINES)]
+            store._apply_batch(claims)
+            completions = [
+                Op(1, ("bench", f"k{done + i}", c.take().record.fence, done_payload))
+                for i, c in enumerate(claims)
+            ]
+            store._apply_batch(completions)
+            for c in completions:
+                c.take()
+            done += GOROUTINES
+        rates.append(done / (time.perf_counter() - t0))
+        server_us.append((lua_us() - us0) / done)
+        store.close()
+
+    benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
+    benchmark.extra_info["server_us_per_call"] = sorted(server_us)[len(server_us) // 2]
+    admin.close()
+
+
 @pytest.mark.parametrize("path", ["direct", "memory-store"])
 def bench_memory(benchmark: Any, path: str) -> None:
     n = _calls(benchmark, 100_000)
     benchmark.group = "idem-memory"
     ns = _median_of(benchmark, lambda: memory_ns_per_call(n, path == "direct"), 5)
     benchmark.extra_info["ns_per_call"] = ns
+
+
+def main(argv: list[str]) -> None:
+    """``WORKLOAD N``: run N calls of one workload (see the module docstring)."""
+    workload, n = argv[0], int(argv[1])
+    directory = tempfile.mkdtemp(prefix="bench-idem-")
+    try:
+        if workload in ("direct", "memory"):
+            gosim.run(_memory, n, workload == "direct", procs=1)
+        elif workload in ("sqlite", "sqlite-txn"):
+            sqlite = SQLiteStore(os.path.join(directory, "s.db"), group_commit=workload == "sqlite")
+            gosim.run(_load, sqlite, n, "s", False)
+            sqlite.close()
+        elif workload == "redis":
+            from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
+
+            with redis_server(directory) as url:
+                store = RedisStore(url)
+                gosim.run(_load, store, n, "r", False)
+                store.close()
+        else:
+            raise SystemExit(f"unknown workload {workload!r}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -51,10 +51,16 @@ from ._errors import (
     StaleClaim,
     StoreError,
 )
-from ._keys import DEFAULT_MAX_ARGS_BYTES, fingerprint, validate_caller, validate_key
+from ._keys import (
+    DEFAULT_MAX_ARGS_BYTES,
+    MAX_KEY_LENGTH,
+    fingerprint,
+    validate_caller,
+    validate_key,
+)
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult
-from .stores._contract import Completion, Effect, Store
+from .stores._contract import Completion, Effect, Store, new_completion
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "Call", "Handler", "Idempotency"]
 
@@ -157,14 +163,23 @@ class Idempotency:
         :class:`StaleClaim`, :class:`InvalidResult`, a store error, or what the handler
         raised when it was not a final ApplicationError.
         """
-        validate_key(key)
-        validate_caller(caller)
+        if (
+            not (type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii())
+            or not key.isprintable()
+        ):
+            validate_key(key)  # raises InvalidKey, saying why
+        if not (type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable()):
+            validate_caller(caller)
         if type(request) is not tuple or len(request) != 2:
             raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
         operation, args = request
         fp = fingerprint(operation, args, self.max_args_bytes)
         store = self.store
-        res = await store.claim(caller, key, fp, self.lease)
+        sync = store.synchronous  # a MemoryStore: its operations are plain calls
+        if sync:
+            res = store.claim_sync(caller, key, fp, self.lease)
+        else:
+            res = await store.claim(caller, key, fp, self.lease)
         if res.kind is not _CLAIMED:
             if res.kind is _REPLAY:
                 rec = res.record
@@ -178,18 +193,18 @@ class Idempotency:
             res = settled  # type: ignore[assignment]
         fence = res.record.fence
         rk = (caller, key)
-        self._holders[rk] = fence
+        holders = self._holders
+        holders[rk] = fence
         max_bytes = self.max_result_bytes
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
             if hasattr(result, "__await__"):
                 result = await result
             if isinstance(result, Effect):
-                completion = Completion(True, None, result, self.ttl, max_bytes)
+                completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
             else:
-                completion = Completion(
-                    True, encode_result(result, max_bytes), None, self.ttl, max_bytes
-                )
+                payload = encode_result(result, max_bytes)
+                completion = new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
         except ApplicationError as err:
             if err.retryable:
                 await self._release(caller, key, fence)
@@ -204,7 +219,10 @@ class Idempotency:
             await self._release(caller, key, fence)
             raise
         try:
-            rec = await store.complete(caller, key, fence, completion)
+            if sync:
+                rec = store.complete_sync(caller, key, fence, completion)
+            else:
+                rec = await store.complete(caller, key, fence, completion)
         except StaleClaim:
             raise
         except Exception:
@@ -213,7 +231,11 @@ class Idempotency:
             await self._release(caller, key, fence)
             raise
         finally:
-            self._finish(rk, fence)
+            # _finish, inlined: this runs on every call.
+            if holders.get(rk) == fence:
+                del holders[rk]
+            if self._waiters:
+                self._wake(rk)
         assert rec.payload is not None
         return Outcome(rec.ok, rec.payload, False, fence)
 
@@ -222,9 +244,12 @@ class Idempotency:
         if self._holders.get(rk) == fence:
             del self._holders[rk]
         if self._waiters:
-            ch = self._waiters.pop(rk, None)
-            if ch is not None:
-                ch.close()
+            self._wake(rk)
+
+    def _wake(self, rk: tuple[str, str]) -> None:
+        ch = self._waiters.pop(rk, None)
+        if ch is not None:
+            ch.close()
 
     async def _release(self, caller: str, key: str, fence: int) -> None:
         try:

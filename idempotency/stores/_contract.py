@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from .._errors import ApplicationError
 from .._outcome import encode_error, encode_result
@@ -52,6 +52,13 @@ class Completion(NamedTuple):
     effect: Effect | None
     ttl: float
     max_result_bytes: int
+
+
+# Completion's own constructor is a Python function; this builds one in a C call
+# (every field given, in order), about 3,000 instructions less on every call.
+new_completion: Callable[
+    [type[Completion], tuple[bool, bytes | None, Effect | None, float, int]], Completion
+] = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +93,23 @@ def run_effect(
 
 
 class Store(abc.ABC):
-    """A durable (or not) home for records; see the module docstring for the contract."""
+    """A durable (or not) home for records; see the module docstring for the contract.
+
+    A store whose claims and completions never wait (``MemoryStore``) sets
+    ``synchronous`` and implements :meth:`claim_sync` and :meth:`complete_sync`, the same
+    operations as plain calls: ``Idempotency`` then calls them without a coroutine per
+    operation. Their ``async`` twins must do exactly what they do.
+    """
+
+    synchronous: ClassVar[bool] = False
+
+    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        """:meth:`claim` without awaiting; only when ``synchronous``."""
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous claim")
+
+    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        """:meth:`complete` without awaiting; only when ``synchronous``."""
+        raise NotImplementedError(f"{type(self).__name__} has no synchronous completion")
 
     @abc.abstractmethod
     async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:

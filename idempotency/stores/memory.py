@@ -20,6 +20,8 @@ from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
 
 __all__ = ["MemoryEffect", "MemoryStore"]
 
+_CLAIMED = ClaimKind.CLAIMED
+
 
 class MemoryEffect(Effect):
     """An effect run by :class:`MemoryStore` in the step that completes the record.
@@ -50,22 +52,26 @@ class MemoryStore(Store):
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"
 
-    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+    synchronous = True  # no operation waits: Idempotency calls the *_sync methods
+
+    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
         self._operations += 1
         rk = (caller, key)
         res = claim(self._records.get(rk), fingerprint, self._clock(), lease, self._fence + 1)
-        if res.kind is ClaimKind.CLAIMED:
+        if res.kind is _CLAIMED:
             self._fence += 1
             self._records[rk] = res.record
         return res
 
-    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return self.claim_sync(caller, key, fingerprint, lease)
+
+    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
         self._operations += 1
         rk = (caller, key)
         now = self._clock()
         record = self._records.get(rk)
-        ok, payload = completion.ok, completion.payload
-        effect = completion.effect
+        ok, payload, effect = completion.ok, completion.payload, completion.effect
         if effect is not None:
             if not isinstance(effect, MemoryEffect):
                 raise TypeError(f"MemoryStore cannot run a {type(effect).__name__}")
@@ -76,6 +82,9 @@ class MemoryStore(Store):
         done = complete(record, fence, ok, payload, now, completion.ttl, caller, key)
         self._records[rk] = done
         return done
+
+    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        return self.complete_sync(caller, key, fence, completion)
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
         self._operations += 1

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import msgpack
 import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -60,6 +61,10 @@ from ._batch import GroupCommitter, Op
 from ._contract import Completion, Effect, Store, StoreStatistics
 
 __all__ = ["LuaEffect", "RedisStore"]
+
+# Redis's cmsgpack predates msgpack's bin type: bytes go as raw strings, which it reads
+# as Lua strings, byte for byte.
+_packb = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
 # The library every script starts with: the time, and one function per operation of
 # idempotency._record (which they must agree with; the states are the same integers).
@@ -99,7 +104,8 @@ local function claim(k, fp, lease)
     if not r.live then
         local fence = redis.call('INCR', fence_key)
         local expires = now + lease
-        redis.call('DEL', k)
+        -- A lapsed record's fields go first; a new key has none (and skips the call).
+        if r.rec[1] then redis.call('DEL', k) end
         redis.call('HSET', k, 's', 1, 'fp', fp, 'f', fence, 'x', expires)
         redis.call('PEXPIRE', k, lease)
         return {0, fence, expires}
@@ -110,8 +116,9 @@ local function claim(k, fp, lease)
     return {2, tonumber(rec[3]), r.x}
 end
 
--- _record.complete.
-local function complete(k, fence, ttl, ok, payload)
+-- _record.complete. The payload is sent back only when the script made it (`echo`,
+-- an effect's result): a batch's caller has its own, and it may be a megabyte.
+local function complete(k, fence, ttl, ok, payload, echo)
     local r, bad = load(k)
     if bad then return bad end
     local st = stale(r, fence)
@@ -119,7 +126,7 @@ local function complete(k, fence, ttl, ok, payload)
     local expires = now + ttl
     redis.call('HSET', k, 's', 2, 'x', expires, 'ok', ok, 'p', payload)
     redis.call('PEXPIRE', k, ttl)
-    return {0, expires, tonumber(ok), payload, r.rec[2]}
+    return {0, expires, tonumber(ok), echo and payload or false, r.rec[2]}
 end
 
 -- _record.release.
@@ -142,25 +149,26 @@ local function get(k)
 end
 """
 
-# A whole batch in one script: KEYS[2..] are the operations' records, ARGV[2..] their
-# kinds and arguments in order. One command per batch keeps redis-py's per-command cost
-# (packing, parsing: most of a round trip's CPU) off the per-call path. Each operation
-# runs under pcall, so one's error (a key of the wrong type) is its own reply (-8).
+# A whole batch in one script: KEYS[2..] are the operations' records, ARGV[2] the
+# msgpack array of their kinds and arguments in order. One command per batch keeps
+# redis-py's per-command cost (packing, parsing: most of a round trip's CPU) off the
+# per-call path, and one packed argument its per-argument cost (an encode and a buffer
+# for each of four or five arguments an operation). Each operation runs under pcall, so
+# one's error (a key of the wrong type) is its own reply (-8).
 _BATCH_LUA: Final = (
     _LIB
     + """
-local out, a = {}, 2
+local spec, out, a = cmsgpack.unpack(ARGV[2]), {}, 1
 for i = 2, #KEYS do
-    local kind, k, ok, res = tonumber(ARGV[a]), KEYS[i], nil, nil
+    local kind, k, ok, res = spec[a], KEYS[i], nil, nil
     if kind == 0 then
-        ok, res = pcall(claim, k, ARGV[a + 1], tonumber(ARGV[a + 2]))
+        ok, res = pcall(claim, k, spec[a + 1], spec[a + 2])
         a = a + 3
     elseif kind == 1 then
-        ok, res = pcall(complete, k, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-                        ARGV[a + 3], ARGV[a + 4])
+        ok, res = pcall(complete, k, spec[a + 1], spec[a + 2], spec[a + 3], spec[a + 4], false)
         a = a + 5
     elseif kind == 2 then
-        ok, res = pcall(release, k, tonumber(ARGV[a + 1]))
+        ok, res = pcall(release, k, spec[a + 1])
         a = a + 2
     else
         ok, res = pcall(get, k)
@@ -208,7 +216,7 @@ else
     return redis.error_reply('LuaEffect failed: ' .. tostring(res))
 end
 if #payload > tonumber(ARGV[4]) then return {-2, #payload} end
-return complete(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), okflag, payload)
+return complete(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), okflag, payload, true)
 """
 
 # Delete KEYS[2] if it has expired. ARGV: now.
@@ -366,10 +374,10 @@ class RedisStore(Store):
         plain = [op for op in ops if op.kind != _EFFECT]
         if plain:
             keys: list[Any] = [self._fence_key]
-            args: list[Any] = [now]
+            args: list[Any] = []
             for op in plain:
                 self._batch_args(op, keys, args)
-            todo.append((_BATCH_LUA, [len(keys), *keys, *args], plain))
+            todo.append((_BATCH_LUA, [len(keys), *keys, now, _packb(args)], plain))
         for op in ops:
             if op.kind == _EFFECT:
                 source, argv = self._effect_command(op, now)
@@ -459,7 +467,8 @@ class RedisStore(Store):
             if code == -2:
                 limit = op.args[3].max_result_bytes
                 raise InvalidResult(f"result encodes to {reply[1]} bytes; the limit is {limit}")
-            return Record(COMPLETED, reply[4], fence, reply[1] / 1000, bool(reply[2]), reply[3])
+            payload = reply[3] if kind == _EFFECT else op.args[3].payload
+            return Record(COMPLETED, reply[4], fence, reply[1] / 1000, bool(reply[2]), payload)
         if kind == _RELEASE:
             return code == 0
         # _GET

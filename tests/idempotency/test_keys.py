@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -129,3 +130,11 @@ def test_argument_size_limit_boundary() -> None:
     assert fingerprint("op", [payload], max_bytes=size)
     with pytest.raises(InvalidRequest, match=f"encode to {size} bytes; the limit is {size - 1}"):
         fingerprint("op", [payload], max_bytes=size - 1)
+
+
+@given(st.text(min_size=1, max_size=40), values)
+def test_fingerprint_is_the_sha256_of_the_canonical_request(op: str, v: Any) -> None:
+    # The definition records are stored under: a change of encoding or hash must keep
+    # it, or every stored key would answer KeyReused to its own retry.
+    assert fingerprint(op, v) == hashlib.sha256(canonical_packb([op, v])).digest()
+    assert fingerprint(op, v) == fingerprint(op, v)  # the second time from the cache
