@@ -582,7 +582,7 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
         log: list[str] = []
         saved = _server_module._handle_each
         if not use_c:
-            _server_module._handle_each = None
+            _server_module._handle_each = _server_module._handle_each_py
         try:
 
             async def main() -> tuple[list[bytes], int]:
@@ -616,12 +616,56 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
     ]
     assert python[0] == expected
     assert python[1] == sum(op in "rx" for op in ops)
-    if _server_module._handle_each is not None:
+    if _server_module._handle_each is not _server_module._handle_each_py:
         assert serve(True) == python
 
 
+@pytest.mark.parametrize(
+    "handle_each",
+    [
+        pytest.param(_server_module._handle_each_py, id="python"),
+        pytest.param(
+            _server_module._handle_each,
+            id="c",
+            marks=pytest.mark.skipif(
+                _server_module._handle_each is _server_module._handle_each_py,
+                reason="netframe._speedups not in use (pure Python)",
+            ),
+        ),
+    ],
+)
+def test_handler_loop_leaves_coroutines_unstarted_without_run(handle_each: Any) -> None:
+    # The concurrent strategy's call: an async handler's coroutine comes back unstarted
+    # (suspended False), to be run by the goroutine that awaits it; plain replies before
+    # it are taken, and the loop goes on from the next index.
+    started: list[bytes] = []
+
+    def handler(payload: bytes) -> Any:
+        if payload.startswith(b"a"):
+
+            async def later() -> bytes:
+                started.append(payload)
+                return payload
+
+            return later()
+        return payload
+
+    replies: list[bytes] = []
+    i, pending, suspended, errors = handle_each(handler, [b"p", b"a1", b"q"], 0, replies, False)
+    assert (i, suspended, errors, replies, started) == (1, False, 0, [b"p"], [])
+    with pytest.raises(StopIteration) as stop:
+        pending.send(None)
+    assert stop.value.value == b"a1"
+    assert handle_each(handler, [b"p", b"a1", b"q"], 2, replies, False) == (3, None, False, 0)
+    assert replies == [b"p", b"q"]
+    # With run (the default), the same coroutine is run with one send and returns.
+    assert handle_each(handler, [b"a2"], 0, replies) == (1, None, False, 0)
+    assert replies == [b"p", b"q", b"a2"]
+
+
 @pytest.mark.skipif(
-    _server_module._handle_each is None, reason="netframe._speedups not in use (pure Python)"
+    _server_module._handle_each is _server_module._handle_each_py,
+    reason="netframe._speedups not in use (pure Python)",
 )
 def test_c_handler_loop_propagates_what_is_not_an_exception_and_checks_arguments() -> None:
     class Stop(BaseException):
