@@ -9,15 +9,28 @@ Server, per connection (all goroutines, no trio task per connection):
    (out of descriptors, EMFILE/ENFILE; out of buffers; a connection aborted before it
    was accepted) do not stop the server: as Go's ``http.Server`` does, the loop waits
    5 ms, doubling up to 1 s while they repeat, and tries again; each one counts in
-   ``stats().accept_errors`` and goes to ``on_accept_error`` (or the log);
-2. the reader decodes frames and feeds the :class:`~netframe.Session`; each DATA frame
-   starts a *handler* goroutine, at most ``max_in_flight`` per connection (reading
-   pauses at the limit: backpressure reaches the peer through TCP);
-3. replies leave through the connection's batching writer (:meth:`FramedConn.send`);
-4. a *heartbeat* goroutine sleeps until the session's next deadline, sends its pings,
-   and closes the connection when the peer is dead or the connection idle. Control
-   frames never wait behind a full send queue (:meth:`FramedConn.send_nowait`), so a
-   peer that neither sends nor reads is still found dead at its heartbeat timeout.
+   ``statistics().accept_errors`` and goes to ``on_accept_error`` (or the log);
+2. the reader (one per connection, the client's too: :func:`_read_connection`) takes
+   every frame a receive brought, feeds them to the :class:`~netframe.Session` (DATA
+   payloads out, pongs sent at once), hands the payloads to the *handler strategy*,
+   sends the replies it returns, and reads again. The strategy is chosen once, at
+   construction: *inline* (``max_in_flight=1``: the handlers of a receive called in
+   the reader, in one C loop where built; replies in order), *concurrent* (session
+   mode: each handler called in the reader, and one that returns an awaitable goes on
+   in a goroutine of its own, at most ``max_in_flight`` of them; reading pauses at
+   the limit, so backpressure reaches the peer through TCP), *ordered* (raw mode with
+   ``max_in_flight > 1``: a goroutine per request, replies released in request
+   order), *batch* (``handle_batch``: one call per receive). A peer that breaks the
+   framing or the session protocol ends the reader, and the one protocol-error path
+   (:meth:`Server._protocol_error`) counts it, says why in a GOAWAY and closes;
+3. replies are sent at once when nothing is queued (:meth:`FramedConn.send_many`:
+   one non-blocking send, no goroutine switch), else through the connection's
+   batching writer goroutine, in order either way;
+4. a *heartbeat* goroutine (the same code for the client: :func:`_keep_alive`) sleeps
+   until the session's next deadline, sends its pings, and closes the connection when
+   the peer is dead or the connection idle. Control frames never wait behind a full
+   send queue (:meth:`FramedConn.send_nowait`), so a peer that neither sends nor
+   reads is still found dead at its heartbeat timeout.
 
 A close that tells the peer why (a refusal at the limit, a protocol error) writes the
 GOAWAY, shuts the write side and reads what the peer still sends, for at most
@@ -27,7 +40,7 @@ connection, and a reset can destroy the GOAWAY before the peer reads it.
 Graceful shutdown (:meth:`Server.shutdown`): stop accepting, send ``GOAWAY(NO_ERROR)``
 on every connection, let in-flight handlers finish and their replies flush within the
 grace period, then close every connection, whatever the peers do: ``shutdown`` returns
-once the grace period is over (and ``stats().connections`` is 0 then). A reply
+once the grace period is over (and ``statistics().connections`` is 0 then). A reply
 produced within the grace period is lost only if the peer does not read it before the
 grace period ends.
 
@@ -76,7 +89,7 @@ __all__ = [
     "ConnectionLost",
     "Listener",
     "Server",
-    "ServerStats",
+    "ServerStatistics",
     "default_max_connections",
 ]
 
@@ -290,7 +303,9 @@ class ConnectionLost(ConnectionError):
 
 
 @dataclass(frozen=True, slots=True)
-class ServerStats:
+class ServerStatistics:
+    """What :meth:`Server.statistics` returns: counts since the server started."""
+
     connections: int  # open now
     accepted: int
     rejected: int  # refused at the connection limit
@@ -550,7 +565,8 @@ class Server:
             0,
         )
 
-    def stats(self) -> ServerStats:
+    def statistics(self) -> ServerStatistics:
+        """The server's counters now, open connections' included (trio's naming)."""
         c = dict(self._counters)
         for st in self._conns:
             s = st.fc.statistics()
@@ -559,7 +575,7 @@ class Server:
             c["bytes_received"] += s.bytes_read
             c["bytes_sent"] += s.bytes_written
             c["heartbeats_missed"] += st.session.heartbeats_missed
-        return ServerStats(connections=len(self._conns), **c)
+        return ServerStatistics(connections=len(self._conns), **c)
 
     # ------------------------------------------------------------ accepting
 
@@ -960,7 +976,7 @@ class Server:
         Returns once the grace period (``grace`` seconds, default ``grace_period``) is
         over, or sooner when every connection has finished, whatever the peers do:
         handlers still running then lose their connection, and replies a peer has not
-        read by then are lost. When it returns, ``stats().connections`` is 0.
+        read by then are lost. When it returns, ``statistics().connections`` is 0.
         """
         if self._shutting_down:
             return
