@@ -274,6 +274,81 @@ cut_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(niL)", pos, stop, need);
 }
 
+/* A bytes or bytearray payload's start and size: 1, or 0 for any other type. */
+static int
+payload_span(PyObject *item, const char **src, Py_ssize_t *n)
+{
+    if (PyBytes_CheckExact(item)) {
+        *src = PyBytes_AS_STRING(item);
+        *n = PyBytes_GET_SIZE(item);
+        return 1;
+    }
+    if (PyByteArray_CheckExact(item)) {
+        *src = PyByteArray_AS_STRING(item);
+        *n = PyByteArray_GET_SIZE(item);
+        return 1;
+    }
+    return 0;
+}
+
+/* The encoded size of a list of payloads, each `header` bytes plus its own, for a
+ * fixed-width format: 1 with *total set; 0 when a payload is not bytes or bytearray
+ * (memoryviews and others take the Python path) or its size is outside [low, high]
+ * (the Python path raises the precise error); -1 with an error (the sum overflows).
+ * Shared with FrameWriter.load (the I/O part). */
+static int
+encoded_size(PyObject *items, Py_ssize_t header, long long low, long long high,
+             Py_ssize_t *total)
+{
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *src;
+        Py_ssize_t n;
+        if (!payload_span(PyList_GET_ITEM(items, i), &src, &n)) {
+            return 0;
+        }
+        if ((long long)n < low || (long long)n > high) {
+            return 0;
+        }
+        if (sum > PY_SSIZE_T_MAX - header - n) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        sum += header + n;
+    }
+    *total = sum;
+    return 1;
+}
+
+/* Write one frame at w (zero preamble, the length field, the payload); returns its end.
+ * Shared with FrameWriter.load (the I/O part). */
+static unsigned char *
+put_frame(unsigned char *w, Py_ssize_t preamble, long width, int big_endian,
+          long long adjust, const char *src, Py_ssize_t n)
+{
+    if (preamble) {
+        memset(w, 0, (size_t)preamble);
+        w += preamble;
+    }
+    uint64_t value = (uint64_t)((long long)n - adjust);
+    if (big_endian) {
+        for (long k = width - 1; k >= 0; k--) {
+            w[k] = (unsigned char)(value & 0xFF);
+            value >>= 8;
+        }
+    }
+    else {
+        for (long k = 0; k < width; k++) {
+            w[k] = (unsigned char)(value & 0xFF);
+            value >>= 8;
+        }
+    }
+    w += width;
+    memcpy(w, src, (size_t)n);
+    return w + n;
+}
+
 static PyObject *
 encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -301,25 +376,12 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t header = preamble + width;
     /* First pass: check the sizes and add them up. */
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        Py_ssize_t n;
-        if (PyBytes_CheckExact(item)) {
-            n = PyBytes_GET_SIZE(item);
+    int fits = encoded_size(items, header, low, high, &total);
+    if (fits <= 0) {
+        if (fits < 0) {
+            return NULL;
         }
-        else if (PyByteArray_CheckExact(item)) {
-            n = PyByteArray_GET_SIZE(item);
-        }
-        else {
-            Py_RETURN_NONE;  /* memoryviews and others: the Python path */
-        }
-        if ((long long)n < low || (long long)n > high) {
-            Py_RETURN_NONE;
-        }
-        if (total > PY_SSIZE_T_MAX - header - n) {
-            return PyErr_NoMemory();
-        }
-        total += header + n;
+        Py_RETURN_NONE;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) {
@@ -336,18 +398,9 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(out);
             Py_RETURN_NONE;
         }
-        PyObject *item = PyList_GET_ITEM(items, i);
         const char *src;
         Py_ssize_t n;
-        if (PyBytes_CheckExact(item)) {
-            src = PyBytes_AS_STRING(item);
-            n = PyBytes_GET_SIZE(item);
-        }
-        else if (PyByteArray_CheckExact(item)) {
-            src = PyByteArray_AS_STRING(item);
-            n = PyByteArray_GET_SIZE(item);
-        }
-        else {
+        if (!payload_span(PyList_GET_ITEM(items, i), &src, &n)) {
             Py_DECREF(out);
             Py_RETURN_NONE;
         }
@@ -355,26 +408,7 @@ encode_fixed(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(out);
             Py_RETURN_NONE;
         }
-        if (preamble) {
-            memset(w, 0, (size_t)preamble);
-            w += preamble;
-        }
-        uint64_t value = (uint64_t)((long long)n - adjust);
-        if (big_endian) {
-            for (long k = width - 1; k >= 0; k--) {
-                w[k] = (unsigned char)(value & 0xFF);
-                value >>= 8;
-            }
-        }
-        else {
-            for (long k = 0; k < width; k++) {
-                w[k] = (unsigned char)(value & 0xFF);
-                value >>= 8;
-            }
-        }
-        w += width;
-        memcpy(w, src, (size_t)n);
-        w += n;
+        w = put_frame(w, preamble, width, big_endian, adjust, src, n);
     }
     if (w != limit) {
         Py_DECREF(out);

@@ -469,25 +469,12 @@ FrameWriter_load(FrameWriter *self, PyObject *items)
     Py_ssize_t count = PyList_GET_SIZE(items);
     Py_ssize_t header = self->preamble + self->width;
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        Py_ssize_t n;
-        if (PyBytes_CheckExact(item)) {
-            n = PyBytes_GET_SIZE(item);
+    int fits = encoded_size(items, header, self->low, self->high, &total);
+    if (fits <= 0) {
+        if (fits < 0) {
+            return NULL;
         }
-        else if (PyByteArray_CheckExact(item)) {
-            n = PyByteArray_GET_SIZE(item);
-        }
-        else {
-            Py_RETURN_FALSE;
-        }
-        if ((long long)n < self->low || (long long)n > self->high) {
-            Py_RETURN_FALSE;
-        }
-        if (total > PY_SSIZE_T_MAX - header - n) {
-            return PyErr_NoMemory();
-        }
-        total += header + n;
+        Py_RETURN_FALSE;
     }
     if (self->gather_min >= 0 && count <= self->gather_max &&
         (long long)(total - count * header) >= self->gather_min) {
@@ -508,37 +495,10 @@ FrameWriter_load(FrameWriter *self, PyObject *items)
      * items are as checked. */
     unsigned char *w = self->buf;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        const char *src;
-        Py_ssize_t n;
-        if (PyBytes_CheckExact(item)) {
-            src = PyBytes_AS_STRING(item);
-            n = PyBytes_GET_SIZE(item);
-        }
-        else {
-            src = PyByteArray_AS_STRING(item);
-            n = PyByteArray_GET_SIZE(item);
-        }
-        if (self->preamble) {
-            memset(w, 0, (size_t)self->preamble);
-            w += self->preamble;
-        }
-        uint64_t value = (uint64_t)((long long)n - self->adjust);
-        if (self->big_endian) {
-            for (long k = self->width - 1; k >= 0; k--) {
-                w[k] = (unsigned char)(value & 0xFF);
-                value >>= 8;
-            }
-        }
-        else {
-            for (long k = 0; k < self->width; k++) {
-                w[k] = (unsigned char)(value & 0xFF);
-                value >>= 8;
-            }
-        }
-        w += self->width;
-        memcpy(w, src, (size_t)n);
-        w += n;
+        const char *src = NULL;
+        Py_ssize_t n = 0;
+        payload_span(PyList_GET_ITEM(items, i), &src, &n);  /* checked above */
+        w = put_frame(w, self->preamble, self->width, self->big_endian, self->adjust, src, n);
     }
     self->pos = 0;
     self->len = total;
