@@ -670,39 +670,44 @@ class Server:
         all). A burst of more than ``send_queue`` payloads is taken that many at a
         time, each part's replies sent before the next part is handled: a peer that
         pipelines and never reads makes the server hold at most that many replies.
-        False: the connection is gone, stop reading."""
+        False: the connection is gone, stop reading.
+
+        Raw mode writes the replies now (nothing else writes on a raw connection but
+        ordered handlers' goroutines, whose replies never come here). Session mode
+        sends them without waiting for the peer (``send_many``): one handler at a
+        time waits for room in the send queue, in order; concurrent handlers' replies
+        go as :meth:`_send_or_defer` says."""
         limit = self.send_queue
         for start in range(0, len(payloads), limit):
             part = payloads if len(payloads) <= limit else payloads[start : start + limit]
             replies = await self._handle(st, part)
             if st.closed:
                 return False
-            if replies and not await self._send_replies(st, replies):
+            if not replies:
+                continue
+            if self.raw:
+                try:
+                    await st.fc.write_frames(replies)
+                except OSError:  # broken, or closed by this side meanwhile
+                    return False
+            elif self._replies_in_order:
+                if not await _send(st, st.session.data_many(replies, gosim.now())):
+                    return False
+            elif not self._send_or_defer(st, replies):
                 return False
         return True
 
-    async def _send_replies(self, st: _Conn, replies: list[bytes]) -> bool:
-        """Send replies in order; False when the connection is gone (the replies are lost
-        with it).
-
-        Raw mode writes them now (nothing else writes on a raw connection but ordered
-        handlers' goroutines, whose replies never come here). Session mode sends them
-        without waiting for the peer (``send_many``); with concurrent handlers, replies
+    def _send_or_defer(self, st: _Conn, replies: list[bytes]) -> bool:
+        """Concurrent handlers' replies (session mode), sent without waiting: replies
         that find the send queue full wait in a goroutine of their own that holds a
         handler's slot, so the reader goes on reading (pings, a protocol error) from a
         peer that reads nothing until ``max_in_flight`` such waits, as it would with
-        that many handlers waiting to send."""
+        that many handlers waiting to send. False when the connection is gone."""
         if st.closed:
             return False
-        fc = st.fc
+        frames = st.session.data_many(replies, gosim.now())
         try:
-            if self.raw:
-                await fc.write_frames(replies)
-                return True
-            frames = st.session.data_many(replies, gosim.now())
-            if self._replies_in_order:
-                await fc.send_many(frames)  # one handler at a time: wait, keep the order
-            elif not fc.send_many_nowait(frames):
+            if not st.fc.send_many_nowait(frames):
                 st.in_flight += 1
                 go(self._send_later, st, frames)
         except OSError:  # broken, or closed by this side meanwhile
@@ -759,7 +764,7 @@ class Server:
         i, count = 0, len(payloads)
         while i < count:
             if st.in_flight >= limit:
-                if replies and not await self._send_replies(st, replies):
+                if replies and not self._send_or_defer(st, replies):
                     return []
                 replies = []
                 while st.in_flight >= limit and not st.closed:
