@@ -19,6 +19,12 @@ setup(
         Extension(
             "netframe._speedups",
             sources=["netframe/_speedups.c"],
+            # The three parts it includes (sans-IO, I/O, server): a change rebuilds it.
+            depends=[
+                "netframe/_speedups_codec.c.h",
+                "netframe/_speedups_io.c.h",
+                "netframe/_speedups_server.c.h",
+            ],
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),

@@ -327,7 +327,7 @@ def idle_server(addr: str, heartbeat: float) -> None:
         print(f"LISTEN {ln.addr()}", flush=True)
         while True:
             await gosim.sleep(heartbeat)
-            st = server.stats()
+            st = server.statistics()
             line = {
                 "connections": st.connections,
                 "heartbeats_missed": st.heartbeats_missed,

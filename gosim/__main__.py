@@ -77,7 +77,7 @@ async def long_connections() -> None:
         go(client, name)
     answers = sorted([await replies.recv() or "" for _ in range(3)])
     await server.shutdown()
-    st = server.stats()
+    st = server.statistics()
     print(f"\nnetframe long connections on {ln.addr()}:")
     for a in answers:
         print(f"  {a}")

@@ -5,7 +5,9 @@ offset buffer under the decoder) and ``_exceptions`` (framing errors) are sans-I
 import neither trio nor gosim, so they can be driven by any I/O, tested byte by byte,
 and reused by ``idempotency.rpc``. ``_kernels`` holds the numba frame-boundary scan.
 The connection layer (``FramedConn``, ``Server``, client) builds on them and on
-:mod:`gosim`. This file only re-exports.
+:mod:`gosim`. ``_accel`` loads the C accelerator (``_speedups``, whose sans-IO, I/O
+and server parts are kept in separate files) for all of them, or not
+(``GOSIM_PURE_PYTHON=1``). This file only re-exports.
 
 Quick use::
 
@@ -106,7 +108,7 @@ __all__ = [
     "RemoteFrameError",
     "RemoteSessionError",
     "Server",
-    "ServerStats",
+    "ServerStatistics",
     "Session",
     "SessionState",
     "StreamConn",
@@ -128,7 +130,7 @@ _CONN_NAMES = {
     "ConnectionLost": "_server",
     "Listener": "_server",
     "Server": "_server",
-    "ServerStats": "_server",
+    "ServerStatistics": "_server",
     "default_max_connections": "_server",
 }
 
@@ -143,7 +145,7 @@ if TYPE_CHECKING:
     from ._server import ConnectionLost as ConnectionLost
     from ._server import Listener as Listener
     from ._server import Server as Server
-    from ._server import ServerStats as ServerStats
+    from ._server import ServerStatistics as ServerStatistics
     from ._server import default_max_connections as default_max_connections
 
 

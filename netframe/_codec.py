@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import os
 import struct
 import threading
 from collections import deque
@@ -87,6 +86,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final, Literal
 
+from . import _accel
 from ._buffer import OffsetBuffer
 from ._exceptions import (
     FrameTooLarge,
@@ -167,18 +167,14 @@ class NeedData(enum.Enum):
 #: feed more bytes and ask again.
 NEED_DATA: Final = NeedData.NEED_DATA
 
-# The optional C twins of the per-frame loops (``_speedups.c``): ``cut_frames`` is
-# FrameFormat.scan plus the slicing, ``encode_fixed`` is encode_many for fixed-width
-# formats. None when not built, or when GOSIM_PURE_PYTHON=1 asks for the reference code.
-_speedups: Any = None
-if os.environ.get("GOSIM_PURE_PYTHON", "") in ("", "0"):
-    try:
-        _speedups = importlib.import_module("netframe._speedups")
-    except ImportError:
-        _speedups = None
+# The optional C twins of the per-frame loops (the sans-IO part of ``_speedups``, loaded
+# by ``_accel``): ``cut_frames`` is FrameFormat.scan plus the slicing, ``encode_fixed``
+# is encode_many for fixed-width formats. None when not built, or when
+# GOSIM_PURE_PYTHON=1 asks for the reference code.
+_speedups: Any = _accel.speedups
 
 #: True when the C loops are in use (``scan="auto"`` then means the C loop).
-C_ENABLED: Final = _speedups is not None
+C_ENABLED: Final = _accel.C_ENABLED
 
 #: Why a scan stopped (the Python loop's and the numba kernel's common answer).
 STOP_FULL: Final = 0  #: the output is full, or ``stop_at`` reached; more may follow

@@ -54,16 +54,19 @@ would be needed to add a second allocator here.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, SendOnClosedChannel, Timer, recv, select, send
+from gosim import Chan, SendOnClosedChannel, Timer, lowlevel, recv, select, send
+from gosim.net import BusyError as _NetBusyError
+from gosim.net import ClosedError as _NetClosedError
 
+from ._accel import speedups as _c_speedups
 from ._codec import NEED_DATA, FrameDecoder, FrameFormat
-from ._codec import _speedups as _c_speedups
 from ._exceptions import RemoteFrameError
 
 __all__ = [
@@ -114,14 +117,19 @@ class IncompleteFrame(RemoteFrameError):
         self.buffered = buffered
 
 
-class ClosedError(RuntimeError):
-    """This side closed the FramedConn (``aclose``) and then tried to use it."""
+class ClosedError(_NetClosedError):
+    """This side closed the FramedConn (``aclose``) and then tried to use it.
+
+    A :class:`gosim.net.ClosedError` (so an ``OSError``, EBADF): one ``except`` clause
+    catches "this side closed it" whether the socket or the FramedConn above it said so.
+    """
 
 
-class BusyError(RuntimeError):
+class BusyError(_NetBusyError):
     """Two goroutines used one side of a FramedConn at once (two readers).
 
     Frames would interleave unpredictably; give each connection one reader goroutine.
+    A :class:`gosim.net.BusyError`, the same mistake one layer up.
     """
 
 
@@ -133,6 +141,42 @@ class FramedConnStatistics:
     bytes_written: int
     writes: int  # write calls made on the connection (batching shows here)
     send_queue: int  # frames queued for the writer goroutine now
+
+
+class _Alarm:
+    """A goroutine's sleep until a runtime-clock deadline, cut short by :meth:`ring`.
+
+    One runtime timer, re-armed in place, where a ``Timer``, its channel and a
+    ``select`` per wait cost several times more (10,000 connections wait once per
+    heartbeat interval each). One goroutine sleeps on an alarm at a time. Nothing can
+    come between a sleeper's last look at what it waits for and its park (no await),
+    so a ring while nobody sleeps has nothing to wake and is dropped.
+    """
+
+    __slots__ = ("_g", "_timer")
+
+    def __init__(self) -> None:
+        self._g: lowlevel.G | None = None
+        self._timer = lowlevel.RuntimeTimer(_alarm_fired, self)
+
+    async def sleep_until(self, when: float) -> None:
+        """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`."""
+        if when != math.inf:
+            lowlevel.add_timer(self._timer, when)
+        self._g = lowlevel.current_g()
+        await lowlevel.park("select")
+        if when != math.inf:
+            lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
+
+    def ring(self) -> None:
+        g = self._g
+        if g is not None:
+            self._g = None
+            lowlevel.ready(g)
+
+
+def _alarm_fired(alarm: _Alarm, now: float) -> None:
+    alarm.ring()
 
 
 class _Flush:
@@ -170,6 +214,11 @@ class FramedConn:
         self._urgent: list[bytes] = []  # control frames to go ahead of a full queue
         self._writer_started = False
         self._writer_error: BaseException | None = None
+        # Frames queued (or urgent) and not yet written; while there are any, and while
+        # the C writer holds the unsent rest of a send_many (_unfinished, the writer
+        # goroutine's to finish), send_many queues too, so frames keep their order.
+        self._backlog = 0
+        self._unfinished = False
         # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
         self._writer_exit: Chan[None] = Chan()
         self._closed = False
@@ -473,6 +522,8 @@ class FramedConn:
         self.format.check_payload(payload)
         if not self._writer_started:
             self._start_writer()
+        self._backlog += 1  # counted before it waits: send_many must not pass it
+        queued = False
         try:
             if timeout is None:
                 await self._queue.send(bytes(payload))
@@ -484,9 +535,82 @@ class FramedConn:
                     timer.stop()
                 if i == 1:
                     raise TimeoutError(f"send queue still full after {timeout} s")
+            queued = True
         except SendOnClosedChannel:
             # Closed while this send waited for room: by aclose, or by a failed writer.
             raise self._writer_error or ClosedError("FramedConn closed during send") from None
+        finally:
+            if not queued:
+                self._backlog -= 1
+
+    async def send_many(self, payloads: list[bytes]) -> None:
+        """Send frames in order: as :meth:`send_many_nowait` when it can, else queued as
+        :meth:`send` queues them, waiting for room."""
+        if not self.send_many_nowait(payloads):
+            for payload in payloads:
+                await self.send(payload)
+
+    def send_many_nowait(self, payloads: list[bytes]) -> bool:
+        """Send frames in order without waiting; False (nothing sent) when the send queue
+        has no room for them all.
+
+        With the C writer, on a connection with Go's ``SyscallConn``, and nothing queued
+        for the writer goroutine: encoded and sent at once with one non-blocking send
+        (the common case of a server's replies: no goroutine switch), what the socket
+        does not take going to the writer goroutine ahead of anything sent later.
+        Otherwise queued for the writer goroutine. Frames leave in the order they were
+        sent either way. A send that fails fails the connection as the writer
+        goroutine's would: raised here and to every later send; a payload the format
+        cannot carry raises the codec's LocalFrameError, and nothing is sent.
+        """
+        if self._writer_error is not None:
+            raise self._writer_error
+        if self._closed:
+            raise ClosedError("send on a closed FramedConn")
+        writer = self._fast_writer
+        if (
+            writer is not None
+            and not self._backlog
+            and not self._unfinished
+            and writer.load(payloads)
+        ):
+            try:
+                self._raw.control(writer)  # one send, no waiting
+            except OSError as exc:
+                writer.discard()
+                self._fail_writes(exc)
+                raise
+            self.frames_written += len(payloads)
+            self.writes += 1
+            if writer.pending:  # the socket is full: the writer goroutine goes on
+                self._unfinished = True
+                if not self._writer_started:
+                    self._start_writer()
+                self._queue.try_send(_Flush())  # wakes it (the queue is empty)
+            else:
+                writer.discard()
+            return True
+        q = self._queue
+        if q.cap() - q.len() < len(payloads):
+            return False
+        check = self.format.check_payload
+        for payload in payloads:
+            check(payload)  # in the sender: the writer would fail the whole connection
+        if not self._writer_started:
+            self._start_writer()
+        for payload in payloads:
+            q.try_send(bytes(payload))
+        self._backlog += len(payloads)
+        return True
+
+    def _fail_writes(self, exc: BaseException) -> None:
+        """A write failed: the connection's stream is lost (a partial frame may have gone
+        out). Every later send raises ``exc``; the writer goroutine stops."""
+        if self._writer_error is None:
+            self._writer_error = exc
+        self._drop_queued()
+        if not self._queue.closed:
+            self._queue.close()  # a send waiting for room raises the error instead of hanging
 
     def send_nowait(self, payload: bytes | bytearray | memoryview) -> bool:
         """Queue a control frame without waiting; False when it cannot be queued.
@@ -504,12 +628,14 @@ class FramedConn:
         if not self._writer_started:
             self._start_writer()
         if self._queue.try_send(frame):
+            self._backlog += 1
             return True
         # The queue is full, so the writer is not parked on it: it takes the urgent
         # frames when it next builds a batch.
         if len(self._urgent) >= MAX_URGENT:
             return False
         self._urgent.append(frame)
+        self._backlog += 1
         return True
 
     def _start_writer(self) -> None:
@@ -576,18 +702,24 @@ class FramedConn:
                     item, _, got = q.try_recv()
                     if not got:
                         break
+                if self._unfinished:  # the rest of send_many's send goes first
+                    try:
+                        await self._raw.write(self._fast_writer)
+                    finally:
+                        self._fast_writer.discard()
+                        self._unfinished = False
                 if batch:
                     await self.write_frames(batch)
+                    self._backlog -= len(batch)
                 for f in flushes:
                     f.done.try_send(None)
                 if stop:
                     return
         except Exception as exc:  # reported to the next send/flush, not a runtime panic
-            self._writer_error = exc
-            self._drop_queued()
+            self._fail_writes(exc)
         finally:
             if not q.closed:
-                q.close()  # a send waiting for room raises the error instead of hanging
+                q.close()  # when the writer stops for good, not only on errors
             self._writer_exit.close()
 
     def _drop_queued(self) -> None:

@@ -9,15 +9,28 @@ Server, per connection (all goroutines, no trio task per connection):
    (out of descriptors, EMFILE/ENFILE; out of buffers; a connection aborted before it
    was accepted) do not stop the server: as Go's ``http.Server`` does, the loop waits
    5 ms, doubling up to 1 s while they repeat, and tries again; each one counts in
-   ``stats().accept_errors`` and goes to ``on_accept_error`` (or the log);
-2. the reader decodes frames and feeds the :class:`~netframe.Session`; each DATA frame
-   starts a *handler* goroutine, at most ``max_in_flight`` per connection (reading
-   pauses at the limit: backpressure reaches the peer through TCP);
-3. replies leave through the connection's batching writer (:meth:`FramedConn.send`);
-4. a *heartbeat* goroutine sleeps until the session's next deadline, sends its pings,
-   and closes the connection when the peer is dead or the connection idle. Control
-   frames never wait behind a full send queue (:meth:`FramedConn.send_nowait`), so a
-   peer that neither sends nor reads is still found dead at its heartbeat timeout.
+   ``statistics().accept_errors`` and goes to ``on_accept_error`` (or the log);
+2. the reader (one per connection, the client's too: :func:`_read_connection`) takes
+   every frame a receive brought, feeds them to the :class:`~netframe.Session` (DATA
+   payloads out, pongs sent at once), hands the payloads to the *handler strategy*,
+   sends the replies it returns, and reads again. The strategy is chosen once, at
+   construction: *inline* (``max_in_flight=1``: the handlers of a receive called in
+   the reader, in one C loop where built; replies in order), *concurrent* (session
+   mode: each handler called in the reader, and one that returns an awaitable goes on
+   in a goroutine of its own, at most ``max_in_flight`` of them; reading pauses at
+   the limit, so backpressure reaches the peer through TCP), *ordered* (raw mode with
+   ``max_in_flight > 1``: a goroutine per request, replies released in request
+   order), *batch* (``handle_batch``: one call per receive). A peer that breaks the
+   framing or the session protocol ends the reader, and the one protocol-error path
+   (:meth:`Server._protocol_error`) counts it, says why in a GOAWAY and closes;
+3. replies are sent at once when nothing is queued (:meth:`FramedConn.send_many`:
+   one non-blocking send, no goroutine switch), else through the connection's
+   batching writer goroutine, in order either way;
+4. a *heartbeat* goroutine (the same code for the client: :func:`_keep_alive`) sleeps
+   until the session's next deadline, sends its pings, and closes the connection when
+   the peer is dead or the connection idle. Control frames never wait behind a full
+   send queue (:meth:`FramedConn.send_nowait`), so a peer that neither sends nor
+   reads is still found dead at its heartbeat timeout.
 
 A close that tells the peer why (a refusal at the limit, a protocol error) writes the
 GOAWAY, shuts the write side and reads what the peer still sends, for at most
@@ -27,7 +40,7 @@ connection, and a reset can destroy the GOAWAY before the peer reads it.
 Graceful shutdown (:meth:`Server.shutdown`): stop accepting, send ``GOAWAY(NO_ERROR)``
 on every connection, let in-flight handlers finish and their replies flush within the
 grace period, then close every connection, whatever the peers do: ``shutdown`` returns
-once the grace period is over (and ``stats().connections`` is 0 then). A reply
+once the grace period is over (and ``statistics().connections`` is 0 then). A reply
 produced within the grace period is lost only if the peer does not read it before the
 grace period ends.
 
@@ -42,6 +55,7 @@ The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 
 from __future__ import annotations
 
+import enum
 import errno
 import inspect
 import logging
@@ -55,20 +69,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, go, lowlevel, recv, select
+from gosim import Chan, go, recv, select
 
+from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
-from ._codec import _speedups as _c_speedups
-from ._conn import ClosedError, FramedConn, StreamConn
+from ._conn import FramedConn, StreamConn, _Alarm
 from ._exceptions import RemoteFrameError
-from ._session import MAX_REASON_BYTES, Data, GoAway, GoAwayCode, LocalSessionError, Session
+from ._session import (
+    MAX_REASON_BYTES,
+    GoAway,
+    GoAwayCode,
+    LocalSessionError,
+    RemoteSessionError,
+    Session,
+)
 
 __all__ = [
     "Client",
     "ConnectionLost",
     "Listener",
     "Server",
-    "ServerStats",
+    "ServerStatistics",
     "default_max_connections",
 ]
 
@@ -180,7 +201,6 @@ async def _close_write_and_drain(conn: Any, linger: float) -> None:
 
 
 _drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
-_handle_each: Any = None if _c_speedups is None else _c_speedups.handle_each
 
 #: An async function, or a plain function (its return value is the reply: no coroutine
 #: per request, for handlers that never wait).
@@ -188,6 +208,40 @@ Handler = Callable[[bytes], Awaitable[bytes | None] | bytes | None]
 BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[bytes | None]]
 
 _Coroutine = types.CoroutineType
+
+
+def _handle_each_py(
+    handler: Handler, frames: list[bytes], start: int, replies: list[Any], run: bool = True
+) -> tuple[int, Any, bool, int]:
+    """``handle_each``'s twin (``netframe/_speedups_server.c.h`` says what it returns):
+    ``handler(frame)`` for ``frames[start:]``, the replies appended, up to the first
+    result that must wait; with ``run``, a coroutine is run with one send first."""
+    errors = 0
+    count = len(frames)
+    i = start
+    while i < count:
+        try:
+            result: Any = handler(frames[i])
+            if run and type(result) is _Coroutine:
+                try:
+                    yielded = result.send(None)
+                except StopIteration as stop:
+                    result = stop.value
+                else:
+                    return i, (result, yielded), True, errors
+        except Exception:
+            errors += 1
+            i += 1
+            continue
+        if result is not None:
+            if type(result) is not bytes and type(result) is not bytearray:
+                return i, result, False, errors  # an awaitable, or an unusual reply
+            replies.append(result)
+        i += 1
+    return i, None, False, errors
+
+
+_handle_each: Any = _handle_each_py if _c_speedups is None else _c_speedups.handle_each
 
 
 @types.coroutine
@@ -220,6 +274,16 @@ def _awaitable(value: Any) -> bool:
     return value is not None and type(value) is not bytes and inspect.isawaitable(value)
 
 
+async def _settle(pending: Any, suspended: bool) -> Any:
+    """The reply of a handler ``handle_each`` stopped at: resume its suspended coroutine,
+    or await what it returned, or take that as the reply (``write_frames`` judges it)."""
+    if suspended:
+        return await _resume(*pending)
+    if _awaitable(pending):
+        return await pending
+    return pending
+
+
 class Listener(Protocol):
     async def accept(self) -> StreamConn: ...
 
@@ -239,7 +303,9 @@ class ConnectionLost(ConnectionError):
 
 
 @dataclass(frozen=True, slots=True)
-class ServerStats:
+class ServerStatistics:
+    """What :meth:`Server.statistics` returns: counts since the server started."""
+
     connections: int  # open now
     accepted: int
     rejected: int  # refused at the connection limit
@@ -255,41 +321,6 @@ class ServerStats:
     handler_errors: int
 
 
-class _Alarm:
-    """A goroutine's sleep until a runtime-clock deadline, cut short by :meth:`ring`.
-
-    The heartbeat loops' wait: one runtime timer per connection, re-armed in place,
-    where a ``Timer``, its channel and a three-case ``select`` per wait cost several
-    times more (10,000 connections wait once per heartbeat interval each). Nothing
-    can come between a loop's last look at the connection and its park (no await),
-    so a ring while nobody sleeps has nothing to wake and is dropped.
-    """
-
-    __slots__ = ("_g", "_timer")
-
-    def __init__(self) -> None:
-        self._g: lowlevel.G | None = None
-        self._timer = lowlevel.RuntimeTimer(_alarm_fired, self)
-
-    async def sleep_until(self, when: float) -> None:
-        """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`."""
-        if when != math.inf:
-            lowlevel.add_timer(self._timer, when)
-        self._g = lowlevel.current_g()
-        await lowlevel.park("select")
-        lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
-
-    def ring(self) -> None:
-        g = self._g
-        if g is not None:
-            self._g = None
-            lowlevel.ready(g)
-
-
-def _alarm_fired(alarm: _Alarm, now: float) -> None:
-    alarm.ring()
-
-
 class _Ticket:
     """A raw request's place in line: its reply leaves after the replies before it."""
 
@@ -301,26 +332,25 @@ class _Ticket:
 
 
 class _Conn:
+    """One connection's state, shared by its reader, heartbeat and handler goroutines."""
+
     __slots__ = (
         "alarm",
         "closed",
-        "done",
         "draining",
         "fc",
         "in_flight",
         "order",
         "releasing",
         "retired",
+        "room",
         "session",
-        "slots",
-        "wake",
     )
 
-    def __init__(self, fc: FramedConn, session: Session, max_in_flight: int) -> None:
+    def __init__(self, fc: FramedConn, session: Session) -> None:
         self.fc = fc
         self.session = session
-        self.slots: Chan[None] = Chan(max_in_flight)  # a token per running handler
-        self.in_flight = 0
+        self.in_flight = 0  # handlers running now
         self.closed = False
         self.retired = False  # counted out of the server (see Server._retire)
         self.draining = False
@@ -328,27 +358,96 @@ class _Conn:
         # goroutine is releasing their replies now (one at a time keeps them in order).
         self.order: deque[_Ticket] | None = None
         self.releasing = False
-        self.done: Chan[None] = Chan()  # closed when the connection is finished
-        self.wake: Chan[None] = Chan(1)  # nudges _finish when the last handler ends
         self.alarm = _Alarm()  # the heartbeat goroutine's sleep
+        self.room = _Alarm()  # the reader's wait for a handler to end (room, or drain)
 
     def end(self) -> None:
-        """Mark the connection finished: close ``done`` and wake the heartbeat loop."""
+        """Mark the connection finished: wake its heartbeat and its reader."""
         self.closed = True
-        if not self.done.closed:
-            self.done.close()
         self.alarm.ring()
+        self.room.ring()
 
     def is_closed(self) -> bool:
         # Read through a call: other goroutines close the connection while we await.
         return self.closed
 
+    def handler_done(self) -> None:
+        """A handler goroutine ended: its slot is free (the reader may wait for one)."""
+        self.in_flight -= 1
+        self.room.ring()
 
-async def _send(st: _Conn, payload: bytes) -> bool:
-    """Queue a frame; False (not an exception) when the connection is already closed."""
+
+async def _read_connection(
+    st: _Conn, deliver: Callable[[_Conn, list[bytes]], Awaitable[bool]], raw: bool
+) -> Exception | None:
+    """A connection's one reader, for server and client alike: take every frame the
+    connection has buffered (one receive), hand the DATA payloads to ``deliver``, read
+    again; pongs go out at once (ahead of queued replies). Returns why it stopped: None
+    at the peer's clean end, when ``deliver`` says stop (False), or when this side
+    closed; the OSError of a broken connection; the RemoteFrameError of a peer that
+    broke the framing or the session protocol (the payloads before the bad frame are
+    delivered first)."""
+    fc, session = st.fc, st.session
+    while not st.closed:
+        try:
+            frames = await fc.read_frames()
+        except (RemoteFrameError, OSError) as exc:
+            return exc
+        if not frames:
+            return None
+        error: RemoteFrameError | None = None
+        if raw:
+            payloads = frames
+        else:
+            payloads = []
+            now = gosim.now()  # one clock read for the receive's frames
+            try:
+                if session.receive_many(frames, now, payloads):
+                    for out in session.poll(now):  # pongs
+                        fc.send_nowait(out)
+            except RemoteFrameError as exc:
+                error = exc
+        if payloads and not await deliver(st, payloads):
+            return None
+        if error is not None:
+            return error
+    return None
+
+
+class _HeartbeatEnd(enum.Enum):
+    CLOSED = "closed"  # the connection closed otherwise
+    DEAD = "dead"  # nothing received for the heartbeat timeout
+    IDLE = "idle"  # no DATA either way for the idle timeout (not while draining)
+
+
+async def _keep_alive(st: _Conn) -> _HeartbeatEnd:
+    """A session connection's heartbeat, for server and client alike: sleep until the
+    session's next deadline, send its pings, and return when the peer is dead or the
+    connection idle (the caller closes it) or closed. Pings never wait behind a full
+    send queue (a peer that neither sends nor reads must still be found dead)."""
+    session = st.session
+    while not st.closed:
+        deadline = session.next_deadline()
+        if deadline > gosim.now():
+            await st.alarm.sleep_until(deadline)
+            if st.is_closed():
+                break
+        for out in session.poll(gosim.now()):
+            st.fc.send_nowait(out)
+        if session.dead:
+            return _HeartbeatEnd.DEAD
+        if session.idle and not st.draining:
+            return _HeartbeatEnd.IDLE
+    return _HeartbeatEnd.CLOSED
+
+
+async def _send(st: _Conn, frames: list[bytes]) -> bool:
+    """Send frames (``FramedConn.send_many``: at once, or queued, waiting for room);
+    False (not an exception) when the connection is gone: broken, or closed by this
+    side (a dead peer, shutdown past its grace), which loses them."""
     try:
-        await st.fc.send(payload)
-    except (ClosedError, OSError):
+        await st.fc.send_many(frames)
+    except OSError:  # ClosedError included
         return False
     return True
 
@@ -426,6 +525,17 @@ class Server:
         # heartbeats or goaway, so refusals and shutdown just close.
         self.raw = raw
         self.on_accept_error = on_accept_error
+        # The handler strategy, chosen once: what the reader hands each receive to.
+        self._handle: Callable[[_Conn, list[bytes]], Awaitable[list[bytes]]]
+        if handle_batch is not None:
+            self._handle = self._handle_batch
+        elif max_in_flight == 1:
+            self._handle = self._handle_inline
+        elif raw:
+            self._handle = self._handle_ordered
+        else:
+            self._handle = self._handle_concurrent
+        self._replies_in_order = max_in_flight == 1
         self._conns: set[_Conn] = set()
         self._listener: Listener | None = None
         self._shutting_down = False
@@ -455,7 +565,8 @@ class Server:
             0,
         )
 
-    def stats(self) -> ServerStats:
+    def statistics(self) -> ServerStatistics:
+        """The server's counters now, open connections' included (trio's naming)."""
         c = dict(self._counters)
         for st in self._conns:
             s = st.fc.statistics()
@@ -464,7 +575,7 @@ class Server:
             c["bytes_received"] += s.bytes_read
             c["bytes_sent"] += s.bytes_written
             c["heartbeats_missed"] += st.session.heartbeats_missed
-        return ServerStats(connections=len(self._conns), **c)
+        return ServerStatistics(connections=len(self._conns), **c)
 
     # ------------------------------------------------------------ accepting
 
@@ -537,7 +648,7 @@ class Server:
             heartbeat_timeout=None if self.raw else self.heartbeat_timeout,
             idle_timeout=None if self.raw else self.idle_timeout,
         )
-        st = _Conn(fc, session, self.max_in_flight)
+        st = _Conn(fc, session)
         self._conns.add(st)
         return st
 
@@ -547,152 +658,147 @@ class Server:
         elif self.idle_timeout is not None:
             go(self._raw_idle_watch, st, self.idle_timeout)
         try:
-            await self._read_loop(st)
+            stopped = await _read_connection(st, self._deliver, self.raw)
+            if isinstance(stopped, RemoteFrameError):
+                await self._protocol_error(st, stopped)
         finally:
             await self._finish(st)
 
-    async def _read_loop(self, st: _Conn) -> None:
-        if self.raw:
-            if self.max_in_flight == 1:
-                await self._raw_inline_loop(st)
-            else:
-                await self._raw_ordered_loop(st)
-            return
-        if self.handle_batch is not None:
-            await self._session_batch_loop(st)
-            return
-        fc, session = st.fc, st.session
-        while not st.closed:
-            try:
-                frame = await fc.read_frame()
-            except RemoteFrameError as exc:
-                await self._protocol_error(st, exc)
-                return
-            except OSError:
-                return  # broken connection (reset, or closed by us)
-            if frame is None:
-                return
-            now = gosim.now()  # one clock read for the frame (~1 us each)
-            try:
-                event = session.receive(frame, now)
-            except RemoteFrameError as exc:
-                await self._protocol_error(st, exc)
-                return
-            for out in session.poll(now):  # pongs go out at once, ahead of replies
-                st.fc.send_nowait(out)
-            if isinstance(event, Data):
-                if self.max_in_flight == 1:
-                    # One at a time: handle in the reader itself, replies in order,
-                    # no goroutine per frame.
-                    st.in_flight = 1
-                    await self._handle_one(st, event.payload)
-                    st.in_flight = 0
-                    continue
-                await st.slots.send(None)  # blocks at max_in_flight: backpressure
-                st.in_flight += 1
-                go(self._handle, st, event.payload)
-            elif isinstance(event, GoAway):
-                pass  # the peer starts no new work; keep serving until it closes
-
-    async def _raw_inline_loop(self, st: _Conn) -> None:
-        """Raw frames, one handler at a time: each burst of frames read becomes one write.
-
-        Nothing else writes in raw mode (no pongs, no goaway), so the replies go out
-        with a direct ``write_frames`` in order, without the writer goroutine's queue.
-        A burst of more than ``send_queue`` frames is taken ``send_queue`` frames at a
-        time, each part's replies written before the next part is handled: a peer that
+    async def _deliver(self, st: _Conn, payloads: list[bytes]) -> bool:
+        """The reader's hand-off: the payloads of one receive to the handler strategy
+        chosen at construction, and the replies it returns out (one send for them
+        all). A burst of more than ``send_queue`` payloads is taken that many at a
+        time, each part's replies sent before the next part is handled: a peer that
         pipelines and never reads makes the server hold at most that many replies.
-        """
-        fc, handler, batch = st.fc, self.handler, self.handle_batch
-        limit = self.send_queue
-        rest: list[bytes] = []  # the unhandled part of a burst larger than limit
-        pos = 0
-        while not st.closed:
-            if rest:
-                frames = rest[pos : pos + limit]
-                pos += limit
-                if pos >= len(rest):
-                    rest = []
-            else:
-                frames = await self._read_burst(st)
-                if not frames:
-                    return
-                if len(frames) > limit:
-                    rest, pos = frames, limit
-                    frames = rest[:limit]
-            st.in_flight = 1
-            if batch is not None:
-                replies = await self._call_batch(batch, frames)
-            elif _handle_each is not None:
-                assert handler is not None
-                replies = await self._handle_each(handler, frames)
-            else:
-                assert handler is not None
-                replies = []
-                for frame in frames:  # handle_each's twin (netframe/_speedups.c)
-                    try:
-                        reply: Any = handler(frame)
-                        if _awaitable(reply):
-                            reply = await reply
-                    except Exception:
-                        self._counters["handler_errors"] += 1
-                        continue
-                    if reply is not None:
-                        replies.append(reply)
-            st.in_flight = 0
-            if replies and not st.closed:
-                try:
-                    await fc.write_frames(replies)
-                except OSError:
-                    return
+        False: the connection is gone, stop reading.
 
-    async def _handle_each(self, handler: Handler, frames: list[bytes]) -> list[bytes]:
-        """The handler's replies to ``frames``, in order: the C loop calls it per frame and
-        stops only where a result must be awaited, which is done here."""
+        Raw mode writes the replies now (nothing else writes on a raw connection but
+        ordered handlers' goroutines, whose replies never come here). Session mode
+        sends them without waiting for the peer (``send_many``): one handler at a
+        time waits for room in the send queue, in order; concurrent handlers' replies
+        go as :meth:`_send_or_defer` says."""
+        limit = self.send_queue
+        for start in range(0, len(payloads), limit):
+            part = payloads if len(payloads) <= limit else payloads[start : start + limit]
+            replies = await self._handle(st, part)
+            if st.closed:
+                return False
+            if not replies:
+                continue
+            if self.raw:
+                try:
+                    await st.fc.write_frames(replies)
+                except OSError:  # broken, or closed by this side meanwhile
+                    return False
+            elif self._replies_in_order:
+                if not await _send(st, st.session.data_many(replies, gosim.now())):
+                    return False
+            elif not self._send_or_defer(st, replies):
+                return False
+        return True
+
+    def _send_or_defer(self, st: _Conn, replies: list[bytes]) -> bool:
+        """Concurrent handlers' replies (session mode), sent without waiting: replies
+        that find the send queue full wait in a goroutine of their own that holds a
+        handler's slot, so the reader goes on reading (pings, a protocol error) from a
+        peer that reads nothing until ``max_in_flight`` such waits, as it would with
+        that many handlers waiting to send. False when the connection is gone."""
+        if st.closed:
+            return False
+        frames = st.session.data_many(replies, gosim.now())
+        try:
+            if not st.fc.send_many_nowait(frames):
+                st.in_flight += 1
+                go(self._send_later, st, frames)
+        except OSError:  # broken, or closed by this side meanwhile
+            return False
+        return True
+
+    async def _send_later(self, st: _Conn, frames: list[bytes]) -> None:
+        """Replies that met a full send queue, sent as room comes (a handler's slot)."""
+        try:
+            await _send(st, frames)
+        finally:
+            st.handler_done()
+
+    # The handler strategies (Server._handle is one of them): each takes the payloads
+    # of one receive and returns the replies to send now.
+
+    async def _handle_inline(self, st: _Conn, payloads: list[bytes]) -> list[bytes]:
+        """One handler at a time, in the reader (``max_in_flight=1``): replies in order,
+        no goroutine per request. The handlers that return at once are called in one
+        C loop (``handle_each``); one that must wait is awaited here."""
+        handler = self.handler
         replies: list[bytes] = []
-        i, count = 0, len(frames)
+        st.in_flight = 1
+        i, count = 0, len(payloads)
         while i < count:
-            i, pending, suspended, errors = _handle_each(handler, frames, i, replies)
+            i, pending, suspended, errors = _handle_each(handler, payloads, i, replies)
             if errors:
                 self._counters["handler_errors"] += errors
             if pending is None:
                 break
             try:
-                if suspended:
-                    reply: Any = await _resume(*pending)
-                elif _awaitable(pending):
-                    reply = await pending
-                else:
-                    reply = pending  # a reply of an unusual type: write_frames judges it
+                reply = await _settle(pending, suspended)
             except Exception:
                 self._counters["handler_errors"] += 1
             else:
                 if reply is not None:
                     replies.append(reply)
             i += 1
+        st.in_flight = 0
         return replies
 
-    async def _read_burst(self, st: _Conn) -> list[bytes]:
-        """The frames of the next receive; [] when the connection has ended. A framing
-        error from the peer counts as a protocol error and ends the connection (with a
-        goaway in session mode; raw mode just closes)."""
+    async def _handle_concurrent(self, st: _Conn, payloads: list[bytes]) -> list[bytes]:
+        """Up to ``max_in_flight`` handlers at once (session mode): each is called in the
+        reader; a plain function's reply goes out with the burst's, and an awaitable
+        (an async handler's coroutine, unstarted) runs in a goroutine of its own,
+        which sends its reply when it is done. At ``max_in_flight`` the reader sends
+        what it has and waits for room (backpressure reaches the peer through TCP).
+
+        An async handler is not started in the reader, as ``_handle_inline`` does: what
+        it parks on would know the reader's goroutine, not the one that goes on."""
+        handler = self.handler
+        limit = self.max_in_flight
+        replies: list[bytes] = []
+        i, count = 0, len(payloads)
+        while i < count:
+            if st.in_flight >= limit:
+                if replies and not self._send_or_defer(st, replies):
+                    return []
+                replies = []
+                while st.in_flight >= limit and not st.closed:
+                    await st.room.sleep_until(math.inf)
+                if st.is_closed():
+                    return []
+            i, pending, _, errors = _handle_each(handler, payloads, i, replies, False)
+            if errors:
+                self._counters["handler_errors"] += errors
+            if pending is None:
+                break
+            st.in_flight += 1
+            go(self._handle_rest, st, pending)
+            i += 1
+        return replies
+
+    async def _handle_rest(self, st: _Conn, pending: Any) -> None:
+        """A handler's awaitable (or an unusual reply), in its own goroutine: await it,
+        send its reply."""
         try:
-            return await st.fc.read_frames()
-        except RemoteFrameError as exc:
-            await self._protocol_error(st, exc)
-        except OSError:
-            pass  # broken connection (reset, or closed by us)
-        return []
+            try:
+                reply = await _settle(pending, False)
+            except Exception:
+                self._counters["handler_errors"] += 1
+                return
+            if reply is not None and not st.closed:
+                # A connection closed meanwhile (dead peer, shutdown past its grace)
+                # loses the reply; the handler's goroutine must not turn that into a
+                # panic.
+                await _send(st, [st.session.data(reply, gosim.now())])
+        finally:
+            st.handler_done()
 
-    async def _protocol_error(self, st: _Conn, exc: RemoteFrameError) -> None:
-        """The peer broke the framing or the session protocol: count it, tell the peer
-        what was wrong (GOAWAY(PROTOCOL_ERROR) with the error's text, e.g. the length
-        announced and the length allowed), and close. Called by the reader, which can
-        then read what the peer still sends while the goaway gets through."""
-        self._counters["protocol_errors"] += 1
-        await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, _reason_for(exc), drain=True)
-
-    async def _raw_ordered_loop(self, st: _Conn) -> None:
+    async def _handle_ordered(self, st: _Conn, payloads: list[bytes]) -> list[bytes]:
         """Raw frames with up to ``max_in_flight`` handlers at once, replies in request order.
 
         Raw frames carry no request id, so a peer can only match replies to requests by
@@ -701,19 +807,31 @@ class Server:
         until its reply is queued, so a slow request holds back at most that many
         finished replies, and queued replies are bounded by ``send_queue``.
         """
-        st.order = order = deque[_Ticket]()
-        while not st.closed:
-            frames = await self._read_burst(st)
-            if not frames:
-                return
-            for payload in frames:
-                await st.slots.send(None)  # blocks at max_in_flight: backpressure
-                if st.is_closed():
-                    return
-                ticket = _Ticket()
-                order.append(ticket)
-                st.in_flight += 1
-                go(self._handle_one, st, payload, ticket)
+        if st.order is None:
+            st.order = deque()
+        order, limit = st.order, self.max_in_flight
+        for payload in payloads:
+            while st.in_flight >= limit and not st.closed:
+                await st.room.sleep_until(math.inf)  # backpressure
+            if st.is_closed():
+                break
+            ticket = _Ticket()
+            order.append(ticket)
+            st.in_flight += 1
+            go(self._handle_in_line, st, payload, ticket)
+        return []
+
+    async def _handle_in_line(self, st: _Conn, payload: bytes, ticket: _Ticket) -> None:
+        """One raw request of :meth:`_handle_ordered`: its reply waits its turn."""
+        assert self.handler is not None
+        try:
+            reply: Any = self.handler(payload)
+            if _awaitable(reply):
+                reply = await reply
+        except Exception:
+            self._counters["handler_errors"] += 1
+            reply = None
+        await self._release_in_order(st, ticket, reply)
 
     async def _release_in_order(self, st: _Conn, ticket: _Ticket, reply: Any) -> None:
         """Raw mode's ordered replies: record this one, then (unless another goroutine
@@ -729,23 +847,26 @@ class Server:
             while order and order[0].done:
                 head = order.popleft()
                 if head.reply is not None and not st.closed:
-                    await _send(st, head.reply)  # waits while send_queue is full
-                st.in_flight -= 1
-                st.slots.try_recv()
+                    await _send(st, [head.reply])  # waits while send_queue is full
+                st.handler_done()
         finally:
             st.releasing = False
-        if st.draining and st.in_flight == 0:
-            st.wake.try_send(None)
 
-    async def _call_batch(self, batch: BatchHandler, payloads: list[bytes]) -> list[bytes]:
-        """The batch handler's replies, ``None`` entries dropped; [] when it failed."""
+    async def _handle_batch(self, st: _Conn, payloads: list[bytes]) -> list[bytes]:
+        """``handle_batch``: the payloads of one receive in one call, the batches of a
+        connection one at a time. Its replies, ``None`` entries dropped; [] when it
+        failed (raised, or returned a list of the wrong length)."""
+        batch = self.handle_batch
+        assert batch is not None
+        st.in_flight = 1
         try:
             replies: Any = batch(payloads)
             if type(replies) is not list and _awaitable(replies):
                 replies = await replies
         except Exception:
-            self._counters["handler_errors"] += 1
-            return []
+            replies = None
+        finally:
+            st.in_flight = 0
         if type(replies) is not list or len(replies) != len(payloads):
             self._counters["handler_errors"] += 1
             return []
@@ -754,84 +875,22 @@ class Server:
             return kept
         return [r for r in replies if r is not None]
 
-    async def _session_batch_loop(self, st: _Conn) -> None:
-        """Session frames with a batch handler: the DATA payloads of each receive go to
-        one ``handle_batch`` call; pings are answered at once, as in the other loop."""
-        session, batch = st.session, self.handle_batch
-        assert batch is not None
-        while not st.closed:
-            frames = await self._read_burst(st)
-            if not frames:
-                return
-            payloads = []
-            now = gosim.now()  # one clock read for the receive's frames
-            for frame in frames:
-                try:
-                    event = session.receive(frame, now)
-                except RemoteFrameError as exc:
-                    await self._protocol_error(st, exc)
-                    return
-                if isinstance(event, Data):
-                    payloads.append(event.payload)
-            for out in session.poll(now):  # pongs go out at once, ahead of replies
-                st.fc.send_nowait(out)
-            if not payloads:
-                continue
-            st.in_flight = 1
-            replies = await self._call_batch(batch, payloads)
-            st.in_flight = 0
-            for reply in replies:
-                if st.closed or not await _send(st, session.data(reply, gosim.now())):
-                    return
-
-    async def _handle_one(self, st: _Conn, payload: bytes, ticket: _Ticket | None = None) -> None:
-        """Run the handler on one request and queue its reply (raw mode with concurrent
-        handlers passes the request's ``ticket``: the reply then waits its turn)."""
-        assert self.handler is not None
-        try:
-            reply: Any = self.handler(payload)
-            if _awaitable(reply):
-                reply = await reply
-        except Exception:
-            self._counters["handler_errors"] += 1
-            reply = None
-        if ticket is not None:
-            await self._release_in_order(st, ticket, reply)
-            return
-        if reply is not None and not st.closed:
-            # A connection closed meanwhile (dead peer, shutdown past its grace) loses
-            # the reply; the handler's goroutine must not turn that into a panic.
-            await _send(st, reply if self.raw else st.session.data(reply, gosim.now()))
-
-    async def _handle(self, st: _Conn, payload: bytes) -> None:
-        try:
-            await self._handle_one(st, payload)
-        finally:
-            st.in_flight -= 1
-            st.slots.try_recv()
-            if st.draining and st.in_flight == 0:
-                st.wake.try_send(None)
+    async def _protocol_error(self, st: _Conn, exc: RemoteFrameError) -> None:
+        """The peer broke the framing or the session protocol: count it, tell the peer
+        what was wrong (GOAWAY(PROTOCOL_ERROR) with the error's text, e.g. the length
+        announced and the length allowed), and close. Called by the reader, which can
+        then read what the peer still sends while the goaway gets through."""
+        self._counters["protocol_errors"] += 1
+        await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, _reason_for(exc), drain=True)
 
     async def _heartbeat(self, st: _Conn) -> None:
-        session = st.session
-        while not st.closed:
-            deadline = session.next_deadline()
-            if deadline > gosim.now():
-                await st.alarm.sleep_until(deadline)
-                if st.is_closed():
-                    return
-            for out in session.poll(gosim.now()):
-                # Never waits: a ping that cannot be queued (a peer that reads nothing)
-                # must not keep this loop from the dead-peer check below.
-                st.fc.send_nowait(out)
-            if session.dead:
-                self._counters["dead_peers"] += 1
-                self._close_now(st)
-                return
-            if session.idle and not st.draining:
-                self._counters["idle_closed"] += 1
-                await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle", drain=False)
-                return
+        end = await _keep_alive(st)
+        if end is _HeartbeatEnd.DEAD:
+            self._counters["dead_peers"] += 1
+            self._close_now(st)
+        elif end is _HeartbeatEnd.IDLE:
+            self._counters["idle_closed"] += 1
+            await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle", drain=False)
 
     async def _raw_idle_watch(self, st: _Conn, timeout: float) -> None:
         """Raw mode's idle timeout, from counters the connection keeps anyway: looked at
@@ -878,15 +937,14 @@ class Server:
     def _close_now(self, st: _Conn) -> None:
         if st.closed:
             return
-        st.closed = True
         st.fc.conn.close()  # unblocks the reader (EOF or error) and the writer
-        st.alarm.ring()
+        st.end()
 
     async def _finish(self, st: _Conn) -> None:
         """After the reader ends: wait for handlers (bounded by shutdown's grace), close."""
         while st.in_flight and not st.closed:
             st.draining = True
-            await select(recv(st.wake), recv(st.done))
+            await st.room.sleep_until(math.inf)  # rung as each handler ends, and by end()
         if not st.closed:
             # The peer ended its side; what is queued for it is written. The heartbeat
             # (or raw mode's idle watch) still runs meanwhile: a peer that stops
@@ -923,7 +981,7 @@ class Server:
         Returns once the grace period (``grace`` seconds, default ``grace_period``) is
         over, or sooner when every connection has finished, whatever the peers do:
         handlers still running then lose their connection, and replies a peer has not
-        read by then are lost. When it returns, ``stats().connections`` is 0.
+        read by then are lost. When it returns, ``statistics().connections`` is 0.
         """
         if self._shutting_down:
             return
@@ -1034,11 +1092,11 @@ class Client:
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_timeout=self.heartbeat_timeout,
         )
-        st = _Conn(fc, session, 1)
+        st = _Conn(fc, session)
         self._st = st
         self._inbox = Chan(1024)
         go(self._reader, st, self._inbox)
-        go(self._heartbeat, st, self._inbox)
+        go(self._heartbeat, st)
 
     async def send(self, payload: bytes, timeout: float | None = None) -> None:
         """Queue one DATA frame; ConnectionLost when the connection has ended or breaks.
@@ -1055,7 +1113,7 @@ class Client:
             raise ConnectionLost(_lost_reason(st, "not connected"))
         try:
             await st.fc.send(st.session.data(payload, gosim.now()), timeout)
-        except (ClosedError, OSError) as exc:
+        except OSError as exc:  # ClosedError included
             if type(exc) is TimeoutError:  # FramedConn.send's timeout: nothing was queued
                 raise
             # The writer hit a reset or a broken pipe, or the reader closed the
@@ -1094,26 +1152,18 @@ class Client:
             st.end()
 
     async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
+        async def deliver(st: _Conn, payloads: list[bytes]) -> bool:
+            for payload in payloads:
+                await inbox.send(payload)
+            return True
+
         reason = "server closed the connection"
         try:
-            while True:
-                try:
-                    frame = await st.fc.read_frame()
-                except (RemoteFrameError, OSError) as exc:
-                    reason = f"connection broken: {exc}"
-                    return
-                if frame is None:
-                    return
-                now = gosim.now()
-                try:
-                    event = st.session.receive(frame, now)
-                except RemoteFrameError as exc:
-                    reason = f"protocol error from the server: {exc}"
-                    return
-                for out in st.session.poll(now):  # pongs, ahead of queued requests
-                    st.fc.send_nowait(out)
-                if isinstance(event, Data):
-                    await inbox.send(event.payload)
+            stopped = await _read_connection(st, deliver, raw=False)
+            if isinstance(stopped, RemoteSessionError):
+                reason = f"protocol error from the server: {stopped}"
+            elif stopped is not None:
+                reason = f"connection broken: {stopped}"
         finally:
             # The FramedConn's writer goroutine stops with the connection (a client that
             # reconnects after every loss would otherwise leave one behind each time).
@@ -1121,21 +1171,9 @@ class Client:
             st.end()
             inbox.try_send(ConnectionLost(_lost_reason(st, reason)))
 
-    async def _heartbeat(self, st: _Conn, inbox: Chan[Any]) -> None:
-        session = st.session
-        while not st.closed:
-            deadline = session.next_deadline()
-            if deadline > gosim.now():
-                await st.alarm.sleep_until(deadline)
-                if st.is_closed():
-                    return
-            for out in session.poll(gosim.now()):
-                # Never waits: a full send queue (a server that stopped reading) must
-                # not keep this loop from the dead-peer check below.
-                st.fc.send_nowait(out)
-            if session.dead:
-                st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
-                return
+    async def _heartbeat(self, st: _Conn) -> None:
+        if await _keep_alive(st) is _HeartbeatEnd.DEAD:
+            st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
 
 
 def _lost_reason(st: _Conn, broken: str) -> str:

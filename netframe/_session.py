@@ -56,6 +56,7 @@ __all__ = [
 
 MAX_REASON_BYTES = 1024
 _PING_BODY = struct.Struct(">Q")
+_DATA_KIND = bytes([0])  # Kind.DATA, before the enum exists
 _GOAWAY_HEAD = struct.Struct(">I")
 
 
@@ -252,6 +253,30 @@ class Session:
         self.dead = False
         return event
 
+    def receive_many(self, payloads: list[bytes], now: float, data: list[bytes]) -> bool:
+        """Interpret the frame payloads of one receive, as :meth:`receive` would one by
+        one, appending each DATA payload to ``data``; True when a control frame was
+        among them (a ping's pong is then queued: :meth:`poll` returns it).
+
+        The hot path of a connection's reader: DATA frames, nearly all of them, make no
+        event object. A malformed payload raises RemoteSessionError with the frames
+        before it taken (their DATA in ``data``) and the session unchanged by it.
+        """
+        control = False
+        data_taken = len(data)
+        try:
+            for payload in payloads:
+                if payload and payload[0] == 0:  # Kind.DATA
+                    data.append(payload[1:])
+                else:
+                    self.receive(payload, now)  # sets last_received itself
+                    control = True
+        finally:
+            if len(data) > data_taken:
+                self.last_received = self.last_data = now
+                self.dead = False
+        return control
+
     # ------------------------------------------------------------------- send
 
     def data(self, payload: bytes | bytearray | memoryview, now: float) -> bytes:
@@ -260,6 +285,13 @@ class Session:
             raise LocalSessionError(f"cannot send DATA in state {self.state.value}")
         self.last_data = now
         return bytes([Kind.DATA]) + bytes(payload)
+
+    def data_many(self, payloads: list[bytes], now: float) -> list[bytes]:
+        """The frame payloads that carry ``payloads`` as DATA (:meth:`data` for many)."""
+        if self.state not in MAY_SEND_DATA:
+            raise LocalSessionError(f"cannot send DATA in state {self.state.value}")
+        self.last_data = now
+        return [_DATA_KIND + p for p in payloads]
 
     def goaway(self, code: int = GoAwayCode.NO_ERROR, reason: str = "") -> bytes:
         """The GOAWAY frame payload; the session starts no new work from here on."""

@@ -54,10 +54,14 @@ except (ValueError, OSError):  # not reported: POSIX's minimum guarantee
 
 
 class ClosedError(OSError):
-    """``use of closed network connection``: the socket was closed by this side."""
+    """``use of closed network connection``: the socket was closed by this side.
 
-    def __init__(self) -> None:
-        super().__init__(errno.EBADF, "use of closed network connection")
+    The base of every "this side closed it" error of the layers above (netframe's
+    ``ClosedError``), which may say what was closed in ``message``; ``errno`` is EBADF.
+    """
+
+    def __init__(self, message: str = "use of closed network connection") -> None:
+        super().__init__(errno.EBADF, message)
 
 
 class BrokenError(ConnectionError):

@@ -128,7 +128,7 @@ def test_netframe_server_detects_a_partitioned_client_by_heartbeats() -> None:
         await client.send(b"hi")
         assert await client.recv() == b"hi"
         await gosim.sleep(5.0)  # the partition began at t=2: two intervals later, dead
-        dead = server.stats().dead_peers
+        dead = server.statistics().dead_peers
         await server.shutdown(grace=0)
         return dead
 

@@ -50,7 +50,7 @@ def main() -> None:
             if not line:
                 break
             if line.strip() == "stats":
-                print(json.dumps(dataclasses.asdict(server.stats())), flush=True)
+                print(json.dumps(dataclasses.asdict(server.statistics())), flush=True)
         await server.shutdown(grace=1.0)
 
     gosim.run(run, procs=1)

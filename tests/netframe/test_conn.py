@@ -3,12 +3,16 @@ clean and unclean ends of stream, garbage, two readers, batching and backpressur
 
 from __future__ import annotations
 
+import random
+import socket
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
 import gosim
-from gosim import Chan, go
+import netframe
+from gosim import Chan, go, net
 from netframe import (
     BusyError,
     ClosedError,
@@ -208,3 +212,70 @@ def test_send_refuses_a_payload_the_format_cannot_carry_and_the_conn_goes_on() -
         return [got]
 
     assert run(main) == [b"ok"]
+
+
+def test_closed_errors_are_one_taxonomy_with_gosim_net() -> None:
+    # "This side closed it" is one exception family from the socket up: a FramedConn
+    # used after aclose raises what `except gosim.net.ClosedError` (an OSError) catches.
+    assert issubclass(ClosedError, net.ClosedError)
+    assert issubclass(ClosedError, OSError)
+    assert issubclass(netframe.BusyError, net.BusyError)
+
+    async def main() -> str:
+        a, _ = conn_pair()
+        fa = FramedConn(a)
+        await fa.aclose()
+        try:
+            await fa.send_many([b"late"])
+        except net.ClosedError as exc:
+            return str(exc)
+        return "not raised"
+
+    assert "closed FramedConn" in run(main)
+
+
+def test_send_many_keeps_the_order_of_everything_sent_over_tcp() -> None:
+    # Over TCP with small socket buffers, send_many's direct sends (and the rest of a
+    # send the socket did not take, finished by the writer goroutine) and send's queued
+    # frames leave in the order they were sent. (send_nowait's control frames may jump
+    # a full queue, by design.)
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        client = await net.dial("tcp", ln.addr())
+        server = await ln.accept()
+        client._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # type: ignore[attr-defined]
+        sender, receiver = FramedConn(client, send_queue=4), FramedConn(server)
+        sent: list[bytes] = []
+        got: list[bytes] = []
+        done: gosim.Chan[None] = gosim.Chan()
+
+        async def read_all() -> None:
+            while True:
+                frame = await receiver.read_frame()
+                if frame is None:
+                    break
+                got.append(frame)
+                if len(got) % 7 == 0:
+                    await gosim.sleep(0.001)  # a slow reader: the sender meets full buffers
+            await done.send(None)
+
+        go(read_all)
+        rng = random.Random(5)
+        for i in range(300):
+            size = rng.choice([10, 3000, 40000])
+            frames = [b"%d.%d:" % (i, k) + b"x" * size for k in range(rng.randint(1, 3))]
+            if rng.randrange(2):
+                await sender.send_many(frames)
+            else:
+                for f in frames:
+                    await sender.send(f)
+            sent += frames
+        await sender.aclose(flush=True)
+        await done.recv()
+        await receiver.aclose()
+        ln.close()
+        return sent, got
+
+    sent, got = gosim.run(main, procs=1)
+    assert [f[:12] for f in got] == [f[:12] for f in sent]
+    assert got == sent

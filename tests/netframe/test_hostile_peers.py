@@ -188,14 +188,14 @@ def test_a_peer_that_neither_sends_nor_reads_is_found_dead_with_a_full_send_queu
         go(server.serve, ln)
         peer = Peer(script, port_of(ln))
         peer.start()
-        await wait_until(lambda: server.stats().accepted == 1)
+        await wait_until(lambda: server.statistics().accepted == 1)
         gone = await wait_until(
-            lambda: server.stats().dead_peers == 1 and server.stats().connections == 0
+            lambda: server.statistics().dead_peers == 1 and server.statistics().connections == 0
         )
         await gosim.sleep(0.1)  # the handlers blocked on the queue wind up
         left = gosim.num_goroutine() - base
         peer.finish()
-        stats = server.stats()
+        stats = server.statistics()
         await server.shutdown(grace=0.1)
         return gone, stats.dead_peers, stats.connections, left
 
@@ -215,16 +215,16 @@ def test_a_protocol_error_closes_even_with_the_send_queue_full() -> None:
         release.wait(HOLD)
         sock.close()
 
-    async def main() -> tuple[bool, netframe.ServerStats]:
+    async def main() -> tuple[bool, netframe.ServerStatistics]:
         ln = net.listen("tcp", "127.0.0.1:0")
         server = netframe.Server(big_reply, heartbeat_interval=None, send_queue=4)
         go(server.serve, ln)
         peer = Peer(script, port_of(ln))
         peer.start()
-        await wait_until(lambda: server.stats().accepted == 1)
-        closed = await wait_until(lambda: server.stats().connections == 0)
+        await wait_until(lambda: server.statistics().accepted == 1)
+        closed = await wait_until(lambda: server.statistics().connections == 0)
         peer.finish()
-        stats = server.stats()
+        stats = server.statistics()
         await server.shutdown(grace=0.1)
         return closed, stats
 
@@ -371,12 +371,12 @@ def test_shutdown_returns_after_the_grace_period_with_a_peer_that_never_reads(
         go(server.serve, ln)
         peer = Peer(script, port_of(ln))
         peer.start()
-        await wait_until(lambda: server.stats().connections == 1)
+        await wait_until(lambda: server.statistics().connections == 1)
         await gosim.sleep(0.5)  # the peer's window is full: writes are stuck
-        opened = server.stats().connections
+        opened = server.statistics().connections
         returned, error = await within(BOUND, server.shutdown, 0.3)
         assert error is None
-        connections = server.stats().connections
+        connections = server.statistics().connections
         peer.finish()
         return returned, opened, connections
 
@@ -392,7 +392,7 @@ def test_the_connection_limit_holds_under_a_burst() -> None:
     # connection's goroutine) lets them all in.
     sockets: list[socket.socket] = []
 
-    async def main() -> tuple[netframe.ServerStats, int]:
+    async def main() -> tuple[netframe.ServerStatistics, int]:
         ln = net.listen("tcp", "127.0.0.1:0")
         port = port_of(ln)
 
@@ -406,13 +406,13 @@ def test_the_connection_limit_holds_under_a_burst() -> None:
         async def watch() -> None:
             nonlocal peak
             while True:
-                peak = max(peak, server.stats().connections)
+                peak = max(peak, server.statistics().connections)
                 await gosim.sleep(0.001)
 
         go(watch)
         go(server.serve, ln)
-        await wait_until(lambda: server.stats().accepted + server.stats().rejected >= 100)
-        stats = server.stats()
+        await wait_until(lambda: server.statistics().accepted + server.statistics().rejected >= 100)
+        stats = server.statistics()
         await server.shutdown(grace=0.1)
         return stats, peak
 
@@ -462,7 +462,7 @@ class _ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stats(self) -> dict[str, int]:
+    def statistics(self) -> dict[str, int]:
         assert self.proc.stdin is not None
         self.proc.stdin.write("stats\n")
         self.proc.stdin.flush()
@@ -527,7 +527,7 @@ def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
             if served is not None:
                 break
         assert alive_under_attack and server.alive(), server._stderr()
-        stats = server.stats()
+        stats = server.statistics()
     finally:
         for s in held:
             s.close()
@@ -568,7 +568,7 @@ def test_temporary_accept_errors_back_off_and_reach_the_hook() -> None:
         await c.send(b"still serving")
         reply = await c.recv()
         await c.close()
-        errors = server.stats().accept_errors
+        errors = server.statistics().accept_errors
         await server.shutdown(grace=0.1)
         return reply, errors
 
@@ -646,13 +646,13 @@ def test_a_refused_peer_reads_the_goaway_and_an_end_of_stream_not_a_reset() -> N
         server = netframe.Server(lambda p: p, max_connections=1, heartbeat_interval=None)
         go(server.serve, ln)
         holder = await net.dial("tcp", ln.addr())
-        await wait_until(lambda: server.stats().connections == 1)
+        await wait_until(lambda: server.statistics().connections == 1)
         peer = Peer(refused, port_of(ln))
         peer.start()
         ok = await wait_until(lambda: not peer.is_alive(), bound=30)
         assert ok
         got = peer.finish()
-        rejected = server.stats().rejected
+        rejected = server.statistics().rejected
         holder.close()
         await server.shutdown(grace=0.1)
         return got, rejected
@@ -674,7 +674,7 @@ def test_netframe_clients_refused_at_the_limit_all_learn_why() -> None:
         server = netframe.Server(lambda p: p, max_connections=1, heartbeat_interval=None)
         go(server.serve, ln)
         holder = await net.dial("tcp", ln.addr())
-        await wait_until(lambda: server.stats().connections == 1)
+        await wait_until(lambda: server.statistics().connections == 1)
         out: Chan[str] = Chan(n)
 
         async def refused() -> None:
@@ -747,7 +747,7 @@ def test_raw_server_memory_stays_bounded_by_send_queue_with_non_reading_peers() 
     server = _ServerProcess({"raw": True, "max_in_flight": 1, "send_queue": 16, "amplify": 400})
     socks: list[socket.socket] = []
     try:
-        assert server.stats()["connections"] == 0
+        assert server.statistics()["connections"] == 0
         before = server.rss()
         request = frame(b"12345678") * 4096
         for _ in range(3):
@@ -757,7 +757,7 @@ def test_raw_server_memory_stays_bounded_by_send_queue_with_non_reading_peers() 
             send_until_blocked(s, request)
         time.sleep(0.5)
         grown = server.rss() - before
-        assert server.stats()["connections"] == 3
+        assert server.statistics()["connections"] == 3
     finally:
         for s in socks:
             reset(s)
@@ -798,9 +798,9 @@ def test_raw_idle_timeout_closes_silent_and_slow_peers() -> None:
             p.start()
         await wait_until(lambda: not peers[0].is_alive() and not peers[1].is_alive())
         await gosim.sleep(1.0)  # the chatty peer outlives several timeouts
-        left = server.stats().connections
+        left = server.statistics().connections
         results = [p.finish() for p in peers]
-        idle = server.stats().idle_closed
+        idle = server.statistics().idle_closed
         await server.shutdown(grace=0.1)
         return results[0], results[1], results[2], left, idle
 

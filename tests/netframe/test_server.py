@@ -118,10 +118,10 @@ def test_many_clients_request_response_then_graceful_shutdown() -> None:
         total = 0
         for _ in range(100):
             total += await done.recv() or 0
-        peak = server.stats().accepted
+        peak = server.statistics().accepted
         await server.shutdown()
         await served.recv()
-        return total, peak, server.stats().connections
+        return total, peak, server.statistics().connections
 
     assert vrun(main) == (2000, 100, 0)
 
@@ -133,12 +133,12 @@ def test_dead_peer_is_detected_within_two_heartbeat_intervals() -> None:
         go(server.serve, ln)
         conn = await ln.dial()  # a raw peer that never answers pings
         start = gosim.now()
-        while server.stats().dead_peers == 0:
+        while server.statistics().dead_peers == 0:
             await gosim.sleep(0.05)
         elapsed = gosim.now() - start
         conn.close()
         await server.shutdown()
-        return server.stats().dead_peers, elapsed
+        return server.statistics().dead_peers, elapsed
 
     dead, elapsed = vrun(main)
     assert dead == 1
@@ -163,7 +163,7 @@ def test_idle_connection_gets_goaway_idle_timeout() -> None:
             if isinstance(event, GoAway):
                 last = event
         await server.shutdown()
-        return server.stats().idle_closed, last
+        return server.statistics().idle_closed, last
 
     idle_closed, last = vrun(main)
     assert idle_closed == 1
@@ -185,7 +185,7 @@ def test_connection_limit_answers_goaway_and_closes() -> None:
         for fc in keep:
             fc.conn.close()
         await server.shutdown()
-        return event, (end is None) + server.stats().rejected
+        return event, (end is None) + server.statistics().rejected
 
     event, n = vrun(main)
     assert event == GoAway(GoAwayCode.CONNECTION_LIMIT, "connection limit")
@@ -269,7 +269,7 @@ def test_garbage_from_a_client_is_a_protocol_error() -> None:
         while await conn.read(100):
             pass
         await server.shutdown()
-        return server.stats().protocol_errors
+        return server.statistics().protocol_errors
 
     assert vrun(main) == 1
 
@@ -296,15 +296,15 @@ def _many_connections(n: int) -> tuple[int, int, int]:
 
         for k in range(n):
             go(client, k)
-        while server.stats().connections < n:
+        while server.statistics().connections < n:
             await gosim.sleep(0.01)
-        peak = server.stats().connections
+        peak = server.statistics().connections
         start.close()
         total = 0
         for _ in range(n):
             total += await done.recv() or 0
         await server.shutdown()
-        return peak, total, server.stats().dead_peers
+        return peak, total, server.statistics().dead_peers
 
     result: tuple[int, int, int] = vrun(main)
     return result
@@ -334,7 +334,7 @@ def test_a_slow_reader_does_not_stall_other_connections() -> None:
         for i in range(100):
             await fast.send(b"%d" % i)
             answered += await fast.recv() == b"%d" % i
-        return answered, server.stats().connections
+        return answered, server.statistics().connections
 
     assert vrun(main) == (100, 2)
 
@@ -348,7 +348,7 @@ def test_reset_in_the_middle_of_a_frame_is_counted_and_closed() -> None:
         await conn.write(b"\x00\x00\x00\x10\x00half")  # announces 16 bytes, sends 5
         conn.close()
         await gosim.sleep(0.1)
-        return server.stats().protocol_errors, server.stats().connections
+        return server.statistics().protocol_errors, server.statistics().connections
 
     assert vrun(main) == (1, 0)
 
@@ -392,7 +392,7 @@ def test_session_batch_handler_answers_in_order_and_survives_its_own_errors() ->
         got.append(await c.recv())
         await c.close()
         await server.shutdown()
-        stats = server.stats()
+        stats = server.statistics()
         return got, stats.handler_errors, stats.dead_peers
 
     got, errors, dead = vrun(main)
@@ -449,7 +449,7 @@ def test_dead_peers_leave_no_goroutines_behind() -> None:
         baseline = gosim.statistics().goroutines
         silent = [await ln.dial() for _ in range(20)]  # connect, then never answer
         await gosim.sleep(0.5)
-        dead = server.stats().dead_peers
+        dead = server.statistics().dead_peers
         for conn in silent:
             conn.close()
         await gosim.sleep(0.05)
@@ -517,7 +517,7 @@ def test_plain_function_handlers_reply_without_a_coroutine() -> None:
                     event = session.receive(frame, gosim.now())
                     if isinstance(event, Data):
                         out.append(event.payload)
-            results.append((out, server.stats().handler_errors))
+            results.append((out, server.statistics().handler_errors))
             await server.shutdown(grace=0.1)
             await fc.aclose()
         return results
@@ -582,7 +582,7 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
         log: list[str] = []
         saved = _server_module._handle_each
         if not use_c:
-            _server_module._handle_each = None
+            _server_module._handle_each = _server_module._handle_each_py
         try:
 
             async def main() -> tuple[list[bytes], int]:
@@ -601,7 +601,7 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
                     got.append(frame)
                 await server.shutdown(grace=0.1)
                 await fc.aclose()
-                return got[:-1], server.stats().handler_errors
+                return got[:-1], server.statistics().handler_errors
 
             got, errors = gosim.run(main, procs=1)
         finally:
@@ -616,12 +616,56 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
     ]
     assert python[0] == expected
     assert python[1] == sum(op in "rx" for op in ops)
-    if _server_module._handle_each is not None:
+    if _server_module._handle_each is not _server_module._handle_each_py:
         assert serve(True) == python
 
 
+@pytest.mark.parametrize(
+    "handle_each",
+    [
+        pytest.param(_server_module._handle_each_py, id="python"),
+        pytest.param(
+            _server_module._handle_each,
+            id="c",
+            marks=pytest.mark.skipif(
+                _server_module._handle_each is _server_module._handle_each_py,
+                reason="netframe._speedups not in use (pure Python)",
+            ),
+        ),
+    ],
+)
+def test_handler_loop_leaves_coroutines_unstarted_without_run(handle_each: Any) -> None:
+    # The concurrent strategy's call: an async handler's coroutine comes back unstarted
+    # (suspended False), to be run by the goroutine that awaits it; plain replies before
+    # it are taken, and the loop goes on from the next index.
+    started: list[bytes] = []
+
+    def handler(payload: bytes) -> Any:
+        if payload.startswith(b"a"):
+
+            async def later() -> bytes:
+                started.append(payload)
+                return payload
+
+            return later()
+        return payload
+
+    replies: list[bytes] = []
+    i, pending, suspended, errors = handle_each(handler, [b"p", b"a1", b"q"], 0, replies, False)
+    assert (i, suspended, errors, replies, started) == (1, False, 0, [b"p"], [])
+    with pytest.raises(StopIteration) as stop:
+        pending.send(None)
+    assert stop.value.value == b"a1"
+    assert handle_each(handler, [b"p", b"a1", b"q"], 2, replies, False) == (3, None, False, 0)
+    assert replies == [b"p", b"q"]
+    # With run (the default), the same coroutine is run with one send and returns.
+    assert handle_each(handler, [b"a2"], 0, replies) == (1, None, False, 0)
+    assert replies == [b"p", b"q", b"a2"]
+
+
 @pytest.mark.skipif(
-    _server_module._handle_each is None, reason="netframe._speedups not in use (pure Python)"
+    _server_module._handle_each is _server_module._handle_each_py,
+    reason="netframe._speedups not in use (pure Python)",
 )
 def test_c_handler_loop_propagates_what_is_not_an_exception_and_checks_arguments() -> None:
     class Stop(BaseException):
@@ -706,7 +750,7 @@ def test_raw_replies_follow_request_order_whatever_the_handlers_timing(
             frames = await fc.read_frames()
             assert frames, "the server closed before every reply"
             got += frames
-        errors = server.stats().handler_errors
+        errors = server.statistics().handler_errors
         fc.conn.close()
         await server.shutdown(grace=0.1)
         return got, errors
@@ -714,3 +758,46 @@ def test_raw_replies_follow_request_order_whatever_the_handlers_timing(
     got, errors = vrun(main)
     assert got == [b"re:%d" % i for i in range(n) if outcome(i) == "reply"]
     assert errors == sum(outcome(i) == "raise" for i in range(n))
+
+
+@pytest.mark.parametrize("strategy", ["inline", "concurrent", "batch"])
+def test_a_protocol_error_after_requests_in_one_receive_answers_them_then_goaway(
+    strategy: str,
+) -> None:
+    # Whatever the handler strategy, the one reader hands the DATA before a bad frame
+    # to the handlers, then takes the one protocol-error path: their replies, then
+    # GOAWAY(PROTOCOL_ERROR), one count.
+    fmt = FrameFormat()
+
+    def plain(payload: bytes) -> bytes:
+        return b"re:" + payload
+
+    def batch(payloads: list[bytes]) -> list[bytes]:
+        return [b"re:" + p for p in payloads]
+
+    async def main() -> tuple[list[Any], int]:
+        ln = MemoryListener()
+        if strategy == "batch":
+            server = Server(handle_batch=batch, heartbeat_interval=None)
+        else:
+            server = Server(
+                plain, heartbeat_interval=None, max_in_flight=1 if strategy == "inline" else 8
+            )
+        go(server.serve, ln)
+        conn = await ln.dial()
+        wire = fmt.encode_many([b"\x00a", b"\x00b", b"\x09bad", b"\x00c"])
+        await conn.write(wire)  # one write: the reader gets all four in one receive
+        fc = FramedConn(conn, fmt)
+        session = Session(0.0, heartbeat_interval=None)
+        events: list[Any] = []
+        while (frame := await fc.read_frame()) is not None:
+            events.append(session.receive(frame, 0.0))
+        await server.shutdown()
+        return events, server.statistics().protocol_errors
+
+    events, errors = vrun(main)
+    assert events[:2] == [Data(b"re:a"), Data(b"re:b")]
+    assert len(events) == 3 and isinstance(events[2], GoAway)
+    assert events[2].code == GoAwayCode.PROTOCOL_ERROR
+    assert "unknown frame kind 9" in events[2].reason
+    assert errors == 1

@@ -43,7 +43,7 @@ def test_session_server_and_clients_over_tcp() -> None:
             go(client, k)
         total = sum([await done.recv() or 0 for _ in range(50)])
         await server.shutdown()
-        return total, server.stats().dead_peers
+        return total, server.statistics().dead_peers
 
     assert gosim.run(main, procs=2) == (550, 0)
 
@@ -97,15 +97,15 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
         for k in range(n):
             go(client, k)
         deadline = gosim.now() + 60.0  # bounded: a lost connection must fail, not hang
-        while server.stats().connections < n:
+        while server.statistics().connections < n:
             if gosim.now() > deadline:
-                raise TimeoutError(f"{server.stats().connections} of {n} connected in 60 s")
+                raise TimeoutError(f"{server.statistics().connections} of {n} connected in 60 s")
             await gosim.sleep(0.01)
-        peak = server.stats().connections
+        peak = server.statistics().connections
         gate.close()
         total = sum([await done.recv() or 0 for _ in range(n)])
         await server.shutdown()
-        return peak, total, server.stats().dead_peers
+        return peak, total, server.statistics().dead_peers
 
     assert gosim.run(main, procs=2) == (n, 2 * n, 0)
 

@@ -188,3 +188,43 @@ def test_two_sessions_over_a_link_detect_a_cut_within_two_intervals(
     assert a.dead and b.dead
     for s in (a, b):
         assert s.last_received < cut_at + latency + 1e-9
+
+
+_FRAMES = st.one_of(
+    st.binary(max_size=6).map(lambda b: bytes([Kind.DATA]) + b),
+    st.integers(0, 2**64 - 1).map(lambda n: bytes([Kind.PING]) + n.to_bytes(8, "big")),
+    st.integers(0, 2**64 - 1).map(lambda n: bytes([Kind.PONG]) + n.to_bytes(8, "big")),
+    st.text(max_size=5).map(lambda t: bytes([Kind.GOAWAY]) + b"\0\0\0\0" + t.encode()),
+    st.binary(max_size=3),  # empty, or an unknown kind, or a short control frame
+)
+
+
+@given(frames=st.lists(_FRAMES, max_size=12), now=st.floats(1.0, 100.0))
+@settings(max_examples=200, deadline=None)
+def test_receive_many_is_receive_frame_by_frame(frames: list[bytes], now: float) -> None:
+    # The reader's burst call: the same DATA payloads, the same state, pongs and
+    # error as receive() one frame at a time, stopping at the first bad frame.
+    one, many = Session(0.0), Session(0.0)
+    want: list[bytes] = []
+    control = False
+    error = None
+    for frame in frames:
+        try:
+            event = one.receive(frame, now)
+        except RemoteSessionError as exc:
+            error = str(exc)
+            break
+        if isinstance(event, Data):
+            want.append(event.payload)
+        else:
+            control = True
+    got: list[bytes] = []
+    try:
+        got_control = many.receive_many(frames, now, got)
+        got_error = None
+    except RemoteSessionError as exc:
+        got_control, got_error = control, str(exc)
+    assert (got, got_error, got_control) == (want, error, control)
+    for attr in ("last_received", "last_data", "dead", "state", "goaway_received"):
+        assert getattr(many, attr) == getattr(one, attr), attr
+    assert many.poll(now) == one.poll(now)

@@ -1,0 +1,110 @@
+"""A netframe server's work for N requests, for counting its instructions with callgrind.
+
+The server runs in this process; its client is a plain-socket child process that
+valgrind does not follow (``--trace-children=no``, the default), so the instructions
+counted are the server's alone, whatever the load on the machine:
+
+    for n in 2000 12000; do
+      PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+          .venv/bin/python benchmarks/ops_net.py session-rr $n 2>&1 | grep Collected
+    done
+
+and ``(Ir(12000) - Ir(2000)) / 10000`` is the server's instructions per request
+(start-up, accept and shutdown cancel out). Workloads:
+
+* ``raw-rr``: raw mode, a plain handler, one request in flight (``max_in_flight=1``);
+* ``session-rr``: session mode with the defaults (``max_in_flight=64``), a plain
+  handler, one request in flight: the shape of ``idempotency.rpc``'s server;
+* ``session-async-rr``: the same with an async handler;
+* ``raw-pipe64`` / ``session-pipe64``: 64 frames of 64 bytes sent at once, their 64
+  replies read, again (N frames in all): the pipelined cost per frame.
+
+Run without valgrind it prints the wall-clock time per request of the client too, a
+figure the load moves (use the instruction counts to compare builds).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+HEADER = struct.Struct(">I")
+PAYLOAD = b"x" * 64
+
+
+def _recv_exactly(sock: socket.socket, n: int, buf: bytearray) -> None:
+    while len(buf) < n:
+        chunk = sock.recv(max(65536, n - len(buf)))
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+
+
+def client(port: int, n: int, session: bool, depth: int) -> None:
+    """``n`` requests, ``depth`` at a time, each reply checked; then close."""
+    body = (b"\x00" if session else b"") + PAYLOAD
+    frame = HEADER.pack(len(body)) + body
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray()
+    sent = 0
+    while sent < n:
+        k = min(depth, n - sent)
+        sock.sendall(frame * k)
+        sent += k
+        want = k * len(frame)
+        _recv_exactly(sock, want, buf)
+        if bytes(buf[:want]) != frame * k:
+            raise AssertionError("a reply did not echo its request")
+        del buf[:want]
+    sock.close()
+
+
+def server(workload: str, n: int) -> None:
+    # Here, not at the top: the client process (this file too) stays a plain-socket
+    # program that never loads the runtime.
+    import gosim  # noqa: PLC0415
+    import netframe  # noqa: PLC0415
+    from gosim import go, net  # noqa: PLC0415
+
+    session = workload.startswith("session")
+    depth = 64 if workload.endswith("pipe64") else 1
+
+    def echo_plain(payload: bytes) -> bytes:
+        return payload
+
+    async def echo_async(payload: bytes) -> bytes:
+        return payload
+
+    handler = echo_async if "async" in workload else echo_plain
+    if session:
+        srv = netframe.Server(handler, heartbeat_interval=10.0)
+    else:
+        srv = netframe.Server(handler, raw=True, max_in_flight=1, heartbeat_interval=None)
+
+    async def main() -> float:
+        listener = net.listen("tcp", "127.0.0.1:0")
+        port = int(listener.addr().rpartition(":")[2])
+        go(srv.serve, listener)
+        args = [sys.executable, __file__, "client", str(port), str(n), str(int(session))]
+        started = time.perf_counter()
+        proc = subprocess.Popen([*args, str(depth)])
+        code = await gosim.syscall(proc.wait)
+        elapsed = time.perf_counter() - started
+        if code:
+            raise SystemExit(f"client failed with {code}")
+        await srv.shutdown(grace=1.0)
+        return elapsed
+
+    elapsed = gosim.run(main, procs=1)
+    print(f"{workload}: {n} requests, {elapsed / n * 1e6:.2f} us each (client wall clock)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "client":
+        client(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]))
+    else:
+        server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

@@ -1,0 +1,34 @@
+"""The loader of netframe's C accelerator, ``netframe._speedups``, for every module.
+
+``speedups`` is the extension module, or None when it is not built or when
+``GOSIM_PURE_PYTHON=1`` asks for the pure-Python reference (the switch gosim's own
+accelerator obeys, so one variable selects the path of the whole stack). Each caller
+takes the parts it needs from here, and keeps the Python twin of each:
+
+* the sans-IO part (``cut_frames``, ``encode_fixed``: ``netframe/_speedups_codec.c.h``)
+  serves ``_codec``; it does no I/O, like the codec itself;
+* the I/O part (``FrameReader``, ``FrameWriter``: ``netframe/_speedups_io.c.h``) serves
+  ``_conn``'s receive-and-cut and encode-and-send on a socket;
+* the server part (``handle_each``, ``drop_none``: ``netframe/_speedups_server.c.h``)
+  serves ``_server``'s handler loop.
+
+Importing this module imports neither gosim nor trio: the codec stays sans-IO.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Final
+
+__all__ = ["C_ENABLED", "speedups"]
+
+speedups: Any = None
+if os.environ.get("GOSIM_PURE_PYTHON", "") in ("", "0"):
+    try:
+        speedups = importlib.import_module("netframe._speedups")
+    except ImportError:  # not built (an sdist without a compiler): the reference serves
+        speedups = None
+
+#: Whether the C accelerator is in use in this process.
+C_ENABLED: Final = speedups is not None
