@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gosim._core._exceptions import RuntimeInternalError
+
 from . import _layout as lay
 from ._errors import (
     BadAddressError,
@@ -257,8 +259,15 @@ class Heap:
             raise ValueError(f"p={q} out of range: this heap has {self._procs} Ps")
         return q
 
-    def _oom(self, size: int, n: int) -> OutOfMemoryError:
+    def _oom(self, size: int, n: int) -> OutOfMemoryError | RuntimeInternalError:
         meta = self._meta
+        thrown = int(meta[lay.H_THROW])
+        if thrown:
+            # A kernel stopped on a broken invariant, not on exhaustion (Go's throw).
+            return RuntimeInternalError(
+                f"fatal error: {lay.THROW_MESSAGES[thrown]} (gosim.mem heap; "
+                "the heap's counts and bitmaps disagree: a bug in gosim.mem)"
+            )
         free_pages = int(meta[lay.H_NPAGES] - meta[lay.H_PAGES_INUSE])
         what = f"{n} objects of {size} bytes" if n != 1 else f"{size} bytes"
         return OutOfMemoryError(
@@ -272,7 +281,9 @@ class Heap:
 
         The object occupies its class's slot size (``roundupsize(n)``). Raises
         ``TypeError``/``ValueError`` for a bad size or P, :class:`OutOfMemoryError` when
-        the arena is exhausted (nothing changes then).
+        the arena is exhausted (nothing changes then), and
+        :class:`gosim.RuntimeInternalError` (Go's ``throw``) when a kernel found the
+        heap's own invariants broken: a bug in gosim.mem, after which the heap is unusable.
         """
         n = _index(n, "size")
         if n < 0:
@@ -320,6 +331,9 @@ class Heap:
         got = int(malloc_batch(meta, bits, tiny, arena, p, size, bool(noscan), out))
         if got == n:
             return out
+        error = self._oom(size, n)  # before the rollback, which would clear H_THROW
+        if isinstance(error, RuntimeInternalError):
+            raise error  # a broken heap is not rolled back to a state that looked sound
         if large:
             for a in out[:got][::-1]:
                 unmalloc_large(meta, bits, int(a))
@@ -327,7 +341,7 @@ class Heap:
             meta[:] = snapshot[0]
             bits[:] = snapshot[1]
             tiny[:] = snapshot[2]
-        raise self._oom(size, n)
+        raise error
 
     # ---- freeing ------------------------------------------------------------------------
 

@@ -67,6 +67,10 @@ H_B_MBITS = 25  # offsets in ``bits``
 H_B_ACACHE = 26
 H_B_PALLOC = 27
 H_REFILLS = 28
+#: A heap invariant a kernel found broken (Go's ``throw``): one of the THROW_* codes, 0 for
+#: none. The kernel stops as if the heap were exhausted; the heap object then raises
+#: RuntimeInternalError instead of OutOfMemoryError, on that call and every later one.
+H_THROW = 29
 HEADER_WORDS = 32
 
 # ---- span row fields ---------------------------------------------------------------
@@ -121,6 +125,12 @@ ERR_UNALLOCATED = -3  # no object was ever handed out there since the last sweep
 ERR_INTERIOR = -4  # inside an object, not at its start
 ERR_DOUBLE = -5  # the object was freed already
 ERR_TINY = -6  # inside a tiny block, where no live tiny object starts
+
+# ---- H_THROW codes: what broke ------------------------------------------------------
+THROW_REFILL_NOT_FULL = 1  # Go's "refill of span with free space remaining"
+THROW_MESSAGES = {
+    THROW_REFILL_NOT_FULL: "refill of span with free space remaining",
+}
 
 # Kinds recorded by the free claim pass.
 KIND_OBJECT = 1

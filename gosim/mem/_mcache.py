@@ -67,6 +67,7 @@ from ._layout import (
     H_PROCS,
     H_REFILLS,
     H_SWEEPGEN,
+    H_THROW,
     H_TINY_ALLOCS,
     KIND_OBJECT,
     KIND_TINY,
@@ -92,6 +93,7 @@ from ._layout import (
     S_SWEEPGEN,
     ST_SMALL_ALLOC,
     ST_SMALL_FREE,
+    THROW_REFILL_NOT_FULL,
     TINY_SPAN_CLASS,
 )
 from ._mcentral import cache_span, mheap_alloc_or_reclaim, uncache_span
@@ -185,6 +187,12 @@ def refill(meta: np.ndarray, bits: np.ndarray, p: int, spc: int) -> int:
     s = meta[mc + spc]
     if s >= 0:
         row = span_row(meta, s)
+        if meta[row + S_ALLOCCOUNT] != meta[row + S_NELEMS]:
+            # Go throws here: the caller found no free slot that the counts say exists,
+            # so the bitmaps and the counts disagree. Going on would hand out a live
+            # object's slot or leak the span's free ones.
+            meta[H_THROW] = THROW_REFILL_NOT_FULL
+            return -1
         meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
             meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
         )

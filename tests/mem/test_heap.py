@@ -7,8 +7,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+import gosim
 from gosim import mem
 from gosim.mem import _layout as lay
+from gosim.mem._mspan import span_row
 
 PAGE = mem.PAGE_SIZE
 
@@ -384,3 +386,32 @@ def test_layout_offsets_are_disjoint() -> None:
         )
     )
     assert offs[0] >= lay.HEADER_WORDS and len(set(offs)) == len(offs)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_refill_of_a_span_with_free_space_throws(batch: bool) -> None:
+    # Go's mcache.refill throws "refill of span with free space remaining". Simulate the
+    # bug it guards against: the span's allocCount says a slot is free that the bitmap
+    # says is taken. The allocator must stop with RuntimeInternalError, not hand the
+    # slot out again or report OutOfMemoryError, and stay stopped.
+    h = mem.Heap(64 * PAGE)
+    a = h.malloc(PAGE)  # the 8 KiB class: one object a span, so the span is now full
+    meta = h._meta
+    row = span_row(meta, a >> lay.PAGE_SHIFT)
+    assert meta[row + lay.S_ALLOCCOUNT] == meta[row + lay.S_NELEMS] == 1
+    meta[row + lay.S_ALLOCCOUNT] = 0
+    with pytest.raises(gosim.RuntimeInternalError, match="refill of span with free space"):
+        if batch:
+            h.malloc_many(PAGE, 3)
+        else:
+            h.malloc(PAGE)
+    with pytest.raises(gosim.RuntimeInternalError):
+        h.malloc(PAGE)
+
+
+def test_refill_of_full_spans_never_throws() -> None:
+    # The check costs nothing on the sound path: fill many spans of several classes.
+    h = mem.Heap(256 * PAGE)
+    for size in (8, 48, 512, PAGE):
+        h.malloc_many(size, 3 * max(1, PAGE // size))
+    assert int(h._meta[lay.H_THROW]) == 0
