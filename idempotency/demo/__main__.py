@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from ._clients import run_clients
 from ._ledger import LedgerSpec, serve
@@ -74,40 +75,31 @@ def main(argv: list[str]) -> int:
         # Several processes on one SQLite file do keep every check, but they take turns
         # on the file's one write lock by polling it: throughput collapses.
         p.error("--servers N > 1 needs --store redis (SQLite has one writer per file)")
+    # What a run is, whether it runs on real processes or in the simulator.
+    common: dict[str, Any] = {
+        "connections": a.connections,
+        "accounts": a.accounts,
+        "seconds": a.seconds,
+        "seed": a.seed,
+        "faults": not a.no_faults,
+        "kills": 0 if a.no_faults else a.kills,
+        "heartbeat": a.heartbeat,
+        "think": a.think,
+        "trace": a.trace,
+    }
     if a.simulate:
         if a.store != "sqlite" or a.servers != 1 or a.plot or a.db:
             p.error("--simulate keeps its ledger in memory: no --store, --servers, --db, --plot")
-        return simulate(
-            SimOptions(
-                connections=a.connections,
-                clients=a.clients,
-                accounts=a.accounts,
-                seconds=a.seconds,
-                seed=a.seed,
-                faults=not a.no_faults,
-                kills=0 if a.no_faults else a.kills,
-                heartbeat=a.heartbeat,
-                think=a.think,
-                trace=a.trace,
-            )
-        )
+        return simulate(SimOptions(clients=a.clients, **common))
     opts = Options(
-        connections=a.connections,
         clients=min(a.clients, a.connections),
-        accounts=a.accounts,
-        seconds=a.seconds,
-        seed=a.seed,
-        faults=not a.no_faults,
-        kills=0 if a.no_faults else a.kills,
-        heartbeat=a.heartbeat,
-        think=a.think,
         db=a.db,
         live=False if a.plain else None,
         plot=a.plot,
         store=a.store,
         redis=a.redis,
         servers=a.servers,
-        trace=a.trace,
+        **common,
     )
     return run(opts)
 
