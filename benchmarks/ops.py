@@ -9,8 +9,10 @@ counts instructions instead, which do not depend on the load:
 
 and takes (Ir(6000) - Ir(1000)) / 5000 as the instructions per operation (interpreter
 start-up cancels out). Operations: pingpong (a round trip on unbuffered channels),
-buffered (an item through Chan(1024)), select2 (a select over two ready channels),
-spawn (go + WaitGroup), mutex (an uncontended lock and unlock).
+buffered (an item through Chan(1024)), select2 (a select over two channels fed by two
+goroutines; 2N selects), ring (a hop of a token round 1,000 goroutines on unbuffered
+channels), spawn (go + WaitGroup), mutex (an uncontended lock and unlock). Each is its
+twin in benchmarks/bench_core.py, minus the timing.
 """
 
 from __future__ import annotations
@@ -70,6 +72,28 @@ async def select2():
         await select(recv(a), recv(b))
 
 
+RING = 1000  # as in benchmarks/bench_core.py
+
+
+async def ring():
+    chans = [Chan(0) for _ in range(RING)]
+    done = Chan(1)
+
+    async def node(inbox, outbox):
+        async for v in inbox:
+            if v == 0:
+                await done.send(None)
+            else:
+                await outbox.send(v - 1)
+
+    for i in range(RING):
+        go(node, chans[i], chans[(i + 1) % RING])
+    await chans[0].send(N)
+    await done.recv()
+    for ch in chans:
+        ch.close()
+
+
 async def spawn():
     wg = WaitGroup()
 
@@ -94,6 +118,7 @@ if __name__ == "__main__":
         "buffered": buffered,
         "pingpong": pingpong,
         "select2": select2,
+        "ring": ring,
         "spawn": spawn,
         "mutex": mutex,
     }
