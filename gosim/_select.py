@@ -2,31 +2,50 @@
 
 1. Poll: visit the cases in a uniformly random order (Go's ``pollorder``) and run the
    first one that can complete at once. So among ready cases each is chosen with equal
-   probability; a nil channel (``None``) is never ready.
+   probability; a nil channel (``None``) is never ready. The order is drawn from the
+   runtime's ``rng`` (``random.random`` outside a runtime): one draw for two cases,
+   ``n - 1`` for ``n`` (Fisher-Yates), so a seeded run chooses the same cases each time.
 2. ``default=True`` and nothing ready: return ``(-1, None, False)`` at once.
 3. Otherwise queue one Sudog per non-nil case on its channel and park (wait reason
    ``select``). The first channel operation that pairs with one of them marks the G's
    ``selectdone``, records the case and readies the G; the other Sudogs are skipped by
    their channels from then on and removed here when the G resumes (Go's pass 3).
-   With no non-nil case at all the goroutine blocks forever (``select (no cases)``).
+   With no non-nil case at all the goroutine blocks forever (``select (no cases)`` when
+   there are no cases, ``select`` when every channel is nil).
 
 The result is ``(index, value, ok)``: the chosen case's index (-1 for default), the value
 received (None for a send) and ok, False when a receive got a closed channel's zero value.
-Cases are built with :func:`recv` and :func:`send`.
+
+Cases are built with :func:`recv` and :func:`send`; a case that is not one of their
+tuples raises TypeError when the poll reaches it. A send case chosen on a closed channel
+raises ``send on closed channel`` (:class:`gosim.SendOnClosedChannel`), whether it was
+chosen in the poll or woke the select by the channel's close. A select that would park
+outside a goroutine raises :class:`gosim.NotInRuntime`. A select that parked and ends
+without a case firing (an exception thrown into the goroutine, its coroutine closed)
+takes every one of its Sudogs out of the wait queues.
+
+``select(...)`` returns an awaitable that does nothing until awaited, and is awaited
+once: a second ``await`` raises RuntimeError, and one dropped unawaited warns
+(RuntimeWarning), as for a coroutine and the channel operations. (Until issue 17 the
+select was a generator-based coroutine whose second ``await`` gave None.)
+
+This module's functions are the reference implementation. When the C accelerator is
+built, ``select``, ``recv`` and ``send`` are their twins in ``gosim/_speedups.c`` (same
+rules, same draws from the rng, same queues); keep the two in step.
+``tests/gosim/test_select_paths.py`` runs both on the same programs and compares them.
 """
 
 from __future__ import annotations
 
 import random
-import types
-from collections.abc import Generator
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from gosim import lowlevel
-from gosim._chan import Chan
-from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel
-from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog
+from gosim._chan import Chan, _preempt_point
+from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel, throw
+from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog, speedups
 from gosim.lowlevel import state as _state
+from gosim.lowlevel import trap as _trap
 
 T = TypeVar("T")
 
@@ -36,17 +55,8 @@ SEND: Final = 1
 Case = tuple[int, "Chan[Any] | None", Any]
 
 _PARK = lowlevel.PARK
-_PREEMPT = lowlevel.PREEMPT
+_BAD_CASE: Final = "select: cases must be made with gosim.recv or gosim.send"
 _budget = lowlevel.OP_BUDGET  # see gosim._chan: the same countdown, kept per module
-
-
-@types.coroutine
-def _preempt_point() -> Generator[Any, Any, None]:
-    global _budget
-    _budget = lowlevel.OP_BUDGET
-    rt = _state.rt
-    if rt is not None and rt.preempt_check():
-        yield _PREEMPT
 
 
 def recv(ch: Chan[Any] | None) -> Case:
@@ -63,18 +73,23 @@ def send(ch: Chan[T] | None, value: T) -> Case:
     return (SEND, ch, value)
 
 
-@types.coroutine
-def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int, Any, bool]]:
+def _parts(case: Any) -> Case:
+    """A case's (kind, channel, value), or TypeError for anything recv/send did not build."""
+    if type(case) is not tuple or len(case) != 3:
+        raise TypeError(_BAD_CASE)
+    kind, ch, value = case
+    if ch is not None and (kind not in (RECV, SEND) or not isinstance(ch, Chan)):
+        raise TypeError(_BAD_CASE)
+    return case  # type: ignore[no-any-return]
+
+
+async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
     """Run one ready case, chosen uniformly at random; block until one is ready unless ``default``.
 
     Returns ``(index, value, ok)`` as described in the module docstring. A send case on
     a closed channel that is chosen raises ``send on closed channel``. A select that
     parked and ends without a case firing (an exception thrown into the goroutine, its
     coroutine closed) takes every one of its sudogs out of the wait queues.
-
-    A generator-based coroutine, on both paths: a native one would cost a trap
-    generator per park (about 9% of a parking select); so awaiting the same select
-    object twice gives None the second time instead of raising.
     """
     global _budget
     rt = _state.rt
@@ -92,37 +107,40 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
             j = int(rnd() * (i + 1))
             order[i], order[j] = order[j], order[i]
     for i in order:
-        case = cases[i]
-        ch = case[1]
+        kind, ch, value = _parts(cases[i])
         if ch is None:
             continue
-        if case[0] == RECV:
+        if kind == RECV:
             v, ok, received = ch.try_recv()
             if received:
-                _budget -= 1
-                if _budget <= 0:
-                    yield from _preempt_point()
+                if rt is not None:
+                    _budget -= 1
+                    if _budget <= 0:
+                        _budget = lowlevel.OP_BUDGET
+                        await _preempt_point()
                 return i, v, ok
-        elif case[0] == SEND:
-            if ch.try_send(case[2]):
+        elif ch.try_send(value):
+            if rt is not None:
                 _budget -= 1
                 if _budget <= 0:
-                    yield from _preempt_point()
-                return i, None, True
-        else:
-            raise TypeError("select: cases must be made with gosim.recv or gosim.send")
+                    _budget = lowlevel.OP_BUDGET
+                    await _preempt_point()
+            return i, None, True
     if default:
-        _budget -= 1
-        if _budget <= 0:
-            yield from _preempt_point()
+        if rt is not None:
+            _budget -= 1
+            if _budget <= 0:
+                _budget = lowlevel.OP_BUDGET
+                await _preempt_point()
         return -1, None, False
     if rt is None or rt.curg is None:
         raise NotInRuntime("select would block outside a gosim goroutine")
     g = rt.curg
     g.selectdone = False
     sudogs: list[Sudog] = []
+    isrecv: list[bool] = []
     for i in range(n):
-        kind, ch, value = cases[i]
+        kind, ch, value = _parts(cases[i])
         if ch is None:
             continue
         sg = Sudog(g, ch, i, value)
@@ -131,32 +149,53 @@ def select(*cases: Case, default: bool = False) -> Generator[Any, Any, tuple[int
         else:
             ch._sendq.append(sg)
         sudogs.append(sg)
+        isrecv.append(kind == RECV)
     if not sudogs:
         # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
         # nil channels parks in selectgo as a plain "select".
         g.waitreason = WAIT_SELECT_NO_CASES if n == 0 else WAIT_SELECT
-        yield _PARK  # never readied: blocks forever, as in Go
-        raise AssertionError("unreachable: select with no cases was woken")  # pragma: no cover
+        await _trap(_PARK)  # never readied: blocks forever, as in Go
+        raise throw(f"select: goroutine {g.goid} woken from a select that blocks forever")
     g.waitreason = WAIT_SELECT
-    fired: Sudog | None = None
+    fired: Any = None
     try:
-        fired = yield _PARK
+        fired = await _trap(_PARK)
     finally:
         # Go's pass 3: every sudog but the one that fired leaves its queue; all of them
         # when the park ended by an exception thrown in or the coroutine closed.
         g.selectdone = False
-        for sg in sudogs:
+        for k, sg in enumerate(sudogs):
             if sg is not fired:
                 ch = sg.ch
-                q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
+                q = ch._recvq if isrecv[k] else ch._sendq
                 try:
                     q.remove(sg)
                 except ValueError:  # already taken out by a dequeue that skipped it
                     pass
-    assert fired is not None
-    i = fired.caseidx
-    if cases[i][0] == SEND:
-        if not fired.ok:
-            raise SendOnClosedChannel("send on closed channel")
-        return i, None, True
-    return i, fired.elem, fired.ok
+    for k, sg in enumerate(sudogs):
+        if sg is fired:
+            i = sg.caseidx
+            if not isrecv[k]:
+                if not sg.ok:
+                    raise SendOnClosedChannel("send on closed channel")
+                return i, None, True
+            return i, sg.elem, sg.ok
+    raise throw(f"select: goroutine {g.goid} woken without a case that fired")
+
+
+# The pure-Python functions stay importable under these names (the tests run them
+# against the C ones); the public names are the C twins when the accelerator is built.
+py_select = select
+py_recv = recv
+py_send = send
+
+if speedups is not None:
+    import _random
+
+    speedups.configure_select(
+        WAIT_SELECT, WAIT_SELECT_NO_CASES, random.random, _random.Random.random, RECV, SEND
+    )
+    if not TYPE_CHECKING:
+        select = speedups.select
+        recv = speedups.recv_case
+        send = speedups.send_case

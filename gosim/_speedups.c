@@ -52,7 +52,7 @@ static PyObject *empty_str;
 static Py_ssize_t budget = 128;
 
 static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput,
-    *str_preempt_check, *str_g, *str_elem, *str_ok, *str_gfput_spill, *str_remove;
+    *str_preempt_check, *str_gfput_spill, *str_remove;
 
 /* collections.deque and its popleft/append C functions, called directly on exact
  * deques (the run queues and channel wait queues): a method lookup per call would
@@ -399,6 +399,7 @@ static PyTypeObject PBaseType = {
 typedef struct {
     PyObject_HEAD
     PyObject *curg, *curp, *trace, *allg, *call_boxes, *gfree;
+    PyObject *rng; /* the runtime's random.Random: select's pollorder draws from it */
     Py_ssize_t nswitch, goidgen;
     char main_goexited;
 } RtObject;
@@ -414,6 +415,7 @@ RtBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     rt->curg = Py_NewRef(Py_None);
     rt->curp = Py_NewRef(Py_None);
     rt->trace = Py_NewRef(Py_None);
+    rt->rng = Py_NewRef(Py_None);
     rt->allg = PyDict_New();
     rt->call_boxes = PyDict_New();
     rt->gfree = PyList_New(0);
@@ -430,6 +432,7 @@ RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
     Py_VISIT(rt->curg);
     Py_VISIT(rt->curp);
     Py_VISIT(rt->trace);
+    Py_VISIT(rt->rng);
     Py_VISIT(rt->allg);
     Py_VISIT(rt->call_boxes);
     Py_VISIT(rt->gfree);
@@ -443,6 +446,7 @@ RtBase_clear(RtObject *rt)
     Py_SETREF(rt->curg, Py_NewRef(Py_None));
     Py_SETREF(rt->curp, Py_NewRef(Py_None));
     Py_SETREF(rt->trace, Py_NewRef(Py_None));
+    Py_SETREF(rt->rng, Py_NewRef(Py_None));
     return 0;
 }
 
@@ -454,6 +458,7 @@ RtBase_dealloc(RtObject *rt)
     Py_CLEAR(rt->curg);
     Py_CLEAR(rt->curp);
     Py_CLEAR(rt->trace);
+    Py_CLEAR(rt->rng);
     Py_CLEAR(rt->allg);
     Py_CLEAR(rt->call_boxes);
     Py_CLEAR(rt->gfree);
@@ -779,6 +784,7 @@ static PyMethodDef RtBase_methods[] = {
 RECORD_FIELD(RtBase, RtObject, curg, value == Py_None || G_Check(value), "a G or None")
 RECORD_FIELD(RtBase, RtObject, curp, PyObject_TypeCheck(value, &PBaseType), "a P")
 RECORD_FIELD(RtBase, RtObject, trace, 1, "")
+RECORD_FIELD(RtBase, RtObject, rng, 1, "")
 RECORD_FIELD(RtBase, RtObject, allg, PyDict_CheckExact(value), "a dict")
 RECORD_FIELD(RtBase, RtObject, call_boxes, PyDict_CheckExact(value), "a dict")
 RECORD_FIELD(RtBase, RtObject, gfree, PyList_CheckExact(value), "a list")
@@ -787,6 +793,7 @@ static PyGetSetDef RtBase_getset[] = {
     RECORD_GETSET(RtBase, curg, "the G being stepped, or None"),
     RECORD_GETSET(RtBase, curp, "the P being run"),
     RECORD_GETSET(RtBase, trace, "the event trace, or None"),
+    RECORD_GETSET(RtBase, rng, "the runtime's random.Random (select order, steal victims)"),
     RECORD_GETSET(RtBase, allg, "live goroutines by goid"),
     RECORD_GETSET(RtBase, call_boxes, "callers awaiting outcomes"),
     RECORD_GETSET(RtBase, gfree, "the global list of dead Gs"),
@@ -886,6 +893,154 @@ static PyTypeObject DoneType = {
 };
 
 static PyObject *DONE;
+
+/* ------------------------------------------------------------------ Sudog */
+
+/* A G queued on one channel for one case of a select: Go's sudog with isSelect
+ * (gosim._core._g.Sudog is this type when the accelerator is built). The channel code
+ * reads and writes its fields directly; Python reads g, ch, caseidx, elem, ok and the
+ * class constant issel (the timers' can_wake, tests), and may set elem and ok. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *g;    /* the waiting G (a GBase) */
+    PyObject *ch;   /* the channel whose queue holds it */
+    PyObject *elem; /* send: the value offered; recv: the value handed over */
+    Py_ssize_t caseidx;
+    char ok;        /* recv: False when woken by close; send: False = channel closed */
+    char isrecv;    /* queued in ch's recvq (else its sendq); set by the C select */
+    /* Invariant: set while in its channel's queue when queued by the C select; cleared
+     * by whoever takes it out (dequeue, or the select's pass 3), so that pass 3 only
+     * searches a queue for a sudog still there. */
+    char queued;
+} SudogObject;
+
+static PyTypeObject SudogType;
+
+#define SUDOG_FREELIST_MAX 64
+static SudogObject *sudog_freelist[SUDOG_FREELIST_MAX];
+static int sudog_nfree;
+
+static SudogObject *
+sudog_alloc(PyObject *g, PyObject *ch, Py_ssize_t caseidx, PyObject *elem)
+{
+    SudogObject *sg;
+    if (sudog_nfree > 0) {
+        sg = sudog_freelist[--sudog_nfree];
+        PyObject_Init((PyObject *)sg, &SudogType);
+    }
+    else {
+        sg = PyObject_GC_New(SudogObject, &SudogType);
+        if (sg == NULL)
+            return NULL;
+    }
+    sg->g = Py_NewRef(g);
+    sg->ch = Py_NewRef(ch);
+    sg->elem = Py_NewRef(elem);
+    sg->caseidx = caseidx;
+    sg->ok = 1;
+    sg->isrecv = 0;
+    sg->queued = 0;
+    PyObject_GC_Track(sg);
+    return sg;
+}
+
+static PyObject *
+Sudog_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"g", "ch", "caseidx", "elem", NULL};
+    PyObject *g, *ch, *elem;
+    Py_ssize_t caseidx;
+    if (type != &SudogType) {
+        PyErr_SetString(PyExc_TypeError, "Sudog cannot be subclassed");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOnO:Sudog", kwlist, &g, &ch, &caseidx, &elem))
+        return NULL;
+    if (!G_Check(g)) {
+        PyErr_Format(PyExc_TypeError, "Sudog.g must be a G, not %s", Py_TYPE(g)->tp_name);
+        return NULL;
+    }
+    return (PyObject *)sudog_alloc(g, ch, caseidx, elem);
+}
+
+static int
+Sudog_traverse(SudogObject *sg, visitproc visit, void *arg)
+{
+    Py_VISIT(sg->g);
+    Py_VISIT(sg->ch);
+    Py_VISIT(sg->elem);
+    return 0;
+}
+
+/* As GBase_clear: None, never NULL (the channel code reads the fields unchecked). */
+static int
+Sudog_clear(SudogObject *sg)
+{
+    Py_SETREF(sg->elem, Py_NewRef(Py_None));
+    return 0;
+}
+
+static void
+Sudog_dealloc(SudogObject *sg)
+{
+    PyObject_GC_UnTrack(sg);
+    Py_CLEAR(sg->g);
+    Py_CLEAR(sg->ch);
+    Py_CLEAR(sg->elem);
+    if (sudog_nfree < SUDOG_FREELIST_MAX)
+        sudog_freelist[sudog_nfree++] = sg;
+    else
+        PyObject_GC_Del(sg);
+}
+
+static PyObject *
+Sudog_repr(SudogObject *sg)
+{
+    return PyUnicode_FromFormat("<Sudog case %zd of G %zd>", sg->caseidx,
+                                ((GObject *)sg->g)->goid);
+}
+
+static PyObject *
+Sudog_get_g(SudogObject *sg, void *closure)
+{
+    return Py_NewRef(sg->g);
+}
+
+static PyObject *
+Sudog_get_ch(SudogObject *sg, void *closure)
+{
+    return Py_NewRef(sg->ch);
+}
+
+RECORD_FIELD(Sudog, SudogObject, elem, 1, "")
+
+static PyGetSetDef Sudog_getset[] = {
+    {"g", (getter)Sudog_get_g, NULL, "the waiting G", NULL},
+    {"ch", (getter)Sudog_get_ch, NULL, "the channel whose queue holds it", NULL},
+    RECORD_GETSET(Sudog, elem, "send: the value offered; recv: the value handed over"),
+    {NULL},
+};
+
+static PyMemberDef Sudog_members[] = {
+    {"caseidx", T_PYSSIZET, offsetof(SudogObject, caseidx), READONLY, "the select case's index"},
+    {"ok", T_BOOL, offsetof(SudogObject, ok), 0, "False when the channel was closed"},
+    {NULL},
+};
+
+static PyTypeObject SudogType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.Sudog",
+    .tp_basicsize = sizeof(SudogObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Sudog(g, ch, caseidx, elem): a G queued on one channel for one select case.",
+    .tp_new = Sudog_new,
+    .tp_dealloc = (destructor)Sudog_dealloc,
+    .tp_traverse = (traverseproc)Sudog_traverse,
+    .tp_clear = (inquiry)Sudog_clear,
+    .tp_repr = (reprfunc)Sudog_repr,
+    .tp_members = Sudog_members,
+    .tp_getset = Sudog_getset,
+};
 
 /* ------------------------------------------------------------------ Chan */
 
@@ -1042,7 +1197,8 @@ ring_pop(ChanObject *ch)
 }
 
 /* Pop the first waiter that can still be served, skipping selects that already fired
- * (and marking a select's G done). New reference; NULL with no error when none. */
+ * (and marking a select's G done). New reference; NULL with no error when none. A queue
+ * holds Gs (plain operations) and Sudogs (select cases), nothing else. */
 static PyObject *
 dequeue(PyObject *q)
 {
@@ -1052,25 +1208,19 @@ dequeue(PyObject *q)
             return NULL;
         if (G_Check(w))
             return w;
-        PyObject *g = PyObject_GetAttr(w, str_g);
-        if (g == NULL) {
+        if (!Py_IS_TYPE(w, &SudogType)) {
             Py_DECREF(w);
+            PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds neither a G nor a Sudog");
             return NULL;
         }
-        if (!G_Check(g)) {
-            Py_DECREF(g);
-            Py_DECREF(w);
-            PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds a waiter without a G");
-            return NULL;
-        }
-        GObject *gg = (GObject *)g;
-        if (gg->selectdone) {
-            Py_DECREF(g);
+        SudogObject *sg = (SudogObject *)w;
+        sg->queued = 0;
+        GObject *g = (GObject *)sg->g;
+        if (g->selectdone) {
             Py_DECREF(w);
             continue;
         }
-        gg->selectdone = 1;
-        Py_DECREF(g);
+        g->selectdone = 1;
         return w;
     }
     return NULL;
@@ -1086,44 +1236,33 @@ need_rt(const char *what)
     return (RtObject *)current_rt;
 }
 
-/* Ready waiter w (a G or a Sudog) after a channel operation paired with it. For a plain
- * G, param is what it is handed; a Sudog gets elem/ok set by the caller and is itself
- * the param (select reads the fired case from it). */
-static int
+/* Ready waiter w (a G or a Sudog, as dequeue returns them) after a channel operation
+ * paired with it. For a plain G, param is what it is handed; a Sudog gets elem/ok set by
+ * the caller and is itself the param (select reads the fired case from it). */
+static inline int
 ready_waiter(RtObject *rt, PyObject *w, PyObject *param)
 {
     if (G_Check(w))
         return goready(rt, (GObject *)w, param);
-    PyObject *g = PyObject_GetAttr(w, str_g);
-    if (g == NULL)
-        return -1;
-    if (!G_Check(g)) {
-        Py_DECREF(g);
-        PyErr_SetString(PyExc_TypeError, "chan: a wait queue holds a waiter without a G");
-        return -1;
-    }
-    int rc = goready(rt, (GObject *)g, w);
-    Py_DECREF(g);
-    return rc;
+    return goready(rt, (GObject *)((SudogObject *)w)->g, w);
 }
 
-static int
+static inline void
 set_waiter_ok(PyObject *w, int ok)
 {
-    if (G_Check(w)) {
+    if (G_Check(w))
         ((GObject *)w)->ok = (char)ok;
-        return 0;
-    }
-    return PyObject_SetAttr(w, str_ok, ok ? Py_True : Py_False);
+    else
+        ((SudogObject *)w)->ok = (char)ok;
 }
 
 /* A waiter's elem: the G's (plain send) or the Sudog's. New reference. */
-static PyObject *
+static inline PyObject *
 waiter_elem(PyObject *w)
 {
     if (G_Check(w))
         return Py_NewRef(((GObject *)w)->elem);
-    return PyObject_GetAttr(w, str_elem);
+    return Py_NewRef(((SudogObject *)w)->elem);
 }
 
 /* Budget countdown: 1 when the caller should check for preemption now. */
@@ -1174,11 +1313,10 @@ chan_trysend(ChanObject *ch, PyObject *v)
                 rc = goready(rt, (GObject *)w, v);
             }
             else {
-                rc = PyObject_SetAttr(w, str_elem, v);
-                if (rc == 0)
-                    rc = PyObject_SetAttr(w, str_ok, Py_True);
-                if (rc == 0)
-                    rc = ready_waiter(rt, w, NULL);
+                SudogObject *sg = (SudogObject *)w;
+                Py_SETREF(sg->elem, Py_NewRef(v));
+                sg->ok = 1;
+                rc = goready(rt, (GObject *)sg->g, w);
             }
             Py_DECREF(w);
             return rc < 0 ? -1 : 1;
@@ -1706,11 +1844,10 @@ Chan_close(ChanObject *ch, PyObject *unused)
                     goto fail;
                 break;
             }
-            int rc = set_waiter_ok(w, 0);
-            if (rc == 0 && pass == 0 && !G_Check(w))
-                rc = PyObject_SetAttr(w, str_elem, Py_None);
-            if (rc == 0)
-                rc = PyList_Append(woken[pass], w);
+            set_waiter_ok(w, 0);
+            if (pass == 0 && !G_Check(w))
+                Py_SETREF(((SudogObject *)w)->elem, Py_NewRef(Py_None));
+            int rc = PyList_Append(woken[pass], w);
             Py_DECREF(w);
             if (rc < 0)
                 goto fail;
@@ -1847,6 +1984,665 @@ static PyTypeObject ChanType = {
     .tp_members = Chan_members,
     .tp_getset = Chan_getset,
 };
+
+/* ------------------------------------------------------------------ select */
+
+/* Go's selectgo (gosim/_select.py is the reference and documents the contract; keep the
+ * two in step). select(*cases, default=False) returns a SelectOp; awaiting it polls the
+ * cases in a random order drawn from the runtime's rng exactly as the Python does, so a
+ * seeded run chooses the same cases on both paths; parks with one Sudog per non-nil case
+ * when none is ready; on the wake takes the other Sudogs out of their queues (pass 3).
+ * A case is the tuple recv()/send() build: (CASE_RECV or CASE_SEND, chan or None, value),
+ * the kinds being gosim/_select.py's RECV and SEND. */
+enum { CASE_RECV = 0, CASE_SEND = 1 };
+enum { SEL_FRESH = 0, SEL_PARKED = 1, SEL_FOREVER = 2, SEL_PREEMPTED = 3, SEL_DONE = 4 };
+
+/* Handed over by configure_select() from gosim/_select.py. */
+static PyObject *WAIT_SELECT, *WAIT_SELECT_NO_CASES, *fallback_random;
+/* _random.Random.random: called straight when the runtime's rng does not override it. */
+static PyObject *random_descr;
+static PyCFunction random_fn;
+static PyTypeObject *random_base_type;
+static PyObject *str_random;
+static PyCFunction deque_remove_fn;
+
+#define SELECT_INLINE 4
+
+typedef struct {
+    PyObject_HEAD
+    PyObject **cases;      /* ncases case tuples (owned); inl when they fit */
+    SudogObject **sudogs;  /* nsudogs queued while parked (owned); sinl when they fit */
+    PyObject *g;           /* the G that parked, or NULL */
+    PyObject *result;      /* held across a preempt yield, or NULL */
+    Py_ssize_t ncases, nsudogs;
+    int state;
+    char dflt;
+    PyObject *inl[SELECT_INLINE];
+    SudogObject *sinl[SELECT_INLINE];
+} SelectOpObject;
+
+static PyTypeObject SelectOpType;
+
+#define SELECTOP_FREELIST_MAX 16
+static SelectOpObject *selectop_freelist[SELECTOP_FREELIST_MAX];
+static int selectop_nfree;
+
+static const char BAD_CASE[] = "select: cases must be made with gosim.recv or gosim.send";
+
+/* A case's parts, borrowed from the tuple: 0, or -1 with TypeError. */
+static int
+case_parts(PyObject *c, int *kind, PyObject **ch, PyObject **value)
+{
+    if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 3) {
+        PyErr_SetString(PyExc_TypeError, BAD_CASE);
+        return -1;
+    }
+    *ch = PyTuple_GET_ITEM(c, 1);
+    *value = PyTuple_GET_ITEM(c, 2);
+    if (*ch == Py_None) {
+        *kind = -1; /* a nil channel's case: its kind is never looked at (as in Python) */
+        return 0;
+    }
+    PyObject *k = PyTuple_GET_ITEM(c, 0);
+    long kv = PyLong_Check(k) ? PyLong_AsLong(k) : -1;
+    if (kv == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if ((kv != CASE_RECV && kv != CASE_SEND) || !PyObject_TypeCheck(*ch, &ChanType)) {
+        PyErr_SetString(PyExc_TypeError, BAD_CASE);
+        return -1;
+    }
+    *kind = (int)kv;
+    return 0;
+}
+
+/* One draw of rng.random() (the module's random.random outside a runtime), as the
+ * Python select draws it. 0, or -1 with an error. */
+static int
+draw_random(double *out)
+{
+    PyObject *f;
+    if (current_rt != NULL) {
+        PyObject *rng = ((RtObject *)current_rt)->rng;
+        if (random_fn != NULL && PyObject_TypeCheck(rng, random_base_type) &&
+            _PyType_Lookup(Py_TYPE(rng), str_random) == random_descr)
+            f = random_fn(rng, NULL);
+        else
+            f = PyObject_CallMethodNoArgs(rng, str_random);
+    }
+    else {
+        f = PyObject_CallNoArgs(fallback_random);
+    }
+    if (f == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(f);
+    Py_DECREF(f);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Take sg out of its channel's queue if it is still there (pass 3). 0 or -1. */
+static int
+sudog_leave_queue(SudogObject *sg)
+{
+    if (!sg->queued)
+        return 0;
+    sg->queued = 0;
+    ChanObject *ch = (ChanObject *)sg->ch;
+    PyObject *q = sg->isrecv ? ch->recvq : ch->sendq;
+    if (q == NULL) /* the channel was cleared by the cycle collector */
+        return 0;
+    PyObject *r = Py_IS_TYPE(q, deque_type) ? deque_remove_fn(q, (PyObject *)sg)
+                                            : PyObject_CallMethodOneArg(q, str_remove,
+                                                                        (PyObject *)sg);
+    if (r == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear(); /* someone else took it out */
+        return 0;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* Drop the op's sudogs, taking those not fired out of their queues first (Go's pass 3;
+ * fired may be NULL: all of them). Clears the G's selectdone. 0, or -1 with an error
+ * (every sudog is released either way). */
+static int
+select_release_sudogs(SelectOpObject *op, SudogObject *fired)
+{
+    int rc = 0;
+    if (op->g != NULL)
+        ((GObject *)op->g)->selectdone = 0;
+    for (Py_ssize_t i = 0; i < op->nsudogs; i++) {
+        SudogObject *sg = op->sudogs[i];
+        if (sg != fired && sudog_leave_queue(sg) < 0)
+            rc = -1;
+        Py_DECREF(sg);
+    }
+    op->nsudogs = 0;
+    if (op->sudogs != op->sinl) {
+        PyMem_Free(op->sudogs);
+        op->sudogs = op->sinl;
+    }
+    Py_CLEAR(op->g);
+    return rc;
+}
+
+static void
+select_release_cases(SelectOpObject *op)
+{
+    for (Py_ssize_t i = 0; i < op->ncases; i++)
+        Py_CLEAR(op->cases[i]);
+    if (op->cases != op->inl)
+        PyMem_Free(op->cases);
+    op->cases = op->inl;
+    op->ncases = 0;
+}
+
+/* The select's outcome (index, value, ok). New reference. */
+static PyObject *
+select_result(Py_ssize_t i, PyObject *v, int ok)
+{
+    PyObject *idx = PyLong_FromSsize_t(i);
+    if (idx == NULL)
+        return NULL;
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL) {
+        Py_DECREF(idx);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, idx);
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(v));
+    PyTuple_SET_ITEM(t, 2, Py_NewRef(ok ? Py_True : Py_False));
+    return t;
+}
+
+/* Finish with res (stolen): at once, or after a preempt yield when the budget ran out. */
+static PySendResult
+select_finish(SelectOpObject *op, PyObject *res, PyObject **result)
+{
+    if (res == NULL) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    if (current_rt != NULL && spend_budget()) {
+        int due = preempt_due();
+        if (due < 0) {
+            Py_DECREF(res);
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (due) {
+            op->result = res;
+            op->state = SEL_PREEMPTED;
+            *result = Py_NewRef(PREEMPT);
+            return PYGEN_NEXT;
+        }
+    }
+    *result = res;
+    return PYGEN_RETURN;
+}
+
+/* Poll (pass 1), default, or park (pass 2). */
+static PySendResult
+select_start(SelectOpObject *op, PyObject **result)
+{
+    Py_ssize_t n = op->ncases;
+    Py_ssize_t order_inl[8], *order = order_inl;
+    *result = NULL;
+    /* pollorder: a uniform random permutation (Fisher-Yates on the case indices), the
+     * same draws as the Python select makes. */
+    if (n == 2) {
+        double r;
+        if (draw_random(&r) < 0)
+            return PYGEN_ERROR;
+        order[0] = r < 0.5 ? 0 : 1;
+        order[1] = 1 - order[0];
+    }
+    else if (n > 2) {
+        if (n > 8 && (order = PyMem_New(Py_ssize_t, n)) == NULL) {
+            PyErr_NoMemory();
+            return PYGEN_ERROR;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            order[i] = i;
+        for (Py_ssize_t i = n - 1; i > 0; i--) {
+            double r;
+            if (draw_random(&r) < 0)
+                goto error;
+            Py_ssize_t j = (Py_ssize_t)(r * (double)(i + 1));
+            Py_ssize_t t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    }
+    else if (n == 1) {
+        order[0] = 0;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t i = order[k];
+        int kind;
+        PyObject *ch, *value;
+        if (case_parts(op->cases[i], &kind, &ch, &value) < 0)
+            goto error;
+        if (ch == Py_None)
+            continue;
+        if (kind == CASE_RECV) {
+            PyObject *v = NULL;
+            int ok = 1;
+            int rc = chan_tryrecv((ChanObject *)ch, &v, &ok);
+            if (rc < 0)
+                goto error;
+            if (rc == 1) {
+                PyObject *res = select_result(i, v, ok);
+                Py_DECREF(v);
+                if (order != order_inl)
+                    PyMem_Free(order);
+                return select_finish(op, res, result);
+            }
+        }
+        else {
+            int rc = chan_trysend((ChanObject *)ch, value);
+            if (rc < 0)
+                goto error;
+            if (rc == 1) {
+                if (order != order_inl)
+                    PyMem_Free(order);
+                return select_finish(op, select_result(i, Py_None, 1), result);
+            }
+        }
+    }
+    if (order != order_inl)
+        PyMem_Free(order);
+    order = order_inl;
+    if (op->dflt)
+        return select_finish(op, select_result(-1, Py_None, 0), result);
+
+    RtObject *rt = (RtObject *)current_rt;
+    if (rt == NULL || !G_Check(rt->curg)) {
+        PyErr_SetString(NotInRuntime, "select would block outside a gosim goroutine");
+        return PYGEN_ERROR;
+    }
+    GObject *g = (GObject *)rt->curg;
+    g->selectdone = 0;
+    op->g = Py_NewRef((PyObject *)g);
+    if (n > SELECT_INLINE && (op->sudogs = PyMem_New(SudogObject *, n)) == NULL) {
+        op->sudogs = op->sinl;
+        PyErr_NoMemory();
+        goto unqueue;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int kind;
+        PyObject *ch, *value;
+        if (case_parts(op->cases[i], &kind, &ch, &value) < 0)
+            goto unqueue;
+        if (ch == Py_None)
+            continue;
+        SudogObject *sg = sudog_alloc((PyObject *)g, ch, i, value);
+        if (sg == NULL)
+            goto unqueue;
+        op->sudogs[op->nsudogs++] = sg;
+        sg->isrecv = kind == CASE_RECV;
+        if (q_append(sg->isrecv ? ((ChanObject *)ch)->recvq : ((ChanObject *)ch)->sendq,
+                     (PyObject *)sg) < 0)
+            goto unqueue;
+        sg->queued = 1;
+    }
+    if (op->nsudogs == 0) {
+        /* Go's `select {}` waits as "select (no cases)"; a select whose cases are all nil
+         * channels parks in selectgo as a plain "select". Never readied: blocks forever. */
+        Py_SETREF(g->waitreason, Py_NewRef(n == 0 ? WAIT_SELECT_NO_CASES : WAIT_SELECT));
+        select_release_sudogs(op, NULL);
+        op->state = SEL_FOREVER;
+        *result = Py_NewRef(PARK);
+        return PYGEN_NEXT;
+    }
+    Py_SETREF(g->waitreason, Py_NewRef(WAIT_SELECT));
+    op->state = SEL_PARKED;
+    *result = Py_NewRef(PARK);
+    return PYGEN_NEXT;
+
+unqueue: {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        select_release_sudogs(op, NULL);
+        PyErr_Restore(type, value, tb);
+        return PYGEN_ERROR;
+    }
+error:
+    if (order != order_inl)
+        PyMem_Free(order);
+    return PYGEN_ERROR;
+}
+
+/* Woken by the channel operation that paired with one of the sudogs: it is `fired`,
+ * handed over as the G's param. */
+static PySendResult
+select_woken(SelectOpObject *op, PyObject *fired, PyObject **result)
+{
+    SudogObject *sg = NULL;
+    for (Py_ssize_t i = 0; i < op->nsudogs; i++)
+        if ((PyObject *)op->sudogs[i] == fired)
+            sg = op->sudogs[i];
+    *result = NULL;
+    if (sg == NULL) {
+        select_release_sudogs(op, NULL);
+        runtime_throw("select: goroutine %zd woken without a case that fired (%d, %d)",
+                      op->g ? ((GObject *)op->g)->goid : -1, 0, 0);
+        return PYGEN_ERROR;
+    }
+    Py_INCREF(sg);
+    PySendResult r;
+    if (select_release_sudogs(op, sg) < 0) {
+        r = PYGEN_ERROR;
+    }
+    else if (!sg->isrecv) {
+        if (!sg->ok) {
+            PyErr_SetString(SendOnClosedChannel, "send on closed channel");
+            r = PYGEN_ERROR;
+        }
+        else {
+            *result = select_result(sg->caseidx, Py_None, 1);
+            r = *result ? PYGEN_RETURN : PYGEN_ERROR;
+        }
+    }
+    else {
+        *result = select_result(sg->caseidx, sg->elem, sg->ok);
+        r = *result ? PYGEN_RETURN : PYGEN_ERROR;
+    }
+    Py_DECREF(sg);
+    return r;
+}
+
+static PySendResult
+SelectOp_am_send(SelectOpObject *op, PyObject *arg, PyObject **result)
+{
+    int state = op->state;
+    op->state = SEL_DONE; /* each way out that does not finish it sets its state again */
+    switch (state) {
+    case SEL_FRESH:
+        return select_start(op, result);
+    case SEL_PARKED:
+        return select_woken(op, arg, result);
+    case SEL_PREEMPTED:
+        *result = op->result;
+        op->result = NULL;
+        return PYGEN_RETURN;
+    case SEL_FOREVER:
+        *result = NULL;
+        runtime_throw("select: goroutine %zd woken from a select that blocks forever (%d, %d)",
+                      -1, 0, 0);
+        return PYGEN_ERROR;
+    default:
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited select");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+}
+
+/* Finished without a wake (an exception thrown in, the coroutine closed): every sudog
+ * leaves its queue. 0 or -1. */
+static int
+select_abandon(SelectOpObject *op)
+{
+    op->state = SEL_DONE;
+    Py_CLEAR(op->result);
+    return select_release_sudogs(op, NULL);
+}
+
+static PyObject *
+SelectOp_await(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *
+selectop_send_impl(SelectOpObject *op, PyObject *arg)
+{
+    PyObject *result = NULL;
+    PySendResult r = SelectOp_am_send(op, arg, &result);
+    if (r == PYGEN_NEXT)
+        return result;
+    if (r == PYGEN_RETURN) {
+        PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, result);
+        if (e != NULL) {
+            PyErr_SetObject(PyExc_StopIteration, e);
+            Py_DECREF(e);
+        }
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+static PyObject *
+SelectOp_iternext(SelectOpObject *op)
+{
+    return selectop_send_impl(op, Py_None);
+}
+
+static PyObject *
+SelectOp_send(SelectOpObject *op, PyObject *arg)
+{
+    return selectop_send_impl(op, arg);
+}
+
+static PyObject *
+SelectOp_throw(SelectOpObject *op, PyObject *args)
+{
+    PyObject *typ, *val = NULL, *tb = NULL;
+    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+        return NULL;
+    if (select_abandon(op) < 0)
+        return NULL;
+    if (PyExceptionClass_Check(typ))
+        PyErr_SetObject(typ, val);
+    else
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    return NULL;
+}
+
+static PyObject *
+SelectOp_close(SelectOpObject *op, PyObject *unused)
+{
+    if (select_abandon(op) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int
+SelectOp_traverse(SelectOpObject *op, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < op->ncases; i++)
+        Py_VISIT(op->cases[i]);
+    for (Py_ssize_t i = 0; i < op->nsudogs; i++)
+        Py_VISIT(op->sudogs[i]);
+    Py_VISIT(op->g);
+    Py_VISIT(op->result);
+    return 0;
+}
+
+static int
+SelectOp_clear(SelectOpObject *op)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (select_abandon(op) < 0)
+        PyErr_WriteUnraisable((PyObject *)op);
+    PyErr_Restore(type, value, tb);
+    select_release_cases(op);
+    return 0;
+}
+
+static void
+SelectOp_dealloc(SelectOpObject *op)
+{
+    PyObject_GC_UnTrack(op);
+    if (op->state == SEL_FRESH && op->ncases >= 0) {
+        /* Dropped unawaited: it did nothing. Warn as a never-awaited coroutine does (the
+         * pure-Python select is one). */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, "select was never awaited", 1) < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(type, value, tb);
+    }
+    SelectOp_clear(op);
+    if (selectop_nfree < SELECTOP_FREELIST_MAX)
+        selectop_freelist[selectop_nfree++] = op;
+    else
+        PyObject_GC_Del(op);
+}
+
+static PyMethodDef SelectOp_methods[] = {
+    {"send", (PyCFunction)SelectOp_send, METH_O, NULL},
+    {"throw", (PyCFunction)SelectOp_throw, METH_VARARGS, NULL},
+    {"close", (PyCFunction)SelectOp_close, METH_NOARGS, NULL},
+    {NULL},
+};
+
+static PyAsyncMethods SelectOp_async = {
+    .am_await = SelectOp_await,
+    .am_send = (sendfunc)SelectOp_am_send,
+};
+
+static PyTypeObject SelectOpType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.SelectOp",
+    .tp_basicsize = sizeof(SelectOpObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A select to await (see gosim.select).",
+    .tp_dealloc = (destructor)SelectOp_dealloc,
+    .tp_traverse = (traverseproc)SelectOp_traverse,
+    .tp_clear = (inquiry)SelectOp_clear,
+    .tp_as_async = &SelectOp_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)SelectOp_iternext,
+    .tp_methods = SelectOp_methods,
+};
+
+/* select(*cases, default=False) */
+static PyObject *
+select_impl(PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    int dflt = 0;
+    if (kwnames != NULL) {
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+            if (!PyUnicode_Check(name) || !_PyUnicode_EqualToASCIIString(name, "default")) {
+                PyErr_Format(PyExc_TypeError, "select() got an unexpected keyword argument '%S'",
+                             name);
+                return NULL;
+            }
+            dflt = PyObject_IsTrue(args[n + k]);
+            if (dflt < 0)
+                return NULL;
+        }
+    }
+    SelectOpObject *op;
+    if (selectop_nfree > 0) {
+        op = selectop_freelist[--selectop_nfree];
+        PyObject_Init((PyObject *)op, &SelectOpType);
+    }
+    else {
+        op = PyObject_GC_New(SelectOpObject, &SelectOpType);
+        if (op == NULL)
+            return NULL;
+        op->sudogs = op->sinl;
+        op->nsudogs = 0;
+        op->g = NULL;
+        op->result = NULL;
+    }
+    op->state = SEL_DONE; /* not "unawaited" until it is whole */
+    op->ncases = 0;
+    op->cases = op->inl;
+    if (n > SELECT_INLINE && (op->cases = PyMem_New(PyObject *, n)) == NULL) {
+        op->cases = op->inl;
+        Py_DECREF(op);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        op->cases[i] = Py_NewRef(args[i]);
+    op->ncases = n;
+    op->dflt = (char)dflt;
+    op->state = SEL_FRESH;
+    PyObject_GC_Track(op);
+    return (PyObject *)op;
+}
+
+static PyObject *
+recv_case(PyObject *module, PyObject *ch)
+{
+    if (ch != Py_None && !PyObject_TypeCheck(ch, &ChanType)) {
+        PyErr_Format(PyExc_TypeError, "select: recv case needs a Chan or None, got %s",
+                     Py_TYPE(ch)->tp_name);
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(CASE_RECV));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(ch));
+    PyTuple_SET_ITEM(t, 2, Py_NewRef(Py_None));
+    return t;
+}
+
+static PyObject *
+send_case(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "send() takes 2 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ch = args[0];
+    if (ch != Py_None && !PyObject_TypeCheck(ch, &ChanType)) {
+        PyErr_Format(PyExc_TypeError, "select: send case needs a Chan or None, got %s",
+                     Py_TYPE(ch)->tp_name);
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(CASE_SEND));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(ch));
+    PyTuple_SET_ITEM(t, 2, Py_NewRef(args[1]));
+    return t;
+}
+
+/* configure_select(wait_select, wait_select_no_cases, fallback_random, random_method,
+ * recv_kind, send_kind): done once by gosim/_select.py. random_method is
+ * _random.Random.random, called straight on a runtime rng that does not override it. */
+static PyObject *
+configure_select(PyObject *module, PyObject *args)
+{
+    PyObject *ws, *wnc, *fr, *rm;
+    int rk, sk;
+    if (!PyArg_ParseTuple(args, "UUOOii:configure_select", &ws, &wnc, &fr, &rm, &rk, &sk))
+        return NULL;
+    if (rk != CASE_RECV || sk != CASE_SEND) {
+        PyErr_SetString(PyExc_ValueError, "configure_select: the case kinds differ from C's");
+        return NULL;
+    }
+    if (!PyCallable_Check(fr)) {
+        PyErr_SetString(PyExc_TypeError, "configure_select: fallback_random must be callable");
+        return NULL;
+    }
+    Py_XSETREF(WAIT_SELECT, Py_NewRef(ws));
+    Py_XSETREF(WAIT_SELECT_NO_CASES, Py_NewRef(wnc));
+    Py_XSETREF(fallback_random, Py_NewRef(fr));
+    if (Py_IS_TYPE(rm, &PyMethodDescr_Type) &&
+        (((PyMethodDescrObject *)rm)->d_method->ml_flags & (METH_NOARGS | METH_O |
+                                                             METH_VARARGS | METH_FASTCALL |
+                                                             METH_KEYWORDS)) == METH_NOARGS) {
+        Py_XSETREF(random_descr, Py_NewRef(rm));
+        random_fn = ((PyMethodDescrObject *)rm)->d_method->ml_meth;
+        random_base_type = ((PyMethodDescrObject *)rm)->d_common.d_type;
+    }
+    else {
+        random_fn = NULL; /* every draw calls rng.random() */
+    }
+    Py_RETURN_NONE;
+}
 
 /* ------------------------------------------------------------------ go */
 
@@ -2041,6 +2837,13 @@ static PyMethodDef module_methods[] = {
     {"reset_budget", reset_budget, METH_NOARGS, "Refill the preemption budget."},
     {"go", (PyCFunction)(void (*)(void))go_impl, METH_FASTCALL,
      "Start fn(*args) as a new goroutine in the current P's runnext."},
+    {"select", (PyCFunction)(void (*)(void))select_impl, METH_FASTCALL | METH_KEYWORDS,
+     "select(*cases, default=False): Go's select (see gosim._select.select)."},
+    {"recv_case", recv_case, METH_O, "recv(ch): a select case receiving from ch (None: nil)."},
+    {"send_case", (PyCFunction)(void (*)(void))send_case, METH_FASTCALL,
+     "send(ch, value): a select case sending value on ch (None: nil)."},
+    {"configure_select", configure_select, METH_VARARGS,
+     "Hand the select code its wait reasons and random sources (done once by gosim._select)."},
     {NULL},
 };
 
@@ -2068,16 +2871,19 @@ PyInit__speedups(void)
     INTERN(str_ready, "ready");
     INTERN(str_runqput, "runqput");
     INTERN(str_preempt_check, "preempt_check");
-    INTERN(str_g, "g");
-    INTERN(str_elem, "elem");
-    INTERN(str_ok, "ok");
+    INTERN(str_random, "random");
     INTERN(str_gfput_spill, "_gfput_spill");
     INTERN(str_remove, "remove");
     PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
-                             &DoneType, &ChanType, &ChanOpType};
+                             &DoneType, &ChanType, &ChanOpType, &SudogType,
+                             &SelectOpType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
+    /* A Sudog is a select's waiter (G has issel False): gosim/_core/_timers.py reads it. */
+    if (PyDict_SetItemString(SudogType.tp_dict, "issel", Py_True) < 0)
+        return NULL;
+    PyType_Modified(&SudogType);
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL)
         return NULL;
@@ -2091,19 +2897,24 @@ PyInit__speedups(void)
     {
         PyObject *pl = PyObject_GetAttrString((PyObject *)deque_type, "popleft");
         PyObject *ap = PyObject_GetAttrString((PyObject *)deque_type, "append");
-        if (pl == NULL || ap == NULL || !Py_IS_TYPE(pl, &PyMethodDescr_Type) ||
-            !Py_IS_TYPE(ap, &PyMethodDescr_Type) ||
+        PyObject *rm = PyObject_GetAttrString((PyObject *)deque_type, "remove");
+        if (pl == NULL || ap == NULL || rm == NULL || !Py_IS_TYPE(pl, &PyMethodDescr_Type) ||
+            !Py_IS_TYPE(ap, &PyMethodDescr_Type) || !Py_IS_TYPE(rm, &PyMethodDescr_Type) ||
             !(((PyMethodDescrObject *)pl)->d_method->ml_flags & METH_NOARGS) ||
-            !(((PyMethodDescrObject *)ap)->d_method->ml_flags & METH_O)) {
+            !(((PyMethodDescrObject *)ap)->d_method->ml_flags & METH_O) ||
+            !(((PyMethodDescrObject *)rm)->d_method->ml_flags & METH_O)) {
             Py_XDECREF(pl);
             Py_XDECREF(ap);
+            Py_XDECREF(rm);
             PyErr_SetString(PyExc_ImportError, "gosim._speedups: unexpected deque methods");
             return NULL;
         }
         deque_popleft_fn = ((PyMethodDescrObject *)pl)->d_method->ml_meth;
         deque_append_fn = ((PyMethodDescrObject *)ap)->d_method->ml_meth;
+        deque_remove_fn = ((PyMethodDescrObject *)rm)->d_method->ml_meth;
         Py_DECREF(pl);
         Py_DECREF(ap);
+        Py_DECREF(rm);
     }
     empty_tuple = PyTuple_New(0);
     empty_str = PyUnicode_InternFromString("");
@@ -2118,7 +2929,9 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "PBase", (PyObject *)&PBaseType) < 0 ||
         PyModule_AddObjectRef(m, "RuntimeBase", (PyObject *)&RuntimeBaseType) < 0 ||
         PyModule_AddObjectRef(m, "Chan", (PyObject *)&ChanType) < 0 ||
-        PyModule_AddObjectRef(m, "ChanOp", (PyObject *)&ChanOpType) < 0) {
+        PyModule_AddObjectRef(m, "ChanOp", (PyObject *)&ChanOpType) < 0 ||
+        PyModule_AddObjectRef(m, "Sudog", (PyObject *)&SudogType) < 0 ||
+        PyModule_AddObjectRef(m, "SelectOp", (PyObject *)&SelectOpType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

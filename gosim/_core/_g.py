@@ -157,8 +157,13 @@ def casgstatus(g: Any, old: int, new: int) -> None:
         )
 
 
-class Sudog:
-    """A G queued on one channel for one case of a select (Go's sudog with isSelect)."""
+class _PySudog:
+    """A G queued on one channel for one case of a select (Go's sudog with isSelect).
+
+    The pure-Python record; with the C accelerator built, :data:`Sudog` is its twin
+    ``gosim._speedups.Sudog`` (same constructor and fields), whose fields the C channel
+    code reads directly.
+    """
 
     __slots__ = ("caseidx", "ch", "elem", "g", "ok")
     issel: bool = True
@@ -169,3 +174,9 @@ class Sudog:
         self.caseidx = caseidx
         self.elem = elem
         self.ok = True
+
+
+if TYPE_CHECKING or speedups is None:
+    Sudog = _PySudog
+else:
+    Sudog = speedups.Sudog
