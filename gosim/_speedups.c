@@ -469,7 +469,8 @@ RtBase_dealloc(RtObject *rt)
 static inline PObject *
 rt_curp(RtObject *rt)
 {
-    if (!PyObject_TypeCheck(rt->curp, &PBaseType)) {
+    /* curp's setter admits only a P; tp_clear leaves None. */
+    if (rt->curp == Py_None) {
         PyErr_SetString(PyExc_RuntimeError, "gosim: runtime has no current P");
         return NULL;
     }
@@ -1229,7 +1230,8 @@ dequeue(PyObject *q)
 static RtObject *
 need_rt(const char *what)
 {
-    if (current_rt == NULL || !PyObject_TypeCheck(current_rt, &RuntimeBaseType)) {
+    /* current_rt holds a runtime or NULL: State.rt's setter checks the type. */
+    if (current_rt == NULL) {
         PyErr_SetString(NotInRuntime, what);
         return NULL;
     }
@@ -2003,6 +2005,8 @@ static PyObject *WAIT_SELECT, *WAIT_SELECT_NO_CASES, *fallback_random;
 static PyObject *random_descr;
 static PyCFunction random_fn;
 static PyTypeObject *random_base_type;
+static PyTypeObject *rng_type_ok; /* a type seen to inherit random unchanged (owned) */
+static unsigned int rng_type_version;
 static PyObject *str_random;
 static PyCFunction deque_remove_fn;
 
@@ -2027,6 +2031,8 @@ static PyTypeObject SelectOpType;
 static SelectOpObject *selectop_freelist[SELECTOP_FREELIST_MAX];
 static int selectop_nfree;
 
+static PyObject *case_kind_obj[2]; /* the ints CASE_RECV and CASE_SEND */
+
 static const char BAD_CASE[] = "select: cases must be made with gosim.recv or gosim.send";
 
 /* A case's parts, borrowed from the tuple: 0, or -1 with TypeError. */
@@ -2044,9 +2050,16 @@ case_parts(PyObject *c, int *kind, PyObject **ch, PyObject **value)
         return 0;
     }
     PyObject *k = PyTuple_GET_ITEM(c, 0);
-    long kv = PyLong_Check(k) ? PyLong_AsLong(k) : -1;
-    if (kv == -1 && PyErr_Occurred())
-        PyErr_Clear();
+    long kv;
+    if (k == case_kind_obj[CASE_RECV]) /* the small ints recv()/send() put there */
+        kv = CASE_RECV;
+    else if (k == case_kind_obj[CASE_SEND])
+        kv = CASE_SEND;
+    else {
+        kv = PyLong_Check(k) ? PyLong_AsLong(k) : -1;
+        if (kv == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
     if ((kv != CASE_RECV && kv != CASE_SEND) || !PyObject_TypeCheck(*ch, &ChanType)) {
         PyErr_SetString(PyExc_TypeError, BAD_CASE);
         return -1;
@@ -2063,11 +2076,26 @@ draw_random(double *out)
     PyObject *f;
     if (current_rt != NULL) {
         PyObject *rng = ((RtObject *)current_rt)->rng;
-        if (random_fn != NULL && PyObject_TypeCheck(rng, random_base_type) &&
-            _PyType_Lookup(Py_TYPE(rng), str_random) == random_descr)
+        PyTypeObject *t = Py_TYPE(rng);
+        if (random_fn != NULL && t == rng_type_ok &&
+            t->tp_version_tag == rng_type_version &&
+            (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
             f = random_fn(rng, NULL);
-        else
+        }
+        else if (random_fn != NULL && PyObject_TypeCheck(rng, random_base_type) &&
+                 _PyType_Lookup(t, str_random) == random_descr) {
+            /* Remember the type while its version tag stands (a change to the class or
+             * its bases, such as a new random method, gives it a new tag). */
+            if (PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG)) {
+                Py_INCREF(t);
+                Py_XSETREF(rng_type_ok, t);
+                rng_type_version = t->tp_version_tag;
+            }
+            f = random_fn(rng, NULL);
+        }
+        else {
             f = PyObject_CallMethodNoArgs(rng, str_random);
+        }
     }
     else {
         f = PyObject_CallNoArgs(fallback_random);
@@ -2463,11 +2491,14 @@ SelectOp_traverse(SelectOpObject *op, visitproc visit, void *arg)
 static int
 SelectOp_clear(SelectOpObject *op)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    if (select_abandon(op) < 0)
-        PyErr_WriteUnraisable((PyObject *)op);
-    PyErr_Restore(type, value, tb);
+    op->state = SEL_DONE;
+    if (op->nsudogs > 0 || op->g != NULL || op->result != NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (select_abandon(op) < 0)
+            PyErr_WriteUnraisable((PyObject *)op);
+        PyErr_Restore(type, value, tb);
+    }
     select_release_cases(op);
     return 0;
 }
@@ -2580,7 +2611,7 @@ recv_case(PyObject *module, PyObject *ch)
     PyObject *t = PyTuple_New(3);
     if (t == NULL)
         return NULL;
-    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(CASE_RECV));
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(case_kind_obj[CASE_RECV]));
     PyTuple_SET_ITEM(t, 1, Py_NewRef(ch));
     PyTuple_SET_ITEM(t, 2, Py_NewRef(Py_None));
     return t;
@@ -2603,7 +2634,7 @@ send_case(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *t = PyTuple_New(3);
     if (t == NULL)
         return NULL;
-    PyTuple_SET_ITEM(t, 0, PyLong_FromLong(CASE_SEND));
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(case_kind_obj[CASE_SEND]));
     PyTuple_SET_ITEM(t, 1, Py_NewRef(ch));
     PyTuple_SET_ITEM(t, 2, Py_NewRef(args[1]));
     return t;
@@ -2656,7 +2687,7 @@ go_impl(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "go() needs a function to start");
         return NULL;
     }
-    if (current_rt == NULL || !PyObject_TypeCheck(current_rt, &RuntimeBaseType)) {
+    if (current_rt == NULL) { /* else a runtime: State.rt's setter checks the type */
         PyErr_SetString(NotInRuntime, "go: not inside a gosim goroutine (use gosim.run or rt.call)");
         return NULL;
     }
@@ -2872,6 +2903,10 @@ PyInit__speedups(void)
     INTERN(str_runqput, "runqput");
     INTERN(str_preempt_check, "preempt_check");
     INTERN(str_random, "random");
+    case_kind_obj[CASE_RECV] = PyLong_FromLong(CASE_RECV);
+    case_kind_obj[CASE_SEND] = PyLong_FromLong(CASE_SEND);
+    if (case_kind_obj[CASE_RECV] == NULL || case_kind_obj[CASE_SEND] == NULL)
+        return NULL;
     INTERN(str_gfput_spill, "_gfput_spill");
     INTERN(str_remove, "remove");
     PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
