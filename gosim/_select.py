@@ -77,10 +77,10 @@ def _parts(case: Any) -> Case:
     """A case's (kind, channel, value), or TypeError for anything recv/send did not build."""
     if type(case) is not tuple or len(case) != 3:
         raise TypeError(_BAD_CASE)
-    kind, ch, value = case
+    kind, ch, _ = case
     if ch is not None and (kind not in (RECV, SEND) or not isinstance(ch, Chan)):
         raise TypeError(_BAD_CASE)
-    return case  # type: ignore[no-any-return]
+    return case
 
 
 async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:

@@ -176,7 +176,6 @@ class _PySudog:
         self.ok = True
 
 
-if TYPE_CHECKING or speedups is None:
-    Sudog = _PySudog
-else:
-    Sudog = speedups.Sudog
+Sudog = _PySudog
+if not TYPE_CHECKING and speedups is not None:
+    Sudog = speedups.Sudog  # the C twin, read directly by the C channel code
