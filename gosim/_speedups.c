@@ -1154,27 +1154,35 @@ Chan_dealloc(ChanObject *ch)
     tp->tp_free((PyObject *)ch);
 }
 
-/* Append to the buffer (the caller checked count < cap); steals v. The ring grows by
- * doubling up to cap, so a channel made with a huge capacity costs what it holds. */
+/* The ring is full (count == ringcap < cap): grow it by doubling up to cap, so a
+ * channel made with a huge capacity costs what it holds. 0 or -1. */
 static int
+ring_grow(ChanObject *ch)
+{
+    Py_ssize_t newcap = ch->ringcap ? ch->ringcap * 2 : 8;
+    if (newcap > ch->cap)
+        newcap = ch->cap;
+    PyObject **nr = PyMem_New(PyObject *, newcap);
+    if (nr == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < ch->count; i++)
+        nr[i] = ch->ring[(ch->head + i) % ch->ringcap];
+    PyMem_Free(ch->ring);
+    ch->ring = nr;
+    ch->ringcap = newcap;
+    ch->head = 0;
+    return 0;
+}
+
+/* Append to the buffer (the caller checked count < cap); steals v. */
+static inline int
 ring_push(ChanObject *ch, PyObject *v)
 {
-    if (ch->count == ch->ringcap) {
-        Py_ssize_t newcap = ch->ringcap ? ch->ringcap * 2 : 8;
-        if (newcap > ch->cap)
-            newcap = ch->cap;
-        PyObject **nr = PyMem_New(PyObject *, newcap);
-        if (nr == NULL) {
-            Py_DECREF(v);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < ch->count; i++)
-            nr[i] = ch->ring[(ch->head + i) % ch->ringcap];
-        PyMem_Free(ch->ring);
-        ch->ring = nr;
-        ch->ringcap = newcap;
-        ch->head = 0;
+    if (ch->count == ch->ringcap && ring_grow(ch) < 0) {
+        Py_DECREF(v);
+        return -1;
     }
     Py_ssize_t tail = ch->head + ch->count;
     if (tail >= ch->ringcap)
@@ -1291,8 +1299,9 @@ preempt_due(void)
     return due;
 }
 
-/* Try to send v: 1 sent, 0 would block, -1 error (closed: SendOnClosedChannel). */
-static int
+/* Try to send v: 1 sent, 0 would block, -1 error (closed: SendOnClosedChannel).
+ * Inlined: it is most of a buffered send. */
+static Py_ALWAYS_INLINE inline int
 chan_trysend(ChanObject *ch, PyObject *v)
 {
     if (ch->closed) {
@@ -1352,8 +1361,8 @@ take_sender_into_buf(ChanObject *ch)
 }
 
 /* Try to receive: 1 received (*v set, *ok set), 0 would block, -1 error. A closed,
- * drained channel counts as received with *v None and *ok 0. */
-static int
+ * drained channel counts as received with *v None and *ok 0. Inlined, as chan_trysend. */
+static Py_ALWAYS_INLINE inline int
 chan_tryrecv(ChanObject *ch, PyObject **v, int *ok)
 {
     if (ch->count > 0) {
@@ -1598,7 +1607,7 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
-        if (current_rt != NULL && spend_budget()) {
+        if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
             int due = preempt_due();
             if (due < 0) {
                 Py_DECREF(res);
@@ -1762,7 +1771,7 @@ Chan_send(ChanObject *ch, PyObject *v)
     if (rc < 0)
         return NULL;
     if (rc == 1) {
-        if (current_rt != NULL && spend_budget()) {
+        if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
             int due = preempt_due();
             if (due < 0)
                 return NULL;
@@ -2192,7 +2201,7 @@ select_finish(SelectOpObject *op, PyObject *res, PyObject **result)
         *result = NULL;
         return PYGEN_ERROR;
     }
-    if (current_rt != NULL && spend_budget()) {
+    if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
         int due = preempt_due();
         if (due < 0) {
             Py_DECREF(res);
