@@ -32,7 +32,7 @@ goroutine that has gone on to wait elsewhere.
 Each operation's awaitable is awaited once, as a coroutine is: a second ``await``
 raises RuntimeError, and one dropped unawaited warns (RuntimeWarning). The exception is
 a send that completed when ``send`` was called: it returns a shared finished awaitable.
-(``select`` is a generator-based coroutine, on both paths, for its park's cost.)
+``select``'s awaitable follows the same rule (gosim/_select.py).
 A channel is made once: ``__init__`` on a live channel raises TypeError (Go has no
 re-make, and a new capacity under buffered values and parked waiters means nothing).
 

@@ -73,16 +73,6 @@ def send(ch: Chan[T] | None, value: T) -> Case:
     return (SEND, ch, value)
 
 
-def _parts(case: Any) -> Case:
-    """A case's (kind, channel, value), or TypeError for anything recv/send did not build."""
-    if type(case) is not tuple or len(case) != 3:
-        raise TypeError(_BAD_CASE)
-    kind, ch, _ = case
-    if ch is not None and (kind not in (RECV, SEND) or not isinstance(ch, Chan)):
-        raise TypeError(_BAD_CASE)
-    return case
-
-
 async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
     """Run one ready case, chosen uniformly at random; block until one is ready unless ``default``.
 
@@ -107,9 +97,14 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
             j = int(rnd() * (i + 1))
             order[i], order[j] = order[j], order[i]
     for i in order:
-        kind, ch, value = _parts(cases[i])
+        case = cases[i]
+        if type(case) is not tuple or len(case) != 3:
+            raise TypeError(_BAD_CASE)
+        kind, ch, value = case
         if ch is None:
             continue
+        if not isinstance(ch, Chan):
+            raise TypeError(_BAD_CASE)
         if kind == RECV:
             v, ok, received = ch.try_recv()
             if received:
@@ -119,13 +114,16 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
                         _budget = lowlevel.OP_BUDGET
                         await _preempt_point()
                 return i, v, ok
-        elif ch.try_send(value):
-            if rt is not None:
-                _budget -= 1
-                if _budget <= 0:
-                    _budget = lowlevel.OP_BUDGET
-                    await _preempt_point()
-            return i, None, True
+        elif kind == SEND:
+            if ch.try_send(value):
+                if rt is not None:
+                    _budget -= 1
+                    if _budget <= 0:
+                        _budget = lowlevel.OP_BUDGET
+                        await _preempt_point()
+                return i, None, True
+        else:
+            raise TypeError(_BAD_CASE)
     if default:
         if rt is not None:
             _budget -= 1
@@ -138,9 +136,9 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
     g = rt.curg
     g.selectdone = False
     sudogs: list[Sudog] = []
-    isrecv: list[bool] = []
+    # Every case was checked by the poll, which visits them all when none is ready.
     for i in range(n):
-        kind, ch, value = _parts(cases[i])
+        kind, ch, value = cases[i]
         if ch is None:
             continue
         sg = Sudog(g, ch, i, value)
@@ -149,7 +147,6 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         else:
             ch._sendq.append(sg)
         sudogs.append(sg)
-        isrecv.append(kind == RECV)
     if not sudogs:
         # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
         # nil channels parks in selectgo as a plain "select".
@@ -164,23 +161,22 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         # Go's pass 3: every sudog but the one that fired leaves its queue; all of them
         # when the park ended by an exception thrown in or the coroutine closed.
         g.selectdone = False
-        for k, sg in enumerate(sudogs):
+        for sg in sudogs:
             if sg is not fired:
                 ch = sg.ch
-                q = ch._recvq if isrecv[k] else ch._sendq
+                q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
                 try:
                     q.remove(sg)
                 except ValueError:  # already taken out by a dequeue that skipped it
                     pass
-    for k, sg in enumerate(sudogs):
-        if sg is fired:
-            i = sg.caseidx
-            if not isrecv[k]:
-                if not sg.ok:
-                    raise SendOnClosedChannel("send on closed channel")
-                return i, None, True
-            return i, sg.elem, sg.ok
-    raise throw(f"select: goroutine {g.goid} woken without a case that fired")
+    if fired not in sudogs:
+        raise throw(f"select: goroutine {g.goid} woken without a case that fired")
+    i = fired.caseidx
+    if cases[i][0] == SEND:
+        if not fired.ok:
+            raise SendOnClosedChannel("send on closed channel")
+        return i, None, True
+    return i, fired.elem, fired.ok
 
 
 # The pure-Python functions stay importable under these names (the tests run them

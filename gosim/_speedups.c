@@ -11,13 +11,16 @@
  *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
  *              call_boxes, main_goexited) and _burst, the driver's inner loop.
  *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
- *              async iteration. Select (gosim/_select.py) queues Sudogs on its _recvq and
- *              _sendq deques exactly as it does on the Python channel.
+ *              async iteration.
  *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
  *              `await` through am_send: no Python frame, no StopIteration object.
+ *   Sudog      a select's waiter on one channel (gosim._core._g.Sudog's twin); the wait
+ *              queues hold Gs and Sudogs, whose fields the channel code reads directly.
+ *   SelectOp   the awaitable select() returns: Go's selectgo (gosim/_select.py's twin),
+ *              with the recv()/send() case builders.
  *
- * Semantics are Go's chansend/chanrecv/closechan and are documented, step by step, in
- * gosim/_chan.py; the two implementations must stay in step.
+ * Semantics are Go's chansend/chanrecv/closechan/selectgo and are documented, step by
+ * step, in gosim/_chan.py and gosim/_select.py; the implementations must stay in step.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -10,7 +10,8 @@ G
 Sudog
     A G waiting on one case of a ``select``: Go's ``sudog`` with ``isSelect`` set. A plain
     channel operation queues the G itself (no Sudog) because it waits on one channel only;
-    that saves an allocation on the hottest path.
+    that saves an allocation on the hottest path. With the C accelerator built,
+    :data:`Sudog` is ``gosim._speedups.Sudog`` (same constructor and fields).
 
 Status values follow Go's ``_Gidle`` ... ``_Gdead`` (``runtime2.go``), with the
 transitions tabled in :data:`TRANSITIONS`. With ``GOSIM_DEBUG=1`` in the environment
