@@ -193,5 +193,5 @@ if speedups is not None:
     )
     if not TYPE_CHECKING:
         select = speedups.select
-        recv = speedups.recv_case
-        send = speedups.send_case
+        recv = speedups.recv
+        send = speedups.send

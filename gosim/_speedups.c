@@ -1602,13 +1602,17 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
         return PYGEN_ERROR;
     }
     if (rc == 1) {
-        if (op->mode == OP_RECV)
-            ok = 1;
-        PyObject *res = recv_result(op->mode, v, ok);
-        Py_DECREF(v);
-        if (res == NULL) {
-            *result = NULL;
-            return PYGEN_ERROR;
+        PyObject *res;
+        if (op->mode == OP_RECV || (op->mode == OP_ANEXT && ok)) {
+            res = v; /* the value itself (recv_result's answer), reference and all */
+        }
+        else {
+            res = recv_result(op->mode, v, ok);
+            Py_DECREF(v);
+            if (res == NULL) {
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
         }
         if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
             int due = preempt_due();
@@ -2250,6 +2254,12 @@ select_start(SelectOpObject *op, PyObject **result)
             if (draw_random(&r) < 0)
                 goto error;
             Py_ssize_t j = (Py_ssize_t)(r * (double)(i + 1));
+            if (!(r >= 0.0 && r < 1.0) || j > i) {
+                /* Only a replaced rng can do this; the Python select would index out
+                 * of its order list. */
+                PyErr_SetString(PyExc_ValueError, "select: rng.random() gave a value outside [0, 1)");
+                goto error;
+            }
             Py_ssize_t t = order[i];
             order[i] = order[j];
             order[j] = t;
@@ -2882,8 +2892,8 @@ static PyMethodDef module_methods[] = {
      "Start fn(*args) as a new goroutine in the current P's runnext."},
     {"select", (PyCFunction)(void (*)(void))select_impl, METH_FASTCALL | METH_KEYWORDS,
      "select(*cases, default=False): Go's select (see gosim._select.select)."},
-    {"recv_case", recv_case, METH_O, "recv(ch): a select case receiving from ch (None: nil)."},
-    {"send_case", (PyCFunction)(void (*)(void))send_case, METH_FASTCALL,
+    {"recv", recv_case, METH_O, "recv(ch): a select case receiving from ch (None: nil)."},
+    {"send", (PyCFunction)(void (*)(void))send_case, METH_FASTCALL,
      "send(ch, value): a select case sending value on ch (None: nil)."},
     {"configure_select", configure_select, METH_VARARGS,
      "Hand the select code its wait reasons and random sources (done once by gosim._select)."},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gosim
-from gosim import Chan, go, lowlevel
+from gosim import Chan, go, lowlevel, select
 from gosim import _select as sel
 from gosim._core._accel import speedups
 from gosim._core._exceptions import RuntimeInternalError
@@ -37,7 +38,7 @@ needs_speedups = pytest.mark.skipif(
 # (select, recv, send) of each implementation present in this process.
 IMPLS: dict[str, tuple[Any, Any, Any]] = {"py": (sel.py_select, sel.py_recv, sel.py_send)}
 if speedups is not None:
-    IMPLS["c"] = (speedups.select, speedups.recv_case, speedups.send_case)
+    IMPLS["c"] = (speedups.select, speedups.recv, speedups.send)
 
 
 def _queues(chans: list[Any]) -> list[tuple[int, int, int]]:
@@ -102,7 +103,7 @@ def _run_program(impl: str, caps: list[int], gs: list[list[Any]], seed: int) -> 
                 log.append((k, n, type(e).__name__))
 
     async def main() -> None:
-        chans = [Chan(c) for c in caps]
+        chans: list[Chan[Any]] = [Chan(c) for c in caps]
         for k, ops in enumerate(gs):
             go(worker, k, ops, chans)
         for _ in range(30):
@@ -119,7 +120,8 @@ def _run_program(impl: str, caps: list[int], gs: list[list[Any]], seed: int) -> 
         log.append(("after close", _queues(chans)))
 
     gosim.run(main, procs=1, seed=seed, virtual_time=True)
-    return json.loads(json.dumps(log, default=repr))
+    record: list[Any] = json.loads(json.dumps(log, default=repr))
+    return record
 
 
 @needs_speedups
@@ -232,7 +234,7 @@ def test_select_errors_are_the_same(impl: str) -> None:
         with pytest.raises(TypeError, match="send case needs a Chan or None, got str"):
             send("x", 1)
         with pytest.raises(TypeError):
-            await select(default=True, other=1)  # type: ignore[call-arg]
+            await select(default=True, other=1)
         # a bad case after a ready one in poll order is not looked at: (0, 1) first...
         assert await select(recv(closed), recv(None)) == (0, None, False)
         return out
@@ -307,7 +309,7 @@ def test_a_parked_selects_sudogs_leave_every_queue(impl: str, ending: str) -> No
 
     async def main() -> Any:
         a: Chan[int] = Chan(0)
-        b: Chan[int] = Chan(0)
+        b: Chan[Any] = Chan(0)
         c: Chan[int] = Chan(0)
         box: list[Any] = []
         got: list[Any] = []
@@ -322,7 +324,7 @@ def test_a_parked_selects_sudogs_leave_every_queue(impl: str, ending: str) -> No
         go(waiter)
         await gosim.gosched()
         g = box[0]
-        sgs = [a._recvq[0], b._sendq[0], c._recvq[0]]  # type: ignore[attr-defined]
+        sgs = [a._recvq[0], b._sendq[0], c._recvq[0]]
         seen = [
             (s.issel, s.g is g, s.ch is ch, s.caseidx, s.elem, s.ok)
             for s, ch in zip(sgs, (a, b, c), strict=True)
@@ -435,3 +437,40 @@ def test_many_selects_leak_no_reference_and_no_memory(impl: str) -> None:
     assert _queues([a, b, out]) == [(0, 0, 0)] * 3
     # 10x the selects: anything kept per select would show as hundreds of kilobytes.
     assert second - first < 64 * 1024, (first, second)
+
+
+class _FixedRandom(random.Random):
+    """An rng whose random() always gives one value: the poll order is then known."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize(("draw", "first"), [(0.1, 0), (0.9, 1)])
+def test_the_poll_order_is_drawn_from_the_runtimes_rng(impl: str, draw: float, first: int) -> None:
+    select, recv, _ = IMPLS[impl]
+
+    async def main() -> Any:
+        lowlevel.current_runtime().rng = _FixedRandom(draw)
+        a: Chan[str] = Chan(1)
+        b: Chan[str] = Chan(1)
+        assert a.try_send("a") and b.try_send("b")
+        return await select(recv(a), recv(b))
+
+    assert gosim.run(main, procs=1) == (first, "ab"[first], True)
+
+
+@needs_speedups
+def test_an_rng_out_of_range_is_refused_not_obeyed() -> None:
+    async def main() -> None:
+        lowlevel.current_runtime().rng = _FixedRandom(1.0)
+        chans: list[Chan[int]] = [Chan(1) for _ in range(3)]
+        with pytest.raises(ValueError, match=r"outside \[0, 1\)"):
+            await select(*(gosim.recv(c) for c in chans))
+
+    gosim.run(main, procs=1)
