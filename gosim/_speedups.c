@@ -2123,6 +2123,13 @@ draw_random(double *out)
     return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* Go's throw for a select in a state it cannot be in (RuntimeInternalError). */
+static void
+select_throw(const char *fmt, Py_ssize_t goid)
+{
+    PyErr_Format(RuntimeInternalError ? RuntimeInternalError : PyExc_AssertionError, fmt, goid);
+}
+
 /* Take sg out of its channel's queue if it is still there (pass 3). 0 or -1. */
 static int
 sudog_leave_queue(SudogObject *sg)
@@ -2153,13 +2160,17 @@ sudog_leave_queue(SudogObject *sg)
 static int
 select_release_sudogs(SelectOpObject *op, SudogObject *fired)
 {
-    int rc = 0;
+    PyObject *et = NULL, *ev = NULL, *etb = NULL; /* the first error, kept for the end */
     if (op->g != NULL)
         ((GObject *)op->g)->selectdone = 0;
     for (Py_ssize_t i = 0; i < op->nsudogs; i++) {
         SudogObject *sg = op->sudogs[i];
-        if (sg != fired && sudog_leave_queue(sg) < 0)
-            rc = -1;
+        if (sg != fired && sudog_leave_queue(sg) < 0) {
+            if (et == NULL)
+                PyErr_Fetch(&et, &ev, &etb);
+            else
+                PyErr_Clear();
+        }
         Py_DECREF(sg);
     }
     op->nsudogs = 0;
@@ -2168,7 +2179,10 @@ select_release_sudogs(SelectOpObject *op, SudogObject *fired)
         op->sudogs = op->sinl;
     }
     Py_CLEAR(op->g);
-    return rc;
+    if (et == NULL)
+        return 0;
+    PyErr_Restore(et, ev, etb);
+    return -1;
 }
 
 static void
@@ -2375,9 +2389,9 @@ select_woken(SelectOpObject *op, PyObject *fired, PyObject **result)
             sg = op->sudogs[i];
     *result = NULL;
     if (sg == NULL) {
-        select_release_sudogs(op, NULL);
-        runtime_throw("select: goroutine %zd woken without a case that fired (%d, %d)",
-                      op->g ? ((GObject *)op->g)->goid : -1, 0, 0);
+        Py_ssize_t goid = op->g ? ((GObject *)op->g)->goid : -1;
+        if (select_release_sudogs(op, NULL) == 0)
+            select_throw("select: goroutine %zd woken without a case that fired", goid);
         return PYGEN_ERROR;
     }
     Py_INCREF(sg);
@@ -2419,8 +2433,10 @@ SelectOp_am_send(SelectOpObject *op, PyObject *arg, PyObject **result)
         return PYGEN_RETURN;
     case SEL_FOREVER:
         *result = NULL;
-        runtime_throw("select: goroutine %zd woken from a select that blocks forever (%d, %d)",
-                      -1, 0, 0);
+        select_throw("select: goroutine %zd woken from a select that blocks forever",
+                     current_rt && G_Check(((RtObject *)current_rt)->curg)
+                         ? ((GObject *)((RtObject *)current_rt)->curg)->goid
+                         : -1);
         return PYGEN_ERROR;
     default:
         PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited select");

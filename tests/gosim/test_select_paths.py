@@ -290,11 +290,46 @@ def test_a_select_woken_without_a_case_that_fired_throws(impl: str) -> None:
         finally:
             rt.curg = me
         out.append(_queues([a, b]))
+        out.append(g.goid)
         return out
 
     out = gosim.run(main, procs=1)
-    assert "woken without a case that fired" in out[0]
+    assert out[0] == f"select: goroutine {out[2]} woken without a case that fired"
     assert out[1] == [(0, 0, 0), (0, 0, 0)]
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("cases", [0, 1])
+def test_a_select_that_blocks_forever_woken_by_hand_throws(impl: str, cases: int) -> None:
+    select, recv, _ = IMPLS[impl]
+
+    async def main() -> tuple[list[str], int, str]:
+        box: list[Any] = []
+        out: list[str] = []
+
+        async def waiter() -> None:
+            box.append(lowlevel.current_g())
+            try:
+                await select(*[recv(None)] * cases)
+            except RuntimeInternalError as e:
+                out.append(str(e))
+
+        go(waiter)
+        await gosim.gosched()
+        g = box[0]
+        goid, reason = g.goid, g.waitreason
+        rt = lowlevel.current_runtime()
+        me, rt.curg = rt.curg, g
+        try:
+            with pytest.raises(StopIteration):
+                g.coro.send(None)
+        finally:
+            rt.curg = me
+        return out, goid, reason
+
+    out, goid, reason = gosim.run(main, procs=1)
+    assert out == [f"select: goroutine {goid} woken from a select that blocks forever"]
+    assert reason == ("select" if cases else "select (no cases)")
 
 
 # ------------------------------------------------------------------------------------
