@@ -174,7 +174,7 @@ def test_an_awaited_operation_cannot_be_awaited_again() -> None:
     # channel operation that has its own awaitable: receives of every form, a send that
     # had to park. A send that completed when called returns a shared finished
     # awaitable: the operation is over by then, and awaiting that again is a no-op.
-    # (select stays a generator-based coroutine on both paths, for its park's cost.)
+    # (select follows the same rule since issue 17: tests/gosim/test_select_paths.py.)
     async def main() -> None:
         ch: Chan[int] = Chan(1)
         await ch.send(1)
