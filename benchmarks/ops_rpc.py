@@ -1,0 +1,124 @@
+"""An ``idempotency.rpc`` server's work for N calls, for counting its instructions.
+
+The twin of ``benchmarks/ops_net.py`` for the RPC layer: the server runs in this
+process, its client is a plain-socket child process that valgrind does not follow, so
+
+    for n in 2000 12000; do
+      PYTHONHASHSEED=0 valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+          .venv/bin/python benchmarks/ops_rpc.py rpc-rr $n 2>&1 | grep Collected
+    done
+
+gives ``(Ir(12000) - Ir(2000)) / 10000``, the server's instructions per call. Compare
+with ``ops_net.py session-rr`` (the same transport, a netframe handler that echoes its
+payload) for the RPC layer's own cost. Workloads:
+
+* ``rpc-rr``: one call in flight, ``echo`` a plain function (the framed transport);
+* ``rpc-async-rr``: the same with ``echo`` an async function;
+* ``rpc-pipe16``: 16 calls sent at once, their 16 replies read, again.
+
+The request is the benchmark suite's: ``echo(1, "hello", [1, 2, 3])``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import msgpack
+
+HEADER = struct.Struct(">I")
+PARAMS = [1, "hello", [1, 2, 3]]
+
+
+def _frame(msgid: int) -> bytes:
+    body = b"\x00" + msgpack.packb([0, msgid, "echo", PARAMS])
+    return HEADER.pack(len(body)) + body
+
+
+def _read_frame(sock: socket.socket, buf: bytearray) -> bytes:
+    while True:
+        if len(buf) >= 4:
+            (length,) = HEADER.unpack_from(buf)
+            if len(buf) >= 4 + length:
+                body = bytes(buf[4 : 4 + length])
+                del buf[: 4 + length]
+                return body
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+
+
+def client(port: int, n: int, depth: int) -> None:
+    """``n`` calls, ``depth`` at a time, every reply checked; then close.
+
+    Requests and the replies expected are encoded before connecting, so the client
+    answers as fast as ``ops_net.py``'s: a slower client lets the server fall idle
+    between calls, and the instructions counted would then include idling in trio.
+    """
+    frames = [_frame(i) for i in range(n)]
+    replies = [b"\x00" + msgpack.packb([1, i, None, PARAMS]) for i in range(n)]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray()
+    msgid = 0
+    while msgid < n:
+        k = min(depth, n - msgid)
+        sock.sendall(b"".join(frames[msgid : msgid + k]))
+        want = set(replies[msgid : msgid + k])
+        while want:
+            body = _read_frame(sock, buf)
+            if body[:1] != b"\x00":
+                continue  # a heartbeat or control frame
+            if body not in want:
+                raise AssertionError(f"bad reply {body!r}")
+            want.discard(body)
+        msgid += k
+    sock.close()
+
+
+def server(workload: str, n: int) -> None:
+    import gosim  # noqa: PLC0415
+    from gosim import go, net  # noqa: PLC0415
+    from idempotency.rpc import Server  # noqa: PLC0415
+
+    depth = 16 if workload.endswith("pipe16") else 1
+    srv = Server(heartbeat_interval=10.0)
+    if "async" in workload:
+
+        async def echo_async(*args: object) -> list[object]:
+            return list(args)
+
+        srv.add_method(echo_async, "echo")
+    else:
+
+        def echo(*args: object) -> list[object]:
+            return list(args)
+
+        srv.add_method(echo, "echo")
+
+    async def main() -> float:
+        listener = net.listen("tcp", "127.0.0.1:0")
+        port = int(listener.addr().rpartition(":")[2])
+        go(srv.serve, listener)
+        started = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, __file__, "client", str(port), str(n), str(depth)])
+        code = await gosim.syscall(proc.wait)
+        elapsed = time.perf_counter() - started
+        if code:
+            raise SystemExit(f"client failed with {code}")
+        await srv.shutdown(grace=1.0)
+        return elapsed
+
+    elapsed = gosim.run(main, procs=1)
+    print(f"{workload}: {n} calls, {elapsed / n * 1e6:.2f} us each (client wall clock)")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "client":
+        client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
