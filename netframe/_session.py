@@ -86,6 +86,11 @@ class SessionState(enum.Enum):
     GOAWAY_RECEIVED = "GOAWAY_RECEIVED"  # the peer did; start no new work
     CLOSED = "CLOSED"  # both announced, or the caller closed: nothing more to send
 
+    # Members are singletons compared by identity, so the identity hash is consistent
+    # with equality; Enum's own __hash__ is a Python function (hash of the name), paid
+    # on every `state in MAY_SEND_DATA` of a reply.
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return self.value
 

@@ -212,7 +212,7 @@ class Scheduler(Syscalls):
     async def drive(self) -> None:
         """The driver task: Go's schedule loop over all Ps until the runtime stops."""
         clock = trio.lowlevel.current_clock()
-        self._clock_now = clock.current_time
+        self.now = self._clock_now = clock.current_time
         self.start_time = self.last_trio_yield = clock.current_time()
         if self.schedtrace_interval:
             self.schedtrace_next = self.start_time + self.schedtrace_interval
