@@ -172,13 +172,13 @@ def claim(
     its counter) only when the result is CLAIMED. The store writes ``result.record`` then.
     """
     if record is None or record.expires_at <= now:  # state_at(record, now) == ABSENT
-        new = Record(TRANSITIONS[ABSENT, CLAIM], fingerprint, fence, now + lease)
-        return ClaimResult(_CLAIMED, new)
+        new = _new_record(Record, (_CLAIM_TO, fingerprint, fence, now + lease, True, None))
+        return _new_claim_result(ClaimResult, (_CLAIMED, new))
     if record.fingerprint != fingerprint:
-        return ClaimResult(_MISMATCH, record)
+        return _new_claim_result(ClaimResult, (_MISMATCH, record))
     if record.state == COMPLETED:
-        return ClaimResult(_REPLAY, record)
-    return ClaimResult(_BUSY, record)
+        return _new_claim_result(ClaimResult, (_REPLAY, record))
+    return _new_claim_result(ClaimResult, (_BUSY, record))
 
 
 def _check_holder(record: Record | None, fence: int, now: float, caller: str, key: str) -> Record:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gosim
+from gosim.lowlevel import state as _gosim_state
 
 from .._errors import StaleClaim
 from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, state_at
@@ -43,6 +44,9 @@ class MemoryStore(Store):
 
     def __init__(self, clock: Callable[[], float] = gosim.now) -> None:
         self._clock = clock
+        # The runtime's clock is read twice a call: the default reads it without
+        # gosim.now's frame (the same clock, virtual or not).
+        self._runtime_clock = clock is gosim.now
         # Invariant: a key absent here reads as ABSENT; an expired record may remain
         # until swept or overwritten.
         self._records: dict[tuple[str, str], Record] = {}
@@ -57,7 +61,9 @@ class MemoryStore(Store):
     def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
         self._operations += 1
         rk = (caller, key)
-        res = claim(self._records.get(rk), fingerprint, self._clock(), lease, self._fence + 1)
+        rt = _gosim_state.rt
+        now = rt.now() if self._runtime_clock and rt is not None else self._clock()
+        res = claim(self._records.get(rk), fingerprint, now, lease, self._fence + 1)
         if res.kind is _CLAIMED:
             self._fence += 1
             self._records[rk] = res.record
@@ -69,7 +75,8 @@ class MemoryStore(Store):
     def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
         self._operations += 1
         rk = (caller, key)
-        now = self._clock()
+        rt = _gosim_state.rt
+        now = rt.now() if self._runtime_clock and rt is not None else self._clock()
         record = self._records.get(rk)
         ok, payload, effect = completion.ok, completion.payload, completion.effect
         if effect is not None:

@@ -14,6 +14,7 @@ import pytest
 
 import gosim
 from idempotency import (
+    ApplicationError,
     Call,
     CorruptedRecord,
     Idempotency,
@@ -107,6 +108,59 @@ def test_records_survive_a_restart(tmp_path: Path) -> None:
     again = grun(once)
     assert again.replayed and again.payload == first.payload and len(runs) == 1
     assert _read(tmp_path / "r.db", "SELECT n FROM counters") == [(5,)]
+
+
+def test_rows_are_written_with_their_sql_types(tmp_path: Path) -> None:
+    """Blobs go in as blobs, the ok flag as an integer and an in-progress payload as
+    NULL, whichever Python types the store binds them with (it avoids the ones sqlite3
+    must adapt)."""
+    release = gosim.Chan[None]()
+
+    async def slow(call: Call) -> Any:
+        await release.recv()
+        return "done"
+
+    async def main() -> None:
+        store = SQLiteStore(tmp_path / "t.db")
+        idem = Idempotency(store)
+        try:
+            done = gosim.Chan[Any](1)
+
+            async def first() -> None:
+                await done.send(
+                    await idem.run(caller="c", key="k1", request=("op", [1]), handler=slow)
+                )
+
+            gosim.go(first)
+            while not _read(tmp_path / "t.db", "SELECT 1 FROM idempotency_records"):
+                await gosim.sleep(0.005)
+            row = _read(
+                tmp_path / "t.db",
+                "SELECT state, typeof(fingerprint), typeof(fence), typeof(expires_at),"
+                " typeof(ok), typeof(payload) FROM idempotency_records",
+            )
+            assert row == [(1, "blob", "integer", "real", "integer", "null")]
+            await release.send(None)
+            outcome = await done.recv()
+            await idem.run(caller="c", key="k2", request=("op", [2]), handler=_refuse)
+        finally:
+            store.close()
+        assert outcome.value == "done"
+
+    grun(main)
+    rows = _read(
+        tmp_path / "t.db",
+        "SELECT key, state, typeof(fingerprint), length(fingerprint), typeof(ok), ok,"
+        " typeof(payload) FROM idempotency_records ORDER BY key",
+    )
+    assert rows == [
+        ("k1", 2, "blob", 32, "integer", 1, "blob"),
+        ("k2", 2, "blob", 32, "integer", 0, "blob"),
+    ]
+
+
+async def _refuse(call: Call) -> Any:
+    raise ApplicationError("no", "refused")
 
 
 def test_corrupted_row_is_named_and_does_not_break_the_batch(tmp_path: Path) -> None:
