@@ -1,7 +1,8 @@
 """Build script for the optional C accelerators; all metadata lives in pyproject.toml.
 
-``gosim._speedups`` (channels, go, the driver loop) and ``netframe._speedups`` (the
-codec's per-frame loops) are optional: when they cannot be compiled (no C compiler, an
+``gosim._speedups`` (channels, go, the driver loop), ``netframe._speedups`` (the codec's
+per-frame loops) and ``idempotency._speedups`` (the record table, the fingerprint and
+MemoryStore's steps) are optional: when they cannot be compiled (no C compiler, an
 unsupported Python), the install goes on and the pure-Python code runs, which is the
 reference implementation and is tested in CI too (GOSIM_PURE_PYTHON=1).
 """
@@ -25,6 +26,12 @@ setup(
                 "netframe/_speedups_io.c.h",
                 "netframe/_speedups_server.c.h",
             ],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c11"],
+        ),
+        Extension(
+            "idempotency._speedups",
+            sources=["idempotency/_speedups.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import msgpack
 
+from ._accel import speedups as _speedups
 from ._errors import InvalidKey, InvalidRequest
 
 __all__ = [
@@ -160,3 +161,12 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
         )
     digest: bytes = _sha256(packed).digest()
     return digest
+
+
+# The C twin (idempotency/_speedups.c), when built: a flat argument list of scalars
+# whose operation's prefix is cached; the function above, kept as the reference, serves
+# every other request and says what is wrong with a bad one.
+_py_fingerprint: Final = fingerprint
+if _speedups is not None:
+    _speedups.configure_keys(fingerprint=_py_fingerprint, pack=_packb, sha256=_sha256, heads=_HEADS)
+    fingerprint = _speedups.fingerprint

@@ -42,6 +42,7 @@ import enum
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
+from ._accel import speedups as _speedups
 from ._errors import StaleClaim
 
 __all__ = [
@@ -227,3 +228,25 @@ def release(record: Record | None, fence: int, now: float, caller: str, key: str
     (the store deletes the record). Raises :class:`StaleClaim` otherwise."""
     held = _check_holder(record, fence, now, caller, key)
     return next_state(held.state, RELEASE)
+
+
+# The C twins of claim() and complete() (idempotency/_speedups.c), when built: they
+# answer the common cases and call the functions above, kept as the reference, for the
+# rest (a refused completion among them, so its errors are these).
+_py_claim: Final = claim
+_py_complete: Final = complete
+if _speedups is not None:
+    _speedups.configure_record(
+        record=Record,
+        claim_result=ClaimResult,
+        claimed=_CLAIMED,
+        replay=_REPLAY,
+        busy=_BUSY,
+        mismatch=_MISMATCH,
+        in_progress=IN_PROGRESS,
+        completed=COMPLETED,
+        claim=_py_claim,
+        complete=_py_complete,
+    )
+    claim = _speedups.claim
+    complete = _speedups.complete

@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import gosim
-from gosim.lowlevel import state as _gosim_state
+from gosim.lowlevel import state as gosim_state
 
+from .._accel import speedups as _speedups
 from .._errors import StaleClaim
 from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, state_at
 from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
@@ -39,85 +40,129 @@ class MemoryEffect(Effect):
         self.fn = fn
 
 
+class _MemoryTable:
+    """MemoryStore's records, fence counter and its two per-call steps (the reference;
+    ``idempotency._speedups.MemoryTable`` is its C twin, with the same attributes).
+
+    Invariant: a key absent from ``records`` reads as ABSENT; an expired record may
+    remain until swept or overwritten. ``fence`` is the last token handed out.
+    """
+
+    __slots__ = ("clock", "fence", "operations", "records", "runtime_state")
+
+    def __init__(self, clock: Callable[[], float], runtime_state: Any = None) -> None:
+        self.clock = clock
+        self.runtime_state = runtime_state
+        self.records: dict[tuple[str, str], Record] = {}
+        self.fence = 0
+        self.operations = 0
+
+    def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        return _claim_step(self, caller, key, fingerprint, lease)
+
+    def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        return _complete_step(self, caller, key, fence, completion)
+
+
+def _claim_step(
+    table: _MemoryTable, caller: str, key: str, fingerprint: bytes, lease: float
+) -> ClaimResult:
+    """Answer a claim; write the record when it is CLAIMED. (Also the C twin's fallback:
+    ``table`` may be either kind.)"""
+    table.operations += 1
+    rk = (caller, key)
+    res = claim(table.records.get(rk), fingerprint, table.clock(), lease, table.fence + 1)
+    if res.kind is _CLAIMED:
+        table.fence += 1
+        table.records[rk] = res.record
+    return res
+
+
+def _complete_step(
+    table: _MemoryTable, caller: str, key: str, fence: int, completion: Completion
+) -> Record:
+    """Record the outcome of claim ``fence``, running a MemoryEffect first."""
+    table.operations += 1
+    rk = (caller, key)
+    now = table.clock()
+    record = table.records.get(rk)
+    ok, payload, effect = completion.ok, completion.payload, completion.effect
+    if effect is not None:
+        if not isinstance(effect, MemoryEffect):
+            raise TypeError(f"MemoryStore cannot run a {type(effect).__name__}")
+        # Check the claim first: a stale holder's effect must not run.
+        complete(record, fence, True, b"", now, completion.ttl, caller, key)
+        ok, payload = run_effect(effect.fn, completion.max_result_bytes)
+    assert payload is not None
+    done = complete(record, fence, ok, payload, now, completion.ttl, caller, key)
+    table.records[rk] = done
+    return done
+
+
+if _speedups is not None:
+    _speedups.configure_memory(claim_step=_claim_step, complete_step=_complete_step)
+    _Table: Any = _speedups.MemoryTable
+else:
+    _Table = _MemoryTable
+
+
 class MemoryStore(Store):
     """Records in process memory on the runtime clock (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], float] = gosim.now) -> None:
         self._clock = clock
-        # The runtime's clock is read twice a call: the default reads it without
-        # gosim.now's frame (the same clock, virtual or not).
-        self._runtime_clock = clock is gosim.now
-        # Invariant: a key absent here reads as ABSENT; an expired record may remain
-        # until swept or overwritten.
-        self._records: dict[tuple[str, str], Record] = {}
-        self._fence = 0  # the last fencing token handed out
-        self._operations = 0
+        # The C table reads the running runtime's clock itself when the clock is
+        # gosim.now's (the same time, without its frame).
+        self._table = _Table(clock, gosim_state if clock is gosim.now else None)
+        # The per-call steps are the table's own methods: no frame of ours around them.
+        self.claim_sync = self._table.claim  # type: ignore[method-assign]
+        self.complete_sync = self._table.complete  # type: ignore[method-assign]
+
+    @property
+    def _records(self) -> dict[tuple[str, str], Record]:
+        records: dict[tuple[str, str], Record] = self._table.records
+        return records
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"
 
     synchronous = True  # no operation waits: Idempotency calls the *_sync methods
 
-    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
-        self._operations += 1
-        rk = (caller, key)
-        rt = _gosim_state.rt
-        now = rt.now() if self._runtime_clock and rt is not None else self._clock()
-        res = claim(self._records.get(rk), fingerprint, now, lease, self._fence + 1)
-        if res.kind is _CLAIMED:
-            self._fence += 1
-            self._records[rk] = res.record
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        res: ClaimResult = self._table.claim(caller, key, fingerprint, lease)
         return res
 
-    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
-        return self.claim_sync(caller, key, fingerprint, lease)
-
-    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
-        self._operations += 1
-        rk = (caller, key)
-        rt = _gosim_state.rt
-        now = rt.now() if self._runtime_clock and rt is not None else self._clock()
-        record = self._records.get(rk)
-        ok, payload, effect = completion.ok, completion.payload, completion.effect
-        if effect is not None:
-            if not isinstance(effect, MemoryEffect):
-                raise TypeError(f"MemoryStore cannot run a {type(effect).__name__}")
-            # Check the claim first: a stale holder's effect must not run.
-            complete(record, fence, True, b"", now, completion.ttl, caller, key)
-            ok, payload = run_effect(effect.fn, completion.max_result_bytes)
-        assert payload is not None
-        done = complete(record, fence, ok, payload, now, completion.ttl, caller, key)
-        self._records[rk] = done
-        return done
-
     async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
-        return self.complete_sync(caller, key, fence, completion)
+        rec: Record = self._table.complete(caller, key, fence, completion)
+        return rec
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
-        self._operations += 1
+        self._table.operations += 1
         rk = (caller, key)
         try:
-            release(self._records.get(rk), fence, self._clock(), caller, key)
+            release(self._records.get(rk), fence, self._table.clock(), caller, key)
         except StaleClaim:
             return False
         del self._records[rk]
         return True
 
     async def get(self, caller: str, key: str) -> Record | None:
-        self._operations += 1
+        self._table.operations += 1
         record = self._records.get((caller, key))
-        return record if state_at(record, self._clock()) else None
+        return record if state_at(record, self._table.clock()) else None
 
     async def sweep(self) -> int:
-        self._operations += 1
-        now = self._clock()
+        self._table.operations += 1
+        now = self._table.clock()
         dead = [rk for rk, rec in self._records.items() if rec.expires_at <= now]
         for rk in dead:
             del self._records[rk]
         return len(dead)
 
     def now(self) -> float:
-        return self._clock()
+        now: float = self._table.clock()
+        return now
 
     def statistics(self) -> StoreStatistics:
-        return StoreStatistics(self._operations, self._operations, 1 if self._operations else 0)
+        ops = self._table.operations
+        return StoreStatistics(ops, ops, 1 if ops else 0)

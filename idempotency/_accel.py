@@ -1,0 +1,27 @@
+"""The loader of idempotency's C accelerator, ``idempotency._speedups``, or None.
+
+It holds twins of the per-call steps of ``Idempotency.run``: the record table's
+``claim`` and ``complete`` (``_record``), ``fingerprint`` (``_keys``) and MemoryStore's
+table (``stores.memory``). Each module hands its own part over when it imports and keeps
+the Python code as the reference, which the C code calls for every case it does not
+cover. ``GOSIM_PURE_PYTHON=1`` (the switch gosim's and netframe's accelerators obey)
+leaves it out, as does a build without a compiler.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Final
+
+__all__ = ["C_ENABLED", "speedups"]
+
+speedups: Any = None
+if os.environ.get("GOSIM_PURE_PYTHON", "") in ("", "0"):
+    try:
+        speedups = importlib.import_module("idempotency._speedups")
+    except ImportError:  # not built: the Python reference runs
+        speedups = None
+
+#: Whether the C accelerator is in use in this process.
+C_ENABLED: Final = speedups is not None

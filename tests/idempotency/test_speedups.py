@@ -1,0 +1,197 @@
+"""The C twins of idempotency/_speedups.c against their Python references.
+
+Every twin must answer exactly what its reference answers: the same result (types of the
+record's fields included) or the same exception with the same message. Hypothesis draws
+the inputs, bad ones included; the suite's other tests then run on the twins, and CI
+runs everything once more with GOSIM_PURE_PYTHON=1, on the references alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from idempotency import _keys, _record
+from idempotency._accel import speedups
+from idempotency._errors import InvalidRequest
+from idempotency._record import COMPLETED, IN_PROGRESS, Record
+from idempotency.stores import _contract, memory
+
+pytestmark = pytest.mark.skipif(
+    speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
+)
+
+FINGERPRINTS = [b"\x01" * 32, b"\x02" * 32]
+times = st.one_of(
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+    st.integers(min_value=-1000, max_value=1000),  # an int clock: the reference's case
+)
+records = st.one_of(
+    st.none(),
+    st.builds(
+        lambda state, fp, fence, exp, ok, payload: Record(
+            state, fp, fence, exp, ok, payload if state == COMPLETED else None
+        ),
+        st.sampled_from([IN_PROGRESS, COMPLETED]),
+        st.sampled_from(FINGERPRINTS),
+        st.integers(min_value=0, max_value=5),
+        times,
+        st.booleans(),
+        st.binary(max_size=8),
+    ),
+)
+
+
+def outcome_of(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """What a call answered, comparable between twins: the value with the types of its
+    parts, or the exception's type and message."""
+    try:
+        got = fn(*args, **kwargs)
+    except Exception as exc:
+        return ("raised", (type(exc), str(exc)))
+    if isinstance(got, tuple):
+        parts = [tuple((type(p), p) for p in x) if isinstance(x, tuple) else x for x in got]
+        return ("value", (type(got), parts))
+    return ("value", (type(got), got))
+
+
+def test_the_twins_are_in_place() -> None:
+    assert _record.claim is speedups.claim and _record.complete is speedups.complete
+    assert _keys.fingerprint is speedups.fingerprint
+    assert memory._Table is speedups.MemoryTable
+
+
+@settings(max_examples=400)
+@given(records, st.sampled_from(FINGERPRINTS), times, times, st.integers(0, 9))
+def test_claim_matches_the_reference(
+    record: Record | None, fp: bytes, now: float, lease: float, fence: int
+) -> None:
+    assert outcome_of(speedups.claim, record, fp, now, lease, fence) == outcome_of(
+        _record._py_claim, record, fp, now, lease, fence
+    )
+
+
+@settings(max_examples=400)
+@given(records, st.integers(0, 5), st.booleans(), st.binary(max_size=8), times, times)
+def test_complete_matches_the_reference(
+    record: Record | None, fence: int, ok: bool, payload: bytes, now: float, ttl: float
+) -> None:
+    args = (record, fence, ok, payload, now, ttl, "caller", "key")
+    assert outcome_of(speedups.complete, *args) == outcome_of(_record._py_complete, *args)
+
+
+class Unpackable:
+    pass
+
+
+scalars = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),  # past 64 bits: msgpack refuses
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.binary(max_size=6),
+    st.booleans(),
+    st.none(),
+)
+arguments = st.recursive(
+    scalars | st.builds(Unpackable),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400)
+@given(
+    st.one_of(st.sampled_from(["op", "transfer", ""]), st.text(max_size=4), st.integers()),
+    arguments,
+    st.integers(min_value=0, max_value=64),
+)
+def test_fingerprint_matches_the_reference(operation: Any, args: Any, max_bytes: int) -> None:
+    # The twin's fast path needs the operation's prefix cached: call the reference first
+    # on half of the examples.
+    if max_bytes % 2:
+        outcome_of(_keys._py_fingerprint, operation, args)
+    assert outcome_of(speedups.fingerprint, operation, args, max_bytes) == outcome_of(
+        _keys._py_fingerprint, operation, args, max_bytes
+    )
+
+
+def test_fingerprint_errors_are_the_references() -> None:
+    with pytest.raises(InvalidRequest, match="encode to"):
+        speedups.fingerprint("op", [b"x" * 100], 10)
+    with pytest.raises(InvalidRequest, match="not msgpack-serialisable"):
+        speedups.fingerprint("op", [Unpackable()])
+    with pytest.raises(InvalidRequest, match="non-empty str"):
+        speedups.fingerprint("", [1])
+    assert speedups.fingerprint("op", [1, "a"], max_bytes=100) == _keys._py_fingerprint(
+        "op", [1, "a"]
+    )
+
+
+class Clock:
+    """A settable clock: floats, or ints to send the C table to its reference."""
+
+    def __init__(self) -> None:
+        self.t: float = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("claim"), st.sampled_from(["a", "b"]), st.sampled_from(FINGERPRINTS),
+                  st.sampled_from([5.0, 0.5, 3])),
+        st.tuples(st.just("complete"), st.sampled_from(["a", "b"]), st.integers(0, 6),
+                  st.sampled_from([b"", b"\x01"]), st.sampled_from([10.0, 2])),
+        st.tuples(st.just("advance"), times),
+    ),
+    max_size=25,
+)  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(steps)
+def test_memory_table_matches_the_reference(program: list[tuple[Any, ...]]) -> None:
+    clock_c, clock_py = Clock(), Clock()
+    c_table = speedups.MemoryTable(clock_c)
+    py_table = memory._MemoryTable(clock_py)
+    for step in program:
+        if step[0] == "advance":
+            clock_c.t = clock_py.t = step[1]
+            continue
+        if step[0] == "claim":
+            _, key, fp, lease = step
+            args: tuple[Any, ...] = ("caller", key, fp, lease)
+        else:
+            _, key, fence, payload, ttl = step
+            completion = _contract.new_completion(
+                _contract.Completion, (True, payload, None, ttl, 1 << 20)
+            )
+            args = ("caller", key, fence, completion)
+        name = step[0]
+        assert outcome_of(getattr(c_table, name), *args) == outcome_of(
+            getattr(py_table, name), *args
+        ), step
+        assert c_table.fence == py_table.fence
+        assert c_table.operations == py_table.operations
+        assert c_table.records == py_table.records
+
+
+def test_memory_table_takes_keywords_and_effects_through_the_reference() -> None:
+    clock = Clock()
+    table = speedups.MemoryTable(clock)
+    res = table.claim(caller="c", key="k", fingerprint=FINGERPRINTS[0], lease=5.0)
+    assert res.kind is _record.ClaimKind.CLAIMED and table.fence == 1
+    effect = memory.MemoryEffect(lambda: 42)
+    completion = _contract.new_completion(_contract.Completion, (True, None, effect, 10.0, 1 << 20))
+    done = table.complete("c", "k", res.record.fence, completion)
+    assert done.state == COMPLETED and done.payload == b"\x2a"
+    with pytest.raises(TypeError):
+        table.claim("c", "k")
