@@ -8,6 +8,7 @@ runs everything once more with GOSIM_PURE_PYTHON=1, on the references alone.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -195,3 +196,25 @@ def test_memory_table_takes_keywords_and_effects_through_the_reference() -> None
     assert done.state == COMPLETED and done.payload == b"\x2a"
     with pytest.raises(TypeError):
         table.claim("c", "k")
+
+
+@settings(max_examples=300)
+@given(
+    st.binary(max_size=300)
+    | st.integers(0, 5000).map(lambda n: bytes(range(256)) * (n // 256) + bytes(n % 256))
+)
+def test_sha256_on_the_cpu_extensions_is_sha256(data: bytes) -> None:
+    got = speedups.sha256_ni(data)
+    if got is None:
+        pytest.skip("this CPU has no SHA extensions: the fingerprint uses hashlib's SHA-256")
+    assert got == hashlib.sha256(data).digest()
+
+
+def test_sha256_block_boundaries() -> None:
+    # Lengths around the padding's edges: 55 bytes fit one block with the length, 56 not.
+    for n in [0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 129, 1 << 16]:
+        data = bytes((i * 7) & 0xFF for i in range(n))
+        got = speedups.sha256_ni(data)
+        if got is None:
+            pytest.skip("this CPU has no SHA extensions: the fingerprint uses hashlib's SHA-256")
+        assert got == hashlib.sha256(data).digest(), n
