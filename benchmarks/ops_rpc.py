@@ -14,7 +14,11 @@ payload) for the RPC layer's own cost. Workloads:
 
 * ``rpc-rr``: one call in flight, ``echo`` a plain function (the framed transport);
 * ``rpc-async-rr``: the same with ``echo`` an async function;
-* ``rpc-pipe16``: 16 calls sent at once, their 16 replies read, again.
+* ``rpc-pipe16``: 16 calls sent at once, their 16 replies read, again;
+* ``rpc-keyed-sqlite`` / ``rpc-keyed-memory``: ``echo`` idempotent, every call with a
+  key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
+  100 calls sent at once, their replies read, again (the group commit needs concurrent
+  calls: the benchmark suite's 100 connections with one call each).
 
 The request is the benchmark suite's: ``echo(1, "hello", [1, 2, 3])``.
 """
@@ -33,8 +37,11 @@ HEADER = struct.Struct(">I")
 PARAMS = [1, "hello", [1, 2, 3]]
 
 
-def _frame(msgid: int) -> bytes:
-    body = b"\x00" + msgpack.packb([0, msgid, "echo", PARAMS])
+def _frame(msgid: int, keyed: bool = False) -> bytes:
+    request: list[object] = [0, msgid, "echo", PARAMS]
+    if keyed:
+        request.append({"key": f"k-{msgid}", "caller": "ops"})
+    body: bytes = b"\x00" + msgpack.packb(request)
     return HEADER.pack(len(body)) + body
 
 
@@ -52,14 +59,14 @@ def _read_frame(sock: socket.socket, buf: bytearray) -> bytes:
         buf += chunk
 
 
-def client(port: int, n: int, depth: int) -> None:
+def client(port: int, n: int, depth: int, keyed: bool = False) -> None:
     """``n`` calls, ``depth`` at a time, every reply checked; then close.
 
     Requests and the replies expected are encoded before connecting, so the client
     answers as fast as ``ops_net.py``'s: a slower client lets the server fall idle
     between calls, and the instructions counted would then include idling in trio.
     """
-    frames = [_frame(i) for i in range(n)]
+    frames = [_frame(i, keyed) for i in range(n)]
     replies = [b"\x00" + msgpack.packb([1, i, None, PARAMS]) for i in range(n)]
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -81,13 +88,27 @@ def client(port: int, n: int, depth: int) -> None:
 
 
 def server(workload: str, n: int) -> None:
+    import tempfile  # noqa: PLC0415
+
     import gosim  # noqa: PLC0415
     from gosim import go, net  # noqa: PLC0415
+    from idempotency import Idempotency, MemoryStore, SQLiteStore  # noqa: PLC0415
     from idempotency.rpc import Server  # noqa: PLC0415
 
-    depth = 16 if workload.endswith("pipe16") else 1
-    srv = Server(heartbeat_interval=10.0)
-    if "async" in workload:
+    depth = 16 if workload.endswith("pipe16") else 100 if "keyed" in workload else 1
+    idem = None
+    if workload == "rpc-keyed-sqlite":
+        idem = Idempotency(SQLiteStore(tempfile.mkdtemp(prefix="ops-rpc-") + "/records.db"))
+    elif workload == "rpc-keyed-memory":
+        idem = Idempotency(MemoryStore())
+    srv = Server(idempotency=idem, heartbeat_interval=10.0)
+    if idem is not None:
+
+        def echo_keyed(*args: object) -> list[object]:
+            return list(args)
+
+        srv.add_method(echo_keyed, "echo", idempotent=True)
+    elif "async" in workload:
 
         async def echo_async(*args: object) -> list[object]:
             return list(args)
@@ -105,7 +126,10 @@ def server(workload: str, n: int) -> None:
         port = int(listener.addr().rpartition(":")[2])
         go(srv.serve, listener)
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, __file__, "client", str(port), str(n), str(depth)])
+        keyed = "1" if idem is not None else "0"
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "client", str(port), str(n), str(depth), keyed]
+        )
         code = await gosim.syscall(proc.wait)
         elapsed = time.perf_counter() - started
         if code:
@@ -119,6 +143,6 @@ def server(workload: str, n: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "client":
-        client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] == ["1"])
     else:
         server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

@@ -163,9 +163,9 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
     return digest
 
 
-# The C twin (idempotency/_speedups.c), when built: a flat argument list of scalars
-# whose operation's prefix is cached; the function above, kept as the reference, serves
-# every other request and says what is wrong with a bad one.
+# The C twin (idempotency/_speedups.c), when built: arguments of scalars in lists and
+# tuples (no map) whose operation's prefix is cached; the function above, kept as the
+# reference, serves every other request and says what is wrong with a bad one.
 _py_fingerprint: Final = fingerprint
 if _speedups is not None:
     _speedups.configure_keys(fingerprint=_py_fingerprint, pack=_packb, sha256=_sha256, heads=_HEADS)

@@ -6,7 +6,7 @@
  *   claim, complete     idempotency/_record.py's claim() and complete() (the record
  *                       table's two per-call transitions);
  *   fingerprint         idempotency/_keys.py's fingerprint(), for the common request
- *                       (an operation name and a flat list of scalars);
+ *                       (an operation name and lists of scalars, nested or not);
  *   MemoryTable         idempotency/stores/memory.py's _MemoryTable (MemoryStore's
  *                       records, fence counter and its claim and complete steps).
  *
@@ -365,6 +365,28 @@ is_scalar(PyObject *o)
            || t == &PyBytes_Type || t == &PyBool_Type || o == Py_None;
 }
 
+/* Scalars, and lists and tuples of them nested up to 32 deep: the requests whose
+ * canonical form encodes exactly as they are (no map to sort; a tuple encodes as the
+ * list _canonical would make of it). */
+static int
+plain_nesting(PyObject *o, int depth)
+{
+    if (is_scalar(o)) {
+        return 1;
+    }
+    if (depth >= 32 || !(PyList_CheckExact(o) || PyTuple_CheckExact(o))) {
+        return 0;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!is_scalar(items[i]) && !plain_nesting(items[i], depth + 1)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static PyObject *
 fingerprint_fast(PyObject *operation, PyObject *args, Py_ssize_t max_bytes)
 {
@@ -377,12 +399,8 @@ fingerprint_fast(PyObject *operation, PyObject *args, Py_ssize_t max_bytes)
         PyErr_Clear();
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(args);
-    PyObject **items = PySequence_Fast_ITEMS(args);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!is_scalar(items[i])) {
-            return NULL;
-        }
+    if (!plain_nesting(args, 0)) {
+        return NULL;
     }
     PyObject *packed = PyObject_CallOneArg(pack, args);
     if (packed == NULL || !PyBytes_CheckExact(packed)) {

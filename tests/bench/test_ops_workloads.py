@@ -20,7 +20,10 @@ WORKLOADS = (
         ("ops_net.py", name)
         for name in ("raw-rr", "session-rr", "session-async-rr", "raw-pipe64", "session-pipe64")
     ]
-    + [("ops_rpc.py", name) for name in ("rpc-rr", "rpc-async-rr", "rpc-pipe16")]
+    + [
+        ("ops_rpc.py", name)
+        for name in ("rpc-rr", "rpc-async-rr", "rpc-pipe16", "rpc-keyed-sqlite", "rpc-keyed-memory")
+    ]
 )
 
 
