@@ -786,15 +786,27 @@ class Server:
         send its reply."""
         try:
             try:
-                reply = await _settle(pending, False)
+                # An async handler's coroutine, awaited here: _settle's first case
+                # without its two frames (this runs once a request).
+                if type(pending) is _Coroutine:
+                    reply = await pending
+                else:
+                    reply = await _settle(pending, False)
             except Exception:
                 self._counters["handler_errors"] += 1
                 return
             if reply is not None and not st.closed:
                 # A connection closed meanwhile (dead peer, shutdown past its grace)
                 # loses the reply; the handler's goroutine must not turn that into a
-                # panic.
-                await _send(st, [st.session.data(reply, gosim.now())])
+                # panic. Sent at once when the send queue has room (send_many's first
+                # case), else through _send, which waits for room.
+                frames = [st.session.data(reply, gosim.now())]
+                try:
+                    sent = st.fc.send_many_nowait(frames)
+                except OSError:  # ClosedError included: the reply is lost with it
+                    return
+                if not sent:
+                    await _send(st, frames)
         finally:
             st.handler_done()
 
