@@ -58,11 +58,13 @@ from ._protocol import (
     encode_error,
     encode_response,
     encode_response_payloads,
+    parse,
 )
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
 
 _unpackb = msgpack.unpackb
+_UNDECODED: Final[Any] = object()
 _pack_response = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
@@ -311,12 +313,12 @@ class Dispatcher:
         if len(payload) <= self._bare_max:
             # Fast path: a four-element request to a plain method (no key, no timeout),
             # decoded with msgpack's defaults (see Limits.bare_max), checked, called and
-            # encoded here; anything else, errors included, takes the general path below,
-            # which decodes again and says what is wrong.
+            # encoded here. Anything else that decoded goes to parse() and handle(); bytes
+            # that did not decode go to decode(), which decodes again to say what is wrong.
             try:
                 obj = _unpackb(payload)
             except Exception:
-                obj = None
+                obj = _UNDECODED
             if type(obj) is list and len(obj) == 4 and obj[0] == 0 and type(obj[0]) is int:
                 msgid, name, params = obj[1], obj[2], obj[3]
                 spec = self.methods.get(name) if type(name) is str else None
@@ -337,6 +339,14 @@ class Dispatcher:
                         return _pack_response([1, msgid, None, result])
                     except Exception:
                         return self._response(msgid, result)  # says why it cannot encode
+            if obj is not _UNDECODED:
+                # Decoded as decode() would (a payload this small cannot pass the
+                # limits): only its shape is left to check, not the bytes again.
+                try:
+                    msg = parse(obj)
+                except RemoteProtocolError as exc:
+                    return self.bad_message(exc)
+                return self.handle(msg)
         try:
             msg = decode(payload, self.limits)
         except RemoteProtocolError as exc:
