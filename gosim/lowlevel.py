@@ -14,7 +14,8 @@ goroutines through these, as trio's own ``Lock`` uses ``trio.lowlevel``. The con
   the same runtime; the G then runs soon on the caller's P (``runnext``).
 
 For the fast paths, which cannot afford a function call per operation: :data:`state`
-(``state.rt`` is the running runtime or None), :func:`trap` with the traps
+(``state.rt`` is the running runtime or None; on it, ``rt.curg`` is the running G and
+``rt.goready(g, value)`` is :func:`ready` without its frame), :func:`trap` with the traps
 :data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
 the driver), :data:`OP_BUDGET` (operations between preemption checks) and
 :data:`speedups` (the C accelerator, or None).

@@ -37,7 +37,7 @@ from typing import Any
 import gosim
 from gosim import lowlevel
 
-__all__ = ["GroupCommitter", "Op"]
+__all__ = ["GroupCommitter", "Op", "raise_when_awaited"]
 
 
 class Op:
@@ -88,7 +88,11 @@ class GroupCommitter:
 
     async def submit(self, op: Op) -> Any:
         """Run ``op`` in the next batch; return its result or raise its error."""
-        rt = lowlevel.current_runtime()
+        # gosim.lowlevel's fast-path hooks (state, trap, the runtime's goready) rather
+        # than current_runtime/current_g/park/ready: four frames fewer an operation.
+        rt = lowlevel.state.rt
+        if rt is None:
+            rt = lowlevel.current_runtime()  # raises NotInRuntime
         if self._rt is not rt:
             # A new runtime: whatever the last one left (a leader closed mid-batch when
             # its runtime ended) is gone with its goroutines.
@@ -98,8 +102,13 @@ class GroupCommitter:
         pending = self._pending
         pending.append(op)
         if self._leading:
-            op.g = lowlevel.current_g()
-            if not await lowlevel.park("idempotency commit"):
+            g = rt.curg
+            assert g is not None
+            g.waitreason = "idempotency commit"
+            op.g = g
+            if not await lowlevel.trap(lowlevel.PARK):
+                if op.error is None:
+                    return op.result
                 return op.take()
         self._leading = True
         handed_off = False
@@ -127,15 +136,22 @@ class GroupCommitter:
                         mine = True
                     else:
                         assert o.g is not None
-                        lowlevel.ready(o.g, False)
+                        rt.goready(o.g, False)
                 if mine:
                     break
             if pending:
                 nxt = pending[0]
                 assert nxt.g is not None
-                lowlevel.ready(nxt.g, True)
+                rt.goready(nxt.g, True)
                 handed_off = True
         finally:
             if not handed_off:
                 self._leading = False
         return op.take()
+
+
+async def raise_when_awaited(exc: Exception) -> Any:
+    """An awaitable that raises ``exc`` when awaited: what a store method that returns
+    the committer's coroutine (rather than being a coroutine itself, one frame fewer an
+    operation) returns for a refusal, so the error comes at the await as before."""
+    raise exc

@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from .._errors import (
@@ -69,7 +69,7 @@ from .._record import (
     release,
     state_at,
 )
-from ._batch import GroupCommitter, Op
+from ._batch import GroupCommitter, Op, raise_when_awaited
 from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
 
 __all__ = ["SQLiteEffect", "SQLiteStore"]
@@ -229,14 +229,22 @@ class SQLiteStore(Store):
 
     # ------------------------------------------------------------------ public API
 
-    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
-        return await self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))  # type: ignore[no-any-return]
+    # claim and complete return the committer's coroutine rather than being coroutines
+    # themselves: awaiting them is the same, with one coroutine fewer an operation.
+    def claim(
+        self, caller: str, key: str, fingerprint: bytes, lease: float
+    ) -> Coroutine[Any, Any, ClaimResult]:
+        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
 
-    async def complete(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+    def complete(
+        self, caller: str, key: str, fence: int, completion: Completion
+    ) -> Coroutine[Any, Any, Record]:
         effect = completion.effect
         if effect is not None and not isinstance(effect, SQLiteEffect):
-            raise TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
-        return await self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))  # type: ignore[no-any-return]
+            return raise_when_awaited(
+                TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
+            )
+        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
         return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
