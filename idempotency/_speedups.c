@@ -387,6 +387,8 @@ plain_nesting(PyObject *o, int depth)
     return 1;
 }
 
+static PyObject *digest_of(PyObject *head, PyObject *args, Py_ssize_t max_bytes);
+
 static PyObject *
 fingerprint_fast(PyObject *operation, PyObject *args, Py_ssize_t max_bytes)
 {
@@ -402,6 +404,17 @@ fingerprint_fast(PyObject *operation, PyObject *args, Py_ssize_t max_bytes)
     if (!plain_nesting(args, 0)) {
         return NULL;
     }
+    /* Held while the packer runs: the prefix cache is a plain dict anyone may clear. */
+    Py_INCREF(head);
+    PyObject *digest = digest_of(head, args, max_bytes);
+    Py_DECREF(head);
+    return digest;
+}
+
+/* SHA-256 of head + the msgpack of args, or NULL (an error or not) for the reference. */
+static PyObject *
+digest_of(PyObject *head, PyObject *args, Py_ssize_t max_bytes)
+{
     PyObject *packed = PyObject_CallOneArg(pack, args);
     if (packed == NULL || !PyBytes_CheckExact(packed)) {
         Py_XDECREF(packed);

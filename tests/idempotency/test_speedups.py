@@ -218,3 +218,44 @@ def test_sha256_block_boundaries() -> None:
         if got is None:
             pytest.skip("this CPU has no SHA extensions: the fingerprint uses hashlib's SHA-256")
         assert got == hashlib.sha256(data).digest(), n
+
+
+def test_the_twins_leak_nothing() -> None:
+    """Every fast path and every hand-off to a reference, many times: no object is left
+    behind (tracemalloc's live total does not grow) and no reference count creeps."""
+    import gc  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tracemalloc  # noqa: PLC0415
+
+    fp = FINGERPRINTS[0]
+    completion = _contract.new_completion(_contract.Completion, (True, b"\x01", None, 10.0, 1024))
+
+    def work(n: int) -> None:
+        table = speedups.MemoryTable(lambda: 1.0)
+        for i in range(n):
+            speedups.fingerprint("op", [i, "x", [1, (2, 3)]])
+            outcome_of(speedups.fingerprint, "op", [{"a": 1}, Unpackable()])  # reference
+            res = speedups.claim(None, fp, 1.0, 5.0, i)
+            speedups.claim(res.record, fp, 2.0, 5.0, i)
+            speedups.claim(res.record, FINGERPRINTS[1], 2.0, 5.0, i)
+            speedups.complete(res.record, i, True, b"p", 2.0, 10.0, "c", "k")
+            outcome_of(speedups.complete, res.record, i + 1, True, b"p", 2.0, 10.0, "c", "k")
+            key = str(i % 20)
+            got = table.claim("c", key, fp, 5.0)
+            if got.kind is _record.ClaimKind.CLAIMED:
+                table.complete("c", key, got.record.fence, completion)
+            outcome_of(table.complete, "c", key, -1, completion)  # stale: reference
+            speedups.sha256_ni(b"abc" * (i % 40))
+
+    work(500)  # caches warm (the prefix cache, hypothesis-free)
+    gc.collect()
+    refs = sys.getrefcount(fp)
+    tracemalloc.start()
+    try:
+        work(3000)
+        gc.collect()
+        live = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert sys.getrefcount(fp) == refs
+    assert live < 64 * 1024, f"{live} bytes still live after the calls"
