@@ -589,6 +589,42 @@ table_now(MemoryTable *self, double *now)
     return 0;
 }
 
+/* The stored record of (caller, key) and the time, for a step's fast path: 0 with *rk
+ * and *record (new references; record None when absent and ``absent_ok``) and *now set;
+ * -1 on an error; 1 when the step belongs to its reference (a record of another shape,
+ * an absent one, a clock that is not a float), holding nothing. */
+static int
+table_lookup(MemoryTable *self, PyObject *caller, PyObject *key, int absent_ok,
+             PyObject **rk_out, PyObject **record_out, double *now)
+{
+    PyObject *rk = PyTuple_Pack(2, caller, key);
+    if (rk == NULL) {
+        return -1;
+    }
+    PyObject *record = PyDict_GetItemWithError(self->records, rk);  /* borrowed */
+    if (record == NULL) {
+        if (PyErr_Occurred() || !absent_ok) {
+            Py_DECREF(rk);
+            return PyErr_Occurred() ? -1 : 1;
+        }
+        record = Py_None;
+    }
+    else if (!fast_record(record)) {
+        Py_DECREF(rk);
+        return 1;
+    }
+    Py_INCREF(record);
+    int got = table_now(self, now);
+    if (got != 0) {
+        Py_DECREF(record);
+        Py_DECREF(rk);
+        return got;
+    }
+    *rk_out = rk;
+    *record_out = record;
+    return 0;
+}
+
 /* step(table, *args, **kwargs): a reference step of memory.py on this table. */
 static PyObject *
 call_step(PyObject *step, MemoryTable *self, PyObject *const *args, Py_ssize_t nargs,
@@ -628,27 +664,9 @@ MemoryTable_claim(MemoryTable *self, PyObject *const *args, Py_ssize_t nargs, Py
         goto reference;
     }
     lease = PyFloat_AS_DOUBLE(args[3]);
-    PyObject *rk = PyTuple_Pack(2, args[0], args[1]);
-    if (rk == NULL) {
-        return NULL;
-    }
-    PyObject *record = PyDict_GetItemWithError(self->records, rk);  /* borrowed */
-    if (record == NULL) {
-        if (PyErr_Occurred()) {
-            Py_DECREF(rk);
-            return NULL;
-        }
-        record = Py_None;
-    }
-    else if (!fast_record(record)) {
-        Py_DECREF(rk);
-        goto reference;
-    }
-    Py_INCREF(record);
-    int got = table_now(self, &now);
+    PyObject *rk, *record;
+    int got = table_lookup(self, args[0], args[1], 1, &rk, &record, &now);
     if (got != 0) {
-        Py_DECREF(record);
-        Py_DECREF(rk);
         if (got < 0) {
             return NULL;
         }
@@ -698,27 +716,13 @@ MemoryTable_complete(MemoryTable *self, PyObject *const *args, Py_ssize_t nargs,
         goto reference;
     }
     ttl = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(c, 3));
-    PyObject *rk = PyTuple_Pack(2, args[0], args[1]);
-    if (rk == NULL) {
-        return NULL;
-    }
-    PyObject *record = PyDict_GetItemWithError(self->records, rk);  /* borrowed */
-    if (record == NULL) {
-        Py_DECREF(rk);
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        goto reference;
-    }
-    Py_INCREF(record);
-    int got = table_now(self, &now);
+    PyObject *rk, *record;
+    int got = table_lookup(self, args[0], args[1], 0, &rk, &record, &now);
     if (got != 0) {
-        Py_DECREF(record);
-        Py_DECREF(rk);
         if (got < 0) {
             return NULL;
         }
-        goto reference;
+        goto reference;  /* no record: the reference raises StaleClaim */
     }
     PyObject *done = complete_live(record, args[2], PyTuple_GET_ITEM(c, 0),
                                    PyTuple_GET_ITEM(c, 1), now, ttl);
