@@ -60,7 +60,7 @@ from ._keys import (
 )
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult
-from .stores._contract import Completion, Effect, Store, new_completion
+from .stores._contract import Completion, Effect, Store, SynchronousStore, new_completion
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "Call", "Handler", "Idempotency"]
 
@@ -129,7 +129,9 @@ class Idempotency:
     ) -> None:
         if not ttl > 0 or not lease > 0:
             raise ValueError(f"ttl and lease must be positive, not {ttl!r} and {lease!r}")
-        self.store = store
+        self._store = store
+        # A store whose operations never wait is called without a coroutine per operation.
+        self._sync_store = store if isinstance(store, SynchronousStore) else None
         self.ttl = ttl
         self.lease = lease
         self.wait = wait
@@ -142,6 +144,11 @@ class Idempotency:
         # sleeps until the holder finishes (or a whole lease passes, in case it overruns
         # its lease) instead of polling the store. No clock is read on the fast path.
         self._holders: dict[tuple[str, str], int] = {}
+
+    @property
+    def store(self) -> Store:
+        """The store, fixed at construction."""
+        return self._store
 
     async def run(
         self,
@@ -174,10 +181,10 @@ class Idempotency:
             raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
         operation, args = request
         fp = fingerprint(operation, args, self.max_args_bytes)
-        store = self.store
-        sync = store.synchronous  # a MemoryStore: its operations are plain calls
-        if sync:
-            res = store.claim_sync(caller, key, fp, self.lease)
+        store = self._store
+        sync = self._sync_store
+        if sync is not None:
+            res = sync.claim_sync(caller, key, fp, self.lease)
         else:
             res = await store.claim(caller, key, fp, self.lease)
         if res.kind is not _CLAIMED:
@@ -219,8 +226,8 @@ class Idempotency:
             await self._release(caller, key, fence)
             raise
         try:
-            if sync:
-                rec = store.complete_sync(caller, key, fence, completion)
+            if sync is not None:
+                rec = sync.complete_sync(caller, key, fence, completion)
             else:
                 rec = await store.complete(caller, key, fence, completion)
         except StaleClaim:
@@ -253,7 +260,7 @@ class Idempotency:
 
     async def _release(self, caller: str, key: str, fence: int) -> None:
         try:
-            await self.store.release(caller, key, fence)
+            await self._store.release(caller, key, fence)
         except StoreError:
             pass  # the store is down: the claim lapses with its lease instead
         finally:
@@ -301,12 +308,12 @@ class Idempotency:
                 # Registered now: claim again before sleeping, in case the holder
                 # finished before the channel existed (it would not have closed it).
                 self._waiters[rk] = Chan()
-                res = await self.store.claim(caller, key, fp, self.lease)
+                res = await self._store.claim(caller, key, fp, self.lease)
                 continue
             if rk in self._holders:
                 # The holder runs here: it closes ``ch`` when done. If it overruns its
                 # lease, claim again as the lease lapses (and take the key over).
-                sleep = max(0.0, res.record.expires_at - self.store.now()) + POLL_MIN
+                sleep = max(0.0, res.record.expires_at - self._store.now()) + POLL_MIN
             else:
                 # The holder is another process: poll, backing off.
                 sleep = interval
@@ -316,4 +323,4 @@ class Idempotency:
                 await select(recv(ch), recv(timer.c), recv(done))
             finally:
                 timer.stop()
-            res = await self.store.claim(caller, key, fp, self.lease)
+            res = await self._store.claim(caller, key, fp, self.lease)

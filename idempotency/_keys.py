@@ -142,15 +142,7 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
         if len(_HEADS) < _MAX_HEADS:
             _HEADS[operation] = head
     try:
-        if type(args) is list or type(args) is tuple:
-            # The common case, a flat argument list: _canonical's answer without its frame.
-            for item in args:
-                if type(item) not in _SCALARS:
-                    args = _canonical(args)
-                    break
-        elif type(args) not in _SCALARS:
-            args = _canonical(args)
-        packed = head + _packb(args)
+        packed = head + _packb(_canonical(args))
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise InvalidRequest(
             f"arguments of {operation!r} are not msgpack-serialisable: {exc}"

@@ -11,6 +11,7 @@ from ._contract import Completion as Completion
 from ._contract import Effect as Effect
 from ._contract import Store as Store
 from ._contract import StoreStatistics as StoreStatistics
+from ._contract import SynchronousStore as SynchronousStore
 from .memory import MemoryEffect as MemoryEffect
 from .memory import MemoryStore as MemoryStore
 from .sqlite import SQLiteEffect as SQLiteEffect
@@ -31,6 +32,7 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "StoreStatistics",
+    "SynchronousStore",
 ]
 
 

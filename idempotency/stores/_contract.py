@@ -25,13 +25,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from .._errors import ApplicationError
 from .._outcome import encode_error, encode_result
 from .._record import ClaimResult, Record
 
-__all__ = ["Completion", "Effect", "Store", "StoreStatistics", "run_effect"]
+__all__ = ["Completion", "Effect", "Store", "StoreStatistics", "SynchronousStore", "run_effect"]
 
 
 class Effect:
@@ -95,21 +95,9 @@ def run_effect(
 class Store(abc.ABC):
     """A durable (or not) home for records; see the module docstring for the contract.
 
-    A store whose claims and completions never wait (``MemoryStore``) sets
-    ``synchronous`` and implements :meth:`claim_sync` and :meth:`complete_sync`, the same
-    operations as plain calls: ``Idempotency`` then calls them without a coroutine per
-    operation. Their ``async`` twins must do exactly what they do.
+    A store whose claims and completions never wait derives from
+    :class:`SynchronousStore` instead, which adds plain-call twins of both.
     """
-
-    synchronous: ClassVar[bool] = False
-
-    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
-        """:meth:`claim` without awaiting; only when ``synchronous``."""
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous claim")
-
-    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
-        """:meth:`complete` without awaiting; only when ``synchronous``."""
-        raise NotImplementedError(f"{type(self).__name__} has no synchronous completion")
 
     @abc.abstractmethod
     async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
@@ -143,3 +131,20 @@ class Store(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 -- optional: a store may hold nothing to release
         """Release the store's resources (a connection); idempotent."""
+
+
+class SynchronousStore(Store):
+    """A store whose claims and completions never wait (``MemoryStore``).
+
+    :meth:`claim_sync` and :meth:`complete_sync` are the same operations as plain calls,
+    and must do exactly what their ``async`` twins do: ``Idempotency`` calls them
+    without a coroutine per operation.
+    """
+
+    @abc.abstractmethod
+    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        """:meth:`claim` as a plain call."""
+
+    @abc.abstractmethod
+    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        """:meth:`complete` as a plain call."""

@@ -18,7 +18,7 @@ from gosim.lowlevel import state as gosim_state
 from .._accel import speedups as _speedups
 from .._errors import StaleClaim
 from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, state_at
-from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
+from ._contract import Completion, Effect, StoreStatistics, SynchronousStore, run_effect
 
 __all__ = ["MemoryEffect", "MemoryStore"]
 
@@ -48,11 +48,12 @@ class _MemoryTable:
     remain until swept or overwritten. ``fence`` is the last token handed out.
     """
 
-    __slots__ = ("clock", "fence", "operations", "records", "runtime_state")
+    __slots__ = ("clock", "fence", "operations", "records")
 
     def __init__(self, clock: Callable[[], float], runtime_state: Any = None) -> None:
+        # runtime_state is the C twin's shortcut to the runtime clock; this reference
+        # reads ``clock`` (the same time) and keeps nothing of it.
         self.clock = clock
-        self.runtime_state = runtime_state
         self.records: dict[tuple[str, str], Record] = {}
         self.fence = 0
         self.operations = 0
@@ -106,17 +107,25 @@ else:
     _Table = _MemoryTable
 
 
-class MemoryStore(Store):
+class MemoryStore(SynchronousStore):
     """Records in process memory on the runtime clock (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], float] = gosim.now) -> None:
-        self._clock = clock
         # The C table reads the running runtime's clock itself when the clock is
         # gosim.now's (the same time, without its frame).
         self._table = _Table(clock, gosim_state if clock is gosim.now else None)
-        # The per-call steps are the table's own methods: no frame of ours around them.
+        # The per-call steps are the table's own methods, bound here over the class's
+        # (which say the same): no frame of ours around them on every call.
         self.claim_sync = self._table.claim  # type: ignore[method-assign]
         self.complete_sync = self._table.complete  # type: ignore[method-assign]
+
+    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        res: ClaimResult = self._table.claim(caller, key, fingerprint, lease)
+        return res
+
+    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        rec: Record = self._table.complete(caller, key, fence, completion)
+        return rec
 
     @property
     def _records(self) -> dict[tuple[str, str], Record]:
@@ -125,8 +134,6 @@ class MemoryStore(Store):
 
     def __repr__(self) -> str:
         return f"MemoryStore({len(self._records)} records)"
-
-    synchronous = True  # no operation waits: Idempotency calls the *_sync methods
 
     async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
         res: ClaimResult = self._table.claim(caller, key, fingerprint, lease)

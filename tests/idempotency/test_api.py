@@ -208,3 +208,31 @@ def test_memory_store_leases_run_on_virtual_time() -> None:
     stale = next(e for e in events if e[0] == "stale")
     assert stale[1] == 1 and stale[2] == pytest.approx(7200.0)
     assert _lease_story() == events  # the same seed tells the same story
+
+
+def test_a_synchronous_store_must_have_both_plain_calls() -> None:
+    """``SynchronousStore`` is the contract for stores whose operations never wait: a
+    subclass without its plain-call twins cannot be made, and ``Idempotency`` keeps the
+    store it was given."""
+    from idempotency import MemoryStore  # noqa: PLC0415
+    from idempotency.stores import SynchronousStore  # noqa: PLC0415
+
+    class Half(SynchronousStore):
+        async def claim(self, *a: Any) -> Any: ...
+        async def complete(self, *a: Any) -> Any: ...
+        async def release(self, *a: Any) -> Any: ...
+        async def get(self, *a: Any) -> Any: ...
+        async def sweep(self) -> int:
+            return 0
+
+        def now(self) -> float:
+            return 0.0
+
+        def statistics(self) -> Any: ...
+        def claim_sync(self, *a: Any) -> Any: ...
+
+    with pytest.raises(TypeError, match="complete_sync"):
+        Half()  # type: ignore[abstract]
+    store = MemoryStore()
+    assert isinstance(store, SynchronousStore)
+    assert Idempotency(store).store is store
