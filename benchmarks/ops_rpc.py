@@ -18,13 +18,21 @@ payload) for the RPC layer's own cost. Workloads:
 * ``rpc-keyed-sqlite`` / ``rpc-keyed-memory``: ``echo`` idempotent, every call with a
   key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
   100 calls sent at once, their replies read, again (the group commit needs concurrent
-  calls: the benchmark suite's 100 connections with one call each).
+  calls: the benchmark suite's 100 connections with one call each);
+* ``rpc-ledger``: the ledger demo's server (``idempotency.demo``: a durable SQLite
+  ledger of 100 accounts) and its calls, ``transfer(src, dst, 1)`` with a key of its
+  own and a 10 s timeout each, 1,000 at once over 200 connections (as the demo's
+  1,000 connections with a call in flight each, and so its group commits' sizes).
+
+With ``OPS_STATS=1`` the server prints its store's statistics (operations, batches) at
+the end: instruction counts compare only between runs whose batches compare.
 
 The request is the benchmark suite's: ``echo(1, "hello", [1, 2, 3])``.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import subprocess
@@ -34,12 +42,18 @@ import time
 import msgpack
 
 HEADER = struct.Struct(">I")
+LEDGER_CONNECTIONS = 200
 PARAMS = [1, "hello", [1, 2, 3]]
 
 
-def _frame(msgid: int, keyed: bool = False) -> bytes:
+def _frame(msgid: int, keyed: bool = False, ledger: bool = False) -> bytes:
     request: list[object] = [0, msgid, "echo", PARAMS]
-    if keyed:
+    if ledger:  # the demo's clients' calls: a transfer between two of 100 accounts
+        src, dst = msgid % 100, (msgid * 7 + 1) % 100
+        dst = (dst + 1) % 100 if dst == src else dst
+        meta = {"key": f"t-{msgid}", "caller": "ops", "timeout": 10_000}
+        request = [0, msgid, "transfer", [src, dst, 1], meta]
+    elif keyed:
         request.append({"key": f"k-{msgid}", "caller": "ops"})
     body: bytes = b"\x00" + msgpack.packb(request)
     return HEADER.pack(len(body)) + body
@@ -59,32 +73,49 @@ def _read_frame(sock: socket.socket, buf: bytearray) -> bytes:
         buf += chunk
 
 
-def client(port: int, n: int, depth: int, keyed: bool = False) -> None:
-    """``n`` calls, ``depth`` at a time, every reply checked; then close.
+def client(port: int, n: int, depth: int, keyed: bool = False, ledger: bool = False) -> None:
+    """``n`` calls, ``depth`` at a time, every reply checked; then close. The ledger's
+    calls go over LEDGER_CONNECTIONS connections, an equal share of each round on each
+    (a server's in-flight limit is per connection).
 
     Requests and the replies expected are encoded before connecting, so the client
     answers as fast as ``ops_net.py``'s: a slower client lets the server fall idle
     between calls, and the instructions counted would then include idling in trio.
     """
-    frames = [_frame(i, keyed) for i in range(n)]
+    frames = [_frame(i, keyed, ledger) for i in range(n)]
     replies = [b"\x00" + msgpack.packb([1, i, None, PARAMS]) for i in range(n)]
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = bytearray()
+    socks = []
+    for _ in range(LEDGER_CONNECTIONS if ledger else 1):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append((sock, bytearray()))
     msgid = 0
     while msgid < n:
         k = min(depth, n - msgid)
-        sock.sendall(b"".join(frames[msgid : msgid + k]))
-        want = set(replies[msgid : msgid + k])
-        while want:
-            body = _read_frame(sock, buf)
-            if body[:1] != b"\x00":
-                continue  # a heartbeat or control frame
-            if body not in want:
-                raise AssertionError(f"bad reply {body!r}")
-            want.discard(body)
+        share = -(-k // len(socks))
+        sent = []
+        for j, (sock, _) in enumerate(socks):
+            lo, hi = msgid + j * share, min(msgid + (j + 1) * share, msgid + k)
+            if lo < hi:
+                sock.sendall(b"".join(frames[lo:hi]))
+                sent.append((sock, set(replies[lo:hi])))
+        for sock, want in sent:
+            buf = next(b for s_, b in socks if s_ is sock)
+            while want:
+                body = _read_frame(sock, buf)
+                if body[:1] != b"\x00":
+                    continue  # a heartbeat or control frame
+                if ledger:  # the result is the transfer's fence: check the msgid, no error
+                    reply = msgpack.unpackb(body[1:])
+                    if reply[0] != 1 or reply[2] is not None or reply[1] >= n:
+                        raise AssertionError(f"bad reply {reply!r}")
+                    body = replies[reply[1]]
+                if body not in want:
+                    raise AssertionError(f"bad reply {body!r}")
+                want.discard(body)
         msgid += k
-    sock.close()
+    for sock, _ in socks:
+        sock.close()
 
 
 def server(workload: str, n: int) -> None:
@@ -97,12 +128,24 @@ def server(workload: str, n: int) -> None:
 
     depth = 16 if workload.endswith("pipe16") else 100 if "keyed" in workload else 1
     idem = None
-    if workload == "rpc-keyed-sqlite":
+    if workload == "rpc-ledger":
+        from pathlib import Path  # noqa: PLC0415
+
+        from idempotency.demo._ledger import LedgerSpec, create_ledger, make_server  # noqa: PLC0415
+
+        spec = LedgerSpec("sqlite", Path(tempfile.mkdtemp(prefix="ops-rpc-")) / "ledger.db")
+        create_ledger(spec, 100)
+        srv = make_server(spec, 10.0, 1000)
+        depth = 1000  # the demo's 1,000 connections with a call each: its batch sizes
+    elif workload == "rpc-keyed-sqlite":
         idem = Idempotency(SQLiteStore(tempfile.mkdtemp(prefix="ops-rpc-") + "/records.db"))
     elif workload == "rpc-keyed-memory":
         idem = Idempotency(MemoryStore())
-    srv = Server(idempotency=idem, heartbeat_interval=10.0)
-    if idem is not None:
+    if workload != "rpc-ledger":
+        srv = Server(idempotency=idem, heartbeat_interval=10.0)
+    if workload == "rpc-ledger":
+        pass  # make_server registered the ledger's methods
+    elif idem is not None:
 
         def echo_keyed(*args: object) -> list[object]:
             return list(args)
@@ -126,7 +169,7 @@ def server(workload: str, n: int) -> None:
         port = int(listener.addr().rpartition(":")[2])
         go(srv.serve, listener)
         started = time.perf_counter()
-        keyed = "1" if idem is not None else "0"
+        keyed = "2" if workload == "rpc-ledger" else "1" if idem is not None else "0"
         proc = subprocess.Popen(
             [sys.executable, __file__, "client", str(port), str(n), str(depth), keyed]
         )
@@ -135,6 +178,8 @@ def server(workload: str, n: int) -> None:
         if code:
             raise SystemExit(f"client failed with {code}")
         await srv.shutdown(grace=1.0)
+        if os.environ.get("OPS_STATS") and srv.idempotency is not None:
+            print(srv.idempotency.store.statistics(), file=sys.stderr)
         return elapsed
 
     elapsed = gosim.run(main, procs=1)
@@ -143,6 +188,7 @@ def server(workload: str, n: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "client":
-        client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] == ["1"])
+        mode = sys.argv[5] if len(sys.argv) > 5 else "0"
+        client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), mode == "1", mode == "2")
     else:
         server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

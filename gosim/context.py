@@ -61,15 +61,30 @@ CancelFunc = Callable[[], None]
 class Context:
     """A node of the context tree. Made by the functions of this module, not directly."""
 
+    # Slots, and the children set and after-functions list made on first use: a
+    # request's deadline context is made and dropped per call on a server's hot path.
+    __slots__ = (
+        "_after",
+        "_attached_to",
+        "_cancellable",
+        "_cause",
+        "_children",
+        "_deadline",
+        "_done",
+        "_err",
+        "_parent",
+        "_timer",
+    )
+
     def __init__(self, parent: Context | None) -> None:
         self._parent = parent
         self._done: Chan[None] | None = None
         self._err: BaseException | None = None
         self._cause: BaseException | None = None
-        self._children: set[Context] = set()
-        self._deadline = math.inf if parent is None else parent.deadline_or_inf()
+        self._children: set[Context] | None = None
+        self._deadline: float = math.inf if parent is None else parent._deadline
         self._timer: RuntimeTimer | None = None
-        self._after: list[Callable[[], None]] = []
+        self._after: list[Callable[[], None]] | None = None
         self._cancellable = parent is not None
         self._attached_to: Context | None = None  # the cancellable ancestor holding us
 
@@ -105,6 +120,8 @@ class Context:
         if parent._err is not None:
             self._cancel(parent._err, parent._cause)
         else:
+            if parent._children is None:
+                parent._children = set()
             parent._children.add(self)
             self._attached_to = parent
 
@@ -117,21 +134,26 @@ class Context:
             self._done.close()
         if self._timer is not None:
             lowlevel.del_timer(self._timer)
-        children, self._children = self._children, set()
-        for child in children:
-            child._cancel(err, self._cause)
+        if self._children is not None:
+            children, self._children = self._children, None
+            for child in children:
+                child._cancel(err, self._cause)
         if self._attached_to is not None:
-            self._attached_to._children.discard(self)
+            if self._attached_to._children is not None:
+                self._attached_to._children.discard(self)
             self._attached_to = None
-        for fn in self._after:
-            fn()
-        self._after = []
+        if self._after is not None:
+            after, self._after = self._after, None
+            for fn in after:
+                fn()
 
     def __repr__(self) -> str:
         return f"<gosim.context.Context err={self._err!r}>"
 
 
 class _ValueContext(Context):
+    __slots__ = ("_key", "_val")
+
     def __init__(self, parent: Context, key: Any, val: Any) -> None:
         super().__init__(parent)
         self._cancellable = False
@@ -151,6 +173,8 @@ class _ValueContext(Context):
 
 
 class _WithoutCancel(Context):
+    __slots__ = ("_values_from",)
+
     def __init__(self, parent: Context) -> None:
         super().__init__(None)
         self._values_from = parent
@@ -199,9 +223,35 @@ def _fire_deadline(arg: tuple[Context, BaseException | None], now: float) -> Non
     ctx._cancel(DeadlineExceeded(), cause_)
 
 
+def _fire_deadline_uncaused(ctx: Context, now: float) -> None:
+    ctx._cancel(DeadlineExceeded(), None)
+
+
+def _deadline_context(
+    parent: Context, d: float, now: float, cause_: BaseException | None
+) -> tuple[Context, CancelFunc]:
+    """with_deadline_cause's body, given the runtime clock's ``now``."""
+    ctx = Context(parent)
+    inherited = ctx._deadline
+    if d < inherited:
+        ctx._deadline = d
+    if parent._cancellable or parent._parent is not None:
+        ctx._attach()  # not for a root (background, todo): nothing to attach to
+    if ctx._err is None:
+        if d <= now:
+            ctx._cancel(DeadlineExceeded(), cause_)
+        elif d < inherited:
+            if cause_ is None:
+                ctx._timer = RuntimeTimer(_fire_deadline_uncaused, ctx)
+            else:
+                ctx._timer = RuntimeTimer(_fire_deadline, (ctx, cause_))
+            lowlevel.add_timer(ctx._timer, d)
+    return ctx, lambda: ctx._cancel(Canceled(), None)
+
+
 def with_deadline(parent: Context, d: float) -> tuple[Context, CancelFunc]:
     """Cancelled at runtime-clock time ``d`` (or with the parent, or by the cancel function)."""
-    return with_deadline_cause(parent, d, None)
+    return _deadline_context(_need_parent(parent), d, lowlevel.current_runtime().now(), None)
 
 
 def with_deadline_cause(
@@ -209,30 +259,21 @@ def with_deadline_cause(
 ) -> tuple[Context, CancelFunc]:
     """As :func:`with_deadline`; when the deadline passes, :func:`cause` gives ``cause_``
     (``err()`` is still :class:`DeadlineExceeded`). The cancel function sets no cause."""
-    ctx = Context(_need_parent(parent))
-    ctx._deadline = min(parent.deadline_or_inf(), d)
-    ctx._attach()
-    if ctx._err is None:
-        rt = lowlevel.current_runtime()
-        if d <= rt.now():
-            ctx._cancel(DeadlineExceeded(), cause_)
-        elif d < parent.deadline_or_inf():
-            ctx._timer = RuntimeTimer(_fire_deadline, (ctx, cause_))
-            rt.addtimer(ctx._timer, d)
-    return ctx, lambda: ctx._cancel(Canceled(), None)
+    return _deadline_context(_need_parent(parent), d, lowlevel.current_runtime().now(), cause_)
 
 
 def with_timeout(parent: Context, timeout: float) -> tuple[Context, CancelFunc]:
     """Cancelled ``timeout`` seconds from now (``with_deadline(parent, now() + timeout)``)."""
-    return with_timeout_cause(parent, timeout, None)
+    now = lowlevel.current_runtime().now()
+    return _deadline_context(_need_parent(parent), now + timeout, now, None)
 
 
 def with_timeout_cause(
     parent: Context, timeout: float, cause_: BaseException | None
 ) -> tuple[Context, CancelFunc]:
     """As :func:`with_timeout`, with :func:`with_deadline_cause`'s cause."""
-    _need_parent(parent)
-    return with_deadline_cause(parent, lowlevel.current_runtime().now() + timeout, cause_)
+    now = lowlevel.current_runtime().now()
+    return _deadline_context(_need_parent(parent), now + timeout, now, cause_)
 
 
 def with_value(parent: Context, key: Any, val: Any) -> Context:
@@ -255,6 +296,31 @@ def cause(ctx: Context) -> BaseException | None:
     return node._cause if node is not None else None
 
 
+class _AfterFunc:
+    """One :func:`after_func` registration: called (on the cancelling side) when its
+    context is done, it starts ``fn`` in a goroutine unless stopped first."""
+
+    __slots__ = ("fn", "node", "pending")
+
+    def __init__(self, fn: Callable[[], Coroutine[Any, Any, Any]], node: Context | None) -> None:
+        self.fn = fn
+        self.node = node
+        self.pending = True
+
+    def __call__(self) -> None:
+        if self.pending:
+            self.pending = False
+            go(self.fn)
+
+    def stop(self) -> bool:
+        was = self.pending
+        self.pending = False
+        node = self.node
+        if was and node is not None and node._err is None and node._after is not None:
+            node._after.remove(self)  # a stopped call holds nothing on a long-lived ctx
+        return was
+
+
 def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Callable[[], bool]:
     """Run ``fn`` in a goroutine once ``ctx`` is done; the returned stop() prevents that.
 
@@ -262,27 +328,15 @@ def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Call
     before ``ctx`` is done; also for a context that is never done), False after ``fn``
     started or a previous stop, as Go's ``AfterFunc``.
     """
-    state = {"pending": True}
-
-    def fire() -> None:
-        if state["pending"]:
-            state["pending"] = False
-            go(fn)
-
     node: Context | None = ctx
     while node is not None and not node._cancellable:
         node = node._parent
+    registration = _AfterFunc(fn, node)
     if node is not None:
         if node._err is not None:
-            fire()
+            registration()
         else:
-            node._after.append(fire)
-
-    def stop() -> bool:
-        was = state["pending"]
-        state["pending"] = False
-        if was and node is not None and node._err is None:
-            node._after.remove(fire)  # a stopped call holds nothing on a long-lived ctx
-        return was
-
-    return stop
+            if node._after is None:
+                node._after = []
+            node._after.append(registration)
+    return registration.stop

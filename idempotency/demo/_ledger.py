@@ -220,16 +220,23 @@ def _sqlite_methods(
 
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         def apply(conn: sqlite3.Connection) -> int:
-            row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (src,)).fetchone()
-            if (
-                row is None
-                or conn.execute("SELECT 1 FROM accounts WHERE id = ?", (dst,)).fetchone() is None
-            ):
-                raise ApplicationError(BAD_TRANSFER, f"no account {src if row is None else dst}")
-            if row[0] < amount:
+            # Three statements when the transfer goes through: the debit checks the
+            # source's balance itself, and a refusal reads what to say only then (the
+            # store rolls a refused effect back, the debit included).
+            debit = conn.execute(
+                "UPDATE accounts SET balance = balance - ? WHERE id = ? AND balance >= ?",
+                (amount, src, amount),
+            )
+            if debit.rowcount != 1:
+                row = conn.execute("SELECT balance FROM accounts WHERE id = ?", (src,)).fetchone()
+                if row is None:
+                    raise ApplicationError(BAD_TRANSFER, f"no account {src}")
                 raise ApplicationError(INSUFFICIENT_FUNDS, f"account {src} has {row[0]}")
-            conn.execute("UPDATE accounts SET balance = balance - ? WHERE id = ?", (amount, src))
-            conn.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?", (amount, dst))
+            credit = conn.execute(
+                "UPDATE accounts SET balance = balance + ? WHERE id = ?", (amount, dst)
+            )
+            if credit.rowcount != 1:
+                raise ApplicationError(BAD_TRANSFER, f"no account {dst}")
             conn.execute(
                 "INSERT INTO transfers VALUES (?, ?, ?, ?, ?, ?)",
                 (call.caller, call.key, src, dst, amount, call.fence),

@@ -17,15 +17,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gosim
+from gosim import go, net
 from idempotency.demo._ledger import (
+    BAD_TRANSFER,
     INITIAL_BALANCE,
+    INSUFFICIENT_FUNDS,
     LedgerSpec,
     LedgerState,
+    MemoryLedger,
     create_ledger,
+    make_server,
     read_ledger,
 )
 from idempotency.demo._run import audit, read_logs
 from idempotency.demo._sim import SimOptions, run_simulation
+from idempotency.rpc import Client, RPCError
 
 from .conftest import RedisServer
 
@@ -173,6 +180,45 @@ def _state(db: Path) -> LedgerState:
 
 def _entry(key: str, status: str, src: int = 0, dst: int = 1, amount: int = 5) -> dict[str, object]:
     return {"caller": "c0", "key": key, "src": src, "dst": dst, "amount": amount, "status": status}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_refused_transfers_change_nothing_and_say_why(kind: str, tmp_path: Path) -> None:
+    """Each refusal (a missing source or destination, too little in the source) leaves
+    balances and the transfers table as they were, in each home of the ledger."""
+    if kind == "sqlite":
+        ledger: LedgerSpec | MemoryLedger = LedgerSpec("sqlite", tmp_path / "ledger.db")
+        create_ledger(ledger, 3)
+    else:
+        ledger = MemoryLedger(3)
+
+    async def main() -> list[tuple[int, str] | int]:
+        srv = make_server(ledger, 10.0, 10)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve, ln)
+        client = Client([ln.addr()], heartbeat_interval=None)
+        out: list[tuple[int, str] | int] = []
+        for k, (src, dst, amount) in enumerate(
+            [(0, 1, INITIAL_BALANCE + 1), (0, 7, 5), (7, 0, 5), (0, 1, 10)]
+        ):
+            try:
+                out.append(await client.call("transfer", src, dst, amount, idempotency_key=f"t{k}"))
+            except RPCError as exc:
+                out.append((exc.code, exc.message))
+        await client.close()
+        await srv.shutdown(1.0)
+        return out
+
+    outcomes = gosim.run(main)
+    assert outcomes[:3] == [
+        (INSUFFICIENT_FUNDS, f"account 0 has {INITIAL_BALANCE}"),
+        (BAD_TRANSFER, "no account 7"),
+        (BAD_TRANSFER, "no account 7"),
+    ]
+    assert isinstance(outcomes[3], int)  # the applied transfer's fence
+    state = read_ledger(ledger) if isinstance(ledger, LedgerSpec) else ledger.state()
+    assert state.balances == {0: INITIAL_BALANCE - 10, 1: INITIAL_BALANCE + 10, 2: INITIAL_BALANCE}
+    assert [(s, d, a) for _, _, s, d, a in state.transfers] == [(0, 1, 10)]
 
 
 def test_the_audit_passes_a_consistent_ledger(tmp_path: Path) -> None:

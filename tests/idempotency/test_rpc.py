@@ -209,6 +209,49 @@ def test_deadline_reaches_the_method_as_a_context() -> None:
     run_bounded(main)
 
 
+def test_the_server_answers_at_the_deadline_and_the_method_runs_to_its_end() -> None:
+    """A method that ignores its context: the caller is answered DEADLINE_EXCEEDED when
+    the deadline passes, not when the method ends; the method goes on and is counted
+    as a late completion; a call that ends in time is answered with its result."""
+
+    async def main() -> tuple[list[Any], float, Any]:
+        srv = Server(heartbeat_interval=None)
+        finished: Chan[str] = Chan(4)
+
+        @srv.method()
+        async def stubborn(seconds: float, tag: str) -> str:
+            await gosim.sleep(seconds)
+            await finished.send(tag)
+            return tag
+
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        conn = await net.dial("tcp", ln.addr())
+        started = gosim.now()
+        await conn.write(
+            msgpack.packb([0, 1, "stubborn", [0.6, "late"], {"timeout": 100}])
+            + msgpack.packb([0, 2, "stubborn", [0.0, "quick"], {"timeout": 5000}])
+        )
+        unpacker = msgpack.Unpacker()
+        out: list[Any] = []
+        while len(out) < 2:
+            unpacker.feed(await conn.read(4096))
+            out.extend(unpacker)
+        answered = gosim.now() - started
+        assert sorted([await finished.recv(), await finished.recv()]) == ["late", "quick"]
+        await gosim.sleep(0.05)  # the late method's goroutine settles after its send
+        stats = srv.statistics()
+        conn.close()
+        await srv.shutdown(1.0)
+        return sorted(out, key=lambda m: m[1]), answered, stats
+
+    replies, answered, stats = run_bounded(main)
+    assert replies[0][:2] == [1, 1] and replies[0][2].startswith("DEADLINE_EXCEEDED")
+    assert replies[1] == [1, 2, None, "quick"]
+    assert answered < 0.5  # at the 0.1 s deadline, not at the method's 0.6 s end
+    assert (stats.deadline_exceeded, stats.late_completions) == (1, 1)
+
+
 def test_a_malformed_request_gets_an_error_and_the_connection_goes_on() -> None:
     async def main() -> list[Any]:
         srv = make_server()
