@@ -219,6 +219,9 @@ class SQLiteStore(Store):
         )
         self._sync_now = self._sync_durable
         self._conn: sqlite3.Connection | None = conn
+        # The store's own per-call statements (an effect's savepoint, its record) go
+        # through one cursor: Connection.execute makes and drops a cursor every call.
+        self._cursor = conn.cursor()
         self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
@@ -494,23 +497,24 @@ class SQLiteStore(Store):
     ) -> None:
         caller, key, fence, c = op.args
         effect = c.effect
+        cur = self._cursor
         # Check the claim before the effect runs: a stale holder's effect must not run.
         complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        conn.execute("SAVEPOINT idempotency_effect")
+        cur.execute("SAVEPOINT idempotency_effect")
         try:
             ok, payload = run_effect(
-                lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(conn)
+                lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(cur)
             )
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
-            conn.execute(_UPSERT, _completed_row((caller, key), done))
+            cur.execute(_UPSERT, _completed_row((caller, key), done))
         except Exception as exc:
-            _rollback_to(conn)
-            conn.execute("RELEASE idempotency_effect")
+            _rollback_to(cur)
+            cur.execute("RELEASE idempotency_effect")
             if isinstance(exc, (IdempotencyError, ApplicationError)):
                 raise
             op.error = exc  # the effect's own failure (a bug, a constraint): this call only
             return
-        conn.execute("RELEASE idempotency_effect")
+        cur.execute("RELEASE idempotency_effect")
         ws[caller, key] = done
         op.result = done
 
@@ -558,5 +562,5 @@ def _current(
     return rec
 
 
-def _rollback_to(conn: sqlite3.Connection) -> None:
+def _rollback_to(conn: sqlite3.Connection | sqlite3.Cursor) -> None:
     conn.execute("ROLLBACK TO idempotency_effect")
