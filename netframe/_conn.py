@@ -80,6 +80,12 @@ __all__ = [
 
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
 _FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
+_Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
+#: Why FramedConn.run_exchange returned (the C Exchange's states; see
+#: netframe/_speedups_server.c.h).
+EXCHANGE_READER = 1  # the end of the stream, or the reader handed back: the general path
+EXCHANGE_PENDING = 2  # a handler to await: take_pending(), then resume(reply)
+EXCHANGE_CLOSED = 5  # a handler closed the connection: nothing more was sent
 
 DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
@@ -252,11 +258,30 @@ class FramedConn:
                 )
         self._reader_active = self._reader is not None
         self._pending: deque[bytes] = deque()  # frames the reader cut ahead of read_frame
-        self.frames_read = 0
-        self.frames_written = 0
+        self._frames_read = 0
+        self._frames_written = 0
+        self._writes = 0
+        self._exchange: Any = None  # the C loop's own counters, while it has run
         self._bytes_read = 0
         self._bytes_written = 0
-        self.writes = 0
+
+    @property
+    def frames_read(self) -> int:
+        """Frames received and returned."""
+        ex = self._exchange
+        return self._frames_read + (ex.frames_in if ex is not None else 0)
+
+    @property
+    def frames_written(self) -> int:
+        """Frames written (or queued to be)."""
+        ex = self._exchange
+        return self._frames_written + (ex.frames_out if ex is not None else 0)
+
+    @property
+    def writes(self) -> int:
+        """Sends on the connection."""
+        ex = self._exchange
+        return self._writes + (ex.writes if ex is not None else 0)
 
     @property
     def bytes_read(self) -> int:
@@ -290,7 +315,7 @@ class FramedConn:
         try:
             ahead = self._pending
             if ahead:
-                self.frames_read += 1
+                self._frames_read += 1
                 return ahead.popleft()
             if self._reader_active:
                 # The same fast read as read_frames', kept inline in both: each is on a
@@ -300,7 +325,7 @@ class FramedConn:
                     await self._raw.read(reader)
                     frames = reader.take()
                     if frames:
-                        self.frames_read += 1
+                        self._frames_read += 1
                         if len(frames) > 1:
                             ahead.extend(frames[1:])
                         first: bytes = frames[0]
@@ -310,14 +335,14 @@ class FramedConn:
             while True:
                 frame = decoder.next_frame()
                 if frame is not NEED_DATA:
-                    self.frames_read += 1
+                    self._frames_read += 1
                     if self._reader is not None and not self._eof and decoder.is_empty():
                         self._reader_active = True  # back to the fast path
                     return frame
                 if self._read_into is not None and decoder.bytes_needed >= LARGE_FRAME_BYTES:
                     large = await self._read_rest_in_place()
                     if large is not None:
-                        self.frames_read += 1
+                        self._frames_read += 1
                         return large
                 if self._eof:
                     pending = decoder.statistics().bytes_buffered
@@ -347,7 +372,7 @@ class FramedConn:
             if ahead:  # cut by the reader for read_frame, not yet returned
                 frames: list[bytes] = list(ahead)
                 ahead.clear()
-                self.frames_read += len(frames)
+                self._frames_read += len(frames)
                 return frames
             if self._reader_active:
                 reader = self._reader
@@ -355,7 +380,7 @@ class FramedConn:
                     await self._raw.read(reader)
                     frames = reader.take()
                     if frames:
-                        self.frames_read += len(frames)
+                        self._frames_read += len(frames)
                         return frames
                 self._hand_back()
             decoder = self._decoder
@@ -379,7 +404,7 @@ class FramedConn:
                     continue
                 self._bytes_read += len(data)
                 frames = decoder.decode(data)
-            self.frames_read += len(frames)
+            self._frames_read += len(frames)
             if self._reader is not None and not self._eof and decoder.is_empty():
                 self._reader_active = True  # back to the fast path
             return frames
@@ -437,6 +462,54 @@ class FramedConn:
         decoder.count_frame()
         return bytes(frame)
 
+    # ------------------------------------------------------------- exchange
+
+    def exchange(self, handler: Any, limit: int, owner: Any) -> Any:
+        """A C loop that receives, calls ``handler`` per frame and sends the replies,
+        for :meth:`run_exchange` (netframe's raw server with one handler at a time); None
+        where the fast path is not there (no C accelerator, a connection without
+        SyscallConn, a format the C writer does not encode, or frames already taken
+        ahead). Its frames and writes count in this connection's counters."""
+        if (
+            _Exchange is None
+            or self._fast_writer is None
+            or not self._reader_active
+            or self._pending
+            or self._exchange is not None
+        ):
+            return None
+        self._exchange = _Exchange(self._reader, self._fast_writer, handler, limit, owner)
+        return self._exchange
+
+    async def run_exchange(self, ex: Any) -> int:
+        """Run :meth:`exchange`'s loop until it needs its caller: wait for input in the
+        netpoller between receives, finish sends the socket could not take at once,
+        and send replies the C writer declines on the general path. Returns
+        EXCHANGE_PENDING (a handler to await), EXCHANGE_READER (the end of the stream or
+        a hand-back: read on with :meth:`read_frames`) or EXCHANGE_CLOSED.
+        OSError as :meth:`read_frames` and :meth:`write_frames` raise it."""
+        if self._reading:
+            raise BusyError("another goroutine is already reading this FramedConn")
+        self._reading = True
+        raw = self._raw
+        writer = self._fast_writer
+        try:
+            while True:
+                await raw.read(ex)
+                state: int = ex.state
+                if state == 3:  # EXCHANGE_WRITE_WAIT: the socket took part of the replies
+                    try:
+                        await raw.write(writer)
+                    except BaseException:
+                        writer.discard()  # nothing half-sent stays loaded
+                        raise
+                elif state == 4:  # EXCHANGE_WRITE_GENERAL: replies the C writer declines
+                    await self._write_general(ex.take_replies())
+                else:
+                    return state
+        finally:
+            self._reading = False
+
     # ---------------------------------------------------------------- write
 
     async def write_frame(self, payload: bytes | bytearray | memoryview) -> None:
@@ -474,8 +547,8 @@ class FramedConn:
                 raise
             finally:
                 writer.discard()  # after an error nothing half-sent stays loaded
-            self.frames_written += len(items)
-            self.writes += 1
+            self._frames_written += len(items)
+            self._writes += 1
         else:
             await self._write_general(items)
 
@@ -499,9 +572,9 @@ class FramedConn:
         self._count_write(len(items), len(data))
 
     def _count_write(self, frames: int, nbytes: int) -> None:
-        self.frames_written += frames
+        self._frames_written += frames
         self._bytes_written += nbytes
-        self.writes += 1
+        self._writes += 1
 
     async def send(
         self, payload: bytes | bytearray | memoryview, timeout: float | None = None
@@ -580,8 +653,8 @@ class FramedConn:
                 writer.discard()
                 self._fail_writes(exc)
                 raise
-            self.frames_written += len(payloads)
-            self.writes += 1
+            self._frames_written += len(payloads)
+            self._writes += 1
             if writer.pending:  # the socket is full: the writer goroutine goes on
                 self._unfinished = True
                 if not self._writer_started:

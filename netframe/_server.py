@@ -20,7 +20,12 @@ Server, per connection (all goroutines, no trio task per connection):
    in a goroutine of its own, at most ``max_in_flight`` of them; reading pauses at
    the limit, so backpressure reaches the peer through TCP), *ordered* (raw mode with
    ``max_in_flight > 1``: a goroutine per request, replies released in request
-   order), *batch* (``handle_batch``: one call per receive). A peer that breaks the
+   order), *batch* (``handle_batch``: one call per receive). In raw mode with the
+   inline strategy, a connection that has the C fast path is served by one C call per
+   wake instead (:meth:`FramedConn.exchange`: receive, cut, call the handlers, encode
+   and send the replies, the same steps in the same order), which returns to Python
+   only for a handler that must be awaited, a send the socket could not take, replies
+   the C writer declines, or the end of the stream. A peer that breaks the
    framing or the session protocol ends the reader, and the one protocol-error path
    (:meth:`Server._protocol_error`) counts it, says why in a GOAWAY and closes;
 3. replies are sent at once when nothing is queued (:meth:`FramedConn.send_many`:
@@ -73,7 +78,7 @@ from gosim import Chan, go, recv, select
 
 from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
-from ._conn import FramedConn, StreamConn, _Alarm
+from ._conn import EXCHANGE_PENDING, EXCHANGE_READER, FramedConn, StreamConn, _Alarm
 from ._exceptions import RemoteFrameError
 from ._session import (
     MAX_REASON_BYTES,
@@ -338,6 +343,7 @@ class _Conn:
         "alarm",
         "closed",
         "draining",
+        "exchange",
         "fc",
         "in_flight",
         "order",
@@ -358,6 +364,7 @@ class _Conn:
         # goroutine is releasing their replies now (one at a time keeps them in order).
         self.order: deque[_Ticket] | None = None
         self.releasing = False
+        self.exchange: Any = None  # the C loop serving it (Server._serve_exchange), if any
         self.alarm = _Alarm()  # the heartbeat goroutine's sleep
         self.room = _Alarm()  # the reader's wait for a handler to end (room, or drain)
 
@@ -536,6 +543,10 @@ class Server:
         else:
             self._handle = self._handle_concurrent
         self._replies_in_order = max_in_flight == 1
+        # Raw mode with one handler at a time: a connection with the C fast path is
+        # served by one C call per wake (FramedConn.exchange), the same loop as
+        # _read_connection, _deliver and _handle_inline in Python.
+        self._exchange = raw and max_in_flight == 1 and handle_batch is None
         self._conns: set[_Conn] = set()
         self._listener: Listener | None = None
         self._shutting_down = False
@@ -575,6 +586,8 @@ class Server:
             c["bytes_received"] += s.bytes_read
             c["bytes_sent"] += s.bytes_written
             c["heartbeats_missed"] += st.session.heartbeats_missed
+            if st.exchange is not None:  # its handlers' failures not yet taken
+                c["handler_errors"] += st.exchange.errors
         return ServerStatistics(connections=len(self._conns), **c)
 
     # ------------------------------------------------------------ accepting
@@ -658,11 +671,50 @@ class Server:
         elif self.idle_timeout is not None:
             go(self._raw_idle_watch, st, self.idle_timeout)
         try:
-            stopped = await _read_connection(st, self._deliver, self.raw)
+            ex = st.fc.exchange(self.handler, self.send_queue, st) if self._exchange else None
+            if ex is not None:
+                st.exchange = ex
+                stopped = await self._serve_exchange(st, ex)
+            else:
+                stopped = await _read_connection(st, self._deliver, self.raw)
             if isinstance(stopped, RemoteFrameError):
                 await self._protocol_error(st, stopped)
         finally:
             await self._finish(st)
+            if st.exchange is not None:
+                st.exchange.release()  # it held st: no cycle left for the collector
+
+    async def _serve_exchange(self, st: _Conn, ex: Any) -> Exception | None:
+        """A raw connection's reader on the C loop (``FramedConn.exchange``): it returns
+        here only for a handler to await, a close, or the end of the stream or a
+        hand-back (an invalid header), after which ``_read_connection`` reads on (and
+        reports what the general path finds). Returns as ``_read_connection`` does."""
+        fc = st.fc
+        counters = self._counters
+        while not st.closed:
+            try:
+                state = await fc.run_exchange(ex)
+            except OSError as exc:  # broken, or closed by this side meanwhile
+                return exc
+            finally:
+                errors = ex.take_errors()
+                if errors:
+                    counters["handler_errors"] += errors
+            if state == EXCHANGE_PENDING:
+                st.in_flight = 1  # the idle watch does not close under a running handler
+                try:
+                    reply = await _settle(*ex.take_pending())
+                except Exception:
+                    counters["handler_errors"] += 1
+                    reply = None
+                finally:
+                    st.in_flight = 0
+                ex.resume(reply)
+            elif state == EXCHANGE_READER:
+                return await _read_connection(st, self._deliver, True)
+            else:  # EXCHANGE_CLOSED
+                return None
+        return None
 
     async def _deliver(self, st: _Conn, payloads: list[bytes]) -> bool:
         """The reader's hand-off: the payloads of one receive to the handler strategy

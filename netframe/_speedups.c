@@ -7,7 +7,8 @@
  *   _speedups_io.c.h      socket I/O: FrameReader and FrameWriter, FramedConn's
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
- *                         drop_none), twins of code in netframe/_server.py.
+ *                         drop_none), twins of code in netframe/_server.py, and the
+ *                         raw one-at-a-time connection's whole loop (Exchange).
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the
@@ -47,14 +48,25 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&FrameReaderType) < 0 || PyType_Ready(&FrameWriterType) < 0) {
+    if (PyType_Ready(&FrameReaderType) < 0 || PyType_Ready(&FrameWriterType) < 0 ||
+        PyType_Ready(&ExchangeType) < 0) {
+        return NULL;
+    }
+    closed_name = PyUnicode_InternFromString("closed");
+    if (closed_name == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddType(m, &FrameReaderType) < 0 || PyModule_AddType(m, &FrameWriterType) < 0) {
+    if (PyModule_AddType(m, &FrameReaderType) < 0 || PyModule_AddType(m, &FrameWriterType) < 0 ||
+        PyModule_AddType(m, &ExchangeType) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_READER", EXCHANGE_READER) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_PENDING", EXCHANGE_PENDING) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_WRITE_WAIT", EXCHANGE_WRITE_WAIT) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_WRITE_GENERAL", EXCHANGE_WRITE_GENERAL) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_CLOSED", EXCHANGE_CLOSED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -137,24 +137,18 @@ reader_set_carry(FrameReader *self, const unsigned char *data, Py_ssize_t n)
 /* reader(fd) -> bool: True when something is there for the caller (frames to take,
  * the end of stream, or a hand-back), False when the socket has nothing (EAGAIN, or
  * the last receive drained it): wait for input and call again. */
-static PyObject *
-FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
+/* reader_receive: FrameReader_call's body, for C callers too (the server's Exchange):
+ * 1 (something is there), 0 (wait for input), -1 (an exception is set). */
+static int
+reader_receive(FrameReader *self, int fd)
 {
-    int fd;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "FrameReader(fd) takes no keywords");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "i", &fd)) {
-        return NULL;
-    }
     if (self->eof || self->handback || PyList_GET_SIZE(self->frames)) {
-        Py_RETURN_TRUE;
+        return 1;
     }
     for (;;) {
         if (self->drained) {
             self->drained = 0;
-            Py_RETURN_FALSE;
+            return 0;
         }
         unsigned char *into;
         Py_ssize_t want, kept = 0;
@@ -167,7 +161,7 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
                 grown = grown > self->big_size / 2 ? self->big_size : grown * 2;
                 if (_PyBytes_Resize(&self->big, grown) < 0) {
                     Py_CLEAR(self->big_head);
-                    return NULL;
+                    return -1;
                 }
             }
             into = (unsigned char *)PyBytes_AS_STRING(self->big) + self->big_filled;
@@ -183,7 +177,7 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
             }
             kept = self->carry_len;
             if (ensure_scratch(kept + want) < 0) {
-                return NULL;
+                return -1;
             }
             if (kept) {
                 memcpy(scratch, self->carry, (size_t)kept);
@@ -194,18 +188,19 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         if (got < 0) {
             if (errno == EINTR) {
                 if (PyErr_CheckSignals() < 0) {
-                    return NULL;
+                    return -1;
                 }
                 continue;
             }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                Py_RETURN_FALSE;
+                return 0;
             }
-            return PyErr_SetFromErrno(PyExc_OSError);
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
         }
         if (got == 0) {
             self->eof = 1;
-            Py_RETURN_TRUE;
+            return 1;
         }
         self->bytes_received += (unsigned long long)got;
         if (got < want) {
@@ -221,9 +216,9 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
             Py_CLEAR(self->big_head);
             self->need = 0;
             if (failed) {
-                return NULL;
+                return -1;
             }
-            Py_RETURN_TRUE;
+            return 1;
         }
         Py_ssize_t end = kept + (Py_ssize_t)got;
         int stop;
@@ -231,7 +226,7 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
         Py_ssize_t pos = cut_core(scratch, 0, end, LLONG_MAX, PY_SSIZE_T_MAX, &self->params,
                                   self->frames, &stop, &need, &head);
         if (pos < 0) {
-            return NULL;
+            return -1;
         }
         self->need = stop == STOP_NEED_DATA ? need : 0;
         long long strip = self->params.strip < 0 ? head : self->params.strip;
@@ -249,29 +244,47 @@ FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
             if (self->big == NULL || self->big_head == NULL) {
                 Py_CLEAR(self->big);
                 Py_CLEAR(self->big_head);
-                return NULL;
+                return -1;
             }
             self->big_filled = have;
             memcpy(PyBytes_AS_STRING(self->big), scratch + pos + strip, (size_t)have);
             if (reader_set_carry(self, NULL, 0) < 0) {
-                return NULL;
+                return -1;
             }
         }
         else if (stop == STOP_INVALID) {
             /* Straight into the bytes object the decoder takes, which raises the error. */
             self->handed = PyBytes_FromStringAndSize((const char *)scratch + pos, end - pos);
             if (self->handed == NULL || reader_set_carry(self, NULL, 0) < 0) {
-                return NULL;
+                return -1;
             }
             self->handback = 1;
         }
         else if (reader_set_carry(self, scratch + pos, end - pos) < 0) {
-            return NULL;
+            return -1;
         }
         if (PyList_GET_SIZE(self->frames) || self->handback) {
-            Py_RETURN_TRUE;
+            return 1;
         }
     }
+}
+
+static PyObject *
+FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
+{
+    int fd;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "FrameReader(fd) takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "i", &fd)) {
+        return NULL;
+    }
+    int got = reader_receive(self, fd);
+    if (got < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(got);
 }
 
 static PyObject *
@@ -455,37 +468,36 @@ FrameWriter_dealloc(FrameWriter *self)
  * format's range (the general path then raises the precise error), or when the batch
  * is few large payloads, which the connection's gathering write sends without
  * copying them. */
-static PyObject *
-FrameWriter_load(FrameWriter *self, PyObject *items)
+/* writer_load: FrameWriter_load's body: 1 (loaded), 0 (declined), -1 (exception). */
+static int
+writer_load(FrameWriter *self, PyObject *items)
 {
     if (!PyList_CheckExact(items)) {
         PyErr_SetString(PyExc_TypeError, "FrameWriter.load: payloads must be a list");
-        return NULL;
+        return -1;
     }
     if (self->pos < self->len) {
         PyErr_SetString(PyExc_RuntimeError, "FrameWriter.load: the last frames are unsent");
-        return NULL;
+        return -1;
     }
     Py_ssize_t count = PyList_GET_SIZE(items);
     Py_ssize_t header = self->preamble + self->width;
     Py_ssize_t total = 0;
     int fits = encoded_size(items, header, self->low, self->high, &total);
     if (fits <= 0) {
-        if (fits < 0) {
-            return NULL;
-        }
-        Py_RETURN_FALSE;
+        return fits < 0 ? -1 : 0;
     }
     if (self->gather_min >= 0 && count <= self->gather_max &&
         (long long)(total - count * header) >= self->gather_min) {
-        Py_RETURN_FALSE;
+        return 0;
     }
     if (total > self->cap || (self->cap > 65536 && total <= self->cap / 4)) {
         /* Fit, and do not keep a big buffer for small replies after one big batch. */
         Py_ssize_t cap = total < 256 ? 256 : total;
         unsigned char *fresh = PyMem_Malloc((size_t)cap);
         if (fresh == NULL) {
-            return PyErr_NoMemory();
+            PyErr_NoMemory();
+            return -1;
         }
         PyMem_Free(self->buf);
         self->buf = fresh;
@@ -502,11 +514,47 @@ FrameWriter_load(FrameWriter *self, PyObject *items)
     }
     self->pos = 0;
     self->len = total;
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *
+FrameWriter_load(FrameWriter *self, PyObject *items)
+{
+    int loaded = writer_load(self, items);
+    if (loaded < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(loaded);
 }
 
 /* writer(fd) -> bool: send what is loaded; True once all of it is sent, False when
  * the socket buffer is full (wait for output and call again). */
+/* writer_send: FrameWriter_call's body: 1 (all sent), 0 (wait for room), -1. */
+static int
+writer_send(FrameWriter *self, int fd)
+{
+    while (self->pos < self->len) {
+        ssize_t sent = send(fd, self->buf + self->pos, (size_t)(self->len - self->pos),
+                            MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) {
+                if (PyErr_CheckSignals() < 0) {
+                    return -1;
+                }
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                return 0;
+            }
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        self->pos += sent;
+        self->bytes_sent += (unsigned long long)sent;
+    }
+    return 1;
+}
+
 static PyObject *
 FrameWriter_call(FrameWriter *self, PyObject *args, PyObject *kwds)
 {
@@ -518,25 +566,11 @@ FrameWriter_call(FrameWriter *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTuple(args, "i", &fd)) {
         return NULL;
     }
-    while (self->pos < self->len) {
-        ssize_t sent = send(fd, self->buf + self->pos, (size_t)(self->len - self->pos),
-                            MSG_NOSIGNAL);
-        if (sent < 0) {
-            if (errno == EINTR) {
-                if (PyErr_CheckSignals() < 0) {
-                    return NULL;
-                }
-                continue;
-            }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                Py_RETURN_FALSE;
-            }
-            return PyErr_SetFromErrno(PyExc_OSError);
-        }
-        self->pos += sent;
-        self->bytes_sent += (unsigned long long)sent;
+    int sent = writer_send(self, fd);
+    if (sent < 0) {
+        return NULL;
     }
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(sent);
 }
 
 static PyObject *

@@ -36,6 +36,55 @@ drop_none(PyObject *module, PyObject *items)
     return out;
 }
 
+/* What one handler call came to (handle_one). */
+enum {
+    HANDLED_FAILED = -1, /* an exception that is not an Exception: it propagates */
+    HANDLED_REPLY = 0,   /* *out: the reply, bytes or bytearray (a new reference) */
+    HANDLED_NONE = 1,    /* no reply */
+    HANDLED_ERROR = 2,   /* the handler raised an Exception (cleared; counted by the caller) */
+    HANDLED_PENDING = 3, /* *out: what the caller must finish (see handle_each) */
+};
+
+/* handler(frame), and with `run` a coroutine it returns sent once: the one per-frame
+ * step of handle_each and of Exchange. HANDLED_PENDING leaves in *out the coroutine and
+ * the value it yielded as a pair with *suspended = 1, or, with *suspended = 0, an
+ * awaitable of another kind or a reply that is neither bytes nor bytearray. */
+static int
+handle_one(PyObject *handler, PyObject *frame, int run, PyObject **out, int *suspended)
+{
+    Py_INCREF(frame);
+    PyObject *result = PyObject_CallOneArg(handler, frame);
+    Py_DECREF(frame);
+    if (result != NULL && run && PyCoro_CheckExact(result)) {
+        PyObject *value = NULL;
+        PySendResult sent = PyIter_Send(result, Py_None, &value);
+        if (sent == PYGEN_NEXT) {
+            *out = Py_BuildValue("(NN)", result, value);
+            *suspended = 1;
+            return *out == NULL ? HANDLED_FAILED : HANDLED_PENDING;
+        }
+        Py_DECREF(result);
+        result = sent == PYGEN_RETURN ? value : NULL;
+    }
+    if (result == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return HANDLED_FAILED;
+        }
+        PyErr_Clear();
+        return HANDLED_ERROR;
+    }
+    if (result == Py_None) {
+        Py_DECREF(result);
+        return HANDLED_NONE;
+    }
+    *out = result;
+    if (!PyBytes_CheckExact(result) && !PyByteArray_CheckExact(result)) {
+        *suspended = 0;
+        return HANDLED_PENDING;
+    }
+    return HANDLED_REPLY;
+}
+
 /*
  * handle_each(handler, frames, start, replies, run=True) -> (index, pending, suspended, errors)
  *
@@ -79,44 +128,415 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t errors = 0;
     for (; i < PyList_GET_SIZE(frames); i++) {
-        PyObject *frame = PyList_GET_ITEM(frames, i);
-        Py_INCREF(frame);
-        PyObject *result = PyObject_CallOneArg(handler, frame);
-        Py_DECREF(frame);
-        if (result != NULL && run && PyCoro_CheckExact(result)) {
-            PyObject *value = NULL;
-            PySendResult sent = PyIter_Send(result, Py_None, &value);
-            if (sent == PYGEN_NEXT) {
-                PyObject *pending = Py_BuildValue("(NN)", result, value);
-                if (pending == NULL) {
-                    return NULL;
-                }
-                return Py_BuildValue("(nNOn)", i, pending, Py_True, errors);
-            }
-            Py_DECREF(result);
-            result = sent == PYGEN_RETURN ? value : NULL;
-        }
-        if (result == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyObject *out = NULL;
+        int suspended = 0;
+        switch (handle_one(handler, PyList_GET_ITEM(frames, i), run, &out, &suspended)) {
+        case HANDLED_FAILED:
+            return NULL;
+        case HANDLED_ERROR:
+            errors++;
+            break;
+        case HANDLED_NONE:
+            break;
+        case HANDLED_PENDING:
+            return Py_BuildValue("(nNOn)", i, out, suspended ? Py_True : Py_False, errors);
+        default: {
+            int failed = PyList_Append(replies, out);
+            Py_DECREF(out);
+            if (failed) {
                 return NULL;
             }
-            PyErr_Clear();
-            errors++;
-            continue;
         }
-        if (result == Py_None) {
-            Py_DECREF(result);
-            continue;
-        }
-        if (!PyBytes_CheckExact(result) && !PyByteArray_CheckExact(result)) {
-            /* An awaitable of another kind, or an unusual reply: the caller decides. */
-            return Py_BuildValue("(nNOn)", i, result, Py_False, errors);
-        }
-        int failed = PyList_Append(replies, result);
-        Py_DECREF(result);
-        if (failed) {
-            return NULL;
         }
     }
     return Py_BuildValue("(nOOn)", i, Py_None, Py_False, errors);
 }
+
+/*
+ * Exchange(reader, writer, handler, limit, owner): a raw connection's whole exchange,
+ * receive, handle, send, in one C call per wake (netframe/_server.py: Server.
+ * _serve_exchange drives it, FramedConn.run_exchange runs it under RawConn.read). The
+ * twin of the reader's loop (_read_connection, _deliver, _handle_inline,
+ * FramedConn.read_frames and write_frames) for raw mode with one handler at a time,
+ * which it does frame for frame alike: the frames of a receive are handled `limit` at
+ * a time (handle_one, as handle_each), each part's replies encoded and sent before the
+ * next part is handled.
+ *
+ * exchange(fd) -> bool, RawConn.read's contract: False when the socket has nothing
+ * (wait for input and call again); True when it stopped for the caller, which `state`
+ * says why:
+ *   EXCHANGE_READER: the reader reached the end of the stream or handed back (an invalid
+ *                    header); every frame cut before was handled and its reply sent;
+ *   EXCHANGE_PENDING: a handler must be awaited: take_pending() -> (pending, suspended),
+ *                    as handle_each's; then resume(reply or None);
+ *   EXCHANGE_WRITE_WAIT: the socket took part of the replies: finish the writer's send
+ *                    (RawConn.write(writer)), then call again;
+ *   EXCHANGE_WRITE_GENERAL: the writer declined the replies (large or of other types):
+ *                    send take_replies() on the general path, then call again;
+ *   EXCHANGE_CLOSED: owner.closed was true after a part was handled (a handler closed
+ *                    the connection): nothing more is sent.
+ * Handlers' Exception failures are counted (take_errors()); other exceptions and the
+ * socket's OSErrors propagate. frames_in, frames_out and writes count as FramedConn's
+ * counters do.
+ */
+enum {
+    EXCHANGE_READER = 1,
+    EXCHANGE_PENDING = 2,
+    EXCHANGE_WRITE_WAIT = 3,
+    EXCHANGE_WRITE_GENERAL = 4,
+    EXCHANGE_CLOSED = 5,
+};
+
+typedef struct {
+    PyObject_HEAD
+    FrameReader *reader;
+    FrameWriter *writer;
+    PyObject *handler;
+    PyObject *owner;
+    Py_ssize_t limit;
+    PyObject *frames;       /* taken from the reader, not all handled yet (or NULL) */
+    Py_ssize_t index;       /* the next frame to handle */
+    Py_ssize_t part_end;    /* the end of the part being handled */
+    PyObject *replies;      /* replies of the part, not yet sent */
+    PyObject *pending;
+    int suspended;
+    int state;
+    Py_ssize_t errors;
+    unsigned long long frames_in;
+    unsigned long long frames_out;
+    unsigned long long writes;
+} Exchange;
+
+static PyObject *closed_name;
+
+static PyObject *
+Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *reader, *writer, *handler, *owner;
+    Py_ssize_t limit;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Exchange takes positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!O!OnO", &FrameReaderType, &reader, &FrameWriterType,
+                          &writer, &handler, &limit, &owner)) {
+        return NULL;
+    }
+    if (limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "Exchange: limit must be at least 1");
+        return NULL;
+    }
+    Exchange *self = (Exchange *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->replies = PyList_New(0);
+    if (self->replies == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(reader);
+    Py_INCREF(writer);
+    Py_INCREF(handler);
+    Py_INCREF(owner);
+    self->reader = (FrameReader *)reader;
+    self->writer = (FrameWriter *)writer;
+    self->handler = handler;
+    self->owner = owner;
+    self->limit = limit;
+    return (PyObject *)self;
+}
+
+static int
+Exchange_traverse(Exchange *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->reader);
+    Py_VISIT(self->writer);
+    Py_VISIT(self->handler);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->frames);
+    Py_VISIT(self->replies);
+    Py_VISIT(self->pending);
+    return 0;
+}
+
+static int
+Exchange_clear(Exchange *self)
+{
+    Py_CLEAR(self->reader);
+    Py_CLEAR(self->writer);
+    Py_CLEAR(self->handler);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->frames);
+    Py_CLEAR(self->replies);
+    Py_CLEAR(self->pending);
+    return 0;
+}
+
+static void
+Exchange_dealloc(Exchange *self)
+{
+    PyObject_GC_UnTrack(self);
+    Exchange_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+exchange_stop(Exchange *self, int state)
+{
+    self->state = state;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
+{
+    int fd;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Exchange(fd) takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "i", &fd)) {
+        return NULL;
+    }
+    if (self->replies == NULL || self->owner == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Exchange: released");
+        return NULL;
+    }
+    if (self->pending != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Exchange: a pending handler is not resumed");
+        return NULL;
+    }
+    if (self->writer->pos < self->writer->len) {
+        PyErr_SetString(PyExc_RuntimeError, "Exchange: the writer's last frames are unsent");
+        return NULL;
+    }
+    for (;;) {
+        if (self->frames == NULL) {
+            int got = reader_receive(self->reader, fd);
+            if (got <= 0) {
+                if (got < 0) {
+                    return NULL;
+                }
+                Py_RETURN_FALSE;
+            }
+            PyObject *fresh = PyList_New(0);
+            if (fresh == NULL) {
+                return NULL;
+            }
+            self->frames = self->reader->frames;
+            self->reader->frames = fresh;
+            Py_ssize_t n = PyList_GET_SIZE(self->frames);
+            if (n == 0) {
+                Py_CLEAR(self->frames);
+                return exchange_stop(self, EXCHANGE_READER);
+            }
+            self->frames_in += (unsigned long long)n;
+            self->index = 0;
+            self->part_end = n < self->limit ? n : self->limit;
+        }
+        while (self->index < self->part_end) {
+            PyObject *out = NULL;
+            int suspended = 0;
+            int handled = handle_one(self->handler, PyList_GET_ITEM(self->frames, self->index),
+                                     1, &out, &suspended);
+            if (handled == HANDLED_FAILED) {
+                self->index++;  /* as the Python loop: the frame that raised is done */
+                return NULL;
+            }
+            if (handled == HANDLED_PENDING) {
+                self->pending = out;
+                self->suspended = suspended;
+                return exchange_stop(self, EXCHANGE_PENDING);
+            }
+            if (handled == HANDLED_ERROR) {
+                self->errors++;
+            }
+            else if (handled == HANDLED_REPLY) {
+                int failed = PyList_Append(self->replies, out);
+                Py_DECREF(out);
+                if (failed) {
+                    return NULL;
+                }
+            }
+            self->index++;
+        }
+        PyObject *flag = PyObject_GetAttr(self->owner, closed_name);
+        if (flag == NULL) {
+            return NULL;
+        }
+        int closed = PyObject_IsTrue(flag);
+        Py_DECREF(flag);
+        if (closed) {
+            if (closed < 0) {
+                return NULL;
+            }
+            Py_CLEAR(self->frames);
+            PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL);
+            return exchange_stop(self, EXCHANGE_CLOSED);
+        }
+        Py_ssize_t count = PyList_GET_SIZE(self->replies);
+        if (count) {
+            int loaded = writer_load(self->writer, self->replies);
+            if (loaded <= 0) {
+                if (loaded < 0) {
+                    return NULL;
+                }
+                return exchange_stop(self, EXCHANGE_WRITE_GENERAL);
+            }
+            if (PyList_SetSlice(self->replies, 0, count, NULL) < 0) {
+                return NULL;
+            }
+            self->frames_out += (unsigned long long)count;
+            self->writes++;
+        }
+        if (self->index >= PyList_GET_SIZE(self->frames)) {
+            Py_CLEAR(self->frames);
+        }
+        else {
+            Py_ssize_t n = PyList_GET_SIZE(self->frames);
+            self->part_end = n - self->index < self->limit ? n : self->index + self->limit;
+        }
+        if (count) {
+            int sent = writer_send(self->writer, fd);
+            if (sent <= 0) {
+                if (sent < 0) {
+                    return NULL;
+                }
+                return exchange_stop(self, EXCHANGE_WRITE_WAIT);
+            }
+        }
+        if (self->frames == NULL && (self->reader->eof || self->reader->handback)) {
+            return exchange_stop(self, EXCHANGE_READER);
+        }
+    }
+}
+
+static PyObject *
+Exchange_release(Exchange *self, PyObject *unused)
+{
+    /* What the loop held for serving (the owner holds this exchange: a cycle), dropped
+     * once it has ended; the counters stay readable. */
+    Py_CLEAR(self->handler);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->frames);
+    Py_CLEAR(self->pending);
+    if (self->replies != NULL) {
+        PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Exchange_take_pending(Exchange *self, PyObject *unused)
+{
+    if (self->pending == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Exchange: nothing pending");
+        return NULL;
+    }
+    PyObject *out = Py_BuildValue("(OO)", self->pending, self->suspended ? Py_True : Py_False);
+    Py_CLEAR(self->pending);
+    return out;
+}
+
+static PyObject *
+Exchange_resume(Exchange *self, PyObject *reply)
+{
+    if (self->frames == NULL || self->index >= PyList_GET_SIZE(self->frames)) {
+        PyErr_SetString(PyExc_RuntimeError, "Exchange: no handler to resume");
+        return NULL;
+    }
+    if (reply != Py_None && PyList_Append(self->replies, reply) < 0) {
+        return NULL;
+    }
+    self->index++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Exchange_take_replies(Exchange *self, PyObject *unused)
+{
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) {
+        return NULL;
+    }
+    PyObject *out = self->replies;
+    self->replies = fresh;
+    return out;  /* counted by the general path that sends them */
+}
+
+static PyObject *
+Exchange_take_errors(Exchange *self, PyObject *unused)
+{
+    Py_ssize_t errors = self->errors;
+    self->errors = 0;
+    return PyLong_FromSsize_t(errors);
+}
+
+static PyObject *
+Exchange_get_state(Exchange *self, void *closure)
+{
+    return PyLong_FromLong(self->state);
+}
+
+static PyObject *
+Exchange_get_errors(Exchange *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->errors);
+}
+
+static PyObject *
+Exchange_get_frames_in(Exchange *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(self->frames_in);
+}
+
+static PyObject *
+Exchange_get_frames_out(Exchange *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(self->frames_out);
+}
+
+static PyObject *
+Exchange_get_writes(Exchange *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(self->writes);
+}
+
+static PyGetSetDef Exchange_getset[] = {
+    {"state", (getter)Exchange_get_state, NULL, "Why the last call returned True.", NULL},
+    {"errors", (getter)Exchange_get_errors, NULL, "Handler failures not yet taken.", NULL},
+    {"frames_in", (getter)Exchange_get_frames_in, NULL, "Frames taken from the reader.", NULL},
+    {"frames_out", (getter)Exchange_get_frames_out, NULL, "Replies encoded for sending.", NULL},
+    {"writes", (getter)Exchange_get_writes, NULL, "Sends of encoded replies.", NULL},
+    {NULL},
+};
+
+static PyMethodDef Exchange_methods[] = {
+    {"release", (PyCFunction)Exchange_release, METH_NOARGS,
+     "Drop the handler, the owner and what is unhandled: the loop has ended."},
+    {"take_pending", (PyCFunction)Exchange_take_pending, METH_NOARGS,
+     "(pending, suspended) of the handler that must be awaited."},
+    {"resume", (PyCFunction)Exchange_resume, METH_O,
+     "The awaited handler's reply (None: no reply); the loop goes on after its frame."},
+    {"take_replies", (PyCFunction)Exchange_take_replies, METH_NOARGS,
+     "The replies the writer declined, for the general path (which counts them)."},
+    {"take_errors", (PyCFunction)Exchange_take_errors, METH_NOARGS,
+     "Handler failures counted since the last take."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ExchangeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "netframe._speedups.Exchange",
+    .tp_basicsize = sizeof(Exchange),
+    .tp_dealloc = (destructor)Exchange_dealloc,
+    .tp_call = (ternaryfunc)Exchange_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A raw connection's receive, handle and send loop: exchange(fd) -> bool.",
+    .tp_traverse = (traverseproc)Exchange_traverse,
+    .tp_clear = (inquiry)Exchange_clear,
+    .tp_methods = Exchange_methods,
+    .tp_getset = Exchange_getset,
+    .tp_new = Exchange_new,
+};
