@@ -20,6 +20,12 @@ The flow of :meth:`Idempotency.run`, fast path first:
    exception, or an outcome that cannot be recorded releases the claim instead, and the
    exception propagates: a retry runs the handler again.
 
+With ``one_step=True`` (a handler that only builds its outcome, at once) on a store that
+can (SQLite), steps 2-4 are one store operation: the handler runs first, with
+``call.fence`` set only when its effect runs, and the claim, the effect and the record
+commit in one transaction (a replay or a mismatch drops what the handler built; a busy
+key is waited for as above).
+
 Guarantees: the handler runs at most once per *live claim*; a key's outcome, once
 recorded, is the only one it ever has until its TTL passes. An effect returned as an
 Effect happens exactly once with its record (both or neither, whatever crashes); an
@@ -59,8 +65,15 @@ from ._keys import (
     validate_key,
 )
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
-from ._record import ClaimKind, ClaimResult
-from .stores._contract import Completion, Effect, Store, SynchronousStore, new_completion
+from ._record import ClaimKind, ClaimResult, Record
+from .stores._contract import (
+    Completion,
+    Effect,
+    OneStepStore,
+    Store,
+    SynchronousStore,
+    new_completion,
+)
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_TTL", "Call", "Handler", "Idempotency"]
 
@@ -107,6 +120,14 @@ class Call:
 Handler: TypeAlias = Callable[[Call], Any | Awaitable[Any]]
 
 
+def _refuse_awaitable(result: Any) -> None:
+    """A one-step handler returned an awaitable: close it (never to be awaited), refuse."""
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
+    raise TypeError(f"a one-step handler returns at once, not {type(result).__name__}")
+
+
 class Idempotency:
     """Idempotent execution of requests over a :class:`~idempotency.stores.Store`.
 
@@ -132,6 +153,8 @@ class Idempotency:
         self._store = store
         # A store whose operations never wait is called without a coroutine per operation.
         self._sync_store = store if isinstance(store, SynchronousStore) else None
+        # A store that claims and completes in one transaction (run(..., one_step=True)).
+        self._one_step_store = store if isinstance(store, OneStepStore) else None
         self.ttl = ttl
         self.lease = lease
         self.wait = wait
@@ -160,8 +183,19 @@ class Idempotency:
         wait: bool | None = None,
         timeout: float | None = None,
         ctx: context.Context | None = None,
+        one_step: bool = False,
     ) -> Outcome:
         """Run ``handler`` for ``request`` once per (caller, key); see the module docstring.
+
+        ``one_step=True`` says that the handler does nothing but return: an
+        :class:`~idempotency.stores.Effect` (or a value, or a final ApplicationError)
+        built from its :class:`Call`, at once (no awaitable). On a store that can
+        (:class:`~idempotency.stores.OneStepStore`: SQLite), the handler then runs
+        before the claim, and the claim, the effect and the record commit in one
+        transaction: one round trip and one commit instead of two, and no in-progress
+        record. ``call.fence`` is set only when the effect runs (read it in the effect,
+        not in the handler), and the handler also runs for a call that turns out to be
+        a replay (its effect is then dropped). On other stores it is the usual path.
 
         Returns the :class:`Outcome` (``replayed`` tells a replay). Raises
         :class:`InvalidKey`, :class:`InvalidRequest`, :class:`KeyReused`,
@@ -181,6 +215,18 @@ class Idempotency:
             raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
         operation, args = request
         fp = fingerprint(operation, args, self.max_args_bytes)
+        if one_step and self._one_step_store is not None:
+            return await self._run_one_step(
+                caller,
+                key,
+                operation,
+                args,
+                fp,
+                handler,
+                self.wait if wait is None else wait,
+                timeout,
+                ctx,
+            )
         store = self._store
         sync = self._sync_store
         if sync is not None:
@@ -206,6 +252,8 @@ class Idempotency:
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
             if hasattr(result, "__await__"):
+                if one_step:
+                    _refuse_awaitable(result)  # the same promise on every store
                 result = await result
             if isinstance(result, Effect):
                 completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
@@ -243,6 +291,68 @@ class Idempotency:
                 del holders[rk]
             if self._waiters:
                 self._wake(rk)
+        assert rec.payload is not None
+        return Outcome(rec.ok, rec.payload, False, fence)
+
+    async def _run_one_step(
+        self,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+    ) -> Outcome:
+        """:meth:`run` with ``one_step=True`` on a OneStepStore."""
+        store = self._one_step_store
+        assert store is not None
+        max_bytes = self.max_result_bytes
+        call = Call(caller, key, operation, args, 0, ctx)
+        try:
+            result = handler(call)
+            if hasattr(result, "__await__"):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # never awaited, and never to be
+                raise TypeError(f"a one-step handler returns at once, not {type(result).__name__}")
+            if isinstance(result, Effect):
+                completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
+            else:
+                payload = encode_result(result, max_bytes)
+                completion = new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
+        except ApplicationError as err:
+            if err.retryable:
+                raise  # nothing was claimed: a retry runs the handler again
+            completion = Completion(False, encode_error(err, max_bytes), None, self.ttl, max_bytes)
+        out = await store.claim_and_complete(caller, key, fp, self.lease, call, completion)
+        if isinstance(out, Record):  # claimed and completed
+            assert out.payload is not None
+            return Outcome(out.ok, out.payload, False, out.fence)
+        if out.kind is _REPLAY:
+            rec = out.record
+            assert rec.payload is not None
+            return Outcome(rec.ok, rec.payload, True, rec.fence)
+        # Busy (a two-step execution holds the key), or a mismatch: as run() does.
+        settled = await self._settle(out, caller, key, fp, wait, timeout, ctx)
+        if type(settled) is Outcome:
+            return settled
+        # Claimed after the holder lapsed: complete this step's outcome under that claim.
+        fence = settled.record.fence  # type: ignore[union-attr]
+        call.fence = fence
+        rk = (caller, key)
+        self._holders[rk] = fence
+        try:
+            rec = await store.complete(caller, key, fence, completion)
+        except StaleClaim:
+            raise
+        except Exception:
+            await self._release(caller, key, fence)
+            raise
+        finally:
+            self._finish(rk, fence)
         assert rec.payload is not None
         return Outcome(rec.ok, rec.payload, False, fence)
 

@@ -339,7 +339,9 @@ def make_server(
         max_connections=max_connections,
     )
 
-    @srv.method(idempotent=True, pass_call=True)
+    # one_step: the method only builds its effect, so on SQLite the claim, the balance
+    # change and the record commit in one transaction (one group commit, not two).
+    @srv.method(idempotent=True, pass_call=True, one_step=True)
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         _check(src, dst, amount)
         return make_effect(call, src, dst, amount)

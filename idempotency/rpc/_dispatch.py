@@ -82,6 +82,7 @@ class MethodSpec:
     idempotent: bool = False
     key_optional: bool = False
     pass_call: bool = False
+    one_step: bool = False  # the method only builds its outcome: Idempotency's one step
     # Derived by finish(), read by the fast path (attributes, not properties: cheaper).
     fast: bool = False  # called in the caller's frame: plain, no context, not idempotent
     max_fast: int = 0  # max_args, or MAX_MSGID for *args
@@ -310,6 +311,7 @@ class Dispatcher:
         idempotent: bool = False,
         key_optional: bool = False,
         pass_call: bool = False,
+        one_step: bool = False,
     ) -> MethodSpec:
         name = fn.__name__ if name is None else name
         if not isinstance(name, str) or not name:
@@ -322,9 +324,14 @@ class Dispatcher:
             )
         if pass_call and not idempotent:
             raise ValueError(f"method {name!r}: pass_call is for idempotent methods")
+        if one_step and not idempotent:
+            raise ValueError(f"method {name!r}: one_step is for idempotent methods")
         spec = method_spec(name, fn, pass_context, pass_call)
+        if one_step and spec.is_async:
+            raise TypeError(f"method {name!r}: a one_step method returns at once (not async)")
         spec.idempotent = idempotent
         spec.key_optional = key_optional
+        spec.one_step = one_step
         self.methods[name] = spec.finish()
         return spec
 
@@ -499,13 +506,27 @@ class Dispatcher:
                 raise ApplicationError(exc.code, exc.message, exc.data) from exc
             return result
 
+        def build(call: Call) -> Any:
+            """A one_step method's call: what it returns, at once."""
+            if spec.pass_call:
+                args: Any = (call, *params)
+            elif spec.pass_context:
+                args = (ctx, *params)
+            else:
+                args = params
+            try:
+                return spec.fn(*args)
+            except RPCError as exc:  # a method's chosen status: final, recorded
+                raise ApplicationError(exc.code, exc.message, exc.data) from exc
+
         try:
             outcome = await idem.run(
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, params),
-                handler=handler,
+                handler=build if spec.one_step else handler,
                 ctx=None if ctx is _BACKGROUND else ctx,
+                one_step=spec.one_step,
             )
         except Exception as exc:
             code, message, data = _idempotency_error(exc)

@@ -102,6 +102,7 @@ class Server:
         idempotent: bool = False,
         key_optional: bool = False,
         pass_call: bool = False,
+        one_step: bool = False,
     ) -> Callable[[F], F]:
         """Decorator: register the function as method ``name`` (default: its name);
         the options are :meth:`add_method`'s."""
@@ -114,6 +115,7 @@ class Server:
                 idempotent=idempotent,
                 key_optional=key_optional,
                 pass_call=pass_call,
+                one_step=one_step,
             )
             return fn
 
@@ -128,6 +130,7 @@ class Server:
         idempotent: bool = False,
         key_optional: bool = False,
         pass_call: bool = False,
+        one_step: bool = False,
     ) -> None:
         """Register ``fn`` as method ``name`` (default: its name).
 
@@ -142,6 +145,14 @@ class Server:
         with the record (exactly once). An :class:`~idempotency.rpc.RPCError` the
         method raises is its final answer, recorded and replayed; any other exception
         releases the key, so a retry runs the method again.
+
+        ``one_step=True`` (idempotent, plain functions) says the method does nothing but
+        return its outcome, usually an Effect, built from its arguments and ``call``:
+        on a store that can (SQLite) the key's claim, the effect and the record then
+        commit in one transaction, one round trip instead of two. The method then runs
+        before the claim, for a replay too (its outcome is dropped), and ``call.fence``
+        is set when the effect runs (read it in the effect). See
+        :meth:`idempotency.Idempotency.run`.
         """
         self.dispatcher.register(
             fn,
@@ -150,6 +161,7 @@ class Server:
             idempotent=idempotent,
             key_optional=key_optional,
             pass_call=pass_call,
+            one_step=one_step,
         )
 
     def statistics(self) -> ServerStats:

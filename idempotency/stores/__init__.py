@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._contract import Completion as Completion
 from ._contract import Effect as Effect
+from ._contract import OneStepStore as OneStepStore
 from ._contract import Store as Store
 from ._contract import StoreStatistics as StoreStatistics
 from ._contract import SynchronousStore as SynchronousStore
@@ -27,6 +28,7 @@ __all__ = [
     "LuaEffect",
     "MemoryEffect",
     "MemoryStore",
+    "OneStepStore",
     "RedisStore",
     "SQLiteEffect",
     "SQLiteStore",

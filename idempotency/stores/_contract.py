@@ -148,3 +148,26 @@ class SynchronousStore(Store):
     @abc.abstractmethod
     def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
         """:meth:`complete` as a plain call."""
+
+
+class OneStepStore(Store):
+    """A store that can claim a key and complete it with an effect in one transaction
+    (``SQLiteStore``): ``Idempotency.run(..., one_step=True)`` then costs one round
+    trip and one commit instead of two, and no in-progress record is ever written."""
+
+    @abc.abstractmethod
+    async def claim_and_complete(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+    ) -> ClaimResult | Record:
+        """Apply ``_record.claim``; unless it claimed, return its ClaimResult and change
+        nothing. When it claimed: set ``call.fence`` to the claim's fencing token, run
+        ``completion``'s effect and record its outcome, all in the transaction that
+        takes the claim, and return the completed record. If the effect raises anything
+        but a final ApplicationError, nothing of the step is written (no claim either)
+        and that exception is raised."""

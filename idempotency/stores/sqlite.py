@@ -39,7 +39,10 @@ A handler returns ``SQLiteEffect(fn)``; ``fn(conn)`` runs on the store's connect
 inside the transaction and savepoint that complete the record, after the fencing token
 is checked, and returns the call's result. A crash at any point leaves both the effect
 and the record or neither (SQLite's atomic commit). A final ApplicationError raised by
-``fn`` rolls back its writes and records the error.
+``fn`` rolls back its writes and records the error. ``claim_and_complete`` (the
+``OneStepStore`` step, ``Idempotency.run(..., one_step=True)``) does the claim in the
+same transaction too: the record is written once, completed, and a failed effect leaves
+no claim behind.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from .._record import (
     state_at,
 )
 from ._batch import GroupCommitter, Op, raise_when_awaited
-from ._contract import Completion, Effect, Store, StoreStatistics, run_effect
+from ._contract import Completion, Effect, OneStepStore, StoreStatistics, run_effect
 
 __all__ = ["SQLiteEffect", "SQLiteStore"]
 
@@ -80,7 +83,8 @@ _RELEASE: Final = 2
 _GET: Final = 3
 _SWEEP: Final = 4
 _TRANSACT: Final = 5
-_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET})  # ops on one record
+_CLAIM_COMPLETE: Final = 6  # claim_and_complete: a claim and its effect in one step
+_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE})  # one record
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -162,7 +166,7 @@ class SQLiteEffect(Effect):
         self.fn = fn
 
 
-class SQLiteStore(Store):
+class SQLiteStore(OneStepStore):
     """Records in one SQLite file, durable and shared by the processes of one machine.
 
     ``synchronous``: SQLite's setting; ``"FULL"`` (default) fsyncs every commit,
@@ -248,6 +252,24 @@ class SQLiteStore(Store):
                 TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
             )
         return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
+
+    def claim_and_complete(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+    ) -> Coroutine[Any, Any, ClaimResult | Record]:
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, SQLiteEffect):
+            return raise_when_awaited(
+                TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
+            )
+        return self._committer.submit(
+            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
+        )
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
         return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
@@ -403,6 +425,28 @@ class SQLiteStore(Store):
                         else:
                             self._flush(conn, dirty)
                             self._complete_with_effect(conn, op, rec, now, ws)
+                    elif kind == _CLAIM_COMPLETE:
+                        caller, key, fp, lease, call, c = op.args
+                        rk = (caller, key)
+                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        if res.kind is not ClaimKind.CLAIMED:
+                            op.result = res  # a replay, a mismatch, busy: nothing written
+                        else:
+                            # The claim is written only as the completed record (or not
+                            # at all when the effect fails): no in-progress row, ever.
+                            fence += 1
+                            call.fence = fence
+                            if c.effect is None:  # a value or a final error: the record
+                                done = complete(
+                                    res.record, fence, c.ok, c.payload, now, c.ttl, caller, key
+                                )
+                                ws[rk] = dirty[rk] = done
+                                op.result = done
+                            else:
+                                self._flush(conn, dirty)
+                                self._effect_and_record(
+                                    conn, op, caller, key, fence, c, res.record, now, ws
+                                )
                     elif kind == _RELEASE:
                         caller, key, f = op.args
                         rk = (caller, key)
@@ -496,7 +540,24 @@ class SQLiteStore(Store):
         ws: dict[tuple[str, str], Record | CorruptedRecord | None],
     ) -> None:
         caller, key, fence, c = op.args
+        self._effect_and_record(conn, op, caller, key, fence, c, rec, now, ws)
+
+    def _effect_and_record(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        caller: str,
+        key: str,
+        fence: int,
+        c: Completion,
+        rec: Record | None,
+        now: float,
+        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ) -> None:
+        """Run claim ``fence``'s effect in a savepoint and write its completed record;
+        on failure nothing of it stays and ``op`` carries the error."""
         effect = c.effect
+        assert isinstance(effect, SQLiteEffect)  # checked by complete/claim_and_complete
         cur = self._cursor
         # Check the claim before the effect runs: a stale holder's effect must not run.
         complete(rec, fence, True, b"", now, c.ttl, caller, key)

@@ -171,3 +171,16 @@ def test_registering_an_idempotent_method_needs_a_store() -> None:
     srv = Server()
     with pytest.raises(ValueError, match="need Server\\(idempotency=Idempotency\\(store\\)\\)"):
         srv.add_method(lambda: 1, "one", idempotent=True)
+
+
+def test_a_one_step_method_is_idempotent_and_plain() -> None:
+    srv = Server(idempotency=Idempotency(MemoryStore()))
+
+    async def later(call: Any) -> int:
+        return 1
+
+    with pytest.raises(ValueError, match="one_step is for idempotent methods"):
+        srv.add_method(lambda: 1, "plain", one_step=True)
+    with pytest.raises(TypeError, match="returns at once"):
+        srv.add_method(later, "later", idempotent=True, pass_call=True, one_step=True)
+    srv.add_method(lambda call: 1, "ok", idempotent=True, pass_call=True, one_step=True)

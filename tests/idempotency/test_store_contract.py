@@ -444,3 +444,178 @@ def test_plain_function_handlers(store: Store) -> None:
         assert out.value == 42
 
     grun(main)
+
+
+# --------------------------------------------------------------------- one step
+# run(..., one_step=True): on SQLite (a OneStepStore) the claim, the effect and the
+# record commit in one transaction; on the other stores it is the usual path. The
+# outcomes must be the same either way.
+
+
+def test_one_step_runs_once_replays_and_refuses_a_reused_key(store: Store, kit: Any) -> None:
+    seen: list[Call] = []
+
+    def add(call: Call) -> Any:
+        seen.append(call)
+        return kit.counter_effect(store, "balance", call.args[0])
+
+    async def main() -> None:
+        idem = make_idem(store)
+        one = {"handler": add, "one_step": True}
+        a = await idem.run(caller="c", key="t1", request=("add", [5]), **one)
+        b = await idem.run(caller="c", key="t1", request=("add", [5]), **one)
+        c = await idem.run(caller="c", key="t2", request=("add", [3]), **one)
+        assert (a.value, b.value, c.value) == (5, 5, 8)
+        assert (a.replayed, b.replayed, c.replayed) == (False, True, False)
+        assert kit.read(store, "balance") == 8
+        with pytest.raises(KeyReused):
+            await idem.run(caller="c", key="t1", request=("add", [6]), **one)
+        assert kit.read(store, "balance") == 8
+        # The fence the effect ran under is the record's, and it rises. (One step runs
+        # the handler for the replay too, before its claim: its effect is dropped.)
+        assert len(seen) == (4 if kit.kind == "sqlite" else 2)
+        assert seen[0].fence == a.fence and c.fence > a.fence
+        assert [s.fence for s in seen if s.args == [3]] == [c.fence]
+        rec = await store.get("c", "t1")
+        assert rec is not None and rec.state == COMPLETED and rec.fence == a.fence
+
+    grun(main)
+
+
+def test_one_step_refusals_and_failures(store: Store, kit: Any) -> None:
+    def add(call: Call) -> Any:
+        return kit.counter_effect(store, "balance", call.args[0])
+
+    def refuse_early(call: Call) -> Any:
+        raise ApplicationError("closed", "the account is closed")
+
+    def busy(call: Call) -> Any:
+        raise ApplicationError("busy", "try later", retryable=True)
+
+    def boom(call: Call) -> Any:
+        return kit.boom_effect(store, "balance")
+
+    async def main() -> None:
+        idem = make_idem(store)
+        await idem.run(caller="c", key="t0", request=("add", [5]), handler=add, one_step=True)
+        # A final refusal by the effect: its writes rolled back, the error recorded.
+        refused = await idem.run(
+            caller="c", key="t1", request=("add", [-7]), handler=add, one_step=True
+        )
+        assert not refused.ok and refused.error is not None and refused.error.code == "negative"
+        again = await idem.run(
+            caller="c", key="t1", request=("add", [-7]), handler=add, one_step=True
+        )
+        assert again.replayed and again.payload == refused.payload
+        # A final refusal by the handler itself: recorded and replayed too.
+        early = await idem.run(
+            caller="c", key="t2", request=("x", []), handler=refuse_early, one_step=True
+        )
+        assert not early.ok and early.error is not None and early.error.code == "closed"
+        assert (await idem.run(caller="c", key="t2", request=("x", []), handler=add)).replayed
+        # A retryable refusal, an effect that fails: nothing recorded, no claim left.
+        with pytest.raises(ApplicationError, match="try later"):
+            await idem.run(caller="c", key="t3", request=("x", []), handler=busy, one_step=True)
+        with pytest.raises(Exception, match=r"boom|NOSUCHCOMMAND|Unknown"):
+            await idem.run(caller="c", key="t4", request=("b", []), handler=boom, one_step=True)
+        assert await store.get("c", "t3") is None and await store.get("c", "t4") is None
+        if kit.kind == "sqlite":
+            assert kit.read(store, "balance") == 5
+        # A handler that returns an awaitable breaks the one-step promise: nothing runs.
+        with pytest.raises(TypeError, match="returns at once"):
+            await idem.run(
+                caller="c", key="t5", request=("x", []), handler=Counting(1), one_step=True
+            )
+        assert await store.get("c", "t5") is None
+        # A plain value is recorded as the outcome.
+        value = await idem.run(
+            caller="c", key="t6", request=("v", []), handler=lambda call: [1, "x"], one_step=True
+        )
+        assert value.value == [1, "x"] and not value.replayed
+
+    grun(main)
+
+
+def test_one_step_duplicates_at_once_apply_the_effect_once(store: Store, kit: Any) -> None:
+    def add(call: Call) -> Any:
+        return kit.counter_effect(store, "balance", 2)
+
+    async def main() -> None:
+        idem = make_idem(store)
+        out: gosim.Chan[Any] = gosim.Chan(20)
+
+        async def one() -> None:
+            await out.send(
+                await idem.run(
+                    caller="c", key="same", request=("add", []), handler=add, one_step=True
+                )
+            )
+
+        for _ in range(20):
+            gosim.go(one)
+        outcomes = [await out.recv() for _ in range(20)]
+        assert sum(not o.replayed for o in outcomes) == 1
+        assert {o.value for o in outcomes} == {2}
+        assert kit.read(store, "balance") == 2
+
+    grun(main)
+
+
+def test_one_step_waits_for_a_two_step_holder(store: Store, kit: Any) -> None:
+    """A key held by a usual execution (claimed, not yet complete): a one-step call of
+    it is refused at once without waiting, and waits for the holder's outcome with."""
+
+    def add(call: Call) -> Any:
+        return kit.counter_effect(store, "balance", 4)
+
+    async def slow(call: Call) -> Any:
+        await gosim.sleep(0.05)
+        return kit.counter_effect(store, "balance", 4)
+
+    async def main() -> None:
+        idem = make_idem(store)
+        first: gosim.Chan[Any] = gosim.Chan(1)
+
+        async def holder() -> None:
+            await first.send(await idem.run(caller="c", key="k", request=("add", []), handler=slow))
+
+        gosim.go(holder)
+        await gosim.sleep(0.01)  # the holder has claimed and sleeps in its handler
+        with pytest.raises(InProgress):
+            await idem.run(
+                caller="c", key="k", request=("add", []), handler=add, one_step=True, wait=False
+            )
+        waited = await idem.run(
+            caller="c", key="k", request=("add", []), handler=add, one_step=True
+        )
+        held = await first.recv()
+        assert waited.replayed and not held.replayed and waited.value == held.value == 4
+        assert kit.read(store, "balance") == 4
+
+    grun(main)
+
+
+def test_one_step_on_sqlite_is_one_operation_and_one_commit(tmp_path: Any) -> None:
+    """What one_step buys on SQLite: a call is one store operation (one batch when
+    alone), where the usual path is a claim and a completion."""
+    from idempotency import SQLiteEffect, SQLiteStore  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "one.db")
+
+    def effect(call: Call) -> Any:
+        return SQLiteEffect(lambda conn: call.fence)
+
+    async def main() -> tuple[int, int]:
+        idem = make_idem(store)
+        before = store.statistics()
+        out = await idem.run(caller="c", key="a", request=("e", []), handler=effect, one_step=True)
+        mid = store.statistics()
+        await idem.run(caller="c", key="b", request=("e", []), handler=effect)
+        after = store.statistics()
+        assert out.value == out.fence  # the effect read the claim's fence
+        return mid.operations - before.operations, after.operations - mid.operations
+
+    try:
+        assert grun(main) == (1, 2)
+    finally:
+        store.close()

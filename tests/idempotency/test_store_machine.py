@@ -222,6 +222,59 @@ class StoreMachine(RuleBasedStateMachine):
                 True, req, self.fence, self.clock.t + TTL, payload
             )
 
+    @rule(
+        caller=st.sampled_from(CALLERS),
+        key=st.sampled_from(KEYS),
+        req=st.integers(0, len(REQUESTS) - 1),
+        n=st.integers(1, 4),
+    )
+    def one_step_duplicates(self, caller: str, key: str, req: int, n: int) -> None:
+        """``n`` concurrent calls of one key through ``run(..., one_step=True)`` (one
+        transaction per call on SQLite, the usual path elsewhere): one outcome is
+        recorded under the next fence, and every caller gets it."""
+        before = self.live(caller, key)
+        timeout = 0.05 if before is not None and not before.completed else 30.0
+        self.seq += 1
+        seq = self.seq
+
+        def handler(call: Call) -> Any:
+            return ["one", seq]
+
+        async def main() -> list[Any]:
+            idem = Idempotency(self.store, ttl=TTL, lease=LEASE)
+            out: gosim.Chan[Any] = gosim.Chan(n)
+
+            async def one() -> None:
+                try:
+                    r: Any = await idem.run(
+                        caller=caller, key=key, request=REQUESTS[req], handler=handler,
+                        timeout=timeout, one_step=True,
+                    )  # fmt: skip
+                except (KeyReused, InProgress) as exc:
+                    r = exc
+                await out.send(r)
+
+            for _ in range(n):
+                gosim.go(one)
+            return [await out.recv() for _ in range(n)]
+
+        results = grun(main)
+        rec = self.live(caller, key)
+        if rec is not None and rec.request != req:
+            assert all(isinstance(r, KeyReused) for r in results)
+        elif rec is not None and rec.completed:
+            assert all(r.replayed and r.payload == rec.payload for r in results)
+        elif rec is not None:  # held by a claim of the bundle: nobody can finish it here
+            assert all(isinstance(r, InProgress) for r in results)
+        else:
+            self.fence += 1
+            payload = msgpack.packb(["one", seq])
+            assert all(r.payload == payload for r in results)
+            assert [r.fence for r in results if not r.replayed] == [self.fence]
+            self.model[caller, key] = ModelRecord(
+                True, req, self.fence, self.clock.t + TTL, payload
+            )
+
     @invariant()
     def reads_agree(self) -> None:
         async def read_all() -> dict[tuple[str, str], Any]:
