@@ -898,6 +898,93 @@ static PyTypeObject DoneType = {
 
 static PyObject *DONE;
 
+/* ------------------------------------------------------------- Trap awaitable */
+
+/* `await trap(what)`: yield `what` to the driver once, then evaluate to the value the
+ * goroutine is resumed with: gosim._core._state._trap's twin, through am_send (no
+ * generator frame). An exception thrown in at the yield (a close, a panic delivered by
+ * the driver) is raised in the awaiting frame, as from the generator. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *what; /* NULL once yielded */
+} TrapObject;
+
+static void
+Trap_dealloc(TrapObject *self)
+{
+    Py_XDECREF(self->what);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Trap_await(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PySendResult
+Trap_am_send(TrapObject *self, PyObject *arg, PyObject **result)
+{
+    if (self->what != NULL) {
+        *result = self->what; /* the reference moves to the driver */
+        self->what = NULL;
+        return PYGEN_NEXT;
+    }
+    *result = Py_NewRef(arg);
+    return PYGEN_RETURN;
+}
+
+static PyObject *
+Trap_send(TrapObject *self, PyObject *arg)
+{
+    PyObject *result = NULL;
+    if (Trap_am_send(self, arg, &result) == PYGEN_NEXT)
+        return result;
+    _PyGen_SetStopIterationValue(result);
+    Py_DECREF(result);
+    return NULL;
+}
+
+static PyObject *
+Trap_iternext(TrapObject *self)
+{
+    return Trap_send(self, Py_None);
+}
+
+static PyMethodDef Trap_methods[] = {
+    {"send", (PyCFunction)Trap_send, METH_O, NULL},
+    {"throw", (PyCFunction)Done_throw, METH_VARARGS, NULL},
+    {NULL},
+};
+
+static PyAsyncMethods Trap_async = {
+    .am_await = Trap_await,
+    .am_send = (sendfunc)Trap_am_send,
+};
+
+static PyTypeObject TrapType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.Trap",
+    .tp_basicsize = sizeof(TrapObject),
+    .tp_dealloc = (destructor)Trap_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "await trap(what): yield what to the driver once; the resume value after.",
+    .tp_as_async = &Trap_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Trap_iternext,
+    .tp_methods = Trap_methods,
+};
+
+static PyObject *
+trap_impl(PyObject *module, PyObject *what)
+{
+    TrapObject *t = PyObject_New(TrapObject, &TrapType);
+    if (t == NULL)
+        return NULL;
+    t->what = Py_NewRef(what);
+    return (PyObject *)t;
+}
+
 /* ------------------------------------------------------------------ Sudog */
 
 /* A G queued on one channel for one case of a select: Go's sudog with isSelect
@@ -2904,6 +2991,7 @@ static PyMethodDef module_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Hand the module gosim's traps, errors and constants (done once by gosim._core)."},
     {"reset_budget", reset_budget, METH_NOARGS, "Refill the preemption budget."},
+    {"trap", trap_impl, METH_O, "trap(what): await it to yield what to the driver once."},
     {"go", (PyCFunction)(void (*)(void))go_impl, METH_FASTCALL,
      "Start fn(*args) as a new goroutine in the current P's runnext."},
     {"select", (PyCFunction)(void (*)(void))select_impl, METH_FASTCALL | METH_KEYWORDS,
@@ -2948,7 +3036,7 @@ PyInit__speedups(void)
     INTERN(str_gfput_spill, "_gfput_spill");
     INTERN(str_remove, "remove");
     PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
-                             &DoneType, &ChanType, &ChanOpType, &SudogType,
+                             &DoneType, &TrapType, &ChanType, &ChanOpType, &SudogType,
                              &SelectOpType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)

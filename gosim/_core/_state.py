@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, Final
 
 import outcome
@@ -45,7 +45,7 @@ class _Goexit(BaseException):
 
 
 @types.coroutine
-def _trap(what: Any) -> Generator[Any, Any, Any]:
+def _trap_py(what: Any) -> Generator[Any, Any, Any]:
     """Yield one trap to the driver; evaluate to the value the G is handed when resumed."""
     return (yield what)
 
@@ -63,6 +63,8 @@ class _State(threading.local):
 
 
 _state: _State = _State() if speedups is None else speedups.State()
+# The C twin is an awaitable object instead of a generator: no frame per trap.
+_trap: Callable[[Any], Awaitable[Any]] = _trap_py if speedups is None else speedups.trap
 if speedups is not None:
     speedups.configure(
         park=PARK,
