@@ -54,7 +54,10 @@ would be needed to add a second allocator here.
 
 from __future__ import annotations
 
+import fcntl
 import math
+import struct
+import termios
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -461,6 +464,26 @@ class FramedConn:
             return None
         decoder.count_frame()
         return bytes(frame)
+
+    def unread_bytes(self) -> int | None:
+        """Bytes that have arrived in the kernel's receive buffer and are not read yet
+        (FIONREAD), or None where the connection does not show its socket (the
+        simulated network). A heartbeat asks it before declaring the peer dead: bytes
+        waiting there mean the peer is alive and this side's reader is behind."""
+        raw = self._raw
+        if raw is None:
+            return None
+        got: list[int] = []
+
+        def ask(fd: int) -> None:
+            raw_count = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+            got.append(struct.unpack("i", raw_count)[0])
+
+        try:
+            raw.control(ask)
+        except OSError:
+            return None
+        return got[0]
 
     # ------------------------------------------------------------- exchange
 

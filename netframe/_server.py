@@ -433,13 +433,28 @@ async def _keep_alive(st: _Conn) -> _HeartbeatEnd:
     connection idle (the caller closes it) or closed. Pings never wait behind a full
     send queue (a peer that neither sends nor reads must still be found dead)."""
     session = st.session
+    heard = 0  # bytes arrived (read and unread) when the peer was last heard unread
     while not st.closed:
         deadline = session.next_deadline()
         if deadline > gosim.now():
             await st.alarm.sleep_until(deadline)
             if st.is_closed():
                 break
-        for out in session.poll(gosim.now()):
+        now = gosim.now()
+        timeout = session.heartbeat_timeout
+        if timeout is not None and session.last_received + timeout <= now:
+            # Nothing read for the timeout. Bytes that arrived and wait for this side's
+            # reader (an overloaded runtime reads late) are the peer alive, not dead:
+            # declaring it dead would drop a live peer and start a reconnect storm.
+            # Only bytes that came since the last such look count, so input a stalled
+            # reader never takes cannot keep a dead peer alive.
+            unread = st.fc.unread_bytes()
+            if unread:
+                arrived = st.fc.bytes_read + unread
+                if arrived > heard:
+                    heard = arrived
+                    session.heard(now)
+        for out in session.poll(now):
             st.fc.send_nowait(out)
         if session.dead:
             return _HeartbeatEnd.DEAD

@@ -282,6 +282,12 @@ class Session:
                 self.dead = False
         return control
 
+    def heard(self, now: float) -> None:
+        """The peer was heard from without a frame read yet (bytes of it wait to be
+        read: the reader is behind): it is alive, as if a frame had arrived at ``now``."""
+        self.last_received = now
+        self.dead = False
+
     # ------------------------------------------------------------------- send
 
     def data(self, payload: bytes | bytearray | memoryview, now: float) -> bytes:
