@@ -22,7 +22,9 @@ clock in gosim) and moves bytes. The calls are
 
 Any frame received proves the peer alive, so a busy connection sends no pings. Both
 sides ping independently, so each detects a dead peer on its own clock, within
-``heartbeat_timeout`` (two intervals by default) of the last frame it received.
+``heartbeat_timeout`` (two intervals by default) of the last frame it received. A
+driver whose reader is behind may call :meth:`Session.heard` for bytes that have arrived
+and are not read yet (netframe's heartbeat does, from the kernel's count of them).
 
 States, in one table (uppercase sentinels, h11's style). An illegal call raises
 :class:`LocalSessionError` and leaves the session unchanged.
