@@ -491,23 +491,8 @@ class Dispatcher:
         assert idem is not None and meta.key is not None
         msgid, params = msg.msgid, msg.params
 
-        async def handler(call: Call) -> Any:
-            if spec.pass_call:
-                args: Any = (call, *params)
-            elif spec.pass_context:
-                args = (ctx, *params)
-            else:
-                args = params
-            try:
-                result = spec.fn(*args)
-                if spec.is_async or _needs_await(result):
-                    result = await result
-            except RPCError as exc:  # a method's chosen status: final, recorded
-                raise ApplicationError(exc.code, exc.message, exc.data) from exc
-            return result
-
         def build(call: Call) -> Any:
-            """A one_step method's call: what it returns, at once."""
+            """The method's return value, at once: a one_step method's whole call."""
             if spec.pass_call:
                 args: Any = (call, *params)
             elif spec.pass_context:
@@ -518,6 +503,15 @@ class Dispatcher:
                 return spec.fn(*args)
             except RPCError as exc:  # a method's chosen status: final, recorded
                 raise ApplicationError(exc.code, exc.message, exc.data) from exc
+
+        async def handler(call: Call) -> Any:
+            result = build(call)
+            if spec.is_async or _needs_await(result):
+                try:
+                    result = await result
+                except RPCError as exc:  # as in build
+                    raise ApplicationError(exc.code, exc.message, exc.data) from exc
+            return result
 
         try:
             outcome = await idem.run(
