@@ -244,12 +244,17 @@ class FramedConn:
         self._raw: Any = None
         self._reader: Any = None
         self._fast_writer: Any = None
+        # The connection's RawConn whatever the accelerator (unread_bytes asks the
+        # socket through it); _raw is the same, only where the C fast path runs.
+        self._syscall_conn: Any = None
         syscall_conn = getattr(conn, "syscall_conn", None)
-        if syscall_conn is not None and _FrameReader is not None:
+        if syscall_conn is not None:
             try:
-                self._raw = syscall_conn()
+                self._syscall_conn = syscall_conn()
             except OSError:
                 pass  # closed already: the general path reports it on first use
+        if _FrameReader is not None:
+            self._raw = self._syscall_conn
         if self._raw is not None:
             fmt = self.format
             self._reader = _FrameReader(read_size, LARGE_FRAME_BYTES, *fmt._scan_params)
@@ -470,7 +475,7 @@ class FramedConn:
         (FIONREAD), or None where the connection does not show its socket (the
         simulated network). A heartbeat asks it before declaring the peer dead: bytes
         waiting there mean the peer is alive and this side's reader is behind."""
-        raw = self._raw
+        raw = self._syscall_conn
         if raw is None:
             return None
         got: list[int] = []
