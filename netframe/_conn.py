@@ -84,11 +84,13 @@ __all__ = [
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
 _FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
 _Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
-#: Why FramedConn.run_exchange returned (the C Exchange's states; see
-#: netframe/_speedups_server.c.h).
-EXCHANGE_READER = 1  # the end of the stream, or the reader handed back: the general path
-EXCHANGE_PENDING = 2  # a handler to await: take_pending(), then resume(reply)
-EXCHANGE_CLOSED = 5  # a handler closed the connection: nothing more was sent
+#: Why the C Exchange stopped (netframe/_speedups_server.c.h defines them; unused where
+#: it is not built, since FramedConn.exchange then returns None).
+EXCHANGE_READER: int = getattr(_c_speedups, "EXCHANGE_READER", -1)  # end of stream, hand-back
+EXCHANGE_PENDING: int = getattr(_c_speedups, "EXCHANGE_PENDING", -1)  # a handler to await
+EXCHANGE_WRITE_WAIT: int = getattr(_c_speedups, "EXCHANGE_WRITE_WAIT", -1)  # a send to finish
+EXCHANGE_WRITE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_WRITE_GENERAL", -1)
+EXCHANGE_CLOSED: int = getattr(_c_speedups, "EXCHANGE_CLOSED", -1)  # a handler closed it
 
 DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
@@ -525,13 +527,13 @@ class FramedConn:
             while True:
                 await raw.read(ex)
                 state: int = ex.state
-                if state == 3:  # EXCHANGE_WRITE_WAIT: the socket took part of the replies
+                if state == EXCHANGE_WRITE_WAIT:  # the socket took part of the replies
                     try:
                         await raw.write(writer)
                     except BaseException:
                         writer.discard()  # nothing half-sent stays loaded
                         raise
-                elif state == 4:  # EXCHANGE_WRITE_GENERAL: replies the C writer declines
+                elif state == EXCHANGE_WRITE_GENERAL:  # replies the C writer declines
                     await self._write_general(ex.take_replies())
                 else:
                     return state

@@ -372,7 +372,9 @@ Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
                 return NULL;
             }
             Py_CLEAR(self->frames);
-            PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL);
+            if (PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
+                return NULL;
+            }
             return exchange_stop(self, EXCHANGE_CLOSED);
         }
         Py_ssize_t count = PyList_GET_SIZE(self->replies);
@@ -421,8 +423,9 @@ Exchange_release(Exchange *self, PyObject *unused)
     Py_CLEAR(self->owner);
     Py_CLEAR(self->frames);
     Py_CLEAR(self->pending);
-    if (self->replies != NULL) {
-        PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL);
+    if (self->replies != NULL &&
+        PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }
