@@ -22,7 +22,12 @@ payload) for the RPC layer's own cost. Workloads:
 * ``rpc-ledger``: the ledger demo's server (``idempotency.demo``: a durable SQLite
   ledger of 100 accounts) and its calls, ``transfer(src, dst, 1)`` with a key of its
   own and a 10 s timeout each, 1,000 at once over 200 connections (as the demo's
-  1,000 connections with a call in flight each, and so its group commits' sizes).
+  1,000 connections with a call in flight each, and so its group commits' sizes);
+* ``rpc-client-ledger``: the other side, the demo's clients (``idempotency.rpc.Client``
+  as ``idempotency.demo`` configures it, one connection each, one call at a time,
+  ``transfer`` with a key and a 10 s timeout) in this process, LEDGER_CONNECTIONS of
+  them, against the Go server of ``benchmarks/go/rpc`` in a child process: the
+  instructions counted are the client's per call.
 
 With ``OPS_STATS=1`` the server prints its store's statistics (operations, batches) at
 the end: instruction counts compare only between runs whose batches compare.
@@ -118,6 +123,76 @@ def client(port: int, n: int, depth: int, keyed: bool = False, ledger: bool = Fa
         sock.close()
 
 
+def client_side(n: int) -> None:
+    """``rpc-client-ledger``: the demo's clients calling a Go server (see the docstring)."""
+    import random  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    import gosim  # noqa: PLC0415
+    from gosim import Chan, go, net  # noqa: PLC0415
+    from idempotency.rpc import Client, RetryPolicy  # noqa: PLC0415
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.procs import go_build  # noqa: PLC0415
+
+    binary = go_build("rpc", Path(tempfile.mkdtemp(prefix="ops-rpc-")) / "rpc")
+    proc = subprocess.Popen(
+        [str(binary), "server", "-addr", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    addr = proc.stdout.readline().split()[1]
+    per_conn = n // LEDGER_CONNECTIONS
+
+    async def main() -> float:
+        async def dial() -> object:
+            return await net.dial("tcp", addr)
+
+        clients = [
+            Client(  # idempotency.demo._clients.run_fleet's settings
+                dial,
+                caller=f"c0-{i}",
+                idempotent_methods={"transfer"},
+                heartbeat_interval=10.0,
+                connect_attempts=5,
+                backoff_initial=0.05,
+                backoff_max=0.5,
+                retry=RetryPolicy(max_attempts=8, initial_backoff=0.05, max_backoff=1.0),
+                rng=random.Random(i),
+            )
+            for i in range(LEDGER_CONNECTIONS)
+        ]
+        done: Chan[None] = Chan(LEDGER_CONNECTIONS)
+
+        async def connection(i: int, c: Client) -> None:
+            for k in range(per_conn):
+                src, dst = k % 100, (k * 7 + 1 + i) % 100
+                res = await c.call_result(
+                    "transfer", src, dst, 1, idempotency_key=f"t{k}", timeout=10.0
+                )
+                if res.result != [src, dst, 1]:  # the Go server echoes the params
+                    raise AssertionError(f"bad reply {res.result!r}")
+            await done.send(None)
+
+        started = time.perf_counter()
+        for i, c in enumerate(clients):
+            go(connection, i, c)
+        for _ in clients:
+            await done.recv()
+        elapsed = time.perf_counter() - started
+        for c in clients:
+            await c.close()
+        return elapsed
+
+    try:
+        elapsed = gosim.run(main, procs=1)
+    finally:
+        proc.terminate()
+        proc.wait()
+    calls = per_conn * LEDGER_CONNECTIONS
+    print(f"rpc-client-ledger: {calls} calls, {elapsed / calls * 1e6:.2f} us each (wall clock)")
+
+
 def server(workload: str, n: int) -> None:
     import tempfile  # noqa: PLC0415
 
@@ -190,5 +265,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "client":
         mode = sys.argv[5] if len(sys.argv) > 5 else "0"
         client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), mode == "1", mode == "2")
+    elif sys.argv[1] == "rpc-client-ledger":
+        client_side(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
     else:
         server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

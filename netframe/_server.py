@@ -1121,6 +1121,14 @@ class Client:
     queue, so a server that stops reading and answering is found dead at the
     heartbeat timeout; :meth:`send` takes a ``timeout``; :meth:`close` writes what is
     queued for at most ``timeout`` seconds (default DEFAULT_CLOSE_TIMEOUT).
+
+    With ``on_data``, each DATA payload is passed to ``on_data(payload)`` on the
+    connection's reader goroutine, in the order received, instead of being queued for
+    :meth:`recv`: no goroutine switch between the socket and the code that consumes
+    the payload (a protocol client matching responses to callers, say). When it returns
+    an awaitable, the reader awaits it before it hands on the next payload; it must not
+    raise (the reader would stop with the exception). :meth:`recv` then only reports the
+    connection's end: it raises :class:`ConnectionLost` once the connection has ended.
     """
 
     def __init__(
@@ -1134,8 +1142,10 @@ class Client:
         backoff_max: float = 5.0,
         max_attempts: int | None = None,
         rng: random.Random | None = None,
+        on_data: Callable[[bytes], Awaitable[Any] | None] | None = None,
     ) -> None:
         self.dial = dial
+        self.on_data = on_data
         self.format = FrameFormat() if format is None else format
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
@@ -1191,7 +1201,12 @@ class Client:
         if st.closed:
             raise ConnectionLost(_lost_reason(st, "not connected"))
         try:
-            await st.fc.send(st.session.data(payload, gosim.now()), timeout)
+            frame = st.session.data(payload, gosim.now())
+            fc = st.fc
+            # Written at once when nothing is queued ahead (no switch to the writer
+            # goroutine: a call's request is usually alone); queued otherwise.
+            if not fc.send_many_nowait([frame]):
+                await fc.send(frame, timeout)
         except OSError as exc:  # ClosedError included
             if type(exc) is TimeoutError:  # FramedConn.send's timeout: nothing was queued
                 raise
@@ -1231,9 +1246,17 @@ class Client:
             st.end()
 
     async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
+        on_data = self.on_data
+
         async def deliver(st: _Conn, payloads: list[bytes]) -> bool:
-            for payload in payloads:
-                await inbox.send(payload)
+            if on_data is None:
+                for payload in payloads:
+                    await inbox.send(payload)
+            else:
+                for payload in payloads:
+                    pending = on_data(payload)
+                    if pending is not None:
+                        await pending
             return True
 
         reason = "server closed the connection"

@@ -33,11 +33,12 @@ method's context when that passes.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import gosim
 from gosim import Chan, go, recv, select
@@ -64,6 +65,7 @@ from ._protocol import (
     parse_error,
 )
 from ._stream import StreamLink
+from ._waiter import OneShot
 
 __all__ = ["CallResult", "Client", "ClientStats", "RetryPolicy", "RetryThrottle"]
 
@@ -143,6 +145,10 @@ class ClientStats:
     goaways: int = 0
     throttled: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+
+
+#: A wait's outcome when the call's deadline came first.
+_EXPIRED: Final = object()
 
 
 class _Lost:
@@ -240,7 +246,7 @@ class Client:
         self._link: _Link | None = None  # where new calls go
         self._links: set[_Link] = set()  # every live link
         self._connecting: Chan[None] | None = None
-        self._pending: dict[int, tuple[Chan[Any], _Link]] = {}
+        self._pending: dict[int, tuple[OneShot, _Link]] = {}
         self._next_id = 0
         self._closed = False
         self._stats = ClientStats()
@@ -284,14 +290,15 @@ class Client:
         if keyed and key is None:
             key = f"{self.rng.getrandbits(128):032x}"
         timeout = self.timeout if timeout is None else timeout
-        deadline = math.inf if timeout is None else gosim.now() + timeout
+        now = gosim.now()
+        deadline = math.inf if timeout is None else now + timeout
         stats = self._stats
         stats.calls += 1
         attempt = 0
         while True:
             attempt += 1
             stats.attempts += 1
-            outcome = await self._attempt(method, params, key, attempt, deadline, timeout)
+            outcome = await self._attempt(method, params, key, attempt, deadline, timeout, now)
             if isinstance(outcome, Response):
                 if outcome.error is None:
                     self.throttle.record_success()
@@ -330,6 +337,7 @@ class Client:
                 raise CallTimeout(f"deadline exceeded before retry {attempt}: last error {error}")
             stats.retries += 1
             await gosim.sleep(wait)
+            now = gosim.now()
 
     async def notify(self, method: str, *params: Any) -> None:
         """Send a notification (no response; delivered at most once)."""
@@ -378,12 +386,18 @@ class Client:
         attempt: int,
         deadline: float,
         timeout: float | None,
+        now: float,
     ) -> Response | _Failed:
-        try:
-            link = await self._get_link(deadline)
-        except Unavailable as exc:
-            return _Failed(str(exc), sent=False)
-        remaining = deadline - gosim.now()
+        """One transmission of the call and the wait for its outcome. ``now`` is the
+        clock as the call began (its first attempt need not read it again)."""
+        link = self._usable_link()
+        if link is None:
+            try:
+                link = await self._get_link(deadline)
+            except Unavailable as exc:
+                return _Failed(str(exc), sent=False)
+            now = gosim.now()
+        remaining = deadline - now
         if remaining <= 0:
             raise CallTimeout(f"no reply within {timeout} s")
         timeout_ms = None if deadline == math.inf else max(0, int(remaining * 1000))
@@ -392,7 +406,9 @@ class Client:
             meta = CallMeta(key, self.caller, timeout_ms, attempt)
         msgid = self._new_msgid()
         payload = encode_request(msgid, method, params, meta)
-        waiter: Chan[Any] = Chan(1)
+        # The response (the reader), the link's loss (_drop_link) or the deadline,
+        # whichever settles it first; a settle during the send below is kept.
+        waiter = OneShot()
         self._pending[msgid] = (waiter, link)
         try:
             try:
@@ -400,15 +416,10 @@ class Client:
             except ConnectionError as exc:  # never queued on a live connection
                 self._drop_link(link, f"{exc}")
                 return _Failed(str(exc), sent=False)
-            if deadline == math.inf:
-                outcome = await waiter.recv()
-            else:
-                timer = gosim.Timer(remaining)
-                i, outcome, _ = await select(recv(waiter), recv(timer.c))
-                timer.stop()
-                if i == 1:
-                    self._count_error(Status.DEADLINE_EXCEEDED)
-                    raise CallTimeout(f"no reply within {timeout} s")
+            outcome = await waiter.wait(deadline, _EXPIRED)
+            if outcome is _EXPIRED:
+                self._count_error(Status.DEADLINE_EXCEEDED)
+                raise CallTimeout(f"no reply within {timeout} s")
         finally:
             self._pending.pop(msgid, None)
         if isinstance(outcome, _Lost):
@@ -423,12 +434,24 @@ class Client:
 
     # ------------------------------------------------------------------ connections
 
+    def _usable_link(self) -> _Link | None:
+        """The link new calls go on, when it can take one (live, no GOAWAY)."""
+        link = self._link
+        if (
+            link is not None
+            and not link.closed
+            and (link.framed is None or link.framed.goaway_received is None)
+        ):
+            return link
+        return None
+
     async def _get_link(self, deadline: float) -> _Link:
         while True:
+            link = self._usable_link()
+            if link is not None:
+                return link
             link = self._link
             if link is not None and not link.closed:
-                if link.framed is None or link.framed.goaway_received is None:
-                    return link
                 # The server said GOAWAY: the link finishes the calls it carries, and
                 # new calls go on a new connection (the next address, with several).
                 self._link = None
@@ -472,12 +495,15 @@ class Client:
                 max_attempts=self.connect_attempts,
                 rng=self.rng,
             )
+            link = _Link(nc, None)
+            # Responses are matched on netframe's reader goroutine (a partial: no frame
+            # of its own), not handed through a channel to a reader of ours.
+            nc.on_data = functools.partial(self._on_payload, link, nc)
             try:
                 await nc.connect()
             except OSError as exc:
                 self._last_connect_error = str(exc)
                 raise Unavailable(f"could not connect: {exc}") from exc
-            link = _Link(nc, None)
             self._links.add(link)
             go(self._framed_reader, link, nc)
             return link
@@ -507,33 +533,32 @@ class Client:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _framed_reader(self, link: _Link, nc: FramedClient) -> None:
+        """Waits for a framed link's end (its payloads go to :meth:`_on_payload`)."""
         reason = "connection closed"
         try:
-            while not link.closed:
-                try:
-                    payload = await nc.recv()
-                except ConnectionLost as exc:
-                    reason = str(exc)
-                    return
-                try:
-                    msg = decode(payload, self.limits)
-                except RemoteProtocolError as exc:
-                    # The server sent something that is not msgpack-rpc: it cannot be
-                    # matched to a call, so no call on this link can be trusted to end.
-                    reason = f"undecodable message from the server: {exc}"
-                    return
-                out = self._on_message(link, msg)
-                if out is not None:
-                    await out
+            await nc.recv()  # with on_data, recv only reports the end
+        except ConnectionLost as exc:
+            reason = str(exc)
         finally:
             self._drop_link(link, reason)
             await nc.close()
+
+    def _on_payload(self, link: _Link, nc: FramedClient, payload: bytes) -> Any:
+        """A framed link's DATA payload, on netframe's reader goroutine (``on_data``)."""
+        try:
+            msg = decode(payload, self.limits)
+        except RemoteProtocolError as exc:
+            # The server sent something that is not msgpack-rpc: it cannot be matched
+            # to a call, so no call on this link can be trusted to end.
+            self._drop_link(link, f"undecodable message from the server: {exc}")
+            return nc.close()
+        return self._on_message(link, msg)
 
     def _on_message(self, link: _Link, msg: Message) -> Any:
         if type(msg) is Response:
             entry = self._pending.get(msg.msgid)
             if entry is not None and entry[1] is link:
-                entry[0].try_send(msg)
+                entry[0].settle(msg)
             return None
         if type(msg) is Request:
             # This client serves no methods: say so, as a server would.
@@ -555,7 +580,7 @@ class Client:
             self._link = None
         for waiter, on in list(self._pending.values()):
             if on is link:
-                waiter.try_send(_Lost(reason))
+                waiter.settle(_Lost(reason))
         if link.stream is not None:
             link.stream.close(reason)
 

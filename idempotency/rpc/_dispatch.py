@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import msgpack
 
-from gosim import context, go, lowlevel
+from gosim import context, go
 
 from .._errors import (
     ApplicationError,
@@ -61,6 +61,7 @@ from ._protocol import (
     encode_response_payloads,
     parse,
 )
+from ._waiter import OneShot
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
 
@@ -185,51 +186,16 @@ def _needs_await(result: Any) -> bool:
 _BACKGROUND: Final = context.background()
 
 
-class _Race:
-    """A call with a deadline: its waiter (the goroutine that answers the caller)
-    parks until the call's goroutine settles the race with a reply or the deadline
-    expires it, whichever comes first. One park and one wake, where a channel and a
-    select over it and the context's done channel cost several times more on every
-    call with a timeout."""
+class _Race(OneShot):
+    """A call with a deadline: its waiter (the goroutine that answers the caller) waits
+    until the call's goroutine settles the race with a reply (None: it raised) or the
+    context's deadline expires it, whichever comes first."""
 
-    # gosim.lowlevel's fast-path hooks (state.rt, rt.curg, rt.goready, trap(PARK)), as
-    # the group commit uses them: current_g/park/ready would add a frame each.
-    __slots__ = ("reply", "rt", "settled", "waiter")
-
-    def __init__(self) -> None:
-        rt = lowlevel.state.rt
-        if rt is None or rt.curg is None:
-            lowlevel.current_g()  # raises NotInRuntime
-        assert rt is not None and rt.curg is not None
-        self.rt: lowlevel.Runtime = rt
-        self.waiter: lowlevel.G = rt.curg
-        self.settled = False
-        self.reply: bytes | None = None
-
-    async def wait(self) -> bytes | None:
-        """Park until settled: the reply, or None when the deadline came first."""
-        self.waiter.waitreason = "select"
-        try:
-            await lowlevel.trap(lowlevel.PARK)
-        except BaseException:
-            self.settled = True  # nobody may wake a waiter that has left
-            raise
-        return self.reply
-
-    def settle(self, reply: bytes | None) -> bool:
-        """The call finished with ``reply`` (None: it raised); False when too late."""
-        if self.settled:
-            return False
-        self.settled = True
-        self.reply = reply
-        self.rt.goready(self.waiter, None)
-        return True
+    __slots__ = ()
 
     async def expire(self) -> None:
         """The deadline passed (context.after_func's goroutine)."""
-        if not self.settled:
-            self.settled = True
-            self.rt.goready(self.waiter, None)
+        self.settle(None)
 
 
 def _idempotency_error(exc: Exception) -> tuple[int, str, Any]:
@@ -556,7 +522,7 @@ class Dispatcher:
         race = _Race()
         stop = context.after_func(ctx, race.expire)
         go(self._run_to, race, run, spec, msg, meta, ctx, cancel, stop)
-        reply = await race.wait()
+        reply: bytes | None = await race.wait()
         if reply is not None:
             return reply
         self._stats.deadline_exceeded += 1
@@ -580,8 +546,16 @@ class Dispatcher:
             reply = await run(spec, msg, meta, ctx)
         finally:
             stop()
+            # Only the deadline cancels ctx before the cancel() below. Once it has
+            # passed, the caller is answered DEADLINE_EXCEEDED even when this reply
+            # beats the expiring goroutine to the race (a method that returns as its
+            # context ends): which of the two runs first is the scheduler's choice.
+            expired = ctx.err() is not None
             cancel()  # releases the deadline's timer at once
-            if not race.settle(reply):
+            if expired:
+                race.settle(None)
+                self._stats.late_completions += 1
+            elif not race.settle(reply):
                 self._stats.late_completions += 1
 
     async def _notify(self, spec: MethodSpec, params: list[Any]) -> None:

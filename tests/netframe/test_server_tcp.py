@@ -110,6 +110,56 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
     assert gosim.run(main, procs=2) == (n, 2 * n, 0)
 
 
+def test_client_on_data_gets_every_payload_in_order_and_awaits_what_it_returns() -> None:
+    # on_data runs on the reader: a burst of echoes (sends past the send queue's room
+    # fall back from the write-through to the queue) comes back whole and in order, an
+    # awaitable it returns holds the next payload back until it is done, and recv()
+    # reports only the end.
+    n = 3000
+
+    async def main() -> tuple[bool, bool, str, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        # A plain handler answers in order (an async one may reorder the replies).
+        server = netframe.Server(lambda payload: payload, heartbeat_interval=None)
+        go(server.serve, ln)
+        got: list[bytes] = []
+        slow_done: list[int] = []
+        overlapped = [False]
+        all_in: Chan[None] = Chan(1)
+
+        async def slow(i: int) -> None:
+            await gosim.sleep(0.01)
+            slow_done.append(i)
+
+        def on_data(payload: bytes) -> object:
+            if slow_done != [i for i in range(0, len(got), 500)]:
+                overlapped[0] = True  # a payload came before the last slow one ended
+            got.append(payload)
+            if len(got) == n:
+                all_in.try_send(None)
+            i = len(got) - 1
+            return slow(i) if i % 500 == 0 else None
+
+        c = netframe.Client(
+            lambda: net.dial("tcp", ln.addr()), heartbeat_interval=None, on_data=on_data
+        )
+        await c.connect()
+        sent = [b"%d:" % i + b"x" * (i % 700) for i in range(n)]
+        for payload in sent:
+            await c.send(payload)
+        await all_in.recv()
+        await server.shutdown(grace=1.0)
+        try:
+            await c.recv()
+            ended = "no end"
+        except netframe.ConnectionLost as exc:
+            ended = type(exc).__name__
+        ln.close()
+        return got == sent, overlapped[0], ended, len(slow_done)
+
+    assert gosim.run(main, procs=2) == (True, False, "ConnectionLost", n // 500)
+
+
 def test_client_send_after_the_server_resets_raises_connection_lost() -> None:
     # The peer resets the connection (SO_LINGER 0): whether the client's writer meets
     # the reset or its reader does first, send() raises ConnectionLost, never a raw

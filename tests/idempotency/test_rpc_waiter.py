@@ -1,0 +1,146 @@
+"""idempotency.rpc's OneShot: the first settle wins, whoever brings it and whenever."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import gosim
+from gosim import go, lowlevel
+from idempotency.rpc._waiter import OneShot
+
+EXPIRED = object()
+
+
+def vrun(main: Any) -> Any:
+    return gosim.run(main, procs=2, seed=1, virtual_time=True)
+
+
+def test_a_settle_while_parked_wakes_the_waiter_and_later_ones_change_nothing() -> None:
+    async def main() -> tuple[Any, bool, bool, float]:
+        w = OneShot()
+        results: list[bool] = []
+
+        async def settler() -> None:
+            await gosim.sleep(0.5)
+            results.append(w.settle("reply"))
+            results.append(w.settle("second"))
+
+        go(settler)
+        start = gosim.now()
+        got = await w.wait(start + 10.0, EXPIRED)
+        return got, results[0], results[1], gosim.now() - start
+
+    got, first, second, waited = vrun(main)
+    assert (got, first, second) == ("reply", True, False)
+    assert waited == pytest.approx(0.5)
+
+
+def test_a_settle_before_the_wait_is_kept_and_the_wait_returns_at_once() -> None:
+    async def main() -> tuple[Any, float, int]:
+        w = OneShot()
+        w.settle("early")
+        start = gosim.now()
+        got = await w.wait(start + 10.0, EXPIRED)
+        # no timer was left behind: the runtime has nothing to wake for
+        return got, gosim.now() - start, lowlevel.current_runtime().ntimers
+
+    assert vrun(main) == ("early", 0.0, 0)
+
+
+def test_the_deadline_settles_it_with_expired_and_a_late_settle_is_refused() -> None:
+    async def main() -> tuple[Any, float, bool]:
+        w = OneShot()
+        start = gosim.now()
+        got = await w.wait(start + 0.25, EXPIRED)
+        return got, gosim.now() - start, w.settle("late")
+
+    got, waited, late = vrun(main)
+    assert got is EXPIRED
+    assert waited == pytest.approx(0.25)
+    assert late is False
+
+
+def test_a_settled_wait_leaves_no_armed_timer_and_no_deadline_arms_none() -> None:
+    async def main() -> tuple[int, int, int]:
+        w = OneShot()
+
+        async def settler() -> None:
+            armed.append(lowlevel.current_runtime().ntimers)
+            w.settle(1)
+
+        armed: list[int] = []
+        go(settler)
+        await w.wait(gosim.now() + 60.0, EXPIRED)
+        after = lowlevel.current_runtime().ntimers
+        w2 = OneShot()
+
+        async def settler2() -> None:
+            armed.append(lowlevel.current_runtime().ntimers)
+            w2.settle(2)
+
+        go(settler2)
+        await w2.wait(math.inf)
+        return armed[0], after, armed[1]
+
+    assert vrun(main) == (1, 0, 0)
+
+
+def test_a_cancelled_wait_settles_it_so_nothing_wakes_a_goroutine_that_left() -> None:
+    async def main() -> tuple[bool, bool, str]:
+        w = OneShot()
+        coro = w.wait(gosim.now() + 60.0, EXPIRED)
+        # Drive the wait by hand up to its park, then throw into it as a cancellation
+        # would: the waiter leaves, and a settle afterwards must not ready it.
+        coro.send(None)
+        try:
+            coro.throw(KeyboardInterrupt())
+        except KeyboardInterrupt:
+            pass
+        return w.settled, w.settle("after"), str(lowlevel.current_runtime().ntimers)
+
+    assert vrun(main) == (True, False, "0")
+
+
+def test_only_inside_a_goroutine() -> None:
+    with pytest.raises(gosim.NotInRuntime):
+        OneShot()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_a_method_that_ends_with_its_context_cannot_answer_before_the_deadline(
+    seed: int,
+) -> None:
+    # The context's timer wakes the method, which then returns at once; the server's
+    # race must still answer DEADLINE_EXCEEDED (its timer fires in the same pass, before
+    # the method's goroutine runs), on every schedule the seeds give.
+    from gosim import context, recv, select  # noqa: PLC0415
+    from idempotency.rpc import Server, Status  # noqa: PLC0415
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+
+    async def main() -> tuple[Any, int, int]:
+        srv = Server(heartbeat_interval=None)
+
+        @srv.method(pass_context=True)
+        async def wait_for_cancel(ctx: context.Context) -> str:
+            done = ctx.done()
+            assert done is not None
+            await select(recv(done), recv(gosim.after(60.0)))
+            return "ended with the context"
+
+        payload = encode_request(7, "wait_for_cancel", [], CallMeta(None, None, 100, 1))
+        reply = await srv.dispatcher.handle_payload(payload)
+        await gosim.sleep(0.01)  # the method's goroutine finishes its late reply
+        msg = decode(reply)
+        assert isinstance(msg, Response)
+        stats = srv.statistics()
+        answer = msg.error[0] if msg.error else msg.result
+        return answer, stats.deadline_exceeded, stats.late_completions
+
+    assert gosim.run(main, procs=1 + seed % 2, seed=seed, virtual_time=seed % 4 < 2) == (
+        Status.DEADLINE_EXCEEDED,
+        1,
+        1,
+    )
