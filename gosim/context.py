@@ -59,7 +59,13 @@ CancelFunc = Callable[[], None]
 
 
 class Context:
-    """A node of the context tree. Made by the functions of this module, not directly."""
+    """A node of the context tree. Made by the functions of this module, not directly.
+
+    A deadline's runtime timer is armed only once something could wait for it: the
+    first ``done()``, an ``after_func``, a child context. Until then ``err()`` reads the
+    clock instead. A request's deadline context that nobody waits on (the common case
+    on a server: the deadline is checked, or never looked at) thus costs no timer.
+    """
 
     # Slots, and the children set and after-functions list made on first use: a
     # request's deadline context is made and dropped per call on a server's hot path.
@@ -71,6 +77,8 @@ class Context:
         "_children",
         "_deadline",
         "_done",
+        "_due",
+        "_due_cause",
         "_err",
         "_parent",
         "_timer",
@@ -84,11 +92,16 @@ class Context:
         self._children: set[Context] | None = None
         self._deadline: float = math.inf if parent is None else parent._deadline
         self._timer: RuntimeTimer | None = None
+        # This context's own deadline while its timer is not armed yet (else infinity),
+        # and the cause to give when it passes.
+        self._due = math.inf
+        self._due_cause: BaseException | None = None
         self._after: list[Callable[[], None]] | None = None
         self._cancellable = parent is not None
         self._attached_to: Context | None = None  # the cancellable ancestor holding us
 
     def deadline_or_inf(self) -> float:
+        """The deadline on the runtime clock, or infinity: ``deadline()`` without the flag."""
         return self._deadline
 
     def deadline(self) -> tuple[float, bool]:
@@ -100,13 +113,36 @@ class Context:
         if not self._cancellable:
             return None
         if self._done is None:
+            if self._due != math.inf:
+                self._arm()  # first: a deadline already past cancels before the channel
             self._done = Chan()
             if self._err is not None:
                 self._done.close()
         return self._done
 
     def err(self) -> BaseException | None:
+        if self._due != math.inf and self._err is None:
+            rt = lowlevel.state.rt  # None outside the runtime: the clock stopped with it
+            if rt is not None and rt.now() >= self._due:
+                self._cancel(DeadlineExceeded(), self._due_cause)
         return self._err
+
+    def _arm(self) -> None:
+        """Arm the deadline's timer (something may now wait for the cancellation), or
+        cancel at once if the deadline has passed."""
+        d = self._due
+        if d == math.inf or self._err is not None:
+            return
+        self._due = math.inf
+        cause_ = self._due_cause
+        if d <= lowlevel.current_runtime().now():
+            self._cancel(DeadlineExceeded(), cause_)
+            return
+        if cause_ is None:
+            self._timer = RuntimeTimer(_fire_deadline_uncaused, self)
+        else:
+            self._timer = RuntimeTimer(_fire_deadline, (self, cause_))
+        lowlevel.add_timer(self._timer, d)
 
     def value(self, key: Any) -> Any:
         return self._parent.value(key) if self._parent is not None else None
@@ -117,7 +153,10 @@ class Context:
             parent = parent._parent
         if parent is None:
             return
-        if parent._err is not None:
+        # The child's cancellation hangs on the parent's: the parent's deadline must fire.
+        parent._arm()
+        if parent.err() is not None:
+            assert parent._err is not None
             self._cancel(parent._err, parent._cause)
         else:
             if parent._children is None:
@@ -128,8 +167,14 @@ class Context:
     def _cancel(self, err: BaseException, cause_: BaseException | None) -> None:
         if self._err is not None:
             return  # cancellation is idempotent: the first one wins
+        if self._due != math.inf and type(err) is not DeadlineExceeded:
+            rt = lowlevel.state.rt
+            if rt is not None and rt.now() >= self._due:
+                # The deadline passed before this cancel: an armed timer would have won.
+                err, cause_ = DeadlineExceeded(), self._due_cause
         self._err = err
         self._cause = cause_ if cause_ is not None else err
+        self._due = math.inf
         if self._done is not None:
             self._done.close()
         if self._timer is not None:
@@ -241,11 +286,8 @@ def _deadline_context(
         if d <= now:
             ctx._cancel(DeadlineExceeded(), cause_)
         elif d < inherited:
-            if cause_ is None:
-                ctx._timer = RuntimeTimer(_fire_deadline_uncaused, ctx)
-            else:
-                ctx._timer = RuntimeTimer(_fire_deadline, (ctx, cause_))
-            lowlevel.add_timer(ctx._timer, d)
+            ctx._due = d  # the timer waits for a waiter (Context._arm)
+            ctx._due_cause = cause_
     return ctx, lambda: ctx._cancel(Canceled(), None)
 
 
@@ -293,7 +335,10 @@ def cause(ctx: Context) -> BaseException | None:
     node: Context | None = ctx
     while node is not None and not node._cancellable and isinstance(node, _ValueContext):
         node = node._parent
-    return node._cause if node is not None else None
+    if node is None:
+        return None
+    node.err()  # a deadline that passed with no timer armed is noticed here
+    return node._cause
 
 
 class _AfterFunc:
@@ -333,6 +378,7 @@ def after_func(ctx: Context, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Call
         node = node._parent
     registration = _AfterFunc(fn, node)
     if node is not None:
+        node._arm()  # fn waits for the cancellation: the deadline's timer must fire
         if node._err is not None:
             registration()
         else:

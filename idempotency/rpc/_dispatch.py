@@ -9,11 +9,11 @@ How a request is answered, fast to slow
    called, and its response encoded, all in the caller's frame. ``handle`` returns the
    bytes, so netframe's server writes them without making a coroutine.
 2. An async method without a timeout: ``handle`` returns a coroutine that awaits it.
-3. A call with a timeout: the method runs in a goroutine of its own with a
-   :mod:`gosim.context` cancelled at the deadline; the reply is whichever comes first,
-   the method's outcome or ``DEADLINE_EXCEEDED``. A method that ignores its context
-   runs on to its end (as in Go, cancellation is cooperative) and its late outcome is
-   dropped.
+3. A call with a timeout: the method runs in a goroutine of its own (given a
+   :mod:`gosim.context` cancelled at the deadline when it takes one); the reply is
+   whichever comes first, the method's outcome or ``DEADLINE_EXCEEDED``. A method that
+   ignores its context runs on to its end (as in Go, cancellation is cooperative) and
+   its late outcome is dropped.
 
 Arguments are checked against the method's signature before it runs, from counts taken
 once at registration (``inspect.signature().bind`` per call costs more than the rest of
@@ -23,6 +23,7 @@ the dispatch together): msgpack-rpc params are positional, so arity is the whole
 from __future__ import annotations
 
 import inspect
+import math
 import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any, Final
 
 import msgpack
 
+import gosim
 from gosim import context, go
 
 from .._errors import (
@@ -184,18 +186,6 @@ def _needs_await(result: Any) -> bool:
 
 
 _BACKGROUND: Final = context.background()
-
-
-class _Race(OneShot):
-    """A call with a deadline: its waiter (the goroutine that answers the caller) waits
-    until the call's goroutine settles the race with a reply (None: it raised) or the
-    context's deadline expires it, whichever comes first."""
-
-    __slots__ = ()
-
-    async def expire(self) -> None:
-        """The deadline passed (context.after_func's goroutine)."""
-        self.settle(None)
 
 
 def _idempotency_error(exc: Exception) -> tuple[int, str, Any]:
@@ -398,7 +388,7 @@ class Dispatcher:
                 if meta is not None and meta.key is not None:
                     if meta.timeout_ms is not None:
                         return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
-                    return self._idempotent_reply(spec, msg, meta, _BACKGROUND)
+                    return self._idempotent_reply(spec, msg, meta, _BACKGROUND, math.inf)
                 if not spec.key_optional:
                     return self._error(
                         msg.msgid,
@@ -408,7 +398,7 @@ class Dispatcher:
             if meta is not None and meta.timeout_ms is not None:
                 return self._call_with_deadline(self._plain_reply, spec, msg, meta)
             if spec.is_async or spec.pass_context:
-                return self._plain_reply(spec, msg, meta, _BACKGROUND)
+                return self._plain_reply(spec, msg, meta, _BACKGROUND, math.inf)
             try:
                 result = spec.fn(*msg.params)
             except Exception as exc:
@@ -441,7 +431,12 @@ class Dispatcher:
         return result
 
     async def _plain_reply(
-        self, spec: MethodSpec, msg: Request, meta: CallMeta | None, ctx: context.Context
+        self,
+        spec: MethodSpec,
+        msg: Request,
+        meta: CallMeta | None,
+        ctx: context.Context,
+        deadline: float,
     ) -> bytes:
         try:
             result = await self._invoke(spec, msg.params, ctx)
@@ -450,9 +445,16 @@ class Dispatcher:
         return self._response(msg.msgid, result)
 
     async def _idempotent_reply(
-        self, spec: MethodSpec, msg: Request, meta: CallMeta, ctx: context.Context
+        self,
+        spec: MethodSpec,
+        msg: Request,
+        meta: CallMeta,
+        ctx: context.Context,
+        deadline: float,
     ) -> bytes:
-        """Run the call through the idempotency core: once per (caller, key)."""
+        """Run the call through the idempotency core: once per (caller, key). A wait for
+        another execution of the key ends with ``ctx``, or at ``deadline`` (the call's
+        deadline when it has no context)."""
         idem = self.idempotency
         assert idem is not None and meta.key is not None
         msgid, params = msg.msgid, msg.params
@@ -485,6 +487,13 @@ class Dispatcher:
                 key=meta.key,
                 request=(spec.name, params),
                 handler=build if spec.one_step else handler,
+                # A wait for another execution of the key ends with ctx, or else at the
+                # deadline.
+                timeout=(
+                    None
+                    if deadline == math.inf or ctx is not _BACKGROUND
+                    else max(deadline - gosim.now(), 0.0)
+                ),
                 ctx=None if ctx is _BACKGROUND else ctx,
                 one_step=spec.one_step,
             )
@@ -505,24 +514,33 @@ class Dispatcher:
 
     async def _call_with_deadline(
         self,
-        run: Callable[[MethodSpec, Request, Any, context.Context], Awaitable[bytes]],
+        run: Callable[[MethodSpec, Request, Any, context.Context, float], Awaitable[bytes]],
         spec: MethodSpec,
         msg: Request,
         meta: CallMeta,
     ) -> bytes:
         """Race the call (run in a goroutine of its own, which goes on past the
-        deadline) against its deadline: the first to finish answers the caller."""
+        deadline) against its deadline: the first to finish answers the caller.
+
+        The race waits on its own timer. Only a method that is given a context
+        (``pass_context``, or ``pass_call``'s ``call.ctx``) gets one, cancelled at the
+        same deadline (its timer is armed only if the method waits on it)."""
         assert meta.timeout_ms is not None
-        ctx, cancel = context.with_timeout(_BACKGROUND, meta.timeout_ms / 1000.0)
-        if ctx.err() is not None:  # a zero timeout: nothing may start
+        if meta.timeout_ms <= 0:  # nothing may start
             self._stats.deadline_exceeded += 1
             return self._error(
                 msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start"
             )
-        race = _Race()
-        stop = context.after_func(ctx, race.expire)
-        go(self._run_to, race, run, spec, msg, meta, ctx, cancel, stop)
-        reply: bytes | None = await race.wait()
+        ctx: context.Context = _BACKGROUND
+        cancel = None
+        if spec.pass_context or spec.pass_call:
+            ctx, cancel = context.with_timeout(_BACKGROUND, meta.timeout_ms / 1000.0)
+            deadline = ctx.deadline_or_inf()  # one clock read for both
+        else:
+            deadline = gosim.now() + meta.timeout_ms / 1000.0
+        race = OneShot()
+        go(self._run_to, race, run, spec, msg, meta, ctx, deadline, cancel)
+        reply: bytes | None = await race.wait(deadline)
         if reply is not None:
             return reply
         self._stats.deadline_exceeded += 1
@@ -530,28 +548,29 @@ class Dispatcher:
 
     async def _run_to(
         self,
-        race: _Race,
-        run: Callable[[MethodSpec, Request, Any, context.Context], Awaitable[bytes]],
+        race: OneShot,
+        run: Callable[[MethodSpec, Request, Any, context.Context, float], Awaitable[bytes]],
         spec: MethodSpec,
         msg: Request,
         meta: CallMeta,
         ctx: context.Context,
-        cancel: Callable[[], None],
-        stop: Callable[[], bool],
+        deadline: float,
+        cancel: Callable[[], None] | None,
     ) -> None:
         # The method (and, for idempotent ones, the recording of its outcome) runs to its
         # end here even when the caller's deadline passes first: a retry then replays.
         reply = None
         try:
-            reply = await run(spec, msg, meta, ctx)
+            reply = await run(spec, msg, meta, ctx, deadline)
         finally:
-            stop()
-            # Only the deadline cancels ctx before the cancel() below. Once it has
-            # passed, the caller is answered DEADLINE_EXCEEDED even when this reply
-            # beats the expiring goroutine to the race (a method that returns as its
-            # context ends): which of the two runs first is the scheduler's choice.
-            expired = ctx.err() is not None
-            cancel()  # releases the deadline's timer at once
+            expired = False
+            if cancel is not None:
+                cancel()  # releases the deadline's timer, if the method armed it
+                # Once the deadline has passed (the cancel says so: err() is then
+                # DeadlineExceeded, not Canceled) the caller is answered
+                # DEADLINE_EXCEEDED, even when this reply (a method that returned as
+                # its context ended) beats the race's timer.
+                expired = type(ctx.err()) is context.DeadlineExceeded
             if expired:
                 race.settle(None)
                 self._stats.late_completions += 1

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gosim
-from gosim import context, recv, select
+from gosim import Chan, context, go, recv, select
 
 
 def vrun(main):  # type: ignore[no-untyped-def]
@@ -103,3 +108,132 @@ def test_background_is_never_done_and_nil_key_is_refused() -> None:
             context.with_value(context.background(), None, 1)
 
     vrun(main)
+
+
+# ---------------------------------------------------------------- lazy deadline timers
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("timeout"), st.integers(0, 20), st.integers(0, 12)),
+        st.tuples(st.just("cancel_ctx"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("value"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("cancel"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("sleep"), st.just(0), st.integers(1, 5)),
+        st.tuples(st.just("err"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("cause"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("wait_done"), st.integers(0, 20), st.just(0)),
+        st.tuples(st.just("after"), st.integers(0, 20), st.just(0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=_OPS, seed=st.integers(0, 3))
+def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
+    ops: list[tuple[str, int, int]], seed: int
+) -> None:
+    """A deadline's timer is armed only when something may wait for it (done(), an
+    after_func, a child), and err() reads the clock until then. Against a model of
+    eager timers: every err() and cause() read, every wake of a done() waiter and every
+    after_func start happens at the time and with the error the model says, for trees
+    of timeouts, cancels and values, looked at in any order."""
+    step = 0.1
+
+    async def main() -> list[str]:
+        nodes: list[tuple[context.Context, Any]] = [(context.background(), None)]
+        parent_of: list[int | None] = [None]  # the model: parent, own deadline, cancel
+        own_deadline: list[float] = [math.inf]
+        cancelled_at: list[float] = [math.inf]
+        problems: list[str] = []
+        pending: list[tuple[str, int, float]] = []  # (what, node, registered at)
+        fired: Chan[tuple[str, int, float]] = Chan(200)
+
+        def model(i: int) -> tuple[float, str]:
+            """When node i is cancelled (inf: never) and with which error. Ties go to
+            the node's own deadline: its timer fires before any goroutine runs."""
+            best: tuple[float, str] = (math.inf, "")
+            if own_deadline[i] < best[0]:
+                best = (own_deadline[i], "context deadline exceeded")
+            if cancelled_at[i] < best[0]:
+                best = (cancelled_at[i], "context canceled")
+            p = parent_of[i]
+            if p is not None:
+                pt, perr = model(p)
+                if pt < best[0]:
+                    best = (pt, perr)
+            return best
+
+        async def waiter(i: int, done: Any) -> None:
+            await done.recv()
+            await fired.send(("done", i, gosim.now()))
+
+        for op, a, b in ops:
+            now = gosim.now()
+            i = a % len(nodes)
+            ctx = nodes[i][0]
+            if op in ("timeout", "cancel_ctx", "value"):
+                if op == "timeout":
+                    child, cancel = context.with_timeout(ctx, b * step)
+                    own = now + b * step
+                elif op == "cancel_ctx":
+                    child, cancel = context.with_cancel(ctx)
+                    own = math.inf
+                else:
+                    child, cancel = context.with_value(ctx, "k", i), None
+                    own = math.inf
+                nodes.append((child, cancel))
+                parent_of.append(i)
+                own_deadline.append(own)
+                cancelled_at.append(math.inf)
+            elif op == "cancel":
+                cancel = nodes[i][1]
+                if cancel is not None:
+                    cancel()
+                    if model(i)[0] > now:
+                        cancelled_at[i] = now
+            elif op == "sleep":
+                await gosim.sleep(b * step)
+            elif op in ("err", "cause"):
+                got = ctx.err() if op == "err" else context.cause(ctx)
+                t, err = model(i)
+                want = err if t <= now else None
+                if (str(got) if got is not None else None) != want:
+                    problems.append(f"{op} of {i} at {now}: {got} != {want}")
+            elif op == "wait_done":
+                done = ctx.done()
+                if done is not None:
+                    pending.append(("done", i, now))
+                    go(waiter, i, done)
+            else:
+
+                async def after(i: int = i) -> None:
+                    await fired.send(("after", i, gosim.now()))
+
+                context.after_func(ctx, after)
+                pending.append(("after", i, now))
+        # Every deadline that will pass does within this sleep (the longest is 12 steps
+        # after the last op); then each registration fired when the model says, or not.
+        await gosim.sleep(20 * step)
+        end = gosim.now()
+        got: dict[tuple[str, int], list[float]] = {}
+        while True:
+            item, _, ok = fired.try_recv()
+            if not ok:
+                break
+            got.setdefault((item[0], item[1]), []).append(item[2])
+        for what, i, registered in pending:
+            t, _ = model(i)
+            times = got.get((what, i), [])
+            if t > end:
+                if times:
+                    problems.append(f"{what} of {i} fired at {times[0]}, never cancelled")
+                continue
+            want = max(t, registered)
+            if want not in times:
+                problems.append(f"{what} of {i} at {times}, expected {want}")
+            else:
+                times.remove(want)
+        return problems
+
+    assert gosim.run(main, procs=2, seed=seed, virtual_time=True) == []

@@ -184,3 +184,59 @@ def test_a_one_step_method_is_idempotent_and_plain() -> None:
     with pytest.raises(TypeError, match="returns at once"):
         srv.add_method(later, "later", idempotent=True, pass_call=True, one_step=True)
     srv.add_method(lambda call: 1, "ok", idempotent=True, pass_call=True, one_step=True)
+
+
+@pytest.mark.parametrize("pass_call", [False, True])
+def test_a_duplicate_waits_for_the_holder_no_longer_than_its_deadline(pass_call: bool) -> None:
+    # A second call with the key of a call still running is answered DEADLINE_EXCEEDED
+    # at its own deadline, and its wait for the holder ends there too (by the context a
+    # pass_call method gets, or by the deadline itself for the others): nothing is left
+    # waiting for the holder's whole run. The holder's reply is then the one outcome.
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+
+    async def main() -> tuple[Any, float, int, Any, int]:
+        srv = Server(idempotency=Idempotency(MemoryStore()), heartbeat_interval=None)
+        runs = [0]
+
+        async def hold(seconds: float) -> str:
+            runs[0] += 1
+            await gosim.sleep(seconds)
+            return "held"
+
+        async def hold_call(call: Call, seconds: float) -> str:
+            return await hold(seconds)
+
+        srv.add_method(
+            hold_call if pass_call else hold, "hold", idempotent=True, pass_call=pass_call
+        )
+
+        def request(msgid: int, timeout_ms: int) -> bytes:
+            return encode_request(msgid, "hold", [1.0], CallMeta("k", "me", timeout_ms, 1))
+
+        first: Chan[bytes] = Chan(1)
+
+        async def holder() -> None:
+            await first.send(await srv.dispatcher.handle_payload(request(1, 10_000)))
+
+        go(holder)
+        await gosim.sleep(0.01)
+        start = gosim.now()
+        dup = decode(await srv.dispatcher.handle_payload(request(2, 100)))
+        answered = gosim.now() - start
+        await gosim.sleep(0.01)
+        late_by_then = srv.statistics().late_completions
+        held = decode(await first.recv())
+        assert isinstance(dup, Response) and isinstance(held, Response)
+        return (
+            dup.error[0] if dup.error else dup.result,
+            answered,
+            late_by_then,
+            held.result,
+            runs[0],
+        )
+
+    dup, answered, late, held, runs = gosim.run(main, procs=2, seed=5, virtual_time=True)
+    assert dup == Status.DEADLINE_EXCEEDED
+    assert answered == pytest.approx(0.1)
+    assert late == 1  # the duplicate's goroutine stopped waiting at the deadline
+    assert (held, runs) == ("held", 1)

@@ -119,8 +119,9 @@ def test_client_on_data_gets_every_payload_in_order_and_awaits_what_it_returns()
 
     async def main() -> tuple[bool, bool, str, int]:
         ln = net.listen("tcp", "127.0.0.1:0")
-        # A plain handler answers in order (an async one may reorder the replies).
-        server = netframe.Server(lambda payload: payload, heartbeat_interval=None)
+        # One handler at a time answers in order (with more in flight, replies that
+        # meet a full send queue wait in a goroutine and later ones may pass them).
+        server = netframe.Server(lambda payload: payload, heartbeat_interval=None, max_in_flight=1)
         go(server.serve, ln)
         got: list[bytes] = []
         slow_done: list[int] = []
