@@ -55,7 +55,7 @@ static PyObject *empty_str;
 static Py_ssize_t budget = 128;
 
 static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput,
-    *str_preempt_check, *str_gfput_spill, *str_remove;
+    *str_preempt_check, *str_gfput_spill, *str_remove, *str_compact;
 
 /* collections.deque and its popleft/append C functions, called directly on exact
  * deques (the run queues and channel wait queues): a method lookup per call would
@@ -397,6 +397,297 @@ static PyTypeObject PBaseType = {
     .tp_getset = PBase_getset,
 };
 
+/* ------------------------------------------------------------------ timers */
+
+/* A runtime timer's fields (gosim._core._timers.Timer) and a P's timer heap
+ * (TimerHeap), so that arming and disarming -- a context's deadline, a sleep, an RPC
+ * call's timeout, several times a request on a server -- is one C call: RtBase.addtimer
+ * and RtBase.deltimer, the twins of Sysmon's _addtimer_py and _deltimer_py. The heap is
+ * the same list of (when, seq, timer) tuples, sifted as heapq sifts, so the Python code
+ * that pops, cleans and rebuilds it (checktimers, procresize) works on either. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *f, *arg, *chan, *p;
+    double when, period;
+    Py_ssize_t seq;
+    char armed;
+} TimerObject;
+
+static PyTypeObject TimerBaseType;
+
+static PyObject *
+TimerBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    TimerObject *t = (TimerObject *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    t->f = Py_NewRef(Py_None);
+    t->arg = Py_NewRef(Py_None);
+    t->chan = Py_NewRef(Py_None);
+    t->p = Py_NewRef(Py_None);
+    return (PyObject *)t;
+}
+
+static int
+TimerBase_init(TimerObject *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"f", "arg", "period", "chan", NULL};
+    PyObject *f, *arg, *chan = Py_None;
+    double period = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|dO:Timer", kwlist, &f, &arg, &period,
+                                     &chan))
+        return -1;
+    Py_SETREF(t->f, Py_NewRef(f));
+    Py_SETREF(t->arg, Py_NewRef(arg));
+    Py_SETREF(t->chan, Py_NewRef(chan));
+    Py_SETREF(t->p, Py_NewRef(Py_None));
+    t->period = period;
+    t->when = 0.0;
+    t->seq = 0;
+    t->armed = 0;
+    return 0;
+}
+
+static int
+TimerBase_traverse(TimerObject *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->f);
+    Py_VISIT(t->arg);
+    Py_VISIT(t->chan);
+    Py_VISIT(t->p);
+    return 0;
+}
+
+static int
+TimerBase_clear(TimerObject *t)
+{
+    Py_SETREF(t->f, Py_NewRef(Py_None));
+    Py_SETREF(t->arg, Py_NewRef(Py_None));
+    Py_SETREF(t->chan, Py_NewRef(Py_None));
+    Py_SETREF(t->p, Py_NewRef(Py_None));
+    return 0;
+}
+
+static void
+TimerBase_dealloc(TimerObject *t)
+{
+    PyTypeObject *tp = Py_TYPE(t);
+    PyObject_GC_UnTrack(t);
+    Py_CLEAR(t->f);
+    Py_CLEAR(t->arg);
+    Py_CLEAR(t->chan);
+    Py_CLEAR(t->p);
+    tp->tp_free((PyObject *)t);
+}
+
+RECORD_FIELD(TimerBase, TimerObject, f, 1, "")
+RECORD_FIELD(TimerBase, TimerObject, arg, 1, "")
+RECORD_FIELD(TimerBase, TimerObject, chan, 1, "")
+RECORD_FIELD(TimerBase, TimerObject, p, 1, "")
+
+static PyGetSetDef TimerBase_getset[] = {
+    RECORD_GETSET(TimerBase, f, "called as f(arg, now) when the timer fires"),
+    RECORD_GETSET(TimerBase, arg, "f's first argument"),
+    RECORD_GETSET(TimerBase, chan, "a channel timer's channel, or None"),
+    RECORD_GETSET(TimerBase, p, "the P whose heap holds the timer, or None"),
+    {NULL},
+};
+
+static PyMemberDef TimerBase_members[] = {
+    {"when", T_DOUBLE, offsetof(TimerObject, when), 0, "when it fires (runtime clock)"},
+    {"period", T_DOUBLE, offsetof(TimerObject, period), 0, "a ticker's period, else 0"},
+    {"seq", T_PYSSIZET, offsetof(TimerObject, seq), 0, "the sequence number of its entry"},
+    {"armed", T_BOOL, offsetof(TimerObject, armed), 0, "a live heap entry carries seq"},
+    {NULL},
+};
+
+static PyTypeObject TimerBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.TimerBase",
+    .tp_basicsize = sizeof(TimerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A runtime timer's fields (see gosim._core._timers.Timer).",
+    .tp_new = TimerBase_new,
+    .tp_init = (initproc)TimerBase_init,
+    .tp_dealloc = (destructor)TimerBase_dealloc,
+    .tp_traverse = (traverseproc)TimerBase_traverse,
+    .tp_clear = (inquiry)TimerBase_clear,
+    .tp_members = TimerBase_members,
+    .tp_getset = TimerBase_getset,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *heap; /* a list of (when, seq, timer), a heapq heap */
+    Py_ssize_t nlive;
+} TimerHeapObject;
+
+static PyTypeObject TimerHeapBaseType;
+
+static PyObject *
+TimerHeapBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    TimerHeapObject *h = (TimerHeapObject *)type->tp_alloc(type, 0);
+    if (h == NULL)
+        return NULL;
+    h->heap = PyList_New(0);
+    if (h->heap == NULL) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    return (PyObject *)h;
+}
+
+static int
+TimerHeapBase_traverse(TimerHeapObject *h, visitproc visit, void *arg)
+{
+    Py_VISIT(h->heap);
+    return 0;
+}
+
+/* The list stays (typed: the C code reads it); the collector clears the list itself. */
+static int
+TimerHeapBase_clear(TimerHeapObject *h)
+{
+    return 0;
+}
+
+static void
+TimerHeapBase_dealloc(TimerHeapObject *h)
+{
+    PyTypeObject *tp = Py_TYPE(h);
+    PyObject_GC_UnTrack(h);
+    Py_CLEAR(h->heap);
+    tp->tp_free((PyObject *)h);
+}
+
+RECORD_FIELD(TimerHeapBase, TimerHeapObject, heap, PyList_CheckExact(value), "a list")
+
+static PyGetSetDef TimerHeapBase_getset[] = {
+    RECORD_GETSET(TimerHeapBase, heap, "the entries (when, seq, timer), a heapq heap"),
+    {NULL},
+};
+
+static PyMemberDef TimerHeapBase_members[] = {
+    {"nlive", T_PYSSIZET, offsetof(TimerHeapObject, nlive), 0, "armed timers in the heap"},
+    {NULL},
+};
+
+static PyTypeObject TimerHeapBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.TimerHeapBase",
+    .tp_basicsize = sizeof(TimerHeapObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A P's timer heap's fields (see gosim._core._timers.TimerHeap).",
+    .tp_new = TimerHeapBase_new,
+    .tp_dealloc = (destructor)TimerHeapBase_dealloc,
+    .tp_traverse = (traverseproc)TimerHeapBase_traverse,
+    .tp_clear = (inquiry)TimerHeapBase_clear,
+    .tp_members = TimerHeapBase_members,
+    .tp_getset = TimerHeapBase_getset,
+};
+
+/* An entry's (when, seq) key; -1 with an exception for an entry that is not one. */
+static int
+timer_entry_key(PyObject *e, double *when, Py_ssize_t *seq)
+{
+    if (!PyTuple_CheckExact(e) || PyTuple_GET_SIZE(e) != 3) {
+        PyErr_SetString(PyExc_TypeError, "timer heap entry must be (when, seq, timer)");
+        return -1;
+    }
+    PyObject *w = PyTuple_GET_ITEM(e, 0);
+    *when = PyFloat_CheckExact(w) ? PyFloat_AS_DOUBLE(w) : PyFloat_AsDouble(w);
+    if (*when == -1.0 && PyErr_Occurred())
+        return -1;
+    *seq = PyLong_AsSsize_t(PyTuple_GET_ITEM(e, 1));
+    if (*seq == -1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+/* TimerHeap.push: heapq.heappush's sift (the same array for the same pushes). */
+static int
+timer_heap_push(TimerHeapObject *h, TimerObject *t, double when, Py_ssize_t seq)
+{
+    PyObject *w = PyFloat_FromDouble(when);
+    PyObject *s = PyLong_FromSsize_t(seq);
+    if (w == NULL || s == NULL) {
+        Py_XDECREF(w);
+        Py_XDECREF(s);
+        return -1;
+    }
+    PyObject *entry = PyTuple_Pack(3, w, s, (PyObject *)t);
+    Py_DECREF(w);
+    Py_DECREF(s);
+    if (entry == NULL)
+        return -1;
+    PyObject *heap = h->heap;
+    if (PyList_Append(heap, entry) < 0) {
+        Py_DECREF(entry);
+        return -1;
+    }
+    PyObject **items = ((PyListObject *)heap)->ob_item;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    while (pos > 0) {
+        Py_ssize_t parentpos = (pos - 1) >> 1;
+        PyObject *parent = items[parentpos];
+        double pw;
+        Py_ssize_t ps;
+        if (timer_entry_key(parent, &pw, &ps) < 0) {
+            /* leave the list a heap: the new entry goes back where it is */
+            items[pos] = entry;
+            Py_DECREF(entry);
+            return -1;
+        }
+        if (!(when < pw || (when == pw && seq < ps)))
+            break;
+        items[pos] = parent;
+        pos = parentpos;
+    }
+    items[pos] = entry; /* the list's reference, taken by PyList_Append */
+    Py_DECREF(entry);
+    t->seq = seq;
+    t->armed = 1;
+    t->when = when;
+    h->nlive++;
+    return 0;
+}
+
+/* TimerHeap.discard: the entry goes stale; many stale entries rebuild the heap. */
+static int
+timer_heap_discard(TimerHeapObject *h, TimerObject *t)
+{
+    if (!t->armed)
+        return 0;
+    t->armed = 0;
+    h->nlive--;
+    Py_ssize_t n = PyList_GET_SIZE(h->heap);
+    if (n > 64 && n > 2 * h->nlive + 64) {
+        PyObject *r = PyObject_CallMethodNoArgs((PyObject *)h, str_compact);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* The heap of the P holding (or about to hold) a timer. */
+static TimerHeapObject *
+timer_heap_of(PyObject *p)
+{
+    if (!PyObject_TypeCheck(p, &PBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "a timer's P must be a P");
+        return NULL;
+    }
+    PyObject *timers = ((PObject *)p)->timers;
+    if (!PyObject_TypeCheck(timers, &TimerHeapBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "a P's timers must be a TimerHeap");
+        return NULL;
+    }
+    return (TimerHeapObject *)timers;
+}
+
 /* ------------------------------------------------------------ RuntimeBase */
 
 typedef struct {
@@ -404,6 +695,7 @@ typedef struct {
     PyObject *curg, *curp, *trace, *allg, *call_boxes, *gfree;
     PyObject *rng; /* the runtime's random.Random: select's pollorder draws from it */
     Py_ssize_t nswitch, goidgen;
+    Py_ssize_t timerseq, ntimers; /* the last timer entry's number; armed timers */
     char main_goexited;
 } RtObject;
 
@@ -777,7 +1069,59 @@ RtBase_goready(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* Sysmon._addtimer_py's twin: arm t at ``when`` on the current P's heap. */
+static PyObject *
+RtBase_addtimer(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], &TimerBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "addtimer(timer, when)");
+        return NULL;
+    }
+    TimerObject *t = (TimerObject *)args[0];
+    double when = PyFloat_AsDouble(args[1]);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    TimerHeapObject *h = timer_heap_of(rt->curp);
+    if (h == NULL)
+        return NULL;
+    if (t->p != Py_None && t->armed) {
+        TimerHeapObject *old = timer_heap_of(t->p);
+        if (old == NULL || timer_heap_discard(old, t) < 0)
+            return NULL;
+        rt->ntimers--;
+    }
+    rt->timerseq++;
+    t->when = when;
+    Py_SETREF(t->p, Py_NewRef(rt->curp));
+    if (timer_heap_push(h, t, when, rt->timerseq) < 0)
+        return NULL;
+    rt->ntimers++;
+    Py_RETURN_NONE;
+}
+
+/* Sysmon._deltimer_py's twin: disarm t; True when it was armed. */
+static PyObject *
+RtBase_deltimer(RtObject *rt, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &TimerBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "deltimer(timer)");
+        return NULL;
+    }
+    TimerObject *t = (TimerObject *)arg;
+    if (t->p == Py_None || !t->armed)
+        Py_RETURN_FALSE;
+    TimerHeapObject *h = timer_heap_of(t->p);
+    if (h == NULL || timer_heap_discard(h, t) < 0)
+        return NULL;
+    rt->ntimers--;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef RtBase_methods[] = {
+    {"addtimer", (PyCFunction)(void (*)(void))RtBase_addtimer, METH_FASTCALL,
+     "Arm the timer at when on the current P's heap (Go's addtimer / modtimer)."},
+    {"deltimer", (PyCFunction)RtBase_deltimer, METH_O,
+     "Disarm the timer; True when it was armed (it had not fired and was not stopped)."},
     {"_burst", (PyCFunction)(void (*)(void))RtBase_burst, METH_FASTCALL,
      "The driver's inner loop in C; see Runtime._schedule."},
     {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL,
@@ -807,6 +1151,8 @@ static PyGetSetDef RtBase_getset[] = {
 static PyMemberDef RtBase_members[] = {
     {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
     {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
+    {"timerseq", T_PYSSIZET, offsetof(RtObject, timerseq), 0, "the last timer entry's number"},
+    {"ntimers", T_PYSSIZET, offsetof(RtObject, ntimers), 0, "armed timers over all Ps"},
     {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
     {NULL},
 };
@@ -3035,9 +3381,10 @@ PyInit__speedups(void)
         return NULL;
     INTERN(str_gfput_spill, "_gfput_spill");
     INTERN(str_remove, "remove");
+    INTERN(str_compact, "_compact");
     PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
                              &DoneType, &TrapType, &ChanType, &ChanOpType, &SudogType,
-                             &SelectOpType};
+                             &SelectOpType, &TimerBaseType, &TimerHeapBaseType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -3092,7 +3439,9 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "Chan", (PyObject *)&ChanType) < 0 ||
         PyModule_AddObjectRef(m, "ChanOp", (PyObject *)&ChanOpType) < 0 ||
         PyModule_AddObjectRef(m, "Sudog", (PyObject *)&SudogType) < 0 ||
-        PyModule_AddObjectRef(m, "SelectOp", (PyObject *)&SelectOpType) < 0) {
+        PyModule_AddObjectRef(m, "SelectOp", (PyObject *)&SelectOpType) < 0 ||
+        PyModule_AddObjectRef(m, "TimerBase", (PyObject *)&TimerBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "TimerHeapBase", (PyObject *)&TimerHeapBaseType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -144,12 +144,18 @@ def set_netpoller(poller: NetPoller) -> None:
 
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
-    current_runtime().addtimer(t, when)
+    rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
+    if rt is None:
+        raise NotInRuntime("not inside a gosim goroutine")
+    rt.addtimer(t, when)
 
 
 def del_timer(t: RuntimeTimer) -> bool:
     """Disarm a runtime timer; True when it was armed."""
-    return current_runtime().deltimer(t)
+    rt = state.rt
+    if rt is None:
+        raise NotInRuntime("not inside a gosim goroutine")
+    return rt.deltimer(t)
 
 
 __all__ = [

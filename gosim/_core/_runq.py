@@ -31,7 +31,7 @@ from gosim._core._dump import describe_fn
 from gosim._core._exceptions import throw
 from gosim._core._g import DEAD, RUNNABLE, WAITING, G
 from gosim._core._state import GFREE_LOCAL_MAX, RUNQ_SIZE, _CallBox
-from gosim._core._timers import TimerHeap
+from gosim._core._timers import Timer, TimerHeap
 from gosim._core._trace import Trace
 
 ACTIVE_SPIN: Final = 4  # Go's active_spin: a lock spins at most this many times
@@ -61,12 +61,19 @@ if TYPE_CHECKING or speedups is None:
         call_boxes: dict[int, _CallBox]
         nswitch: int
         goidgen: int
+        timerseq: int
+        ntimers: int
         main_goexited: bool
         gfree: list[G]  # global dead-G list (Go's sched.gFree)
 
         if TYPE_CHECKING:
             # RuntimeBase._burst (gosim/_speedups.c); the pure-Python driver never calls it.
             def _burst(self, p: P, g: G | None, burst_end: int) -> tuple[int, G, Any]: ...
+
+            # RuntimeBase's timer twins (Sysmon's _addtimer_py / _deltimer_py).
+            def addtimer(self, t: Timer, when: float) -> None: ...
+
+            def deltimer(self, t: Timer) -> bool: ...
 
     _burst_available = False
 else:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Final
 
-from gosim._core._runq import P, RunQueues
+from gosim._core._runq import P, RunQueues, _burst_available
 from gosim._core._state import OP_BUDGET
 from gosim._core._timers import Timer
 
@@ -87,7 +87,7 @@ class Sysmon(RunQueues):
 
     # ---------------------------------------------------------------- timers
 
-    def addtimer(self, t: Timer, when: float) -> None:
+    def _addtimer_py(self, t: Timer, when: float) -> None:
         """Arm t at ``when`` on the current P's heap (Go's addtimer / modtimer)."""
         if t.p is not None and t.armed:
             t.p.timers.discard(t)
@@ -99,13 +99,19 @@ class Sysmon(RunQueues):
         p.timers.push(t, when, self.timerseq)
         self.ntimers += 1
 
-    def deltimer(self, t: Timer) -> bool:
+    def _deltimer_py(self, t: Timer) -> bool:
         """Disarm t; True when it was armed (it had not fired and was not stopped)."""
         if t.p is None or not t.armed:
             return False
         t.p.timers.discard(t)
         self.ntimers -= 1
         return True
+
+    # The C twins where built (a context's deadline, a sleep, an RPC call's timeout arm
+    # and disarm one each); the methods above are the reference and the pure path.
+    if not _burst_available:  # else RuntimeBase's, inherited
+        addtimer = _addtimer_py
+        deltimer = _deltimer_py
 
     def checktimers(self, now: float) -> None:
         """Run every expired timer of every P, on that P (Go's checkTimers)."""

@@ -17,41 +17,73 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gosim._core._accel import speedups
+
+if TYPE_CHECKING or speedups is None:
+
+    class _TimerFields:
+        """A runtime timer's fields (the C accelerator's ``TimerBase`` has the same)."""
+
+        __slots__ = ("arg", "armed", "chan", "f", "p", "period", "seq", "when")
+
+        def __init__(
+            self,
+            f: Callable[[Any, float], None],
+            arg: Any,
+            period: float = 0.0,
+            chan: Any = None,
+        ) -> None:
+            self.f = f
+            self.arg = arg
+            self.period = period
+            # A channel timer's channel (Timer, Ticker, after): firing only offers a
+            # value on it, so the timer can wake a goroutine only while one waits to
+            # receive. Go 1.23 keeps such a timer out of the heap until then, which is
+            # what lets it report a deadlock that an unreceived ticker would otherwise
+            # hide.
+            self.chan = chan
+            self.when = 0.0
+            self.p: Any = None  # the P whose heap holds the timer
+            self.armed = False  # Invariant: armed iff a live heap entry carries self.seq
+            self.seq = 0
+
+    class _TimerHeapFields:
+        """A timer heap's fields (the C accelerator's ``TimerHeapBase`` has the same)."""
+
+        __slots__ = ("heap", "nlive")
+
+        heap: list[tuple[float, int, Timer]]
+        nlive: int
+
+else:
+    _TimerFields = speedups.TimerBase
+    _TimerHeapFields = speedups.TimerHeapBase
 
 
-class Timer:
-    """One runtime timer: ``f(arg, now)`` runs on the driver when it fires."""
+class Timer(_TimerFields):
+    """One runtime timer: ``f(arg, now)`` runs on the driver when it fires.
 
-    __slots__ = ("arg", "armed", "chan", "f", "p", "period", "seq", "when")
+    ``Timer(f, arg, period=0.0, chan=None)``; armed and disarmed by the runtime's
+    ``addtimer``/``deltimer`` (in C where the accelerator is built)."""
 
-    def __init__(
-        self, f: Callable[[Any, float], None], arg: Any, period: float = 0.0, chan: Any = None
-    ) -> None:
-        self.f = f
-        self.arg = arg
-        self.period = period
-        # A channel timer's channel (Timer, Ticker, after): firing only offers a value
-        # on it, so the timer can wake a goroutine only while one waits to receive.
-        # Go 1.23 keeps such a timer out of the heap until then, which is what lets it
-        # report a deadlock that an unreceived ticker would otherwise hide.
-        self.chan = chan
-        self.when = 0.0
-        self.p: Any = None  # the P whose heap holds the timer
-        self.armed = False  # Invariant: armed iff a live heap entry carries self.seq
-        self.seq = 0
+    __slots__ = ()
 
     def fire(self, now: float) -> None:
         self.f(self.arg, now)
 
 
-class TimerHeap:
-    """A min-heap of (when, seq, timer) with lazy deletion; see the module docstring."""
+class TimerHeap(_TimerHeapFields):
+    """A min-heap of (when, seq, timer) with lazy deletion; see the module docstring.
 
-    __slots__ = ("heap", "nlive")
+    ``push`` and ``discard`` are the reference of what the C ``addtimer`` and
+    ``deltimer`` do to the heap (heapq's sift, the same rebuild rule)."""
+
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.heap: list[tuple[float, int, Timer]] = []
+        self.heap = []
         self.nlive = 0
 
     def __len__(self) -> int:
@@ -71,8 +103,13 @@ class TimerHeap:
         t.armed = False
         self.nlive -= 1
         if len(self.heap) > 64 and len(self.heap) > 2 * self.nlive + 64:
-            self.heap = [e for e in self.heap if e[2].armed and e[2].seq == e[1]]
-            heapq.heapify(self.heap)
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries (more of them than live ones, see discard)."""
+        heap = [e for e in self.heap if e[2].armed and e[2].seq == e[1]]
+        heapq.heapify(heap)
+        self.heap = heap
 
     def _clean_top(self) -> None:
         heap = self.heap
