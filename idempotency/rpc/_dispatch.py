@@ -523,8 +523,9 @@ class Dispatcher:
         deadline) against its deadline: the first to finish answers the caller.
 
         The race waits on its own timer. Only a method that is given a context
-        (``pass_context``, or ``pass_call``'s ``call.ctx``) gets one, cancelled at the
-        same deadline (its timer is armed only if the method waits on it)."""
+        (``pass_context``, or ``pass_call``'s ``call.ctx`` but for a one-step method,
+        which cannot wait) gets one, cancelled at the same deadline (its timer is armed
+        only if the method waits on it)."""
         assert meta.timeout_ms is not None
         if meta.timeout_ms <= 0:  # nothing may start
             self._stats.deadline_exceeded += 1
@@ -533,7 +534,7 @@ class Dispatcher:
             )
         ctx: context.Context = _BACKGROUND
         cancel = None
-        if spec.pass_context or spec.pass_call:
+        if spec.pass_context or (spec.pass_call and not spec.one_step):
             ctx, cancel = context.with_timeout(_BACKGROUND, meta.timeout_ms / 1000.0)
             deadline = ctx.deadline_or_inf()  # one clock read for both
         else:

@@ -151,7 +151,9 @@ class Server:
         on a store that can (SQLite) the key's claim, the effect and the record then
         commit in one transaction, one round trip instead of two. The method then runs
         before the claim, for a replay too (its outcome is dropped), and ``call.fence``
-        is set when the effect runs (read it in the effect). See
+        is set when the effect runs (read it in the effect). It cannot wait, so it gets
+        no context: ``call.ctx`` is None (a deadline that passes while its effect
+        commits is answered ``DEADLINE_EXCEEDED`` by the server all the same). See
         :meth:`idempotency.Idempotency.run`.
         """
         self.dispatcher.register(

@@ -240,3 +240,37 @@ def test_a_duplicate_waits_for_the_holder_no_longer_than_its_deadline(pass_call:
     assert answered == pytest.approx(0.1)
     assert late == 1  # the duplicate's goroutine stopped waiting at the deadline
     assert (held, runs) == ("held", 1)
+
+
+def test_call_ctx_carries_the_deadline_except_for_one_step_methods() -> None:
+    # A two-step pass_call method gets the call's deadline in call.ctx; a one-step one
+    # cannot wait and gets no context (call.ctx is None), with or without a deadline.
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+
+    async def main() -> list[Any]:
+        srv = Server(idempotency=Idempotency(MemoryStore()), heartbeat_interval=None)
+        seen: list[Any] = []
+
+        def one(call: Call) -> str:
+            seen.append(("one", call.ctx))
+            return "one"
+
+        async def two(call: Call) -> str:
+            deadline = call.ctx.deadline() if call.ctx is not None else None
+            seen.append(("two", deadline))
+            return "two"
+
+        srv.add_method(one, "one", idempotent=True, pass_call=True, one_step=True)
+        srv.add_method(two, "two", idempotent=True, pass_call=True)
+        now = gosim.now()
+        for i, (method, timeout_ms) in enumerate([("one", 500), ("one", None), ("two", 500)]):
+            payload = encode_request(i, method, [], CallMeta(f"k{i}", "me", timeout_ms, 1))
+            msg = decode(await srv.dispatcher.handle_payload(payload))
+            assert isinstance(msg, Response) and msg.result == method
+        return [(what, d if d is None else (round(d[0] - now, 6), d[1])) for what, d in seen]
+
+    assert gosim.run(main, procs=1, seed=1, virtual_time=True) == [
+        ("one", None),
+        ("one", None),
+        ("two", (0.5, True)),
+    ]
