@@ -1950,6 +1950,10 @@ static PySendResult
 ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
 {
     ChanObject *ch = (ChanObject *)op->chan;
+    if (ch == NULL || op->value == NULL) { /* cleared by the collector (chanop_unpark) */
+        PyErr_SetString(PyExc_RuntimeError, "channel operation resumed after it was collected");
+        return PYGEN_ERROR;
+    }
     switch (op->state) {
     case ST_FRESH:
         /* Awaited now: never "unawaited", even if it fails below (each way out that
@@ -2137,7 +2141,13 @@ chanop_unpark(ChanOpObject *op)
         return 0;
     ChanObject *ch = (ChanObject *)op->chan;
     PyObject *g = op->value;
+    /* The collector may have cleared the op or its channel (a garbage cycle of a
+     * goroutine, its coroutine and the channel it waits on): no queue is left to leave. */
+    if (ch == NULL || g == NULL)
+        return 0;
     PyObject *q = op->mode == OP_SEND ? ch->sendq : ch->recvq;
+    if (q == NULL)
+        return 0;
     if (op->mode == OP_SEND && G_Check(g))
         Py_SETREF(((GObject *)g)->elem, Py_NewRef(Py_None));
     /* Absent when a waker dequeued it just before the exception came. */
