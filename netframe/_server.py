@@ -1155,6 +1155,9 @@ class Client:
         self.rng = rng or random.Random()
         self.attempts = 0
         self.connects = 0
+        # Connections this client closed because the server sent nothing (no pong, no
+        # frame) for the heartbeat timeout: a dead server or path, or a starved one.
+        self.servers_found_dead = 0
         self._st: _Conn | None = None
         self._inbox: Chan[Any] = Chan(1024)
 
@@ -1275,6 +1278,7 @@ class Client:
 
     async def _heartbeat(self, st: _Conn) -> None:
         if await _keep_alive(st) is _HeartbeatEnd.DEAD:
+            self.servers_found_dead += 1
             st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
 
 

@@ -63,6 +63,7 @@ class _Stats:
                 "retries": sum(s.retries for s in stats),
                 "replays": sum(s.replays for s in stats),
                 "reconnects": sum(max(s.connects - 1, 0) for s in stats),
+                "found_dead": sum(s.servers_found_dead for s in stats),
                 "p50_ms": pct(0.5),
                 "p99_ms": pct(0.99),
                 "cpu": round(time.process_time(), 3),

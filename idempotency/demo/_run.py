@@ -363,7 +363,10 @@ def _conduct(
     def totals() -> dict[str, Any]:
         with lock:
             stats = list(client_stats.values())
-        keys = ("acked", "refused", "in_flight", "retries", "replays", "reconnects", "cpu")
+        keys = (
+            "acked", "refused", "in_flight", "retries", "replays", "reconnects", "found_dead",
+            "cpu",
+        )  # fmt: skip
         out: dict[str, Any] = {k: sum(s.get(k, 0) for s in stats) for k in keys}
         p99 = [s["p99_ms"] for s in stats if s.get("p99_ms") is not None]
         p50 = [s["p50_ms"] for s in stats if s.get("p50_ms") is not None]
@@ -470,6 +473,9 @@ def _conduct(
         ("retries", t["retries"]),
         ("replays", t["replays"]),
         ("reconnects", t["reconnects"]),
+        # The side that gave up first: the clients (no frame from the server for their
+        # heartbeat timeout), or else the server or the network.
+        ("connections the clients found dead (server silent past its heartbeats)", t["found_dead"]),
         ("refused (insufficient funds)", t["refused"]),
         ("acknowledged transfers/s, whole run", f"{t['acked'] / elapsed:,.0f}"),
         ("acknowledged transfers/s, middle half", steady_rate(series)),

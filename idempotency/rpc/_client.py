@@ -145,6 +145,10 @@ class ClientStats:
     goaways: int = 0
     throttled: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    # Connections lost because the server sent nothing for the heartbeat timeout (this
+    # side declared it dead); the rest of connections_lost the server or the network
+    # ended.
+    servers_found_dead: int = 0
 
 
 #: A wait's outcome when the call's deadline came first.
@@ -367,6 +371,7 @@ class Client:
             s.goaways,
             s.throttled,
             dict(s.errors),
+            s.servers_found_dead,
         )
 
     # ------------------------------------------------------------------ one attempt
@@ -540,6 +545,7 @@ class Client:
         except ConnectionLost as exc:
             reason = str(exc)
         finally:
+            self._stats.servers_found_dead += nc.servers_found_dead  # one link, one nc
             self._drop_link(link, reason)
             await nc.close()
 

@@ -639,3 +639,36 @@ def test_a_call_waiting_for_someone_elses_connect_keeps_its_deadline() -> None:
     message, took = run_bounded(main)
     assert "deadline exceeded while connecting" in message
     assert took < 2.0
+
+
+def test_the_client_counts_the_connections_it_found_dead() -> None:
+    """A server that accepts and then says nothing (no pong, no reply): the client's
+    heartbeat finds it dead, the call in flight fails as lost, and the client's
+    statistics say this side gave up (servers_found_dead), apart from other losses."""
+
+    async def main() -> tuple[str, int, int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        held: list[Any] = []
+
+        async def silent() -> None:
+            while True:
+                try:
+                    held.append(await ln.accept())
+                except OSError:
+                    return
+
+        go(silent)
+        c = Client([ln.addr()], heartbeat_interval=0.1, connect_attempts=1)
+        try:
+            await c.call("anything", timeout=5.0)
+            outcome = "answered"
+        except Unavailable as exc:
+            outcome = type(exc).__name__
+        stats = c.statistics()
+        await c.close()
+        ln.close()
+        for conn in held:
+            conn.close()
+        return outcome, stats.servers_found_dead, stats.connections_lost
+
+    assert run_bounded(main) == ("Unavailable", 1, 1)

@@ -273,7 +273,7 @@ async def _fill_client_queue(c: netframe.Client) -> bool:
 def test_client_finds_a_frozen_server_dead_with_its_send_queue_full() -> None:
     port, release, t = _start_frozen_server()
 
-    async def main() -> tuple[bool, bool, str, bool]:
+    async def main() -> tuple[bool, bool, str, bool, int]:
         c = netframe.Client(
             lambda: net.dial("tcp", f"127.0.0.1:{port}"),
             heartbeat_interval=0.2,
@@ -292,15 +292,16 @@ def test_client_finds_a_frozen_server_dead_with_its_send_queue_full() -> None:
 
         noticed, reason = await within(BOUND, lost)
         closed, error = await within(BOUND, c.close)
-        return full, noticed, reason, closed and error is None
+        return full, noticed, reason, closed and error is None, c.servers_found_dead
 
     try:
-        full, noticed, reason, closed = gosim.run(main, procs=2)
+        full, noticed, reason, closed, found_dead = gosim.run(main, procs=2)
     finally:
         release.set()
         t.join(BOUND)
     assert full and noticed and closed
     assert reason == "server missed its heartbeats"
+    assert found_dead == 1
 
 
 def test_client_close_is_bounded_by_default_against_a_server_that_does_not_read() -> None:
