@@ -1126,9 +1126,13 @@ class Client:
     connection's reader goroutine, in the order received, instead of being queued for
     :meth:`recv`: no goroutine switch between the socket and the code that consumes
     the payload (a protocol client matching responses to callers, say). When it returns
-    an awaitable, the reader awaits it before it hands on the next payload; it must not
-    raise (the reader would stop with the exception). :meth:`recv` then only reports the
-    connection's end: it raises :class:`ConnectionLost` once the connection has ended.
+    an awaitable, the reader awaits it before it hands on the next payload. Neither may
+    raise: an exception ends the reader's goroutine, which is a panic of the runtime as
+    for any goroutine. :meth:`recv` then only reports the connection's end: it raises
+    :class:`ConnectionLost` once the connection has ended.
+
+    ``servers_found_dead`` counts the connections this client closed because the
+    server sent nothing for the heartbeat timeout (the rest ended otherwise).
     """
 
     def __init__(

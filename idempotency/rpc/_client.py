@@ -44,7 +44,7 @@ import gosim
 from gosim import Chan, go, recv, select
 from gosim.net import dial as net_dial
 from netframe import Client as FramedClient
-from netframe import ConnectionLost, FrameFormat
+from netframe import ConnectionLost, FrameFormat, LocalFrameError
 
 from ._errors import CallTimeout, RPCError, Unavailable
 from ._protocol import (
@@ -567,12 +567,26 @@ class Client:
                 entry[0].settle(msg)
             return None
         if type(msg) is Request:
-            # This client serves no methods: say so, as a server would.
-            return link.send(
-                encode_error(msg.msgid, Status.UNIMPLEMENTED, f"no method {msg.method!r}")
-            )
+            return self._refuse(link, msg.msgid, msg.method)
         assert isinstance(msg, Notification)
         return None
+
+    async def _refuse(self, link: _Link, msgid: int, method: str) -> None:
+        """A request from the server: this client serves no methods and says so, as a
+        server would, when that needs no waiting. The answer runs on the link's reader,
+        so a server that sends requests and reads nothing must not stall it (responses
+        and pongs come through it), and a link that ended meanwhile loses the answer,
+        not the runtime (an exception here would end the reader's goroutine)."""
+        payload = encode_error(msgid, Status.UNIMPLEMENTED, f"no method {method!r}")
+        try:
+            if link.framed is not None:
+                await link.framed.send(payload, timeout=0.0)  # TimeoutError when full
+            elif link.stream is not None:
+                link.stream.send_nowait(payload)
+        except (OSError, LocalFrameError):
+            # ConnectionLost, a full send queue, a reset, or an answer too long for a
+            # frame (a method name near the size limit): the answer is lost.
+            pass
 
     def _drop_link(self, link: _Link, reason: str) -> None:
         """The link has ended: fail every call waiting on it (they may retry)."""

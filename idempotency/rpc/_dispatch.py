@@ -436,7 +436,7 @@ class Dispatcher:
         msg: Request,
         meta: CallMeta | None,
         ctx: context.Context,
-        deadline: float,
+        deadline: float,  # unused: the signature _call_with_deadline's runs share
     ) -> bytes:
         try:
             result = await self._invoke(spec, msg.params, ctx)

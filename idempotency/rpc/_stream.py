@@ -88,6 +88,13 @@ class StreamLink:
         except SendOnClosedChannel:  # the link ended while this send waited for room
             raise ConnectionResetError(self.reason or "connection closed") from None
 
+    def send_nowait(self, payload: bytes) -> bool:
+        """Queue one message's bytes if there is room now; False (nothing queued) when
+        the queue is full or the link has ended."""
+        if self.closed or self._queue.closed:
+            return False
+        return self._queue.try_send(payload)
+
     @property
     def queued(self) -> int:
         """Messages queued and not yet handed to the connection."""

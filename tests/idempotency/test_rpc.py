@@ -672,3 +672,74 @@ def test_the_client_counts_the_connections_it_found_dead() -> None:
         return outcome, stats.servers_found_dead, stats.connections_lost
 
     assert run_bounded(main) == ("Unavailable", 1, 1)
+
+
+def _framed_peer(answer: Callable[[bytes], bytes | None]) -> Any:
+    """A netframe session server that answers each payload with ``answer(payload)``:
+    a server that does not speak msgpack-rpc as the client expects."""
+    import netframe  # noqa: PLC0415
+
+    return netframe.Server(answer, heartbeat_interval=None)
+
+
+def test_a_request_from_the_server_is_refused_and_the_client_goes_on() -> None:
+    """The server answers a call with a request of its own: the client says
+    UNIMPLEMENTED, as a server would, and its call ends at its deadline."""
+    got: list[Any] = []
+
+    def answer(payload: bytes) -> bytes | None:
+        msg = msgpack.unpackb(payload)
+        got.append(msg)
+        return msgpack.packb([0, 9, "ping_client", []]) if msg[0] == 0 else None
+
+    async def main() -> str:
+        peer = _framed_peer(answer)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(peer.serve, ln)
+        c = Client([ln.addr()], heartbeat_interval=None)
+        try:
+            await c.call("anything", timeout=0.3)
+            outcome = "answered"
+        except CallTimeout:
+            outcome = "timed out"
+        await gosim.sleep(0.05)
+        await c.close()
+        await peer.shutdown(1.0)
+        return outcome
+
+    assert run_bounded(main) == "timed out"
+    refusals = [m for m in got if m[0] == 1]
+    assert len(refusals) == 1 and refusals[0][1] == 9
+    assert refusals[0][2][0] == Status.UNIMPLEMENTED and "ping_client" in refusals[0][2][1]
+
+
+def test_an_undecodable_reply_ends_the_link_and_fails_its_calls() -> None:
+    async def main() -> str:
+        peer = _framed_peer(lambda payload: b"\xc1")  # 0xc1: never valid msgpack
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(peer.serve, ln)
+        c = Client([ln.addr()], heartbeat_interval=None, connect_attempts=1)
+        try:
+            await c.call("anything", timeout=5.0)
+            outcome = "answered"
+        except Unavailable as exc:
+            outcome = str(exc)
+        await c.close()
+        await peer.shutdown(1.0)
+        return outcome
+
+    assert "undecodable message from the server" in run_bounded(main)
+
+
+def test_refusing_a_request_on_a_link_that_ended_loses_only_the_answer() -> None:
+    # The refusal runs on the link's reader: a send that fails (the link ended, or its
+    # queue is full) must not raise there, where it would end the reader's goroutine.
+    from idempotency.rpc._client import _Link  # noqa: PLC0415
+    from netframe import Client as FramedClient  # noqa: PLC0415
+
+    async def main() -> None:
+        c = Client(["127.0.0.1:1"], heartbeat_interval=None)
+        link = _Link(FramedClient(lambda: net.dial("tcp", "127.0.0.1:1")), None)
+        await c._refuse(link, 3, "x")  # never connected: ConnectionLost, swallowed
+
+    run_bounded(main)
