@@ -15,7 +15,9 @@ goroutines through these, as trio's own ``Lock`` uses ``trio.lowlevel``. The con
 
 For the fast paths, which cannot afford a function call per operation: :data:`state`
 (``state.rt`` is the running runtime or None; on it, ``rt.curg`` is the running G and
-``rt.goready(g, value)`` is :func:`ready` without its frame), :func:`trap` with the traps
+``rt.goready(g, value)`` is :func:`ready` without its frame; ``rt.globready(g, value)``
+readies at the tail of the global queue instead, for a netpoller's ``poll(to_global=True)``),
+:func:`trap` with the traps
 :data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
 the driver), :data:`OP_BUDGET` (operations between preemption checks) and
 :data:`speedups` (the C accelerator, or None).

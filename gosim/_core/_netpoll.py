@@ -6,9 +6,12 @@ blocking in ``findRunnable`` (after the global queue, before stealing) and from
 to do. gosim does the same through this interface, implemented by ``gosim.net`` with one
 ``select.epoll`` (Linux) whose own fd trio watches while the driver idles:
 
-``poll()``
-    Without blocking, ready (``rt.goready``) every goroutine whose I/O can proceed;
-    return how many. Called on the driver with the runtime current.
+``poll(to_global=False)``
+    Without blocking, ready every goroutine whose I/O can proceed; return how many.
+    Called on the driver with the runtime current. Readied onto the current P
+    (``rt.goready``), as Go's ``findRunnable`` does when its P has nothing else to
+    run; with ``to_global``, at the tail of the global queue (``rt.globready``), as
+    Go's ``sysmon`` does while every P is busy.
 ``waiters()``
     How many goroutines are parked on I/O now. Non-zero makes I/O a wake source, so
     the runtime is not deadlocked while a goroutine waits for the network.
@@ -23,7 +26,7 @@ from typing import Protocol
 
 
 class NetPoller(Protocol):
-    def poll(self) -> int: ...
+    def poll(self, to_global: bool = False) -> int: ...
 
     def waiters(self) -> int: ...
 

@@ -237,6 +237,22 @@ class RunQueues(_RuntimeFields):
         # goroutine per I/O event through here.
         goready = _RuntimeFields.goready  # type: ignore[attr-defined]
 
+    def globready(self, g: G, param: Any) -> None:
+        """Make a waiting g runnable at the tail of the global queue, handing it ``param``.
+
+        Go's ``injectglist`` from sysmon, which has no P: goroutines whose I/O became
+        ready while every P was busy queue behind the ones already waiting there, in
+        order. Readying them onto the current P instead would let each new I/O event
+        pass goroutines that a full local queue had spilled to the global queue, which
+        gets one turn in FAIRNESS_TICKS while the local queue has work: under sustained
+        load those would wait for seconds.
+        """
+        g.param = param
+        g.status = RUNNABLE
+        if self.trace is not None:
+            self.trace.emit(self, "ready", self.curp.id, g.goid, 0, 0)
+        self.globrunq.append(g)
+
     if _g.DEBUG and not TYPE_CHECKING:
         # GOSIM_DEBUG: the preconditions Go throws on, checked around the one runqput
         # and goready (the C twins check the same in C).
@@ -253,6 +269,13 @@ class RunQueues(_RuntimeFields):
             if g.status != WAITING:
                 raise throw(f"goready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
             self._goready_unchecked(g, param)
+
+        _globready_unchecked = globready
+
+        def globready(self, g: G, param: Any) -> None:
+            if g.status != WAITING:
+                raise throw(f"globready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._globready_unchecked(g, param)
 
     def can_spin(self, iteration: int) -> bool:
         """Go's ``sync_runtime_canSpin``: may a lock spin (yield) once more before parking?

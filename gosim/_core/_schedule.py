@@ -193,8 +193,10 @@ class Scheduler(Syscalls):
         np_ = self.netpoller
         if np_ is not None and np_.waiters():
             # sysmon's netpoll: I/O is not starved by busy goroutines. Before the timers,
-            # for the same reason as in findrunnable.
-            np_.poll()
+            # for the same reason as in findrunnable. Into the global queue, in arrival
+            # order (see Runtime.globready): I/O readied now must not overtake what
+            # already waits there.
+            np_.poll(True)
         if self.ntimers:
             self.checktimers(now)
         if self.injectq:

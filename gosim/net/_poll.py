@@ -170,7 +170,7 @@ class NetPoller:
     def waiters(self) -> int:
         return self.nwaiters
 
-    def poll(self) -> int:
+    def poll(self, to_global: bool = False) -> int:
         events = self.ep.poll(0)
         if not events:
             return 0
@@ -179,7 +179,7 @@ class NetPoller:
         rt = lowlevel.state.rt  # poll runs on the driver, inside the runtime
         if rt is None:
             raise NotInRuntime("netpoll: not inside a gosim runtime")
-        goready = rt.goready
+        goready = rt.globready if to_global else rt.goready
         for fd, ev in events:
             pd = descs.get(fd)
             if pd is None:

@@ -9,7 +9,7 @@ import threading
 import time
 
 import gosim
-from gosim import lowlevel
+from gosim import lowlevel, net
 
 
 class PipePoller:
@@ -26,13 +26,15 @@ class PipePoller:
     def waiters(self) -> int:
         return len(self.parked)
 
-    def poll(self) -> int:
+    def poll(self, to_global: bool = False) -> int:
         self.polls += 1
+        rt = lowlevel.current_runtime()
+        goready = rt.globready if to_global else rt.goready
         n = 0
         for fd, _ in self.ep.poll(0):
             g = self.parked.pop(fd)
             self.ep.unregister(fd)
-            lowlevel.ready(g, fd)
+            goready(g, fd)
             n += 1
         return n
 
@@ -81,3 +83,81 @@ def test_io_waiter_shows_in_dump_and_deadlock_still_detected_without_waiters() -
         assert "goroutine 1 [chan receive]:" in str(exc)
     else:
         raise AssertionError("expected a deadlock")
+
+
+def test_io_readied_while_the_p_is_busy_queues_behind_the_global_queue() -> None:
+    """Go's sysmon readies I/O goroutines at the tail of the global queue (injectglist
+    without a P). gosim's periodic netpoll does the same: goroutines that a full local
+    queue spilled to the global queue before the I/O arrived run before the I/O's
+    readers, however long the local queue keeps itself busy. (Readied onto the busy P
+    instead, every new I/O event would pass them, and under sustained load they would
+    wait for seconds: how a server under load once let heartbeats go unanswered.)"""
+    conns = 8
+
+    async def main() -> tuple[list[int], set[int], set[int]]:
+        rt = lowlevel.current_runtime()
+        order: list[int] = []  # goids, in the order of their first step after the setup
+        ln = net.listen("tcp", "127.0.0.1:0")
+        clients = [await net.dial("tcp", ln.addr()) for _ in range(conns)]
+        servers = [await ln.accept() for _ in range(conns)]
+        readers: set[int] = set()
+
+        async def reader(c: net.Conn) -> None:
+            readers.add(lowlevel.current_g().goid)
+            await c.read(1)
+            order.append(lowlevel.current_g().goid)
+
+        for c in servers:
+            gosim.go(reader, c)
+        await gosim.sleep(0.01)  # every reader parked on its socket
+
+        # A ring that keeps the local queue full: 300 tokens hop along 400 goroutines
+        # over unbuffered channels, each hop readying the receiver (runnext) and
+        # pushing the last one to the local queue's tail, which spills to the global
+        # queue when full. The P never runs dry, so only the periodic netpoll can see
+        # the readers' input.
+        ring = [gosim.Chan[int]() for _ in range(400)]
+        done = gosim.Chan[None](300)
+
+        async def hop(i: int) -> None:
+            order.append(lowlevel.current_g().goid)
+            while True:
+                hops, ok = await ring[i].recv2()
+                if not ok:
+                    return
+                assert hops is not None
+                if hops:
+                    await ring[(i + 1) % len(ring)].send(hops - 1)
+                else:
+                    await done.send(None)
+
+        for i in range(len(ring)):
+            gosim.go(hop, i)
+        spilled = {g.goid for g in rt.globrunq}
+        for c in clients:
+            await c.write(b"x")  # every reader's input is in its socket now
+
+        async def feed() -> None:
+            for i in range(300):
+                await ring[i].send(100)
+
+        gosim.go(feed)
+        for _ in range(300):
+            await done.recv()
+        for ch in ring:
+            ch.close()
+        for c in clients + servers:
+            c.close()
+        ln.close()
+        return order, spilled, readers
+
+    order, spilled, readers = gosim.run(main, procs=1)
+    assert spilled, "the setup did not spill goroutines to the global queue"
+    first = {goid: i for i, goid in reversed(list(enumerate(order)))}
+    assert readers <= first.keys(), "a reader never got its input"
+    last_spilled = max(first[g] for g in spilled)
+    first_reader = min(first[g] for g in readers)
+    assert last_spilled < first_reader, (
+        f"I/O readers overtook goroutines waiting in the global queue "
+        f"(first reader at step {first_reader}, last spilled at {last_spilled})"
+    )
