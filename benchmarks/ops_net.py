@@ -17,7 +17,11 @@ and ``(Ir(12000) - Ir(2000)) / 10000`` is the server's instructions per request
   handler, one request in flight: the shape of ``idempotency.rpc``'s server;
 * ``session-async-rr``: the same with an async handler;
 * ``raw-pipe64`` / ``session-pipe64``: 64 frames of 64 bytes sent at once, their 64
-  replies read, again (N frames in all): the pipelined cost per frame.
+  replies read, again (N frames in all): the pipelined cost per frame;
+* ``session-ping``: PING frames, one in flight, each answered by its PONG: what a
+  heartbeat costs the side that answers it; ``session-ping-fan64``: the same on 64
+  connections at once, one PING in flight on each (N in all), as a server holding
+  many connections answers them.
 
 Run without valgrind it prints the wall-clock time per request of the client too, a
 figure the load moves (use the instruction counts to compare builds).
@@ -43,24 +47,33 @@ def _recv_exactly(sock: socket.socket, n: int, buf: bytearray) -> None:
         buf += chunk
 
 
-def client(port: int, n: int, session: bool, depth: int) -> None:
-    """``n`` requests, ``depth`` at a time, each reply checked; then close."""
+def client(port: int, n: int, session: bool, depth: int, ping: bool, conns: int) -> None:
+    """``n`` requests (``ping``: PING frames) over ``conns`` connections, ``depth`` at a
+    time on each, each reply checked (a PING's is its PONG); then close."""
     body = (b"\x00" if session else b"") + PAYLOAD
     frame = HEADER.pack(len(body)) + body
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reply = frame
+    if ping:
+        frame = HEADER.pack(9) + b"\x01" + b"12345678"
+        reply = HEADER.pack(9) + b"\x02" + b"12345678"
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+    for sock in socks:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray()
     sent = 0
     while sent < n:
-        k = min(depth, n - sent)
-        sock.sendall(frame * k)
-        sent += k
-        want = k * len(frame)
-        _recv_exactly(sock, want, buf)
-        if bytes(buf[:want]) != frame * k:
-            raise AssertionError("a reply did not echo its request")
-        del buf[:want]
-    sock.close()
+        k = min(depth, (n - sent) // conns or 1)
+        for sock in socks:  # every connection's requests go out before any reply is read
+            sock.sendall(frame * k)
+        sent += k * conns
+        want = k * len(reply)
+        for sock in socks:
+            _recv_exactly(sock, want, buf)
+            if bytes(buf[:want]) != reply * k:
+                raise AssertionError("a reply did not answer its request")
+            del buf[:want]
+    for sock in socks:
+        sock.close()
 
 
 def server(workload: str, n: int) -> None:
@@ -72,6 +85,8 @@ def server(workload: str, n: int) -> None:
 
     session = workload.startswith("session")
     depth = 64 if workload.endswith("pipe64") else 1
+    conns = 64 if workload.endswith("fan64") else 1
+    ping = "-ping" in workload
 
     def echo_plain(payload: bytes) -> bytes:
         return payload
@@ -91,7 +106,7 @@ def server(workload: str, n: int) -> None:
         go(srv.serve, listener)
         args = [sys.executable, __file__, "client", str(port), str(n), str(int(session))]
         started = time.perf_counter()
-        proc = subprocess.Popen([*args, str(depth)])
+        proc = subprocess.Popen([*args, str(depth), str(int(ping)), str(conns)])
         code = await gosim.syscall(proc.wait)
         elapsed = time.perf_counter() - started
         if code:
@@ -105,6 +120,7 @@ def server(workload: str, n: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "client":
-        client(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]))
+        port, n, session, depth, ping, conns = map(int, sys.argv[2:8])
+        client(port, n, session == 1, depth, ping == 1, conns)
     else:
         server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

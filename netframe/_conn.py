@@ -670,28 +670,7 @@ class FramedConn:
             raise self._writer_error
         if self._closed:
             raise ClosedError("send on a closed FramedConn")
-        writer = self._fast_writer
-        if (
-            writer is not None
-            and not self._backlog
-            and not self._unfinished
-            and writer.load(payloads)
-        ):
-            try:
-                self._raw.control(writer)  # one send, no waiting
-            except OSError as exc:
-                writer.discard()
-                self._fail_writes(exc)
-                raise
-            self._frames_written += len(payloads)
-            self._writes += 1
-            if writer.pending:  # the socket is full: the writer goroutine goes on
-                self._unfinished = True
-                if not self._writer_started:
-                    self._start_writer()
-                self._queue.try_send(_Flush())  # wakes it (the queue is empty)
-            else:
-                writer.discard()
+        if self._send_through(payloads):
             return True
         q = self._queue
         if q.cap() - q.len() < len(payloads):
@@ -706,6 +685,32 @@ class FramedConn:
         self._backlog += len(payloads)
         return True
 
+    def _send_through(self, payloads: list[bytes]) -> bool:
+        """With the C writer and nothing queued for the writer goroutine: encode
+        ``payloads`` and send them at once with one non-blocking send, what the socket
+        does not take going to the writer goroutine ahead of anything sent later; True
+        when so sent. False (nothing done) when the frames must be queued. A send that
+        fails fails the connection (``_fail_writes``) and raises its OSError."""
+        writer = self._fast_writer
+        if writer is None or self._backlog or self._unfinished or not writer.load(payloads):
+            return False
+        try:
+            self._raw.control(writer)  # one send, no waiting
+        except OSError as exc:
+            writer.discard()
+            self._fail_writes(exc)
+            raise
+        self._frames_written += len(payloads)
+        self._writes += 1
+        if writer.pending:  # the socket is full: the writer goroutine goes on
+            self._unfinished = True
+            if not self._writer_started:
+                self._start_writer()
+            self._queue.try_send(_Flush())  # wakes it (the queue is empty)
+        else:
+            writer.discard()
+        return True
+
     def _fail_writes(self, exc: BaseException) -> None:
         """A write failed: the connection's stream is lost (a partial frame may have gone
         out). Every later send raises ``exc``; the writer goroutine stops."""
@@ -718,16 +723,23 @@ class FramedConn:
     def send_nowait(self, payload: bytes | bytearray | memoryview) -> bool:
         """Queue a control frame without waiting; False when it cannot be queued.
 
-        Into the queue when it has room; otherwise ahead of the queued frames (at most
+        Sent at once when nothing waits for the writer goroutine (as
+        :meth:`send_many_nowait` sends: a pong costs no goroutine switch); else into
+        the queue when it has room; otherwise ahead of the queued frames (at most
         MAX_URGENT frames are held so). False after :meth:`aclose`, after a write
-        error, or with MAX_URGENT frames already waiting ahead: a peer that reads
-        nothing at all. Heartbeats and goaways use this, so a full queue never
-        delays the check that the peer is dead, nor a close.
+        error (this send's included), or with MAX_URGENT frames already waiting ahead:
+        a peer that reads nothing at all. Heartbeats and goaways use this, so a full
+        queue never delays the check that the peer is dead, nor a close.
         """
         if self._closed or self._writer_error is not None or self._queue.closed:
             return False
         frame = bytes(payload)
         self.format.check_payload(frame)
+        try:
+            if self._send_through([frame]):
+                return True
+        except OSError:
+            return False  # the connection failed: later sends raise, the reader sees it
         if not self._writer_started:
             self._start_writer()
         if self._queue.try_send(frame):

@@ -279,3 +279,43 @@ def test_send_many_keeps_the_order_of_everything_sent_over_tcp() -> None:
     sent, got = gosim.run(main, procs=1)
     assert [f[:12] for f in got] == [f[:12] for f in sent]
     assert got == sent
+
+
+def test_send_nowait_goes_out_at_once_and_a_failed_send_fails_the_connection() -> None:
+    # A control frame with nothing queued for the writer goroutine is sent by the
+    # caller itself (with the C writer): the peer's socket holds it before any
+    # goroutine switch. Once the peer has reset the connection, send_nowait says False
+    # (it never raises: heartbeats call it) and the next send raises the error.
+    async def main() -> tuple[bytes, bool, type[BaseException] | None]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        client = await net.dial("tcp", ln.addr())
+        server = await ln.accept()
+        fc = FramedConn(client)
+        peer: socket.socket = server._sock  # type: ignore[attr-defined]
+        assert fc.send_nowait(b"ping")
+        if fc._fast_writer is None:  # the pure-Python path queues it for the writer
+            await gosim.sleep(0.05)
+        at_once = peer.recv(100, socket.MSG_DONTWAIT)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        server.close()
+        accepted = True
+        for _ in range(200):  # bounded: the reset arrives within a few sends
+            accepted = fc.send_nowait(b"x" * 1000)
+            if not accepted:
+                break
+            await gosim.sleep(0.005)
+        raised: type[BaseException] | None = None
+        try:
+            await fc.send(b"after")
+        except OSError as exc:
+            raised = type(exc)
+        await fc.aclose(flush=False)
+        ln.close()
+        return at_once, accepted, raised
+
+    at_once, accepted, raised = gosim.run(main, procs=1)
+    assert at_once == b"\x00\x00\x00\x04ping"
+    assert not accepted
+    # The socket's own error with the C writer (a reset or a broken pipe), gosim.net's
+    # BrokenError through Conn.write on the pure-Python path: a ConnectionError both ways.
+    assert raised is not None and issubclass(raised, ConnectionError)
