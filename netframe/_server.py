@@ -675,6 +675,7 @@ class Server:
             heartbeat_interval=None if self.raw else self.heartbeat_interval,
             heartbeat_timeout=None if self.raw else self.heartbeat_timeout,
             idle_timeout=None if self.raw else self.idle_timeout,
+            defer_pings=True,  # clients ping first; the server answers (PROTOCOL.md)
         )
         st = _Conn(fc, session)
         self._conns.add(st)

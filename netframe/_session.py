@@ -22,7 +22,10 @@ clock in gosim) and moves bytes. The calls are
 
 Any frame received proves the peer alive, so a busy connection sends no pings. Both
 sides ping independently, so each detects a dead peer on its own clock, within
-``heartbeat_timeout`` (two intervals by default) of the last frame it received. A
+``heartbeat_timeout`` (two intervals by default) of the last frame it received. A side
+made with ``defer_pings`` (a server) waits a little longer before it pings, so that
+when both sides use one interval the other side's pings come first and keep both
+alive: one ping and one pong an interval. A
 driver whose reader is behind may call :meth:`Session.heard` for bytes that have arrived
 and are not read yet (netframe's heartbeat does, from the kernel's count of them).
 
@@ -59,6 +62,7 @@ __all__ = [
 MAX_REASON_BYTES = 1024
 _PING_BODY = struct.Struct(">Q")
 _DATA_KIND = bytes([0])  # Kind.DATA, before the enum exists
+_PONG_KIND = bytes([2])  # Kind.PONG
 _GOAWAY_HEAD = struct.Struct(">I")
 
 
@@ -175,6 +179,13 @@ class Session:
     ping, never declare the peer dead). ``heartbeat_timeout``: the peer is dead after
     this long without receiving anything (default: two intervals). ``idle_timeout``: the
     session is idle after this long without DATA in either direction (None: never).
+    ``defer_pings``: this side waits half the grace (``heartbeat_timeout -
+    heartbeat_interval``) longer before it pings, so that a peer pinging at the same
+    interval pings first and this side only answers: one ping and one pong cross an
+    interval, not two of each whenever both sides' quiet times run out together
+    (netframe's server defers, its client does not). The peer's pings keep coming
+    first while its round trip and lateness stay under half the grace; a peer that
+    does not ping is still pinged, half the grace before the timeout.
     """
 
     def __init__(
@@ -184,6 +195,7 @@ class Session:
         heartbeat_interval: float | None = 10.0,
         heartbeat_timeout: float | None = None,
         idle_timeout: float | None = None,
+        defer_pings: bool = False,
     ) -> None:
         if heartbeat_interval is not None and heartbeat_interval <= 0:
             raise ValueError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
@@ -199,6 +211,10 @@ class Session:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
+        # How long without receiving anything before this side pings.
+        self._quiet_before_ping = math.inf if heartbeat_interval is None else heartbeat_interval
+        if defer_pings and heartbeat_interval is not None and heartbeat_timeout is not None:
+            self._quiet_before_ping += (heartbeat_timeout - heartbeat_interval) / 2
         self.idle_timeout = idle_timeout
         self.state = OPEN
         self.last_received = now  # any frame
@@ -275,6 +291,13 @@ class Session:
             for payload in payloads:
                 if payload and payload[0] == 0:  # Kind.DATA
                     data.append(payload[1:])
+                elif len(payload) == 9 and payload[0] == 1:  # a well-formed Kind.PING
+                    # The heartbeat's hot path (a server answers one per connection an
+                    # interval): the pong queued as receive() queues it, no event made.
+                    self._pongs.append(_PONG_KIND + payload[1:])
+                    self.last_received = now
+                    self.dead = False
+                    control = True
                 else:
                     self.receive(payload, now)  # sets last_received itself
                     control = True
@@ -345,7 +368,7 @@ class Session:
         if (
             interval is not None
             and not self.dead
-            and self.last_received + interval <= now
+            and self.last_received + self._quiet_before_ping <= now
             and (self.last_ping_sent is None or self.last_ping_sent + interval <= now)
         ):
             if self.last_ping_sent is not None and self.last_ping_sent >= self.last_received:
@@ -371,7 +394,7 @@ class Session:
         if self.heartbeat_timeout is not None and not self.dead:
             times.append(self.last_received + self.heartbeat_timeout)
         if self.heartbeat_interval is not None and not self.dead:
-            base = self.last_received + self.heartbeat_interval
+            base = self.last_received + self._quiet_before_ping
             if self.last_ping_sent is not None:
                 base = max(base, self.last_ping_sent + self.heartbeat_interval)
             times.append(base)

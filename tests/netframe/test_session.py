@@ -156,14 +156,16 @@ def test_bad_configuration_is_refused() -> None:
     latency=st.floats(0.0, 0.02),
     jitters=st.lists(st.floats(0.0, 0.3), min_size=1, max_size=20),
 )
+@pytest.mark.parametrize("b_defers", [False, True])
 def test_two_sessions_over_a_link_detect_a_cut_within_two_intervals(
-    interval: float, cut_at: float, latency: float, jitters: list[float]
+    interval: float, cut_at: float, latency: float, jitters: list[float], b_defers: bool
 ) -> None:
     """Both sides poll when due (a little late, by up to 0.3 of an interval); the link
     carries frames with a small latency until it is cut. Before the cut nobody is dead;
-    after it both sides are dead within the timeout (two intervals) of the cut."""
+    after it both sides are dead within the timeout (two intervals) of the cut, whether
+    or not one side defers its pings."""
     a = Session(0.0, heartbeat_interval=interval)
-    b = Session(0.0, heartbeat_interval=interval)
+    b = Session(0.0, heartbeat_interval=interval, defer_pings=b_defers)
     in_flight: list[tuple[float, Session, bytes]] = []
     t = 0.0
     end = cut_at + 2 * interval + 2 * latency + interval
@@ -188,6 +190,47 @@ def test_two_sessions_over_a_link_detect_a_cut_within_two_intervals(
     assert a.dead and b.dead
     for s in (a, b):
         assert s.last_received < cut_at + latency + 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    interval=st.floats(0.1, 5.0),
+    latency=st.floats(0.0, 0.1),
+    lateness=st.lists(st.floats(0.0, 0.2), min_size=1, max_size=20),
+)
+def test_a_deferring_side_only_answers_a_peer_that_pings_at_its_interval(
+    interval: float, latency: float, lateness: list[float]
+) -> None:
+    """A client (``a``) and a server that defers its pings (``b``), one interval, a link
+    with a latency of up to 0.1 of an interval, each side polling up to 0.2 of an
+    interval late (round trip and lateness under the half grace of 0.5): over 50
+    intervals only ``a`` pings, about once an interval, and ``b`` only answers; nobody
+    is declared dead. (Two sides that do not defer ping each other whenever their quiet
+    times run out together, after every exchange.)"""
+    a = Session(0.0, heartbeat_interval=interval)
+    b = Session(0.0, heartbeat_interval=interval, defer_pings=True)
+    in_flight: list[tuple[float, Session, bytes]] = []
+    polls = {id(a): 0.0, id(b): 0.0}  # when each side next looks, late by its lateness
+    t = 0.0
+    step = 0
+    while t < 50 * interval:
+        step += 1
+        for s in (a, b):
+            if polls[id(s)] <= t:
+                polls[id(s)] = s.next_deadline() + lateness[step % len(lateness)] * interval
+        t = min([polls[id(a)], polls[id(b)]] + [w for w, _, _ in in_flight])
+        for when, dst, frame in sorted(in_flight, key=lambda x: x[0]):
+            if when <= t:
+                dst.receive(frame, when)
+        in_flight = [x for x in in_flight if x[0] > t]
+        for src, dst in ((a, b), (b, a)):
+            if polls[id(src)] <= t or src.next_deadline() == -math.inf:  # pongs go at once
+                for frame in src.poll(t):
+                    in_flight.append((t + latency * interval, dst, frame))
+        assert not a.dead and not b.dead, t
+    assert b.pings_sent == 0
+    assert 50 / 1.4 - 2 <= a.pings_sent <= 50 + 1
+    assert a.pongs_received >= a.pings_sent - 1
 
 
 _FRAMES = st.one_of(
