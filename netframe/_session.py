@@ -16,9 +16,10 @@ clock in gosim) and moves bytes. The calls are
 * :meth:`Session.poll` when :meth:`Session.next_deadline` passes (and after each
   receive): it returns the payloads due now (pongs, a ping when the peer has been
   quiet for ``heartbeat_interval``) and updates :attr:`Session.dead` (nothing at all
-  received for ``heartbeat_timeout``: the peer or the path is gone, including a
-  half-open connection whose other end vanished) and :attr:`Session.idle` (no DATA
-  either way for ``idle_timeout``).
+  received for ``heartbeat_timeout``, and this side's ping given its time to be
+  answered: the peer or the path is gone, including a half-open connection whose
+  other end vanished) and :attr:`Session.idle` (no DATA either way for
+  ``idle_timeout``).
 
 Any frame received proves the peer alive, so a busy connection sends no pings. Both
 sides ping independently, so each detects a dead peer on its own clock, within
@@ -176,8 +177,11 @@ class Session:
     """One side of a long connection's session protocol; see the module docstring.
 
     ``heartbeat_interval``: ping after this long without receiving anything (None: never
-    ping, never declare the peer dead). ``heartbeat_timeout``: the peer is dead after
-    this long without receiving anything (default: two intervals). ``idle_timeout``: the
+    ping). ``heartbeat_timeout``: the peer is dead after this long without receiving
+    anything (default: two intervals; None: never dead), and once this side's first
+    ping since has had the rest of that time to be answered (the timeout less the quiet
+    time before a ping): a ping sent late, by an overloaded process, still gets its
+    full answer window. ``idle_timeout``: the
     session is idle after this long without DATA in either direction (None: never).
     ``defer_pings``: this side waits half the grace (``heartbeat_timeout -
     heartbeat_interval``) longer before it pings, so that a peer pinging at the same
@@ -215,6 +219,13 @@ class Session:
         self._quiet_before_ping = math.inf if heartbeat_interval is None else heartbeat_interval
         if defer_pings and heartbeat_interval is not None and heartbeat_timeout is not None:
             self._quiet_before_ping += (heartbeat_timeout - heartbeat_interval) / 2
+        # How long a ping has to be answered before the peer may be declared dead: what
+        # is left of the timeout after a ping sent on time.
+        self._answer_window = (
+            0.0 if heartbeat_timeout is None else heartbeat_timeout - self._quiet_before_ping
+        )
+        # The first ping sent since the last frame received (None: none since).
+        self._first_unanswered_ping: float | None = None
         self.idle_timeout = idle_timeout
         self.state = OPEN
         self.last_received = now  # any frame
@@ -273,6 +284,7 @@ class Session:
         else:
             raise RemoteSessionError(f"unknown frame kind {kind}")
         self.last_received = now
+        self._first_unanswered_ping = None
         self.dead = False
         return event
 
@@ -296,6 +308,7 @@ class Session:
                     # interval): the pong queued as receive() queues it, no event made.
                     self._pongs.append(_PONG_KIND + payload[1:])
                     self.last_received = now
+                    self._first_unanswered_ping = None
                     self.dead = False
                     control = True
                 else:
@@ -304,6 +317,7 @@ class Session:
         finally:
             if len(data) > data_taken:
                 self.last_received = self.last_data = now
+                self._first_unanswered_ping = None
                 self.dead = False
         return control
 
@@ -311,6 +325,7 @@ class Session:
         """The peer was heard from without a frame read yet (bytes of it wait to be
         read: the reader is behind): it is alive, as if a frame had arrived at ``now``."""
         self.last_received = now
+        self._first_unanswered_ping = None
         self.dead = False
 
     # ------------------------------------------------------------------- send
@@ -359,10 +374,7 @@ class Session:
         # Compare as next_deadline computes (deadline <= now), never as a difference:
         # with floats the two can disagree by one rounding, and a poll at exactly the
         # deadline must act, or a driver sleeping until next_deadline() would spin.
-        if (
-            self.heartbeat_timeout is not None
-            and self.last_received + self.heartbeat_timeout <= now
-        ):
+        if self.heartbeat_timeout is not None and self._dead_at() <= now:
             self.dead = True
         interval = self.heartbeat_interval
         if (
@@ -373,6 +385,8 @@ class Session:
         ):
             if self.last_ping_sent is not None and self.last_ping_sent >= self.last_received:
                 self.heartbeats_missed += 1  # the previous ping got no answer in time
+            if self._first_unanswered_ping is None:
+                self._first_unanswered_ping = now
             opaque = self._next_opaque
             self._next_opaque = (opaque + 1) % 2**64
             self._outstanding[opaque] = now
@@ -384,6 +398,23 @@ class Session:
         self.idle = self.idle_timeout is not None and self.last_data + self.idle_timeout <= now
         return out
 
+    def _dead_at(self) -> float:
+        """When the peer is dead if nothing arrives first: ``heartbeat_timeout`` after
+        the last frame received, and (when this side pings) no sooner than the answer
+        window after the first ping sent since then; never before that ping is sent.
+        A side that pinged late (its process overloaded) so gives the peer the time to
+        answer that a punctual side gives, rather than judging it by a ping it has
+        barely had."""
+        timeout = self.heartbeat_timeout
+        assert timeout is not None
+        at = self.last_received + timeout
+        if self.heartbeat_interval is None:
+            return at  # no pings: silence alone decides
+        first = self._first_unanswered_ping
+        if first is None:
+            return math.inf  # not pinged since the last frame: the ping comes first
+        return max(at, first + self._answer_window)
+
     def next_deadline(self) -> float:
         """When :meth:`poll` next has something to do (infinity: never, pongs aside)."""
         if self.state is CLOSED:
@@ -392,7 +423,7 @@ class Session:
         if self._pongs:
             return -math.inf
         if self.heartbeat_timeout is not None and not self.dead:
-            times.append(self.last_received + self.heartbeat_timeout)
+            times.append(self._dead_at())
         if self.heartbeat_interval is not None and not self.dead:
             base = self.last_received + self._quiet_before_ping
             if self.last_ping_sent is not None:

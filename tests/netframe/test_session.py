@@ -70,6 +70,31 @@ def test_silent_peer_is_dead_after_two_intervals_not_before() -> None:
     assert a.next_deadline() == math.inf  # nothing more to do for a dead peer
 
 
+def test_a_ping_sent_late_gets_the_whole_answer_window() -> None:
+    # An overloaded side wakes 0.9 s late and pings at 1.9 (due at 1.0): the peer gets
+    # the second a punctual ping would have had, so it is not dead at 2.0 but at 2.9,
+    # unless something arrives; the deadline the driver sleeps to says the same.
+    a = Session(0.0, heartbeat_interval=1.0)
+    assert a.poll(1.9)  # the late ping
+    assert a.next_deadline() == 2.9
+    a.poll(2.0)
+    assert not a.dead
+    a.poll(2.89)
+    assert not a.dead
+    a.poll(2.9)
+    assert a.dead
+    # The same late ping answered in time keeps the peer alive.
+    b = Session(0.0, heartbeat_interval=1.0)
+    (ping,) = b.poll(1.9)
+    b.receive(bytes([Kind.PONG]) + ping[1:], 2.5)
+    b.poll(2.9)
+    assert not b.dead
+    # A side too late even to have pinged pings first rather than judging.
+    c = Session(0.0, heartbeat_interval=1.0)
+    assert c.poll(5.0) and not c.dead
+    assert c.next_deadline() == 6.0
+
+
 def test_idle_timeout_counts_data_either_way_but_not_heartbeats() -> None:
     a, b = (
         Session(0.0, heartbeat_interval=1.0, idle_timeout=5.0),
