@@ -21,7 +21,13 @@ and ``(Ir(12000) - Ir(2000)) / 10000`` is the server's instructions per request
 * ``session-ping``: PING frames, one in flight, each answered by its PONG: what a
   heartbeat costs the side that answers it; ``session-ping-fan64``: the same on 64
   connections at once, one PING in flight on each (N in all), as a server holding
-  many connections answers them.
+  many connections answers them;
+* ``session-hb64``: 64 connections whose client sends nothing but PONGs, the server
+  pinging each when quiet (a 0.2 s interval), until N pings are answered: a
+  heartbeat's cost to the side that keeps it (its timer's wake, the PING, the PONG read);
+  ``session-hbc64``: the client pings all 64 every 0.2 s (N in all) and the server, with
+  the same interval, only answers: a server's heartbeat cost per client ping, its own
+  timers included.
 
 Run without valgrind it prints the wall-clock time per request of the client too, a
 figure the load moves (use the instruction counts to compare builds).
@@ -29,11 +35,13 @@ figure the load moves (use the instruction counts to compare builds).
 
 from __future__ import annotations
 
+import selectors
 import socket
 import struct
 import subprocess
 import sys
 import time
+from typing import cast
 
 HEADER = struct.Struct(">I")
 PAYLOAD = b"x" * 64
@@ -47,9 +55,12 @@ def _recv_exactly(sock: socket.socket, n: int, buf: bytearray) -> None:
         buf += chunk
 
 
-def client(port: int, n: int, session: bool, depth: int, ping: bool, conns: int) -> None:
+def client(
+    port: int, n: int, session: bool, depth: int, ping: bool, conns: int, pause: float = 0.0
+) -> None:
     """``n`` requests (``ping``: PING frames) over ``conns`` connections, ``depth`` at a
-    time on each, each reply checked (a PING's is its PONG); then close."""
+    time on each, each reply checked (a PING's is its PONG), ``pause`` seconds between
+    rounds; then close."""
     body = (b"\x00" if session else b"") + PAYLOAD
     frame = HEADER.pack(len(body)) + body
     reply = frame
@@ -72,6 +83,36 @@ def client(port: int, n: int, session: bool, depth: int, ping: bool, conns: int)
             if bytes(buf[:want]) != reply * k:
                 raise AssertionError("a reply did not answer its request")
             del buf[:want]
+        if pause:
+            time.sleep(pause)
+    for sock in socks:
+        sock.close()
+
+
+def answer_pings(port: int, n: int, conns: int) -> None:
+    """Hold ``conns`` session connections that send nothing of their own and answer
+    the server's PINGs with PONGs, until ``n`` PINGs have been answered; then close."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(conns)]
+    bufs = {sock.fileno(): bytearray() for sock in socks}
+    sel = selectors.DefaultSelector()
+    for sock in socks:
+        sel.register(sock, selectors.EVENT_READ)
+    answered = 0
+    while answered < n:
+        for key, _ in sel.select(timeout=30):
+            sock = cast(socket.socket, key.fileobj)
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the server closed a connection (declared it dead?)")
+            buf = bufs[sock.fileno()]
+            buf += chunk
+            while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
+                size = HEADER.unpack_from(buf)[0]
+                body = bytes(buf[4 : 4 + size])
+                del buf[: 4 + size]
+                if body[:1] == b"\x01":
+                    sock.sendall(HEADER.pack(9) + b"\x02" + body[1:])
+                    answered += 1
     for sock in socks:
         sock.close()
 
@@ -95,7 +136,13 @@ def server(workload: str, n: int) -> None:
         return payload
 
     handler = echo_async if "async" in workload else echo_plain
-    if session:
+    if workload == "session-hb64":
+        conns, ping = 64, 2  # the client only answers the server's pings
+        srv = netframe.Server(handler, heartbeat_interval=0.2)
+    elif workload == "session-hbc64":
+        conns, ping = 64, 3  # the client pings every connection every 0.2 s
+        srv = netframe.Server(handler, heartbeat_interval=0.2)
+    elif session:
         srv = netframe.Server(handler, heartbeat_interval=10.0)
     else:
         srv = netframe.Server(handler, raw=True, max_in_flight=1, heartbeat_interval=None)
@@ -121,6 +168,11 @@ def server(workload: str, n: int) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "client":
         port, n, session, depth, ping, conns = map(int, sys.argv[2:8])
-        client(port, n, session == 1, depth, ping == 1, conns)
+        if ping == 2:
+            answer_pings(port, n, conns)
+        elif ping == 3:
+            client(port, n, session == 1, depth, True, conns, pause=0.2)
+        else:
+            client(port, n, session == 1, depth, ping == 1, conns)
     else:
         server(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2000)

@@ -59,7 +59,7 @@ import math
 import struct
 import termios
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -164,20 +164,30 @@ class _Alarm:
     so a ring while nobody sleeps has nothing to wake and is dropped.
     """
 
-    __slots__ = ("_g", "_timer")
+    __slots__ = ("_g", "_recheck", "_timer")
 
     def __init__(self) -> None:
         self._g: lowlevel.G | None = None
+        self._recheck: Callable[[], float] | None = None
         self._timer = lowlevel.RuntimeTimer(_alarm_fired, self)
 
-    async def sleep_until(self, when: float) -> None:
-        """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`."""
+    async def sleep_until(self, when: float, recheck: Callable[[], float] | None = None) -> None:
+        """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`.
+
+        With ``recheck``, a timer that fires asks it for the deadline again first, and
+        re-arms itself for a later one instead of waking the sleeper: a heartbeat whose
+        peer was heard meanwhile (its deadline moved on) costs no goroutine switch.
+        ``recheck`` runs on the driver: it must not wait, nor fail.
+        """
         if when != math.inf:
             lowlevel.add_timer(self._timer, when)
+        self._recheck = recheck
         self._g = lowlevel.current_g()
-        await lowlevel.park("select")
-        if when != math.inf:
-            lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
+        try:
+            await lowlevel.park("select")
+        finally:
+            self._recheck = None
+        lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
 
     def ring(self) -> None:
         g = self._g
@@ -187,6 +197,13 @@ class _Alarm:
 
 
 def _alarm_fired(alarm: _Alarm, now: float) -> None:
+    recheck = alarm._recheck
+    if recheck is not None and alarm._g is not None:
+        when = recheck()
+        if when > now:  # the deadline moved on while the sleeper slept: sleep on
+            if when != math.inf:
+                lowlevel.add_timer(alarm._timer, when)
+            return
     alarm.ring()
 
 

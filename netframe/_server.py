@@ -437,7 +437,9 @@ async def _keep_alive(st: _Conn) -> _HeartbeatEnd:
     while not st.closed:
         deadline = session.next_deadline()
         if deadline > gosim.now():
-            await st.alarm.sleep_until(deadline)
+            # Rechecked when the timer fires: a peer heard meanwhile moved the deadline
+            # on, and the timer re-arms without waking this goroutine.
+            await st.alarm.sleep_until(deadline, session.next_deadline)
             if st.is_closed():
                 break
         now = gosim.now()

@@ -319,3 +319,43 @@ def test_send_nowait_goes_out_at_once_and_a_failed_send_fails_the_connection() -
     # The socket's own error with the C writer (a reset or a broken pipe), gosim.net's
     # BrokenError through Conn.write on the pure-Python path: a ConnectionError both ways.
     assert raised is not None and issubclass(raised, ConnectionError)
+
+
+def test_an_alarm_with_a_recheck_sleeps_on_to_a_deadline_that_moved() -> None:
+    # A heartbeat's sleep: the timer fires at 1.0, the recheck says the deadline moved
+    # to 2.5 (the peer was heard meanwhile), and the sleeper wakes once, at 2.5, not at
+    # 1.0; a recheck saying "due" wakes it; a ring wakes it whatever the timer.
+    from netframe._conn import _Alarm  # noqa: PLC0415  # the heartbeat's own primitive
+
+    async def main() -> list[tuple[str, float]]:
+        log: list[tuple[str, float]] = []
+        alarm = _Alarm()
+        deadlines = [2.5, 2.5]
+
+        def recheck() -> float:
+            log.append(("recheck", gosim.now()))
+            return deadlines.pop(0) if deadlines else 0.0
+
+        await alarm.sleep_until(1.0, recheck)
+        log.append(("woke", gosim.now()))
+        await alarm.sleep_until(3.0, recheck)  # the recheck says due: wakes at 3.0
+        log.append(("woke", gosim.now()))
+
+        async def ring_later() -> None:
+            await gosim.sleep(1.0)
+            alarm.ring()
+
+        go(ring_later)
+        await alarm.sleep_until(100.0, recheck)
+        log.append(("woke", gosim.now()))
+        return log
+
+    log = gosim.run(main, procs=1, seed=1, virtual_time=True)
+    assert log == [
+        ("recheck", 1.0),
+        ("recheck", 2.5),
+        ("woke", 2.5),
+        ("recheck", 3.0),
+        ("woke", 3.0),
+        ("woke", 4.0),
+    ]
