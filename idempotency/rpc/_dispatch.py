@@ -387,6 +387,8 @@ class Dispatcher:
             if spec.idempotent:
                 if meta is not None and meta.key is not None:
                     if meta.timeout_ms is not None:
+                        if spec.one_step and not spec.pass_context:
+                            return self._one_step_by_deadline(spec, msg, meta)
                         return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
                     return self._idempotent_reply(spec, msg, meta, _BACKGROUND, math.inf)
                 if not spec.key_optional:
@@ -545,6 +547,30 @@ class Dispatcher:
         if reply is not None:
             return reply
         self._stats.deadline_exceeded += 1
+        return self._error(msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    async def _one_step_by_deadline(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes:
+        """A one-step method's call with a deadline, run in the caller's goroutine.
+
+        Such a call has nothing to cancel once it starts: it builds its effect at once,
+        then waits for its commit, which goes on to its end either way (its outcome is
+        recorded, and a retry replays it). So it needs no race goroutine: the reply is
+        DEADLINE_EXCEEDED when the deadline has passed by the time the commit returns,
+        the call's reply otherwise. A wait for another execution of the key still ends
+        at the deadline. Only a store that stalls past the deadline makes this answer
+        late (the client's own timer has answered its caller then)."""
+        assert meta.timeout_ms is not None
+        if meta.timeout_ms <= 0:  # nothing may start
+            self._stats.deadline_exceeded += 1
+            return self._error(
+                msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start"
+            )
+        deadline = gosim.now() + meta.timeout_ms / 1000.0
+        reply = await self._idempotent_reply(spec, msg, meta, _BACKGROUND, deadline)
+        if gosim.now() < deadline:
+            return reply
+        self._stats.deadline_exceeded += 1
+        self._stats.late_completions += 1
         return self._error(msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
 
     async def _run_to(

@@ -274,3 +274,57 @@ def test_call_ctx_carries_the_deadline_except_for_one_step_methods() -> None:
         ("one", None),
         ("two", (0.5, True)),
     ]
+
+
+def test_a_one_step_call_past_its_deadline_is_answered_so_and_its_commit_stands(
+    tmp_path: Path,
+) -> None:
+    # A one-step call runs in its caller's goroutine, with no race: its commit, held up
+    # here by another connection's write lock on the ledger file, goes on to its end,
+    # and as the deadline passed meanwhile the answer is DEADLINE_EXCEEDED. The effect
+    # is in the ledger once; the same key again replays it; a call in time gets its reply.
+    import threading  # noqa: PLC0415
+
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE acct (id TEXT PRIMARY KEY, bal INTEGER)")
+        conn.executemany("INSERT INTO acct VALUES (?, ?)", [("a", 100), ("b", 0)])
+    locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+
+    async def main() -> tuple[list[Any], tuple[int, int]]:
+        store = SQLiteStore(db)
+        srv = Server(idempotency=Idempotency(store), heartbeat_interval=None)
+
+        def move(call: Call, amount: int) -> SQLiteEffect:
+            def apply(conn: sqlite3.Connection) -> int:
+                conn.execute("UPDATE acct SET bal = bal - ? WHERE id = 'a'", (amount,))
+                conn.execute("UPDATE acct SET bal = bal + ? WHERE id = 'b'", (amount,))
+                return amount
+
+            return SQLiteEffect(apply)
+
+        srv.add_method(move, "move", idempotent=True, pass_call=True, one_step=True)
+
+        async def call(msgid: int, key: str, timeout_ms: int) -> Any:
+            payload = encode_request(msgid, "move", [7], CallMeta(key, "me", timeout_ms, 1))
+            msg = decode(await srv.dispatcher.handle_payload(payload))
+            assert isinstance(msg, Response)
+            return msg.error[0] if msg.error else msg.result
+
+        answers = [await call(1, "warm", 5000)]  # the store's tables exist from here on
+        locker.execute("BEGIN IMMEDIATE")  # another process writing, for 0.5 s
+        threading.Timer(0.5, lambda: locker.execute("COMMIT")).start()
+        answers.append(await call(2, "k", 100))
+        answers.append(await call(3, "k", 5000))  # the same key: the recorded outcome
+        stats = srv.statistics()
+        store.close()
+        return answers, (stats.deadline_exceeded, stats.late_completions)
+
+    answers, counts = gosim.run(main, procs=1)
+    locker.close()
+    assert answers == [7, Status.DEADLINE_EXCEEDED, 7]
+    assert counts == (1, 1)
+    with sqlite3.connect(db) as conn:
+        assert dict(conn.execute("SELECT id, bal FROM acct")) == {"a": 86, "b": 14}
