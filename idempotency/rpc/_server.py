@@ -153,7 +153,8 @@ class Server:
         before the claim, for a replay too (its outcome is dropped), and ``call.fence``
         is set when the effect runs (read it in the effect). It cannot wait, so it gets
         no context: ``call.ctx`` is None (a deadline that passes while its effect
-        commits is answered ``DEADLINE_EXCEEDED`` by the server all the same). See
+        commits is answered ``DEADLINE_EXCEEDED`` by the server all the same, once the
+        commit returns: the outcome is recorded, and a retry replays it). See
         :meth:`idempotency.Idempotency.run`.
         """
         self.dispatcher.register(
