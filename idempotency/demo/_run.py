@@ -16,7 +16,12 @@ but Redis has stopped, and checks:
    replaying the applied transfers from the opening balances gives every account's
    balance exactly;
 4. every issued transfer's outcome is known (acknowledged or refused) after the
-   clients' reconciliation.
+   clients' reconciliation;
+5. every process ran until the conductor stopped it. A server or the fault proxy that
+   exits on its own (a crash, a kill from outside) ends the run at once; a client that
+   fails is found when the others finish. The report then names the process, its exit
+   status and when, and there is no audit (the clients write their logs when their
+   run ends).
 """
 
 from __future__ import annotations
@@ -409,10 +414,19 @@ def _conduct(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
 
+    # Processes that ended on their own: (name, exit status, seconds into the run).
+    died: list[tuple[str, int | None, float]] = []
+
     def conduct(refresh: Callable[[], None]) -> None:
         pending = list(kill_at)
         while any(c.proc.poll() is None for c in clients):
             now = time.monotonic() - start
+            # A server or the proxy that exits unbidden (a crash) ends the run: the
+            # clients would only retry against nothing until their time is up.
+            gone = [(p.name, p.proc.poll(), now) for p in [*servers, *procs]]
+            died.extend(d for d in gone if d[1] is not None)
+            if died:
+                break
             if pending and now >= pending[0]:
                 pending.pop(0)
                 victim = rng.randrange(len(servers))
@@ -452,7 +466,21 @@ def _conduct(
             _stop(servers[0], signal.SIGTERM)  # it writes its trace on SIGTERM
         for p in [*clients, *procs, *servers]:
             _stop(p)
-    checks = audit(read_ledger(spec), opts.accounts, read_logs(logs))
+    if not died:  # else the clients were stopped here, for the early end
+        died += [(c.name, code, elapsed) for c in clients if (code := c.proc.returncode)]
+    if died:
+        # The clients write their logs when their run ends: after an early end there is
+        # nothing to audit against, and the report says why the run stopped instead.
+        what = "; ".join(
+            f"{name} exited with status {code} at {at:.1f} s" for name, code, at in died
+        )
+        checks = [
+            ("every process ran until stopped", False, f"{what} (no audit: the run ended early)")
+        ]
+    else:
+        checks = audit(read_ledger(spec), opts.accounts, read_logs(logs))
+        who = f"{len(servers)} server(s), {len(clients)} client process(es)"
+        checks.append(("every process ran until stopped", True, who))
     t = totals()
     if not live_display:  # the live display already shows the last figures
         console.print(table())
