@@ -32,8 +32,11 @@ Server, per connection (all goroutines, no trio task per connection):
    one non-blocking send, no goroutine switch), else through the connection's
    batching writer goroutine, in order either way;
 4. a *heartbeat* goroutine (the same code for the client: :func:`_keep_alive`) sleeps
-   until the session's next deadline, sends its pings, and closes the connection when
-   the peer is dead or the connection idle. Control frames never wait behind a full
+   until the session's next deadline (its timer, finding the deadline moved on because
+   the peer was heard meanwhile, re-arms itself without waking it), sends its pings
+   (the server's later than the client's, so that clients ping and the server answers:
+   ``Session(defer_pings=True)``), and closes the connection when the peer is dead or
+   the connection idle. Control frames never wait behind a full
    send queue (:meth:`FramedConn.send_nowait`), so a peer that neither sends nor
    reads is still found dead at its heartbeat timeout.
 
