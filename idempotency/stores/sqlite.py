@@ -47,6 +47,7 @@ no claim behind.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -445,7 +446,7 @@ class SQLiteStore(OneStepStore):
                             else:
                                 self._flush(conn, dirty)
                                 self._effect_and_record(
-                                    conn, op, caller, key, fence, c, res.record, now, ws
+                                    conn, op, caller, key, fence, c, res.record, now, ws, True
                                 )
                     elif kind == _RELEASE:
                         caller, key, f = op.args
@@ -553,18 +554,25 @@ class SQLiteStore(OneStepStore):
         rec: Record | None,
         now: float,
         ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+        just_claimed: bool = False,
     ) -> None:
         """Run claim ``fence``'s effect in a savepoint and write its completed record;
-        on failure nothing of it stays and ``op`` carries the error."""
+        on failure nothing of it stays and ``op`` carries the error. ``just_claimed``:
+        ``rec`` is the claim this transaction has just made (claim_and_complete)."""
         effect = c.effect
         assert isinstance(effect, SQLiteEffect)  # checked by complete/claim_and_complete
         cur = self._cursor
-        # Check the claim before the effect runs: a stale holder's effect must not run.
-        complete(rec, fence, True, b"", now, c.ttl, caller, key)
+        if not just_claimed:
+            # Check the claim before the effect runs: a stale holder's effect must not
+            # run. (A claim made a moment ago in this very transaction is live.)
+            complete(rec, fence, True, b"", now, c.ttl, caller, key)
         cur.execute("SAVEPOINT idempotency_effect")
         try:
+            # partial, not lambda: the effect is called without a frame of ours around it
             ok, payload = run_effect(
-                lambda: effect.fn(conn), c.max_result_bytes, lambda: _rollback_to(cur)
+                functools.partial(effect.fn, conn),
+                c.max_result_bytes,
+                functools.partial(_rollback_to, cur),
             )
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
             cur.execute(_UPSERT, _completed_row((caller, key), done))
