@@ -413,7 +413,7 @@ async def _read_connection(
             now = gosim.now()  # one clock read for the receive's frames
             try:
                 if session.receive_many(frames, now, payloads):
-                    for out in session.poll(now):  # pongs
+                    for out in session.take_pongs():
                         fc.send_nowait(out)
             except RemoteFrameError as exc:
                 error = exc

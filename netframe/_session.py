@@ -415,6 +415,15 @@ class Session:
             return math.inf  # not pinged since the last frame: the ping comes first
         return max(at, first + self._answer_window)
 
+    def take_pongs(self) -> list[bytes]:
+        """The pongs the frames received so far queued, each returned once: what a
+        reader sends at once after a receive, without :meth:`poll`'s other duties
+        (pings, dead, idle: the heartbeat's, at its deadlines)."""
+        out = self._pongs
+        if out:
+            self._pongs = []
+        return out
+
     def next_deadline(self) -> float:
         """When :meth:`poll` next has something to do (infinity: never, pongs aside)."""
         if self.state is CLOSED:

@@ -296,3 +296,12 @@ def test_receive_many_is_receive_frame_by_frame(frames: list[bytes], now: float)
     for attr in ("last_received", "last_data", "dead", "state", "goaway_received"):
         assert getattr(many, attr) == getattr(one, attr), attr
     assert many.poll(now) == one.poll(now)
+
+
+def test_take_pongs_returns_each_pong_once_and_poll_does_not_repeat_it() -> None:
+    s = Session(0.0, heartbeat_interval=1.0)
+    assert s.receive_many([bytes([Kind.PING]) + b"12345678"], 0.5, [])
+    assert s.take_pongs() == [bytes([Kind.PONG]) + b"12345678"]
+    assert s.take_pongs() == []
+    assert s.poll(0.6) == []  # nothing due: the pong went, no ping yet
+    assert s.next_deadline() == 1.5
