@@ -12,6 +12,8 @@ clock in gosim) and moves bytes. The calls are
 * :meth:`Session.receive` for each frame payload the decoder produced; it returns the
   event (:class:`Data`, :class:`Ping`, :class:`Pong`, :class:`GoAway`) and, for a ping,
   queues the pong to send;
+* :meth:`Session.receive_many` for the payloads of one receive at once (DATA out
+  without event objects), then :meth:`Session.take_pongs` for the pongs to send now;
 * :meth:`Session.data` / :meth:`Session.goaway` to make payloads to send;
 * :meth:`Session.poll` when :meth:`Session.next_deadline` passes (and after each
   receive): it returns the payloads due now (pongs, a ping when the peer has been
@@ -149,7 +151,8 @@ class Data:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
-    """The peer pinged; the pong is queued for the next :meth:`Session.poll`."""
+    """The peer pinged; the pong is queued for :meth:`Session.take_pongs` (or the next
+    :meth:`Session.poll`)."""
 
     opaque: int
 
@@ -283,21 +286,21 @@ class Session:
             self.state = TRANSITIONS.get((self.state, "recv_goaway"), self.state)
         else:
             raise RemoteSessionError(f"unknown frame kind {kind}")
-        self.last_received = now
-        self._first_unanswered_ping = None
-        self.dead = False
+        self.heard(now)
         return event
 
     def receive_many(self, payloads: list[bytes], now: float, data: list[bytes]) -> bool:
         """Interpret the frame payloads of one receive, as :meth:`receive` would one by
         one, appending each DATA payload to ``data``; True when a control frame was
-        among them (a ping's pong is then queued: :meth:`poll` returns it).
+        among them (a ping's pong is then queued: :meth:`take_pongs` or :meth:`poll`
+        returns it).
 
         The hot path of a connection's reader: DATA frames, nearly all of them, make no
         event object. A malformed payload raises RemoteSessionError with the frames
         before it taken (their DATA in ``data``) and the session unchanged by it.
         """
         control = False
+        heard = False  # a PING or DATA came (other frames hear the peer in receive())
         data_taken = len(data)
         try:
             for payload in payloads:
@@ -307,23 +310,24 @@ class Session:
                     # The heartbeat's hot path (a server answers one per connection an
                     # interval): the pong queued as receive() queues it, no event made.
                     self._pongs.append(_PONG_KIND + payload[1:])
-                    self.last_received = now
-                    self._first_unanswered_ping = None
-                    self.dead = False
-                    control = True
+                    heard = control = True
                 else:
-                    self.receive(payload, now)  # sets last_received itself
+                    self.receive(payload, now)  # hears the peer itself
                     control = True
         finally:
             if len(data) > data_taken:
-                self.last_received = self.last_data = now
+                self.last_data = now
+                heard = True
+            if heard:  # heard(now), written out: the reader's hot path, once a receive
+                self.last_received = now
                 self._first_unanswered_ping = None
                 self.dead = False
         return control
 
     def heard(self, now: float) -> None:
-        """The peer was heard from without a frame read yet (bytes of it wait to be
-        read: the reader is behind): it is alive, as if a frame had arrived at ``now``."""
+        """The peer was heard from at ``now``: a frame arrived (the receive methods call
+        this), or bytes of it wait to be read (the reader is behind): it is alive, and
+        no ping of this side waits for an answer any more."""
         self.last_received = now
         self._first_unanswered_ping = None
         self.dead = False

@@ -532,10 +532,7 @@ class Dispatcher:
         only if the method waits on it)."""
         assert meta.timeout_ms is not None
         if meta.timeout_ms <= 0:  # nothing may start
-            self._stats.deadline_exceeded += 1
-            return self._error(
-                msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start"
-            )
+            return self._deadline_exceeded(msg.msgid, "deadline exceeded before start")
         ctx: context.Context = _BACKGROUND
         cancel = None
         if spec.pass_context or (spec.pass_call and not spec.one_step):
@@ -548,8 +545,12 @@ class Dispatcher:
         reply: bytes | None = await race.wait(deadline)
         if reply is not None:
             return reply
+        return self._deadline_exceeded(msg.msgid, "deadline exceeded")
+
+    def _deadline_exceeded(self, msgid: int, message: str) -> bytes:
+        """The DEADLINE_EXCEEDED answer, counted."""
         self._stats.deadline_exceeded += 1
-        return self._error(msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
+        return self._error(msgid, Status.DEADLINE_EXCEEDED, message)
 
     async def _one_step_by_deadline(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes:
         """A one-step method's call with a deadline, run in the caller's goroutine.
@@ -563,17 +564,13 @@ class Dispatcher:
         late (the client's own timer has answered its caller then)."""
         assert meta.timeout_ms is not None
         if meta.timeout_ms <= 0:  # nothing may start
-            self._stats.deadline_exceeded += 1
-            return self._error(
-                msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded before start"
-            )
+            return self._deadline_exceeded(msg.msgid, "deadline exceeded before start")
         deadline = gosim.now() + meta.timeout_ms / 1000.0
         reply = await self._idempotent_reply(spec, msg, meta, _BACKGROUND, deadline)
         if gosim.now() < deadline:
             return reply
-        self._stats.deadline_exceeded += 1
         self._stats.late_completions += 1
-        return self._error(msg.msgid, Status.DEADLINE_EXCEEDED, "deadline exceeded")
+        return self._deadline_exceeded(msg.msgid, "deadline exceeded")
 
     async def _run_to(
         self,
