@@ -120,9 +120,12 @@ class Peer(threading.Thread):
         except BaseException as exc:
             self.error = exc
 
-    def finish(self) -> Any:
+    async def finish(self) -> Any:
+        """Let the peer finish and wait for it without blocking the runtime: a peer may
+        be waiting on the server for a reply (joining here would stop the server)."""
         self.release.set()
-        self.join(BOUND)
+        await wait_until(lambda: not self.is_alive())
+        self.join(0.1)
         assert not self.is_alive(), "the peer thread did not finish"
         if self.error is not None:
             raise self.error
@@ -194,7 +197,7 @@ def test_a_peer_that_neither_sends_nor_reads_is_found_dead_with_a_full_send_queu
         )
         await gosim.sleep(0.1)  # the handlers blocked on the queue wind up
         left = gosim.num_goroutine() - base
-        peer.finish()
+        await peer.finish()
         stats = server.statistics()
         await server.shutdown(grace=0.1)
         return gone, stats.dead_peers, stats.connections, left
@@ -223,7 +226,7 @@ def test_a_protocol_error_closes_even_with_the_send_queue_full() -> None:
         peer.start()
         await wait_until(lambda: server.statistics().accepted == 1)
         closed = await wait_until(lambda: server.statistics().connections == 0)
-        peer.finish()
+        await peer.finish()
         stats = server.statistics()
         await server.shutdown(grace=0.1)
         return closed, stats
@@ -378,7 +381,7 @@ def test_shutdown_returns_after_the_grace_period_with_a_peer_that_never_reads(
         returned, error = await within(BOUND, server.shutdown, 0.3)
         assert error is None
         connections = server.statistics().connections
-        peer.finish()
+        await peer.finish()
         return returned, opened, connections
 
     assert gosim.run(main, procs=2) == (True, 1, 0)
@@ -652,7 +655,7 @@ def test_a_refused_peer_reads_the_goaway_and_an_end_of_stream_not_a_reset() -> N
         peer.start()
         ok = await wait_until(lambda: not peer.is_alive(), bound=30)
         assert ok
-        got = peer.finish()
+        got = await peer.finish()
         rejected = server.statistics().rejected
         holder.close()
         await server.shutdown(grace=0.1)
@@ -733,7 +736,7 @@ def test_raw_mode_replies_in_request_order_with_concurrent_handlers() -> None:
         peer = Peer(script, port_of(ln))
         peer.start()
         await wait_until(lambda: not peer.is_alive())
-        got: list[bytes] = peer.finish()
+        got: list[bytes] = await peer.finish()
         await server.shutdown(grace=0.1)
         return got
 
@@ -800,7 +803,7 @@ def test_raw_idle_timeout_closes_silent_and_slow_peers() -> None:
         await wait_until(lambda: not peers[0].is_alive() and not peers[1].is_alive())
         await gosim.sleep(1.0)  # the chatty peer outlives several timeouts
         left = server.statistics().connections
-        results = [p.finish() for p in peers]
+        results = [await p.finish() for p in peers]
         idle = server.statistics().idle_closed
         await server.shutdown(grace=0.1)
         return results[0], results[1], results[2], left, idle
@@ -831,7 +834,7 @@ def test_a_protocol_error_goaway_says_what_was_wrong(wire: bytes, reason: bytes)
         peer = Peer(script, port_of(ln))
         peer.start()
         await wait_until(lambda: not peer.is_alive())
-        got: list[bytes | None] = peer.finish()
+        got: list[bytes | None] = await peer.finish()
         await server.shutdown(grace=0.1)
         return got
 
