@@ -28,7 +28,9 @@ one fsync makes them all durable. Replies are released only after that commit re
 
 Within a batch, an operation's failure is its own: a stale completion or a corrupted row
 writes nothing, and an operation that runs user code (an effect, :meth:`transact`) runs
-inside its own ``SAVEPOINT``, so an exception rolls back only that operation. Only a
+inside its own ``SAVEPOINT``, so an exception rolls back only that operation. (An
+``atomic`` effect runs without one; should it fail after writing, the batch is rolled
+back and applied again with savepoints: see :class:`SQLiteEffect`.) Only a
 failure of the transaction itself (disk error, lock timeout, failed commit) fails the
 whole batch, and then nothing of it was committed: every operation gets
 :class:`StoreUnavailable` and every caller may retry.
@@ -146,6 +148,10 @@ _SKIP_TO_CEILING: Final = (
 )
 FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
 _LIGHT: Final = frozenset({_CLAIM, _GET})  # batches of these only commit without fsync
+# What _apply did with a batch (compared by identity).
+_APPLIED: Final = "applied"
+_NEEDS_DURABLE: Final = "rolled back: needs tokens past the ceiling"
+_NEEDS_CAREFUL: Final = "rolled back: an atomic effect failed after writing"
 
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Errors meaning the file itself is damaged, not that it is busy or unreachable.
@@ -158,13 +164,32 @@ class SQLiteEffect(Effect):
     call's result.
 
     ``fn`` must not commit, roll back or begin transactions itself, and must not keep
-    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
+    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim. It
+    must act only through ``conn``: it may run more than once for one record, since a
+    transaction that is rolled back (a failed commit, or the redo below) is run again,
+    and only the run whose transaction commits counts.
+
+    ``atomic=True`` promises that ``fn`` has written nothing when it raises: its writes
+    are one statement (SQLite undoes a failed statement whole, its triggers included),
+    or it raises only before its first write. The store then runs it without a
+    savepoint of its own, two statements fewer a call. Should it raise after writing
+    all the same, or return a result that cannot be recorded, the store sees the
+    connection's change count moved, rolls the whole batch back and applies it again
+    with a savepoint around every effect, so nothing of the failed effect is kept.
+    Writes SQLite does not count as changes (schema statements) are not seen: an effect
+    that makes them must not say ``atomic``.
     """
 
-    __slots__ = ("fn",)
+    __slots__ = ("atomic", "fn")
 
-    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any], *, atomic: bool = False) -> None:
         self.fn = fn
+        self.atomic = atomic
+
+
+class _RedoCarefully(Exception):
+    """An atomic effect failed after writing: the batch is rolled back and applied
+    again with a savepoint around every effect."""
 
 
 class SQLiteStore(OneStepStore):
@@ -366,14 +391,26 @@ class SQLiteStore(OneStepStore):
         and reads, unless their tokens would pass the reserved ceiling (then again,
         durably)."""
         durable = any(op.kind not in _LIGHT for op in ops)
-        if not self._apply(ops, durable):
+        careful = False
+        while True:
+            outcome = self._apply(ops, durable, careful)
+            if outcome is _APPLIED:
+                return
+            # Rolled back, nothing applied: again, durably or with savepoints. At most
+            # twice: a light batch has no effects, and a careful one is never redone.
             for op in ops:
                 op.result = op.error = None
-            self._apply(ops, True)
+            if outcome is _NEEDS_DURABLE:
+                durable = True
+            else:
+                careful = True
 
-    def _apply(self, ops: list[Op], durable: bool) -> bool:
-        """Apply ``ops`` in order in one transaction (on the syscall thread); False when
-        a light batch needs tokens past the ceiling (rolled back, nothing applied).
+    def _apply(self, ops: list[Op], durable: bool, careful: bool) -> str:
+        """Apply ``ops`` in order in one transaction (on the syscall thread).
+
+        Returns ``_APPLIED``; or, rolled back with nothing applied, ``_NEEDS_DURABLE``
+        when a light batch needs tokens past the ceiling, ``_NEEDS_CAREFUL`` when an
+        atomic effect failed after writing (``careful``: every effect in a savepoint).
 
         Records are read up front into a working set, every operation is decided by the
         pure functions of ``_record`` against it, and the changed records are written
@@ -386,7 +423,7 @@ class SQLiteStore(OneStepStore):
             closed = StoreUnavailable(f"{self._name}: the store is closed")
             for op in ops:
                 op.error = closed
-            return True
+            return _APPLIED
         now = self._clock()
         try:
             level = self._sync_durable if durable else self._sync_light
@@ -398,7 +435,7 @@ class SQLiteStore(OneStepStore):
             err = self._store_error(exc, "beginning a transaction")
             for op in ops:
                 op.error = err
-            return True
+            return _APPLIED
         try:
             fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
             fence, ceiling = fence0, ceiling0
@@ -425,7 +462,7 @@ class SQLiteStore(OneStepStore):
                             op.result = done
                         else:
                             self._flush(conn, dirty)
-                            self._complete_with_effect(conn, op, rec, now, ws)
+                            self._complete_with_effect(conn, op, rec, now, ws, careful)
                     elif kind == _CLAIM_COMPLETE:
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
@@ -445,8 +482,9 @@ class SQLiteStore(OneStepStore):
                                 op.result = done
                             else:
                                 self._flush(conn, dirty)
+                                rec = res.record
                                 self._effect_and_record(
-                                    conn, op, caller, key, fence, c, res.record, now, ws, True
+                                    conn, op, caller, key, fence, c, rec, now, ws, careful, True
                                 )
                     elif kind == _RELEASE:
                         caller, key, f = op.args
@@ -477,7 +515,7 @@ class SQLiteStore(OneStepStore):
                     self._sweep_step(conn, now)
             if fence > ceiling and not durable:
                 conn.execute("ROLLBACK")
-                return False
+                return _NEEDS_DURABLE
             if durable and ceiling - fence < FENCE_RESERVE // 2:
                 ceiling = fence + FENCE_RESERVE
             if fence != fence0:
@@ -485,6 +523,12 @@ class SQLiteStore(OneStepStore):
             if ceiling != ceiling0:
                 conn.execute(_WRITE_CEILING, (ceiling,))
             conn.execute("COMMIT")
+        except _RedoCarefully:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the redo's BEGIN fails then, and says why to every operation
+            return _NEEDS_CAREFUL
         except sqlite3.Error as exc:
             # The transaction as a whole failed: nothing of it is committed.
             try:
@@ -495,7 +539,7 @@ class SQLiteStore(OneStepStore):
             for op in ops:
                 op.result = None
                 op.error = err
-        return True
+        return _APPLIED
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
         """Retention without a sweeper: look at the next 512 records in key order and
@@ -539,9 +583,10 @@ class SQLiteStore(OneStepStore):
         rec: Record | None,
         now: float,
         ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+        careful: bool,
     ) -> None:
         caller, key, fence, c = op.args
-        self._effect_and_record(conn, op, caller, key, fence, c, rec, now, ws)
+        self._effect_and_record(conn, op, caller, key, fence, c, rec, now, ws, careful)
 
     def _effect_and_record(
         self,
@@ -554,11 +599,14 @@ class SQLiteStore(OneStepStore):
         rec: Record | None,
         now: float,
         ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+        careful: bool,
         just_claimed: bool = False,
     ) -> None:
         """Run claim ``fence``'s effect in a savepoint and write its completed record;
         on failure nothing of it stays and ``op`` carries the error. ``just_claimed``:
-        ``rec`` is the claim this transaction has just made (claim_and_complete)."""
+        ``rec`` is the claim this transaction has just made (claim_and_complete). An
+        atomic effect runs without the savepoint unless ``careful``, and raises
+        _RedoCarefully if it fails after writing."""
         effect = c.effect
         assert isinstance(effect, SQLiteEffect)  # checked by complete/claim_and_complete
         cur = self._cursor
@@ -566,6 +614,27 @@ class SQLiteStore(OneStepStore):
             # Check the claim before the effect runs: a stale holder's effect must not
             # run. (A claim made a moment ago in this very transaction is live.)
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
+        if effect.atomic and not careful:
+            changes = conn.total_changes
+            try:
+                ok, payload = run_effect(
+                    functools.partial(effect.fn, conn),
+                    c.max_result_bytes,
+                    functools.partial(_nothing_written, conn, changes),
+                )
+                done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
+                cur.execute(_UPSERT, _completed_row((caller, key), done))
+            except _RedoCarefully:
+                raise
+            except Exception as exc:
+                _nothing_written(conn, changes)
+                if isinstance(exc, (IdempotencyError, ApplicationError)):
+                    raise
+                op.error = exc  # the effect's own failure, nothing written: this call only
+                return
+            ws[caller, key] = done
+            op.result = done
+            return
         cur.execute("SAVEPOINT idempotency_effect")
         try:
             # partial, not lambda: the effect is called without a frame of ours around it
@@ -629,6 +698,13 @@ def _current(
     if isinstance(rec, CorruptedRecord):
         raise rec
     return rec
+
+
+def _nothing_written(conn: sqlite3.Connection, changes: int) -> None:
+    """An atomic effect's undo: nothing to do if the connection's change count has not
+    moved since ``changes``; else the batch must be redone with savepoints."""
+    if conn.total_changes != changes:
+        raise _RedoCarefully
 
 
 def _rollback_to(conn: sqlite3.Connection | sqlite3.Cursor) -> None:

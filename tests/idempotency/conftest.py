@@ -204,7 +204,10 @@ def _sqlite_counter_fn(name: str, amount: int) -> Callable[[sqlite3.Connection],
     return fn
 
 
-def _sqlite_kit(tmp: Path) -> StoreKit:
+def _sqlite_kit(tmp: Path, atomic: bool = False) -> StoreKit:
+    """``atomic``: every effect says ``atomic`` though the refusing counter and the boom
+    write before they raise, so each of their failures takes the store's redo path."""
+
     def make(clock: FakeClock) -> Store:
         return SQLiteStore(tmp / f"store-{time.monotonic_ns()}.db", clock=clock)
 
@@ -213,7 +216,7 @@ def _sqlite_kit(tmp: Path) -> StoreKit:
             _sqlite_counter_fn(name, 1000)(conn)
             raise RuntimeError("boom")
 
-        return SQLiteEffect(fn)
+        return SQLiteEffect(fn, atomic=atomic)
 
     def read(store: Store, name: str) -> int:
         assert isinstance(store, SQLiteStore)
@@ -227,7 +230,7 @@ def _sqlite_kit(tmp: Path) -> StoreKit:
     return StoreKit(
         "sqlite",
         make,
-        lambda store, name, amount: SQLiteEffect(_sqlite_counter_fn(name, amount)),
+        lambda store, name, amount: SQLiteEffect(_sqlite_counter_fn(name, amount), atomic=atomic),
         boom,
         read,
     )
@@ -270,13 +273,13 @@ def _redis_kit(server: RedisServer) -> StoreKit:
     )
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-atomic", "redis"])
 def kit(request: pytest.FixtureRequest, tmp_path: Path) -> StoreKit:
     kind = request.param
     if kind == "memory":
         return _memory_kit()
-    if kind == "sqlite":
-        return _sqlite_kit(tmp_path)
+    if kind.startswith("sqlite"):
+        return _sqlite_kit(tmp_path, atomic=kind == "sqlite-atomic")
     server = request.getfixturevalue("redis_server")
     return _redis_kit(server)
 

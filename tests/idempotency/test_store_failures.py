@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gosim
 from idempotency import (
@@ -393,3 +395,158 @@ def test_claim_batches_skip_the_fsync_but_fences_never_go_back(tmp_path: Path) -
     (fence,) = grun(claims, 1, "new")
     assert fence == 2 + FENCE_RESERVE
     store.close()
+
+
+# ------------------------------------------------------------- atomic effects
+
+# What an effect does, in order: "w" writes its row and adds to the total, "R" refuses
+# (a final ApplicationError), "T" refuses retryably, "B" raises a plain exception, "U"
+# returns a result that cannot be recorded; reaching the end returns its index.
+BEHAVIOURS = ("w", "R", "wR", "T", "B", "wB", "wU")
+
+
+def _ledger_table(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE rows (name TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+        conn.execute("INSERT INTO rows VALUES ('total', 0)")
+
+
+def _scripted(i: int, script: str, atomic: bool, runs: list[int]) -> SQLiteEffect:
+    def fn(conn: sqlite3.Connection) -> Any:
+        runs[i] += 1
+        for step in script:
+            if step == "w":
+                conn.execute("INSERT INTO rows VALUES (?, 1)", (f"r{i}",))
+                conn.execute("UPDATE rows SET n = n + 1 WHERE name = 'total'")
+            elif step == "R":
+                raise ApplicationError("refused", f"effect {i} refuses")
+            elif step == "T":
+                raise ApplicationError("busy", f"effect {i} is busy", retryable=True)
+            elif step == "B":
+                raise RuntimeError(f"effect {i} broke")
+            else:
+                return object()
+        return i
+
+    return SQLiteEffect(fn, atomic=atomic)
+
+
+def _run_scripts(
+    path: Path, scripts: list[str], atomic: list[bool], one_step: list[bool]
+) -> tuple[list[Any], list[int], list[str]]:
+    """Every script as a call of its own, all at once (so they share batches); returns
+    each call's outcome or exception, each effect's run count, and the statements the
+    store ran."""
+    store = SQLiteStore(path, synchronous="NORMAL")
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)
+    runs = [0] * len(scripts)
+
+    async def main() -> list[Any]:
+        idem = Idempotency(store)
+        done: gosim.Chan[tuple[int, Any]] = gosim.Chan(len(scripts))
+
+        async def one(i: int) -> None:
+            def handler(call: Call) -> SQLiteEffect:
+                return _scripted(i, scripts[i], atomic[i], runs)
+
+            try:
+                out: Any = await idem.run(
+                    caller="c", key=f"k{i}", request=("op", [i]), handler=handler,
+                    one_step=one_step[i],
+                )  # fmt: skip
+            except Exception as exc:
+                out = exc
+            await done.send((i, out))
+
+        for i in range(len(scripts)):
+            gosim.go(one, i)
+        results = dict([await done.recv() for _ in scripts])
+        return [results[i] for i in range(len(scripts))]
+
+    try:
+        return grun(main), runs, statements
+    finally:
+        store.close()
+
+
+def _check_outcomes(path: Path, scripts: list[str], outcomes: list[Any]) -> None:
+    """Each call got what its script asks for, and the file holds exactly the writes of
+    the effects that succeeded, once each, and their records."""
+    from idempotency import IdempotencyError  # noqa: PLC0415
+
+    rows = dict(_read(path, "SELECT name, n FROM rows"))
+    records = {k: ok for k, ok in _read(path, "SELECT key, ok FROM idempotency_records")}
+    succeeded = 0
+    for i, (script, out) in enumerate(zip(scripts, outcomes, strict=True)):
+        last = script[-1]
+        if last == "w":
+            assert out.ok and out.value == i, (i, script, out)
+            assert rows.get(f"r{i}") == 1 and records.get(f"k{i}") == 1
+            succeeded += 1
+            continue
+        assert f"r{i}" not in rows, (i, script)  # nothing of a failed effect is kept
+        if last == "R":
+            assert not out.ok and out.error.code == "refused", (i, script, out)
+            assert records.get(f"k{i}") == 0  # the refusal is recorded
+        else:
+            expected = {"T": ApplicationError, "B": RuntimeError, "U": IdempotencyError}[last]
+            assert isinstance(out, expected), (i, script, out)
+            assert f"k{i}" not in records  # nothing recorded: the call may be retried
+    assert rows["total"] == succeeded
+
+
+def test_an_atomic_effect_runs_without_a_savepoint(tmp_path: Path) -> None:
+    """Atomic effects that succeed or fail before writing run with no savepoint of the
+    store's; each runs once, and outcomes and writes are as with savepoints."""
+    path = tmp_path / "a.db"
+    _ledger_table(path)
+    scripts = [("w", "R", "T", "B")[i % 4] for i in range(40)]
+    n = len(scripts)
+    outcomes, runs, statements = _run_scripts(
+        path, scripts, [True] * n, [i % 2 == 0 for i in range(n)]
+    )
+    _check_outcomes(path, scripts, outcomes)
+    assert not [s for s in statements if "SAVEPOINT" in s]
+    assert runs == [1] * n
+
+
+def test_an_atomic_effect_that_fails_after_writing_redoes_its_batch_with_savepoints(
+    tmp_path: Path,
+) -> None:
+    """An effect that says atomic but writes before it fails (a refusal, a bug, a result
+    that cannot be recorded): the batch is rolled back and applied again with
+    savepoints, so its writes go and every other effect of the batch commits once."""
+    for liar in ("wR", "wB", "wU"):
+        path = tmp_path / f"{liar}.db"
+        _ledger_table(path)
+        scripts = ["w"] * 30
+        scripts[17] = liar
+        outcomes, runs, statements = _run_scripts(path, scripts, [True] * 30, [True] * 30)
+        _check_outcomes(path, scripts, outcomes)
+        assert "ROLLBACK" in statements and any("SAVEPOINT" in s for s in statements), liar
+        assert runs[17] == 2  # its batch ran twice: once without savepoints, once with
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    calls=st.lists(
+        st.tuples(st.sampled_from(BEHAVIOURS), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=24,
+    )
+)
+def test_effects_in_shared_batches_keep_exactly_the_writes_of_those_that_succeed(
+    tmp_path_factory: pytest.TempPathFactory, calls: list[tuple[str, bool, bool]]
+) -> None:
+    """Any mix of effects, atomic or not, honest or not, one step or two, run at once:
+    every caller gets its effect's outcome, and the file keeps the writes of the effects
+    that succeeded, once each, with their records."""
+    path = tmp_path_factory.mktemp("mix") / "m.db"
+    _ledger_table(path)
+    scripts = [c[0] for c in calls]
+    outcomes, _, _ = _run_scripts(path, scripts, [c[1] for c in calls], [c[2] for c in calls])
+    _check_outcomes(path, scripts, outcomes)
