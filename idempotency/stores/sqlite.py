@@ -165,7 +165,9 @@ class SQLiteEffect(Effect):
 
     ``fn`` must not commit, roll back or begin transactions itself, and must not keep
     ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim. It
-    must act only through ``conn``: it may run more than once for one record, since a
+    must not read or write the store's own tables (``idempotency_records``,
+    ``idempotency_meta``: a batch's records are written at its end). It must act only
+    through ``conn``: it may run more than once for one record, since a
     transaction that is rolled back (a failed commit, or the redo below) is run again,
     and only the run whose transaction commits counts.
 
@@ -414,9 +416,10 @@ class SQLiteStore(OneStepStore):
 
         Records are read up front into a working set, every operation is decided by the
         pure functions of ``_record`` against it, and the changed records are written
-        back with one ``executemany`` per kind of write: a few statements per batch
-        rather than two per operation. An operation that runs user SQL (an effect,
-        ``transact``) first flushes the writes before it, so it sees them.
+        back with one ``executemany`` per kind of write at the end (before a sweep,
+        which deletes by SQL): a few statements per batch rather than two per
+        operation. User SQL (effects, ``transact``) never touches these tables, so it
+        needs no flush before it.
         """
         conn = self._conn
         if conn is None:
@@ -461,8 +464,11 @@ class SQLiteStore(OneStepStore):
                             ws[rk] = dirty[rk] = done
                             op.result = done
                         else:
-                            self._flush(conn, dirty)
-                            self._complete_with_effect(conn, op, rec, now, ws, careful)
+                            applied = self._effect_and_record(
+                                conn, op, caller, key, f, c, rec, now, careful
+                            )
+                            if applied is not None:
+                                ws[rk] = dirty[rk] = applied
                     elif kind == _CLAIM_COMPLETE:
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
@@ -481,11 +487,12 @@ class SQLiteStore(OneStepStore):
                                 ws[rk] = dirty[rk] = done
                                 op.result = done
                             else:
-                                self._flush(conn, dirty)
                                 rec = res.record
-                                self._effect_and_record(
-                                    conn, op, caller, key, fence, c, rec, now, ws, careful, True
+                                applied = self._effect_and_record(
+                                    conn, op, caller, key, fence, c, rec, now, careful, True
                                 )
+                                if applied is not None:
+                                    ws[rk] = dirty[rk] = applied
                     elif kind == _RELEASE:
                         caller, key, f = op.args
                         rk = (caller, key)
@@ -503,7 +510,6 @@ class SQLiteStore(OneStepStore):
                         self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
                     else:
-                        self._flush(conn, dirty)
                         self._transact(conn, op)
                 except (IdempotencyError, ApplicationError) as exc:
                     op.error = exc
@@ -576,18 +582,6 @@ class SQLiteStore(OneStepStore):
             conn.executemany(_DELETE, deleted)
         dirty.clear()
 
-    def _complete_with_effect(
-        self,
-        conn: sqlite3.Connection,
-        op: Op,
-        rec: Record | None,
-        now: float,
-        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
-        careful: bool,
-    ) -> None:
-        caller, key, fence, c = op.args
-        self._effect_and_record(conn, op, caller, key, fence, c, rec, now, ws, careful)
-
     def _effect_and_record(
         self,
         conn: sqlite3.Connection,
@@ -598,15 +592,15 @@ class SQLiteStore(OneStepStore):
         c: Completion,
         rec: Record | None,
         now: float,
-        ws: dict[tuple[str, str], Record | CorruptedRecord | None],
         careful: bool,
         just_claimed: bool = False,
-    ) -> None:
-        """Run claim ``fence``'s effect in a savepoint and write its completed record;
-        on failure nothing of it stays and ``op`` carries the error. ``just_claimed``:
-        ``rec`` is the claim this transaction has just made (claim_and_complete). An
-        atomic effect runs without the savepoint unless ``careful``, and raises
-        _RedoCarefully if it fails after writing."""
+    ) -> Record | None:
+        """Run claim ``fence``'s effect in a savepoint; return its completed record (for
+        the caller to write with the batch's others), or None when it failed: nothing
+        of it stays and ``op`` carries the error. ``just_claimed``: ``rec`` is the claim
+        this transaction has just made (claim_and_complete). An atomic effect runs
+        without the savepoint unless ``careful``, and raises _RedoCarefully if it fails
+        after writing."""
         effect = c.effect
         assert isinstance(effect, SQLiteEffect)  # checked by complete/claim_and_complete
         cur = self._cursor
@@ -623,7 +617,6 @@ class SQLiteStore(OneStepStore):
                     functools.partial(_nothing_written, conn, changes),
                 )
                 done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
-                cur.execute(_UPSERT, _completed_row((caller, key), done))
             except _RedoCarefully:
                 raise
             except Exception as exc:
@@ -631,10 +624,9 @@ class SQLiteStore(OneStepStore):
                 if isinstance(exc, (IdempotencyError, ApplicationError)):
                     raise
                 op.error = exc  # the effect's own failure, nothing written: this call only
-                return
-            ws[caller, key] = done
+                return None
             op.result = done
-            return
+            return done
         cur.execute("SAVEPOINT idempotency_effect")
         try:
             # partial, not lambda: the effect is called without a frame of ours around it
@@ -644,17 +636,16 @@ class SQLiteStore(OneStepStore):
                 functools.partial(_rollback_to, cur),
             )
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
-            cur.execute(_UPSERT, _completed_row((caller, key), done))
         except Exception as exc:
             _rollback_to(cur)
             cur.execute("RELEASE idempotency_effect")
             if isinstance(exc, (IdempotencyError, ApplicationError)):
                 raise
             op.error = exc  # the effect's own failure (a bug, a constraint): this call only
-            return
+            return None
         cur.execute("RELEASE idempotency_effect")
-        ws[caller, key] = done
         op.result = done
+        return done
 
     def _transact(self, conn: sqlite3.Connection, op: Op) -> None:
         conn.execute("SAVEPOINT idempotency_effect")
