@@ -7,10 +7,16 @@ program while the goroutine waits. Either comes back through ``inject``, which t
 driver drains: the G prefers its old P if that is idle (``exitsyscall``), else the
 global queue. In deterministic mode both run inline on the driver, so a seed gives the
 same schedule.
+
+Virtual time without a seed: a syscall runs on a thread for real time, and trio's
+``MockClock`` would jump ahead while the driver waits for it, firing timers "before" a
+call that was still running. As Go's ``testing/synctest`` counts a goroutine in a
+syscall as not durably blocked, the clock's autojump is held while any syscall runs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -50,6 +56,8 @@ class Syscalls(Sysmon):
         super()._init_room()
         self.inline_call: tuple[G, P, _TrioCallTrap] | None = None
         self.nexternal = 0  # syscalls and trio calls in flight: wake sources
+        self.clock_holds = 0  # syscalls holding a virtual clock's autojump
+        self.held_autojump = 0.0  # its threshold before the first of them
         self.thread_limiter = trio.CapacityLimiter(self.max_threads)
         self.nursery: trio.Nursery | None = None
 
@@ -75,6 +83,7 @@ class Syscalls(Sysmon):
 
     async def _run_syscall(self, g: G, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.nthreads_busy += 1
+        held = self._hold_virtual_clock()
         try:
             res = await outcome.acapture(
                 trio.to_thread.run_sync,
@@ -86,7 +95,28 @@ class Syscalls(Sysmon):
         finally:
             self.nthreads_busy -= 1
             self.nexternal -= 1
+            if held:
+                self._release_virtual_clock()
         self.inject(g, res)
+
+    def _hold_virtual_clock(self) -> bool:
+        """Stop a virtual clock's autojump while this syscall runs (see the module
+        docstring); False when the clock is real (nothing to hold)."""
+        if self.clock_holds == 0:
+            clock: Any = trio.lowlevel.current_clock()
+            threshold = getattr(clock, "autojump_threshold", None)  # trio's MockClock
+            if threshold is None or threshold == math.inf:
+                return False
+            self.held_autojump = threshold
+            clock.autojump_threshold = math.inf
+        self.clock_holds += 1
+        return True
+
+    def _release_virtual_clock(self) -> None:
+        self.clock_holds -= 1
+        if self.clock_holds == 0:
+            clock: Any = trio.lowlevel.current_clock()
+            clock.autojump_threshold = self.held_autojump
 
     def _start_trio_call(self, g: G, p: P, trap: _TrioCallTrap) -> None:
         g.status = WAITING

@@ -253,6 +253,43 @@ def test_syscall_errors_propagate_to_the_caller() -> None:
     assert gosim.run(main, procs=1) == "handled"
 
 
+def test_virtual_time_stands_still_while_a_syscall_runs() -> None:
+    """Virtual time without a seed: syscalls run on threads for real time, and the clock
+    must not jump past one that is running (Go's synctest: a goroutine in a syscall is
+    not durably blocked). Two overlapping syscalls hold it until the last returns; then
+    timers fire at their virtual times, and a user's MockClock gets its autojump back."""
+    returned: list[float] = []
+
+    async def call(seconds: float) -> None:
+        await gosim.syscall(time.sleep, seconds)
+        returned.append(gosim.now())
+
+    async def main() -> tuple[list[float], float]:
+        t0 = gosim.now()
+        go(call, 0.2)
+        go(call, 0.3)
+        await gosim.sleep(1.0)
+        return [t - t0 for t in returned], gosim.now() - t0
+
+    at, slept = gosim.run(main, procs=2, virtual_time=True)
+    assert at == [0.0, 0.0]  # no virtual time passed while they ran
+    assert slept == 1.0
+
+    async def under_trio() -> float:
+        from trio.testing import MockClock  # noqa: PLC0415
+
+        clock = trio.lowlevel.current_clock()
+        assert isinstance(clock, MockClock)
+        async with gosim.open_runtime(procs=1) as rt:
+            await rt.call(gosim.syscall, time.sleep, 0.05)
+        assert clock.autojump_threshold == 0.5
+        return clock.autojump_threshold
+
+    from trio.testing import MockClock  # noqa: PLC0415
+
+    assert trio.run(under_trio, clock=MockClock(autojump_threshold=0.5)) == 0.5
+
+
 def test_trio_call_runs_trio_code_and_returns_its_result() -> None:
     async def trio_side(x: int) -> int:
         await trio.sleep(0.001)
