@@ -41,12 +41,13 @@ exists to prevent).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeAlias
 
 import gosim
-from gosim import Chan, context, recv, select
+from gosim import Chan, context, go, recv, select
 
 from ._errors import (
     ApplicationError,
@@ -72,6 +73,7 @@ from .stores._contract import (
     OneStepStore,
     Store,
     SynchronousStore,
+    deliver,
     new_completion,
 )
 
@@ -126,6 +128,37 @@ def _refuse_awaitable(result: Any) -> None:
     if close is not None:
         close()
     raise TypeError(f"a one-step handler returns at once, not {type(result).__name__}")
+
+
+def _checked(
+    caller: str, key: str, request: tuple[str, Any], max_args_bytes: int
+) -> tuple[str, Any, bytes]:
+    """Check the key, the caller and the request (raising what says why); return the
+    operation, its arguments and the request's fingerprint."""
+    if (
+        not (type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii())
+        or not key.isprintable()
+    ):
+        validate_key(key)  # raises InvalidKey, saying why
+    if not (type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable()):
+        validate_caller(caller)
+    if type(request) is not tuple or len(request) != 2:
+        raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
+    operation, args = request
+    return operation, args, fingerprint(operation, args, max_args_bytes)
+
+
+def _one_step_outcome(out: ClaimResult | Record) -> Outcome | None:
+    """The outcome of a one-step store operation that claimed and completed, or found a
+    replay; None when the key was busy or live for another request."""
+    if isinstance(out, Record):  # claimed and completed
+        assert out.payload is not None
+        return Outcome(out.ok, out.payload, False, out.fence)
+    if out.kind is _REPLAY:
+        rec = out.record
+        assert rec.payload is not None
+        return Outcome(rec.ok, rec.payload, True, rec.fence)
+    return None
 
 
 class Idempotency:
@@ -204,17 +237,7 @@ class Idempotency:
         :class:`StaleClaim`, :class:`InvalidResult`, a store error, or what the handler
         raised when it was not a final ApplicationError.
         """
-        if (
-            not (type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii())
-            or not key.isprintable()
-        ):
-            validate_key(key)  # raises InvalidKey, saying why
-        if not (type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable()):
-            validate_caller(caller)
-        if type(request) is not tuple or len(request) != 2:
-            raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
-        operation, args = request
-        fp = fingerprint(operation, args, self.max_args_bytes)
+        operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
         if one_step and self._one_step_store is not None:
             return await self._run_one_step(
                 caller,
@@ -309,33 +332,116 @@ class Idempotency:
         """:meth:`run` with ``one_step=True`` on a OneStepStore."""
         store = self._one_step_store
         assert store is not None
-        max_bytes = self.max_result_bytes
         call = Call(caller, key, operation, args, 0, ctx)
+        completion = self._one_step_completion(handler, call)
+        out = await store.claim_and_complete(caller, key, fp, self.lease, call, completion)
+        outcome = _one_step_outcome(out)
+        if outcome is not None:
+            return outcome
+        assert isinstance(out, ClaimResult)
+        return await self._one_step_rest(out, caller, key, fp, call, completion, wait, timeout, ctx)
+
+    def run_later(
+        self,
+        done: Callable[[Outcome | None, BaseException | None], None],
+        *,
+        caller: str,
+        key: str,
+        request: tuple[str, Any],
+        handler: Handler,
+        wait: bool | None = None,
+        timeout: float | None = None,
+        ctx: context.Context | None = None,
+    ) -> None:
+        """:meth:`run` with ``one_step=True``, without waiting for it: once it is over,
+        ``done(outcome, None)`` or ``done(None, error)`` is called, by a goroutine of the
+        runtime, with what ``run`` would have returned or raised.
+
+        The key, the request and the handler are checked and run now, in the caller:
+        what they raise, ``run_later`` raises, and ``done`` is then never called;
+        otherwise it is called exactly once. On a OneStepStore no goroutine waits for
+        the commit: the store calls back from its batch (a busy key, which must be
+        waited for, gets a goroutine then); on other stores ``run`` runs in a goroutine
+        of its own. ``done`` must not block and should not raise (an exception from it
+        is a panic).
+        """
+        operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
+        store = self._one_step_store
+        if store is None:
+            step = self.run(
+                caller=caller, key=key, request=request, handler=handler, wait=wait,
+                timeout=timeout, ctx=ctx, one_step=True,
+            )  # fmt: skip
+            go(deliver, step, done)
+            return
+        call = Call(caller, key, operation, args, 0, ctx)
+        completion = self._one_step_completion(handler, call)
+        store.claim_and_complete_later(
+            caller, key, fp, self.lease, call, completion,
+            functools.partial(
+                self._one_step_done, done, caller, key, fp, call, completion,
+                self.wait if wait is None else wait, timeout, ctx,
+            ),
+        )  # fmt: skip
+
+    def _one_step_done(
+        self,
+        done: Callable[[Outcome | None, BaseException | None], None],
+        caller: str,
+        key: str,
+        fp: bytes,
+        call: Call,
+        completion: Completion,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        out: ClaimResult | Record | None,
+        error: BaseException | None,
+    ) -> None:
+        """run_later's store callback: the outcome to ``done``, or a goroutine for the
+        rest of the step when the key was busy."""
+        if error is not None:
+            done(None, error)
+            return
+        assert out is not None
+        outcome = _one_step_outcome(out)
+        if outcome is not None:
+            done(outcome, None)
+            return
+        assert isinstance(out, ClaimResult)
+        rest = self._one_step_rest(out, caller, key, fp, call, completion, wait, timeout, ctx)
+        go(deliver, rest, done)
+
+    def _one_step_completion(self, handler: Handler, call: Call) -> Completion:
+        """Run a one-step handler (at once, in the caller) and make its completion."""
+        max_bytes = self.max_result_bytes
         try:
             result = handler(call)
             if hasattr(result, "__await__"):
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()  # never awaited, and never to be
-                raise TypeError(f"a one-step handler returns at once, not {type(result).__name__}")
+                _refuse_awaitable(result)  # never awaited, and never to be
             if isinstance(result, Effect):
-                completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
-            else:
-                payload = encode_result(result, max_bytes)
-                completion = new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
+                return new_completion(Completion, (True, None, result, self.ttl, max_bytes))
+            payload = encode_result(result, max_bytes)
+            return new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
         except ApplicationError as err:
             if err.retryable:
                 raise  # nothing was claimed: a retry runs the handler again
-            completion = Completion(False, encode_error(err, max_bytes), None, self.ttl, max_bytes)
-        out = await store.claim_and_complete(caller, key, fp, self.lease, call, completion)
-        if isinstance(out, Record):  # claimed and completed
-            assert out.payload is not None
-            return Outcome(out.ok, out.payload, False, out.fence)
-        if out.kind is _REPLAY:
-            rec = out.record
-            assert rec.payload is not None
-            return Outcome(rec.ok, rec.payload, True, rec.fence)
-        # Busy (a two-step execution holds the key), or a mismatch: as run() does.
+            return Completion(False, encode_error(err, max_bytes), None, self.ttl, max_bytes)
+
+    async def _one_step_rest(
+        self,
+        out: ClaimResult,
+        caller: str,
+        key: str,
+        fp: bytes,
+        call: Call,
+        completion: Completion,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+    ) -> Outcome:
+        """A one-step call whose claim found the key busy (a two-step execution holds
+        it) or live for another request: as run() does."""
         settled = await self._settle(out, caller, key, fp, wait, timeout, ctx)
         if type(settled) is Outcome:
             return settled
@@ -345,7 +451,7 @@ class Idempotency:
         rk = (caller, key)
         self._holders[rk] = fence
         try:
-            rec = await store.complete(caller, key, fence, completion)
+            rec = await self._store.complete(caller, key, fence, completion)
         except StaleClaim:
             raise
         except Exception:

@@ -97,6 +97,7 @@ __all__ = [
     "GoAwayCode",
     "IncompleteFrame",
     "Kind",
+    "Later",
     "Listener",
     "LocalFrameError",
     "LocalSessionError",
@@ -128,6 +129,7 @@ _CONN_NAMES = {
     "StreamConn": "_conn",
     "Client": "_server",
     "ConnectionLost": "_server",
+    "Later": "_server",
     "Listener": "_server",
     "Server": "_server",
     "ServerStatistics": "_server",
@@ -143,6 +145,7 @@ if TYPE_CHECKING:
     from ._conn import StreamConn as StreamConn
     from ._server import Client as Client
     from ._server import ConnectionLost as ConnectionLost
+    from ._server import Later as Later
     from ._server import Listener as Listener
     from ._server import Server as Server
     from ._server import ServerStatistics as ServerStatistics

@@ -17,7 +17,8 @@ Server, per connection (all goroutines, no trio task per connection):
    construction: *inline* (``max_in_flight=1``: the handlers of a receive called in
    the reader, in one C loop where built; replies in order), *concurrent* (session
    mode: each handler called in the reader, and one that returns an awaitable goes on
-   in a goroutine of its own, at most ``max_in_flight`` of them; reading pauses at
+   in a goroutine of its own, one that returns a :class:`Later` on no goroutine until
+   it is settled, at most ``max_in_flight`` of them together; reading pauses at
    the limit, so backpressure reaches the peer through TCP), *ordered* (raw mode with
    ``max_in_flight > 1``: a goroutine per request, replies released in request
    order), *batch* (``handle_batch``: one call per receive). In raw mode with the
@@ -77,7 +78,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, go, recv, select
+from gosim import Chan, go, lowlevel, recv, select
 
 from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
@@ -216,6 +217,69 @@ Handler = Callable[[bytes], Awaitable[bytes | None] | bytes | None]
 BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[bytes | None]]
 
 _Coroutine = types.CoroutineType
+
+
+class Later:
+    """A reply that comes later, with no goroutine waiting for it.
+
+    A handler whose work finishes elsewhere (in a batch that another goroutine
+    commits, say) returns a ``Later`` and has that work call :meth:`reply` when it is
+    done; the server sends the reply from there. A request that waits then costs no
+    goroutine and no coroutines of its own, which cost several times the request's own
+    work in a small service (BENCHMARKS.md). Whatever else gets a Later (the inline
+    strategy, a transport that does not know it) awaits it: it is awaitable.
+
+    :meth:`reply` must be called exactly once, by a goroutine of the server's runtime
+    (a callback that one runs included), with the reply's bytes, or None for no reply.
+    Until then the request holds its ``max_in_flight`` slot, and a graceful shutdown
+    waits for it as for a handler's goroutine: a Later never replied to holds its slot
+    for the connection's life.
+    """
+
+    __slots__ = ("_arg", "_g", "_on_reply", "_replied", "_value")
+
+    def __init__(self) -> None:
+        self._replied = False
+        self._value: bytes | None = None
+        self._on_reply: Callable[[Any, bytes | None], None] | None = None
+        self._arg: Any = None
+        self._g: lowlevel.G | None = None
+
+    def reply(self, value: bytes | None) -> None:
+        """Settle the reply (bytes, or None: none); RuntimeError if already settled."""
+        if self._replied:
+            raise RuntimeError("this Later has its reply already")
+        self._replied = True
+        self._value = value
+        on_reply = self._on_reply
+        if on_reply is not None:
+            self._on_reply = None
+            arg, self._arg = self._arg, None
+            on_reply(arg, value)
+        elif self._g is not None:
+            g, self._g = self._g, None
+            lowlevel.ready(g, None)
+
+    def _when_replied(self, on_reply: Callable[[Any, bytes | None], None], arg: Any) -> None:
+        """The server's: ``on_reply(arg, reply)`` at the reply (at once, if it came)."""
+        if self._replied:
+            on_reply(arg, self._value)
+        else:
+            self._on_reply = on_reply
+            self._arg = arg
+
+    def __await__(self) -> Generator[Any, Any, bytes | None]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> bytes | None:
+        if not self._replied:
+            self._g = lowlevel.current_g()
+            try:
+                await lowlevel.park("netframe reply")
+            except BaseException:
+                self._g = None  # nothing may wake a goroutine that has left
+                raise
+        return self._value
 
 
 def _handle_each_py(
@@ -468,6 +532,22 @@ async def _keep_alive(st: _Conn) -> _HeartbeatEnd:
     return _HeartbeatEnd.CLOSED
 
 
+def _reply_nowait(st: _Conn, reply: bytes | None) -> list[bytes] | None:
+    """Send a handler's reply at once if the send queue has room (send_many's first
+    case); the frames still to send, with a wait for room, if not. A connection closed
+    meanwhile (a dead peer, shutdown past its grace) loses the reply: the handler's
+    goroutine must not turn that into a panic."""
+    if reply is None or st.closed:
+        return None
+    frames = [st.session.data(reply, gosim.now())]
+    try:
+        if st.fc.send_many_nowait(frames):
+            return None
+    except OSError:  # ClosedError included: the reply is lost with it
+        return None
+    return frames
+
+
 async def _send(st: _Conn, frames: list[bytes]) -> bool:
     """Send frames (``FramedConn.send_many``: at once, or queued, waiting for room);
     False (not an exception) when the connection is gone: broken, or closed by this
@@ -485,7 +565,9 @@ class Server:
     ``handler`` is an async function, or a plain function for work that never waits: a
     plain function's return value is the reply, with no coroutine made and run per
     request (several times cheaper for small requests: see BENCHMARKS.md). Whatever
-    awaitable a handler returns is awaited. The same holds for ``handle_batch``.
+    awaitable a handler returns is awaited; in session mode a :class:`Later` it returns
+    is not: its reply is sent when other code settles it, with no goroutine waiting.
+    The same holds for ``handle_batch``.
 
     ``handle_batch`` instead of ``handler``: ``handle_batch(payloads) -> replies`` gets
     the DATA payloads of one receive, in order, and returns one entry per payload
@@ -850,9 +932,27 @@ class Server:
             if pending is None:
                 break
             st.in_flight += 1
-            go(self._handle_rest, st, pending)
+            if type(pending) is Later:
+                pending._when_replied(self._later_replied, st)
+            else:
+                go(self._handle_rest, st, pending)
             i += 1
         return replies
+
+    def _later_replied(self, st: _Conn, reply: bytes | None) -> None:
+        """A :class:`Later`'s reply, sent by the goroutine that settled it: at once when
+        the send queue has room, else by a goroutine that waits for room."""
+        frames = _reply_nowait(st, reply)
+        if frames is None:
+            st.handler_done()
+        else:
+            go(self._send_then_done, st, frames)
+
+    async def _send_then_done(self, st: _Conn, frames: list[bytes]) -> None:
+        try:
+            await _send(st, frames)
+        finally:
+            st.handler_done()
 
     async def _handle_rest(self, st: _Conn, pending: Any) -> None:
         """A handler's awaitable (or an unusual reply), in its own goroutine: await it,
@@ -868,18 +968,9 @@ class Server:
             except Exception:
                 self._counters["handler_errors"] += 1
                 return
-            if reply is not None and not st.closed:
-                # A connection closed meanwhile (dead peer, shutdown past its grace)
-                # loses the reply; the handler's goroutine must not turn that into a
-                # panic. Sent at once when the send queue has room (send_many's first
-                # case), else through _send, which waits for room.
-                frames = [st.session.data(reply, gosim.now())]
-                try:
-                    sent = st.fc.send_many_nowait(frames)
-                except OSError:  # ClosedError included: the reply is lost with it
-                    return
-                if not sent:
-                    await _send(st, frames)
+            frames = _reply_nowait(st, reply)
+            if frames is not None:
+                await _send(st, frames)
         finally:
             st.handler_done()
 

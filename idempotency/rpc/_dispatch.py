@@ -24,6 +24,7 @@ the dispatch together): msgpack-rpc params are positional, so arity is the whole
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import types
@@ -35,6 +36,7 @@ import msgpack
 
 import gosim
 from gosim import context, go
+from netframe import Later
 
 from .._errors import (
     ApplicationError,
@@ -48,6 +50,7 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._idempotency import Call, Idempotency
+from .._outcome import Outcome
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
@@ -190,7 +193,21 @@ def _needs_await(result: Any) -> bool:
 _BACKGROUND: Final = context.background()
 
 
-def _idempotency_error(exc: Exception) -> tuple[int, str, Any]:
+def _build(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call) -> Any:
+    """The method's return value, at once: a one_step method's whole call."""
+    if spec.pass_call:
+        args: Any = (call, *params)
+    elif spec.pass_context:
+        args = (ctx, *params)
+    else:
+        args = params
+    try:
+        return spec.fn(*args)
+    except RPCError as exc:  # a method's chosen status: final, recorded
+        raise ApplicationError(exc.code, exc.message, exc.data) from exc
+
+
+def _idempotency_error(exc: BaseException) -> tuple[int, str, Any]:
     """The status an idempotency failure (or a method's exception) is answered with."""
     name = type(exc).__name__
     if isinstance(exc, KeyReused):
@@ -388,9 +405,9 @@ class Dispatcher:
             meta = msg.meta
             if spec.idempotent:
                 if meta is not None and meta.key is not None:
+                    if spec.one_step and not spec.pass_context:
+                        return self._one_step_later(spec, msg, meta)
                     if meta.timeout_ms is not None:
-                        if spec.one_step and not spec.pass_context:
-                            return self._one_step_by_deadline(spec, msg, meta)
                         return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
                     return self._idempotent_reply(spec, msg, meta, _BACKGROUND, math.inf)
                 if not spec.key_optional:
@@ -462,19 +479,7 @@ class Dispatcher:
         idem = self.idempotency
         assert idem is not None and meta.key is not None
         msgid, params = msg.msgid, msg.params
-
-        def build(call: Call) -> Any:
-            """The method's return value, at once: a one_step method's whole call."""
-            if spec.pass_call:
-                args: Any = (call, *params)
-            elif spec.pass_context:
-                args = (ctx, *params)
-            else:
-                args = params
-            try:
-                return spec.fn(*args)
-            except RPCError as exc:  # a method's chosen status: final, recorded
-                raise ApplicationError(exc.code, exc.message, exc.data) from exc
+        build = functools.partial(_build, spec, params, ctx)
 
         async def handler(call: Call) -> Any:
             result = build(call)
@@ -504,6 +509,10 @@ class Dispatcher:
         except Exception as exc:
             code, message, data = _idempotency_error(exc)
             return self._error(msgid, code, message, data)
+        return self._outcome_reply(msgid, outcome)
+
+    def _outcome_reply(self, msgid: int, outcome: Outcome) -> bytes:
+        """The response for an idempotent call's outcome (a replay counted)."""
         if outcome.replayed:
             self._stats.replays += 1
         if outcome.ok:
@@ -515,6 +524,63 @@ class Dispatcher:
             return self._error(msgid, code, err.message, err.data)
         self._count_error(Status.UNKNOWN)
         return encode_response_payloads(msgid, outcome.payload, None, outcome.replayed)
+
+    def _one_step_later(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes | Later:
+        """A one-step method's call, with no goroutine of its own: its effect is built
+        now, and the store's batch calls back with the outcome, which settles the
+        returned :class:`netframe.Later` (``Idempotency.run_later``).
+
+        Such a call has nothing to cancel once it starts: its commit goes on to its end
+        either way (its outcome is recorded, and a retry replays it). So a deadline
+        needs no race: the reply is DEADLINE_EXCEEDED when the deadline has passed by
+        the time the commit returns, the call's reply otherwise. A wait for another
+        execution of the key still ends at the deadline. Only a store that stalls past
+        the deadline makes this answer late (the client's own timer has answered its
+        caller then)."""
+        msgid = msg.msgid
+        deadline = math.inf
+        timeout = None
+        if meta.timeout_ms is not None:
+            if meta.timeout_ms <= 0:  # nothing may start
+                return self._deadline_exceeded(msgid, "deadline exceeded before start")
+            timeout = meta.timeout_ms / 1000.0
+            deadline = gosim.now() + timeout
+        idem = self.idempotency
+        assert idem is not None and meta.key is not None
+        later = Later()
+        try:
+            idem.run_later(
+                functools.partial(self._one_step_replied, later, msgid, deadline),
+                caller=meta.caller or ANONYMOUS_CALLER,
+                key=meta.key,
+                request=(spec.name, msg.params),
+                handler=functools.partial(_build, spec, msg.params, _BACKGROUND),
+                timeout=timeout,
+            )
+        except Exception as exc:
+            code, message, data = _idempotency_error(exc)
+            return self._error(msgid, code, message, data)
+        return later
+
+    def _one_step_replied(
+        self,
+        later: Later,
+        msgid: int,
+        deadline: float,
+        outcome: Outcome | None,
+        error: BaseException | None,
+    ) -> None:
+        """The store's callback for a one-step call: settle its reply."""
+        if deadline != math.inf and gosim.now() >= deadline:
+            self._stats.late_completions += 1
+            reply = self._deadline_exceeded(msgid, "deadline exceeded")
+        elif error is not None:
+            code, message, data = _idempotency_error(error)
+            reply = self._error(msgid, code, message, data)
+        else:
+            assert outcome is not None
+            reply = self._outcome_reply(msgid, outcome)
+        later.reply(reply)
 
     async def _call_with_deadline(
         self,
@@ -551,26 +617,6 @@ class Dispatcher:
         """The DEADLINE_EXCEEDED answer, counted."""
         self._stats.deadline_exceeded += 1
         return self._error(msgid, Status.DEADLINE_EXCEEDED, message)
-
-    async def _one_step_by_deadline(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes:
-        """A one-step method's call with a deadline, run in the caller's goroutine.
-
-        Such a call has nothing to cancel once it starts: it builds its effect at once,
-        then waits for its commit, which goes on to its end either way (its outcome is
-        recorded, and a retry replays it). So it needs no race goroutine: the reply is
-        DEADLINE_EXCEEDED when the deadline has passed by the time the commit returns,
-        the call's reply otherwise. A wait for another execution of the key still ends
-        at the deadline. Only a store that stalls past the deadline makes this answer
-        late (the client's own timer has answered its caller then)."""
-        assert meta.timeout_ms is not None
-        if meta.timeout_ms <= 0:  # nothing may start
-            return self._deadline_exceeded(msg.msgid, "deadline exceeded before start")
-        deadline = gosim.now() + meta.timeout_ms / 1000.0
-        reply = await self._idempotent_reply(spec, msg, meta, _BACKGROUND, deadline)
-        if gosim.now() < deadline:
-            return reply
-        self._stats.late_completions += 1
-        return self._deadline_exceeded(msg.msgid, "deadline exceeded")
 
     async def _run_to(
         self,

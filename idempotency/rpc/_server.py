@@ -154,7 +154,9 @@ class Server:
         is set when the effect runs (read it in the effect). It cannot wait, so it gets
         no context: ``call.ctx`` is None (a deadline that passes while its effect
         commits is answered ``DEADLINE_EXCEEDED`` by the server all the same, once the
-        commit returns: the outcome is recorded, and a retry replays it). See
+        commit returns: the outcome is recorded, and a retry replays it). Its call
+        waits for the commit on no goroutine: the store's batch calls back and settles
+        a :class:`netframe.Later` (:meth:`idempotency.Idempotency.run_later`). See
         :meth:`idempotency.Idempotency.run`.
         """
         self.dispatcher.register(

@@ -22,6 +22,14 @@ Protocol (leader/follower, as in database group commit):
    the in-flight flag. No background goroutine exists: nothing to start or stop, and a
    store with no callers costs nothing.
 
+An operation may instead come with a callback (:meth:`GroupCommitter.submit_later`):
+no goroutine waits for it, and the leader calls ``done(result, error)`` where it would
+have readied the waiter. When no batch is in flight such an operation starts a leader
+goroutine of its own, which leads until nothing is pending; a leader that would hand
+the lead to such an operation starts one too. A callback costs a call where a waiting
+goroutine costs its spawn, its park, its wake and the resumption of every coroutine
+between it and the committer.
+
 Alternatives rejected: a committer goroutine per store (its lifetime would have to
 follow runtimes that start and stop under the store, and its wake-up costs a switch per
 batch), and a timer-based batch window (it adds latency when there is no concurrency;
@@ -35,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gosim
-from gosim import lowlevel
+from gosim import go, lowlevel
 
 __all__ = ["GroupCommitter", "Op", "raise_when_awaited"]
 
@@ -43,7 +51,7 @@ __all__ = ["GroupCommitter", "Op", "raise_when_awaited"]
 class Op:
     """One store operation in flight: what to do, and once done its result or error."""
 
-    __slots__ = ("args", "error", "g", "kind", "result")
+    __slots__ = ("args", "done", "error", "g", "kind", "result")
 
     def __init__(self, kind: int, args: tuple[Any, ...]) -> None:
         self.kind = kind
@@ -51,6 +59,7 @@ class Op:
         self.result: Any = None
         self.error: BaseException | None = None
         self.g: lowlevel.G | None = None
+        self.done: Callable[[Any, BaseException | None], None] | None = None
 
     def take(self) -> Any:
         if self.error is not None:
@@ -86,8 +95,7 @@ class GroupCommitter:
         with self._thread_lock:
             self._apply_batch(batch)
 
-    async def submit(self, op: Op) -> Any:
-        """Run ``op`` in the next batch; return its result or raise its error."""
+    def _runtime(self) -> lowlevel.Runtime:
         # gosim.lowlevel's fast-path hooks (state, trap, the runtime's goready) rather
         # than current_runtime/current_g/park/ready: four frames fewer an operation.
         rt = lowlevel.state.rt
@@ -99,6 +107,67 @@ class GroupCommitter:
             self._rt = rt
             self._pending = []
             self._leading = False
+        return rt
+
+    def submit_later(self, op: Op, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Run ``op`` in the next batch without waiting for it: ``done(result, error)``
+        is called once its batch has committed, by the goroutine that led the batch.
+
+        ``done`` must not block and should not raise: an exception from it is a panic
+        of a goroutine of its own, once the batch's other operations have their
+        results."""
+        self._runtime()
+        op.done = done
+        self._pending.append(op)
+        if not self._leading:
+            self._leading = True
+            go(self._lead)
+
+    async def _lead(self) -> None:
+        """A leader with no operation of its own: leads until nothing is pending."""
+        rt = self._runtime()
+        pending = self._pending
+        try:
+            await gosim.gosched()  # as submit's leader: let the runnable add theirs
+            while pending:
+                await self._commit(rt, pending, None)
+        finally:
+            self._leading = False
+
+    async def _commit(self, rt: lowlevel.Runtime, pending: list[Op], own: Op | None) -> bool:
+        """Take a batch from ``pending``, apply it, and hand every operation but ``own``
+        its result; whether ``own`` was in it."""
+        batch = pending[: self.max_batch]
+        del pending[: len(batch)]
+        try:
+            await gosim.syscall(self._run, batch)
+        except Exception as exc:  # apply_batch failed as a whole (a bug): tell all
+            for o in batch:
+                if o.error is None:
+                    o.error = exc
+        self.operations += len(batch)
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+        mine = False
+        failed: list[BaseException] = []
+        for o in batch:
+            if o is own:
+                mine = True
+            elif o.done is not None:
+                try:
+                    o.done(o.result, o.error)
+                except Exception as bug:  # a bug in the callback: after the others
+                    failed.append(bug)
+            else:
+                assert o.g is not None
+                rt.goready(o.g, False)
+        for error in failed:
+            go(_reraise, error)
+        return mine
+
+    async def submit(self, op: Op) -> Any:
+        """Run ``op`` in the next batch; return its result or raise its error."""
+        rt = self._runtime()
         pending = self._pending
         pending.append(op)
         if self._leading:
@@ -118,36 +187,23 @@ class GroupCommitter:
             # this yield the new leader would take a batch of one, and batches would
             # alternate between 1 and all-but-one.
             await gosim.gosched()
-            while True:
-                batch = pending[: self.max_batch]
-                del pending[: len(batch)]
-                try:
-                    await gosim.syscall(self._run, batch)
-                except Exception as exc:  # apply_batch failed as a whole (a bug): tell all
-                    for o in batch:
-                        if o.error is None:
-                            o.error = exc
-                self.operations += len(batch)
-                self.batches += 1
-                self.largest_batch = max(self.largest_batch, len(batch))
-                mine = False
-                for o in batch:
-                    if o is op:
-                        mine = True
-                    else:
-                        assert o.g is not None
-                        rt.goready(o.g, False)
-                if mine:
-                    break
+            while not await self._commit(rt, pending, op):
+                pass
             if pending:
                 nxt = pending[0]
-                assert nxt.g is not None
-                rt.goready(nxt.g, True)
+                if nxt.g is None:  # a callback's operation: a leader of its own
+                    go(self._lead)
+                else:
+                    rt.goready(nxt.g, True)
                 handed_off = True
         finally:
             if not handed_off:
                 self._leading = False
         return op.take()
+
+
+async def _reraise(exc: BaseException) -> None:
+    raise exc
 
 
 async def raise_when_awaited(exc: Exception) -> Any:

@@ -23,9 +23,11 @@ Guarantees, named apart (the docs of ``Idempotency`` repeat them):
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from gosim import go
 
 from .._errors import ApplicationError
 from .._outcome import encode_error, encode_result
@@ -171,3 +173,31 @@ class OneStepStore(Store):
         takes the claim, and return the completed record. If the effect raises anything
         but a final ApplicationError, nothing of the step is written (no claim either)
         and that exception is raised."""
+
+    def claim_and_complete_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
+    ) -> None:
+        """:meth:`claim_and_complete` without waiting: ``done(result, None)`` or
+        ``done(None, error)`` is called once it is over, by a goroutine of the runtime
+        (``done`` must not block). The default runs it in a goroutine of its own; a
+        store that batches gives the operation to its batch with the callback."""
+        step = self.claim_and_complete(caller, key, fingerprint, lease, call, completion)
+        go(deliver, step, done)
+
+
+async def deliver(step: Awaitable[Any], done: Callable[[Any, BaseException | None], None]) -> None:
+    """Await ``step`` (in a goroutine of its own), then ``done(result, None)`` or
+    ``done(None, error)``: the callback APIs' fallback where nothing batches."""
+    try:
+        result = await step
+    except Exception as exc:
+        done(None, exc)
+        return
+    done(result, None)

@@ -299,6 +299,24 @@ class SQLiteStore(OneStepStore):
             Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
         )
 
+    def claim_and_complete_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
+    ) -> None:
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, SQLiteEffect):
+            done(None, TypeError(f"SQLiteStore cannot run a {type(effect).__name__}"))
+            return
+        self._committer.submit_later(
+            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
+        )
+
     async def release(self, caller: str, key: str, fence: int) -> bool:
         return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
 

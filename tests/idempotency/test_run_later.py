@@ -1,0 +1,220 @@
+"""Idempotency.run_later: run(..., one_step=True) with a callback instead of a waiting
+goroutine. Whatever path a call takes (a commit, a replay, a reused key, a key busy with
+a two-step holder, a store that cannot do one step), ``done`` gets what ``run`` would
+have returned or raised, exactly once; what the key, request and handler raise at once
+is raised by run_later itself, and ``done`` is never called then."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gosim
+from gosim import Chan, go
+from idempotency import (
+    ApplicationError,
+    Call,
+    Idempotency,
+    InvalidKey,
+    KeyReused,
+    MemoryStore,
+    Outcome,
+    SQLiteEffect,
+    SQLiteStore,
+)
+
+
+def _counter_table(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE counters (name TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+
+
+def _add(call: Call) -> SQLiteEffect:
+    name, amount = call.args
+
+    def fn(conn: sqlite3.Connection) -> int:
+        if amount < 0:
+            raise ApplicationError("negative", "amount must not be negative")
+        conn.execute(
+            "INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET n = n + ?",
+            (name, amount, amount),
+        )
+        return int(conn.execute("SELECT n FROM counters WHERE name = ?", (name,)).fetchone()[0])
+
+    return SQLiteEffect(fn, atomic=amount >= 0)
+
+
+class Results:
+    """Collects done(outcome, error) calls by tag, and wakes whoever waits for them."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[Outcome | None, BaseException | None]]] = {}
+        self.arrived: Chan[str] = Chan(1000)
+
+    def done(self, tag: str) -> Any:
+        def callback(outcome: Outcome | None, error: BaseException | None) -> None:
+            self.calls.setdefault(tag, []).append((outcome, error))
+            self.arrived.try_send(tag)
+
+        return callback
+
+    async def wait(self, n: int) -> None:
+        for _ in range(n):
+            await self.arrived.recv()
+        await gosim.sleep(0.05)  # a second call of any callback would show up now
+
+
+def test_run_later_commits_replays_and_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    _counter_table(path)
+    store = SQLiteStore(path)
+    res = Results()
+
+    async def main() -> None:
+        idem = Idempotency(store)
+
+        def later(tag: str, key: str, args: list[Any]) -> None:
+            idem.run_later(res.done(tag), caller="c", key=key, request=("add", args), handler=_add)
+
+        later("first", "k1", ["a", 5])
+        await res.wait(1)
+        later("replay", "k1", ["a", 5])
+        later("reused", "k1", ["a", 6])
+        later("refused", "k2", ["a", -1])
+        await res.wait(3)
+        # Raised at once, done never called: a bad key, a handler's retryable refusal.
+        with pytest.raises(InvalidKey):
+            later("bad-key", "", ["a", 1])
+
+        def busy(call: Call) -> Any:
+            raise ApplicationError("busy", "later", retryable=True)
+
+        with pytest.raises(ApplicationError, match="later"):
+            idem.run_later(res.done("busy"), caller="c", key="k3", request=("x", []), handler=busy)
+        await gosim.sleep(0.05)
+
+    gosim.run(main, procs=2)
+    store.close()
+    (first, e1), (replay, e2) = res.calls["first"][0], res.calls["replay"][0]
+    assert e1 is None and e2 is None and first is not None and replay is not None
+    assert first.ok and first.value == 5 and not first.replayed
+    assert replay.replayed and replay.payload == first.payload
+    [(none, reused)] = res.calls["reused"]
+    assert none is None and isinstance(reused, KeyReused)
+    [(refused, e3)] = res.calls["refused"]
+    assert e3 is None and refused is not None and not refused.ok
+    assert refused.error is not None and refused.error.code == "negative"
+    assert set(res.calls) == {"first", "replay", "reused", "refused"}  # once each
+    assert all(len(v) == 1 for v in res.calls.values())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT n FROM counters").fetchall() == [(5,)]
+
+
+def test_run_later_waits_for_a_two_step_holder_then_replays(tmp_path: Path) -> None:
+    """The key is held by a two-step execution that is still running: the one-step call
+    finds it busy, waits in a goroutine of its own, and gets the holder's outcome."""
+    path = tmp_path / "w.db"
+    _counter_table(path)
+    store = SQLiteStore(path)
+    res = Results()
+
+    async def main() -> tuple[Any, list[Any]]:
+        idem = Idempotency(store)
+        go_on: Chan[None] = Chan()
+
+        async def slow(call: Call) -> SQLiteEffect:
+            await go_on.recv()
+            return _add(call)
+
+        holder: Chan[Outcome] = Chan(1)
+
+        async def hold() -> None:
+            out = await idem.run(caller="c", key="k", request=("add", ["b", 3]), handler=slow)
+            await holder.send(out)
+
+        go(hold)
+        await gosim.sleep(0.05)  # the holder has claimed the key
+        idem.run_later(
+            res.done("dup"), caller="c", key="k", request=("add", ["b", 3]), handler=_add
+        )
+        await gosim.sleep(0.1)
+        early = list(res.calls.get("dup", []))  # nothing yet: the key is busy
+        await go_on.send(None)
+        first = await holder.recv()
+        await res.wait(1)
+        return first, early
+
+    first, early = gosim.run(main, procs=2)
+    store.close()
+    assert early == []
+    [(dup, error)] = res.calls["dup"]
+    assert error is None and dup is not None
+    assert dup.replayed and dup.payload == first.payload and first.value == 3
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT n FROM counters").fetchall() == [(3,)]
+
+
+def test_run_later_on_a_store_without_one_step_runs_run_in_a_goroutine() -> None:
+    res = Results()
+
+    async def main() -> None:
+        idem = Idempotency(MemoryStore())
+        idem.run_later(
+            res.done("one"), caller="c", key="k", request=("x", [1]), handler=lambda c: 7
+        )
+        await res.wait(1)
+        idem.run_later(
+            res.done("two"), caller="c", key="k", request=("x", [1]), handler=lambda c: 8
+        )
+        await res.wait(1)
+
+    gosim.run(main, procs=2)
+    [(one, _)], [(two, _)] = res.calls["one"], res.calls["two"]
+    assert one is not None and two is not None
+    assert (one.value, one.replayed, two.value, two.replayed) == (7, False, 7, True)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(keys=st.lists(st.integers(0, 5), min_size=1, max_size=40))
+def test_concurrent_run_later_applies_each_key_once(
+    tmp_path_factory: pytest.TempPathFactory, keys: list[int]
+) -> None:
+    """Calls started at once from several goroutines, duplicates among them: each key's
+    effect is applied once, every call hears once, and duplicates get its outcome."""
+    path = tmp_path_factory.mktemp("c") / "c.db"
+    _counter_table(path)
+    store = SQLiteStore(path, synchronous="NORMAL")
+    res = Results()
+
+    async def main() -> None:
+        idem = Idempotency(store)
+
+        async def start(i: int, k: int) -> None:
+            idem.run_later(
+                res.done(str(i)), caller="c", key=f"k{k}", request=("add", [f"n{k}", 1]),
+                handler=_add,
+            )  # fmt: skip
+
+        for i, k in enumerate(keys):
+            go(start, i, k)
+        await res.wait(len(keys))
+
+    gosim.run(main, procs=2)
+    store.close()
+    assert sorted(int(t) for t in res.calls) == list(range(len(keys)))
+    by_key: dict[int, set[bytes]] = {}
+    for i, k in enumerate(keys):
+        [(out, error)] = res.calls[str(i)]
+        assert error is None and out is not None and out.ok
+        by_key.setdefault(k, set()).add(out.payload)
+    assert all(len(payloads) == 1 for payloads in by_key.values())  # one outcome a key
+    with sqlite3.connect(path) as conn:
+        counts = dict(conn.execute("SELECT name, n FROM counters"))
+    assert counts == {f"n{k}": 1 for k in set(keys)}
