@@ -1328,9 +1328,21 @@ class Client:
         st = self._st
         return None if st is None else st.session.goaway_received
 
-    async def recv(self) -> bytes:
-        """The next DATA payload from the server; ConnectionLost when the connection ended."""
-        item = await self._inbox.recv()
+    async def recv(self, timeout: float | None = None) -> bytes:
+        """The next DATA payload from the server; ConnectionLost when the connection ended.
+
+        With ``timeout``, :class:`TimeoutError` when no payload came within that many
+        seconds; nothing is lost (a later ``recv`` gets what comes after)."""
+        if timeout is None:
+            item = await self._inbox.recv()
+        else:
+            timer = gosim.Timer(max(timeout, 0.0))
+            try:
+                which, item, _ = await select(recv(self._inbox), recv(timer.c))
+            finally:
+                timer.stop()
+            if which == 1:
+                raise TimeoutError(f"no payload from the server within {timeout} s")
         if isinstance(item, ConnectionLost):
             self._inbox.try_send(item)  # every later recv sees it too
             raise item

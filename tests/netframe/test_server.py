@@ -801,3 +801,39 @@ def test_a_protocol_error_after_requests_in_one_receive_answers_them_then_goaway
     assert events[2].code == GoAwayCode.PROTOCOL_ERROR
     assert "unknown frame kind 9" in events[2].reason
     assert errors == 1
+
+
+def test_client_recv_with_a_timeout_loses_nothing() -> None:
+    """recv(timeout) raises TimeoutError at its timeout; the late payload is the next
+    recv's. A payload in time is returned; an ended connection is still ConnectionLost."""
+
+    async def slow(payload: bytes) -> bytes:
+        await gosim.sleep(1.0)
+        return b"late:" + payload
+
+    async def main() -> tuple[float, bytes, bytes, str]:
+        ln = MemoryListener()
+        server = Server(slow, heartbeat_interval=None)
+        go(server.serve, ln)
+        c = Client(ln.dial, heartbeat_interval=None)
+        await c.connect()
+        await c.send(b"a")
+        t0 = gosim.now()
+        try:
+            await c.recv(timeout=0.5)
+        except TimeoutError:
+            waited = gosim.now() - t0
+        late = await c.recv()
+        await c.send(b"b")
+        in_time = await c.recv(timeout=2.0)
+        await server.shutdown(grace=0.1)
+        try:
+            await c.recv(timeout=5.0)
+        except ConnectionLost as exc:
+            reason = exc.reason
+        return waited, late, in_time, reason
+
+    waited, late, in_time, reason = vrun(main)
+    assert waited == pytest.approx(0.5)
+    assert (late, in_time) == (b"late:a", b"late:b")
+    assert "GOAWAY" in reason or "closed" in reason
