@@ -357,13 +357,14 @@ class Idempotency:
         ``done(outcome, None)`` or ``done(None, error)`` is called, by a goroutine of the
         runtime, with what ``run`` would have returned or raised.
 
-        The key, the request and the handler are checked and run now, in the caller:
-        what they raise, ``run_later`` raises, and ``done`` is then never called;
-        otherwise it is called exactly once. On a OneStepStore no goroutine waits for
-        the commit: the store calls back from its batch (a busy key, which must be
-        waited for, gets a goroutine then); on other stores ``run`` runs in a goroutine
-        of its own. ``done`` must not block and should not raise (an exception from it
-        is a panic).
+        The key and the request are checked now, in the caller, and on a OneStepStore
+        the handler runs now too: what they raise, ``run_later`` raises, and ``done``
+        is then never called; otherwise it is called exactly once. On a OneStepStore no
+        goroutine waits for the commit: the store calls back from its batch (a busy
+        key, which must be waited for, gets a goroutine then). On other stores ``run``
+        runs in a goroutine of its own, the handler with it, and what the handler
+        raises goes to ``done``. ``done`` must not block and should not raise (an
+        exception from it is a panic).
         """
         operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
         store = self._one_step_store

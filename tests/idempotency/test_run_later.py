@@ -173,10 +173,19 @@ def test_run_later_on_a_store_without_one_step_runs_run_in_a_goroutine() -> None
         )
         await res.wait(1)
 
+        def busy(call: Call) -> Any:
+            raise ApplicationError("busy", "later", retryable=True)
+
+        # Here the handler runs in the goroutine, with run: what it raises goes to done.
+        idem.run_later(res.done("busy"), caller="c", key="k2", request=("x", []), handler=busy)
+        await res.wait(1)
+
     gosim.run(main, procs=2)
     [(one, _)], [(two, _)] = res.calls["one"], res.calls["two"]
     assert one is not None and two is not None
     assert (one.value, one.replayed, two.value, two.replayed) == (7, False, 7, True)
+    [(none, busy)] = res.calls["busy"]
+    assert none is None and isinstance(busy, ApplicationError) and busy.retryable
 
 
 @settings(
