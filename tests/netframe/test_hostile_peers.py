@@ -865,3 +865,71 @@ def test_framed_conn_aclose_is_bounded_behind_a_stuck_write() -> None:
     finally:
         release.set()
         t.join(BOUND)
+
+
+def test_later_replies_to_a_peer_that_never_reads_stay_bounded_and_are_released() -> None:
+    # Replies settled later (netframe.Later, as a group commit settles them: in bursts,
+    # by one goroutine) to a peer that floods requests and reads nothing: the replies
+    # that meet the full send queue wait in at most max_in_flight goroutines, the
+    # reader stops taking requests, and once the peer is found dead every goroutine
+    # and slot of the connection is released.
+    max_in_flight = 8
+
+    def script(port: int, release: threading.Event) -> None:
+        sock = connect(port, rcvbuf=4096)
+        try:
+            sock.sendall(b"".join(data(b"%d" % i) for i in range(200)))
+        except OSError:
+            pass  # the server stopped reading: backpressure
+        release.wait(HOLD)
+        sock.close()
+
+    async def main() -> tuple[bool, int, int, int, int]:
+        base = gosim.num_goroutine()
+        waiting: list[netframe.Later] = []
+
+        def handler(payload: bytes) -> netframe.Later:
+            later = netframe.Later()
+            waiting.append(later)
+            return later
+
+        async def settle_in_bursts() -> None:
+            while True:
+                await gosim.sleep(0.01)
+                burst = waiting[:]
+                waiting.clear()
+                for later in burst:
+                    later.reply(b"r" * (64 * 1024))
+
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = netframe.Server(
+            handler,
+            heartbeat_interval=0.2,
+            heartbeat_timeout=0.5,
+            send_queue=2,
+            max_in_flight=max_in_flight,
+        )
+        go(server.serve, ln)
+        go(settle_in_bursts)
+        peer = Peer(script, port_of(ln))
+        peer.start()
+        await wait_until(lambda: server.statistics().accepted == 1)
+        await gosim.sleep(0.3)  # stuck: the queue full, the slots taken
+        stuck = gosim.num_goroutine() - base
+        gone = await wait_until(
+            lambda: server.statistics().dead_peers == 1 and server.statistics().connections == 0
+        )
+        await gosim.sleep(0.1)  # the replies waiting for room wind up
+        left = gosim.num_goroutine() - base
+        await peer.finish()
+        stats = server.statistics()
+        await server.shutdown(grace=0.1)
+        return gone, stuck, left, stats.connections, stats.handler_errors
+
+    gone, stuck, left, connections, errors = gosim.run(main, procs=2)
+    assert gone and connections == 0 and errors == 0
+    # accept loop, settler, the connection's reader, heartbeat and writer (5, with room
+    # for a transient one or two), and at most one goroutine per in-flight slot waiting
+    # for room: not one per request sent (200)
+    assert stuck <= 7 + max_in_flight
+    assert left <= 2  # the accept loop and the settler: nothing of the dead connection
