@@ -3,9 +3,10 @@
 Servers (``benchmarks/rpc_peers.py``, and ``benchmarks/go/rpc`` for Go): a lean Go
 msgpack-rpc server over netframe session frames (the ceiling), idempotency.rpc on the
 framed transport (``rpc``: a plain-function method; ``rpc-async``), on the plain stream
-(``rpc-stream``), with idempotent methods over a durable SQLite store (``rpc-sqlite``),
-and aio-msgpack-rpc (asyncio, plain stream). The Go load generator drives every one and
-checks every reply; the server's CPU time is read from ``/proc`` around the run.
+(``rpc-stream``), with idempotent methods over a durable SQLite store (``rpc-sqlite``;
+``rpc-sqlite-one-step`` with the method declared ``one_step``), and aio-msgpack-rpc
+(asyncio, plain stream). The Go load generator drives every one and checks every reply;
+the server's CPU time is read from ``/proc`` around the run.
 
 Rows: ``rr`` (100 connections, one call in flight each: echo of ``[1, "hello", [1, 2,
 3]]``), ``inflight`` (one connection, 16 calls in flight), ``keyed`` (rr with a fresh
@@ -106,7 +107,7 @@ def bench_rpc_inflight(benchmark: Any, go_rpc: Path, server: str) -> None:
 
 
 @pytest.mark.benchmark(group="rpc-keyed-100conns")
-@pytest.mark.parametrize("server", ["rpc-sqlite", "rpc-memory"])
+@pytest.mark.parametrize("server", ["rpc-sqlite", "rpc-sqlite-one-step", "rpc-memory"])
 def bench_rpc_keyed_first_then_replayed(benchmark: Any, go_rpc: Path, server: str) -> None:
     calls = "5" if benchmark.disabled else "300"
     srv = _server(server, go_rpc)

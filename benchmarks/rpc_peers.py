@@ -5,6 +5,7 @@
     python benchmarks/rpc_peers.py rpc-async      the same, echo as an async function
     python benchmarks/rpc_peers.py rpc-stream     idempotency.rpc, plain msgpack stream
     python benchmarks/rpc_peers.py rpc-sqlite     echo idempotent, SQLite store (durable)
+    python benchmarks/rpc_peers.py rpc-sqlite-one-step   the same, echo one_step=True
     python benchmarks/rpc_peers.py rpc-memory     echo idempotent, MemoryStore
     python benchmarks/rpc_peers.py aio            aio-msgpack-rpc (asyncio, plain stream)
 
@@ -31,7 +32,7 @@ from idempotency.rpc import Server
 def rpc_server(kind: str) -> None:
     async def main() -> None:
         idem = None
-        if kind == "rpc-sqlite":
+        if kind.startswith("rpc-sqlite"):
             tmp = Path(tempfile.mkdtemp(prefix="rpcbench-"))
             idem = Idempotency(SQLiteStore(tmp / "records.db"))
         elif kind == "rpc-memory":
@@ -48,7 +49,10 @@ def rpc_server(kind: str) -> None:
             def echo(*args: Any) -> list[Any]:
                 return list(args)
 
-            srv.add_method(echo, "echo", idempotent=idem is not None)
+            # one_step: echo only builds its outcome, so the claim and the record commit
+            # together (one group commit, not two) and the call waits on no goroutine.
+            one_step = kind == "rpc-sqlite-one-step"
+            srv.add_method(echo, "echo", idempotent=idem is not None, one_step=one_step)
         ln = net.listen("tcp", "127.0.0.1:0")
         print("LISTEN", ln.addr(), flush=True)
         if kind == "rpc-stream":

@@ -564,7 +564,8 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed("rpc-sqlite"), keyed("rpc-memory")], max_rounds=3,
+            [keyed("rpc-sqlite"), keyed("rpc-sqlite-one-step"), keyed("rpc-memory")],
+            max_rounds=3,
             extras={"replay": "calls/s of the same keys again (replays)", **cpu}),
         Row("RPC layer over raw netframe request/response", "calls/s", "higher",
             [layer("netframe-plain"), layer("rpc")], extras=cpu),
