@@ -24,7 +24,8 @@ With ``one_step=True`` (a handler that only builds its outcome, at once) on a st
 can (SQLite), steps 2-4 are one store operation: the handler runs first, with
 ``call.fence`` set only when its effect runs, and the claim, the effect and the record
 commit in one transaction (a replay or a mismatch drops what the handler built; a busy
-key is waited for as above).
+key is waited for as above). :meth:`Idempotency.run_later` is that step with a callback
+instead of a waiting goroutine: the store's batch calls back once the commit returned.
 
 Guarantees: the handler runs at most once per *live claim*; a key's outcome, once
 recorded, is the only one it ever has until its TTL passes. An effect returned as an
