@@ -3,6 +3,10 @@
 Durations are float seconds (``Millisecond`` and friends are provided). Timers live in
 per-P heaps on trio's clock (``gosim._core._timers``); under ``virtual_time=True`` that
 clock is trio's ``MockClock`` with autojump, so hours of sleeping take no real time.
+It jumps whenever nothing can run, except while a syscall runs on a thread (Go's
+``testing/synctest`` does not count such a goroutine as durably blocked); a goroutine
+waiting on a real socket does not hold it, so a program under virtual time talks over
+the ``"sim"`` network of :mod:`gosim.net`, whose waits are virtual too.
 
 Timer channels follow Go 1.23: they behave as unbuffered (``len`` and ``cap`` are 0), and
 once ``stop`` or ``reset`` returns no value from before the call is received. ``stop``
