@@ -946,13 +946,7 @@ class Server:
         if frames is None:
             st.handler_done()
         else:
-            go(self._send_then_done, st, frames)
-
-    async def _send_then_done(self, st: _Conn, frames: list[bytes]) -> None:
-        try:
-            await _send(st, frames)
-        finally:
-            st.handler_done()
+            go(self._send_later, st, frames)  # the Later's slot, freed once sent
 
     async def _handle_rest(self, st: _Conn, pending: Any) -> None:
         """A handler's awaitable (or an unusual reply), in its own goroutine: await it,

@@ -13,8 +13,11 @@ How a request is answered, fast to slow
    :mod:`gosim.context` cancelled at the deadline when it takes one); the reply is
    whichever comes first, the method's outcome or ``DEADLINE_EXCEEDED``. A method that
    ignores its context runs on to its end (as in Go, cancellation is cooperative) and
-   its late outcome is dropped. A one-step idempotent method (no context to cancel, no
-   wait but its commit) runs in the caller's goroutine instead, and its reply is
+   its late outcome is dropped.
+4. A keyed call to a one-step idempotent method (no context to cancel, no wait but its
+   commit), with a timeout or not: its effect is built in the caller's frame and
+   ``handle`` returns a :class:`netframe.Later` that the store's batch settles once the
+   commit returns (``Idempotency.run_later``): no goroutine waits for it. Its reply is
    ``DEADLINE_EXCEEDED`` when the deadline has passed by the time its commit returns.
 
 Arguments are checked against the method's signature before it runs, from counts taken

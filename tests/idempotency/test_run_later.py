@@ -227,3 +227,35 @@ def test_concurrent_run_later_applies_each_key_once(
     with sqlite3.connect(path) as conn:
         counts = dict(conn.execute("SELECT name, n FROM counters"))
     assert counts == {f"n{k}": 1 for k in set(keys)}
+
+
+def test_the_default_claim_and_complete_later_awaits_the_step_in_a_goroutine(
+    tmp_path: Path,
+) -> None:
+    """OneStepStore's own claim_and_complete_later (for a store that does not batch):
+    the async step runs in a goroutine, and done hears its record, or its error."""
+    from idempotency.stores import Completion, OneStepStore  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "d.db")
+    heard: list[tuple[Any, Any]] = []
+    call = Call("c", "k", "x", [], 0, None)
+
+    async def main() -> None:
+        arrived: Chan[None] = Chan(2)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            heard.append((result, error))
+            arrived.try_send(None)
+
+        ok = Completion(True, b"\xa1v", None, 60.0, 1000)
+        OneStepStore.claim_and_complete_later(store, "c", "k", b"f" * 32, 5.0, call, ok, done)
+        await arrived.recv()
+        # The same key with another fingerprint: a mismatch, as claim_and_complete says.
+        OneStepStore.claim_and_complete_later(store, "c", "k", b"g" * 32, 5.0, call, ok, done)
+        await arrived.recv()
+
+    gosim.run(main, procs=2)
+    store.close()
+    (first, e1), (second, e2) = heard
+    assert e1 is None and first.payload == b"\xa1v" and first.fence == call.fence > 0
+    assert e2 is None and second.kind.name == "MISMATCH"
