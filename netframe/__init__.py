@@ -60,6 +60,7 @@ from ._exceptions import LocalFrameError as LocalFrameError
 from ._exceptions import PayloadTooLarge as PayloadTooLarge
 from ._exceptions import RemoteFrameError as RemoteFrameError
 from ._session import CLOSED as CLOSED
+from ._session import GOAWAY_BOTH as GOAWAY_BOTH
 from ._session import GOAWAY_RECEIVED as GOAWAY_RECEIVED
 from ._session import GOAWAY_SENT as GOAWAY_SENT
 from ._session import OPEN as OPEN
@@ -77,6 +78,7 @@ from ._session import SessionState as SessionState
 __all__ = [
     "CLOSED",
     "DEFAULT_MAX_FRAME_LENGTH",
+    "GOAWAY_BOTH",
     "GOAWAY_RECEIVED",
     "GOAWAY_SENT",
     "NEED_DATA",

@@ -1093,7 +1093,7 @@ class Server:
         if not self.raw:
             try:
                 goaway: bytes | None = st.session.goaway(code, reason)
-            except LocalSessionError:  # both sides have said goodbye already
+            except LocalSessionError:  # the session was closed: nothing more to send
                 goaway = None
             if goaway is not None and st.fc.send_nowait(goaway):
                 try:

@@ -47,6 +47,7 @@ from ._exceptions import LocalFrameError, RemoteFrameError
 
 __all__ = [
     "CLOSED",
+    "GOAWAY_BOTH",
     "GOAWAY_RECEIVED",
     "GOAWAY_SENT",
     "OPEN",
@@ -93,7 +94,10 @@ class SessionState(enum.Enum):
     OPEN = "OPEN"
     GOAWAY_SENT = "GOAWAY_SENT"  # we announced shutdown; we may still send replies
     GOAWAY_RECEIVED = "GOAWAY_RECEIVED"  # the peer did; start no new work
-    CLOSED = "CLOSED"  # both announced, or the caller closed: nothing more to send
+    # Both announced: neither side starts new work, and replies still owed may still
+    # go out (the peer's own GOAWAY cannot take back requests it already sent).
+    GOAWAY_BOTH = "GOAWAY_BOTH"
+    CLOSED = "CLOSED"  # the caller closed: nothing more to send
 
     # Members are singletons compared by identity, so the identity hash is consistent
     # with equality; Enum's own __hash__ is a Python function (hash of the name), paid
@@ -107,23 +111,27 @@ class SessionState(enum.Enum):
 OPEN = SessionState.OPEN
 GOAWAY_SENT = SessionState.GOAWAY_SENT
 GOAWAY_RECEIVED = SessionState.GOAWAY_RECEIVED
+GOAWAY_BOTH = SessionState.GOAWAY_BOTH
 CLOSED = SessionState.CLOSED
 
 # (state, what happened) -> next state. Everything that changes state is here.
 TRANSITIONS: dict[tuple[SessionState, str], SessionState] = {
     (OPEN, "send_goaway"): GOAWAY_SENT,
     (OPEN, "recv_goaway"): GOAWAY_RECEIVED,
-    (GOAWAY_SENT, "recv_goaway"): CLOSED,
-    (GOAWAY_RECEIVED, "send_goaway"): CLOSED,
+    (GOAWAY_SENT, "recv_goaway"): GOAWAY_BOTH,
+    (GOAWAY_RECEIVED, "send_goaway"): GOAWAY_BOTH,
     (GOAWAY_SENT, "send_goaway"): GOAWAY_SENT,  # a second goaway may lower the code's hope
     (GOAWAY_RECEIVED, "recv_goaway"): GOAWAY_RECEIVED,
+    (GOAWAY_BOTH, "send_goaway"): GOAWAY_BOTH,
+    (GOAWAY_BOTH, "recv_goaway"): GOAWAY_BOTH,
     (OPEN, "close"): CLOSED,
     (GOAWAY_SENT, "close"): CLOSED,
     (GOAWAY_RECEIVED, "close"): CLOSED,
+    (GOAWAY_BOTH, "close"): CLOSED,
     (CLOSED, "close"): CLOSED,
 }
 # States in which each outgoing frame kind may be made.
-MAY_SEND_DATA = frozenset({OPEN, GOAWAY_SENT, GOAWAY_RECEIVED})
+MAY_SEND_DATA = frozenset({OPEN, GOAWAY_SENT, GOAWAY_RECEIVED, GOAWAY_BOTH})
 
 
 class LocalSessionError(LocalFrameError):

@@ -933,3 +933,89 @@ def test_later_replies_to_a_peer_that_never_reads_stay_bounded_and_are_released(
     # for room: not one per request sent (200)
     assert stuck <= 7 + max_in_flight
     assert left <= 2  # the accept loop and the settler: nothing of the dead connection
+
+
+# ---------------------------------------------- 8. a peer that answers GOAWAY with its own
+
+
+def _slow_echo_server(**kwargs: Any) -> netframe.Server:
+    async def slow(payload: bytes) -> bytes:
+        await gosim.sleep(0.3)  # still running when the goaways cross
+        return b"late " + payload
+
+    return netframe.Server(slow, heartbeat_interval=None, **kwargs)
+
+
+def _frames_until_end(sock: socket.socket) -> list[bytes]:
+    got = []
+    while (body := read_frame(sock)) is not None:
+        got.append(body)
+    return got
+
+
+def test_a_goaway_answered_during_shutdown_still_gets_the_replies_owed() -> None:
+    """PROTOCOL.md lets a peer answer the server's GOAWAY with its own. The replies the
+    server owes for requests it already received still go out, and nothing panics
+    (the reply once met a session that refused DATA after both goaways and took the
+    whole process down)."""
+
+    def script(port: int, release: threading.Event) -> list[bytes]:
+        sock = connect(port)
+        sock.sendall(data(b"a") + data(b"b"))
+        first = read_frame(sock)  # the server's GOAWAY(NO_ERROR)
+        sock.sendall(goaway_frame(0, b"fine, me too"))
+        rest = _frames_until_end(sock)
+        sock.close()
+        return [first or b"", *rest]
+
+    async def main() -> tuple[list[bytes], int]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = _slow_echo_server()
+        go(server.serve, ln)
+        peer = Peer(script, port_of(ln))
+        peer.start()
+        await wait_until(lambda: server.statistics().frames_received == 2)
+        await server.shutdown(grace=2.0)
+        got = await peer.finish()
+        return got, server.statistics().handler_errors
+
+    got, errors = gosim.run(main, procs=1)
+    assert got[0][:1] == b"\x03"  # GOAWAY first
+    assert sorted(got[1:]) == [b"\x00late a", b"\x00late b"]
+    assert errors == 0
+
+
+def test_a_peer_goaway_then_a_protocol_error_leaves_the_server_serving() -> None:
+    """A peer says GOAWAY, then breaks the protocol while a handler runs: the server
+    answers GOAWAY(PROTOCOL_ERROR) and drains the connection before it closes; the
+    handler's reply, due meanwhile, is dropped (the write side is shut), and the server
+    goes on serving others."""
+
+    def hostile(port: int, release: threading.Event) -> list[bytes]:
+        sock = connect(port)
+        sock.sendall(data(b"x") + goaway_frame(0, b"done") + frame(b"\x09bad kind"))
+        got = _frames_until_end(sock)  # the GOAWAY, then the server's write side shut
+        time.sleep(0.45)  # hold the connection open while the server drains it
+        sock.close()
+        return got
+
+    async def main() -> tuple[list[bytes], bytes]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = _slow_echo_server()
+        go(server.serve, ln)
+        peer = Peer(hostile, port_of(ln))
+        peer.start()
+        got = await peer.finish()
+        await gosim.sleep(0.4)  # the slow handler ends after its connection did
+        c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=None)
+        await c.connect()
+        await c.send(b"after")
+        reply = await c.recv(timeout=BOUND)
+        await c.close()
+        await server.shutdown(grace=1.0)
+        return got, reply
+
+    got, reply = gosim.run(main, procs=1)
+    assert [body[:1] for body in got] == [b"\x03"]
+    assert struct.unpack(">I", got[0][1:5])[0] == netframe.GoAwayCode.PROTOCOL_ERROR
+    assert reply == b"late after"

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 
 from netframe import (
     CLOSED,
+    GOAWAY_BOTH,
     GOAWAY_RECEIVED,
     GOAWAY_SENT,
     OPEN,
@@ -124,7 +125,16 @@ def test_goaway_states_follow_the_table() -> None:
     assert b.state is GOAWAY_RECEIVED
     b.data(b"reply to in-flight work", 0.0)  # still allowed
     a.receive(b.goaway(), 0.0)
-    assert a.state is CLOSED and b.state is CLOSED
+    assert a.state is GOAWAY_BOTH and b.state is GOAWAY_BOTH
+    a.data(b"a reply a still owes", 0.0)  # the peer's goaway takes nothing back
+    a.goaway(GoAwayCode.PROTOCOL_ERROR, "a second one may say worse")
+    assert a.state is GOAWAY_BOTH
+    a.close()
+    assert a.state is CLOSED
+    with pytest.raises(LocalSessionError):
+        a.data(b"after close", 0.0)
+    with pytest.raises(LocalSessionError):
+        a.goaway()
 
 
 def test_illegal_local_calls_raise_and_leave_the_session_unchanged() -> None:
