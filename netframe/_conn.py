@@ -71,6 +71,7 @@ from gosim.net import ClosedError as _NetClosedError
 from ._accel import speedups as _c_speedups
 from ._codec import NEED_DATA, FrameDecoder, FrameFormat
 from ._exceptions import RemoteFrameError
+from ._session import CLOSED, Session
 
 __all__ = [
     "BusyError",
@@ -91,6 +92,10 @@ EXCHANGE_PENDING: int = getattr(_c_speedups, "EXCHANGE_PENDING", -1)  # a handle
 EXCHANGE_WRITE_WAIT: int = getattr(_c_speedups, "EXCHANGE_WRITE_WAIT", -1)  # a send to finish
 EXCHANGE_WRITE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_WRITE_GENERAL", -1)
 EXCHANGE_CLOSED: int = getattr(_c_speedups, "EXCHANGE_CLOSED", -1)  # a handler closed it
+# Session mode's own (Server._serve_exchange handles them):
+EXCHANGE_SEND_QUEUED: int = getattr(_c_speedups, "EXCHANGE_SEND_QUEUED", -1)  # via the queue
+EXCHANGE_WRITE_HANDOFF: int = getattr(_c_speedups, "EXCHANGE_WRITE_HANDOFF", -1)
+EXCHANGE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_GENERAL", -1)  # frames it leaves
 
 DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
@@ -511,12 +516,23 @@ class FramedConn:
 
     # ------------------------------------------------------------- exchange
 
-    def exchange(self, handler: Any, limit: int, owner: Any) -> Any:
+    def exchange(
+        self,
+        handler: Any,
+        limit: int,
+        owner: Any,
+        session: Session | None = None,
+        max_in_flight: int = 1,
+        start_pending: Callable[[Any, Any], None] | None = None,
+    ) -> Any:
         """A C loop that receives, calls ``handler`` per frame and sends the replies,
-        for :meth:`run_exchange` (netframe's raw server with one handler at a time); None
-        where the fast path is not there (no C accelerator, a connection without
-        SyscallConn, a format the C writer does not encode, or frames already taken
-        ahead). Its frames and writes count in this connection's counters."""
+        for :meth:`run_exchange`: netframe's raw server with one handler at a time, or
+        with ``session`` its session server with up to ``max_in_flight`` handlers at
+        once, ``start_pending(owner, result)`` taking each result that is not a reply
+        yet (netframe/_speedups_server.c.h says what each loop takes on). None where the
+        fast path is not there (no C accelerator, a connection without SyscallConn, a
+        format the C writer does not encode, or frames already taken ahead). Its frames
+        and writes count in this connection's counters."""
         if (
             _Exchange is None
             or self._fast_writer is None
@@ -525,7 +541,10 @@ class FramedConn:
             or self._exchange is not None
         ):
             return None
-        self._exchange = _Exchange(self._reader, self._fast_writer, handler, limit, owner)
+        args: tuple[Any, ...] = (self._reader, self._fast_writer, handler, limit, owner)
+        if session is not None:
+            args += (session, gosim.now, self, max_in_flight, CLOSED, start_pending)
+        self._exchange = _Exchange(*args)
         return self._exchange
 
     async def run_exchange(self, ex: Any) -> int:
@@ -533,8 +552,12 @@ class FramedConn:
         netpoller between receives, finish sends the socket could not take at once,
         and send replies the C writer declines on the general path. Returns
         EXCHANGE_PENDING (a handler to await), EXCHANGE_READER (the end of the stream or
-        a hand-back: read on with :meth:`read_frames`) or EXCHANGE_CLOSED.
-        OSError as :meth:`read_frames` and :meth:`write_frames` raise it."""
+        a hand-back: read on with :meth:`read_frames`) or EXCHANGE_CLOSED; a session
+        loop also EXCHANGE_SEND_QUEUED and EXCHANGE_GENERAL (its replies the socket
+        does not take at once finish in the writer goroutine, as
+        :meth:`send_many_nowait`'s do). OSError as :meth:`read_frames` and
+        :meth:`write_frames` raise it; a session loop's send that failed fails later
+        sends, as :meth:`send_many_nowait`'s does."""
         if self._reading:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
@@ -542,9 +565,17 @@ class FramedConn:
         writer = self._fast_writer
         try:
             while True:
-                await raw.read(ex)
+                try:
+                    await raw.read(ex)
+                except OSError as exc:
+                    if writer.pending:  # a session loop's send failed: as _send_through's
+                        writer.discard()
+                        self._fail_writes(exc)
+                    raise
                 state: int = ex.state
-                if state == EXCHANGE_WRITE_WAIT:  # the socket took part of the replies
+                if state == EXCHANGE_WRITE_HANDOFF:  # the writer goroutine sends the rest
+                    self._unsent_to_writer()
+                elif state == EXCHANGE_WRITE_WAIT:  # the socket took part of the replies
                     try:
                         await raw.write(writer)
                     except BaseException:
@@ -720,13 +751,19 @@ class FramedConn:
         self._frames_written += len(payloads)
         self._writes += 1
         if writer.pending:  # the socket is full: the writer goroutine goes on
-            self._unfinished = True
-            if not self._writer_started:
-                self._start_writer()
-            self._queue.try_send(_Flush())  # wakes it (the queue is empty)
+            self._unsent_to_writer()
         else:
             writer.discard()
         return True
+
+    def _unsent_to_writer(self) -> None:
+        """The C writer holds frames the socket did not take at once (nothing was
+        queued ahead of them): the writer goroutine sends them before anything queued
+        after them."""
+        self._unfinished = True
+        if not self._writer_started:
+            self._start_writer()
+        self._queue.try_send(_Flush())  # wakes it (the queue is empty)
 
     def _fail_writes(self, exc: BaseException) -> None:
         """A write failed: the connection's stream is lost (a partial frame may have gone

@@ -82,7 +82,15 @@ from gosim import Chan, go, lowlevel, recv, select
 
 from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
-from ._conn import EXCHANGE_PENDING, EXCHANGE_READER, FramedConn, StreamConn, _Alarm
+from ._conn import (
+    EXCHANGE_GENERAL,
+    EXCHANGE_PENDING,
+    EXCHANGE_READER,
+    EXCHANGE_SEND_QUEUED,
+    FramedConn,
+    StreamConn,
+    _Alarm,
+)
 from ._exceptions import RemoteFrameError
 from ._session import (
     MAX_REASON_BYTES,
@@ -461,7 +469,7 @@ async def _read_connection(
     closed; the OSError of a broken connection; the RemoteFrameError of a peer that
     broke the framing or the session protocol (the payloads before the bad frame are
     delivered first)."""
-    fc, session = st.fc, st.session
+    fc = st.fc
     while not st.closed:
         try:
             frames = await fc.read_frames()
@@ -473,19 +481,29 @@ async def _read_connection(
         if raw:
             payloads = frames
         else:
-            payloads = []
-            now = gosim.now()  # one clock read for the receive's frames
-            try:
-                if session.receive_many(frames, now, payloads):
-                    for out in session.take_pongs():
-                        fc.send_nowait(out)
-            except RemoteFrameError as exc:
-                error = exc
+            payloads, error = _session_payloads(st, frames)
         if payloads and not await deliver(st, payloads):
             return None
         if error is not None:
             return error
     return None
+
+
+def _session_payloads(
+    st: _Conn, frames: list[bytes]
+) -> tuple[list[bytes], RemoteFrameError | None]:
+    """A session connection's received frames: their DATA payloads, and the protocol
+    error that stopped them (the payloads before the bad frame are kept); the pongs
+    they ask for are sent at once (ahead of queued replies)."""
+    payloads: list[bytes] = []
+    session = st.session
+    try:
+        if session.receive_many(frames, gosim.now(), payloads):  # one clock read
+            for out in session.take_pongs():
+                st.fc.send_nowait(out)
+    except RemoteFrameError as exc:
+        return payloads, exc
+    return payloads, None
 
 
 class _HeartbeatEnd(enum.Enum):
@@ -645,10 +663,11 @@ class Server:
         else:
             self._handle = self._handle_concurrent
         self._replies_in_order = max_in_flight == 1
-        # Raw mode with one handler at a time: a connection with the C fast path is
-        # served by one C call per wake (FramedConn.exchange), the same loop as
-        # _read_connection, _deliver and _handle_inline in Python.
-        self._exchange = raw and max_in_flight == 1 and handle_batch is None
+        # Raw mode with one handler at a time, and session mode with concurrent
+        # handlers: a connection with the C fast path is served by one C call per wake
+        # (FramedConn.exchange), the same loop as _read_connection, _deliver and
+        # _handle_inline or _handle_concurrent in Python.
+        self._exchange = handle_batch is None and (raw if max_in_flight == 1 else not raw)
         self._conns: set[_Conn] = set()
         self._listener: Listener | None = None
         self._shutting_down = False
@@ -774,7 +793,16 @@ class Server:
         elif self.idle_timeout is not None:
             go(self._raw_idle_watch, st, self.idle_timeout)
         try:
-            ex = st.fc.exchange(self.handler, self.send_queue, st) if self._exchange else None
+            ex = None
+            if self._exchange:
+                ex = st.fc.exchange(
+                    self.handler,
+                    self.send_queue,
+                    st,
+                    None if self.raw else st.session,
+                    self.max_in_flight,
+                    self._start_pending,
+                )
             if ex is not None:
                 st.exchange = ex
                 stopped = await self._serve_exchange(st, ex)
@@ -788,8 +816,10 @@ class Server:
                 st.exchange.release()  # it held st: no cycle left for the collector
 
     async def _serve_exchange(self, st: _Conn, ex: Any) -> Exception | None:
-        """A raw connection's reader on the C loop (``FramedConn.exchange``): it returns
-        here only for a handler to await, a close, or the end of the stream or a
+        """A connection's reader on the C loop (``FramedConn.exchange``): it returns
+        here for a handler to await (raw mode), replies for the send queue and frames
+        for the general path (session mode: control frames, DATA with every handler
+        slot taken), a close, or the end of the stream or a
         hand-back (an invalid header), after which ``_read_connection`` reads on (and
         reports what the general path finds). Returns as ``_read_connection`` does."""
         fc = st.fc
@@ -803,7 +833,16 @@ class Server:
                 errors = ex.take_errors()
                 if errors:
                     counters["handler_errors"] += errors
-            if state == EXCHANGE_PENDING:
+            if state == EXCHANGE_SEND_QUEUED:
+                if not self._send_frames_or_defer(st, ex.take_replies()):
+                    return None
+            elif state == EXCHANGE_GENERAL:
+                payloads, error = _session_payloads(st, ex.take_rest())
+                if payloads and not await self._deliver(st, payloads):
+                    return None
+                if error is not None:
+                    return error
+            elif state == EXCHANGE_PENDING:
                 st.in_flight = 1  # the idle watch does not close under a running handler
                 try:
                     reply = await _settle(*ex.take_pending())
@@ -860,7 +899,12 @@ class Server:
         that many handlers waiting to send. False when the connection is gone."""
         if st.closed:
             return False
-        frames = st.session.data_many(replies, gosim.now())
+        return self._send_frames_or_defer(st, st.session.data_many(replies, gosim.now()))
+
+    def _send_frames_or_defer(self, st: _Conn, frames: list[bytes]) -> bool:
+        """:meth:`_send_or_defer` for replies already made session DATA frames."""
+        if st.closed:
+            return False
         try:
             if not st.fc.send_many_nowait(frames):
                 st.in_flight += 1
@@ -931,13 +975,19 @@ class Server:
                 self._counters["handler_errors"] += errors
             if pending is None:
                 break
-            st.in_flight += 1
-            if type(pending) is Later:
-                pending._when_replied(self._later_replied, st)
-            else:
-                go(self._handle_rest, st, pending)
+            self._start_pending(st, pending)
             i += 1
         return replies
+
+    def _start_pending(self, st: _Conn, pending: Any) -> None:
+        """A concurrent handler's result that is not its reply yet takes a handler
+        slot: a :class:`Later` replies when settled, anything else is finished in a
+        goroutine of its own (:meth:`_handle_rest`)."""
+        st.in_flight += 1
+        if type(pending) is Later:
+            pending._when_replied(self._later_replied, st)
+        else:
+            go(self._handle_rest, st, pending)
 
     def _later_replied(self, st: _Conn, reply: bytes | None) -> None:
         """A :class:`Later`'s reply, sent by the goroutine that settled it: at once when

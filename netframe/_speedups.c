@@ -8,7 +8,8 @@
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
  *                         drop_none), twins of code in netframe/_server.py, and the
- *                         raw one-at-a-time connection's whole loop (Exchange).
+ *                         loop of a raw one-at-a-time connection or of a session
+ *                         connection with concurrent handlers (Exchange).
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the
@@ -52,9 +53,27 @@ PyInit__speedups(void)
         PyType_Ready(&ExchangeType) < 0) {
         return NULL;
     }
-    closed_name = PyUnicode_InternFromString("closed");
-    if (closed_name == NULL) {
-        return NULL;
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {
+        {&closed_name, "closed"},
+        {&in_flight_name, "in_flight"},
+        {&state_name, "state"},
+        {&last_received_name, "last_received"},
+        {&last_data_name, "last_data"},
+        {&first_unanswered_ping_name, "_first_unanswered_ping"},
+        {&dead_name, "dead"},
+        {&writer_error_name, "_writer_error"},
+        {&fc_closed_name, "_closed"},
+        {&backlog_name, "_backlog"},
+        {&unfinished_name, "_unfinished"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].slot == NULL) {
+            return NULL;
+        }
     }
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) {
@@ -66,7 +85,10 @@ PyInit__speedups(void)
         PyModule_AddIntConstant(m, "EXCHANGE_PENDING", EXCHANGE_PENDING) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_WRITE_WAIT", EXCHANGE_WRITE_WAIT) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_WRITE_GENERAL", EXCHANGE_WRITE_GENERAL) < 0 ||
-        PyModule_AddIntConstant(m, "EXCHANGE_CLOSED", EXCHANGE_CLOSED) < 0) {
+        PyModule_AddIntConstant(m, "EXCHANGE_CLOSED", EXCHANGE_CLOSED) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_SEND_QUEUED", EXCHANGE_SEND_QUEUED) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_WRITE_HANDOFF", EXCHANGE_WRITE_HANDOFF) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_GENERAL", EXCHANGE_GENERAL) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -178,6 +178,29 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * Handlers' Exception failures are counted (take_errors()); other exceptions and the
  * socket's OSErrors propagate. frames_in, frames_out and writes count as FramedConn's
  * counters do.
+ *
+ * Session mode: Exchange(reader, writer, handler, limit, owner, session, clock, fc,
+ * max_in_flight, closed_state, start_pending), for a session connection whose handlers
+ * may run concurrently (the twin of _read_connection, _session_payloads, _deliver,
+ * _handle_concurrent and _send_or_defer). Each receive's DATA frames are handled here
+ * while the connection has a free handler slot (owner.in_flight below max_in_flight):
+ * the kind byte is cut off, the handler called as handle_each calls it without `run`,
+ * and each reply goes out as a DATA frame, sent at once as FramedConn._send_through
+ * sends (only when nothing waits for fc's writer goroutine); a result that is not a
+ * reply yet (an awaitable, a netframe.Later) goes to start_pending(owner, result),
+ * which gives it a handler slot. The session hears the peer at the clock's reading,
+ * once a receive, as Session.receive_many does. What this loop does not do it hands
+ * to its caller, with these states besides READER and CLOSED:
+ *   EXCHANGE_SEND_QUEUED: take_replies() -> DATA frames that must go through fc's
+ *                        send queue (something waits for the writer goroutine, the
+ *                        connection failed or closed, or the C writer declines them);
+ *   EXCHANGE_WRITE_HANDOFF: the socket took part of the replies: fc's writer
+ *                        goroutine sends the rest (FramedConn._unsent_to_writer);
+ *   EXCHANGE_GENERAL:    take_rest() -> the receive's frames from the first one this
+ *                        loop leaves to the general path: a control frame (or a
+ *                        malformed one), DATA with every handler slot taken, or a
+ *                        session that may not send DATA.
+ * The caller then calls again; every state but GENERAL resumes where it stopped.
  */
 enum {
     EXCHANGE_READER = 1,
@@ -185,6 +208,9 @@ enum {
     EXCHANGE_WRITE_WAIT = 3,
     EXCHANGE_WRITE_GENERAL = 4,
     EXCHANGE_CLOSED = 5,
+    EXCHANGE_SEND_QUEUED = 6,
+    EXCHANGE_WRITE_HANDOFF = 7,
+    EXCHANGE_GENERAL = 8,
 };
 
 typedef struct {
@@ -205,25 +231,47 @@ typedef struct {
     unsigned long long frames_in;
     unsigned long long frames_out;
     unsigned long long writes;
+    /* Session mode (session != NULL): */
+    PyObject *session;
+    PyObject *clock;
+    PyObject *fc;
+    PyObject *closed_state;
+    PyObject *start_pending;
+    Py_ssize_t max_in_flight;
+    Py_ssize_t in_flight;   /* owner.in_flight at the part's start, plus pendings since */
+    PyObject *now;          /* the clock's reading for the receive being handled */
 } Exchange;
 
 static PyObject *closed_name;
+/* Attribute names of the session mode, interned at import. */
+static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_name,
+    *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
+    *backlog_name, *unfinished_name;
 
 static PyObject *
 Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *reader, *writer, *handler, *owner;
-    Py_ssize_t limit;
+    PyObject *session = NULL, *clock = NULL, *fc = NULL, *closed_state = NULL;
+    PyObject *start_pending = NULL;
+    Py_ssize_t limit, max_in_flight = 0;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Exchange takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!OnO", &FrameReaderType, &reader, &FrameWriterType,
-                          &writer, &handler, &limit, &owner)) {
+    if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnOO", &FrameReaderType, &reader, &FrameWriterType,
+                          &writer, &handler, &limit, &owner, &session, &clock, &fc,
+                          &max_in_flight, &closed_state, &start_pending)) {
         return NULL;
     }
     if (limit < 1) {
         PyErr_SetString(PyExc_ValueError, "Exchange: limit must be at least 1");
+        return NULL;
+    }
+    if (session != NULL && (start_pending == NULL || max_in_flight < 1)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Exchange: session mode takes session, clock, fc, max_in_flight "
+                        "(at least 1), closed_state and start_pending");
         return NULL;
     }
     Exchange *self = (Exchange *)type->tp_alloc(type, 0);
@@ -244,6 +292,19 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->handler = handler;
     self->owner = owner;
     self->limit = limit;
+    if (session != NULL) {
+        Py_INCREF(session);
+        Py_INCREF(clock);
+        Py_INCREF(fc);
+        Py_INCREF(closed_state);
+        Py_INCREF(start_pending);
+        self->start_pending = start_pending;
+        self->session = session;
+        self->clock = clock;
+        self->fc = fc;
+        self->closed_state = closed_state;
+        self->max_in_flight = max_in_flight;
+    }
     return (PyObject *)self;
 }
 
@@ -257,6 +318,12 @@ Exchange_traverse(Exchange *self, visitproc visit, void *arg)
     Py_VISIT(self->frames);
     Py_VISIT(self->replies);
     Py_VISIT(self->pending);
+    Py_VISIT(self->session);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->fc);
+    Py_VISIT(self->closed_state);
+    Py_VISIT(self->start_pending);
+    Py_VISIT(self->now);
     return 0;
 }
 
@@ -270,6 +337,12 @@ Exchange_clear(Exchange *self)
     Py_CLEAR(self->frames);
     Py_CLEAR(self->replies);
     Py_CLEAR(self->pending);
+    Py_CLEAR(self->session);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->fc);
+    Py_CLEAR(self->closed_state);
+    Py_CLEAR(self->start_pending);
+    Py_CLEAR(self->now);
     return 0;
 }
 
@@ -286,6 +359,260 @@ exchange_stop(Exchange *self, int state)
 {
     self->state = state;
     Py_RETURN_TRUE;
+}
+
+/* A receive into self->frames (which must be NULL): 1 (frames taken, index 0), 0
+ * (nothing there: wait for input), -2 (the end of the stream or a hand-back, no frame
+ * before it), -1 (an exception is set). */
+static int
+exchange_receive(Exchange *self, int fd)
+{
+    int got = reader_receive(self->reader, fd);
+    if (got <= 0) {
+        return got;
+    }
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) {
+        return -1;
+    }
+    self->frames = self->reader->frames;
+    self->reader->frames = fresh;
+    Py_ssize_t n = PyList_GET_SIZE(self->frames);
+    if (n == 0) {
+        Py_CLEAR(self->frames);
+        return -2;
+    }
+    self->frames_in += (unsigned long long)n;
+    self->index = 0;
+    return 1;
+}
+
+/* obj.name as a Py_ssize_t: 0, or -1 with an exception set. */
+static int
+get_ssize(PyObject *obj, PyObject *name, Py_ssize_t *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    *out = PyLong_AsSsize_t(value);
+    Py_DECREF(value);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The truth of obj.name: 1, 0, or -1 with an exception set. */
+static int
+get_truth(PyObject *obj, PyObject *name)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
+/* The first DATA frame of a receive: read the clock and let the session hear the peer,
+ * as Session.receive_many does once a receive (last_received, last_data, no ping
+ * waiting for an answer, not dead). */
+static int
+session_heard(Exchange *self)
+{
+    self->now = PyObject_CallNoArgs(self->clock);
+    if (self->now == NULL) {
+        return -1;
+    }
+    if (PyObject_SetAttr(self->session, last_received_name, self->now) < 0 ||
+        PyObject_SetAttr(self->session, last_data_name, self->now) < 0 ||
+        PyObject_SetAttr(self->session, first_unanswered_ping_name, Py_None) < 0 ||
+        PyObject_SetAttr(self->session, dead_name, Py_False) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The DATA frame payload that carries a reply (bytes or bytearray): Session.data's
+ * kind byte and the reply's bytes. */
+static PyObject *
+data_frame(PyObject *reply)
+{
+    const char *src;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(reply)) {
+        src = PyBytes_AS_STRING(reply);
+        n = PyBytes_GET_SIZE(reply);
+    }
+    else {
+        src = PyByteArray_AS_STRING(reply);
+        n = PyByteArray_GET_SIZE(reply);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n + 1);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *w = PyBytes_AS_STRING(out);
+    w[0] = 0; /* Kind.DATA */
+    memcpy(w + 1, src, (size_t)n);
+    return out;
+}
+
+/* Send the part's replies as FramedConn._send_through sends: at once, when nothing
+ * waits for fc's writer goroutine. 1: sent, or nothing to send; a state to stop with
+ * (SEND_QUEUED, WRITE_HANDOFF); -1 with an exception set (a failed send leaves its
+ * unsent bytes in the writer, for the caller to discard as it fails the connection). */
+static int
+session_flush(Exchange *self, int fd)
+{
+    Py_ssize_t count = PyList_GET_SIZE(self->replies);
+    if (!count) {
+        return 1;
+    }
+    PyObject *error = PyObject_GetAttr(self->fc, writer_error_name);
+    if (error == NULL) {
+        return -1;
+    }
+    int failed = error != Py_None;
+    Py_DECREF(error);
+    Py_ssize_t backlog = 0;
+    int closed = failed ? 0 : get_truth(self->fc, fc_closed_name);
+    if (closed < 0 || (!failed && !closed && get_ssize(self->fc, backlog_name, &backlog) < 0)) {
+        return -1;
+    }
+    int unfinished = failed || closed || backlog ? 0 : get_truth(self->fc, unfinished_name);
+    if (unfinished < 0) {
+        return -1;
+    }
+    if (failed || closed || backlog || unfinished || self->writer->pos < self->writer->len) {
+        return EXCHANGE_SEND_QUEUED;
+    }
+    int loaded = writer_load(self->writer, self->replies);
+    if (loaded <= 0) {
+        return loaded < 0 ? -1 : EXCHANGE_SEND_QUEUED;
+    }
+    if (PyList_SetSlice(self->replies, 0, count, NULL) < 0) {
+        self->writer->pos = self->writer->len = 0;
+        return -1;
+    }
+    self->frames_out += (unsigned long long)count;
+    self->writes++;
+    int sent = writer_send(self->writer, fd);
+    if (sent <= 0) {
+        return sent < 0 ? -1 : EXCHANGE_WRITE_HANDOFF;
+    }
+    self->writer->pos = self->writer->len = 0;
+    return 1;
+}
+
+/* Exchange_call in session mode (see Exchange above). */
+static PyObject *
+exchange_session(Exchange *self, int fd)
+{
+    for (;;) {
+        if (self->frames == NULL) {
+            int got = exchange_receive(self, fd);
+            if (got == -1) {
+                return NULL;
+            }
+            if (got == 0) {
+                Py_RETURN_FALSE;
+            }
+            if (got == -2) {
+                return exchange_stop(self, EXCHANGE_READER);
+            }
+            Py_CLEAR(self->now); /* read again at this receive's first DATA */
+        }
+        Py_ssize_t n = PyList_GET_SIZE(self->frames);
+        if (self->index >= n) {
+            Py_CLEAR(self->frames);
+            if (self->reader->eof || self->reader->handback) {
+                return exchange_stop(self, EXCHANGE_READER);
+            }
+            continue;
+        }
+        PyObject *state = PyObject_GetAttr(self->session, state_name);
+        if (state == NULL) {
+            return NULL;
+        }
+        int may_send = state != self->closed_state;
+        Py_DECREF(state);
+        if (!may_send) {
+            return exchange_stop(self, EXCHANGE_GENERAL);
+        }
+        if (get_ssize(self->owner, in_flight_name, &self->in_flight) < 0) {
+            return NULL;
+        }
+        /* A part: up to `limit` DATA frames while a handler slot is free. */
+        Py_ssize_t end = n - self->index < self->limit ? n : self->index + self->limit;
+        while (self->index < end && self->in_flight < self->max_in_flight) {
+            PyObject *frame = PyList_GET_ITEM(self->frames, self->index);
+            if (!PyBytes_CheckExact(frame) || PyBytes_GET_SIZE(frame) < 1 ||
+                PyBytes_AS_STRING(frame)[0] != 0) {
+                break; /* not DATA: the general path's */
+            }
+            if (self->now == NULL && session_heard(self) < 0) {
+                return NULL;
+            }
+            PyObject *payload =
+                PyBytes_FromStringAndSize(PyBytes_AS_STRING(frame) + 1, PyBytes_GET_SIZE(frame) - 1);
+            if (payload == NULL) {
+                return NULL;
+            }
+            PyObject *out = NULL;
+            int suspended = 0;
+            int handled = handle_one(self->handler, payload, 0, &out, &suspended);
+            Py_DECREF(payload);
+            if (handled == HANDLED_FAILED) {
+                self->index++; /* as the Python loop: the frame that raised is done */
+                return NULL;
+            }
+            self->index++;
+            if (handled == HANDLED_PENDING) {
+                PyObject *started = PyObject_CallFunctionObjArgs(self->start_pending,
+                                                                 self->owner, out, NULL);
+                Py_DECREF(out);
+                if (started == NULL) {
+                    return NULL;
+                }
+                Py_DECREF(started);
+                self->in_flight++; /* start_pending gave it a handler slot */
+            }
+            else if (handled == HANDLED_ERROR) {
+                self->errors++;
+            }
+            else if (handled == HANDLED_REPLY) {
+                PyObject *wire = data_frame(out);
+                Py_DECREF(out);
+                if (wire == NULL) {
+                    return NULL;
+                }
+                int failed = PyList_Append(self->replies, wire);
+                Py_DECREF(wire);
+                if (failed) {
+                    return NULL;
+                }
+            }
+        }
+        int general = self->index < end; /* stopped at a frame this loop leaves */
+        int closed = get_truth(self->owner, closed_name);
+        if (closed) {
+            if (closed < 0) {
+                return NULL;
+            }
+            Py_CLEAR(self->frames);
+            if (PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
+                return NULL;
+            }
+            return exchange_stop(self, EXCHANGE_CLOSED);
+        }
+        int flushed = session_flush(self, fd);
+        if (flushed != 1) {
+            return flushed < 0 ? NULL : exchange_stop(self, flushed);
+        }
+        if (general) {
+            return exchange_stop(self, EXCHANGE_GENERAL);
+        }
+    }
 }
 
 static PyObject *
@@ -307,32 +634,26 @@ Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Exchange: a pending handler is not resumed");
         return NULL;
     }
+    if (self->session != NULL) {
+        return exchange_session(self, fd);
+    }
     if (self->writer->pos < self->writer->len) {
         PyErr_SetString(PyExc_RuntimeError, "Exchange: the writer's last frames are unsent");
         return NULL;
     }
     for (;;) {
         if (self->frames == NULL) {
-            int got = reader_receive(self->reader, fd);
-            if (got <= 0) {
-                if (got < 0) {
-                    return NULL;
-                }
-                Py_RETURN_FALSE;
-            }
-            PyObject *fresh = PyList_New(0);
-            if (fresh == NULL) {
+            int got = exchange_receive(self, fd);
+            if (got == -1) {
                 return NULL;
             }
-            self->frames = self->reader->frames;
-            self->reader->frames = fresh;
-            Py_ssize_t n = PyList_GET_SIZE(self->frames);
-            if (n == 0) {
-                Py_CLEAR(self->frames);
+            if (got == 0) {
+                Py_RETURN_FALSE;
+            }
+            if (got == -2) {
                 return exchange_stop(self, EXCHANGE_READER);
             }
-            self->frames_in += (unsigned long long)n;
-            self->index = 0;
+            Py_ssize_t n = PyList_GET_SIZE(self->frames);
             self->part_end = n < self->limit ? n : self->limit;
         }
         while (self->index < self->part_end) {
@@ -423,6 +744,11 @@ Exchange_release(Exchange *self, PyObject *unused)
     Py_CLEAR(self->owner);
     Py_CLEAR(self->frames);
     Py_CLEAR(self->pending);
+    Py_CLEAR(self->session);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->fc);
+    Py_CLEAR(self->start_pending);
+    Py_CLEAR(self->now);
     if (self->replies != NULL &&
         PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
         return NULL;
@@ -454,6 +780,21 @@ Exchange_resume(Exchange *self, PyObject *reply)
     }
     self->index++;
     Py_RETURN_NONE;
+}
+
+static PyObject *
+Exchange_take_rest(Exchange *self, PyObject *unused)
+{
+    if (self->frames == NULL) {
+        return PyList_New(0);
+    }
+    PyObject *rest = PyList_GetSlice(self->frames, self->index, PyList_GET_SIZE(self->frames));
+    if (rest == NULL) {
+        return NULL;
+    }
+    Py_CLEAR(self->frames);
+    self->index = 0;
+    return rest;
 }
 
 static PyObject *
@@ -524,6 +865,8 @@ static PyMethodDef Exchange_methods[] = {
      "The awaited handler's reply (None: no reply); the loop goes on after its frame."},
     {"take_replies", (PyCFunction)Exchange_take_replies, METH_NOARGS,
      "The replies the writer declined, for the general path (which counts them)."},
+    {"take_rest", (PyCFunction)Exchange_take_rest, METH_NOARGS,
+     "The receive's frames from the first one the session loop leaves (GENERAL)."},
     {"take_errors", (PyCFunction)Exchange_take_errors, METH_NOARGS,
      "Handler failures counted since the last take."},
     {NULL, NULL, 0, NULL},
@@ -536,7 +879,7 @@ static PyTypeObject ExchangeType = {
     .tp_dealloc = (destructor)Exchange_dealloc,
     .tp_call = (ternaryfunc)Exchange_call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A raw connection's receive, handle and send loop: exchange(fd) -> bool.",
+    .tp_doc = "A connection's receive, handle and send loop: exchange(fd) -> bool.",
     .tp_traverse = (traverseproc)Exchange_traverse,
     .tp_clear = (inquiry)Exchange_clear,
     .tp_methods = Exchange_methods,

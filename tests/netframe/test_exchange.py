@@ -11,7 +11,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,17 +28,6 @@ BIG = 70_000  # a reply the C writer declines (at least GATHER_MIN_BYTES: gather
 pytestmark = pytest.mark.skipif(
     conn_module._Exchange is None, reason="netframe._speedups not in use (pure Python)"
 )
-
-
-@pytest.fixture
-def python_loop() -> Iterator[None]:
-    """Serve with the Python loop: no connection gets an Exchange."""
-    saved = conn_module._Exchange
-    conn_module._Exchange = None
-    try:
-        yield
-    finally:
-        conn_module._Exchange = saved
 
 
 def _handler(log: list[str]) -> Any:
@@ -140,8 +128,10 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 class ServerThread:
-    """A raw echo server on a runtime in a thread of its own (the peer under test is a
-    plain socket in the test's thread); stopped by ``stop()``, or after 20 s."""
+    """An echo server on a runtime in a thread of its own (the peer under test is a
+    plain socket in the test's thread); stopped by ``stop()``, or after 20 s. Raw, one
+    handler at a time, unless ``options`` say otherwise; a payload that starts with
+    ``s`` is echoed by an async handler after 50 ms."""
 
     def __init__(self, **options: Any) -> None:
         self._ready = threading.Event()
@@ -153,12 +143,16 @@ class ServerThread:
         assert self._ready.wait(10)
 
     def _run(self, options: dict[str, Any]) -> None:
-        def echo(payload: bytes) -> bytes:
+        async def slow_echo(payload: bytes) -> bytes:
+            await gosim.sleep(0.05)
             return payload
+
+        def echo(payload: bytes) -> Any:
+            return slow_echo(payload) if payload[:1] == b"s" else payload
 
         async def main() -> None:
             ln = net.listen("tcp", "127.0.0.1:0")
-            server = netframe.Server(echo, raw=True, max_in_flight=1, **options)
+            server = netframe.Server(echo, **{"raw": True, "max_in_flight": 1, **options})
             self.server = server
             host, port = ln.addr().rsplit(":", 1)
             self.addr = (host, int(port))

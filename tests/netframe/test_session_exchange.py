@@ -1,0 +1,305 @@
+"""The session server's C loop for concurrent handlers (``FramedConn.exchange`` with a
+session, the C ``Exchange`` in session mode) against the Python loop it replaces
+(``_read_connection``, ``_session_payloads``, ``_deliver``, ``_handle_concurrent``,
+``_send_or_defer``), over real loopback TCP: the same replies and the same counts
+whatever the handlers return (a reply, nothing, an exception, a coroutine, a Later, a
+reply too large for the C writer) and whatever else the peer sends among its requests
+(pings, a goaway, a bad frame), with handler slots and send-queue parts of every size;
+and the states the loop hands back met by peers that are plain sockets in a thread (a
+peer that reads nothing, one that breaks the protocol mid-burst)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gosim
+import netframe
+from gosim import go, net
+from netframe import _conn as conn_module
+
+from .test_exchange import ServerThread
+
+HEADER = struct.Struct(">I")
+BIG = 70_000  # a reply the C writer declines (gathered: at least GATHER_MIN_BYTES)
+
+pytestmark = pytest.mark.skipif(
+    conn_module._Exchange is None, reason="netframe._speedups not in use (pure Python)"
+)
+
+
+def _handler(laters: list[tuple[netframe.Later, bytes]]) -> Any:
+    async def later(payload: bytes) -> bytes:
+        await gosim.sleep(0.002)  # really waits: a goroutine of its own
+        return b"late " + payload
+
+    async def at_once(payload: bytes) -> bytes:
+        return b"async " + payload
+
+    async def failing(payload: bytes) -> bytes:
+        await gosim.gosched()
+        raise ValueError("async failure")
+
+    def handler(payload: bytes) -> Any:
+        op = payload[:1]
+        if op == b"p":
+            return b"plain " + payload
+        if op == b"n":
+            return None
+        if op == b"r":
+            raise ValueError("plain failure")
+        if op == b"a":
+            return at_once(payload)
+        if op == b"s":
+            return later(payload)
+        if op == b"x":
+            return failing(payload)
+        if op == b"L":
+            pending = netframe.Later()
+            laters.append((pending, payload))
+            return pending
+        if op == b"g":
+            return b"G" * BIG
+        raise AssertionError(op)
+
+    return handler
+
+
+def _expected(op: str, payload: bytes) -> bytes | None:
+    """The session frame a request (or a control frame) gets back, if any (``payload``:
+    the frame's, after its kind byte)."""
+    if op == "P":
+        return b"\x02" + payload  # the PONG of a PING
+    reply = {
+        "p": b"plain " + payload,
+        "a": b"async " + payload,
+        "s": b"late " + payload,
+        "L": b"later " + payload,
+        "g": b"G" * BIG,
+    }.get(op)
+    return None if reply is None else b"\x00" + reply
+
+
+def _wire(op: str, i: int) -> bytes:
+    """The session frame payload the peer sends for ``op``."""
+    if op == "P":
+        return b"\x01" + struct.pack(">Q", i)
+    if op == "G":
+        return b"\x03" + struct.pack(">I", 0) + b"peer done"
+    return b"\x00" + op.encode() + b"%d" % i
+
+
+def _serve(
+    ops: list[str], max_in_flight: int, send_queue: int, split: int
+) -> tuple[list[bytes], dict[str, int], bool]:
+    """Serve the frames of ``ops`` (sent in one write, or two at ``split``) on a fresh
+    session server; the frames it sent back (sorted: concurrent handlers reply in any
+    order), its counters, and whether the connection ran on an Exchange."""
+    laters: list[tuple[netframe.Later, bytes]] = []
+    frames = [_wire(op, i) for i, op in enumerate(ops)]
+    want = sum(_expected(op, f[1:]) is not None for op, f in zip(ops, frames, strict=True))
+
+    async def settle() -> None:
+        while True:
+            await gosim.sleep(0.001)
+            while laters:
+                pending, payload = laters.pop(0)
+                pending.reply(b"later " + payload)
+
+    async def main() -> tuple[list[bytes], dict[str, int], bool]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        server = netframe.Server(
+            _handler(laters),
+            max_in_flight=max_in_flight,
+            send_queue=send_queue,
+            heartbeat_interval=None,
+        )
+        go(server.serve, ln)
+        go(settle)
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()))
+        await fc.write_frames(frames[:split])
+        if split < len(frames):
+            await gosim.sleep(0.001)
+            await fc.write_frames(frames[split:])
+        got: list[bytes] = []
+        deadline = gosim.now() + 10
+        while len(got) < want and gosim.now() < deadline:
+            got += await fc.read_frames()
+        await gosim.sleep(0.01)  # nothing more may come
+        used = any(c.fc._exchange is not None for c in server._conns)
+        stats = server.statistics()
+        await fc.aclose()
+        await server.shutdown(grace=0.5)
+        counts = {
+            "handler_errors": stats.handler_errors,
+            "frames_received": stats.frames_received,
+            "frames_sent": stats.frames_sent,
+            "protocol_errors": stats.protocol_errors,
+        }
+        return sorted(got), counts, used
+
+    return gosim.run(main, procs=1)
+
+
+@given(
+    ops=st.lists(st.sampled_from("pnraxsLgPG"), min_size=1, max_size=40),
+    max_in_flight=st.sampled_from([2, 3, 64]),
+    send_queue=st.sampled_from([1, 3, 1024]),
+    split=st.integers(0, 40),
+)
+@settings(max_examples=40, deadline=None)
+def test_the_c_session_loop_answers_as_the_python_loop(
+    ops: list[str], max_in_flight: int, send_queue: int, split: int
+) -> None:
+    frames = [_wire(op, i) for i, op in enumerate(ops)]
+    got, counts, used = _serve(ops, max_in_flight, send_queue, split)
+    assert used
+    want = [e for op, f in zip(ops, frames, strict=True) if (e := _expected(op, f[1:]))]
+    assert got == sorted(want)
+    assert counts["handler_errors"] == sum(op in "rx" for op in ops)
+    assert counts["frames_received"] == len(ops)
+    assert counts["frames_sent"] == len(want)
+    saved = conn_module._Exchange
+    conn_module._Exchange = None
+    try:
+        assert _serve(ops, max_in_flight, send_queue, split) == (got, counts, False)
+    finally:
+        conn_module._Exchange = saved
+
+
+def _recv_frames(sock: socket.socket, count: int) -> list[bytes]:
+    frames: list[bytes] = []
+    buf = b""
+    while len(frames) < count:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(frames)} of {count} frames")
+        buf += chunk
+        while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
+            n = HEADER.unpack_from(buf)[0]
+            frames.append(buf[4 : 4 + n])
+            buf = buf[4 + n :]
+    return frames
+
+
+def session_server(**options: Any) -> ServerThread:
+    """test_exchange's echo server, in session mode with concurrent handlers."""
+    return ServerThread(
+        **{"raw": False, "max_in_flight": 64, "heartbeat_interval": None, **options}
+    )
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_a_peer_that_pipelines_and_reads_late_gets_every_reply_in_order(
+    loop: str, request: pytest.FixtureRequest
+) -> None:
+    """The server's replies meet a full socket (the peer reads nothing until it has
+    sent everything): the loop hands the unsent rest to the writer goroutine, later
+    replies queue behind it or wait for room in goroutines holding handler slots;
+    every reply arrives once, and the peer's ping among the requests is answered.
+    (Session replies carry the application's request ids, so their order is not
+    promised: replies that waited for room may interleave with later ones.)"""
+    if loop == "python":
+        request.getfixturevalue("python_loop")
+    bodies = [b"\x00%06d" % i + b"x" * 1000 for i in range(8000)]  # 8 MB each way
+    bodies[4000] = b"\x01" + struct.pack(">Q", 77)  # a ping in the middle
+    wire = b"".join(HEADER.pack(len(f)) + f for f in bodies)
+    srv = session_server(max_in_flight=8, send_queue=64)
+    sock = socket.create_connection(srv.addr)
+    sender = threading.Thread(target=sock.sendall, args=(wire,), daemon=True)
+    sender.start()
+    time.sleep(0.5)  # the server fills the socket both ways and waits for room
+    got = _recv_frames(sock, len(bodies))
+    sender.join(10)
+    sock.close()
+    assert sorted(f for f in got if f[:1] == b"\x00") == [f for f in bodies if f[:1] == b"\x00"]
+    assert [f for f in got if f[:1] != b"\x00"] == [b"\x02" + struct.pack(">Q", 77)]
+    stats = srv.statistics_when_idle()
+    srv.stop()
+    assert stats.frames_received == stats.frames_sent == len(bodies)
+    assert stats.handler_errors == 0
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_requests_before_a_bad_frame_are_answered_then_it_is_a_protocol_error(
+    loop: str, request: pytest.FixtureRequest
+) -> None:
+    """A bad frame kind in the middle of a burst: the requests before it are answered,
+    then GOAWAY(PROTOCOL_ERROR) and the close; nothing after it is handled."""
+    if loop == "python":
+        request.getfixturevalue("python_loop")
+    srv = session_server()
+    sock = socket.create_connection(srv.addr)
+    good = [b"\x00%03d" % i for i in range(5)]
+    after = [b"\x00late"]
+    sock.sendall(b"".join(HEADER.pack(len(f)) + f for f in [*good, b"\x09bad", *after]))
+    got = _recv_frames(sock, 6)
+    assert got[:5] == good
+    assert got[5][:1] == b"\x03"
+    assert struct.unpack(">I", got[5][1:5])[0] == netframe.GoAwayCode.PROTOCOL_ERROR
+    sock.settimeout(5)
+    while sock.recv(100):  # the server drains, then closes
+        pass
+    sock.close()
+    stats = srv.statistics_when_idle()
+    srv.stop()
+    assert stats.protocol_errors == 1
+    assert stats.frames_sent == 6  # the five replies and the GOAWAY
+
+
+def test_the_session_exchange_refuses_an_incomplete_session_mode() -> None:
+    from netframe._speedups import Exchange  # noqa: PLC0415
+
+    fmt = netframe.FrameFormat()
+    reader = conn_module._FrameReader(4096, 1 << 20, *fmt._scan_params)
+    writer = conn_module._FrameWriter(*fmt._encode_params, -1, 0)
+    session = netframe.Session(0.0)
+    with pytest.raises(TypeError):  # no start_pending
+        Exchange(reader, writer, len, 4, None, session, time.monotonic, None, 8, netframe.CLOSED)
+    with pytest.raises(TypeError):  # no handler slot
+        Exchange(
+            reader, writer, len, 4, None, session, time.monotonic, None, 0, netframe.CLOSED, print
+        )
+
+
+def test_peers_that_reset_mid_burst_leave_the_server_serving() -> None:
+    """Peers that send a burst of requests with large replies and reset the connection
+    at once, or after reading part of the replies: the loop's sends fail with the
+    reset, and the connection's writes fail with them (a slow handler's reply, due
+    after the failure while the connection waits for it, must not meet the loop's
+    unsent replies in the writer). The server serves on, with nothing of those
+    connections left."""
+    srv = session_server(max_in_flight=16, heartbeat_interval=0.01)
+    large = HEADER.pack(1 + 30_000) + b"\x00" + b"r" * 30_000  # echoed: 30 KB a reply
+    small = HEADER.pack(1 + 1000) + b"\x00" + b"r" * 1000
+    for i in range(30):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(srv.addr)
+        sock.settimeout(5)
+        try:
+            if i % 3 == 0:  # reset before the server can answer: its first send fails
+                sock.sendall(HEADER.pack(5) + b"\x00slow" + small * 40)
+            else:
+                sock.sendall(large * 40)
+            if i % 3 == 1:
+                sock.recv(10_000)  # some of the replies, then the reset
+        except OSError:
+            pass  # the server may have found the connection broken already
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    stats = srv.statistics_when_idle()
+    sock = socket.create_connection(srv.addr)
+    sock.sendall(HEADER.pack(6) + b"\x00alive")
+    assert _recv_frames(sock, 1) == [b"\x00alive"]
+    sock.close()
+    srv.stop()
+    assert stats.connections == 0
+    assert stats.accepted == 30
