@@ -361,26 +361,30 @@ exchange_stop(Exchange *self, int state)
     Py_RETURN_TRUE;
 }
 
-/* A receive into self->frames (which must be NULL): 1 (frames taken, index 0), 0
- * (nothing there: wait for input), -2 (the end of the stream or a hand-back, no frame
- * before it), -1 (an exception is set). */
+/* A receive into self->frames (which must be NULL): 1 when frames were taken (index
+ * 0); else 0 with *stop set to what Exchange_call returns now: False (nothing there:
+ * wait for input), True with state READER (the end of the stream or a hand-back, no
+ * frame before it), or NULL (an exception is set). */
 static int
-exchange_receive(Exchange *self, int fd)
+exchange_receive(Exchange *self, int fd, PyObject **stop)
 {
     int got = reader_receive(self->reader, fd);
     if (got <= 0) {
-        return got;
+        *stop = got < 0 ? NULL : Py_NewRef(Py_False);
+        return 0;
     }
     PyObject *fresh = PyList_New(0);
     if (fresh == NULL) {
-        return -1;
+        *stop = NULL;
+        return 0;
     }
     self->frames = self->reader->frames;
     self->reader->frames = fresh;
     Py_ssize_t n = PyList_GET_SIZE(self->frames);
     if (n == 0) {
         Py_CLEAR(self->frames);
-        return -2;
+        *stop = exchange_stop(self, EXCHANGE_READER);
+        return 0;
     }
     self->frames_in += (unsigned long long)n;
     self->index = 0;
@@ -510,15 +514,9 @@ exchange_session(Exchange *self, int fd)
 {
     for (;;) {
         if (self->frames == NULL) {
-            int got = exchange_receive(self, fd);
-            if (got == -1) {
-                return NULL;
-            }
-            if (got == 0) {
-                Py_RETURN_FALSE;
-            }
-            if (got == -2) {
-                return exchange_stop(self, EXCHANGE_READER);
+            PyObject *stop;
+            if (!exchange_receive(self, fd, &stop)) {
+                return stop;
             }
             Py_CLEAR(self->now); /* read again at this receive's first DATA */
         }
@@ -643,15 +641,9 @@ Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
     }
     for (;;) {
         if (self->frames == NULL) {
-            int got = exchange_receive(self, fd);
-            if (got == -1) {
-                return NULL;
-            }
-            if (got == 0) {
-                Py_RETURN_FALSE;
-            }
-            if (got == -2) {
-                return exchange_stop(self, EXCHANGE_READER);
+            PyObject *stop;
+            if (!exchange_receive(self, fd, &stop)) {
+                return stop;
             }
             Py_ssize_t n = PyList_GET_SIZE(self->frames);
             self->part_end = n < self->limit ? n : self->limit;

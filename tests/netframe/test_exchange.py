@@ -30,7 +30,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _handler(log: list[str]) -> Any:
+def _handler(log: list[str], laters: list[tuple[netframe.Later, bytes]] | None = None) -> Any:
+    """The handler of every op (the first byte of a request): ``L`` returns a
+    :class:`netframe.Later` that the test settles (kept in ``laters``)."""
+
     async def later(payload: bytes) -> bytes:
         await gosim.sleep(0.001)  # really waits: the loop stops for it
         return b"late " + payload
@@ -59,16 +62,22 @@ def _handler(log: list[str]) -> Any:
             return failing(payload)
         if op == b"g":
             return b"G" * BIG
+        if op == b"L" and laters is not None:
+            pending = netframe.Later()
+            laters.append((pending, payload))
+            return pending
         raise AssertionError(op)
 
     return handler
 
 
 def _expected(op: str, payload: bytes) -> bytes | None:
+    """The reply a request gets (``L``: once the test settles its Later), if any."""
     return {
         "p": b"plain " + payload,
         "a": b"async " + payload,
         "s": b"late " + payload,
+        "L": b"later " + payload,
         "g": b"G" * BIG,
     }.get(op)
 

@@ -25,51 +25,14 @@ import netframe
 from gosim import go, net
 from netframe import _conn as conn_module
 
-from .test_exchange import ServerThread
+from .test_exchange import ServerThread, _handler
+from .test_exchange import _expected as _raw_expected
 
 HEADER = struct.Struct(">I")
-BIG = 70_000  # a reply the C writer declines (gathered: at least GATHER_MIN_BYTES)
 
 pytestmark = pytest.mark.skipif(
     conn_module._Exchange is None, reason="netframe._speedups not in use (pure Python)"
 )
-
-
-def _handler(laters: list[tuple[netframe.Later, bytes]]) -> Any:
-    async def later(payload: bytes) -> bytes:
-        await gosim.sleep(0.002)  # really waits: a goroutine of its own
-        return b"late " + payload
-
-    async def at_once(payload: bytes) -> bytes:
-        return b"async " + payload
-
-    async def failing(payload: bytes) -> bytes:
-        await gosim.gosched()
-        raise ValueError("async failure")
-
-    def handler(payload: bytes) -> Any:
-        op = payload[:1]
-        if op == b"p":
-            return b"plain " + payload
-        if op == b"n":
-            return None
-        if op == b"r":
-            raise ValueError("plain failure")
-        if op == b"a":
-            return at_once(payload)
-        if op == b"s":
-            return later(payload)
-        if op == b"x":
-            return failing(payload)
-        if op == b"L":
-            pending = netframe.Later()
-            laters.append((pending, payload))
-            return pending
-        if op == b"g":
-            return b"G" * BIG
-        raise AssertionError(op)
-
-    return handler
 
 
 def _expected(op: str, payload: bytes) -> bytes | None:
@@ -77,13 +40,7 @@ def _expected(op: str, payload: bytes) -> bytes | None:
     the frame's, after its kind byte)."""
     if op == "P":
         return b"\x02" + payload  # the PONG of a PING
-    reply = {
-        "p": b"plain " + payload,
-        "a": b"async " + payload,
-        "s": b"late " + payload,
-        "L": b"later " + payload,
-        "g": b"G" * BIG,
-    }.get(op)
+    reply = _raw_expected(op, payload)
     return None if reply is None else b"\x00" + reply
 
 
@@ -116,7 +73,7 @@ def _serve(
     async def main() -> tuple[list[bytes], dict[str, int], bool]:
         ln = net.listen("tcp", "127.0.0.1:0")
         server = netframe.Server(
-            _handler(laters),
+            _handler([], laters),
             max_in_flight=max_in_flight,
             send_queue=send_queue,
             heartbeat_interval=None,
