@@ -529,7 +529,9 @@ class FramedConn:
         for :meth:`run_exchange`: netframe's raw server with one handler at a time, or
         with ``session`` its session server with up to ``max_in_flight`` handlers at
         once, ``start_pending(owner, result)`` taking each result that is not a reply
-        yet (netframe/_speedups_server.c.h says what each loop takes on). None where the
+        yet; with a session and no ``start_pending``, a client's reader, whose
+        handler's results (not None) are awaited by the caller
+        (netframe/_speedups_server.c.h says what each loop takes on). None where the
         fast path is not there (no C accelerator, a connection without SyscallConn, a
         format the C writer does not encode, or frames already taken ahead). Its frames
         and writes count in this connection's counters."""

@@ -489,6 +489,52 @@ async def _read_connection(
     return None
 
 
+async def _read_exchange(
+    st: _Conn,
+    ex: Any,
+    raw: bool,
+    deliver: Callable[[_Conn, list[bytes]], Awaitable[bool]],
+    finish: Callable[[_Conn, Any, bool], Awaitable[bytes | None]],
+    queue_replies: Callable[[_Conn, list[bytes]], bool] | None,
+    count_errors: Callable[[int], None] | None,
+) -> Exception | None:
+    """A connection's reader on the C loop (``FramedConn.exchange``), for server and
+    client alike: it returns here for a handler result to await (``finish`` gives the
+    reply, or None), replies for the send queue (``queue_replies``: False when the
+    connection is gone), frames for the general path (session mode: control frames,
+    DATA with every handler slot taken, handed to ``deliver`` as
+    :func:`_read_connection` hands them), a close, or the end of the stream or a
+    hand-back (an invalid header), after which :func:`_read_connection` reads on (and
+    reports what the general path finds). Handler failures the loop counted go to
+    ``count_errors``. Returns as :func:`_read_connection` does."""
+    fc = st.fc
+    while not st.closed:
+        try:
+            state = await fc.run_exchange(ex)
+        except OSError as exc:  # broken, or closed by this side meanwhile
+            return exc
+        finally:
+            if count_errors is not None and (errors := ex.take_errors()):
+                count_errors(errors)
+        if state == EXCHANGE_SEND_QUEUED:
+            assert queue_replies is not None
+            if not queue_replies(st, ex.take_replies()):
+                return None
+        elif state == EXCHANGE_GENERAL:
+            payloads, error = _session_payloads(st, ex.take_rest())
+            if payloads and not await deliver(st, payloads):
+                return None
+            if error is not None:
+                return error
+        elif state == EXCHANGE_PENDING:
+            ex.resume(await finish(st, *ex.take_pending()))
+        elif state == EXCHANGE_READER:
+            return await _read_connection(st, deliver, raw)
+        else:  # EXCHANGE_CLOSED
+            return None
+    return None
+
+
 def _session_payloads(
     st: _Conn, frames: list[bytes]
 ) -> tuple[list[bytes], RemoteFrameError | None]:
@@ -816,47 +862,35 @@ class Server:
                 st.exchange.release()  # it held st: no cycle left for the collector
 
     async def _serve_exchange(self, st: _Conn, ex: Any) -> Exception | None:
-        """A connection's reader on the C loop (``FramedConn.exchange``): it returns
-        here for a handler to await (raw mode), replies for the send queue and frames
-        for the general path (session mode: control frames, DATA with every handler
-        slot taken), a close, or the end of the stream or a
-        hand-back (an invalid header), after which ``_read_connection`` reads on (and
-        reports what the general path finds). Returns as ``_read_connection`` does."""
-        fc = st.fc
+        """A connection's reader on the C loop (:func:`_read_exchange`), with the
+        server's handler failures counted and its replies queued."""
         counters = self._counters
-        while not st.closed:
-            try:
-                state = await fc.run_exchange(ex)
-            except OSError as exc:  # broken, or closed by this side meanwhile
-                return exc
-            finally:
-                errors = ex.take_errors()
-                if errors:
-                    counters["handler_errors"] += errors
-            if state == EXCHANGE_SEND_QUEUED:
-                if not self._send_frames_or_defer(st, ex.take_replies()):
-                    return None
-            elif state == EXCHANGE_GENERAL:
-                payloads, error = _session_payloads(st, ex.take_rest())
-                if payloads and not await self._deliver(st, payloads):
-                    return None
-                if error is not None:
-                    return error
-            elif state == EXCHANGE_PENDING:
-                st.in_flight = 1  # the idle watch does not close under a running handler
-                try:
-                    reply = await _settle(*ex.take_pending())
-                except Exception:
-                    counters["handler_errors"] += 1
-                    reply = None
-                finally:
-                    st.in_flight = 0
-                ex.resume(reply)
-            elif state == EXCHANGE_READER:
-                return await _read_connection(st, self._deliver, True)
-            else:  # EXCHANGE_CLOSED
-                return None
-        return None
+
+        def count_errors(errors: int) -> None:
+            counters["handler_errors"] += errors
+
+        return await _read_exchange(
+            st,
+            ex,
+            self.raw,
+            self._deliver,
+            self._finish_pending,
+            self._send_frames_or_defer,
+            count_errors,
+        )
+
+    async def _finish_pending(self, st: _Conn, pending: Any, suspended: bool) -> bytes | None:
+        """A raw connection's handler that must be awaited, in its reader (the one
+        handler at a time): its reply, or None when it failed (counted)."""
+        st.in_flight = 1  # the idle watch does not close under a running handler
+        try:
+            reply: bytes | None = await _settle(pending, suspended)
+        except Exception:
+            self._counters["handler_errors"] += 1
+            reply = None
+        finally:
+            st.in_flight = 0
+        return reply
 
     async def _deliver(self, st: _Conn, payloads: list[bytes]) -> bool:
         """The reader's hand-off: the payloads of one receive to the handler strategy
@@ -1419,9 +1453,18 @@ class Client:
                         await pending
             return True
 
+        async def finish(st: _Conn, pending: Any, suspended: bool) -> None:
+            await pending  # on_data's awaitable, in the reader as deliver awaits it
+
         reason = "server closed the connection"
         try:
-            stopped = await _read_connection(st, deliver, raw=False)
+            # on_data is called by the C loop where there is one (no reply, no slots).
+            ex = None if on_data is None else st.fc.exchange(on_data, 1 << 30, st, st.session)
+            if ex is None:
+                stopped = await _read_connection(st, deliver, raw=False)
+            else:
+                st.exchange = ex
+                stopped = await _read_exchange(st, ex, False, deliver, finish, None, None)
             if isinstance(stopped, RemoteSessionError):
                 reason = f"protocol error from the server: {stopped}"
             elif stopped is not None:
@@ -1431,6 +1474,8 @@ class Client:
             # reconnects after every loss would otherwise leave one behind each time).
             await st.fc.aclose(flush=False)
             st.end()
+            if st.exchange is not None:
+                st.exchange.release()  # it held st: no cycle left for the collector
             inbox.try_send(ConnectionLost(_lost_reason(st, reason)))
 
     async def _heartbeat(self, st: _Conn) -> None:

@@ -189,8 +189,12 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * sends (only when nothing waits for fc's writer goroutine); a result that is not a
  * reply yet (an awaitable, a netframe.Later) goes to start_pending(owner, result),
  * which gives it a handler slot. The session hears the peer at the clock's reading,
- * once a receive, as Session.receive_many does. What this loop does not do it hands
- * to its caller, with these states besides READER and CLOSED:
+ * once a receive, as Session.receive_many does. With start_pending None it is a
+ * client's reader (netframe.Client's on_data, the twin of its deliver): the handler's
+ * result, when not None, is handed back as EXCHANGE_PENDING (take_pending(), awaited
+ * by the caller, then resume(None)), its exceptions propagate, and it sends nothing.
+ * What this loop does not do it hands to its caller, with these states besides
+ * READER, CLOSED and the client's PENDING:
  *   EXCHANGE_SEND_QUEUED: take_replies() -> DATA frames that must go through fc's
  *                        send queue (something waits for the writer goroutine, the
  *                        connection failed or closed, or the C writer declines them);
@@ -555,6 +559,22 @@ exchange_session(Exchange *self, int fd)
                 PyBytes_FromStringAndSize(PyBytes_AS_STRING(frame) + 1, PyBytes_GET_SIZE(frame) - 1);
             if (payload == NULL) {
                 return NULL;
+            }
+            if (self->start_pending == Py_None) { /* a client's reader */
+                PyObject *result = PyObject_CallOneArg(self->handler, payload);
+                Py_DECREF(payload);
+                if (result == NULL) {
+                    self->index++; /* as the Python loop: the frame that raised is done */
+                    return NULL;
+                }
+                if (result != Py_None) {
+                    self->pending = result;
+                    self->suspended = 0;
+                    return exchange_stop(self, EXCHANGE_PENDING);
+                }
+                Py_DECREF(result);
+                self->index++;
+                continue;
             }
             PyObject *out = NULL;
             int suspended = 0;

@@ -260,3 +260,114 @@ def test_peers_that_reset_mid_burst_leave_the_server_serving() -> None:
     srv.stop()
     assert stats.connections == 0
     assert stats.accepted == 30
+
+
+# --------------------------------------------- a client's reader on the C loop (on_data)
+
+
+def _scripted_server(bodies: list[bytes], split: int) -> tuple[tuple[str, int], list[bytes]]:
+    """A plain-socket server on a thread: accepts one connection, sends ``bodies`` as
+    session frames (one write, or two at ``split``), keeps what the client sends back
+    for 0.1 s, then closes. Its address, and the list the client's frames go to."""
+    ln = socket.create_server(("127.0.0.1", 0))
+    ln.settimeout(10)
+    got: list[bytes] = []
+
+    def run() -> None:
+        conn, _ = ln.accept()
+        ln.close()
+        wire = [HEADER.pack(len(b)) + b for b in bodies]
+        conn.sendall(b"".join(wire[:split]))
+        if split < len(wire):
+            time.sleep(0.005)
+            conn.sendall(b"".join(wire[split:]))
+        conn.settimeout(0.1)
+        buf = b""
+        try:
+            while chunk := conn.recv(65536):
+                buf += chunk
+        except OSError:
+            pass
+        while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
+            n = HEADER.unpack_from(buf)[0]
+            got.append(buf[4 : 4 + n])
+            buf = buf[4 + n :]
+        conn.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return ln.getsockname()[:2], got
+
+
+def _client_run(ops: str, split: int) -> tuple[list[bytes], list[bytes], str, bool]:
+    """What a netframe.Client with ``on_data`` makes of a server's scripted frames: the
+    payloads on_data saw (those it was slow to take included), what the client sent
+    back (pongs), why the connection ended, and whether its reader ran on an Exchange.
+    ``ops``: ``d`` DATA, ``w`` DATA that on_data answers with an awaitable, ``P`` a
+    PING, ``G`` a GOAWAY, ``b`` a bad frame kind."""
+    bodies = []
+    for i, op in enumerate(ops):
+        if op in "dw":
+            bodies.append(b"\x00" + op.encode() + b"%d" % i)
+        elif op == "P":
+            bodies.append(b"\x01" + struct.pack(">Q", i))
+        elif op == "G":
+            bodies.append(b"\x03" + struct.pack(">I", 0) + b"bye")
+        else:
+            bodies.append(b"\x09bad")
+    addr, sent_back = _scripted_server(bodies, split)
+    seen: list[bytes] = []
+
+    async def take_slowly(payload: bytes) -> None:
+        await gosim.sleep(0.001)
+        seen.append(b"slow " + payload)
+
+    def on_data(payload: bytes) -> Any:
+        if payload[:1] == b"w":
+            return take_slowly(payload)
+        seen.append(payload)
+        return None
+
+    async def main() -> tuple[str, bool]:
+        c = netframe.Client(
+            lambda: net.dial("tcp", f"{addr[0]}:{addr[1]}"),
+            heartbeat_interval=None,
+            on_data=on_data,
+        )
+        await c.connect()
+        conn = c._st
+        assert conn is not None
+        try:
+            await c.recv(timeout=5)
+            reason = "no end"
+        except netframe.ConnectionLost as exc:
+            reason = exc.reason
+        await c.close()
+        return reason, conn.fc._exchange is not None
+
+    reason, used = gosim.run(main, procs=1)
+    time.sleep(0.15)  # the scripted server's last look at what came back
+    return seen, sent_back, reason, used
+
+
+@given(ops=st.text("dwPGb", min_size=1, max_size=30), split=st.integers(0, 30))
+@settings(max_examples=30, deadline=None)
+def test_a_clients_c_reader_does_as_the_python_reader(ops: str, split: int) -> None:
+    seen, sent_back, reason, used = _client_run(ops, split)
+    assert used
+    upto = ops.index("b") if "b" in ops else len(ops)
+    want = [
+        (b"slow " if op == "w" else b"") + op.encode() + b"%d" % i
+        for i, op in enumerate(ops[:upto])
+        if op in "dw"
+    ]
+    assert seen == want  # in order, the awaited ones included, nothing after a bad frame
+    if "b" not in ops:  # a protocol error ends the connection: pongs due go unsent
+        assert sent_back == [
+            b"\x02" + struct.pack(">Q", i) for i, op in enumerate(ops) if op == "P"
+        ]
+    saved = conn_module._Exchange
+    conn_module._Exchange = None
+    try:
+        assert _client_run(ops, split) == (seen, sent_back, reason, False)
+    finally:
+        conn_module._Exchange = saved
