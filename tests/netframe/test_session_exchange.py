@@ -371,3 +371,31 @@ def test_a_clients_c_reader_does_as_the_python_reader(ops: str, split: int) -> N
         assert _client_run(ops, split) == (seen, sent_back, reason, False)
     finally:
         conn_module._Exchange = saved
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+@pytest.mark.parametrize("ending", ["oversized header", "end inside a frame"])
+def test_requests_before_a_bad_ending_are_answered_then_it_is_a_protocol_error(
+    loop: str, ending: str, request: pytest.FixtureRequest
+) -> None:
+    """The reader hands back (an invalid header) or the stream ends inside a frame: the
+    requests of the same receive are answered first, then the general path reports
+    the peer (a GOAWAY saying what was wrong, where the peer still reads)."""
+    if loop == "python":
+        request.getfixturevalue("python_loop")
+    srv = session_server(format=netframe.FrameFormat(max_frame_length=1000))
+    sock = socket.create_connection(srv.addr)
+    good = [b"\x00%03d" % i for i in range(5)]
+    bad = HEADER.pack(5000) if ending == "oversized header" else HEADER.pack(10) + b"abc"
+    sock.sendall(b"".join(HEADER.pack(len(f)) + f for f in good) + bad)
+    if ending == "end inside a frame":
+        sock.shutdown(socket.SHUT_WR)
+    got = _recv_frames(sock, 6)
+    assert got[:5] == good
+    assert got[5][:1] == b"\x03"
+    assert struct.unpack(">I", got[5][1:5])[0] == netframe.GoAwayCode.PROTOCOL_ERROR
+    sock.close()
+    stats = srv.statistics_when_idle()
+    srv.stop()
+    assert stats.protocol_errors == 1
+    assert stats.frames_received == 5
