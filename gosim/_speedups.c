@@ -3360,6 +3360,67 @@ static PyMethodDef module_methods[] = {
     {NULL},
 };
 
+/*
+ * MonotonicClock(offset): trio's SystemClock.current_time in C, offset +
+ * time.perf_counter(), computed as CPython computes perf_counter (the monotonic clock
+ * in integer nanoseconds, then seconds as a double) so that both give the same float
+ * at the same instant. gosim._core._schedule installs it as the runtime's clock read
+ * (rt.now, every sleep, timer, deadline and gosim.now) for trio's own clock only: a
+ * clock of the user's, a virtual one included, keeps its own method.
+ */
+typedef struct {
+    PyObject_HEAD
+    double offset;
+} MonotonicClockObject;
+
+static PyObject *
+MonotonicClock_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    double offset;
+    static char *kwlist[] = {"offset", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "d", kwlist, &offset))
+        return NULL;
+    MonotonicClockObject *self = (MonotonicClockObject *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->offset = offset;
+    return (PyObject *)self;
+}
+
+static PyObject *
+MonotonicClock_call(MonotonicClockObject *self, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "MonotonicClock() takes no arguments");
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t t;
+    if (PyTime_PerfCounter(&t) < 0)
+        return NULL;
+    double seconds = PyTime_AsSecondsDouble(t);
+#else
+    double seconds = _PyTime_AsSecondsDouble(_PyTime_GetPerfCounter());
+#endif
+    return PyFloat_FromDouble(self->offset + seconds);
+}
+
+static PyMemberDef MonotonicClock_members[] = {
+    {"offset", T_DOUBLE, offsetof(MonotonicClockObject, offset), READONLY,
+     "seconds added to time.perf_counter()"},
+    {NULL},
+};
+
+static PyTypeObject MonotonicClockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.MonotonicClock",
+    .tp_basicsize = sizeof(MonotonicClockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "offset + time.perf_counter(), in C: clock() -> float.",
+    .tp_new = MonotonicClock_new,
+    .tp_call = (ternaryfunc)MonotonicClock_call,
+    .tp_members = MonotonicClock_members,
+};
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gosim._speedups",
@@ -3394,7 +3455,8 @@ PyInit__speedups(void)
     INTERN(str_compact, "_compact");
     PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
                              &DoneType, &TrapType, &ChanType, &ChanOpType, &SudogType,
-                             &SelectOpType, &TimerBaseType, &TimerHeapBaseType};
+                             &SelectOpType, &TimerBaseType, &TimerHeapBaseType,
+                             &MonotonicClockType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
@@ -3451,7 +3513,8 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "Sudog", (PyObject *)&SudogType) < 0 ||
         PyModule_AddObjectRef(m, "SelectOp", (PyObject *)&SelectOpType) < 0 ||
         PyModule_AddObjectRef(m, "TimerBase", (PyObject *)&TimerBaseType) < 0 ||
-        PyModule_AddObjectRef(m, "TimerHeapBase", (PyObject *)&TimerHeapBaseType) < 0) {
+        PyModule_AddObjectRef(m, "TimerHeapBase", (PyObject *)&TimerHeapBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "MonotonicClock", (PyObject *)&MonotonicClockType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -39,11 +39,13 @@ Mirrors Go's ``proc.go`` (``findRunnable``, ``schedule``, ``execute``, ``checkde
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Final
 
 import outcome
 import trio
 
+from gosim._core._accel import speedups
 from gosim._core._dump import created_by, g_funcname, goroutine_dump, panic_line
 from gosim._core._exceptions import Deadlock, GosimError, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, WAITING, G
@@ -214,7 +216,7 @@ class Scheduler(Syscalls):
     async def drive(self) -> None:
         """The driver task: Go's schedule loop over all Ps until the runtime stops."""
         clock = trio.lowlevel.current_clock()
-        self.now = self._clock_now = clock.current_time
+        self.now = self._clock_now = _clock_reader(clock)
         self.start_time = self.last_trio_yield = clock.current_time()
         if self.schedtrace_interval:
             self.schedtrace_next = self.start_time + self.schedtrace_interval
@@ -489,3 +491,19 @@ class Scheduler(Syscalls):
                 closer()  # sockets still open when the runtime ends are closed
         finally:
             _state.rt = prev
+
+
+def _clock_reader(clock: trio.abc.Clock) -> Callable[[], float]:
+    """How the runtime reads ``clock`` (``rt.now``): its ``current_time``, or for
+    trio's own SystemClock the C twin of that method (``gosim._speedups.MonotonicClock``,
+    the same offset plus ``time.perf_counter()``), one Python frame less on every
+    clock read. The twin is kept only when a read of it falls between two of the
+    method's: the same timebase, whatever trio's clock turns out to be."""
+    read = clock.current_time
+    cls = type(clock)
+    if speedups is None or (cls.__module__, cls.__qualname__) != ("trio._core._run", "SystemClock"):
+        return read  # a clock of the user's (virtual time included) reads itself
+    fast: Callable[[], float] = speedups.MonotonicClock(clock.offset)  # type: ignore[attr-defined]
+    before = read()
+    now = fast()
+    return fast if before <= now <= read() else read

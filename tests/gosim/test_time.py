@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 import gosim
 from gosim import Chan, go, recv, select
@@ -194,3 +195,36 @@ def test_many_resets_do_not_grow_the_timer_heap_without_bound() -> None:
         return sum(len(p.timers.heap) for p in rt.allp)
 
     assert vrun(main) < 1_000
+
+
+def test_the_runtime_reads_trios_clock_in_c_on_its_timebase() -> None:
+    """On trio's own clock the runtime reads the time through the C twin of
+    SystemClock.current_time (where the accelerator is built): every read falls
+    between trio's reads around it, and sleeps measured either way agree."""
+    from gosim._core._accel import speedups  # noqa: PLC0415
+    from gosim.lowlevel import current_runtime  # noqa: PLC0415
+
+    async def main() -> tuple[str, int, float, float]:
+        reader = type(current_runtime().now).__name__
+        inside = 0
+        for _ in range(1000):
+            before = trio.current_time()
+            now = gosim.now()
+            inside += before <= now <= trio.current_time()
+        start, trio_start = gosim.now(), trio.current_time()
+        await gosim.sleep(0.05)
+        return reader, inside, gosim.now() - start, trio.current_time() - trio_start
+
+    reader, inside, slept, trio_slept = gosim.run(main)
+    assert reader == ("MonotonicClock" if speedups is not None else "method")
+    assert inside == 1000
+    assert slept >= 0.05 and slept == pytest.approx(trio_slept, abs=1e-3)
+
+
+def test_a_virtual_clock_reads_itself() -> None:
+    from gosim.lowlevel import current_runtime  # noqa: PLC0415
+
+    async def main() -> str:
+        return type(current_runtime().now).__name__
+
+    assert vrun(main) == "method"
