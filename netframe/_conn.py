@@ -85,6 +85,11 @@ __all__ = [
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
 _FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
 _Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
+#: send_data(fc, session, payload, clock) -> bool: one session DATA frame sent at once
+#: where FramedConn would send it at once (netframe/_speedups_server.c.h), else False.
+_send_data: Any = None if _c_speedups is None else _c_speedups.send_data
+if _c_speedups is not None:
+    _c_speedups.set_closed_state(CLOSED)
 #: Why the C Exchange stopped (netframe/_speedups_server.c.h defines them; unused where
 #: it is not built, since FramedConn.exchange then returns None).
 EXCHANGE_READER: int = getattr(_c_speedups, "EXCHANGE_READER", -1)  # end of stream, hand-back
@@ -545,7 +550,8 @@ class FramedConn:
             return None
         args: tuple[Any, ...] = (self._reader, self._fast_writer, handler, limit, owner)
         if session is not None:
-            args += (session, gosim.now, self, max_in_flight, CLOSED, start_pending)
+            clock = lowlevel.current_runtime().now  # gosim.now() without its frame
+            args += (session, clock, self, max_in_flight, CLOSED, start_pending)
         self._exchange = _Exchange(*args)
         return self._exchange
 

@@ -90,6 +90,7 @@ from ._conn import (
     FramedConn,
     StreamConn,
     _Alarm,
+    _send_data,
 )
 from ._exceptions import RemoteFrameError
 from ._session import (
@@ -416,6 +417,7 @@ class _Conn:
 
     __slots__ = (
         "alarm",
+        "clock",
         "closed",
         "draining",
         "exchange",
@@ -431,6 +433,7 @@ class _Conn:
     def __init__(self, fc: FramedConn, session: Session) -> None:
         self.fc = fc
         self.session = session
+        self.clock = lowlevel.current_runtime().now  # gosim.now() without its frame
         self.in_flight = 0  # handlers running now
         self.closed = False
         self.retired = False  # counted out of the server (see Server._retire)
@@ -603,8 +606,10 @@ def _reply_nowait(st: _Conn, reply: bytes | None) -> list[bytes] | None:
     goroutine must not turn that into a panic."""
     if reply is None or st.closed:
         return None
-    frames = [st.session.data(reply, gosim.now())]
     try:
+        if _send_data is not None and _send_data(st.fc, st.session, reply, st.clock):
+            return None  # sent at once, in C
+        frames = [st.session.data(reply, gosim.now())]
         if st.fc.send_many_nowait(frames):
             return None
     except OSError:  # ClosedError included: the reply is lost with it
@@ -1383,12 +1388,14 @@ class Client:
         if st.closed:
             raise ConnectionLost(_lost_reason(st, "not connected"))
         try:
-            frame = st.session.data(payload, gosim.now())
             fc = st.fc
             # Written at once when nothing is queued ahead (no switch to the writer
-            # goroutine: a call's request is usually alone); queued otherwise.
-            if not fc.send_many_nowait([frame]):
-                await fc.send(frame, timeout)
+            # goroutine: a call's request is usually alone; in C where it can be);
+            # queued otherwise.
+            if _send_data is None or not _send_data(fc, st.session, payload, st.clock):
+                frame = st.session.data(payload, gosim.now())
+                if not fc.send_many_nowait([frame]):
+                    await fc.send(frame, timeout)
         except OSError as exc:  # ClosedError included
             if type(exc) is TimeoutError:  # FramedConn.send's timeout: nothing was queued
                 raise

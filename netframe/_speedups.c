@@ -29,6 +29,10 @@
 static PyMethodDef methods[] = {
     {"handle_each", (PyCFunction)(void (*)(void))handle_each, METH_FASTCALL,
      "Call a handler per frame, collecting replies, up to the first one that must wait."},
+    {"send_data", (PyCFunction)(void (*)(void))send_data, METH_FASTCALL,
+     "Send session DATA at once where FramedConn would; False: take the general path."},
+    {"set_closed_state", (PyCFunction)set_closed_state, METH_O,
+     "Hand send_data the session state that may not send DATA (SessionState.CLOSED)."},
     {"drop_none", (PyCFunction)drop_none, METH_O,
      "The list itself if it holds no None, else a copy without the Nones."},
     {"cut_frames", (PyCFunction)(void (*)(void))cut_frames, METH_FASTCALL,
@@ -68,6 +72,13 @@ PyInit__speedups(void)
         {&fc_closed_name, "_closed"},
         {&backlog_name, "_backlog"},
         {&unfinished_name, "_unfinished"},
+        {&fast_writer_name, "_fast_writer"},
+        {&raw_name, "_raw"},
+        {&control_name, "control"},
+        {&fail_writes_name, "_fail_writes"},
+        {&frames_written_name, "_frames_written"},
+        {&writes_name, "_writes"},
+        {&unsent_to_writer_name, "_unsent_to_writer"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

@@ -250,7 +250,10 @@ static PyObject *closed_name;
 /* Attribute names of the session mode, interned at import. */
 static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_name,
     *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
-    *backlog_name, *unfinished_name;
+    *backlog_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
+    *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
+/* SessionState.CLOSED, for send_data (set_closed_state, at netframe/_conn.py's import). */
+static PyObject *closed_state_obj;
 
 static PyObject *
 Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -465,6 +468,39 @@ data_frame(PyObject *reply)
     return out;
 }
 
+/* Whether FramedConn fc may send at once, as _send_through does: no write failed, not
+ * closed, nothing queued for its writer goroutine (nor unsent in the C writer). 1, 0,
+ * or -1 with an exception set. */
+static int
+sends_now(PyObject *fc, FrameWriter *writer)
+{
+    if (writer->pos < writer->len) {
+        return 0;
+    }
+    PyObject *error = PyObject_GetAttr(fc, writer_error_name);
+    if (error == NULL) {
+        return -1;
+    }
+    int failed = error != Py_None;
+    Py_DECREF(error);
+    if (failed) {
+        return 0;
+    }
+    int closed = get_truth(fc, fc_closed_name);
+    if (closed) {
+        return closed < 0 ? -1 : 0;
+    }
+    Py_ssize_t backlog;
+    if (get_ssize(fc, backlog_name, &backlog) < 0) {
+        return -1;
+    }
+    if (backlog) {
+        return 0;
+    }
+    int unfinished = get_truth(fc, unfinished_name);
+    return unfinished < 0 ? -1 : !unfinished;
+}
+
 /* Send the part's replies as FramedConn._send_through sends: at once, when nothing
  * waits for fc's writer goroutine. 1: sent, or nothing to send; a state to stop with
  * (SEND_QUEUED, WRITE_HANDOFF); -1 with an exception set (a failed send leaves its
@@ -476,23 +512,9 @@ session_flush(Exchange *self, int fd)
     if (!count) {
         return 1;
     }
-    PyObject *error = PyObject_GetAttr(self->fc, writer_error_name);
-    if (error == NULL) {
-        return -1;
-    }
-    int failed = error != Py_None;
-    Py_DECREF(error);
-    Py_ssize_t backlog = 0;
-    int closed = failed ? 0 : get_truth(self->fc, fc_closed_name);
-    if (closed < 0 || (!failed && !closed && get_ssize(self->fc, backlog_name, &backlog) < 0)) {
-        return -1;
-    }
-    int unfinished = failed || closed || backlog ? 0 : get_truth(self->fc, unfinished_name);
-    if (unfinished < 0) {
-        return -1;
-    }
-    if (failed || closed || backlog || unfinished || self->writer->pos < self->writer->len) {
-        return EXCHANGE_SEND_QUEUED;
+    int now = sends_now(self->fc, self->writer);
+    if (now <= 0) {
+        return now < 0 ? -1 : EXCHANGE_SEND_QUEUED;
     }
     int loaded = writer_load(self->writer, self->replies);
     if (loaded <= 0) {
@@ -510,6 +532,134 @@ session_flush(Exchange *self, int fd)
     }
     self->writer->pos = self->writer->len = 0;
     return 1;
+}
+
+/* fc.<name> += n for a counter of FramedConn's. */
+static int
+add_to(PyObject *obj, PyObject *name, Py_ssize_t n)
+{
+    Py_ssize_t value;
+    if (get_ssize(obj, name, &value) < 0) {
+        return -1;
+    }
+    PyObject *sum = PyLong_FromSsize_t(value + n);
+    if (sum == NULL) {
+        return -1;
+    }
+    int failed = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return failed;
+}
+
+/*
+ * send_data(fc, session, payload, clock) -> bool
+ *
+ * fc.send_many_nowait([session.data(payload, clock())]) where that sends at once
+ * (netframe/_conn.py: FramedConn._send_through): the session may send DATA, payload is
+ * bytes or bytearray the C writer encodes, and fc may send now (sends_now). The frame
+ * goes out with one non-blocking send through fc's RawConn.control; what the socket
+ * does not take goes to fc's writer goroutine (fc._unsent_to_writer()); a send that
+ * fails fails fc's writes (fc._fail_writes) and raises. False, with nothing done, when
+ * any of that does not hold: the caller takes the general path, which raises what it
+ * raises (a closed session, a closed connection) or queues.
+ */
+static PyObject *
+send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "send_data(fc, session, payload, clock)");
+        return NULL;
+    }
+    PyObject *fc = args[0], *session = args[1], *payload = args[2], *clock = args[3];
+    if (!PyBytes_CheckExact(payload) && !PyByteArray_CheckExact(payload)) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *state = PyObject_GetAttr(session, state_name);
+    if (state == NULL) {
+        return NULL;
+    }
+    int may_send = state != closed_state_obj;
+    Py_DECREF(state);
+    PyObject *writer = PyObject_GetAttr(fc, fast_writer_name);
+    if (writer == NULL) {
+        return NULL;
+    }
+    if (!may_send || !Py_IS_TYPE(writer, &FrameWriterType)) {
+        Py_DECREF(writer);
+        Py_RETURN_FALSE;
+    }
+    FrameWriter *w = (FrameWriter *)writer;
+    int now_ok = sends_now(fc, w);
+    PyObject *frames = NULL, *result = NULL;
+    if (now_ok <= 0) {
+        result = now_ok < 0 ? NULL : Py_NewRef(Py_False);
+        goto done;
+    }
+    PyObject *frame = data_frame(payload);
+    if (frame == NULL || (frames = PyList_New(1)) == NULL) {
+        Py_XDECREF(frame);
+        goto done;
+    }
+    PyList_SET_ITEM(frames, 0, frame);
+    int loaded = writer_load(w, frames);
+    if (loaded <= 0) {
+        result = loaded < 0 ? NULL : Py_NewRef(Py_False);
+        goto done;
+    }
+    PyObject *now = PyObject_CallNoArgs(clock);
+    if (now == NULL || PyObject_SetAttr(session, last_data_name, now) < 0) {
+        Py_XDECREF(now);
+        w->pos = w->len = 0;
+        goto done;
+    }
+    Py_DECREF(now);
+    PyObject *raw = PyObject_GetAttr(fc, raw_name);
+    PyObject *sent = raw == NULL ? NULL : PyObject_CallMethodOneArg(raw, control_name, writer);
+    Py_XDECREF(raw);
+    if (sent == NULL) {
+        w->pos = w->len = 0; /* nothing half-sent stays loaded */
+        if (PyErr_ExceptionMatches(PyExc_OSError)) { /* as _send_through: fail fc's writes */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *marked = PyObject_CallMethodOneArg(fc, fail_writes_name, value);
+            if (marked == NULL) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(tb);
+                goto done;
+            }
+            Py_DECREF(marked);
+            PyErr_Restore(type, value, tb);
+        }
+        goto done;
+    }
+    Py_DECREF(sent);
+    if (add_to(fc, frames_written_name, 1) < 0 || add_to(fc, writes_name, 1) < 0) {
+        goto done;
+    }
+    if (w->pos < w->len) { /* the socket is full: the writer goroutine goes on */
+        PyObject *handed = PyObject_CallMethodNoArgs(fc, unsent_to_writer_name);
+        if (handed == NULL) {
+            goto done;
+        }
+        Py_DECREF(handed);
+    }
+    else {
+        w->pos = w->len = 0;
+    }
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(frames);
+    Py_DECREF(writer);
+    return result;
+}
+
+static PyObject *
+set_closed_state(PyObject *module, PyObject *state)
+{
+    Py_XSETREF(closed_state_obj, Py_NewRef(state));
+    Py_RETURN_NONE;
 }
 
 /* Exchange_call in session mode (see Exchange above). */

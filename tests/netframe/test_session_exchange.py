@@ -133,7 +133,7 @@ def test_the_c_session_loop_answers_as_the_python_loop(
 
 def _recv_frames(sock: socket.socket, count: int) -> list[bytes]:
     frames: list[bytes] = []
-    buf = b""
+    buf = bytearray()
     while len(frames) < count:
         chunk = sock.recv(1 << 20)
         if not chunk:
@@ -141,8 +141,8 @@ def _recv_frames(sock: socket.socket, count: int) -> list[bytes]:
         buf += chunk
         while len(buf) >= 4 and len(buf) >= 4 + HEADER.unpack_from(buf)[0]:
             n = HEADER.unpack_from(buf)[0]
-            frames.append(buf[4 : 4 + n])
-            buf = buf[4 + n :]
+            frames.append(bytes(buf[4 : 4 + n]))
+            del buf[: 4 + n]
     return frames
 
 
@@ -399,3 +399,121 @@ def test_requests_before_a_bad_ending_are_answered_then_it_is_a_protocol_error(
     srv.stop()
     assert stats.protocol_errors == 1
     assert stats.frames_received == 5
+
+
+# ------------------------------------------ one DATA frame sent at once in C (send_data)
+
+
+def test_send_data_sends_only_where_framed_conn_would_send_at_once() -> None:
+    """send_data takes the fast case alone (bytes or bytearray, a session that may send
+    DATA, nothing queued ahead); every other case is left to the general path, with
+    nothing done. What it sends counts as FramedConn's sends do, and the session
+    records the DATA sent."""
+
+    async def main() -> list[Any]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        fc = netframe.FramedConn(await net.dial("tcp", ln.addr()))
+        peer = netframe.FramedConn(await ln.accept())
+        session = netframe.Session(0.0)
+        clock = gosim.lowlevel.current_runtime().now
+        before = (fc.frames_written, fc.writes)
+        out = [
+            conn_module._send_data(fc, session, b"one", clock),
+            conn_module._send_data(fc, session, bytearray(b"two"), clock),
+            conn_module._send_data(fc, session, memoryview(b"view"), clock),  # general path
+            (fc.frames_written - before[0], fc.writes - before[1]),
+            session.last_data > 0.0,
+        ]
+        fc._backlog += 1  # as if a frame waited for the writer goroutine
+        out.append(conn_module._send_data(fc, session, b"queued", clock))
+        fc._backlog -= 1
+        session.close()
+        out.append(conn_module._send_data(fc, session, b"closed", clock))
+        out.append(await peer.read_frames())
+        await fc.aclose()
+        await peer.aclose()
+        return out
+
+    assert gosim.run(main) == [
+        True,
+        True,
+        False,
+        (2, 2),
+        True,
+        False,
+        False,
+        [b"\x00one", b"\x00two"],
+    ]
+
+
+def test_a_clients_sends_stay_in_order_when_the_socket_fills() -> None:
+    """A client sends faster than the server reads: the first send the socket cannot
+    take whole goes on in the writer goroutine, and the sends after it queue behind
+    it; every request arrives, in the order sent."""
+    ln = socket.create_server(("127.0.0.1", 0))
+    ln.settimeout(10)
+    port = ln.getsockname()[1]
+    payloads = [b"%05d" % i + b"x" * 10_000 for i in range(1500)]  # 15 MB
+    got: list[bytes] = []
+
+    def read_late() -> None:
+        conn, _ = ln.accept()
+        time.sleep(0.3)  # the client's socket fills meanwhile
+        conn.settimeout(10)
+        got.extend(_recv_frames(conn, len(payloads)))
+        conn.close()
+
+    reader = threading.Thread(target=read_late, daemon=True)
+    reader.start()
+
+    async def main() -> bool:
+        c = netframe.Client(lambda: net.dial("tcp", f"127.0.0.1:{port}"), heartbeat_interval=None)
+        await c.connect()
+        for p in payloads:
+            await c.send(p, timeout=10)
+        assert c._st is not None
+        filled = c._st.fc._unfinished and c._st.fc._backlog > 0  # handed off, then queued
+        await c.close(timeout=10)
+        return filled
+
+    filled = gosim.run(main)
+    reader.join(10)
+    ln.close()
+    assert filled
+    assert got == [b"\x00" + p for p in payloads]
+
+
+def test_a_send_that_fails_in_c_fails_the_clients_later_sends() -> None:
+    """The server resets the connection: the send that meets the reset raises
+    ConnectionLost, and so does every send after it (FramedConn's writes failed)."""
+    ln = socket.create_server(("127.0.0.1", 0))
+    ln.settimeout(10)
+    port = ln.getsockname()[1]
+
+    def accept_and_reset() -> None:
+        conn, _ = ln.accept()
+        conn.recv(100)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    t = threading.Thread(target=accept_and_reset, daemon=True)
+    t.start()
+
+    async def main() -> tuple[int, int]:
+        c = netframe.Client(lambda: net.dial("tcp", f"127.0.0.1:{port}"), heartbeat_interval=None)
+        await c.connect()
+        await c.send(b"first")
+        await gosim.syscall(t.join, 10)
+        sent = lost = 0
+        for _ in range(50):
+            try:
+                await c.send(b"x" * 1000)
+                sent += 1
+            except netframe.ConnectionLost:
+                lost += 1
+        await c.close()
+        return sent, lost
+
+    sent, lost = gosim.run(main)
+    ln.close()
+    assert lost >= 49 and sent + lost == 50  # at most one send went out before the reset
