@@ -22,16 +22,21 @@ Server, per connection (all goroutines, no trio task per connection):
    the limit, so backpressure reaches the peer through TCP), *ordered* (raw mode with
    ``max_in_flight > 1``: a goroutine per request, replies released in request
    order), *batch* (``handle_batch``: one call per receive). In raw mode with the
-   inline strategy, a connection that has the C fast path is served by one C call per
-   wake instead (:meth:`FramedConn.exchange`: receive, cut, call the handlers, encode
-   and send the replies, the same steps in the same order), which returns to Python
-   only for a handler that must be awaited, a send the socket could not take, replies
-   the C writer declines, or the end of the stream. A peer that breaks the
+   inline strategy, and in session mode with the concurrent one, a connection that
+   has the C fast path is served by one C call per wake instead
+   (:meth:`FramedConn.exchange`: receive, cut, let the session hear the peer, call the
+   handlers, encode and send the replies, the same steps in the same order;
+   :func:`_read_exchange` drives it), which returns to Python only for a handler that
+   must be awaited (raw mode), a send the socket could not take, replies that must
+   queue or that the C writer declines, control frames and DATA with every slot
+   taken (session mode), or the end of the stream. A client with ``on_data`` reads on
+   the same loop (its results awaited in the reader). A peer that breaks the
    framing or the session protocol ends the reader, and the one protocol-error path
    (:meth:`Server._protocol_error`) counts it, says why in a GOAWAY and closes;
 3. replies are sent at once when nothing is queued (:meth:`FramedConn.send_many`:
-   one non-blocking send, no goroutine switch), else through the connection's
-   batching writer goroutine, in order either way;
+   one non-blocking send, no goroutine switch; one C call for a single session DATA
+   frame), else through the connection's batching writer goroutine, in order either
+   way;
 4. a *heartbeat* goroutine (the same code for the client: :func:`_keep_alive`) sleeps
    until the session's next deadline (its timer, finding the deadline moved on because
    the peer was heard meanwhile, re-arms itself without waking it), sends its pings
