@@ -22,6 +22,8 @@ and ``(Ir(12000) - Ir(2000)) / 10000`` is the server's instructions per request
   heartbeat costs the side that answers it; ``session-ping-fan64``: the same on 64
   connections at once, one PING in flight on each (N in all), as a server holding
   many connections answers them;
+* ``uvloop-fan64``: not netframe: the benchmarks' uvloop ``Protocol`` echo server
+  (``net_peers.py``) on raw-fan64's client, the peer issue 17 compares server CPU with;
 * ``session-hb64``: 64 connections whose client sends nothing but PONGs, the server
   pinging each when quiet (a 0.2 s interval), until N pings are answered: a
   heartbeat's cost to the side that keeps it (its timer's wake, the PING, the PONG read);
@@ -117,9 +119,36 @@ def answer_pings(port: int, n: int, conns: int) -> None:
         sock.close()
 
 
+def uvloop_server(n: int) -> None:
+    """uvloop-fan64: the uvloop peer of benchmarks/net_peers.py for ``n`` requests."""
+    import asyncio  # noqa: PLC0415
+
+    import uvloop  # noqa: PLC0415
+    from net_peers import EchoProtocol  # noqa: PLC0415  # this directory is on sys.path
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(EchoProtocol, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        started = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "client", str(port), str(n), "0", "1", "0", "64"
+        )
+        if await proc.wait():
+            raise SystemExit("client failed")
+        srv.close()
+        return time.perf_counter() - started
+
+    elapsed = uvloop.run(main())
+    print(f"uvloop-fan64: {n} requests, {elapsed / n * 1e6:.2f} us each (client wall clock)")
+
+
 def server(workload: str, n: int) -> None:
     # Here, not at the top: the client process (this file too) stays a plain-socket
     # program that never loads the runtime.
+    if workload == "uvloop-fan64":
+        uvloop_server(n)
+        return
     import gosim  # noqa: PLC0415
     import netframe  # noqa: PLC0415
     from gosim import go, net  # noqa: PLC0415
