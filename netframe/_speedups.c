@@ -7,9 +7,11 @@
  *   _speedups_io.c.h      socket I/O: FrameReader and FrameWriter, FramedConn's
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
- *                         drop_none), twins of code in netframe/_server.py, and the
- *                         loop of a raw one-at-a-time connection or of a session
- *                         connection with concurrent handlers (Exchange).
+ *                         drop_none), twins of code in netframe/_server.py; the
+ *                         whole loop of a raw one-at-a-time connection, of a session
+ *                         connection with concurrent handlers or of a client with
+ *                         on_data (Exchange); one session DATA frame sent at once
+ *                         (send_data, FramedConn._send_through's twin).
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the

@@ -468,6 +468,21 @@ data_frame(PyObject *reply)
     return out;
 }
 
+/* After a part: whether owner.closed is true (a handler closed the connection); then
+ * what is unhandled and unsent is dropped. 1, 0, or -1 with an exception set. */
+static int
+exchange_owner_closed(Exchange *self)
+{
+    int closed = get_truth(self->owner, closed_name);
+    if (closed > 0) {
+        Py_CLEAR(self->frames);
+        if (PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
+            return -1;
+        }
+    }
+    return closed;
+}
+
 /* Whether FramedConn fc may send at once, as _send_through does: no write failed, not
  * closed, nothing queued for its writer goroutine (nor unsent in the C writer). 1, 0,
  * or -1 with an exception set. */
@@ -762,16 +777,9 @@ exchange_session(Exchange *self, int fd)
             }
         }
         int general = self->index < end; /* stopped at a frame this loop leaves */
-        int closed = get_truth(self->owner, closed_name);
+        int closed = exchange_owner_closed(self);
         if (closed) {
-            if (closed < 0) {
-                return NULL;
-            }
-            Py_CLEAR(self->frames);
-            if (PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
-                return NULL;
-            }
-            return exchange_stop(self, EXCHANGE_CLOSED);
+            return closed < 0 ? NULL : exchange_stop(self, EXCHANGE_CLOSED);
         }
         int flushed = session_flush(self, fd);
         if (flushed != 1) {
@@ -844,21 +852,9 @@ Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
             }
             self->index++;
         }
-        PyObject *flag = PyObject_GetAttr(self->owner, closed_name);
-        if (flag == NULL) {
-            return NULL;
-        }
-        int closed = PyObject_IsTrue(flag);
-        Py_DECREF(flag);
+        int closed = exchange_owner_closed(self);
         if (closed) {
-            if (closed < 0) {
-                return NULL;
-            }
-            Py_CLEAR(self->frames);
-            if (PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
-                return NULL;
-            }
-            return exchange_stop(self, EXCHANGE_CLOSED);
+            return closed < 0 ? NULL : exchange_stop(self, EXCHANGE_CLOSED);
         }
         Py_ssize_t count = PyList_GET_SIZE(self->replies);
         if (count) {
