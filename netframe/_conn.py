@@ -97,7 +97,7 @@ EXCHANGE_PENDING: int = getattr(_c_speedups, "EXCHANGE_PENDING", -1)  # a handle
 EXCHANGE_WRITE_WAIT: int = getattr(_c_speedups, "EXCHANGE_WRITE_WAIT", -1)  # a send to finish
 EXCHANGE_WRITE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_WRITE_GENERAL", -1)
 EXCHANGE_CLOSED: int = getattr(_c_speedups, "EXCHANGE_CLOSED", -1)  # a handler closed it
-# Session mode's own (Server._serve_exchange handles them):
+# Session mode's own (netframe._server._read_exchange handles them):
 EXCHANGE_SEND_QUEUED: int = getattr(_c_speedups, "EXCHANGE_SEND_QUEUED", -1)  # via the queue
 EXCHANGE_WRITE_HANDOFF: int = getattr(_c_speedups, "EXCHANGE_WRITE_HANDOFF", -1)
 EXCHANGE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_GENERAL", -1)  # frames it leaves
@@ -551,7 +551,7 @@ class FramedConn:
         args: tuple[Any, ...] = (self._reader, self._fast_writer, handler, limit, owner)
         if session is not None:
             clock = lowlevel.current_runtime().now  # gosim.now() without its frame
-            args += (session, clock, self, max_in_flight, CLOSED, start_pending)
+            args += (session, clock, self, max_in_flight, start_pending)
         self._exchange = _Exchange(*args)
         return self._exchange
 

@@ -180,7 +180,7 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * counters do.
  *
  * Session mode: Exchange(reader, writer, handler, limit, owner, session, clock, fc,
- * max_in_flight, closed_state, start_pending), for a session connection whose handlers
+ * max_in_flight, start_pending), for a session connection whose handlers
  * may run concurrently (the twin of _read_connection, _session_payloads, _deliver,
  * _handle_concurrent and _send_or_defer). Each receive's DATA frames are handled here
  * while the connection has a free handler slot (owner.in_flight below max_in_flight):
@@ -239,7 +239,6 @@ typedef struct {
     PyObject *session;
     PyObject *clock;
     PyObject *fc;
-    PyObject *closed_state;
     PyObject *start_pending;
     Py_ssize_t max_in_flight;
     Py_ssize_t in_flight;   /* owner.in_flight at the part's start, plus pendings since */
@@ -252,23 +251,24 @@ static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_na
     *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
     *backlog_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
     *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
-/* SessionState.CLOSED, for send_data (set_closed_state, at netframe/_conn.py's import). */
+/* SessionState.CLOSED, the state that may not send DATA, for send_data and the session
+ * Exchange (set_closed_state, at netframe/_conn.py's import). */
 static PyObject *closed_state_obj;
 
 static PyObject *
 Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *reader, *writer, *handler, *owner;
-    PyObject *session = NULL, *clock = NULL, *fc = NULL, *closed_state = NULL;
+    PyObject *session = NULL, *clock = NULL, *fc = NULL;
     PyObject *start_pending = NULL;
     Py_ssize_t limit, max_in_flight = 0;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Exchange takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnOO", &FrameReaderType, &reader, &FrameWriterType,
+    if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnO", &FrameReaderType, &reader, &FrameWriterType,
                           &writer, &handler, &limit, &owner, &session, &clock, &fc,
-                          &max_in_flight, &closed_state, &start_pending)) {
+                          &max_in_flight, &start_pending)) {
         return NULL;
     }
     if (limit < 1) {
@@ -278,7 +278,7 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (session != NULL && (start_pending == NULL || max_in_flight < 1)) {
         PyErr_SetString(PyExc_TypeError,
                         "Exchange: session mode takes session, clock, fc, max_in_flight "
-                        "(at least 1), closed_state and start_pending");
+                        "(at least 1) and start_pending");
         return NULL;
     }
     Exchange *self = (Exchange *)type->tp_alloc(type, 0);
@@ -303,13 +303,11 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_INCREF(session);
         Py_INCREF(clock);
         Py_INCREF(fc);
-        Py_INCREF(closed_state);
         Py_INCREF(start_pending);
         self->start_pending = start_pending;
         self->session = session;
         self->clock = clock;
         self->fc = fc;
-        self->closed_state = closed_state;
         self->max_in_flight = max_in_flight;
     }
     return (PyObject *)self;
@@ -328,7 +326,6 @@ Exchange_traverse(Exchange *self, visitproc visit, void *arg)
     Py_VISIT(self->session);
     Py_VISIT(self->clock);
     Py_VISIT(self->fc);
-    Py_VISIT(self->closed_state);
     Py_VISIT(self->start_pending);
     Py_VISIT(self->now);
     return 0;
@@ -347,7 +344,6 @@ Exchange_clear(Exchange *self)
     Py_CLEAR(self->session);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->fc);
-    Py_CLEAR(self->closed_state);
     Py_CLEAR(self->start_pending);
     Py_CLEAR(self->now);
     return 0;
@@ -701,7 +697,7 @@ exchange_session(Exchange *self, int fd)
         if (state == NULL) {
             return NULL;
         }
-        int may_send = state != self->closed_state;
+        int may_send = state != closed_state_obj;
         Py_DECREF(state);
         if (!may_send) {
             return exchange_stop(self, EXCHANGE_GENERAL);

@@ -219,11 +219,9 @@ def test_the_session_exchange_refuses_an_incomplete_session_mode() -> None:
     writer = conn_module._FrameWriter(*fmt._encode_params, -1, 0)
     session = netframe.Session(0.0)
     with pytest.raises(TypeError):  # no start_pending
-        Exchange(reader, writer, len, 4, None, session, time.monotonic, None, 8, netframe.CLOSED)
+        Exchange(reader, writer, len, 4, None, session, time.monotonic, None, 8)
     with pytest.raises(TypeError):  # no handler slot
-        Exchange(
-            reader, writer, len, 4, None, session, time.monotonic, None, 0, netframe.CLOSED, print
-        )
+        Exchange(reader, writer, len, 4, None, session, time.monotonic, None, 0, print)
 
 
 def test_peers_that_reset_mid_burst_leave_the_server_serving() -> None:
