@@ -133,20 +133,21 @@ def _refuse_awaitable(result: Any) -> None:
 
 def _checked(
     caller: str, key: str, request: tuple[str, Any], max_args_bytes: int
-) -> tuple[str, Any, bytes]:
+) -> tuple[str, str, str, Any, bytes]:
     """Check the key, the caller and the request (raising what says why); return the
-    operation, its arguments and the request's fingerprint."""
+    caller and the key as plain strs (a str subclass becomes the str it holds, which is
+    what the store keeps), the operation, its arguments and the request's fingerprint."""
     if (
         not (type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii())
         or not key.isprintable()
     ):
-        validate_key(key)  # raises InvalidKey, saying why
+        key = validate_key(key)  # raises InvalidKey, saying why
     if not (type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable()):
-        validate_caller(caller)
+        caller = validate_caller(caller)
     if type(request) is not tuple or len(request) != 2:
         raise InvalidRequest(f"request must be a pair (operation, args), not {request!r:.60}")
     operation, args = request
-    return operation, args, fingerprint(operation, args, max_args_bytes)
+    return caller, key, operation, args, fingerprint(operation, args, max_args_bytes)
 
 
 def _one_step_outcome(out: ClaimResult | Record) -> Outcome | None:
@@ -238,7 +239,7 @@ class Idempotency:
         :class:`StaleClaim`, :class:`InvalidResult`, a store error, or what the handler
         raised when it was not a final ApplicationError.
         """
-        operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
+        caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
         if one_step and self._one_step_store is not None:
             return await self._run_one_step(
                 caller,
@@ -367,7 +368,7 @@ class Idempotency:
         raises goes to ``done``. ``done`` must not block and should not raise (an
         exception from it is a panic).
         """
-        operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
+        caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
         store = self._one_step_store
         if store is None:
             step = self.run(

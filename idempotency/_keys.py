@@ -4,20 +4,42 @@
   ``Idempotency-Key`` draft and Stripe allow (UUIDs, ULIDs, or any opaque token).
 * A **caller** is the identity the key is scoped to (an account, a client id): the same
   key from two callers names two records. 1-255 printable characters (any script).
+  A ``str`` subclass (an ``enum.StrEnum`` member, ``class K(str)``) is accepted as the
+  str it holds: validation returns a plain ``str`` of the same characters, and that is
+  what stores keep (the subclass's own methods are never consulted).
 * A **fingerprint** identifies the request a key was first used for: the SHA-256 of the
-  canonical msgpack encoding of ``[operation, args]``. Canonical means equal requests
-  encode to equal bytes: maps are written with their entries sorted by the encoded key,
-  and tuples encode as lists (msgpack has one array type). Strings and bytes stay
-  distinct (``use_bin_type``), as do ``True`` and ``1``.
+  canonical msgpack encoding of ``[operation, args]``. Two requests are the same when
+  their arguments are the same msgpack value, whatever Python types carry it:
+
+  - maps are unordered: every ``collections.abc.Mapping`` (``dict`` and its subclasses,
+    ``OrderedDict``, ``defaultdict``, ``MappingProxyType``, ...) is written with its
+    entries sorted by encoded key, so insertion order and the mapping's type do not
+    matter. Two keys of one map that encode alike (two NaNs) are refused: a peer
+    decoding the map would keep only one of them;
+  - arrays are ordered: ``list``, ``tuple`` and their subclasses (named tuples) are the
+    one msgpack array type, so ``(1, 2)`` and ``[1, 2]`` are the same request. Other
+    containers (``set``, ``deque``, ``range``, generators) have no msgpack form and are
+    refused with :class:`InvalidRequest`: convert them to a list first;
+  - scalars keep their msgpack type: a ``str`` subclass is its str, an ``int`` subclass
+    (``IntEnum``) its int, ``bytearray`` and ``memoryview`` are bytes. Strings and bytes
+    stay distinct (``use_bin_type``), as do ``True`` and ``1``, and ``1`` and ``1.0``:
+    msgpack keeps an integer and a float apart, a handler may treat them differently
+    (``1 / 0`` against ``1.0 // 0``, ``"%s" % 1.0``), and a JSON or msgpack peer sends
+    each as what it is. Floats compare by their bits (``0.0`` and ``-0.0`` differ; a
+    NaN equals the same NaN).
 
 Alternatives rejected: hashing ``repr(args)`` (unstable across versions and types) and
 JSON (no bytes, no non-string map keys). Stripe compares the whole stored request; a
-32-byte digest keeps records small and comparisons constant-time in size.
+32-byte digest keeps records small and comparisons constant-time in size. Treating ``1``
+and ``1.0`` as one request (Python's ``==``) would replay an outcome computed from an
+int to a caller that sent a float; a client that means the same amount sends the same
+type.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgpack
@@ -60,38 +82,49 @@ _sha256: Final = _builtin_sha256()
 
 
 def validate_key(key: object) -> str:
-    """Return ``key`` when it is a valid idempotency key, else raise :class:`InvalidKey`."""
+    """Return ``key`` as a plain ``str`` when it is a valid idempotency key, else raise
+    :class:`InvalidKey`. A str subclass is checked (and returned) as the exact str of its
+    characters."""
     if type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii() and key.isprintable():
         return key
     if not isinstance(key, str):
         raise InvalidKey(f"idempotency key must be a str, not {type(key).__name__}")
+    # The subclass's own __len__, isprintable or __iter__ are not to be trusted.
+    key = str.__str__(key)
     if not key:
         raise InvalidKey("idempotency key is empty")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(
             f"idempotency key is {len(key)} characters long; at most {MAX_KEY_LENGTH} are allowed"
         )
-    bad = next(c for c in key if not (c.isascii() and c.isprintable()))
-    raise InvalidKey(
-        f"idempotency key {key[:40]!r} contains {bad!r} at index {key.index(bad)}: "
-        "only printable ASCII (space to '~') is allowed"
-    )
+    for i, c in enumerate(key):
+        if not (c.isascii() and c.isprintable()):
+            raise InvalidKey(
+                f"idempotency key {key[:40]!r} contains {c!r} at index {i}: "
+                "only printable ASCII (space to '~') is allowed"
+            )
+    return key
 
 
 def validate_caller(caller: object) -> str:
-    """Return ``caller`` when it is a valid caller identity, else raise :class:`InvalidKey`."""
+    """Return ``caller`` as a plain ``str`` when it is a valid caller identity, else raise
+    :class:`InvalidKey`. A str subclass is checked (and returned) as the exact str of
+    its characters."""
     if type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable():
         return caller
     if not isinstance(caller, str):
         raise InvalidKey(f"caller must be a str, not {type(caller).__name__}")
+    caller = str.__str__(caller)
     if not caller:
         raise InvalidKey("caller is empty")
     if len(caller) > MAX_KEY_LENGTH:
         raise InvalidKey(
             f"caller is {len(caller)} characters long; at most {MAX_KEY_LENGTH} are allowed"
         )
-    bad = next(c for c in caller if not c.isprintable())
-    raise InvalidKey(f"caller {caller[:40]!r} contains the unprintable {bad!r}")
+    for c in caller:
+        if not c.isprintable():
+            raise InvalidKey(f"caller {caller[:40]!r} contains the unprintable {c!r}")
+    return caller
 
 
 def _first(item: tuple[bytes, Any, Any]) -> bytes:
@@ -99,7 +132,8 @@ def _first(item: tuple[bytes, Any, Any]) -> bytes:
 
 
 def _canonical(obj: Any) -> Any:
-    """``obj`` with every map rebuilt in sorted order of its encoded keys."""
+    """``obj`` with every map rebuilt as a dict in sorted order of its encoded keys, and
+    every array that holds a map (or is a list or tuple subclass) rebuilt as a list."""
     t = type(obj)
     if t in _SCALARS:
         return obj
@@ -109,11 +143,22 @@ def _canonical(obj: Any) -> Any:
                 return [_canonical(x) for x in obj]
         return obj  # the common case: a flat argument list, returned untouched
     if t is dict:
-        # Sort by the encoded key: a total order over every msgpack type. Keys are
-        # hashable, so they hold no maps and encode the same with or without _canonical.
-        items = sorted(((_packb(k), k, _canonical(v)) for k, v in obj.items()), key=_first)
-        return {k: v for _, k, v in items}
-    return obj  # the packer accepts it (a subclass, ExtType) or raises TypeError
+        return _sorted_map(obj)
+    if isinstance(obj, Mapping):  # dict subclasses, OrderedDict, MappingProxyType, ...
+        return _sorted_map(obj)
+    if isinstance(obj, (list, tuple)):  # subclasses: a named tuple, a list of one's own
+        return [_canonical(x) for x in obj]
+    return obj  # a scalar subclass or ExtType (the packer takes it), or TypeError there
+
+
+def _sorted_map(obj: Mapping[Any, Any]) -> dict[Any, Any]:
+    # Sort by the encoded key: a total order over every msgpack type. Keys are hashable,
+    # so they hold no maps and encode the same with or without _canonical.
+    items = sorted(((_packb(k), k, _canonical(v)) for k, v in obj.items()), key=_first)
+    out = {k: v for _, k, v in items}
+    if len(out) != len(items) or any(items[i][0] == items[i + 1][0] for i in range(len(items) - 1)):
+        raise ValueError("a map has two keys that are equal or encode alike (a peer keeps one)")
+    return out
 
 
 def canonical_packb(obj: Any) -> bytes:
@@ -132,7 +177,11 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
     Raises :class:`InvalidRequest` when the operation is not a non-empty str, when the
     arguments cannot be encoded as msgpack, or when their encoding exceeds ``max_bytes``.
     """
-    if type(operation) is not str or not operation:
+    if type(operation) is not str:
+        if not isinstance(operation, str):
+            raise InvalidRequest(f"operation must be a non-empty str, not {operation!r:.60}")
+        operation = str.__str__(operation)  # a StrEnum member: the str it holds
+    if not operation:
         raise InvalidRequest(f"operation must be a non-empty str, not {operation!r:.60}")
     # The encoding of ``[operation, args]`` is a two-element array header, the
     # operation, then the arguments: the first two are cached per operation name.

@@ -8,7 +8,9 @@ runs everything once more with GOSIM_PURE_PYTHON=1, on the references alone.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import types
 from typing import Any
 
 import pytest
@@ -88,6 +90,22 @@ class Unpackable:
     pass
 
 
+class StrSub(str):
+    pass
+
+
+class IntSub(int):
+    pass
+
+
+class ListSub(list[Any]):
+    pass
+
+
+class DictSub(dict[Any, Any]):
+    pass
+
+
 scalars = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),  # past 64 bits: msgpack refuses
     st.floats(allow_nan=False),
@@ -95,13 +113,24 @@ scalars = st.one_of(
     st.binary(max_size=6),
     st.booleans(),
     st.none(),
+    # Subclasses and other types of the same msgpack values: the reference's cases.
+    st.text(max_size=6).map(StrSub),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1).map(IntSub),
+    st.binary(max_size=6).map(bytearray),
 )
 arguments = st.recursive(
     scalars | st.builds(Unpackable),
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.lists(inner, max_size=4).map(tuple)
+        | st.lists(inner, max_size=4).map(ListSub)
         | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3).map(DictSub)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3).map(
+            lambda d: collections.OrderedDict(reversed(d.items()))
+        )
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3).map(types.MappingProxyType)
+        | st.sets(st.integers(0, 3), max_size=2)  # no msgpack form: refused by both
     ),
     max_leaves=8,
 )
@@ -109,7 +138,12 @@ arguments = st.recursive(
 
 @settings(max_examples=400)
 @given(
-    st.one_of(st.sampled_from(["op", "transfer", ""]), st.text(max_size=4), st.integers()),
+    st.one_of(
+        st.sampled_from(["op", "transfer", ""]),
+        st.text(max_size=4),
+        st.text(max_size=4).map(StrSub),
+        st.integers(),
+    ),
     arguments,
     st.integers(min_value=0, max_value=64),
 )
