@@ -11,6 +11,7 @@ from ._contract import Completion as Completion
 from ._contract import Effect as Effect
 from ._contract import OneStepStore as OneStepStore
 from ._contract import Store as Store
+from ._contract import StoredRecord as StoredRecord
 from ._contract import StoreStatistics as StoreStatistics
 from ._contract import SynchronousStore as SynchronousStore
 from .memory import MemoryEffect as MemoryEffect
@@ -34,6 +35,7 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "StoreStatistics",
+    "StoredRecord",
     "SynchronousStore",
 ]
 

@@ -31,9 +31,17 @@ from gosim import go
 
 from .._errors import ApplicationError
 from .._outcome import encode_error, encode_result
-from .._record import ClaimResult, Record
+from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
 
-__all__ = ["Completion", "Effect", "Store", "StoreStatistics", "SynchronousStore", "run_effect"]
+__all__ = [
+    "Completion",
+    "Effect",
+    "Store",
+    "StoreStatistics",
+    "StoredRecord",
+    "SynchronousStore",
+    "run_effect",
+]
 
 
 class Effect:
@@ -94,6 +102,33 @@ def run_effect(
     return True, encode_result(value, max_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A key's record as an operator sees it (:meth:`Store.inspect`, :meth:`Store.forget`).
+
+    ``record`` is the decoded record, None when it cannot be read back; ``problem`` then
+    says why (what :class:`~idempotency.CorruptedRecord` would say). ``now`` is the
+    store's clock when it was read, in the units of ``record.expires_at``.
+    """
+
+    caller: str
+    key: str
+    record: Record | None
+    problem: str | None
+    now: float
+
+    @property
+    def state(self) -> str:
+        """``IN_PROGRESS``, ``COMPLETED``, ``EXPIRED`` (kept until swept, read as
+        absent) or ``CORRUPTED``."""
+        rec = self.record
+        if rec is None:
+            return "CORRUPTED"
+        if state_at(rec, self.now) == ABSENT:
+            return "EXPIRED"
+        return "COMPLETED" if rec.state == COMPLETED else "IN_PROGRESS"
+
+
 class Store(abc.ABC):
     """A durable (or not) home for records; see the module docstring for the contract.
 
@@ -133,6 +168,28 @@ class Store(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 -- optional: a store may hold nothing to release
         """Release the store's resources (a connection); idempotent."""
+
+    # Operator's tools (``python -m idempotency inspect|forget|sweep``), with :meth:`sweep`.
+    # Optional: a store without them says so. Memory, SQLite and Redis have them.
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        """What is stored for (caller, key), as it is: an expired record too (it reads as
+        absent to ``get`` and claims), and a damaged one, with what is wrong with it
+        instead of raising :class:`~idempotency.CorruptedRecord`. None when nothing is
+        stored. Changes nothing."""
+        raise NotImplementedError(f"{self!r} has no operator tools (inspect)")
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        """Delete what is stored for (caller, key), atomically with the check below, and
+        return what was deleted; None when nothing was stored.
+
+        A live in-progress record (a holder may be running its handler) is refused with
+        :class:`~idempotency.InProgress` and kept, unless ``force``: forgetting it lets
+        the next claim run the request again while the old holder may still complete
+        (its completion is then refused as stale, but what it did outside the store
+        stays). A completed, expired or damaged record is deleted: the key is new again.
+        """
+        raise NotImplementedError(f"{self!r} has no operator tools (forget)")
 
 
 class SynchronousStore(Store):

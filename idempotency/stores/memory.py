@@ -16,9 +16,16 @@ import gosim
 from gosim.lowlevel import state as gosim_state
 
 from .._accel import speedups as _speedups
-from .._errors import StaleClaim
+from .._errors import InProgress, StaleClaim
 from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, state_at
-from ._contract import Completion, Effect, StoreStatistics, SynchronousStore, run_effect
+from ._contract import (
+    Completion,
+    Effect,
+    StoredRecord,
+    StoreStatistics,
+    SynchronousStore,
+    run_effect,
+)
 
 __all__ = ["MemoryEffect", "MemoryStore"]
 
@@ -173,3 +180,23 @@ class MemoryStore(SynchronousStore):
     def statistics(self) -> StoreStatistics:
         ops = self._table.operations
         return StoreStatistics(ops, ops, 1 if ops else 0)
+
+    # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        record = self._records.get((caller, key))
+        if record is None:
+            return None
+        return StoredRecord(caller, key, record, None, self._table.clock())
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        # One step, with no other goroutine in between: the check and the delete are atomic.
+        rk = (caller, key)
+        record = self._records.get(rk)
+        if record is None:
+            return None
+        held = StoredRecord(caller, key, record, None, self._table.clock())
+        if not force and held.state == "IN_PROGRESS":
+            raise InProgress(caller, key)
+        del self._records[rk]
+        return held

@@ -54,11 +54,11 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .._errors import CorruptedRecord, InvalidResult, StaleClaim, StoreUnavailable
+from .._errors import CorruptedRecord, InProgress, InvalidResult, StaleClaim, StoreUnavailable
 from .._keys import FINGERPRINT_SIZE
 from .._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
 from ._batch import GroupCommitter, Op, raise_when_awaited
-from ._contract import Completion, Effect, Store, StoreStatistics
+from ._contract import Completion, Effect, Store, StoredRecord, StoreStatistics
 
 __all__ = ["LuaEffect", "RedisStore"]
 
@@ -227,6 +227,34 @@ local r, bad = load(KEYS[2])
 if bad then return 0 end
 if r.rec[1] and not r.live then redis.call('DEL', KEYS[2]) return 1 end
 return 0
+"""
+)
+
+# The operator's tools: the record of KEYS[2] as stored, and with ARGV[2] == "1" deleted
+# in the same script unless it is a live claim (ARGV[3] == "1": even then). Replies
+# {0, now} when nothing is stored, else {1 (or 2: refused, kept), now, type, s, fp, f, x,
+# ok, p} (a damaged record, of another type or with bad fields, is deleted too).
+_OPERATOR_LUA: Final = (
+    _LIB
+    + """
+local k = KEYS[2]
+local t = redis.call('TYPE', k)['ok']
+if t == 'none' then return {0, now} end
+if t ~= 'hash' then
+    if ARGV[2] == '1' then redis.call('DEL', k) end
+    return {1, now, t}
+end
+local rec = redis.call('HMGET', k, 's', 'fp', 'f', 'x', 'ok', 'p')
+local reply = {1, now, t, rec[1], rec[2], rec[3], rec[4], rec[5], rec[6]}
+if ARGV[2] == '1' then
+    local r, bad = load(k)
+    if not bad and r.live and r.s == 1 and ARGV[3] ~= '1' then
+        reply[1] = 2
+        return reply
+    end
+    redis.call('DEL', k)
+end
+return reply
 """
 )
 
@@ -499,3 +527,67 @@ class RedisStore(Store):
         except redis_py.RedisError as exc:
             raise StoreUnavailable(f"{self._name}: sweep: {type(exc).__name__}: {exc}") from exc
         return deleted
+
+    # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
+
+    def _inspect_or_forget(
+        self, caller: str, key: str, delete: bool, force: bool
+    ) -> StoredRecord | None:
+        """``inspect`` or ``forget`` in one script (so the check and the delete are
+        atomic), on the syscall thread. The script's source is sent each time: an
+        operator's call is rare, and it then never meets a server that lost its cache."""
+        rkey = self.record_key(caller, key)
+        try:
+            reply = self.client.eval(
+                _OPERATOR_LUA, 2, self._fence_key, rkey, self._now_arg(), int(delete), int(force)
+            )
+        except redis_py.RedisError as exc:
+            doing = "forget" if delete else "inspect"
+            raise StoreUnavailable(f"{self._name}: {doing}: {type(exc).__name__}: {exc}") from exc
+        now = reply[1] / 1000
+        if reply[0] == 0:
+            return None
+        where = f"{self._name}: record {rkey!r} (caller={caller!r}, key={key!r})"
+        if reply[2] != b"hash":
+            why = f"{where}: the key does not hold a hash but a {reply[2].decode()}"
+            return StoredRecord(caller, key, None, why, now)
+        try:
+            held = StoredRecord(caller, key, _stored_record(where, *reply[3:9]), None, now)
+        except CorruptedRecord as exc:
+            held = StoredRecord(caller, key, None, str(exc), now)
+        if reply[0] == 2:
+            raise InProgress(caller, key)
+        return held
+
+
+def _stored_record(where: str, s: Any, fp: Any, f: Any, x: Any, ok: Any, payload: Any) -> Record:
+    """The Record of a hash's fields as read (bytes or None); CorruptedRecord saying
+    which field is wrong."""
+    if s not in (b"1", b"2"):
+        raise CorruptedRecord(f"{where}: state {s!r} is not 1 or 2")
+    if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
+        raise CorruptedRecord(f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}")
+    try:
+        fence = int(f)
+        expires_ms = float(x)
+    except (TypeError, ValueError):
+        raise CorruptedRecord(f"{where}: fence {f!r} or expiry {x!r} is not a number") from None
+    if fence < 1:
+        raise CorruptedRecord(f"{where}: fence {fence} is not positive")
+    if s == b"1":
+        if payload is not None:
+            raise CorruptedRecord(f"{where}: in progress with a payload")
+        return Record(IN_PROGRESS, fp, fence, expires_ms / 1000)
+    if ok not in (b"0", b"1") or type(payload) is not bytes:
+        raise CorruptedRecord(f"{where}: completed without an ok flag and a payload")
+    return Record(COMPLETED, fp, fence, expires_ms / 1000, ok == b"1", payload)

@@ -60,6 +60,7 @@ from .._errors import (
     ApplicationError,
     CorruptedRecord,
     IdempotencyError,
+    InProgress,
     StaleClaim,
     StoreUnavailable,
 )
@@ -76,7 +77,14 @@ from .._record import (
     state_at,
 )
 from ._batch import GroupCommitter, Op, raise_when_awaited
-from ._contract import Completion, Effect, OneStepStore, StoreStatistics, run_effect
+from ._contract import (
+    Completion,
+    Effect,
+    OneStepStore,
+    StoredRecord,
+    StoreStatistics,
+    run_effect,
+)
 
 __all__ = ["SQLiteEffect", "SQLiteStore"]
 
@@ -676,6 +684,63 @@ class SQLiteStore(OneStepStore):
             return
         conn.execute("RELEASE idempotency_effect")
         op.result = value
+
+    # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- the operator's path only
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- the operator's path only
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
+
+    def _inspect_or_forget(
+        self, caller: str, key: str, delete: bool, force: bool
+    ) -> StoredRecord | None:
+        """``inspect`` (``delete`` False) or ``forget``, on the syscall thread, between two
+        batches (the committer's lock) on the store's connection. ``forget`` reads and
+        deletes in one ``BEGIN IMMEDIATE`` transaction (SQLite's write lock: no other
+        process's batch comes in between) and commits it durably."""
+        doing = "forgetting a record" if delete else "reading a record"
+        with self._committer._thread_lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreUnavailable(f"{self._name}: the store is closed")
+            now = self._clock()
+            try:
+                if delete:
+                    if self._sync_now != self._sync_durable:  # only between transactions
+                        conn.execute(f"PRAGMA synchronous={self._sync_durable}")
+                        self._sync_now = self._sync_durable
+                    conn.execute("BEGIN IMMEDIATE")
+                try:
+                    row = conn.execute(_SELECT_MANY + _ONE_KEY, (caller, key)).fetchone()
+                    held = None if row is None else self._stored(row[2:], caller, key, now)
+                    if delete and held is not None:
+                        if not force and held.state == "IN_PROGRESS":
+                            raise InProgress(caller, key)
+                        conn.execute(_DELETE, (caller, key))
+                    if delete:
+                        conn.execute("COMMIT")
+                except BaseException:
+                    if delete and conn.in_transaction:
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass  # the next transaction's BEGIN says what is wrong
+                    raise
+            except sqlite3.Error as exc:
+                raise self._store_error(exc, doing) from exc
+        return held
+
+    def _stored(self, row: tuple[Any, ...], caller: str, key: str, now: float) -> StoredRecord:
+        try:
+            return StoredRecord(caller, key, self._decode(row, caller, key), None, now)
+        except CorruptedRecord as exc:
+            return StoredRecord(caller, key, None, str(exc), now)
 
 
 # Parameters are given as types sqlite3 binds without adapting (see _UPSERT_IN_PROGRESS):
