@@ -134,7 +134,10 @@ class CorruptedRecord(StoreError, ValueError):
     a database file that is not a database).
 
     The message names the store, the record and the field. The record is left as it is
-    for inspection; the key cannot be used until an operator repairs or deletes it.
+    for inspection; the key cannot be used until an operator repairs or deletes it:
+    ``python -m idempotency inspect STORE-URL CALLER KEY`` shows it and what is wrong,
+    ``python -m idempotency forget STORE-URL CALLER KEY`` deletes it (the key is then new
+    again). A damaged database file is this error too: restore the file from a backup.
     """
 
 
