@@ -357,6 +357,8 @@ sha256_ni_py(PyObject *module, PyObject *arg)
 }
 
 /* fingerprint(operation, args, max_bytes): _keys.fingerprint. */
+/* Exact types only: a subclass (a StrEnum or IntEnum member, a dict or list of one's
+ * own), like any map, goes to the reference, which says what msgpack value it is. */
 static int
 is_scalar(PyObject *o)
 {
