@@ -4,7 +4,7 @@
   ``Idempotency-Key`` draft and Stripe allow (UUIDs, ULIDs, or any opaque token).
 * A **caller** is the identity the key is scoped to (an account, a client id): the same
   key from two callers names two records. 1-255 printable characters (any script).
-  A ``str`` subclass (an ``enum.StrEnum`` member, ``class K(str)``) is accepted as the
+  A key or caller that is a ``str`` subclass (a ``StrEnum`` member) is accepted as the
   str it holds: validation returns a plain ``str`` of the same characters, and that is
   what stores keep (the subclass's own methods are never consulted).
 * A **fingerprint** identifies the request a key was first used for: the SHA-256 of the
@@ -19,14 +19,15 @@
   - arrays are ordered: ``list``, ``tuple`` and their subclasses (named tuples) are the
     one msgpack array type, so ``(1, 2)`` and ``[1, 2]`` are the same request. Other
     containers (``set``, ``deque``, ``range``, generators) have no msgpack form and are
-    refused with :class:`InvalidRequest`: convert them to a list first;
+    refused with :class:`InvalidRequest`: convert them to a list first (being a
+    ``Sequence`` is not enough: ``str``, ``bytes`` and ``array.array`` are sequences);
   - scalars keep their msgpack type: a ``str`` subclass is its str, an ``int`` subclass
     (``IntEnum``) its int, ``bytearray`` and ``memoryview`` are bytes. Strings and bytes
     stay distinct (``use_bin_type``), as do ``True`` and ``1``, and ``1`` and ``1.0``:
     msgpack keeps an integer and a float apart, a handler may treat them differently
-    (``1 / 0`` against ``1.0 // 0``, ``"%s" % 1.0``), and a JSON or msgpack peer sends
-    each as what it is. Floats compare by their bits (``0.0`` and ``-0.0`` differ; a
-    NaN equals the same NaN).
+    (``str(1.0)`` is ``"1.0"``, ``items[1.0]`` raises, a float drops digits past 2**53),
+    and a JSON or msgpack peer sends each as what it is. Floats compare by their bits
+    (``0.0`` and ``-0.0`` differ; a NaN equals the same NaN).
 
 Alternatives rejected: hashing ``repr(args)`` (unstable across versions and types) and
 JSON (no bytes, no non-string map keys). Stripe compares the whole stored request; a

@@ -400,9 +400,8 @@ def disguise(v: Any, data: st.DataObject, as_key: bool = False) -> Any:
             return ReadOnly(items)
         return dict(items)
     if isinstance(v, list):
-        items = [disguise(x, data) for x in v]
-        kind = draw(st.sampled_from([list, tuple, MyList]))
-        return kind(items)
+        array: Any = draw(st.sampled_from([list, tuple, MyList]))
+        return array([disguise(x, data) for x in v])
     if type(v) is str and draw(st.booleans()):
         return draw(st.sampled_from([Plain, Tricky]))(v)
     if type(v) is int and -(2**63) <= v < 2**64 and draw(st.booleans()):

@@ -130,7 +130,8 @@ def test_forget_deletes_completed_and_lapsed_records_without_force(
     store: Store, clock: Any
 ) -> None:
     async def handler(call: Any) -> int:
-        return call.fence
+        fence: int = call.fence
+        return fence
 
     async def main() -> None:
         idem = Idempotency(store, ttl=TTL, lease=LEASE)
