@@ -62,7 +62,8 @@ def encode_unrecorded(why: str) -> bytes:
     the key is completed with it, so a retry replays it instead of applying the effect
     again."""
     message = f"the effect was applied but its result cannot be recorded: {why}"
-    return _packb([UNRECORDED_RESULT, message[:512], None])
+    payload: bytes = _packb([UNRECORDED_RESULT, message[:512], None])
+    return payload
 
 
 def decode_error(payload: bytes) -> ApplicationError:

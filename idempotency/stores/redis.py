@@ -215,10 +215,11 @@ return out
 
 # Commands that only read: an effect that has called nothing else has written nothing.
 _READ_ONLY: Final = (
-    "GET MGET STRLEN GETRANGE EXISTS TYPE TTL PTTL HGET HMGET HGETALL HEXISTS HLEN HKEYS"
-    " HVALS HSTRLEN LLEN LRANGE LINDEX SCARD SISMEMBER SMISMEMBER SMEMBERS ZCARD ZSCORE"
-    " ZMSCORE ZRANGE ZRANGEBYSCORE ZREVRANGE ZRANK ZREVRANK ZCOUNT TIME"
-).split()
+    "GET", "MGET", "STRLEN", "GETRANGE", "EXISTS", "TYPE", "TTL", "PTTL", "HGET", "HMGET",
+    "HGETALL", "HEXISTS", "HLEN", "HKEYS", "HVALS", "HSTRLEN", "LLEN", "LRANGE", "LINDEX",
+    "SCARD", "SISMEMBER", "SMISMEMBER", "SMEMBERS", "ZCARD", "ZSCORE", "ZMSCORE", "ZRANGE",
+    "ZRANGEBYSCORE", "ZREVRANGE", "ZRANK", "ZREVRANK", "ZCOUNT", "TIME",
+)  # fmt: skip
 
 # A completion with an effect: KEYS = fence, record, the effect's KEYS...; ARGV = now,
 # fence, ttl ms, max payload bytes, the effect's ARGV... The body is spliced in below;

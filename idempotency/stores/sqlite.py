@@ -761,7 +761,7 @@ class SQLiteStore(OneStepStore):
 
 def _bad_step(
     store: SQLiteStore, caller: str, key: str, lease: float, completion: Completion
-) -> ValueError | None:
+) -> Exception | None:
     """claim_and_complete's arguments the table cannot hold, named (else None)."""
     bad = bad_duration(store, "claim", caller, key, "lease", lease)
     return bad or bad_completion(store, caller, key, completion)
