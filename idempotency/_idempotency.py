@@ -23,7 +23,8 @@ The flow of :meth:`Idempotency.run`, fast path first:
    result of the :class:`~idempotency.stores.Effect` the handler returned (run by the
    store inside the transaction that completes the record). A retryable error, any other
    exception, or an outcome that cannot be recorded releases the claim instead, and the
-   exception propagates: a retry runs the handler again.
+   exception propagates: a retry runs the handler again. (An effect the store cannot
+   undo, once it has written, is recorded whatever follows: see InvalidResult.)
 
 With ``one_step=True`` (a handler that only builds its outcome, at once) on a store that
 can (SQLite), steps 2-4 are one store operation: the handler runs first, with

@@ -38,8 +38,13 @@ Exactly-once effects: a handler returns ``LuaEffect(script, keys, args)``. The s
 body runs inside the completion's script after the fence check, with its own ``KEYS``
 and ``ARGV``, and returns the call's result (encoded with ``cmsgpack``). It may call
 ``idempotency_fail(code, message, data)`` to refuse: the refusal is recorded. Redis
-cannot roll a script back: the body must check everything before its first write, so
-that a refusal or an error leaves nothing written.
+cannot roll a script back, so the body should check everything before its first
+write: a script that fails before writing releases the key (a retry runs it again),
+and one that has written is recorded whatever follows (its error, or a result over
+the limit, becomes the final ``UNRECORDED_RESULT`` error), so it is never applied twice.
+
+Leases and TTLs of ``math.inf`` (or longer than about 3,000 years) never expire: the
+record keeps the expiry ``NEVER`` and no Redis TTL.
 """
 
 from __future__ import annotations
