@@ -69,6 +69,7 @@ from ._idempotency import Idempotency as Idempotency
 from ._keys import fingerprint as fingerprint
 from ._keys import validate_caller as validate_caller
 from ._keys import validate_key as validate_key
+from ._outcome import UNRECORDED_RESULT as UNRECORDED_RESULT
 from ._outcome import Outcome as Outcome
 from .stores import Effect as Effect
 from .stores import MemoryEffect as MemoryEffect
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_LEASE",
     "DEFAULT_TTL",
+    "UNRECORDED_RESULT",
     "ApplicationError",
     "Call",
     "CorruptedRecord",

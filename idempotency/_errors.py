@@ -58,9 +58,15 @@ class InvalidResult(IdempotencyError, TypeError):
     """The handler's result (or its effect's result) cannot be recorded: it is not
     msgpack-serialisable or is larger than the store's result limit.
 
-    The claim was released and an effect in the store's transaction was rolled back, so
-    nothing was recorded; the handler's external effects (if any) did happen. Fix the
-    handler: a retry would run it again and fail the same way.
+    Raised only when nothing was recorded and no store effect stayed: the claim was
+    released, and the effect was rolled back (SQLite) or had written nothing (a plain
+    value, a ``LuaEffect`` that only read). The handler's external effects (if any) did
+    happen. Fix the handler: a retry would run it again and fail the same way.
+
+    An effect that cannot be undone once it ran (a ``MemoryEffect`` whose function
+    returned, a ``LuaEffect`` that wrote) is not followed by this error: the key is
+    completed with the final error ``UNRECORDED_RESULT`` instead, returned to this
+    call and replayed to every retry, so the effect is applied once.
     """
 
 

@@ -14,11 +14,17 @@ The flow of :meth:`Idempotency.run`, fast path first:
      to 100 ms -- and claim again, until this call's own timeout or context ends. A
      holder that died is taken over by the claim after its lease lapses.
 3. Run the handler with a :class:`Call` (caller, key, operation, args, fence, ctx).
+   While it runs, the claim is kept alive: one goroutine per ``Idempotency`` (started
+   with the first claim, gone at its first tick with no claim held) renews every claim
+   this process has held for a whole tick, every ``lease / 4``, fenced by the claim's
+   token. A slow handler keeps its key; a holder that died stops renewing, and its
+   claim lapses within a lease.
 4. Record the outcome: the return value, or a final :class:`ApplicationError`, or the
    result of the :class:`~idempotency.stores.Effect` the handler returned (run by the
    store inside the transaction that completes the record). A retryable error, any other
    exception, or an outcome that cannot be recorded releases the claim instead, and the
-   exception propagates: a retry runs the handler again.
+   exception propagates: a retry runs the handler again. (An effect the store cannot
+   undo, once it has written, is recorded whatever follows: see InvalidResult.)
 
 With ``one_step=True`` (a handler that only builds its outcome, at once) on a store that
 can (SQLite), steps 2-4 are one store operation: the handler runs first, with
@@ -27,7 +33,9 @@ commit in one transaction (a replay or a mismatch drops what the handler built; 
 key is waited for as above). :meth:`Idempotency.run_later` is that step with a callback
 instead of a waiting goroutine: the store's batch calls back once the commit returned.
 
-Guarantees: the handler runs at most once per *live claim*; a key's outcome, once
+Guarantees: the handler runs at most once per *live claim*, and a claim stays live while
+its holder lives (renewed; it lapses when the holder has been dead or cut off from the
+store for a lease); a key's outcome, once
 recorded, is the only one it ever has until its TTL passes. An effect returned as an
 Effect happens exactly once with its record (both or neither, whatever crashes); an
 effect the handler does itself happens at least once, fenced by ``call.fence``.
@@ -48,7 +56,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeAlias
 
 import gosim
-from gosim import Chan, context, go, recv, select
+from gosim import Chan, context, go, lowlevel, recv, select
 
 from ._errors import (
     ApplicationError,
@@ -167,9 +175,14 @@ class Idempotency:
     """Idempotent execution of requests over a :class:`~idempotency.stores.Store`.
 
     ``ttl``: how long a completed outcome is replayed (default 24 h); after it, the key is
-    new again. ``lease``: how long a claim holds (default 60 s); a handler must finish
-    within it, or another execution may take the key over and this one's completion is
-    refused with :class:`StaleClaim`. ``wait``: the default for :meth:`run`.
+    new again. ``lease``: how long a claim holds without word from its holder (default
+    60 s). While a handler runs, its claim is renewed every ``lease / 4`` (fenced, from
+    this process), so the lease bounds how long the key stays held by a holder that
+    died, not how long a handler may run. Should renewals fail for a whole lease (the
+    store unreachable, the process stalled), another execution may take the key over,
+    and this one's completion is refused with :class:`StaleClaim`. ``math.inf`` (for
+    ``ttl`` or ``lease``) never expires, on every store. ``wait``: the default for
+    :meth:`run`.
     ``max_args_bytes`` / ``max_result_bytes`` bound the encoded request and outcome.
     """
 
@@ -201,7 +214,11 @@ class Idempotency:
         # Keys held by executions in this process, with their fence: a waiter here
         # sleeps until the holder finishes (or a whole lease passes, in case it overruns
         # its lease) instead of polling the store. No clock is read on the fast path.
+        # The keep-alive renews the claims it finds here on two ticks in a row.
         self._holders: dict[tuple[str, str], int] = {}
+        # The runtime whose keep-alive goroutine runs now (None: none runs); False once
+        # the store said it cannot renew.
+        self._keeper: Any = None
 
     @property
     def store(self) -> Store:
@@ -273,6 +290,8 @@ class Idempotency:
         rk = (caller, key)
         holders = self._holders
         holders[rk] = fence
+        if self._keeper is not lowlevel.state.rt and self._keeper is not False:
+            self._start_keeper()
         max_bytes = self.max_result_bytes
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
@@ -464,6 +483,47 @@ class Idempotency:
             self._finish(rk, fence)
         assert rec.payload is not None
         return Outcome(rec.ok, rec.payload, False, fence)
+
+    def _start_keeper(self) -> None:
+        rt = lowlevel.state.rt
+        if self.lease == math.inf:
+            self._keeper = False  # a claim that never lapses needs no renewal
+            return
+        self._keeper = rt
+        go(self._keep_alive, rt)
+
+    async def _keep_alive(self, rt: Any) -> None:
+        """Renew this process's claims while their handlers run (see the module
+        docstring): every ``lease / 4``, each claim held since the last tick, so a claim
+        is renewed at most half a lease after it was taken, then every quarter lease.
+        Fenced: a claim taken over is refused (StaleClaim) and not renewed again. Ends
+        at the first tick that finds no claim held, or with its runtime."""
+        seen: dict[tuple[str, str], int] = {}
+        lost: set[tuple[tuple[str, str], int]] = set()
+        holders = self._holders
+        try:
+            while True:
+                await gosim.sleep(self.lease / 4)
+                if not holders:
+                    return
+                due = [(rk, f) for rk, f in holders.items() if seen.get(rk) == f]
+                seen = dict(holders)
+                lost.intersection_update(seen.items())
+                for rk, fence in due:
+                    if holders.get(rk) != fence or (rk, fence) in lost:
+                        continue  # finished while an earlier renewal ran, or lost
+                    try:
+                        await self._store.renew(rk[0], rk[1], fence, self.lease)
+                    except StaleClaim:
+                        lost.add((rk, fence))  # its completion will say so
+                    except StoreError:
+                        pass  # down for now: the next tick tries again
+                    except NotImplementedError:
+                        self._keeper = False  # never again: leases bound handlers
+                        return
+        finally:
+            if self._keeper is rt:
+                self._keeper = None
 
     def _finish(self, rk: tuple[str, str], fence: int) -> None:
         """The execution of claim ``fence`` is over: wake this process's waiters."""

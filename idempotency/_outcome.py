@@ -16,9 +16,21 @@ import msgpack
 
 from ._errors import ApplicationError, InvalidResult
 
-__all__ = ["DEFAULT_MAX_RESULT_BYTES", "Outcome", "decode_error", "encode_error", "encode_result"]
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "UNRECORDED_RESULT",
+    "Outcome",
+    "decode_error",
+    "encode_error",
+    "encode_result",
+    "encode_unrecorded",
+]
 
 DEFAULT_MAX_RESULT_BYTES: Final = 1 << 20
+# The code of the final error recorded for an effect that was applied (and cannot be
+# undone) but whose result cannot be recorded: 13 is INTERNAL, the status the RPC layer
+# answers InvalidResult with, so a caller sees the same status either way.
+UNRECORDED_RESULT: Final = 13
 
 _packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 _NOT_DECODED: Final[Any] = object()
@@ -44,9 +56,20 @@ def encode_error(err: ApplicationError, max_bytes: int = DEFAULT_MAX_RESULT_BYTE
     return encode_result([err.code, err.message, err.data], max_bytes)
 
 
+def encode_unrecorded(why: str) -> bytes:
+    """The payload of the final error recorded in place of an applied effect's result
+    that cannot be recorded (``why`` says why; the payload is small, whatever the limit):
+    the key is completed with it, so a retry replays it instead of applying the effect
+    again."""
+    message = f"the effect was applied but its result cannot be recorded: {why}"
+    payload: bytes = _packb([UNRECORDED_RESULT, message[:512], None])
+    return payload
+
+
 def decode_error(payload: bytes) -> ApplicationError:
     """The :class:`ApplicationError` a stored error payload describes, marked replayable."""
-    code, message, data = _unpackb(payload)
+    # Two items when the data is nil: a Lua array (a LuaEffect's refusal) ends there.
+    code, message, data = [*_unpackb(payload), None][:3]
     return ApplicationError(code, message, data)
 
 

@@ -33,7 +33,9 @@ States and events
 ABSENT is not stored: a missing record, or one whose ``expires_at`` has passed (a store
 may keep such a record until it is swept; it reads as ABSENT). A CLAIM on a live
 IN_PROGRESS or COMPLETED record is not a transition: it is answered (BUSY, REPLAY or
-MISMATCH) and changes nothing.
+MISMATCH) and changes nothing. A RENEW by the holder of the live claim keeps a record
+IN_PROGRESS and moves its lease deadline later (never earlier): the holder's keep-alive,
+so that a lease bounds how long a dead holder keeps the key, not how long a live one runs.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ __all__ = [
     "complete",
     "next_state",
     "release",
+    "renew",
     "state_at",
 ]
 
@@ -228,6 +231,17 @@ def release(record: Record | None, fence: int, now: float, caller: str, key: str
     (the store deletes the record). Raises :class:`StaleClaim` otherwise."""
     held = _check_holder(record, fence, now, caller, key)
     return next_state(held.state, RELEASE)
+
+
+def renew(
+    record: Record | None, fence: int, now: float, lease: float, caller: str, key: str
+) -> Record:
+    """The record after the holder of claim ``fence`` renews its lease to ``now + lease``
+    (a deadline already later is kept). Raises :class:`StaleClaim` (and the store must
+    write nothing) unless ``record`` is the live IN_PROGRESS record of claim ``fence``."""
+    held = _check_holder(record, fence, now, caller, key)
+    expires = max(held.expires_at, now + lease)
+    return _new_record(Record, (IN_PROGRESS, held.fingerprint, fence, expires, True, None))
 
 
 # The C twins of claim() and complete() (idempotency/_speedups.c), when built: they

@@ -18,6 +18,23 @@ Guarantees, named apart (the docs of ``Idempotency`` repeat them):
   (an email, a call to another service) happens once per execution, and an execution is
   repeated when its claim lapses or is released before it completes. ``call.fence`` rises
   with every claim: hand it to the external system so it can refuse an older one.
+  While a handler runs, ``Idempotency`` renews its claim (:meth:`Store.renew`, fenced),
+  so an execution is repeated when its holder died, not when it is slow.
+
+Both or neither, on every path: an effect the store can roll back (SQLite) is rolled
+back whenever its record is not written (a refusal's writes, an error, a result that
+cannot be recorded, a stale claim, a failed commit), and the claim is released. An
+effect the store cannot undo once it has run (a ``MemoryEffect`` whose function
+returned, a ``LuaEffect`` that wrote) is never followed by a release: if its result
+cannot be recorded, or a Lua script fails after writing, the key is completed with a
+final error (code ``UNRECORDED_RESULT``) that every retry replays.
+
+One call never fails another: a store that groups concurrent calls' operations into one
+transaction or pipeline (SQLite, Redis) answers each operation alone. An operation that
+cannot be applied (an argument the store cannot represent, an effect that raises or does
+not compile, a corrupted record) fails with an error naming that call, and its
+batch-mates complete as if it had not been there. Only a failure of the store itself (a
+lost connection, a failed commit) fails a whole batch, with :class:`StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -29,8 +46,8 @@ from typing import Any, NamedTuple
 
 from gosim import go
 
-from .._errors import ApplicationError
-from .._outcome import encode_error, encode_result
+from .._errors import ApplicationError, InvalidResult
+from .._outcome import encode_error, encode_result, encode_unrecorded
 from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
 
 __all__ = [
@@ -40,6 +57,8 @@ __all__ = [
     "StoreStatistics",
     "StoredRecord",
     "SynchronousStore",
+    "bad_completion",
+    "bad_duration",
     "run_effect",
 ]
 
@@ -87,9 +106,15 @@ def run_effect(
 
     A final :class:`ApplicationError` becomes an error outcome: ``undo()`` is called first
     to roll back what the effect did, since a refusal records the error and nothing else.
-    Anything else it raises (a retryable ApplicationError, a bug) propagates, as does
-    :class:`InvalidResult` for a result that cannot be recorded: the caller rolls back
-    and records nothing.
+    Anything else it raises (a retryable ApplicationError, a bug) propagates: the caller
+    rolls back (``undo``) or, with no ``undo``, relies on the effect's rule that it
+    raises before changing anything; either way it records nothing.
+
+    A result that cannot be recorded: with ``undo`` (the store can roll the effect back)
+    :class:`InvalidResult` propagates and the caller rolls back and records nothing.
+    Without ``undo`` the effect has happened for good, so the key must not be released
+    (a retry would apply it again): the final ``UNRECORDED_RESULT`` error is returned to
+    be recorded instead.
     """
     try:
         value = fn()
@@ -99,7 +124,37 @@ def run_effect(
         if undo is not None:
             undo()
         return False, encode_error(err, max_bytes)
-    return True, encode_result(value, max_bytes)
+    try:
+        return True, encode_result(value, max_bytes)
+    except InvalidResult as exc:
+        if undo is not None:
+            raise
+        return False, encode_unrecorded(str(exc))
+
+
+def bad_duration(
+    store: object, what: str, caller: str, key: str, name: str, seconds: object
+) -> ValueError | None:
+    """The error for a lease or TTL a store cannot apply (not a positive number of
+    seconds; ``math.inf`` is one: never expires), naming the call; None when it is
+    good. Checked before the operation joins a batch, so it fails alone."""
+    if (type(seconds) is float or type(seconds) is int) and seconds > 0:  # NaN is not
+        return None
+    return ValueError(
+        f"{store!r}: {what} of caller {caller!r}, key {key!r}: {name} must be a positive"
+        f" number of seconds (math.inf: never), not {seconds!r}"
+    )
+
+
+def bad_completion(store: object, caller: str, key: str, c: Completion) -> Exception | None:
+    """The error for a completion a store cannot record (a bad TTL, an outcome that is
+    not bytes where no effect makes one), naming the call; None when it is good."""
+    if c.effect is None and type(c.payload) is not bytes:
+        return TypeError(
+            f"{store!r}: completion of caller {caller!r}, key {key!r}: the payload must be"
+            f" bytes when there is no effect, not {type(c.payload).__name__}"
+        )
+    return bad_duration(store, "completion", caller, key, "ttl", c.ttl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +204,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def release(self, caller: str, key: str, fence: int) -> bool:
         """Delete the record when ``fence`` is its live claim; False (and no change) else."""
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        """Extend the live claim ``fence`` to ``lease`` seconds from now (a later deadline
+        is kept); return the renewed record. Raises StaleClaim and changes nothing
+        unless ``fence`` is the live claim. ``Idempotency`` calls it while a handler
+        runs (the holder's keep-alive). A store that cannot renew raises
+        NotImplementedError (this default): its leases then bound every handler."""
+        raise NotImplementedError(f"{type(self).__name__} cannot renew a claim")
 
     @abc.abstractmethod
     async def get(self, caller: str, key: str) -> Record | None:

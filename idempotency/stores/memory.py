@@ -17,7 +17,7 @@ from gosim.lowlevel import state as gosim_state
 
 from .._accel import speedups as _speedups
 from .._errors import InProgress, StaleClaim
-from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, state_at
+from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, renew, state_at
 from ._contract import (
     Completion,
     Effect,
@@ -38,7 +38,11 @@ class MemoryEffect(Effect):
     ``fn()`` returns the call's result (or raises a final ApplicationError to record a
     refusal). No other goroutine runs between it and the record's completion, and a stale
     claim's effect does not run at all. The store cannot roll back Python objects: ``fn``
-    must check before it changes anything, so that raising leaves nothing half done.
+    must check before it changes anything, so that raising leaves nothing half done (the
+    claim is then released, or the refusal recorded). Once ``fn`` has returned, its
+    changes stand: a result that cannot be recorded completes the key with the final
+    ``UNRECORDED_RESULT`` error instead of releasing it, so a retry does not apply the
+    effect again.
     """
 
     __slots__ = ("fn",)
@@ -159,6 +163,13 @@ class MemoryStore(SynchronousStore):
             return False
         del self._records[rk]
         return True
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        self._table.operations += 1
+        rk = (caller, key)
+        rec = renew(self._records.get(rk), fence, self._table.clock(), lease, caller, key)
+        self._records[rk] = rec
+        return rec
 
     async def get(self, caller: str, key: str) -> Record | None:
         self._table.operations += 1

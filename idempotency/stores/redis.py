@@ -38,12 +38,18 @@ Exactly-once effects: a handler returns ``LuaEffect(script, keys, args)``. The s
 body runs inside the completion's script after the fence check, with its own ``KEYS``
 and ``ARGV``, and returns the call's result (encoded with ``cmsgpack``). It may call
 ``idempotency_fail(code, message, data)`` to refuse: the refusal is recorded. Redis
-cannot roll a script back: the body must check everything before its first write, so
-that a refusal or an error leaves nothing written.
+cannot roll a script back, so the body should check everything before its first
+write: a script that fails before writing releases the key (a retry runs it again),
+and one that has written is recorded whatever follows (its error, or a result over
+the limit, becomes the final ``UNRECORDED_RESULT`` error), so it is never applied twice.
+
+Leases and TTLs of ``math.inf`` (or longer than about 3,000 years) never expire: the
+record keeps the expiry ``NEVER`` and no Redis TTL.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -58,7 +64,15 @@ from .._errors import CorruptedRecord, InProgress, InvalidResult, StaleClaim, St
 from .._keys import FINGERPRINT_SIZE
 from .._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
 from ._batch import GroupCommitter, Op, raise_when_awaited
-from ._contract import Completion, Effect, Store, StoredRecord, StoreStatistics
+from ._contract import (
+    Completion,
+    Effect,
+    Store,
+    StoredRecord,
+    StoreStatistics,
+    bad_completion,
+    bad_duration,
+)
 
 __all__ = ["LuaEffect", "RedisStore"]
 
@@ -77,6 +91,18 @@ if not now then
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local fence_key = KEYS[1]
+-- The expiry of a record that never expires (a lease or TTL of math.inf, or one past
+-- it): fourteen digits, which Lua's number-to-string conversion keeps exact.
+local NEVER = 99999999999999
+
+-- The expiry `d` ms from now; then k's Redis TTL to match it (none for NEVER).
+local function expiry(d)
+    if now + d >= NEVER then return NEVER end
+    return now + d
+end
+local function expire(k, d, x)
+    if x == NEVER then redis.call('PERSIST', k) else redis.call('PEXPIRE', k, d) end
+end
 
 -- k's record: {rec = HMGET fields, s, x, live}, or nil and the corruption reply.
 local function load(k)
@@ -103,11 +129,11 @@ local function claim(k, fp, lease)
     if bad then return bad end
     if not r.live then
         local fence = redis.call('INCR', fence_key)
-        local expires = now + lease
         -- A lapsed record's fields go first; a new key has none (and skips the call).
         if r.rec[1] then redis.call('DEL', k) end
+        local expires = expiry(lease)
         redis.call('HSET', k, 's', 1, 'fp', fp, 'f', fence, 'x', expires)
-        redis.call('PEXPIRE', k, lease)
+        expire(k, lease, expires)
         return {0, fence, expires}
     end
     local rec = r.rec
@@ -123,10 +149,23 @@ local function complete(k, fence, ttl, ok, payload, echo)
     if bad then return bad end
     local st = stale(r, fence)
     if st then return st end
-    local expires = now + ttl
+    local expires = expiry(ttl)
     redis.call('HSET', k, 's', 2, 'x', expires, 'ok', ok, 'p', payload)
-    redis.call('PEXPIRE', k, ttl)
+    expire(k, ttl, expires)
     return {0, expires, tonumber(ok), echo and payload or false, r.rec[2]}
+end
+
+-- _record.renew: the live claim's lease runs `lease` ms from now (never shortened).
+local function renew(k, fence, lease)
+    local r, bad = load(k)
+    if bad then return bad end
+    local st = stale(r, fence)
+    if st then return st end
+    local expires = expiry(lease)
+    if expires <= r.x then return {0, r.x, r.rec[2]} end
+    redis.call('HSET', k, 'x', expires)
+    expire(k, lease, expires)
+    return {0, expires, r.rec[2]}
 end
 
 -- _record.release.
@@ -170,6 +209,9 @@ for i = 2, #KEYS do
     elseif kind == 2 then
         ok, res = pcall(release, k, spec[a + 1])
         a = a + 2
+    elseif kind == 4 then
+        ok, res = pcall(renew, k, spec[a + 1], spec[a + 2])
+        a = a + 3
     else
         ok, res = pcall(get, k)
         a = a + 1
@@ -184,9 +226,22 @@ return out
 """
 )
 
+# Commands that only read: an effect that has called nothing else has written nothing.
+_READ_ONLY: Final = (
+    "GET", "MGET", "STRLEN", "GETRANGE", "EXISTS", "TYPE", "TTL", "PTTL", "HGET", "HMGET",
+    "HGETALL", "HEXISTS", "HLEN", "HKEYS", "HVALS", "HSTRLEN", "LLEN", "LRANGE", "LINDEX",
+    "SCARD", "SISMEMBER", "SMISMEMBER", "SMEMBERS", "ZCARD", "ZSCORE", "ZMSCORE", "ZRANGE",
+    "ZRANGEBYSCORE", "ZREVRANGE", "ZRANK", "ZREVRANK", "ZCOUNT", "TIME",
+)  # fmt: skip
+
 # A completion with an effect: KEYS = fence, record, the effect's KEYS...; ARGV = now,
 # fence, ttl ms, max payload bytes, the effect's ARGV... The body is spliced in below;
-# it runs only after the fence check, and its result is recorded by `complete`.
+# it runs only after the fence check, and its result is recorded by `complete`. The
+# body's ``redis`` is a stand-in that notes whether it wrote (a command not in
+# _READ_ONLY that succeeded): Redis cannot undo a script, so once the body has written,
+# the key is completed whatever happens next (its error, or a result too large to
+# record, becomes the final UNRECORDED_RESULT error): a retry replays it, and the
+# effect is never applied twice. An effect that failed before writing releases the key.
 _EFFECT_HEAD: Final = (
     _LIB
     + """
@@ -200,6 +255,23 @@ end
 local effect_keys, effect_argv = {}, {}
 for i = 3, #KEYS do effect_keys[i - 2] = KEYS[i] end
 for i = 5, #ARGV do effect_argv[i - 4] = ARGV[i] end
+local wrote, reads, real_redis = false, {"""
+    + ", ".join(f"{name}=true" for name in _READ_ONLY)
+    + """}, redis
+local function noting(fn, answered)
+    return function(cmd, ...)
+        local res = fn(cmd, ...)
+        if answered(res) and not (type(cmd) == 'string' and reads[string.upper(cmd)]) then
+            wrote = true
+        end
+        return res
+    end
+end
+local redis = setmetatable({
+    call = noting(real_redis.call, function(res) return true end),
+    pcall = noting(real_redis.pcall, function(res)
+        return not (type(res) == 'table' and res.err) end),
+}, {__index = real_redis})
 local function effect(KEYS, ARGV)
 """
 )
@@ -213,9 +285,17 @@ elseif type(res) == 'table' and res.idempotency_fail then
     okflag, payload = 0, cmsgpack.pack({res.code, res.message, res.data})
 else
     if type(res) == 'table' and res.err then res = res.err end
-    return redis.error_reply('LuaEffect failed: ' .. tostring(res))
+    if not wrote then return real_redis.error_reply('LuaEffect failed: ' .. tostring(res)) end
+    okflag, payload = 0, cmsgpack.pack({13, string.sub('the effect was applied but its'
+        .. ' result cannot be recorded: LuaEffect failed after writing: '
+        .. tostring(res), 1, 512)})
 end
-if #payload > tonumber(ARGV[4]) then return {-2, #payload} end
+if #payload > tonumber(ARGV[4]) then
+    if not wrote then return {-2, #payload} end
+    okflag, payload = 0, cmsgpack.pack({13, 'the effect was applied but its result cannot'
+        .. ' be recorded: result encodes to ' .. #payload .. ' bytes; the limit is '
+        .. ARGV[4]})
+end
 return complete(KEYS[2], tonumber(ARGV[2]), tonumber(ARGV[3]), okflag, payload, true)
 """
 
@@ -263,6 +343,9 @@ _COMPLETE: Final = 1
 _RELEASE: Final = 2
 _GET: Final = 3
 _EFFECT: Final = 4
+_RENEW: Final = 5  # the batch script's kind 4
+_NEVER_MS: Final = 99_999_999_999_999  # the scripts' NEVER: an expiry that never comes
+_OP_NAMES: Final = ("claim", "completion", "release", "read", "completion", "renewal")
 _KINDS: Final = (ClaimKind.CLAIMED, ClaimKind.REPLAY, ClaimKind.BUSY, ClaimKind.MISMATCH)
 _STALE_WHY: Final = {
     b"gone": "the record is gone (released or swept)",
@@ -271,10 +354,37 @@ _STALE_WHY: Final = {
 }
 
 
+def _ms(seconds: float) -> int:
+    """A lease or TTL in the scripts' milliseconds: at least 1, and _NEVER_MS for
+    ``math.inf`` or anything as long (the record then never expires)."""
+    ms = seconds * 1000
+    return _NEVER_MS if ms >= _NEVER_MS else max(1, round(ms))
+
+
+def _seconds(ms: int) -> float:
+    """A record's expiry from the scripts' milliseconds (NEVER is ``math.inf``)."""
+    return math.inf if ms >= _NEVER_MS else ms / 1000
+
+
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of ``n`` items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
 class LuaEffect(Effect):
     """An effect committed with its record: the Lua ``script`` body runs inside the
     script that completes the record, with ``KEYS = keys`` and ``ARGV = args``, and
-    returns the call's result (see the module docstring for the rules)."""
+    returns the call's result (see the module docstring for the rules).
+
+    Once the script has written (called a command that is not a read, and it
+    succeeded), its writes stand: if it then fails, or its result cannot be recorded,
+    the key is completed with the final ``UNRECORDED_RESULT`` error, which every retry
+    replays. A script that fails before writing, or does not compile, releases the key
+    and fails its own call only."""
 
     __slots__ = ("args", "keys", "script")
 
@@ -330,11 +440,15 @@ class RedisStore(Store):
     def claim(
         self, caller: str, key: str, fingerprint: bytes, lease: float
     ) -> Coroutine[Any, Any, ClaimResult]:
+        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+            return raise_when_awaited(bad)
         return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
 
     def complete(
         self, caller: str, key: str, fence: int, completion: Completion
     ) -> Coroutine[Any, Any, Record]:
+        if (bad := bad_completion(self, caller, key, completion)) is not None:
+            return raise_when_awaited(bad)
         effect = completion.effect
         if effect is not None:
             if not isinstance(effect, LuaEffect):
@@ -346,6 +460,11 @@ class RedisStore(Store):
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
         return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
+            raise bad
+        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
 
     async def get(self, caller: str, key: str) -> Record | None:
         return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
@@ -381,49 +500,88 @@ class RedisStore(Store):
                 self._shas[source] = sha
         return sha
 
-    def _batch_args(self, op: Op, keys: list[Any], args: list[Any]) -> None:
-        """Append ``op``'s record key and ``kind, arguments`` for the batch script."""
+    def _batch_args(self, op: Op) -> tuple[str, int, bytes]:
+        """``op``'s record key, and its ``kind, arguments`` for the batch script: how many
+        items, and their msgpack encoding (each op's own, so that one the script cannot
+        be sent fails alone)."""
         kind = op.kind
-        keys.append(self.record_key(op.args[0], op.args[1]))
+        rkey = self.record_key(op.args[0], op.args[1])
+        items: tuple[Any, ...]
         if kind == _CLAIM:
-            args += (0, op.args[2], max(1, round(op.args[3] * 1000)))
+            items = (0, op.args[2], _ms(op.args[3]))
         elif kind == _COMPLETE:
             c = op.args[3]
-            args += (1, op.args[2], max(1, round(c.ttl * 1000)), int(c.ok), c.payload)
+            items = (1, op.args[2], _ms(c.ttl), int(c.ok), c.payload)
         elif kind == _RELEASE:
-            args += (2, op.args[2])
+            items = (2, op.args[2])
+        elif kind == _RENEW:
+            items = (4, op.args[2], _ms(op.args[3]))
         else:
-            args.append(3)
+            items = (3,)
+        return rkey, len(items), _packb(items)[1:]  # less the array's one-byte header
 
     def _effect_command(self, op: Op, now: str) -> tuple[str, list[Any]]:
         caller, key, fence, c = op.args
         eff: LuaEffect = c.effect
         keys = [self._fence_key, self.record_key(caller, key), *eff.keys]
-        ttl = max(1, round(c.ttl * 1000))
         source = _EFFECT_HEAD + eff.script + _EFFECT_TAIL
-        return source, [len(keys), *keys, now, fence, ttl, c.max_result_bytes, *eff.args]
+        return source, [len(keys), *keys, now, fence, _ms(c.ttl), c.max_result_bytes, *eff.args]
+
+    def _bad_call(self, op: Op, exc: Exception) -> Exception:
+        """The error of an operation that cannot be sent, naming its call."""
+        what = _OP_NAMES[op.kind] if 0 <= op.kind < len(_OP_NAMES) else f"operation {op.kind}"
+        caller, key = op.args[0], op.args[1]
+        err = TypeError(
+            f"{self._name}: {what} of caller {caller!r}, key {key!r} cannot be sent:"
+            f" {type(exc).__name__}: {exc}"
+        )
+        err.__cause__ = exc
+        return err
 
     def _apply_batch(self, ops: list[Op]) -> None:
         now = self._now_arg()
         # Commands of the pipeline: (script, numkeys + keys + args, the ops it serves).
         todo: list[tuple[str, list[Any], list[Op]]] = []
-        plain = [op for op in ops if op.kind != _EFFECT]
-        if plain:
-            keys: list[Any] = [self._fence_key]
-            args: list[Any] = []
-            for op in plain:
-                self._batch_args(op, keys, args)
-            todo.append((_BATCH_LUA, [len(keys), *keys, now, _packb(args)], plain))
+        plain: list[Op] = []
+        keys: list[Any] = [self._fence_key]
+        chunks: list[bytes] = []
+        items = 0
         for op in ops:
-            if op.kind == _EFFECT:
-                source, argv = self._effect_command(op, now)
-                todo.append((source, argv, [op]))
+            # An operation whose arguments cannot be encoded fails alone.
+            try:
+                if op.kind == _EFFECT:
+                    source, argv = self._effect_command(op, now)
+                    todo.append((source, argv, [op]))
+                    continue
+                rkey, n, chunk = self._batch_args(op)
+            except Exception as exc:
+                op.error = self._bad_call(op, exc)
+                continue
+            plain.append(op)
+            keys.append(rkey)
+            chunks.append(chunk)
+            items += n
+        if plain:
+            spec = _array_header(items) + b"".join(chunks)
+            todo.insert(0, (_BATCH_LUA, [len(keys), *keys, now, spec], plain))
         for attempt in range(2):
             try:
                 pipe = self.client.pipeline(transaction=False)
-                for source, argv, _ in todo:
-                    pipe.evalsha(self._sha(source), *argv)
-                replies = pipe.execute(raise_on_error=False)
+                sent = []
+                for command in todo:
+                    try:
+                        sha = self._sha(command[0])
+                    except redis_py.exceptions.ResponseError as exc:
+                        if "compiling" not in str(exc):
+                            raise
+                        # An effect's script that does not compile: its call alone.
+                        for op in command[2]:
+                            op.error = RuntimeError(f"LuaEffect does not compile: {exc}")
+                        continue
+                    pipe.evalsha(sha, *command[1])
+                    sent.append(command)
+                todo = sent
+                replies = pipe.execute(raise_on_error=False) if todo else []
             except redis_py.RedisError as exc:
                 err = StoreUnavailable(f"{self._name}: {type(exc).__name__}: {exc}")
                 for _, _, served in todo:
@@ -480,7 +638,7 @@ class RedisStore(Store):
         caller, key = op.args[0], op.args[1]
         if kind == _CLAIM:
             fp = op.args[2]
-            fence, x = reply[1], reply[2] / 1000
+            fence, x = reply[1], _seconds(reply[2])
             if code == 0:
                 return ClaimResult(ClaimKind.CLAIMED, Record(IN_PROGRESS, fp, fence, x))
             if code == 1:
@@ -504,9 +662,15 @@ class RedisStore(Store):
                 limit = op.args[3].max_result_bytes
                 raise InvalidResult(f"result encodes to {reply[1]} bytes; the limit is {limit}")
             payload = reply[3] if kind == _EFFECT else op.args[3].payload
-            return Record(COMPLETED, reply[4], fence, reply[1] / 1000, bool(reply[2]), payload)
+            return Record(COMPLETED, reply[4], fence, _seconds(reply[1]), bool(reply[2]), payload)
         if kind == _RELEASE:
             return code == 0
+        if kind == _RENEW:
+            fence = op.args[2]
+            if code == -1:
+                why = _STALE_WHY.get(reply[1]) or f"taken over by claim {reply[2]}"
+                raise StaleClaim(caller, key, fence, why)
+            return Record(IN_PROGRESS, reply[2], fence, _seconds(reply[1]))
         # _GET
         if code == 0:
             return None
@@ -514,8 +678,8 @@ class RedisStore(Store):
         if s == COMPLETED:
             if type(payload) is not bytes:
                 raise self._corrupt(op, "completed without a payload")
-            return Record(COMPLETED, fp, fence, x / 1000, bool(ok), payload)
-        return Record(IN_PROGRESS, fp, fence, x / 1000)
+            return Record(COMPLETED, fp, fence, _seconds(x), bool(ok), payload)
+        return Record(IN_PROGRESS, fp, fence, _seconds(x))
 
     def _sweep(self) -> int:
         now = self._now_arg()

@@ -26,8 +26,9 @@ effects, releases, reads -- go through one :class:`~._batch.GroupCommitter`: tho
 arrive while a batch is being written are applied together in the next transaction, and
 one fsync makes them all durable. Replies are released only after that commit returns.
 
-Within a batch, an operation's failure is its own: a stale completion or a corrupted row
-writes nothing, and an operation that runs user code (an effect, :meth:`transact`) runs
+Within a batch, an operation's failure is its own: a stale completion, a corrupted row or
+an argument the table cannot hold (refused before it joins the batch) writes nothing and
+fails that call alone, and an operation that runs user code (an effect, :meth:`transact`) runs
 inside its own ``SAVEPOINT``, so an exception rolls back only that operation. (An
 ``atomic`` effect runs without one; should it fail after writing, the batch is rolled
 back and applied again with savepoints: see :class:`SQLiteEffect`.) Only a
@@ -74,6 +75,7 @@ from .._record import (
     claim,
     complete,
     release,
+    renew,
     state_at,
 )
 from ._batch import GroupCommitter, Op, raise_when_awaited
@@ -83,6 +85,8 @@ from ._contract import (
     OneStepStore,
     StoredRecord,
     StoreStatistics,
+    bad_completion,
+    bad_duration,
     run_effect,
 )
 
@@ -95,7 +99,8 @@ _GET: Final = 3
 _SWEEP: Final = 4
 _TRANSACT: Final = 5
 _CLAIM_COMPLETE: Final = 6  # claim_and_complete: a claim and its effect in one step
-_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE})  # one record
+_RENEW: Final = 7
+_KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -155,11 +160,13 @@ _SKIP_TO_CEILING: Final = (
     " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')) WHERE name = 'fence'"
 )
 FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
-_LIGHT: Final = frozenset({_CLAIM, _GET})  # batches of these only commit without fsync
+# Batches of these only commit without fsync (a renewal, like a claim, answers no one).
+_LIGHT: Final = frozenset({_CLAIM, _GET, _RENEW})
 # What _apply did with a batch (compared by identity).
 _APPLIED: Final = "applied"
 _NEEDS_DURABLE: Final = "rolled back: needs tokens past the ceiling"
 _NEEDS_CAREFUL: Final = "rolled back: an atomic effect failed after writing"
+_NEEDS_ALONE: Final = "rolled back: one operation failed the batch's transaction"
 
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 # Errors meaning the file itself is damaged, not that it is busy or unreachable.
@@ -277,11 +284,15 @@ class SQLiteStore(OneStepStore):
     def claim(
         self, caller: str, key: str, fingerprint: bytes, lease: float
     ) -> Coroutine[Any, Any, ClaimResult]:
+        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+            return raise_when_awaited(bad)
         return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
 
     def complete(
         self, caller: str, key: str, fence: int, completion: Completion
     ) -> Coroutine[Any, Any, Record]:
+        if (bad := bad_completion(self, caller, key, completion)) is not None:
+            return raise_when_awaited(bad)
         effect = completion.effect
         if effect is not None and not isinstance(effect, SQLiteEffect):
             return raise_when_awaited(
@@ -298,6 +309,9 @@ class SQLiteStore(OneStepStore):
         call: Any,
         completion: Completion,
     ) -> Coroutine[Any, Any, ClaimResult | Record]:
+        bad = _bad_step(self, caller, key, lease, completion)
+        if bad is not None:
+            return raise_when_awaited(bad)
         effect = completion.effect
         if effect is not None and not isinstance(effect, SQLiteEffect):
             return raise_when_awaited(
@@ -317,6 +331,10 @@ class SQLiteStore(OneStepStore):
         completion: Completion,
         done: Callable[[ClaimResult | Record | None, BaseException | None], None],
     ) -> None:
+        bad = _bad_step(self, caller, key, lease, completion)
+        if bad is not None:
+            done(None, bad)
+            return
         effect = completion.effect
         if effect is not None and not isinstance(effect, SQLiteEffect):
             done(None, TypeError(f"SQLiteStore cannot run a {type(effect).__name__}"))
@@ -327,6 +345,11 @@ class SQLiteStore(OneStepStore):
 
     async def release(self, caller: str, key: str, fence: int) -> bool:
         return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
+            raise bad
+        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
 
     async def get(self, caller: str, key: str) -> Record | None:
         return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
@@ -428,6 +451,13 @@ class SQLiteStore(OneStepStore):
             # twice: a light batch has no effects, and a careful one is never redone.
             for op in ops:
                 op.result = op.error = None
+            if outcome is _NEEDS_ALONE:
+                # Something in the batch failed its commit (a constraint an effect broke
+                # that SQLite checks at COMMIT, a row the table refuses): each operation
+                # again in a transaction of its own, so that only the bad one fails.
+                for op in ops:
+                    self._apply_batch([op])
+                return
             if outcome is _NEEDS_DURABLE:
                 durable = True
             else:
@@ -438,7 +468,9 @@ class SQLiteStore(OneStepStore):
 
         Returns ``_APPLIED``; or, rolled back with nothing applied, ``_NEEDS_DURABLE``
         when a light batch needs tokens past the ceiling, ``_NEEDS_CAREFUL`` when an
-        atomic effect failed after writing (``careful``: every effect in a savepoint).
+        atomic effect failed after writing (``careful``: every effect in a savepoint),
+        ``_NEEDS_ALONE`` when a batch of several failed in a way one operation may have
+        caused (a constraint, a bug) rather than the store (busy, I/O).
 
         Records are read up front into a working set, every operation is decided by the
         pure functions of ``_record`` against it, and the changed records are written
@@ -532,12 +564,23 @@ class SQLiteStore(OneStepStore):
                     elif kind == _GET:
                         rec = _current(ws, (op.args[0], op.args[1]))
                         op.result = rec if state_at(rec, now) else None
+                    elif kind == _RENEW:
+                        caller, key, f, lease = op.args
+                        rk = (caller, key)
+                        done = renew(_current(ws, rk), f, now, lease, caller, key)
+                        ws[rk] = dirty[rk] = done
+                        op.result = done
                     elif kind == _SWEEP:
                         self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
                     else:
                         self._transact(conn, op)
-                except (IdempotencyError, ApplicationError) as exc:
+                except (_RedoCarefully, sqlite3.Error):
+                    raise  # the batch's, not this operation's
+                except Exception as exc:
+                    # This operation's alone (a stale claim, a corrupted row, an
+                    # argument a store caller got wrong): it changed nothing of the
+                    # working set, and its batch-mates go on.
                     op.error = exc
             self._flush(conn, dirty)
             if self._sweep_every > 0:
@@ -561,6 +604,17 @@ class SQLiteStore(OneStepStore):
             except sqlite3.Error:
                 pass  # the redo's BEGIN fails then, and says why to every operation
             return _NEEDS_CAREFUL
+        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
+            # A statement refused what an operation gave it: that operation's, not the
+            # store's. Nothing of the batch is committed; alone, it fails by itself.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if len(ops) > 1:
+                return _NEEDS_ALONE
+            ops[0].result = None
+            ops[0].error = exc
         except sqlite3.Error as exc:
             # The transaction as a whole failed: nothing of it is committed.
             try:
@@ -571,6 +625,27 @@ class SQLiteStore(OneStepStore):
             for op in ops:
                 op.result = None
                 op.error = err
+        except Exception as exc:
+            # Not an operation's own error (those are caught above): an argument that
+            # broke the batch's shared code. Alone, the operation fails by itself.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if len(ops) > 1:
+                return _NEEDS_ALONE
+            ops[0].result = None
+            ops[0].error = exc
+        except BaseException:
+            # An interrupt raised in an effect: nothing of the batch may stay in an
+            # open transaction, where the next batch's commit would take it.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            for op in ops:
+                op.result = None
+            raise
         return _APPLIED
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
@@ -741,6 +816,14 @@ class SQLiteStore(OneStepStore):
             return StoredRecord(caller, key, self._decode(row, caller, key), None, now)
         except CorruptedRecord as exc:
             return StoredRecord(caller, key, None, str(exc), now)
+
+
+def _bad_step(
+    store: SQLiteStore, caller: str, key: str, lease: float, completion: Completion
+) -> Exception | None:
+    """claim_and_complete's arguments the table cannot hold, named (else None)."""
+    bad = bad_duration(store, "claim", caller, key, "lease", lease)
+    return bad or bad_completion(store, caller, key, completion)
 
 
 # Parameters are given as types sqlite3 binds without adapting (see _UPSERT_IN_PROGRESS):

@@ -134,7 +134,8 @@ class StoreKit:
     ``counter_effect(name, amount)``: an Effect that adds ``amount`` to the counter
     ``name`` in the store's own data and returns the new value; with ``amount < 0`` it
     refuses with a final ApplicationError (after writing, where the store can roll back).
-    ``boom_effect(name)``: writes, then fails with a plain exception. ``read(name)``
+    ``boom_effect(name)``: fails with a plain exception, after writing where the store
+    can roll back (SQLite), before it where it cannot (memory, Redis). ``read(name)``
     reads the counter outside any call.
     """
 
@@ -243,8 +244,11 @@ if amount < 0 then
 end
 return redis.call('INCRBY', KEYS[1], amount)
 """
+# Reads, then fails before its first write: Redis cannot undo a script, so a LuaEffect
+# that fails releases its key only when it wrote nothing (test_effects_once.py has the
+# scripts that fail after writing).
 REDIS_BOOM = """
-redis.call('INCRBY', KEYS[1], 1000)
+redis.call('GET', KEYS[1])
 return redis.call('NOSUCHCOMMAND')
 """
 

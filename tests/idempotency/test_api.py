@@ -158,13 +158,21 @@ def test_the_handler_gets_the_call() -> None:
     grun(main)
 
 
-def _lease_story() -> list[Any]:
-    """A holder that outlives its lease, in virtual time: a waiter takes the key over,
-    and the old holder's completion is refused."""
+class _CutOffStore(MemoryStore):
+    """A MemoryStore whose renewals fail as if the store could not be reached: what a
+    holder cut off from its store (or a dead one, which sends none) looks like."""
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Any:
+        raise StoreUnavailable("cut off")
+
+
+def _lease_story(store: MemoryStore) -> list[Any]:
+    """A holder that runs two hours under a one-hour lease, in virtual time, and a
+    duplicate that arrives a second after it started."""
     events: list[Any] = []
 
     async def main() -> None:
-        idem = Idempotency(MemoryStore(), lease=3600.0, ttl=86400.0)
+        idem = Idempotency(store, lease=3600.0, ttl=86400.0)
         done: gosim.Chan[None] = gosim.Chan(2)
 
         async def sleepy(call: Call) -> str:
@@ -174,7 +182,8 @@ def _lease_story() -> list[Any]:
 
         async def holder() -> None:
             try:
-                await idem.run(caller="c", key="k", request=("op", []), handler=sleepy)
+                out = await idem.run(caller="c", key="k", request=("op", []), handler=sleepy)
+                events.append(("holder", out.value, out.replayed, gosim.now()))
             except StaleClaim as exc:
                 events.append(("stale", exc.fence, gosim.now()))
             await done.send(None)
@@ -198,8 +207,21 @@ def _lease_story() -> list[Any]:
     return events
 
 
-def test_memory_store_leases_run_on_virtual_time() -> None:
-    events = _lease_story()
+def test_a_slow_holder_keeps_its_key_and_runs_once() -> None:
+    """The holder renews its claim while its handler runs: the duplicate waits the two
+    hours and gets the holder's outcome; the handler ran once."""
+    events = _lease_story(MemoryStore())
+    assert [e[1] for e in events if e[0] == "start"] == [1]
+    outcome = next(e for e in events if e[0] == "outcome")
+    assert outcome[1:3] == ("late", True) and outcome[3] == pytest.approx(7200.0, abs=1.0)
+    assert next(e for e in events if e[0] == "holder")[1:3] == ("late", False)
+    assert _lease_story(MemoryStore()) == events  # the same seed tells the same story
+
+
+def test_a_holder_cut_off_from_the_store_loses_its_key_after_a_lease() -> None:
+    """Renewals that fail (a dead or cut-off holder): the duplicate takes the key over
+    as the lease lapses, and the old holder's completion is refused by its fence."""
+    events = _lease_story(_CutOffStore())
     starts = [e for e in events if e[0] == "start"]
     assert [s[1] for s in starts] == [1, 2]
     assert 3600.0 <= starts[1][2] < 3601.0  # taken over as the lease lapsed, not later
@@ -207,7 +229,7 @@ def test_memory_store_leases_run_on_virtual_time() -> None:
     assert outcome[1:3] == ("new", False)
     stale = next(e for e in events if e[0] == "stale")
     assert stale[1] == 1 and stale[2] == pytest.approx(7200.0)
-    assert _lease_story() == events  # the same seed tells the same story
+    assert _lease_story(_CutOffStore()) == events
 
 
 def test_a_synchronous_store_must_have_both_plain_calls() -> None:

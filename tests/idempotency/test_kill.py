@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import gosim
-from idempotency import Call, Idempotency, SQLiteEffect, SQLiteStore
+from idempotency import Call, Idempotency, InProgress, SQLiteEffect, SQLiteStore
 
 N_KEYS = 400
 WORKERS = 40
@@ -288,3 +288,104 @@ def test_two_processes_share_one_sqlite_file(tmp_path: Path) -> None:
         assert {outputs[0][key][1], outputs[1][key][1]} == {"0", "1"}  # one ran, one replayed
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM applied").fetchone() == (n,)
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    import gosim
+    from idempotency import Idempotency, SQLiteStore
+
+    kind, where, prefix, lease = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    if kind == "sqlite":
+        store = SQLiteStore(where)
+    else:
+        from idempotency import RedisStore
+        store = RedisStore(where, prefix=prefix)
+
+    async def forever(call):
+        print("holding", call.fence, flush=True)
+        await gosim.sleep(3600)  # far past its lease: only its keep-alive holds the key
+        return "never"
+
+    async def main():
+        idem = Idempotency(store, lease=lease)
+        await idem.run(caller="c", key="k", request=("op", []), handler=forever)
+
+    gosim.run(main)
+    """
+)
+HOLD_LEASE = 2.5  # the child renews every lease/4; a renewal may come half a lease late
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_live_holder_keeps_its_key_past_the_lease_and_a_killed_one_loses_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A child process holds a key with a handler that runs for an hour. Two leases
+    later the key is still held (the child renews it): a duplicate is refused with
+    InProgress and does not run. After SIGKILL of the child, the duplicate waits and
+    takes the key over once the lease lapses, with a higher fencing token."""
+    if kind == "sqlite":
+        where, prefix = str(tmp_path / "hold.db"), ""
+        SQLiteStore(where).close()
+    else:
+        pytest.importorskip("redis", reason="needs redis-py")
+        where, prefix = request.getfixturevalue("redis_server").url, f"hold{os.getpid()}:"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, kind, where, prefix, str(HOLD_LEASE)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()  # blocks until the child holds the key
+        assert line.startswith("holding"), line
+        held_fence = int(line.split()[1])
+        time.sleep(2 * HOLD_LEASE)
+
+        def open_store() -> Any:
+            if kind == "sqlite":
+                return SQLiteStore(where)
+            from idempotency import RedisStore  # noqa: PLC0415
+
+            return RedisStore(where, prefix=prefix)
+
+        runs: list[int] = []
+
+        def handler(call: Call) -> str:
+            runs.append(call.fence)
+            return "taken over"
+
+        async def refused() -> None:
+            store = open_store()
+            try:
+                idem = Idempotency(store, lease=HOLD_LEASE)
+                with pytest.raises(InProgress):
+                    await idem.run(
+                        caller="c", key="k", request=("op", []), handler=handler, wait=False
+                    )
+            finally:
+                store.close()
+
+        gosim.run(refused)
+        assert runs == [] and child.poll() is None  # still held by the live child
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        assert child.stdout is not None
+        child.stdout.close()
+
+    async def takeover() -> Any:
+        store = open_store()
+        try:
+            idem = Idempotency(store, lease=HOLD_LEASE)
+            return await idem.run(
+                caller="c", key="k", request=("op", []), handler=handler, timeout=60
+            )
+        finally:
+            store.close()
+
+    out = gosim.run(takeover)
+    assert out.value == "taken over" and not out.replayed
+    assert runs == [out.fence] and out.fence > held_fence

@@ -19,6 +19,7 @@ from idempotency._record import (
     complete,
     next_state,
     release,
+    renew,
     state_at,
 )
 
@@ -82,6 +83,21 @@ def test_holder_checks() -> None:
     with pytest.raises(StaleClaim, match="gone"):
         release(None, 7, 10.0, "c", "k")
     assert release(held, 7, 10.0, "c", "k") == ABSENT
+
+
+def test_renew_moves_the_live_claims_deadline_later_and_refuses_the_rest() -> None:
+    held = Record(IN_PROGRESS, FP, 7, 15.0)
+    assert renew(held, 7, 12.0, 10.0, "c", "k") == Record(IN_PROGRESS, FP, 7, 22.0)
+    assert renew(held, 7, 12.0, 1.0, "c", "k") == held  # never earlier
+    assert renew(held, 7, 12.0, float("inf"), "c", "k").expires_at == float("inf")
+    with pytest.raises(StaleClaim, match="taken over by claim 7"):
+        renew(held, 6, 12.0, 10.0, "c", "k")
+    with pytest.raises(StaleClaim, match="lease lapsed"):
+        renew(held, 7, 15.0, 10.0, "c", "k")
+    with pytest.raises(StaleClaim, match="already completed"):
+        renew(Record(COMPLETED, FP, 7, 99.0, True, b""), 7, 12.0, 10.0, "c", "k")
+    with pytest.raises(StaleClaim, match="gone"):
+        renew(None, 7, 12.0, 10.0, "c", "k")
 
 
 def test_state_at_expiry_boundary() -> None:
