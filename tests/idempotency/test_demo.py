@@ -243,50 +243,13 @@ def test_the_audit_catches_a_doubled_or_unasked_transfer(tmp_path: Path) -> None
 
 
 def test_the_audit_catches_lost_money_and_unknown_outcomes(tmp_path: Path) -> None:
-    db = _ledger(tmp_path, [])
+    db = _ledger(tmp_path, [("c0", "t1", 1, 2, 7)])
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE accounts SET balance = balance - 1 WHERE id = 2")
-    log = _log(tmp_path, [_entry("t0", "unknown")])
+    log = _log(tmp_path, [_entry("t0", "unknown"), _entry("t1", "acked", 1, 2, 7)])
     failed = [name for name, ok, _ in audit(_state(db), 3, log) if not ok]
     assert failed == [
         "balances conserved",
         "nothing applied twice or unasked",
         "every outcome known after reconciliation",
     ]
-
-
-def test_a_server_that_dies_unbidden_ends_the_run_and_fails_a_check(tmp_path: Path) -> None:
-    # Not the demo's own kill -9: something else (here this test, as an OOM killer
-    # would) kills the server. The run ends early, exit status 1, and the report names
-    # the process, its exit status and when, instead of counting reconnects to nothing.
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    cmd = [sys.executable, "-m", "idempotency.demo", "--plain", "--no-faults", "--seconds", "60"]
-    cmd += ["--connections", "20", "--accounts", "10", "--db", str(tmp_path / "ledger.db")]
-    demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        server = None
-        deadline = time.monotonic() + 60  # bounded: the server starts within seconds
-        while server is None and time.monotonic() < deadline:
-            for line in subprocess.run(
-                ["ps", "-o", "pid=,args=", "--ppid", str(demo.pid)],
-                capture_output=True, text=True, check=False,
-            ).stdout.splitlines():  # fmt: skip
-                pid, _, args = line.strip().partition(" ")
-                if "idempotency.demo server" in args:
-                    server = int(pid)
-            time.sleep(0.1)
-        assert server is not None, "the demo started no server process"
-        time.sleep(1.0)  # transfers under way
-        os.kill(server, signal.SIGKILL)  # our demo's own child, by its PID
-        out, err = demo.communicate(timeout=120)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
-    assert demo.returncode == 1, out + err
-    flat = re.sub(r"[│\s]+", " ", out)  # the table's cells wrap their text
-    assert "FAILED: every process ran until stopped" in flat, out
-    assert re.search(r"server0 exited with status -9 at \d+\.\d s \(no audit", flat), out
