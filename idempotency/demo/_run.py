@@ -193,8 +193,8 @@ def _spawn(
 
 def _stop(p: _Proc, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
     """Stop ``p`` (bidden: not a death) and reap it; SIGKILL if ``sig`` is not enough."""
-    p.bidden = True
-    if p.proc.poll() is None:
+    if p.proc.poll() is None:  # one that already ended did so unbidden
+        p.bidden = True
         p.proc.send_signal(sig)
     try:
         p.proc.wait(timeout=timeout)
