@@ -260,6 +260,10 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
 def _where(spec: LedgerSpec, own_redis: bool) -> str:
     if spec.kind == "sqlite":
         return str(spec.path)
@@ -270,7 +274,7 @@ def _where(spec: LedgerSpec, own_redis: bool) -> str:
 def run(opts: Options) -> int:
     """Run the demo; 0 when every check holds, 1 when one fails or could not be made,
     128 + the signal's number after SIGINT or SIGTERM."""
-    console = Console(soft_wrap=True, highlight=False)
+    console = Console(highlight=False)
     live_display = console.is_terminal if opts.live is None else opts.live
     signals = _Signals()
     signals.install()
@@ -316,10 +320,11 @@ def run(opts: Options) -> int:
             console.print(
                 f"interrupted by {sig}{at}: every process stopped; the run is kept in "
                 f"{workdir} (ledger: {_where(spec, redis_server is not None)}); audit it "
-                f"with: python -m idempotency.demo audit {workdir}"
+                f"with: python -m idempotency.demo audit {workdir}",
+                soft_wrap=True,
             )
         else:
-            console.print(f"interrupted by {sig} before the run started")
+            console.print(f"interrupted by {sig} before the run started", soft_wrap=True)
         code = 128 + exc.signum
     finally:
         for p in procs:  # an early exit (an exception) leaves no process behind
@@ -336,16 +341,19 @@ def run(opts: Options) -> int:
         if keep:
             console.print(
                 f"ledger: {where}; the run is kept in {workdir}: audit it again with "
-                f"python -m idempotency.demo audit {workdir}"
+                f"python -m idempotency.demo audit {workdir}",
+                soft_wrap=True,
             )
         elif inside:
             console.print(
-                f"ledger: {where}; removed with the run directory {workdir} (--keep keeps it)"
+                f"ledger: {where}; removed with the run directory {workdir} (--keep keeps it)",
+                soft_wrap=True,
             )
         else:
             console.print(
                 f"ledger: {where}; the run directory {workdir} (the clients' logs) removed "
-                "(--keep keeps it)"
+                "(--keep keeps it)",
+                soft_wrap=True,
             )
     return code
 
@@ -433,7 +441,7 @@ class _Conductor:
 
     def say(self, at: float, what: str) -> None:
         """One line of the run's log, stamped with seconds into the run."""
-        self.console.print(f"{at:6.1f} s  {what}", markup=False)
+        self.console.print(f"{at:6.1f} s  {what}", markup=False, soft_wrap=True)
 
     def progress_line(self) -> str:
         t = self.totals()
@@ -442,7 +450,7 @@ class _Conductor:
         return (
             f"acked {t['acked']:,} ({rate:,.0f}/s), in flight {t['in_flight']}, retries "
             f"{t['retries']}, replays {t['replays']}, reconnects {t['reconnects']}, "
-            f"p50/p99 {t['p50_ms']}/{t['p99_ms']} ms"
+            f"p50/p99 {_ms(t['p50_ms'])}/{_ms(t['p99_ms'])} ms"
         )
 
     def table(self) -> Table:
@@ -465,7 +473,7 @@ class _Conductor:
             str(t["retries"]),
             str(t["replays"]),
             str(t["reconnects"]),
-            f"{t['p50_ms']}/{t['p99_ms']}",
+            f"{_ms(t['p50_ms'])}/{_ms(t['p99_ms'])}",
         )
         return tbl
 
