@@ -27,6 +27,9 @@ from ._proxy import FaultPlan, run_proxy
 from ._run import CHILD_ENV, Options, run
 from ._sim import SimOptions, simulate
 
+#: The shortest heartbeat interval the demo takes (seconds).
+MIN_HEARTBEAT = 0.05
+
 
 class _Parser(argparse.ArgumentParser):
     """An error is one line (not the usage block): what is wrong, and where to look."""
@@ -142,6 +145,11 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     ):
         if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
             p.error(f"{name} must be a number {'>=' if zero else '>'} 0, not {value}")
+    if a.heartbeat < MIN_HEARTBEAT:
+        p.error(
+            f"--heartbeat must be >= {MIN_HEARTBEAT} s, not {a.heartbeat} (every connection "
+            "pings each way every interval: shorter ones leave no time for transfers)"
+        )
     if a.no_faults and a.kills:
         p.error("--kills with --no-faults: --no-faults means no kills")
     if a.redis and a.store != "redis":

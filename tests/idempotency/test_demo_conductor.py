@@ -39,6 +39,7 @@ def _free_port() -> int:
     [
         (["--heartbeat", "0"], "--heartbeat must be a number > 0"),
         (["--heartbeat", "nan"], "--heartbeat must be a number > 0"),
+        (["--heartbeat", "0.001"], "--heartbeat must be >= 0.05 s"),
         (["--kills", "-1"], "--kills must be >= 0"),
         (["--think", "-1"], "--think must be a number >= 0"),
         (["--seconds", "inf"], "--seconds must be a number > 0"),
@@ -285,6 +286,26 @@ def test_an_interrupt_stops_everything_and_says_how_to_audit_the_run(sig: int) -
         assert "every outcome known after reconciliation not checked" in flat, again.stdout
     finally:
         shutil.rmtree(run)
+
+
+@pytest.mark.slow
+def test_a_demo_run_on_a_ledger_that_refuses_everything_fails() -> None:
+    """The issue's case, end to end: the demo's server swapped (through the test hook)
+    for one that refuses every transfer for want of funds."""
+    here = Path(__file__).parent
+    env = {
+        **ENV,
+        "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+        "LEDGER_DEMO_TEST_SERVER_FACTORY": "_broken_ledger:refuse_all",
+    }
+    out = subprocess.run(
+        [*DEMO, "--seconds", "3", *SMALL, "--no-faults"],
+        check=False, capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAILED: the clients ran the workload, refusals the workload explains" in out.stdout
+    assert re.search(r"\d+ issued by 20 of 20 connections, 0 acknowledged", out.stdout), out.stdout
+    shutil.rmtree(_kept_dir(out.stdout))
 
 
 @pytest.mark.slow
