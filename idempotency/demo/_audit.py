@@ -168,8 +168,8 @@ def audit(
             (
                 f"client{client}'s transfers",
                 None,
-                f"its log is missing (the process died): its {mine} applied transfers "
-                "cannot be matched to what it issued or was told",
+                f"its log is missing (it died before writing it): its {mine} applied "
+                "transfers cannot be matched to what it issued or was told",
             )
         )
     unknown = [e for e in issued.values() if e["status"] not in ("acked", "refused")]
@@ -190,8 +190,13 @@ def audit(
                 f"{len(issued)} outcomes unknown",
             )
         )
-    checks.append(_workload(issued, accounts, callers, reconciled))
-    checks.append(_refusals(issued))
+    if not entries and dead:
+        why = "no client's log to check against"
+        checks.append(("the clients ran the workload", None, why))
+        checks.append(("refusals the workload explains", None, why))
+    else:
+        checks.append(_workload(issued, accounts, callers, reconciled))
+        checks.append(_refusals(issued))
     return checks
 
 
@@ -350,7 +355,10 @@ def audit_run(
     checks = audit(state, accounts, entries, callers, unlogged, ending.reconciled)
     if ending.died:
         what = "; ".join(
-            f"{name} exited with status {code} at {at:.1f} s" for name, code, at in ending.died
+            f"{name} exited with status {code} at {at:.1f} s"
+            if code is not None
+            else f"{name} died: how the run ended was never written"
+            for name, code, at in ending.died
         )
         checks.append(("every process ran until stopped", False, what))
     elif ending.interrupted is not None:

@@ -145,6 +145,14 @@ def test_the_audit_checks_the_rest_when_a_clients_log_is_missing() -> None:
     ]
 
 
+def test_with_no_log_at_all_the_workload_checks_are_not_made() -> None:
+    state = LedgerState({0: 995, 1: 1005, 2: 1000}, [("c0-0", "t0", 0, 1, 5)])
+    checks = {n: ok for n, ok, _ in audit(state, 3, [], unlogged=[0])}
+    assert checks["the clients ran the workload"] is None
+    assert checks["refusals the workload explains"] is None
+    assert checks["balances conserved"] is True and checks["client0's transfers"] is None
+
+
 def test_the_audit_catches_an_account_gone_from_the_ledger() -> None:
     state = LedgerState({0: 995, 1: 2005}, [("c0-0", "t0", 0, 1, 5)])
     assert "nothing applied twice or unasked" in _failed(audit(state, 3, [_entry("t0", "acked")]))
