@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
         prog="python -m idempotency.demo",
         description="A ledger of idempotent transfers on long connections, under faults "
         "and a kill -9 of its server; audited at the end (exit 0 when every check holds).",
+        epilog="python -m idempotency.demo audit DIR audits a kept run's directory again.",
     )
     p.add_argument("--connections", type=int, default=200, help="long connections (200)")
     p.add_argument("--clients", type=int, default=2, help="client processes (2)")
@@ -61,7 +62,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=1, help="seeds the fault plan and the kills")
     p.add_argument("--kills", type=int, help="server kill -9s and restarts (1)")
     p.add_argument("--no-faults", action="store_true", help="no fault injector, no kills")
-    p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1)")
+    p.add_argument(
+        "--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1; >= 0.05)"
+    )
     p.add_argument(
         "--think",
         type=float,
