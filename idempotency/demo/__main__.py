@@ -48,7 +48,12 @@ def main(argv: list[str]) -> int:
             "client logs): the run's checks, exit 0 when every one holds.",
         )
         ap.add_argument("dir", type=Path, metavar="DIR")
-        return reaudit(ap.parse_args(argv[1:]).dir)
+        where = ap.parse_args(argv[1:]).dir
+        try:
+            return reaudit(where)
+        except KeyboardInterrupt:
+            print(f"interrupted: {where} is as it was; audit it again", file=sys.stderr)
+            return 130
     p = _Parser(
         prog="python -m idempotency.demo",
         description="A ledger of idempotent transfers on long connections, under faults "
