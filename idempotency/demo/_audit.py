@@ -46,6 +46,7 @@ __all__ = [
     "Check",
     "audit",
     "caller_name",
+    "log_name",
     "read_logs",
     "reaudit",
     "refusal_bound",
@@ -63,6 +64,11 @@ REFUSAL_SLACK = 20
 Check = tuple[str, bool | None, str]
 
 MANIFEST = "run.json"
+
+
+def log_name(client: int) -> str:
+    """The file, in the run's directory, of a client process's log."""
+    return f"client{client}.jsonl"
 
 
 def caller_name(client: int, connection: int) -> str:
@@ -316,7 +322,7 @@ def write_manifest(
         "own_redis": own_redis,
         "accounts": accounts,
         "clients": [
-            {"log": f"client{i}.jsonl", "connections": n} for i, n in enumerate(connections)
+            {"log": log_name(i), "connections": n} for i, n in enumerate(connections)
         ],
         "ending": None if ending is None else {
             "died": ending.died,
@@ -343,7 +349,7 @@ def audit_run(
     unlogged: list[int] = []
     dead = {name for name, _, _ in ending.died}
     for i, n in enumerate(connections):
-        path = workdir / f"client{i}.jsonl"
+        path = workdir / log_name(i)
         try:
             if f"client{i}" in dead:
                 raise FileNotFoundError(path)

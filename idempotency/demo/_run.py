@@ -45,7 +45,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ._audit import Check, Ending, audit, audit_run, read_logs, report_tables, write_manifest
+from ._audit import (
+    Check,
+    Ending,
+    audit,
+    audit_run,
+    log_name,
+    read_logs,
+    report_tables,
+    write_manifest,
+)
 from ._ledger import LedgerSpec, create_ledger, read_ledger
 
 __all__ = ["CHILD_ENV", "Options", "RedisServer", "audit", "read_logs", "report_tables", "run"]
@@ -510,12 +519,10 @@ class _Conductor:
             entry = proxy.addr
         else:
             entry = upstream
-        logs = []
         clients = []
         self.start = time.monotonic()  # the clients start working as soon as each is spawned
         for i, n in enumerate(self.per):
-            log = self.workdir / f"client{i}.jsonl"
-            logs.append(log)
+            log = self.workdir / log_name(i)
             args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
             args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
             args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
