@@ -6,7 +6,8 @@ accounts while the injector drops connections mid-call, loses replies after the 
 committed, duplicates requests and stalls connections past their heartbeats, kills the
 server with SIGKILL and restarts it on the same file, then audits the ledger: balances
 conserved, every acknowledged transfer applied exactly once, nothing applied that no
-client asked for. It exits 0 only when every check holds.
+client asked for, and no more refusals than the workload explains. It exits 0 only when
+every check holds; ``audit DIR`` audits a kept run's directory again.
 
 ``--store redis`` keeps the ledger in Redis (a redis-server started for the run unless
 ``--redis URL``), ``--servers N`` runs N servers on one port (SO_REUSEPORT) sharing it,
@@ -14,6 +15,6 @@ and ``--simulate`` runs the whole system in one process on gosim's simulated net
 virtual time, one seed giving one report byte for byte.
 
 Modules: ``_ledger`` (the service, in SQLite, Redis or memory), ``_proxy`` (the fault
-injector), ``_clients`` (a client process), ``_run`` (the conductor and the audit),
-``_sim`` (the simulated run).
+injector), ``_clients`` (a client process), ``_run`` (the conductor), ``_audit`` (the
+audit), ``_sim`` (the simulated run).
 """

@@ -2,39 +2,74 @@
 
 The subcommands ``server``, ``proxy`` and ``clients`` are the demo's own processes;
 run without one, it conducts them all (or, with ``--simulate``, runs the whole system
-in this process on the simulated network).
+in this process on the simulated network). ``audit DIR`` audits the ledger a run left
+in DIR (kept with ``--keep``, or after a failure or an interrupt).
+
+Every option is checked before anything starts: a bad one ends the command with one
+line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import math
+import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from ._audit import reaudit
 from ._clients import run_clients
 from ._ledger import LedgerSpec, serve
 from ._proxy import FaultPlan, run_proxy
-from ._run import Options, run
+from ._run import CHILD_ENV, Options, run
 from ._sim import SimOptions, simulate
+
+#: The shortest heartbeat interval the demo takes (seconds).
+MIN_HEARTBEAT = 0.05
+
+
+class _Parser(argparse.ArgumentParser):
+    """An error is one line (not the usage block): what is wrong, and where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("server", "proxy", "clients"):
         return _sub(argv)
-    p = argparse.ArgumentParser(
+    if argv and argv[0] == "audit":
+        ap = _Parser(
+            prog="python -m idempotency.demo audit",
+            description="Audit the ledger a run left in DIR (its run.json, ledger and "
+            "client logs): the run's checks, exit 0 when every one holds.",
+        )
+        ap.add_argument("dir", type=Path, metavar="DIR")
+        where = ap.parse_args(argv[1:]).dir
+        try:
+            return reaudit(where)
+        except KeyboardInterrupt:
+            print(f"interrupted: {where} is as it was; audit it again", file=sys.stderr)
+            return 130
+    p = _Parser(
         prog="python -m idempotency.demo",
         description="A ledger of idempotent transfers on long connections, under faults "
         "and a kill -9 of its server; audited at the end (exit 0 when every check holds).",
+        epilog="python -m idempotency.demo audit DIR audits a kept run's directory again.",
     )
     p.add_argument("--connections", type=int, default=200, help="long connections (200)")
     p.add_argument("--clients", type=int, default=2, help="client processes (2)")
     p.add_argument("--accounts", type=int, default=100, help="ledger accounts (100)")
     p.add_argument("--seconds", type=float, default=15.0, help="transfers run this long (15)")
     p.add_argument("--seed", type=int, default=1, help="seeds the fault plan and the kills")
-    p.add_argument("--kills", type=int, default=1, help="server kill -9s and restarts (1)")
+    p.add_argument("--kills", type=int, help="server kill -9s and restarts (1)")
     p.add_argument("--no-faults", action="store_true", help="no fault injector, no kills")
-    p.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1)")
+    p.add_argument(
+        "--heartbeat", type=float, default=1.0, help="heartbeat interval, s (1; >= 0.05)"
+    )
     p.add_argument(
         "--think",
         type=float,
@@ -43,7 +78,13 @@ def main(argv: list[str]) -> int:
         "thousands of connections, or their queue outgrows the calls' timeouts)",
     )
     p.add_argument("--db", type=Path, help="the ledger file to create (default: a temp dir)")
-    p.add_argument("--plain", action="store_true", help="no live display")
+    p.add_argument("--plain", action="store_true", help="a log line a second, not the live display")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the run directory (ledger, client logs) for `audit DIR`; without it, "
+        "it is removed when the run passes",
+    )
     p.add_argument("--plot", type=Path, help="write a throughput/latency chart (PNG)")
     p.add_argument(
         "--store",
@@ -65,16 +106,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--trace", type=Path, help="write a Perfetto trace (Chrome JSON)")
     a = p.parse_args(argv)
-    if a.connections < 1 or a.clients < 1 or a.accounts < 2 or a.seconds <= 0:
-        p.error("--connections and --clients must be >= 1, --accounts >= 2, --seconds > 0")
-    if a.servers < 1:
-        p.error("--servers must be >= 1")
-    if a.redis and a.store != "redis":
-        p.error("--redis needs --store redis")
-    if a.servers > 1 and a.store != "redis" and not a.simulate:
-        # Several processes on one SQLite file do keep every check, but they take turns
-        # on the file's one write lock by polling it: throughput collapses.
-        p.error("--servers N > 1 needs --store redis (SQLite has one writer per file)")
+    _check(p, a)
     # What a run is, whether it runs on real processes or in the simulator.
     common: dict[str, Any] = {
         "connections": a.connections,
@@ -82,14 +114,12 @@ def main(argv: list[str]) -> int:
         "seconds": a.seconds,
         "seed": a.seed,
         "faults": not a.no_faults,
-        "kills": 0 if a.no_faults else a.kills,
+        "kills": 0 if a.no_faults else 1 if a.kills is None else a.kills,
         "heartbeat": a.heartbeat,
         "think": a.think,
         "trace": a.trace,
     }
     if a.simulate:
-        if a.store != "sqlite" or a.servers != 1 or a.plot or a.db:
-            p.error("--simulate keeps its ledger in memory: no --store, --servers, --db, --plot")
         return simulate(SimOptions(clients=a.clients, **common))
     opts = Options(
         clients=min(a.clients, a.connections),
@@ -99,12 +129,122 @@ def main(argv: list[str]) -> int:
         store=a.store,
         redis=a.redis,
         servers=a.servers,
+        keep=a.keep,
         **common,
     )
     return run(opts)
 
 
+def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Every option, before anything starts (a run fails late and loud otherwise)."""
+    for name, value, low in (
+        ("--connections", a.connections, 1),
+        ("--clients", a.clients, 1),
+        ("--accounts", a.accounts, 2),
+        ("--servers", a.servers, 1),
+        ("--kills", a.kills or 0, 0),
+    ):
+        if value < low:
+            p.error(f"{name} must be >= {low}, not {value}")
+    for name, value, zero in (
+        ("--seconds", a.seconds, False),
+        ("--heartbeat", a.heartbeat, False),
+        ("--think", a.think, True),
+    ):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            p.error(f"{name} must be a number {'>=' if zero else '>'} 0, not {value}")
+    if a.heartbeat < MIN_HEARTBEAT:
+        p.error(
+            f"--heartbeat must be >= {MIN_HEARTBEAT} s, not {a.heartbeat} (every connection "
+            "pings each way every interval: shorter ones leave no time for transfers)"
+        )
+    if a.no_faults and a.kills:
+        p.error("--kills with --no-faults: --no-faults means no kills")
+    if a.redis and a.store != "redis":
+        p.error("--redis needs --store redis")
+    if a.simulate:
+        if a.store != "sqlite" or a.servers != 1 or a.plot or a.db or a.keep:
+            p.error(
+                "--simulate keeps its ledger in memory: no --store, --servers, --db, --plot, --keep"
+            )
+    elif a.servers > 1 and a.store != "redis":
+        # Several processes on one SQLite file do keep every check, but they take turns
+        # on the file's one write lock by polling it: throughput collapses.
+        p.error("--servers N > 1 needs --store redis (SQLite has one writer per file)")
+    if a.db is not None:
+        if a.db.exists():
+            p.error(f"--db {a.db} exists: the demo starts from a new ledger")
+        if not a.db.parent.is_dir():
+            p.error(f"--db {a.db}: no directory {a.db.parent}")
+    for name, path in (("--plot", a.plot), ("--trace", a.trace), ("--db", a.db)):
+        if path is not None and (why := _unwritable(path)):
+            p.error(f"{name} {path}: {why}")
+    if a.plot is not None:
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        except ImportError as exc:
+            p.error(f"--plot needs matplotlib (pip install matplotlib): {exc}")
+        kinds = FigureCanvasAgg.get_supported_filetypes()
+        if a.plot.suffix.lstrip(".").lower() not in kinds:
+            p.error(f"--plot {a.plot}: the name must end in one of .{', .'.join(kinds)}")
+    if a.store == "redis" and not a.simulate:
+        _check_redis(p, a.redis)
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (tried: permissions lie to root), or None."""
+    if path.is_dir():
+        return "is a directory"
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not existed:
+        path.unlink()
+    return None
+
+
+def _check_redis(p: argparse.ArgumentParser, url: str | None) -> None:
+    try:
+        import redis  # noqa: PLC0415 -- the redis extra
+    except ImportError:
+        p.error("--store redis needs redis-py (pip install -e '.[redis]')")
+    if url is None:
+        import shutil  # noqa: PLC0415
+
+        if shutil.which("redis-server") is None:
+            p.error("--store redis needs redis-server on PATH, or --redis URL")
+        return
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (ValueError, redis.RedisError) as exc:
+        p.error(f"--redis {url}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+
+def _as_child() -> None:
+    """A process of the conductor's: Ctrl-C is the conductor's to handle (it reaches
+    the terminal's whole process group), and the process dies with the conductor."""
+    parent = os.environ.get(CHILD_ENV)
+    if parent is None:
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass  # elsewhere: the conductor's own stop is all there is
+    if os.getppid() != int(parent):  # it died before the line above
+        os._exit(1)
+
+
 def _sub(argv: list[str]) -> int:
+    _as_child()
     p = argparse.ArgumentParser(prog=f"python -m idempotency.demo {argv[0]}")
     if argv[0] == "server":
         p.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")

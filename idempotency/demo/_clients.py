@@ -14,7 +14,9 @@ end it writes its log (one JSON object per issued transfer) and a last line.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ import gosim
 from gosim import Chan, go, net
 
 from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
+from ._audit import MAX_AMOUNT, caller_name
 from ._ledger import raise_nofile_limit
 
 __all__ = ["run_clients", "run_fleet"]
@@ -82,20 +85,22 @@ async def run_fleet(
     heartbeat: float,
     report: Callable[[str], None] | None = None,
     think: float = 0.0,
+    log: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Run ``connections`` connections for ``seconds`` (on the runtime's clock), then
     reconcile; returns the log (one dict per issued transfer) and the last stats line.
     ``report`` gets a stats line every half second. ``think``: the mean pause between a
     connection's transfers (exponential; 0, none): with many connections, most of them
-    idle on their heartbeats at any moment, as a service's clients are."""
+    idle on their heartbeats at any moment, as a service's clients are. ``log``: the
+    list to append the log to (read it whole between two of the runtime's steps)."""
     rng = random.Random(seed)
     stats = _Stats()
-    log: list[dict[str, Any]] = []
+    log = [] if log is None else log
 
     def client(i: int) -> Client:
         return Client(
             dial,
-            caller=f"c{ident}-{i}",
+            caller=caller_name(ident, i),
             idempotent_methods={"transfer"},
             heartbeat_interval=heartbeat,
             connect_attempts=5,
@@ -120,6 +125,7 @@ async def run_fleet(
         except (CallTimeout, RPCError) as exc:
             if isinstance(exc, RPCError) and exc.code in (3, 9):  # the ledger's refusals
                 entry["status"] = "refused"
+                entry["code"] = exc.code
                 stats.refused += 1
             else:
                 entry["status"] = "unknown"
@@ -148,7 +154,7 @@ async def run_fleet(
                 "key": f"t{n}",
                 "src": src,
                 "dst": dst,
-                "amount": crng.randint(1, 50),
+                "amount": crng.randint(1, MAX_AMOUNT),
                 "status": "issued",
             }
             n += 1
@@ -207,14 +213,29 @@ def run_clients(
     think: float = 0.0,
 ) -> None:
     """A client process: :func:`run_fleet` over TCP to ``addr``; prints its stats lines,
-    writes the log to ``log_path``."""
+    writes the log to ``log_path`` at the end, or at once on SIGTERM (the transfers
+    issued so far, those in flight as ``issued``; then exit status 143)."""
     raise_nofile_limit()
+    log: list[dict[str, Any]] = []
+
+    def write_log() -> None:
+        with open(log_path, "w") as f:
+            for entry in log:
+                f.write(json.dumps(entry) + "\n")
+
+    def stop(signum: int, frame: Any) -> None:
+        # In the main thread between two bytecodes, so between two of the runtime's
+        # steps: every entry is whole.
+        write_log()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
     async def dial() -> Any:
         return await net.dial("tcp", addr)
 
     async def main() -> None:
-        log, last = await run_fleet(
+        _, last = await run_fleet(
             dial,
             ident,
             connections,
@@ -224,10 +245,9 @@ def run_clients(
             heartbeat,
             lambda line: print(line, flush=True),
             think,
+            log,
         )
-        with open(log_path, "w") as f:
-            for entry in log:
-                f.write(json.dumps(entry) + "\n")
+        write_log()
         print(last, flush=True)
 
     gosim.run(main, procs=1)

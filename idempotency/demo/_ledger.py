@@ -395,6 +395,22 @@ def _rss_bytes() -> int:
         return 0
 
 
+#: For the demo's own tests only: ``module:function``, a replacement for
+#: :func:`make_server` (same arguments) that the server subcommand uses instead, to run
+#: the conductor and the audit against a ledger broken on purpose.
+TEST_SERVER_FACTORY = "LEDGER_DEMO_TEST_SERVER_FACTORY"
+
+
+def _server_factory() -> Callable[[LedgerSpec, float, int], Server]:
+    name = os.environ.get(TEST_SERVER_FACTORY)
+    if not name:
+        return make_server
+    import importlib  # noqa: PLC0415 -- tests only
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+
+
 def serve(
     spec: LedgerSpec,
     addr: str,
@@ -432,7 +448,7 @@ def serve(
             print(json.dumps({"server": line}), flush=True)
 
     async def main() -> None:
-        srv = make_server(spec, heartbeat, max_connections)
+        srv = _server_factory()(spec, heartbeat, max_connections)
         ln = net.listen("tcp", addr, reuse_port=reuse_port)
         print("LISTEN", ln.addr(), flush=True)
         go(report, srv)

@@ -1,5 +1,5 @@
 """The demo's conductor: start the ledger, the fault injector and the clients, kill a
-server with SIGKILL and restart it mid-run, show progress live, then audit the ledger.
+server with SIGKILL and restart it mid-run, show progress, then audit the ledger.
 
 Processes (each its own Python process, talking TCP on 127.0.0.1):
 
@@ -7,25 +7,23 @@ Processes (each its own Python process, talking TCP on 127.0.0.1):
                                          |
                          SQLite file, or a redis-server (started for the run)
 
-The audit reads the ledger (the SQLite file, or the Redis hashes) after every process
-but Redis has stopped, and checks:
+The conductor watches every process: one that ends unbidden (a crash, a kill from
+outside) is reported as soon as its output ends, with the time it ended. A server or
+the fault proxy ending ends the run (the clients would only retry against nothing): the
+clients are stopped with SIGTERM and write the transfers they issued. A client ending
+leaves the others to finish. Either way the ledger is then audited (``_audit``) with
+what exists: the checks a missing log or the missing reconciliation make impossible are
+reported as not checked, and the run fails. SIGINT or SIGTERM stops every process and
+keeps the run directory for ``python -m idempotency.demo audit DIR``.
 
-1. balances are conserved: their sum is what the ledger started with;
-2. every transfer a client saw acknowledged is in the ledger exactly once, as issued;
-3. no transfer is in the ledger that no client issued, and none was applied twice:
-   replaying the applied transfers from the opening balances gives every account's
-   balance exactly;
-4. every issued transfer's outcome is known (acknowledged or refused) after the
-   clients' reconciliation;
-5. every process ran until the conductor stopped it. A server or the fault proxy that
-   exits on its own (a crash, a kill from outside) ends the run at once; a client that
-   fails is found when the others finish. The report then names the process, its exit
-   status and when, and there is no audit (the clients write their logs when their
-   run ends).
+Run directories (the SQLite file or the run's own redis-server's files, the clients'
+logs, ``run.json``) are made under the system's temp dir and removed at the end unless
+``keep`` is set or the run did not pass; a kept one is printed.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -37,18 +35,36 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ._ledger import INITIAL_BALANCE, LedgerSpec, LedgerState, create_ledger, read_ledger
+from ._audit import (
+    Check,
+    Ending,
+    audit,
+    audit_run,
+    log_name,
+    read_logs,
+    report_tables,
+    write_manifest,
+)
+from ._ledger import LedgerSpec, create_ledger, read_ledger
 
-__all__ = ["Options", "audit", "read_logs", "run"]
+__all__ = ["CHILD_ENV", "Options", "RedisServer", "audit", "read_logs", "report_tables", "run"]
+
+#: In the environment of the conductor's children: the conductor's PID. A child then
+#: ignores SIGINT (a Ctrl-C reaches the terminal's whole process group; the conductor
+#: stops its children itself) and dies with the conductor.
+CHILD_ENV = "LEDGER_DEMO_CONDUCTOR"
+#: Seconds between two log lines when stdout is not a terminal (or ``--plain``).
+LOG_INTERVAL = 1.0
 
 
 @dataclass
@@ -69,112 +85,135 @@ class Options:
     redis: str | None = None  # a Redis URL; None: start a redis-server for the run
     servers: int = 1  # server processes sharing one port (SO_REUSEPORT)
     trace: Path | None = None  # a Perfetto trace of the first server process
+    keep: bool = False  # keep the run directory even when the run passes
 
 
-@dataclass
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the conductor (a BaseException: nothing swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT and SIGTERM raise :class:`_Interrupted` in the main thread, once; while
+    a child is being spawned, the signal waits until it is registered (else it would be
+    left running)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.held = 0
+        self.pending = False
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is not None:
+            return  # the conductor is already stopping: a second Ctrl-C changes nothing
+        self.received = signum
+        if self.held:
+            self.pending = True
+        else:
+            raise _Interrupted(signum)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+            if not self.held and self.pending:
+                self.pending = False
+                assert self.received is not None
+                raise _Interrupted(self.received)
+
+
+@dataclass(eq=False)
 class _Proc:
     name: str
     proc: subprocess.Popen[str]
     addr: str = ""
-    last: dict[str, Any] = field(default_factory=dict)
+    #: When the process's output ended and it was reaped (time.monotonic()).
+    ended: float | None = None
+    #: The conductor stopped it: its end is not a death.
+    bidden: bool = False
+    #: A client printed its last line: its run ended and its log is written.
+    done: bool = False
+    started: threading.Event = field(default_factory=threading.Event)
     reader: threading.Thread | None = None
 
 
-def _spawn(name: str, args: list[str], on_line: Callable[[_Proc, dict[str, Any]], None]) -> _Proc:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "idempotency.demo", *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    p = _Proc(name, proc)
+def _spawn(
+    name: str,
+    args: list[str],
+    on_line: Callable[[_Proc, dict[str, Any]], None],
+    signals: _Signals,
+    registry: list[_Proc],
+    wait_listen: bool = True,
+) -> _Proc:
+    """Start ``python -m idempotency.demo ARGS``; its JSON lines go to ``on_line`` from a
+    reader thread, which stamps the time its output ends (the process's death). With
+    ``wait_listen``, return once it printed ``LISTEN addr``."""
+    with signals.hold():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "idempotency.demo", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", CHILD_ENV: str(os.getpid())},
+        )
+        p = _Proc(name, proc)
+        registry.append(p)
     out = proc.stdout
     assert out is not None
-    line = out.readline()
-    if line.startswith("LISTEN "):
-        p.addr = line.split()[1]
-    elif line:
-        on_line(p, json.loads(line))
 
-    def read(stream: TextIO) -> None:
-        for text in stream:
-            if text.startswith("{"):
-                on_line(p, json.loads(text))
+    def read() -> None:
+        for text in out:
+            if text.startswith("LISTEN "):
+                p.addr = text.split()[1]
+                p.started.set()
+            elif text.startswith("{"):
+                try:
+                    d = json.loads(text)
+                except ValueError:  # a line torn by the process's death
+                    continue
+                p.done = p.done or bool(d.get("done"))
+                on_line(p, d)
+        proc.wait()
+        p.ended = time.monotonic()
+        p.started.set()
 
-    p.reader = threading.Thread(target=read, args=(out,), daemon=True)
+    p.reader = threading.Thread(target=read, daemon=True)
     p.reader.start()
+    if wait_listen:
+        p.started.wait()
+        if not p.addr:
+            raise SystemExit(f"{name} did not start (exit status {proc.wait()})")
     return p
 
 
-def _stop(p: _Proc, sig: int = signal.SIGKILL) -> None:
-    if p.proc.poll() is None:
+def _stop(p: _Proc, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
+    """Stop ``p`` (bidden: not a death) and reap it; SIGKILL if ``sig`` is not enough."""
+    if p.proc.poll() is None:  # one that already ended did so unbidden
+        p.bidden = True
         p.proc.send_signal(sig)
-    p.proc.wait(timeout=30)
+    try:
+        p.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.proc.kill()
+        p.proc.wait(timeout=30)
     if p.reader is not None:
         p.reader.join(timeout=10)
     if p.proc.stdout is not None:
         p.proc.stdout.close()
-
-
-def read_logs(logs: list[Path]) -> list[dict[str, Any]]:
-    """The clients' logs: one dict per issued transfer."""
-    entries = []
-    for path in logs:
-        with open(path) as f:
-            entries += [json.loads(text) for text in f]
-    return entries
-
-
-def audit(
-    state: LedgerState, accounts: int, entries: list[dict[str, Any]]
-) -> list[tuple[str, bool, str]]:
-    """The checks of the module docstring: ``(name, passed, detail)`` each."""
-    issued: dict[tuple[str, str], dict[str, Any]] = {}
-    for e in entries:
-        issued[(e["caller"], e["key"])] = e
-    balances, rows = state.balances, state.transfers
-    checks = []
-    total = sum(balances.values())
-    want = accounts * INITIAL_BALANCE
-    checks.append(("balances conserved", total == want, f"sum {total}, started with {want}"))
-    applied = {(c, k): (s, d, a) for c, k, s, d, a in rows}
-    acked = [e for e in issued.values() if e["status"] == "acked"]
-    missing = [
-        e
-        for e in acked
-        if applied.get((e["caller"], e["key"])) != (e["src"], e["dst"], e["amount"])
-    ]
-    checks.append(
-        (
-            "every acknowledged transfer in the ledger once",
-            not missing and len(applied) == len(rows),
-            f"{len(acked)} acknowledged, {len(missing)} missing or altered",
-        )
-    )
-    stray = [k for k in applied if k not in issued]
-    refused_applied = [k for k, e in issued.items() if e["status"] == "refused" and k in applied]
-    replayed = {i: INITIAL_BALANCE for i in balances}
-    for s, d, a in applied.values():
-        replayed[s] -= a
-        replayed[d] += a
-    exact = replayed == balances
-    checks.append(
-        (
-            "nothing applied twice or unasked",
-            exact and not stray and not refused_applied,
-            f"{len(rows)} applied; {len(stray)} not issued; {len(refused_applied)} refused yet "
-            f"applied; balances {'match' if exact else 'differ from'} the transfers",
-        )
-    )
-    unknown = [e for e in issued.values() if e["status"] not in ("acked", "refused")]
-    checks.append(
-        (
-            "every outcome known after reconciliation",
-            not unknown,
-            f"{len(issued)} issued, {len(unknown)} unknown",
-        )
-    )
-    return checks
 
 
 # The server gets SIGKILL when the conductor dies (setpriv's --pdeathsig, util-linux),
@@ -230,162 +269,206 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
-def report_tables(
-    console: Console, checks: list[tuple[str, bool, str]], counts: list[tuple[str, Any]]
-) -> int:
-    """Print the audit and the counts; 0 when every check holds."""
-    result = Table(title="audit")
-    result.add_column("check")
-    result.add_column("holds")
-    result.add_column("detail")
-    for name, ok, detail in checks:
-        result.add_row(name, "yes" if ok else "NO", detail)
-    console.print(result)
-    table = Table(title="counts")
-    table.add_column("what")
-    table.add_column("how many", justify="right")
-    for k, v in counts:
-        table.add_row(k.replace("_", " "), str(v))
-    console.print(table)
-    failed = [name for name, ok, _ in checks if not ok]
-    if failed:
-        console.print(f"[bold red]FAILED[/]: {', '.join(failed)}")
-        return 1
-    console.print("[bold green]all checks hold[/]")
-    return 0
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _where(spec: LedgerSpec, own_redis: bool) -> str:
+    if spec.kind == "sqlite":
+        return str(spec.path)
+    own = " (the run's own redis-server, stopped)" if own_redis else ""
+    return f"Redis {spec.url}, keys {spec.prefix}*{own}"
 
 
 def run(opts: Options) -> int:
-    """Run the demo; 0 when every check holds."""
-    console = Console()
+    """Run the demo; 0 when every check holds, 1 when one fails or could not be made,
+    128 + the signal's number after SIGINT or SIGTERM."""
+    console = Console(highlight=False)
     live_display = console.is_terminal if opts.live is None else opts.live
-    rng = random.Random(opts.seed)
+    signals = _Signals()
+    signals.install()
     workdir = Path(tempfile.mkdtemp(prefix="ledger-demo-"))
+    procs: list[_Proc] = []
     redis_server: RedisServer | None = None
-    if opts.store == "redis":
-        if opts.redis is None:
-            redis_server = RedisServer(workdir)
-        url = opts.redis or (redis_server.url if redis_server else "")
-        own = f" (the run's own redis-server, stopped; its files in {workdir})"
-        # A prefix of the run's own: a shared Redis may hold other runs' ledgers.
-        spec = LedgerSpec("redis", url=url, prefix=f"ledger-demo:{os.getpid()}:{time.time_ns()}:")
-        where = f"Redis {url}, keys {spec.prefix}*" + (own if redis_server else "")
-    else:
-        db = opts.db or workdir / "ledger.db"
-        if db.exists():
-            raise SystemExit(f"{db} exists: the demo starts from a new ledger")
-        spec = LedgerSpec("sqlite", path=db)
-        where = str(db)
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)  # unwinds through the finally blocks below
-
-    # A SIGTERM (a timeout, a supervisor) stops the processes this run started, too.
-    previous = signal.signal(signal.SIGTERM, terminate)
+    conductor: _Conductor | None = None
+    keep = opts.keep
+    code = 1
+    spec: LedgerSpec | None = None
     try:
+        if opts.store == "redis":
+            if opts.redis is None:
+                redis_server = RedisServer(workdir)
+            url = opts.redis or (redis_server.url if redis_server else "")
+            # A prefix of the run's own: a shared Redis may hold other runs' ledgers.
+            prefix = f"ledger-demo:{os.getpid()}:{time.time_ns()}:"
+            spec = LedgerSpec("redis", url=url, prefix=prefix)
+        else:
+            spec = LedgerSpec("sqlite", path=opts.db or workdir / "ledger.db")
         create_ledger(spec, opts.accounts)
-        return _conduct(opts, console, live_display, rng, workdir, spec, where)
+        own = redis_server is not None
+        conductor = _Conductor(opts, console, live_display, workdir, spec, signals, procs, own)
+        write_manifest(workdir, spec, opts.accounts, conductor.per, redis_server is not None)
+        code = conductor.conduct()
+        keep = keep or code != 0
+    except _Interrupted as exc:
+        keep = spec is not None
+        for p in procs:  # the clients first: on SIGTERM they write what they issued
+            if p.name.startswith("client"):
+                p.bidden = True
+                if p.proc.poll() is None:
+                    p.proc.send_signal(signal.SIGTERM)
+        for p in sorted(procs, key=lambda p: not p.name.startswith("client")):
+            _stop(p, signal.SIGTERM if p.name.startswith("client") else signal.SIGKILL)
+        sig = signal.Signals(exc.signum).name
+        at = f" at {time.monotonic() - conductor.start:.1f} s" if conductor else ""
+        if spec is not None:
+            per = conductor.per if conductor else []
+            died = conductor.died if conductor else []
+            ending = Ending(died, reconciled=False, interrupted=exc.signum)
+            write_manifest(workdir, spec, opts.accounts, per, redis_server is not None, ending)
+            console.print(
+                f"interrupted by {sig}{at}: every process stopped; the run is kept in "
+                f"{workdir} (ledger: {_where(spec, redis_server is not None)}); audit it "
+                f"with: python -m idempotency.demo audit {workdir}",
+                soft_wrap=True,
+            )
+        else:
+            console.print(f"interrupted by {sig} before the run started", soft_wrap=True)
+        code = 128 + exc.signum
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for p in procs:  # an early exit (an exception) leaves no process behind
+            if p.proc.poll() is None:
+                _stop(p)
         if redis_server is not None:
             redis_server.stop()
+        signals.restore()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if code < 128 and spec is not None:
+        where = _where(spec, redis_server is not None)
+        inside = redis_server is not None or opts.db is None
+        if keep:
+            console.print(
+                f"ledger: {where}; the run is kept in {workdir}: audit it again with "
+                f"python -m idempotency.demo audit {workdir}",
+                soft_wrap=True,
+            )
+        elif inside:
+            console.print(
+                f"ledger: {where}; removed with the run directory {workdir} (--keep keeps it)",
+                soft_wrap=True,
+            )
+        else:
+            console.print(
+                f"ledger: {where}; the run directory {workdir} (the clients' logs) removed "
+                "(--keep keeps it)",
+                soft_wrap=True,
+            )
+    return code
 
 
-def _conduct(
-    opts: Options,
-    console: Console,
-    live_display: bool,
-    rng: random.Random,
-    workdir: Path,
-    spec: LedgerSpec,
-    where: str,
-) -> int:
-    lock = threading.Lock()
-    client_stats: dict[str, dict[str, Any]] = {}
-    # By PID: every incarnation's last line, and its server's name.
-    server_stats: dict[int, tuple[str, dict[str, Any]]] = {}
-    faults: dict[str, int] = {}
-    proxy_cpu = [0.0]
-    events: list[str] = []
+class _Conductor:
+    """One run's processes, from the start to the report."""
 
-    def on_client(p: _Proc, d: dict[str, Any]) -> None:
-        with lock:
-            client_stats[p.name] = d
+    def __init__(
+        self,
+        opts: Options,
+        console: Console,
+        live_display: bool,
+        workdir: Path,
+        spec: LedgerSpec,
+        signals: _Signals,
+        procs: list[_Proc],
+        own_redis: bool,
+    ) -> None:
+        self.own_redis = own_redis
+        self.opts, self.console, self.live_display = opts, console, live_display
+        self.workdir, self.spec, self.signals, self.procs = workdir, spec, signals, procs
+        self.rng = random.Random(opts.seed)
+        self.per = [
+            opts.connections // opts.clients + (i < opts.connections % opts.clients)
+            for i in range(opts.clients)
+        ]
+        self.lock = threading.Lock()
+        self.client_stats: dict[str, dict[str, Any]] = {}
+        # The live figures of the clients' latest lines (a last line's are the whole run's).
+        self.client_latency: dict[str, tuple[float | None, float | None]] = {}
+        # By PID: every incarnation's last line, and its server's name.
+        self.server_stats: dict[int, tuple[str, dict[str, Any]]] = {}
+        self.faults: dict[str, int] = {}
+        self.proxy_cpu = 0.0
+        self.events: list[str] = []
+        self.kills: list[float] = []  # seconds into the run
+        # Processes that ended on their own: (name, exit status, seconds into the run).
+        self.died: list[tuple[str, int | None, float]] = []
+        self.start = time.monotonic()
+        self.series: list[tuple[float, int, float | None, float | None]] = []
+        self.deadlines: dict[str, float] = {}  # each client's end of transfers
+        # Each client's acknowledged count as its lines reported it: (seconds, count).
+        self.acked_points: dict[str, list[tuple[float, int]]] = {}
 
-    def on_proxy(p: _Proc, d: dict[str, Any]) -> None:
-        with lock:
-            faults.update(d.get("faults", {}))
-            proxy_cpu[0] = d.get("cpu", 0.0)
+    # -- what the processes print ------------------------------------------------
 
-    def on_server(p: _Proc, d: dict[str, Any]) -> None:
-        with lock:
-            server_stats[p.proc.pid] = (p.name, d.get("server", {}))
+    def on_client(self, p: _Proc, d: dict[str, Any]) -> None:
+        with self.lock:
+            # A client's first line comes half a second after its runtime started, its
+            # transfers' clock: they stop ``seconds`` later, and it reconciles.
+            self.deadlines.setdefault(p.name, self.elapsed() - 0.5 + self.opts.seconds)
+            # Its first line covers the half second since its start: nothing before.
+            mine = self.acked_points.setdefault(p.name, [(self.elapsed() - 0.5, 0)])
+            mine.append((self.elapsed(), d.get("acked", 0)))
+            self.client_stats[p.name] = d
+            if not d.get("done"):
+                self.client_latency[p.name] = (d.get("p50_ms"), d.get("p99_ms"))
 
-    hb = str(opts.heartbeat)
-    max_conns = str(opts.connections * 2 + 100)
-    server_args = ["server", *spec.args(), "--heartbeat", hb, "--max-connections", max_conns]
-    if opts.servers > 1:
-        server_args.append("--reuse-port")
+    def on_proxy(self, p: _Proc, d: dict[str, Any]) -> None:
+        with self.lock:
+            self.faults.update(d.get("faults", {}))
+            self.proxy_cpu = d.get("cpu", 0.0)
 
-    def start_server(i: int, addr: str) -> _Proc:
-        args = [*server_args, "--addr", addr]
-        if opts.trace is not None and i == 0:
-            args += ["--trace", str(opts.trace)]
-        return _spawn(f"server{i}", args, on_server)
+    def on_server(self, p: _Proc, d: dict[str, Any]) -> None:
+        with self.lock:
+            self.server_stats[p.proc.pid] = (p.name, d.get("server", {}))
 
-    servers = [start_server(0, "127.0.0.1:0")]
-    upstream = servers[0].addr
-    servers += [start_server(i, upstream) for i in range(1, opts.servers)]
-    procs: list[_Proc] = []
-    if opts.faults:
-        proxy = _spawn(
-            "proxy",
-            ["proxy", "--upstream", upstream, "--seed", str(rng.getrandbits(32))],
-            on_proxy,
-        )
-        procs.append(proxy)
-        entry = proxy.addr
-    else:
-        entry = upstream
-    logs = []
-    per = [
-        opts.connections // opts.clients + (i < opts.connections % opts.clients)
-        for i in range(opts.clients)
-    ]
-    clients = []
-    start = time.monotonic()  # the clients start working as soon as each is spawned
-    for i, n in enumerate(per):
-        log = workdir / f"client{i}.jsonl"
-        logs.append(log)
-        args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
-        args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
-        args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
-        args += ["--think", str(opts.think)]
-        clients.append(_spawn(f"client{i}", args, on_client))
-    kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
-    recovered: list[float] = []
-
-    def totals() -> dict[str, Any]:
-        with lock:
-            stats = list(client_stats.values())
+    def totals(self) -> dict[str, Any]:
+        with self.lock:
+            stats = list(self.client_stats.values())
+            latency = list(self.client_latency.values())
         keys = (
             "acked", "refused", "in_flight", "retries", "replays", "reconnects", "found_dead",
             "cpu",
         )  # fmt: skip
         out: dict[str, Any] = {k: sum(s.get(k, 0) for s in stats) for k in keys}
-        p99 = [s["p99_ms"] for s in stats if s.get("p99_ms") is not None]
-        p50 = [s["p50_ms"] for s in stats if s.get("p50_ms") is not None]
+        p50 = [a for a, _ in latency if a is not None]
+        p99 = [b for _, b in latency if b is not None]
         out["p50_ms"] = max(p50) if p50 else None
         out["p99_ms"] = max(p99) if p99 else None
         return out
 
-    def table() -> Table:
-        t = totals()
-        elapsed = time.monotonic() - start
-        fault_text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in faults.items() if v)
-        caption = "; ".join(x for x in (fault_text, *events) if x) or "no faults yet"
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def say(self, at: float, what: str) -> None:
+        """One line of the run's log, stamped with seconds into the run."""
+        self.console.print(f"{at:6.1f} s  {what}", markup=False, soft_wrap=True)
+
+    def progress_line(self) -> str:
+        t = self.totals()
+        elapsed = self.elapsed()
+        rate = t["acked"] / elapsed if elapsed > 0 else 0.0
+        return (
+            f"acked {t['acked']:,} ({rate:,.0f}/s), in flight {t['in_flight']}, retries "
+            f"{t['retries']}, replays {t['replays']}, reconnects {t['reconnects']}, "
+            f"p50/p99 {_ms(t['p50_ms'])}/{_ms(t['p99_ms'])} ms"
+        )
+
+    def table(self) -> Table:
+        t = self.totals()
+        elapsed = self.elapsed()
+        fault_text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.faults.items() if v)
+        caption = "; ".join(x for x in (fault_text, *self.events) if x) or "no faults yet"
         tbl = Table(
-            title=f"ledger demo: {elapsed:5.1f} s of {opts.seconds:g} s",
+            title=f"ledger demo: {elapsed:5.1f} s of {self.opts.seconds:g} s",
             caption=f"faults: {caption}",
         )
         for col in ("acked", "per s", "in flight", "retries", "replays", "reconnects"):
@@ -399,144 +482,231 @@ def _conduct(
             str(t["retries"]),
             str(t["replays"]),
             str(t["reconnects"]),
-            f"{t['p50_ms']}/{t['p99_ms']}",
+            f"{_ms(t['p50_ms'])}/{_ms(t['p99_ms'])}",
         )
         return tbl
 
-    series: list[tuple[float, int, float | None, float | None]] = []
-    sampling = threading.Event()
+    # -- the run -------------------------------------------------------------------
 
-    def sample() -> None:  # on a thread: a server restart blocks the conductor
-        while not sampling.wait(0.1):
-            t = totals()
-            series.append((time.monotonic() - start, t["acked"], t["p50_ms"], t["p99_ms"]))
+    def spawn(self, name: str, args: list[str], on_line: Any, wait_listen: bool = True) -> _Proc:
+        return _spawn(name, args, on_line, self.signals, self.procs, wait_listen)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    def conduct(self) -> int:
+        opts, rng = self.opts, self.rng
+        hb = str(opts.heartbeat)
+        max_conns = str(opts.connections * 2 + 100)
+        server_args = [
+            "server", *self.spec.args(), "--heartbeat", hb, "--max-connections", max_conns,
+        ]  # fmt: skip
+        if opts.servers > 1:
+            server_args.append("--reuse-port")
 
-    # Processes that ended on their own: (name, exit status, seconds into the run).
-    died: list[tuple[str, int | None, float]] = []
+        def start_server(i: int, addr: str, wait: bool = True) -> _Proc:
+            args = [*server_args, "--addr", addr]
+            if opts.trace is not None and i == 0:
+                args += ["--trace", str(opts.trace)]
+            return self.spawn(f"server{i}", args, self.on_server, wait)
 
-    def conduct(refresh: Callable[[], None]) -> None:
-        pending = list(kill_at)
-        while any(c.proc.poll() is None for c in clients):
-            now = time.monotonic() - start
-            # A server or the proxy that exits unbidden (a crash) ends the run: the
-            # clients would only retry against nothing until their time is up.
-            gone = [(p.name, p.proc.poll(), now) for p in [*servers, *procs]]
-            died.extend(d for d in gone if d[1] is not None)
-            if died:
-                break
-            if pending and now >= pending[0]:
-                pending.pop(0)
+        servers = [start_server(0, "127.0.0.1:0")]
+        upstream = servers[0].addr
+        servers += [start_server(i, upstream) for i in range(1, opts.servers)]
+        others: list[_Proc] = []
+        if opts.faults:
+            seed = str(rng.getrandbits(32))
+            proxy_args = ["proxy", "--upstream", upstream, "--seed", seed]
+            proxy = self.spawn("proxy", proxy_args, self.on_proxy)
+            others.append(proxy)
+            entry = proxy.addr
+        else:
+            entry = upstream
+        clients = []
+        self.start = time.monotonic()  # the clients start working as soon as each is spawned
+        for i, n in enumerate(self.per):
+            log = self.workdir / log_name(i)
+            args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
+            args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
+            args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
+            args += ["--think", str(opts.think)]
+            clients.append(self.spawn(f"client{i}", args, self.on_client, wait_listen=False))
+        # Seconds into the clients' transfers (which start once the processes are up).
+        kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
+        began: list[float] = []  # when every client's transfers had begun
+        # Per kill: (seconds into the run, the new incarnation); then when it served.
+        restarts: list[tuple[float, _Proc]] = []
+        recovered: dict[int, float] = {}
+        watched: set[int] = set()
+        # A death is seen within one heartbeat (the poll is at most half of one).
+        poll = min(0.1, opts.heartbeat / 2)
+
+        def notice() -> bool:
+            """Report every process that ended unbidden since the last call; True when
+            one that the run cannot go on without (a server, the proxy) did."""
+            fatal = False
+            for p in [*servers, *others, *clients]:
+                if p.ended is None or p.bidden or id(p) in watched:
+                    continue
+                watched.add(id(p))
+                code = p.proc.returncode
+                if p in clients and p.done and code == 0:
+                    continue  # its run ended: its log is written
+                at = p.ended - self.start
+                self.died.append((p.name, code, at))
+                self.say(at, f"{p.name} exited with status {code}, unbidden")
+                fatal = fatal or p not in clients
+            with self.lock:
+                calls = {pid: s.get("calls", 0) for pid, (_, s) in self.server_stats.items()}
+            for i, (_, p) in enumerate(restarts):
+                if i not in recovered and calls.get(p.proc.pid, 0) > 0:
+                    recovered[i] = self.elapsed() - restarts[i][0]
+                    what = f"{p.name} serves again, {recovered[i]:.1f} s after its kill -9"
+                    self.say(self.elapsed(), what)
+            return fatal
+
+        def step(refresh: Callable[[], None]) -> bool:
+            """One turn of the watch; False when the run is over."""
+            if notice():
+                return False
+            if not any(c.ended is None for c in clients):
+                return False
+            now = self.elapsed()
+            if not began:
+                with self.lock:
+                    if len(self.deadlines) == len(clients):
+                        began.append(max(self.deadlines.values()) - opts.seconds)
+            if kill_at and began and now >= began[0] + kill_at[0]:
+                kill_at.pop(0)
                 victim = rng.randrange(len(servers))
                 _stop(servers[victim])  # kill -9: no goodbye, nothing beyond what committed
                 name = "the server" if len(servers) == 1 else f"server {victim}"
-                events.append(f"kill -9 of {name} at {now:.1f} s")
-                servers[victim] = start_server(victim, upstream)
-                restarted = time.monotonic()
-                before = totals()["acked"]
-                while time.monotonic() - restarted < 30 and totals()["acked"] == before:
-                    time.sleep(0.01)
-                recovered.append(time.monotonic() - restarted)
+                self.kills.append(now)
+                self.events.append(f"kill -9 of {name} at {now:.1f} s")
+                self.say(now, f"kill -9 of {name}; restarting it")
+                servers[victim] = start_server(victim, upstream, wait=False)
+                restarts.append((now, servers[victim]))
             refresh()
-            time.sleep(0.1)
-        refresh()
+            return True
 
-    try:
-        if live_display:
-            with Live(table(), console=console, refresh_per_second=4) as live:
-                conduct(lambda: live.update(table()))
-        else:
-            last = [0.0]
+        sampling = threading.Event()
 
-            def plain() -> None:
-                if time.monotonic() - last[0] >= 2:
-                    last[0] = time.monotonic()
-                    console.print(table())
+        def sample() -> None:  # on a thread, at its own pace
+            while not sampling.wait(0.1):
+                t = self.totals()
+                self.series.append((self.elapsed(), t["acked"], t["p50_ms"], t["p99_ms"]))
 
-            conduct(plain)
-        for c in clients:
-            _stop(c)
-        elapsed = time.monotonic() - start
-    finally:
-        sampling.set()
-        sampler.join(timeout=5)
-        if opts.trace is not None and servers[0].proc.poll() is None:
-            _stop(servers[0], signal.SIGTERM)  # it writes its trace on SIGTERM
-        for p in [*clients, *procs, *servers]:
-            _stop(p)
-    if not died:  # else the clients were stopped here, for the early end
-        died += [(c.name, code, elapsed) for c in clients if (code := c.proc.returncode)]
-    if died:
-        # The clients write their logs when their run ends: after an early end there is
-        # nothing to audit against, and the report says why the run stopped instead.
-        what = "; ".join(
-            f"{name} exited with status {code} at {at:.1f} s" for name, code, at in died
-        )
-        checks = [
-            ("every process ran until stopped", False, f"{what} (no audit: the run ended early)")
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            if self.live_display:
+                with Live(self.table(), console=self.console, refresh_per_second=4) as live:
+                    while step(lambda: live.update(self.table())):
+                        time.sleep(poll)
+                    live.update(self.table())
+            else:
+                last = [self.start]
+
+                def log_line() -> None:
+                    if time.monotonic() - last[0] >= LOG_INTERVAL:
+                        last[0] = time.monotonic()
+                        self.say(self.elapsed(), self.progress_line())
+
+                while step(log_line):
+                    time.sleep(poll)
+                self.say(self.elapsed(), self.progress_line())
+            # A server or the proxy died: the clients stop and write what they issued.
+            reconciled = not any(not n.startswith("client") for n, _, _ in self.died)
+            for c in clients:
+                _stop(c, signal.SIGTERM)
+            elapsed = self.elapsed()
+        finally:
+            sampling.set()
+            sampler.join(timeout=5)
+            if opts.trace is not None and servers[0].proc.poll() is None:
+                _stop(servers[0], signal.SIGTERM)  # it writes its trace on SIGTERM
+            for p in [*others, *servers]:
+                _stop(p)
+        notice()  # a server that died while the clients were stopping
+        ending = Ending(list(self.died), reconciled)
+        write_manifest(self.workdir, self.spec, opts.accounts, self.per, self.own_redis, ending)
+        checks = audit_run(self.workdir, read_ledger(self.spec), opts.accounts, self.per, ending)
+        return self.report(checks, elapsed, servers, recovered, restarts)
+
+    def report(
+        self,
+        checks: list[Check],
+        elapsed: float,
+        servers: list[_Proc],
+        recovered: dict[int, float],
+        restarts: list[tuple[float, _Proc]],
+    ) -> int:
+        opts = self.opts
+        t = self.totals()
+        with self.lock:
+            named = list(self.server_stats.values())
+        incarnations = [s for _, s in named]
+        calls = sum(s.get("calls", 0) for s in incarnations)
+        cpu = sum(s.get("cpu", 0.0) for s in incarnations)
+        ops = sum(s.get("store_ops", 0) for s in incarnations)
+        batches = sum(s.get("store_batches", 0) for s in incarnations)
+
+        def per_ack(seconds: float) -> str:
+            return f"{seconds / t['acked'] * 1000:.3f}" if t["acked"] else "-"
+
+        counts: list[tuple[str, Any]] = [
+            *self.faults.items(),
+            ("server kills (kill -9)", len(self.kills)),
+            ("retries", t["retries"]),
+            ("replays", t["replays"]),
+            ("reconnects", t["reconnects"]),
+            # The side that gave up first: the clients (no frame from the server for
+            # their heartbeat timeout), or else the server or the network.
+            (
+                "connections the clients found dead (server silent past its heartbeats)",
+                t["found_dead"],
+            ),
+            ("refused (insufficient funds)", t["refused"]),
+            ("acknowledged transfers/s, whole run", f"{t['acked'] / elapsed:,.0f}"),
+            ("acknowledged transfers/s, middle half", steady_rate(self.series)),
+            ("server processes", opts.servers),
+            *(
+                (f"calls served by {name}", sum(s.get("calls", 0) for n, s in named if n == name))
+                for name in sorted({n for n, _ in named})
+            ),
+            ("server CPU per call (ms)", f"{cpu / calls * 1000:.3f}" if calls else "-"),
+            ("client CPU per acknowledged transfer (ms)", per_ack(t["cpu"])),
+            *(
+                [("fault proxy CPU per acknowledged transfer (ms)", per_ack(self.proxy_cpu))]
+                if opts.faults
+                else []
+            ),
+            ("store commits/s (transactions or pipelines)", f"{batches / elapsed:,.0f}"),
+            ("store operations per commit", f"{ops / batches:.1f}" if batches else "-"),
+            (
+                "largest server RSS (MiB)",
+                max((s.get("rss", 0) for s in incarnations), default=0) >> 20,
+            ),
         ]
-    else:
-        checks = audit(read_ledger(spec), opts.accounts, read_logs(logs))
-        who = f"{len(servers)} server(s), {len(clients)} client process(es)"
-        checks.append(("every process ran until stopped", True, who))
-    t = totals()
-    if not live_display:  # the live display already shows the last figures
-        console.print(table())
-    with lock:
-        named = list(server_stats.values())
-    incarnations = [s for _, s in named]
-    calls = sum(s.get("calls", 0) for s in incarnations)
-    cpu = sum(s.get("cpu", 0.0) for s in incarnations)
-    ops = sum(s.get("store_ops", 0) for s in incarnations)
-    batches = sum(s.get("store_batches", 0) for s in incarnations)
-
-    def per_ack(seconds: float) -> str:
-        return f"{seconds / t['acked'] * 1000:.3f}" if t["acked"] else "-"
-
-    counts: list[tuple[str, Any]] = [
-        *faults.items(),
-        ("server kills (kill -9)", opts.kills),
-        ("retries", t["retries"]),
-        ("replays", t["replays"]),
-        ("reconnects", t["reconnects"]),
-        # The side that gave up first: the clients (no frame from the server for their
-        # heartbeat timeout), or else the server or the network.
-        ("connections the clients found dead (server silent past its heartbeats)", t["found_dead"]),
-        ("refused (insufficient funds)", t["refused"]),
-        ("acknowledged transfers/s, whole run", f"{t['acked'] / elapsed:,.0f}"),
-        ("acknowledged transfers/s, middle half", steady_rate(series)),
-        ("server processes", opts.servers),
-        *(
-            (f"calls served by {name}", sum(s.get("calls", 0) for n, s in named if n == name))
-            for name in sorted({n for n, _ in named})
-        ),
-        ("server CPU per call (ms)", f"{cpu / calls * 1000:.3f}" if calls else "-"),
-        ("client CPU per acknowledged transfer (ms)", per_ack(t["cpu"])),
-        *(
-            [("fault proxy CPU per acknowledged transfer (ms)", per_ack(proxy_cpu[0]))]
-            if opts.faults
-            else []
-        ),
-        ("store commits/s (transactions or pipelines)", f"{batches / elapsed:,.0f}"),
-        ("store operations per commit", f"{ops / batches:.1f}" if batches else "-"),
-        ("largest server RSS (MiB)", max((s.get("rss", 0) for s in incarnations), default=0) >> 20),
-    ]
-    for i, r in enumerate(recovered):
-        intervals = r / opts.heartbeat
-        counts.append(
-            (f"served again after restart {i + 1}", f"{r:.2f} s, {intervals:.1f} heartbeats")
-        )
-    code = report_tables(console, checks, counts)
-    console.print(f"ledger: {where}")
-    if opts.plot is not None:
-        kills = [float(e.split(" at ")[1].split()[0]) for e in events]
-        _plot(opts.plot, series, kills)
-        console.print(f"chart written to {opts.plot}")
-    if opts.trace is not None:
-        console.print(f"trace of server 0 written to {opts.trace} (open in ui.perfetto.dev)")
-    return code
+        for i, (_, p) in enumerate(restarts):
+            if i in recovered:
+                r = recovered[i]
+                beats = r / opts.heartbeat
+                what = f"{r:.2f} s after the kill, {beats:.1f} heartbeats"
+            elif p.ended is not None and not p.bidden:
+                what = f"never: it exited at {p.ended - self.start:.1f} s"
+            else:
+                what = "not before the run ended"
+            counts.append((f"served again after restart {i + 1}", what))
+        code = report_tables(self.console, checks, counts)
+        if opts.plot is not None:
+            with self.lock:
+                reconcile = max(self.deadlines.values(), default=opts.seconds)
+                points = list(self.acked_points.values())
+            _plot(opts.plot, points, self.series, self.kills, reconcile)
+            self.console.print(f"chart written to {opts.plot}")
+        if opts.trace is not None:
+            self.console.print(
+                f"trace of server 0 written to {opts.trace} (open in ui.perfetto.dev)"
+            )
+        return code
 
 
 def steady_rate(series: list[tuple[float, int, float | None, float | None]]) -> str:
@@ -553,41 +723,91 @@ def steady_rate(series: list[tuple[float, int, float | None, float | None]]) -> 
     return f"{(a1 - a0) / (tb - ta):,.0f}" if tb > ta else "-"
 
 
-def _plot(
-    path: Path, series: list[tuple[float, int, float | None, float | None]], kills: list[float]
-) -> None:
-    """Acknowledged transfers per second and latency percentiles over the run."""
-    try:
-        import matplotlib  # noqa: PLC0415 - optional: only --plot needs it
+def plot_curves(
+    points: list[list[tuple[float, int]]],
+    series: list[tuple[float, int, float | None, float | None]],
+) -> tuple[list[tuple[float, float]], dict[str, list[tuple[float, float]]]]:
+    """The chart's curves. The rate of acknowledgements: each client's count, as its
+    lines (``points``, every half second) reported it, taken as linear between two
+    lines, summed over the clients, then differenced over one-second windows, each at
+    its middle. (The sum as sampled steps whenever a line arrives, so windows that catch
+    one more line than the next zigzag; and a rate at its window's end shows a drop half
+    a second after the kill that caused it.) The latency percentiles of ``series``
+    (``(t, acked, p50, p99)``), at the middle of the half second they were measured over."""
+    rates: list[tuple[float, float]] = []
+    if any(points):
+        lo = min(c[0][0] for c in points if c)
+        hi = max(c[-1][0] for c in points if c)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError as exc:
-        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {exc}") from exc
-    # Rates over one-second windows: the clients report every half second.
-    times, rates = [], []
-    j = 0
-    for t1, a1, _, _ in series:
-        while series[j][0] < t1 - 1.0:
-            j += 1
-        t0, a0 = series[j][0], series[j][1]
-        if t1 - t0 >= 0.5:
-            times.append(t1)
-            rates.append((a1 - a0) / (t1 - t0))
+        def acked(t: float) -> float:
+            total = 0.0
+            for c in points:
+                if not c or t <= c[0][0]:
+                    continue
+                if t >= c[-1][0]:
+                    total += c[-1][1]
+                    continue
+                k = bisect.bisect_right(c, (t, float("inf")))
+                (t0, a0), (t1, a1) = c[k - 1], c[k]
+                total += a0 + (a1 - a0) * (t - t0) / (t1 - t0) if t1 > t0 else a1
+            return total
+
+        t = lo
+        while t + 1.0 <= hi:
+            rates.append((t + 0.5, acked(t + 1.0) - acked(t)))
+            t += 0.1
+    latency: dict[str, list[tuple[float, float]]] = {"p50": [], "p99": []}
+    for t, _, p50, p99 in series:
+        for name, value in (("p50", p50), ("p99", p99)):
+            if value is not None:
+                latency[name].append((t - 0.25, value))
+    return rates, latency
+
+
+def _plot(
+    path: Path,
+    points: list[list[tuple[float, int]]],
+    series: list[tuple[float, int, float | None, float | None]],
+    kills: list[float],
+    reconcile: float,
+) -> None:
+    """Acknowledged transfers per second and latency percentiles over the run; the
+    kills marked, and the reconciliation (from ``reconcile`` s) shaded and labelled."""
+    import matplotlib  # noqa: PLC0415 - optional: only --plot needs it (checked at start)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rates, latency = plot_curves(points, series)
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
-    top.plot(times, rates, lw=0.8)
+    top.plot([r[0] for r in rates], [r[1] for r in rates], lw=0.8)
     top.set_ylabel("acknowledged transfers/s")
-    for name, index in (("p50", 2), ("p99", 3)):
-        pts = [(s[0], s[index]) for s in series if s[index] is not None]
+    for name, pts in latency.items():
         bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.8, label=name)
     bottom.set_ylabel("latency, ms (last 0.5 s)")
     bottom.set_yscale("log")
     bottom.set_xlabel("seconds")
-    bottom.legend()
+    bottom.legend(loc="upper left")
     for k in kills:
         for ax in (top, bottom):
             ax.axvline(k, color="red", lw=0.8, ls="--")
-    top.set_title("ledger demo (red: kill -9 of the server)")
+    end = series[-1][0] if series else reconcile
+    if end > reconcile:
+        # After their deadline the clients ask again about transfers whose outcome they
+        # never learnt: few calls, each one a retry that waited out a backoff, so the
+        # percentiles of those last lines spike.
+        for ax in (top, bottom):
+            ax.axvspan(reconcile, end, color="grey", alpha=0.15, lw=0)
+        bottom.annotate(
+            "reconciliation:\nunknown outcomes\nasked again",
+            xy=(reconcile, 0.5),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            fontsize=8,
+            va="center",
+        )
+    top.set_title("ledger demo (red: kill -9 of the server; grey: reconciliation)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

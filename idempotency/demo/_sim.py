@@ -65,7 +65,7 @@ class SimOptions:
 
 @dataclass
 class SimResult:
-    checks: list[tuple[str, bool, str]]
+    checks: list[tuple[str, bool | None, str]]  # None: not checked
     counts: list[tuple[str, Any]]
 
 
