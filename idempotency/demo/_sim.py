@@ -4,11 +4,13 @@ virtual time.
 The same pieces as the real run (the ledger server of ``_ledger``, the fault proxy of
 ``_proxy``, the client fleets of ``_clients``), on ``net.listen("sim", ...)`` instead of
 TCP, with the ledger in memory (:class:`~._ledger.MemoryLedger`, which outlives a crash
-as a disk would) behind a group commit of the disk's pace (:data:`STORE_COMMIT`). A crash of the server is a ``kill -9`` as seen from outside: every
-connection it accepted closes at once (no GOAWAY, no reply flushed), its listener goes,
-and its store refuses whatever the dead incarnation still tries (a process that no longer
-exists commits nothing); a new incarnation starts after a restart delay on the same
-address and the same ledger.
+as a disk would) behind a group commit at a disk's pace (:data:`STORE_COMMIT`). A crash
+of the server is a ``kill -9`` as seen from outside: every connection it accepted closes
+at once (no GOAWAY, no reply flushed), its listener goes, and its store refuses whatever
+the dead incarnation still tries (a process that no longer exists commits nothing); a
+new incarnation starts after a restart delay on the same address and the same ledger.
+With ``--trace``, each simulated process (server incarnation, fault proxy, client host)
+is a Perfetto process of its own, each goroutine a track.
 
 Everything runs on one seeded runtime (``gosim.run(seed=..., virtual_time=True)``), the
 network's latencies and the fault plan come from the seed, and the report has no wall-clock
@@ -28,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 import gosim
-from gosim import Chan, go, net
+from gosim import Chan, go, lowlevel, net
 
 from .._errors import StoreUnavailable
 from .._record import ClaimResult, Record
@@ -145,7 +147,9 @@ class _Incarnation:
         heartbeat: float,
         conns: int,
         rng: random.Random,
+        name: str = "server",
     ) -> None:
+        self.name = name
         self.store = _CrashableStore(ledger.store, rng, STORE_COMMIT)
         self.server = make_server(ledger, heartbeat, conns, store_wrapper=lambda _: self.store)
         self.listener = net.listen("sim", address)
@@ -154,6 +158,7 @@ class _Incarnation:
         go(self._serve)
 
     async def _serve(self) -> None:
+        _as_process(self.name)
         try:
             await self.server.serve(self)
         except net.ClosedError:
@@ -186,6 +191,14 @@ class _Incarnation:
 PROGRESS_EVERY = 1.0
 
 
+def _as_process(name: str) -> None:
+    """Show the calling goroutine and those it starts as the process ``name`` in the
+    runtime's trace (when one is recorded): a process of the simulated system."""
+    trace = lowlevel.current_runtime().trace
+    if trace is not None:
+        trace.name_process(lowlevel.current_g().goid, name)
+
+
 def run_simulation(
     opts: SimOptions, progress: Callable[[float, dict[str, int]], None] | None = None
 ) -> SimResult:
@@ -194,7 +207,9 @@ def run_simulation(
     ``progress(virtual_seconds, totals)`` is called every :data:`PROGRESS_EVERY`
     virtual seconds with the fleets' summed ``acked``, ``refused`` and ``in_flight``
     (from their stats lines, so the figures depend on the seed alone)."""
-    trace = gosim.Trace() if opts.trace is not None else None
+    trace = None
+    if opts.trace is not None:
+        trace = gosim.Trace(process=f"simulation, seed {opts.seed}: conductor")
     ledger = MemoryLedger(opts.accounts)
     counts: dict[str, Any] = {}
     logs: list[dict[str, Any]] = []
@@ -208,7 +223,9 @@ def run_simulation(
         t0 = gosim.now()
         store_rng = random.Random(rng.getrandbits(32))
         max_conns = opts.connections * 2 + 100
-        server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+        server = _Incarnation(
+            ledger, "server:1", opts.heartbeat, max_conns, store_rng, "server, incarnation 1"
+        )
         plan = FaultPlan(rng.getrandbits(32), **opts.plan)
         entry = "server:1"
         proxy_ln = None
@@ -218,7 +235,11 @@ def run_simulation(
             async def upstream() -> Any:
                 return await net.dial("sim", "server:1", local_host="proxy")
 
-            go(serve_proxy, proxy_ln, upstream, plan)
+            async def proxy() -> None:
+                _as_process("fault proxy")
+                await serve_proxy(proxy_ln, upstream, plan)
+
+            go(proxy)
             entry = "proxy:1"
         kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
         hosts = max(1, min(opts.clients, opts.connections))
@@ -231,7 +252,14 @@ def run_simulation(
                 server.kill()
                 events.append(f"kill -9 at {gosim.now() - t0:.3f} s")
                 await gosim.sleep(RESTART_DELAY)
-                server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+                server = _Incarnation(
+                    ledger,
+                    "server:1",
+                    opts.heartbeat,
+                    max_conns,
+                    store_rng,
+                    f"server, incarnation {len(events) + 1}",
+                )
 
         lines: Chan[tuple[list[dict[str, Any]], str]] = Chan(hosts)
         latest: list[dict[str, int]] = [{} for _ in range(hosts)]
@@ -253,6 +281,8 @@ def run_simulation(
                 progress(gosim.now() - t0, {k: sum(s.get(k, 0) for s in latest) for k in keys})
 
         async def fleet(k: int, n: int) -> None:
+            _as_process(f"client {k}")
+
             async def dial() -> Any:
                 return await net.dial("sim", entry, local_host=f"client{k}")
 

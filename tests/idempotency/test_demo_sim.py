@@ -6,7 +6,9 @@ test_demo.py; these look at the pieces the simulation adds.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import gosim
 from gosim import Chan, go
@@ -79,3 +81,36 @@ def test_progress_is_reported_in_virtual_seconds_and_replays() -> None:
     acked = [totals["acked"] for _, totals in first]
     assert acked == sorted(acked) and acked[0] > 0
     assert run() == first
+
+
+def test_the_trace_shows_each_simulated_process_and_each_goroutine(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    opts = SimOptions(connections=4, accounts=6, seconds=1.0, seed=3, kills=1, trace=path)
+    run_simulation(opts)
+    events = json.loads(path.read_text())["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(processes.values()) == [
+        "client 0",
+        "client 1",
+        "fault proxy",
+        "server, incarnation 1",
+        "server, incarnation 2",
+        "simulation, seed 3: conductor",
+    ]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    # One track per goroutine: no goroutine id in two processes.
+    goids = [tid for _, tid in tracks]
+    assert len(goids) == len(set(goids))
+    by_process: dict[str, set[str]] = {}
+    for (pid, tid), name in tracks.items():
+        if tid:
+            g, fn = name.split(" ", 1)
+            assert g == f"G{tid}"
+            by_process.setdefault(processes[pid], set()).add(fn)
+    assert "idempotency.demo._sim._Incarnation._serve" in by_process["server, incarnation 2"]
+    assert "netframe._server.Server._serve_conn" in by_process["server, incarnation 1"]
+    assert "idempotency.demo._proxy._pump" in by_process["fault proxy"]
+    assert "idempotency.demo._clients.run_fleet.<locals>.connection" in by_process["client 0"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {processes[e["pid"]] for e in slices} == set(processes.values())
+    assert all((e["pid"], e["tid"]) in tracks for e in slices)
