@@ -227,6 +227,8 @@ def run(
     async def top() -> T:
         rt = Runtime(nprocs, seed, trace, deterministic=seed is not None)
         rt.open_mode = False
+        if clock is not None:
+            rt.virtual_jump = clock.jump
         if schedtrace:
             rt.schedtrace_interval = schedtrace
         box = _CallBox()

@@ -5,7 +5,8 @@ pairs of in-memory byte queues whose behaviour comes from one seeded generator a
 fault plan, and every delivery is a runtime timer on the virtual clock. A whole
 client/server system therefore replays exactly from its seed: the same bytes arrive at
 the same virtual times, the same connections reset, the same partitions cut the same
-links. :attr:`SimNetwork.log` records every event for comparing runs.
+links. :attr:`SimNetwork.log` records every event for comparing runs (``log=None``
+records nothing: a long simulation's log grows by a few tuples per segment).
 
 The model, per direction of a connection:
 
@@ -56,7 +57,8 @@ class SimNetwork:
     bandwidth: float | None = None
     reset_rate: float = 0.0
     partitions: Iterable[tuple[float, float, Iterable[str], Iterable[str]]] = ()
-    log: list[tuple[float, str, int, int]] = field(default_factory=list)
+    #: Every event as ``(time, what, conn, bytes)``; None keeps none.
+    log: list[tuple[float, str, int, int]] | None = field(default_factory=list)
 
     def __post_init__(self) -> None:
         lo, hi = self.latency
@@ -82,10 +84,12 @@ class SimNetwork:
         return end
 
     def record(self, now: float, what: str, conn: int, n: int) -> None:
-        self.log.append((now, what, conn, n))
+        if self.log is not None:
+            self.log.append((now, what, conn, n))
 
     def log_bytes(self) -> bytes:
-        return "".join(f"{t!r} {w} {c} {n}\n" for t, w, c, n in self.log).encode()
+        """The log, one line per event (empty when ``log`` is None)."""
+        return "".join(f"{t!r} {w} {c} {n}\n" for t, w, c, n in self.log or ()).encode()
 
 
 def use_sim_network(network: SimNetwork) -> None:

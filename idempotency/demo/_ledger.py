@@ -426,8 +426,9 @@ def serve(
     With ``trace_path``, the runtime's trace is written there (Chrome JSON, for
     Perfetto) on SIGTERM; a SIGKILL leaves none."""
     raise_nofile_limit()
-    trace = gosim.Trace() if trace_path is not None else None
-    if trace is not None:
+    trace = None
+    if trace_path is not None:
+        trace = gosim.Trace(f"ledger server (pid {os.getpid()})", os.getpid(), wall_clock=True)
 
         def write_and_exit(signum: int, frame: Any) -> None:
             # In the main thread between two bytecodes: the event list is whole.

@@ -4,11 +4,13 @@ virtual time.
 The same pieces as the real run (the ledger server of ``_ledger``, the fault proxy of
 ``_proxy``, the client fleets of ``_clients``), on ``net.listen("sim", ...)`` instead of
 TCP, with the ledger in memory (:class:`~._ledger.MemoryLedger`, which outlives a crash
-as a disk would). A crash of the server is a ``kill -9`` as seen from outside: every
-connection it accepted closes at once (no GOAWAY, no reply flushed), its listener goes,
-and its store refuses whatever the dead incarnation still tries (a process that no longer
-exists commits nothing); a new incarnation starts after a restart delay on the same
-address and the same ledger.
+as a disk would) behind a group commit at a disk's pace (:data:`STORE_COMMIT`). A crash
+of the server is a ``kill -9`` as seen from outside: every connection it accepted closes
+at once (no GOAWAY, no reply flushed), its listener goes, and its store refuses whatever
+the dead incarnation still tries (a process that no longer exists commits nothing); a
+new incarnation starts after a restart delay on the same address and the same ledger.
+With ``--trace``, each simulated process (server incarnation, fault proxy, client host)
+is a Perfetto process of its own, each goroutine a track.
 
 Everything runs on one seeded runtime (``gosim.run(seed=..., virtual_time=True)``), the
 network's latencies and the fault plan come from the seed, and the report has no wall-clock
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from typing import Any
 from rich.console import Console
 
 import gosim
-from gosim import Chan, go, net
+from gosim import Chan, go, lowlevel, net
 
 from .._errors import StoreUnavailable
 from .._record import ClaimResult, Record
@@ -42,8 +45,9 @@ __all__ = ["SimOptions", "SimResult", "run_simulation", "simulate"]
 
 #: How long a killed server stays down before its restart (virtual seconds).
 RESTART_DELAY = 0.5
-#: How long one store operation takes (virtual seconds): a durable write's time.
-STORE_LATENCY = (0.0002, 0.001)
+#: How long one group commit of the store takes (virtual seconds): an fsync of its log
+#: (about 5 ms on the disk the real run was measured on) and the batch's statements.
+STORE_COMMIT = (0.002, 0.008)
 
 
 @dataclass
@@ -70,22 +74,43 @@ class SimResult:
 
 
 class _CrashableStore(Store):
-    """The store as one server incarnation sees it. Each operation takes a write's time
-    (drawn from ``latency``) before it applies, as a disk's would, so a crash can fall
-    between a transfer's claim and its completion; after :meth:`kill`, every operation
-    fails (the process is gone) and nothing the dead incarnation had under way commits."""
+    """The store as one server incarnation sees it, on a disk with group commit, as the
+    real run's SQLite store: operations wait for the next commit (which starts when the
+    one in progress ends; each takes a time drawn from ``commit``) and apply when it is
+    durable, so a crash can fall between a transfer's claim and its completion. After
+    :meth:`kill`, every operation fails (the process is gone), those of the commit in
+    progress included: nothing the dead incarnation had under way commits."""
 
-    def __init__(self, inner: Store, rng: random.Random, latency: tuple[float, float]) -> None:
+    def __init__(self, inner: Store, rng: random.Random, commit: tuple[float, float]) -> None:
         self.inner = inner
         self.rng = rng
-        self.latency = latency
+        self.commit = commit
         self.dead = False
+        self._next: Chan[None] | None = None  # the batch gathering for the next commit
+        self._committing = False
 
     async def _alive(self) -> Store:
-        await gosim.sleep(self.rng.uniform(*self.latency))
+        if self.dead:
+            raise StoreUnavailable("the server process was killed")
+        batch = self._next
+        if batch is None:
+            batch = self._next = Chan()
+            if not self._committing:
+                self._committing = True
+                go(self._committer)
+        await batch.recv()  # closed when its commit is durable
         if self.dead:
             raise StoreUnavailable("the server process was killed")
         return self.inner
+
+    async def _committer(self) -> None:
+        # One commit at a time; what arrives meanwhile makes the next one (one timer per
+        # batch, not one per operation).
+        while (batch := self._next) is not None:
+            self._next = None
+            await gosim.sleep(self.rng.uniform(*self.commit))
+            batch.close()
+        self._committing = False
 
     def kill(self) -> None:
         self.dead = True
@@ -122,8 +147,10 @@ class _Incarnation:
         heartbeat: float,
         conns: int,
         rng: random.Random,
+        name: str = "server",
     ) -> None:
-        self.store = _CrashableStore(ledger.store, rng, STORE_LATENCY)
+        self.name = name
+        self.store = _CrashableStore(ledger.store, rng, STORE_COMMIT)
         self.server = make_server(ledger, heartbeat, conns, store_wrapper=lambda _: self.store)
         self.listener = net.listen("sim", address)
         self.conns: list[Any] = []  # a list, not a set: the crash closes them in order
@@ -131,6 +158,7 @@ class _Incarnation:
         go(self._serve)
 
     async def _serve(self) -> None:
+        _as_process(self.name)
         try:
             await self.server.serve(self)
         except net.ClosedError:
@@ -159,9 +187,29 @@ class _Incarnation:
             conn.close()
 
 
-def run_simulation(opts: SimOptions) -> SimResult:
-    """Run the system on the simulated network from ``opts.seed``; audit the ledger."""
-    trace = gosim.Trace() if opts.trace is not None else None
+#: How often (virtual seconds) the simulation reports its progress.
+PROGRESS_EVERY = 1.0
+
+
+def _as_process(name: str) -> None:
+    """Show the calling goroutine and those it starts as the process ``name`` in the
+    runtime's trace (when one is recorded): a process of the simulated system."""
+    trace = lowlevel.current_runtime().trace
+    if trace is not None:
+        trace.name_process(lowlevel.current_g().goid, name)
+
+
+def run_simulation(
+    opts: SimOptions, progress: Callable[[float, dict[str, int]], None] | None = None
+) -> SimResult:
+    """Run the system on the simulated network from ``opts.seed``; audit the ledger.
+
+    ``progress(virtual_seconds, totals)`` is called every :data:`PROGRESS_EVERY`
+    virtual seconds with the fleets' summed ``acked``, ``refused`` and ``in_flight``
+    (from their stats lines, so the figures depend on the seed alone)."""
+    trace = None
+    if opts.trace is not None:
+        trace = gosim.Trace(process=f"simulation, seed {opts.seed}: conductor")
     ledger = MemoryLedger(opts.accounts)
     counts: dict[str, Any] = {}
     logs: list[dict[str, Any]] = []
@@ -169,11 +217,15 @@ def run_simulation(opts: SimOptions) -> SimResult:
 
     async def system() -> list[str]:
         rng = random.Random(opts.seed)
-        net.use_sim_network(net.SimNetwork(seed=rng.getrandbits(32), latency=(0.0005, 0.002)))
+        # No event log: it would keep a few tuples per segment for the whole run.
+        network = net.SimNetwork(seed=rng.getrandbits(32), latency=(0.0005, 0.002), log=None)
+        net.use_sim_network(network)
         t0 = gosim.now()
         store_rng = random.Random(rng.getrandbits(32))
         max_conns = opts.connections * 2 + 100
-        server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+        server = _Incarnation(
+            ledger, "server:1", opts.heartbeat, max_conns, store_rng, "server, incarnation 1"
+        )
         plan = FaultPlan(rng.getrandbits(32), **opts.plan)
         entry = "server:1"
         proxy_ln = None
@@ -183,7 +235,11 @@ def run_simulation(opts: SimOptions) -> SimResult:
             async def upstream() -> Any:
                 return await net.dial("sim", "server:1", local_host="proxy")
 
-            go(serve_proxy, proxy_ln, upstream, plan)
+            async def proxy() -> None:
+                _as_process("fault proxy")
+                await serve_proxy(proxy_ln, upstream, plan)
+
+            go(proxy)
             entry = "proxy:1"
         kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
         hosts = max(1, min(opts.clients, opts.connections))
@@ -196,11 +252,37 @@ def run_simulation(opts: SimOptions) -> SimResult:
                 server.kill()
                 events.append(f"kill -9 at {gosim.now() - t0:.3f} s")
                 await gosim.sleep(RESTART_DELAY)
-                server = _Incarnation(ledger, "server:1", opts.heartbeat, max_conns, store_rng)
+                server = _Incarnation(
+                    ledger,
+                    "server:1",
+                    opts.heartbeat,
+                    max_conns,
+                    store_rng,
+                    f"server, incarnation {len(events) + 1}",
+                )
 
         lines: Chan[tuple[list[dict[str, Any]], str]] = Chan(hosts)
+        latest: list[dict[str, int]] = [{} for _ in range(hosts)]
+
+        def reporter(k: int) -> Callable[[str], None] | None:
+            if progress is None:
+                return None
+
+            def report(line: str) -> None:
+                latest[k] = json.loads(line)
+
+            return report
+
+        async def show_progress() -> None:
+            assert progress is not None
+            while True:
+                await gosim.sleep(PROGRESS_EVERY)
+                keys = ("acked", "refused", "in_flight")
+                progress(gosim.now() - t0, {k: sum(s.get(k, 0) for s in latest) for k in keys})
 
         async def fleet(k: int, n: int) -> None:
+            _as_process(f"client {k}")
+
             async def dial() -> Any:
                 return await net.dial("sim", entry, local_host=f"client{k}")
 
@@ -212,11 +294,14 @@ def run_simulation(opts: SimOptions) -> SimResult:
                 opts.seconds,
                 fleet_seeds[k],
                 opts.heartbeat,
+                reporter(k),
                 think=opts.think,
             )
             await lines.send(result)
 
         go(killer)
+        if progress is not None:
+            go(show_progress)
         for k in range(hosts):
             go(fleet, k, opts.connections // hosts + (k < opts.connections % hosts))
         last = []
@@ -256,7 +341,25 @@ def simulate(opts: SimOptions) -> int:
         f"simulated ledger demo: seed {opts.seed}, {opts.connections} connections, "
         f"{opts.seconds:g} virtual seconds, faults {'on' if opts.faults else 'off'}"
     )
-    result = run_simulation(opts)
+    err = Console(stderr=True)
+    live = err.is_terminal
+
+    def progress(at: float, totals: dict[str, int]) -> None:
+        # On stderr, so that stdout is the report alone; the figures are virtual.
+        phase = f"of {opts.seconds:g}" if at <= opts.seconds + 1e-9 else "(reconciling)"
+        text = (
+            f"virtual {at:.0f} s {phase}: {totals['acked']:,} transfers acknowledged, "
+            f"{totals['refused']:,} refused, {totals['in_flight']} in flight"
+        )
+        if live:
+            err.file.write("\r" + text + "\x1b[K")
+            err.file.flush()
+        else:
+            err.print(text, highlight=False, soft_wrap=True)
+
+    result = run_simulation(opts, progress)
+    if live:
+        err.file.write("\r\x1b[K")
     code = report_tables(console, result.checks, result.counts)
     if code:
         console.print(

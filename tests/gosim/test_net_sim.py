@@ -10,9 +10,15 @@ import netframe
 from gosim import Chan, go, net
 
 
-async def system(seed: int, reset_rate: float) -> tuple[list[bytes], bytes]:
+async def system(seed: int, reset_rate: float, log: bool = True) -> tuple[list[bytes], bytes]:
     """A small client/server system: 5 clients, 20 messages each, an echo server."""
-    network = net.SimNetwork(seed=seed, latency=(0.001, 0.02), bandwidth=1e6, reset_rate=reset_rate)
+    network = net.SimNetwork(
+        seed=seed,
+        latency=(0.001, 0.02),
+        bandwidth=1e6,
+        reset_rate=reset_rate,
+        **({} if log else {"log": None}),
+    )
     net.use_sim_network(network)
     ln = net.listen("sim", "server:1")
 
@@ -57,11 +63,19 @@ async def system(seed: int, reset_rate: float) -> tuple[list[bytes], bytes]:
     return results, network.log_bytes()
 
 
-def replay(seed: int, reset_rate: float = 0.0) -> tuple[list[bytes], bytes]:
+def replay(seed: int, reset_rate: float = 0.0, log: bool = True) -> tuple[list[bytes], bytes]:
     result: tuple[list[bytes], bytes] = gosim.run(
-        system, seed, reset_rate, procs=2, seed=seed, virtual_time=True
+        system, seed, reset_rate, log, procs=2, seed=seed, virtual_time=True
     )
     return result
+
+
+def test_a_network_without_a_log_keeps_no_events_and_runs_the_same() -> None:
+    """``log=None``: a long simulation does not keep a tuple per segment; the run is the
+    same one (the log only watches)."""
+    logged, quiet = replay(7, reset_rate=0.02), replay(7, reset_rate=0.02, log=False)
+    assert logged[1] and quiet[1] == b""
+    assert quiet[0] == logged[0]
 
 
 def test_same_seed_same_bytes_delivered_and_same_faults() -> None:

@@ -464,24 +464,61 @@ def test_schedtrace_prints_go_sched_line() -> None:
     assert "runqueue=0 [" in lines[2]
 
 
-def test_trace_exports_chrome_json_with_a_track_per_p() -> None:
-    trace = gosim.Trace()
+def test_trace_exports_chrome_json_with_a_track_per_goroutine_named_by_its_function() -> None:
+    trace = gosim.Trace(process="ping-pong", pid=7)
+
+    async def pinger(ch: Chan[int]) -> None:
+        for i in range(3):
+            await ch.send(i)
 
     async def main() -> None:
         ch: Chan[int] = Chan()
-
-        async def child() -> None:
-            await ch.send(1)
-
-        go(child)
-        await ch.recv()
+        go(pinger, ch)
+        for _ in range(3):
+            await ch.recv()
 
     gosim.run(main, procs=2, seed=1, virtual_time=True, trace=trace)
     kinds = {e[2] for e in trace.events}
     assert {"go", "run", "park", "ready", "exit"} <= kinds
-    doc = json.loads(trace.to_chrome_json())
-    names = {e["name"] for e in doc["traceEvents"]}
-    assert "G1" in names and "G2" in names
+    events = json.loads(trace.to_chrome_json())["traceEvents"]
+    assert {e["pid"] for e in events} == {7}
+    meta = [e for e in events if e["ph"] == "M"]
+    assert [e["args"]["name"] for e in meta if e["name"] == "process_name"] == ["ping-pong"]
+    tracks = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    test = "test_trace_exports_chrome_json_with_a_track_per_goroutine_named_by_its_function"
+    here = f"{__name__}.{test}.<locals>"
+    assert tracks == {1: f"G1 {here}.main", 2: f"G2 {here}.pinger"}
+    slices = [e for e in events if e["ph"] == "X"]
+    # Each goroutine's runs on its own track, labelled with its function and the P.
+    assert {(e["tid"], e["name"]) for e in slices} == {
+        (1, f"{here[len(__name__) + 1 :]}.main"),
+        (2, f"{here[len(__name__) + 1 :]}.pinger"),
+    }
+    assert all(e["args"]["p"] in (0, 1) and e["dur"] > 0 for e in slices)
+    assert sum(1 for e in slices if e["tid"] == 2) >= 2  # parked on a send, then exited
+    # Times are the virtual clock's: the same seed exports the same bytes.
+    again = gosim.Trace(process="ping-pong", pid=7)
+    gosim.run(main, procs=2, seed=1, virtual_time=True, trace=again)
+    assert again.to_chrome_json() == trace.to_chrome_json()
+
+
+def test_traces_of_several_processes_merge_into_one_perfetto_file() -> None:
+    async def main() -> None:
+        await gosim.sleep(0.001)
+
+    docs = []
+    for pid, name in ((100, "server"), (200, "client 0")):
+        trace = gosim.Trace(process=name, pid=pid, wall_clock=True)
+        before = time.time()
+        gosim.run(main, procs=1, trace=trace)
+        after = time.time()
+        events = trace.to_chrome_events()
+        assert all(before * 1e6 - 1e6 <= e["ts"] <= after * 1e6 + 1e6 for e in events if "ts" in e)
+        docs.append(trace.to_chrome_json())
+    merged = json.loads(gosim.Trace.merge_chrome_json(docs))["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in merged if e["name"] == "process_name"}
+    assert processes == {100: "server", 200: "client 0"}
+    assert {e["pid"] for e in merged if e["ph"] == "X"} == {100, 200}
 
 
 def test_virtual_time_makes_an_hour_of_sleep_instant() -> None:

@@ -140,7 +140,12 @@ def test_a_real_run_writes_the_servers_perfetto_trace(tmp_path: Path) -> None:
     out = _demo("--no-faults", "--seed", "2", "--trace", str(trace))
     assert out.returncode == 0, out.stdout + out.stderr
     events = json.loads(trace.read_text())["traceEvents"]
-    assert any(e.get("ph") == "X" for e in events)
+    # The server is a Perfetto process under its pid, each goroutine a track of it.
+    (process,) = [e for e in events if e["name"] == "process_name"]
+    assert process["args"]["name"] == f"ledger server (pid {process['pid']})"
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert "netframe._server.Server._serve_conn" in {n.split(" ", 1)[-1] for n in tracks.values()}
+    assert all(e["pid"] == process["pid"] and e["tid"] in tracks for e in events if e["ph"] == "X")
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
