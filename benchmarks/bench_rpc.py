@@ -4,13 +4,16 @@ Servers (``benchmarks/rpc_peers.py``, and ``benchmarks/go/rpc`` for Go): a lean 
 msgpack-rpc server over netframe session frames (the ceiling), idempotency.rpc on the
 framed transport (``rpc``: a plain-function method; ``rpc-async``), on the plain stream
 (``rpc-stream``), with idempotent methods over a durable SQLite store (``rpc-sqlite``;
-``rpc-sqlite-one-step`` with the method declared ``one_step``), and aio-msgpack-rpc
-(asyncio, plain stream). The Go load generator drives every one and checks every reply;
-the server's CPU time is read from ``/proc`` around the run.
+``rpc-sqlite-one-step`` with the method declared ``one_step``), a MemoryStore and a
+RedisStore, and aio-msgpack-rpc (asyncio, plain stream). The keyed rows' peers besides
+ours: the Go twin of the keyed server (``benchmarks/go/ledger``, durable and from
+memory), the hand-written asyncio + msgpack + sqlite3 server (``rpc_peers.py
+hand-written``), and our unkeyed call. The Go load generator drives every one and
+checks every reply; the server's CPU time is read from ``/proc`` around the run.
 
 Rows: ``rr`` (100 connections, one call in flight each: echo of ``[1, "hello", [1, 2,
 3]]``), ``inflight`` (one connection, 16 calls in flight), ``keyed`` (rr with a fresh
-idempotency key per call against the SQLite store, then the same keys again: replays),
+idempotency key per call against every keyed peer, then the same keys again: replays),
 and the RPC layer's CPU cost per call over netframe's raw request/response (netframe's
 raw server with a plain handler, ``benchmarks/net_peers.py``, driven by the Go frame
 client). gRPC's asyncio server is not a row: a Go client speaking gRPC needs modules
@@ -24,13 +27,24 @@ Reproduce::
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.procs import Server, drive, find_go, gc_settings_env, go_build
+from benchmarks.procs import (
+    Server,
+    cpu_seconds,
+    drive,
+    find_go,
+    gc_settings_env,
+    go_build,
+    gopath_missing,
+)
 
 HERE = Path(__file__).parent
 PEERS = HERE / "rpc_peers.py"
@@ -106,22 +120,143 @@ def bench_rpc_inflight(benchmark: Any, go_rpc: Path, server: str) -> None:
     assert r["calls"] > 0
 
 
+# The keyed tables' peers (issue 30): the Go twin of our keyed server (durable and from
+# memory, benchmarks/go/ledger), ours through each store, what a user writes by hand
+# (asyncio + msgpack + sqlite3, a transaction per call), and our unkeyed call (the
+# transport under the keyed ones: the same client without keys).
+KEYED = (
+    "go-ledger",
+    "go-ledger-memory",
+    "rpc-sqlite",
+    "rpc-sqlite-one-step",
+    "rpc-memory",
+    "rpc-redis",
+    "hand-written",
+    "rpc-nokey",
+)
+GO_LEDGER = {"go-ledger", "go-ledger-memory"}
+# The hand-written server fsyncs once a call on the event loop's thread: a few hundred
+# calls/s on this disk, so it makes a tenth of the others' calls (its CPU per call is
+# what the tables compare).
+FEWER_CALLS = {"hand-written": 10}
+
+
+def keyed_calls(kind: str, calls: int) -> int:
+    """Calls per connection that ``kind`` makes in a keyed round of ``calls``."""
+    return max(1, calls // FEWER_CALLS.get(kind, 1))
+
+
+def keyed_server_cmd(
+    kind: str, directory: Path, go_ledger: Path | None, redis_url: str | None
+) -> list[str]:
+    """The command line of keyed-table server ``kind``, its files in ``directory``."""
+    if kind == "go-ledger":
+        assert go_ledger is not None
+        return [str(go_ledger), "server", "-store", "sqlite", "-db", str(directory / "records.db")]
+    if kind == "go-ledger-memory":
+        assert go_ledger is not None
+        return [str(go_ledger), "server", "-store", "memory"]
+    if kind == "hand-written":
+        return [sys.executable, str(PEERS), kind, str(directory / "calls.db")]
+    if kind == "rpc-redis":
+        assert redis_url is not None
+        return [sys.executable, str(PEERS), kind, redis_url, f"{directory.name}:"]
+    if kind == "rpc-nokey":
+        return [sys.executable, str(PEERS), "rpc"]
+    return [sys.executable, str(PEERS), kind, str(directory)]
+
+
+def keyed_round(
+    kind: str,
+    go_rpc: Path,
+    go_ledger: Path | None,
+    calls: int,
+    redis: tuple[str, int] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """One round of a keyed table on a fresh server of ``kind``: 100 connections, one
+    call in flight each, ``keyed_calls(kind, calls)`` calls each with a fresh key, then
+    the same keys again (every call a replay; ``rpc-nokey`` makes no second pass).
+    Server CPU from /proc, per call; ``redis`` (url, pid): redis-server's CPU per call
+    beside. Every reply is checked by the Go client."""
+    env = env or ENV
+    per_conn = keyed_calls(kind, calls)
+    with tempfile.TemporaryDirectory(prefix="keyed-") as tmp:
+        directory = Path(tmp)
+        url = None if redis is None else redis[0]
+        srv = Server(keyed_server_cmd(kind, directory, go_ledger, url), env=env)
+        try:
+            cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-calls", str(per_conn)]
+            if kind != "rpc-nokey":
+                cmd.append("-key")
+            redis_before = 0.0 if redis is None else cpu_seconds(redis[1])
+            first = drive(srv, cmd, env)
+            redis_cpu = 0.0 if redis is None else cpu_seconds(redis[1]) - redis_before
+            replay = drive(srv, cmd, env) if kind != "rpc-nokey" else None
+        finally:
+            srv.stop()
+    want = 100 * per_conn
+    if first["calls"] != want or (replay is not None and replay["calls"] != want):
+        got = (first["calls"], None if replay is None else replay["calls"])
+        raise AssertionError(f"{kind}: {got} calls answered, want {want}")
+    out = {
+        "calls_per_s": first["calls_per_s"],
+        "server_cpu_us_per_call": first["server_cpu_us_per_op"],
+    }
+    if replay is not None:
+        out["replay_calls_per_s"] = replay["calls_per_s"]
+        out["replay_server_cpu_us_per_call"] = replay["server_cpu_us_per_op"]
+    if redis is not None:
+        out["redis_cpu_us_per_call"] = redis_cpu * 1e6 / want
+    return out
+
+
+def keyed_missing(kind: str) -> str | None:
+    """Why keyed peer ``kind`` cannot run here (None: it can)."""
+    if kind in GO_LEDGER:
+        return gopath_missing("ledger")
+    if kind == "rpc-redis" and shutil.which("redis-server") is None:
+        return "redis-server is not installed (CI installs it with apt)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def go_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = gopath_missing("ledger")
+    if why is not None:
+        pytest.skip(why)
+    return go_build("ledger", tmp_path_factory.mktemp("goledger") / "ledger")
+
+
+@pytest.fixture(scope="module")
+def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    with redis_process(str(tmp_path_factory.mktemp("redis"))) as proc:
+        yield proc
+
+
 @pytest.mark.benchmark(group="rpc-keyed-100conns")
-@pytest.mark.parametrize("server", ["rpc-sqlite", "rpc-sqlite-one-step", "rpc-memory"])
-def bench_rpc_keyed_first_then_replayed(benchmark: Any, go_rpc: Path, server: str) -> None:
-    calls = "5" if benchmark.disabled else "300"
-    srv = _server(server, go_rpc)
-    try:
-        cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-key", "-calls", calls]
-        first = _drive(benchmark, srv, cmd)
-        replay = drive(srv, cmd, ENV)
-    finally:
-        srv.stop()
-    assert first["calls"] == replay["calls"] == 100 * int(calls)
-    benchmark.extra_info.update(
-        replay_calls_per_s=replay["calls_per_s"],
-        replay_server_cpu_us_per_call=round(replay["server_cpu_us_per_op"], 2),
+@pytest.mark.parametrize("server", KEYED)
+def bench_rpc_keyed_first_then_replayed(
+    benchmark: Any, request: pytest.FixtureRequest, go_rpc: Path, server: str
+) -> None:
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    redis = request.getfixturevalue("redis_proc") if server == "rpc-redis" else None
+    calls = 5 if benchmark.disabled else 300
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, redis)),
+        rounds=1,
+        iterations=1,
     )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
 
 
 @pytest.mark.benchmark(group="rpc-layer-cost")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import procs
-from benchmarks.harness import Peer, Row, Sample, Suite
+from benchmarks.harness import Peer, Ratio, Row, Sample, Suite
 
 HERE = Path(__file__).parent
 
@@ -502,12 +502,33 @@ def network_rows(quick: bool) -> list[Row]:
 
 # =============================================================================== rpc
 
+# Issue 30's figures: server CPU per call of the keyed peers, each over its anchor in the
+# same round (the targets in brackets).
+KEYED_RATIOS = [
+    Ratio("keyed SQLite over the Go twin (target 1.5x)", "rpc-sqlite", "go-ledger",
+          "server_cpu_ns"),
+    Ratio("keyed SQLite over the unkeyed call (target 4x)", "rpc-sqlite", "rpc-nokey",
+          "server_cpu_ns"),
+    Ratio("keyed SQLite over the hand-written server (target 0.4x)", "rpc-sqlite",
+          "hand-written", "server_cpu_ns"),
+    Ratio("one-step over the Go twin (target 1.2x)", "rpc-sqlite-one-step", "go-ledger",
+          "server_cpu_ns"),
+    Ratio("keyed memory over the unkeyed call (target 2x)", "rpc-memory", "rpc-nokey",
+          "server_cpu_ns"),
+    Ratio("keyed memory over the Go twin from memory", "rpc-memory", "go-ledger-memory",
+          "server_cpu_ns"),
+    Ratio("keyed Redis over the unkeyed call (target 4x; redis-server's CPU not counted)",
+          "rpc-redis", "rpc-nokey", "server_cpu_ns"),
+    Ratio("Go twin: durable over from memory", "go-ledger", "go-ledger-memory",
+          "server_cpu_ns"),
+]  # fmt: skip
+
 
 def rpc_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_rpc as br  # noqa: PLC0415
 
     seconds = "0.2" if quick else "2"
-    keyed_calls = "5" if quick else "300"
+    keyed_calls = 5 if quick else 300
 
     def go_rpc() -> Path:
         return SCRATCH.go("rpc")
@@ -525,22 +546,31 @@ def rpc_rows(quick: bool) -> list[Row]:
 
     def keyed(kind: str) -> Peer:
         """A fresh server each round: the second pass replays the first pass's keys."""
+        redis: list[tuple[str, int]] = []
+        stack = contextlib.ExitStack()
+
+        def open_peer() -> None:
+            why = br.keyed_missing(kind)
+            if why is not None:
+                raise RuntimeError(why)
+            if kind == "rpc-redis":
+                from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+
+                redis.append(stack.enter_context(redis_process(str(SCRATCH.dir))))
 
         def measure() -> Sample:
-            srv = procs.Server(br.server_cmd(kind, go_rpc()), env=_net_env())
-            try:
-                cmd = [str(go_rpc()), "rr", "-addr", srv.addr, "-key", "-calls", keyed_calls]
-                first = procs.drive(srv, cmd, _net_env())
-                replay = procs.drive(srv, cmd, _net_env())
-            finally:
-                srv.stop()
-            want = 100 * int(keyed_calls)
-            if first["calls"] != want or replay["calls"] != want:
-                raise AssertionError(f"{first['calls']}/{replay['calls']} calls, want {want}")
-            return _value(first["calls_per_s"], replay=replay["calls_per_s"],
-                          server_cpu_ns=first["server_cpu_us_per_op"] * 1e3)  # fmt: skip
+            ledger = SCRATCH.go("ledger") if kind in br.GO_LEDGER else None
+            r = br.keyed_round(kind, go_rpc(), ledger, keyed_calls, redis[-1] if redis else None,
+                               _net_env())  # fmt: skip
+            sample = _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3)
+            if "replay_calls_per_s" in r:
+                sample["replay"] = r["replay_calls_per_s"]
+                sample["replay_cpu_ns"] = r["replay_server_cpu_us_per_call"] * 1e3
+            if "redis_cpu_us_per_call" in r:
+                sample["redis_cpu_ns"] = r["redis_cpu_us_per_call"] * 1e3
+            return sample
 
-        return Peer(kind, measure)
+        return Peer(kind, measure, open=open_peer, close=stack.close)
 
     def layer(kind: str) -> Peer:
         if kind == "rpc":
@@ -564,9 +594,11 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed("rpc-sqlite"), keyed("rpc-sqlite-one-step"), keyed("rpc-memory")],
-            max_rounds=3,
-            extras={"replay": "calls/s of the same keys again (replays)", **cpu}),
+            [keyed(k) for k in br.KEYED], max_rounds=3,
+            extras={"replay": "calls/s of the same keys again (replays)", **cpu,
+                    "replay_cpu_ns": "ns of server CPU per replayed call",
+                    "redis_cpu_ns": "ns of redis-server's CPU per call (beside the server's)"},
+            ratios=KEYED_RATIOS),
         Row("RPC layer over raw netframe request/response", "calls/s", "higher",
             [layer("netframe-plain"), layer("rpc")], extras=cpu),
     ]  # fmt: skip
