@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import sqlite3
+import struct
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from benchmarks.procs import (
@@ -274,3 +278,51 @@ def bench_rpc_layer_cost(benchmark: Any, go_rpc: Path, go_net: Path, server: str
         _drive(benchmark, srv, cmd)
     finally:
         srv.stop()
+
+
+def _call(sock: socket.socket, msgid: int, params: list[Any], key: str) -> list[Any]:
+    """One framed request with ``key``; its decoded reply (pings answered)."""
+    body = b"\x00" + msgpack.packb([0, msgid, "echo", params, {"key": key, "caller": "t"}])
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    buf = b""
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            buf += chunk
+        n = struct.unpack(">I", buf[:4])[0]
+        frame, buf = buf[4 : 4 + n], buf[4 + n :]
+        if frame[:1] == b"\x00":
+            reply: list[Any] = msgpack.unpackb(frame[1:])
+            return reply
+
+
+@pytest.mark.parametrize("server", ["go-ledger", "go-ledger-memory", "hand-written", "rpc-sqlite"])
+def bench_keyed_peers_replay_and_refuse_a_reused_key(
+    request: pytest.FixtureRequest, go_rpc: Path, server: str, tmp_path: Path
+) -> None:
+    """Every keyed peer keeps the protocol the tables compare: a first call runs, the same
+    key and request replays the outcome (``replayed``), the same key with another
+    request gets ALREADY_EXISTS (KeyReused); a durable peer's record is in its file."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    srv = Server(keyed_server_cmd(server, tmp_path, ledger, None), env=ENV)
+    try:
+        host, port = srv.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            assert _call(sock, 1, [1, "a"], "k1") == [1, 1, None, [1, "a"]]
+            assert _call(sock, 2, [1, "a"], "k1") == [1, 2, None, [1, "a"], {"replayed": True}]
+            reused = _call(sock, 3, [2, "b"], "k1")
+            assert reused[:2] == [1, 3] and reused[2][0] == 6 and reused[3] is None
+            assert _call(sock, 4, [2, "b"], "k2") == [1, 4, None, [2, "b"]]
+    finally:
+        srv.stop()
+    files = {"go-ledger": "records.db", "hand-written": "calls.db", "rpc-sqlite": "records.db"}
+    if server in files:
+        table = "calls" if server == "hand-written" else "idempotency_records"
+        with sqlite3.connect(tmp_path / files[server]) as db:
+            keys = sorted(k for (k,) in db.execute(f"SELECT key FROM {table}"))
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        assert keys == ["k1", "k2"] and mode == "wal"

@@ -221,13 +221,17 @@ def go_version() -> str:
     return out.stdout.strip()
 
 
-_GO_BENCH_LINE = re.compile(r"^Benchmark(\w+?)(?:-\d+)?\s+(\d+)\s+([0-9.]+) ns/op", re.MULTILINE)
+_GO_BENCH_LINE = re.compile(r"^Benchmark(\w+?)(?:-\d+)?\s+(\d+)\s+(.*)$", re.MULTILINE)
 
 
-def parse_go_bench(stdout: str) -> dict[str, list[tuple[float, int]]]:
-    """``testing.B`` output: each benchmark's (ns/op, b.N) per run, by name without the
-    ``Benchmark`` prefix, in order."""
+def parse_go_bench(stdout: str, unit: str = "ns/op") -> dict[str, list[tuple[float, int]]]:
+    """``testing.B`` output: each benchmark's (figure in ``unit``, b.N) per run, by name
+    without the ``Benchmark`` prefix, in order; ``unit`` is ns/op or a metric the
+    benchmark reports (``b.ReportMetric``), such as ``cpu-ns/op``."""
     runs: dict[str, list[tuple[float, int]]] = {}
-    for name, iters, ns in _GO_BENCH_LINE.findall(stdout):
-        runs.setdefault(name, []).append((float(ns), int(iters)))
+    for name, iters, rest in _GO_BENCH_LINE.findall(stdout):
+        fields = rest.split()
+        for value, label in zip(fields[::2], fields[1::2], strict=False):
+            if label == unit:
+                runs.setdefault(name, []).append((float(value), int(iters)))
     return runs
