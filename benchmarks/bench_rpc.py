@@ -139,6 +139,10 @@ KEYED = (
     "rpc-nokey",
 )
 GO_LEDGER = {"go-ledger", "go-ledger-memory"}
+# The ledger demo's transfer (``transfer(src, dst, 1)`` with a key, over 100 accounts):
+# the Go twin durable and from memory, and the demo's own server.
+TRANSFER = ("go-ledger", "go-ledger-memory", "demo")
+ACCOUNTS = 100
 # The hand-written server fsyncs once a call on the event loop's thread: a few hundred
 # calls/s on this disk, so it makes a tenth of the others' calls (its CPU per call is
 # what the tables compare).
@@ -151,15 +155,24 @@ def keyed_calls(kind: str, calls: int) -> int:
 
 
 def keyed_server_cmd(
-    kind: str, directory: Path, go_ledger: Path | None, redis_url: str | None
+    kind: str,
+    directory: Path,
+    go_ledger: Path | None,
+    redis_url: str | None,
+    transfer: bool = False,
 ) -> list[str]:
-    """The command line of keyed-table server ``kind``, its files in ``directory``."""
+    """The command line of keyed-table server ``kind``, its files in ``directory``
+    (``transfer``: serving the ledger demo's transfer too)."""
+    ledger = ["-accounts", str(ACCOUNTS)] if transfer else []
     if kind == "go-ledger":
         assert go_ledger is not None
-        return [str(go_ledger), "server", "-store", "sqlite", "-db", str(directory / "records.db")]
+        db = str(directory / "records.db")
+        return [str(go_ledger), "server", "-store", "sqlite", "-db", db, *ledger]
     if kind == "go-ledger-memory":
         assert go_ledger is not None
-        return [str(go_ledger), "server", "-store", "memory"]
+        return [str(go_ledger), "server", "-store", "memory", *ledger]
+    if kind == "demo":
+        return [sys.executable, str(PEERS), kind, str(directory)]
     if kind == "hand-written":
         return [sys.executable, str(PEERS), kind, str(directory / "calls.db")]
     if kind == "rpc-redis":
@@ -177,22 +190,26 @@ def keyed_round(
     calls: int,
     redis: tuple[str, int] | None = None,
     env: dict[str, str] | None = None,
+    transfer: bool = False,
 ) -> dict[str, float]:
     """One round of a keyed table on a fresh server of ``kind``: 100 connections, one
     call in flight each, ``keyed_calls(kind, calls)`` calls each with a fresh key, then
     the same keys again (every call a replay; ``rpc-nokey`` makes no second pass).
     Server CPU from /proc, per call; ``redis`` (url, pid): redis-server's CPU per call
-    beside. Every reply is checked by the Go client."""
+    beside. Every reply is checked by the Go client. ``transfer``: the calls are the
+    ledger demo's transfers (``TRANSFER``'s servers) instead of echo."""
     env = env or ENV
     per_conn = keyed_calls(kind, calls)
     with tempfile.TemporaryDirectory(prefix="keyed-") as tmp:
         directory = Path(tmp)
         url = None if redis is None else redis[0]
-        srv = Server(keyed_server_cmd(kind, directory, go_ledger, url), env=env)
+        srv = Server(keyed_server_cmd(kind, directory, go_ledger, url, transfer), env=env)
         try:
             cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-calls", str(per_conn)]
             if kind != "rpc-nokey":
                 cmd.append("-key")
+            if transfer:
+                cmd += ["-transfer", str(ACCOUNTS)]
             redis_before = 0.0 if redis is None else cpu_seconds(redis[1])
             first = drive(srv, cmd, env)
             redis_cpu = 0.0 if redis is None else cpu_seconds(redis[1]) - redis_before
@@ -222,6 +239,27 @@ def keyed_missing(kind: str) -> str | None:
     if kind == "rpc-redis" and shutil.which("redis-server") is None:
         return "redis-server is not installed (CI installs it with apt)"
     return None
+
+
+@pytest.mark.benchmark(group="rpc-demo-transfer-100conns")
+@pytest.mark.parametrize("server", TRANSFER)
+def bench_demo_transfer_first_then_replayed(
+    benchmark: Any, request: pytest.FixtureRequest, go_rpc: Path, server: str
+) -> None:
+    """The ledger demo's transfer: the Go twin against the demo's own server."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    calls = 5 if benchmark.disabled else 300
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, transfer=True)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -280,9 +318,11 @@ def bench_rpc_layer_cost(benchmark: Any, go_rpc: Path, go_net: Path, server: str
         srv.stop()
 
 
-def _call(sock: socket.socket, msgid: int, params: list[Any], key: str) -> list[Any]:
-    """One framed request with ``key``; its decoded reply (pings answered)."""
-    body = b"\x00" + msgpack.packb([0, msgid, "echo", params, {"key": key, "caller": "t"}])
+def _call(
+    sock: socket.socket, msgid: int, params: list[Any], key: str, method: str = "echo"
+) -> list[Any]:
+    """One framed request with ``key``; its decoded reply (pings skipped)."""
+    body = b"\x00" + msgpack.packb([0, msgid, method, params, {"key": key, "caller": "t"}])
     sock.sendall(struct.pack(">I", len(body)) + body)
     buf = b""
     while True:
@@ -326,3 +366,35 @@ def bench_keyed_peers_replay_and_refuse_a_reused_key(
             keys = sorted(k for (k,) in db.execute(f"SELECT key FROM {table}"))
             mode = db.execute("PRAGMA journal_mode").fetchone()[0]
         assert keys == ["k1", "k2"] and mode == "wal"
+
+
+@pytest.mark.parametrize("server", TRANSFER)
+def bench_transfer_peers_move_money_once(
+    request: pytest.FixtureRequest, go_rpc: Path, server: str, tmp_path: Path
+) -> None:
+    """The demo's transfer on the Go twin and on the demo's server: applied once (its
+    fence the result, replayed), refused with INSUFFICIENT_FUNDS past the balance, a
+    reused key refused; a durable peer's balances in its file."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    srv = Server(keyed_server_cmd(server, tmp_path, ledger, None, transfer=True), env=ENV)
+    try:
+        host, port = srv.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            first = _call(sock, 1, [0, 1, 5], "t1", "transfer")
+            assert first[:3] == [1, 1, None] and isinstance(first[3], int)
+            again = _call(sock, 2, [0, 1, 5], "t1", "transfer")
+            assert again == [1, 2, None, first[3], {"replayed": True}]
+            refused = _call(sock, 3, [0, 1, 5000], "t2", "transfer")
+            assert refused[2][0] == 9 and refused[3] is None
+            reused = _call(sock, 4, [1, 0, 5], "t1", "transfer")
+            assert reused[2][0] == 6
+    finally:
+        srv.stop()
+    files = {"go-ledger": "records.db", "demo": "ledger.db"}
+    if server in files:
+        with sqlite3.connect(tmp_path / files[server]) as db:
+            balances = dict(db.execute("SELECT id, balance FROM accounts WHERE id IN (0, 1)"))
+        assert balances == {0: 995, 1: 1005}

@@ -9,6 +9,7 @@
     python benchmarks/rpc_peers.py rpc-memory     echo idempotent, MemoryStore
     python benchmarks/rpc_peers.py rpc-redis URL PREFIX   echo idempotent, RedisStore
     python benchmarks/rpc_peers.py hand-written DB   asyncio + msgpack + sqlite3 by hand
+    python benchmarks/rpc_peers.py demo DIR       the ledger demo's server, 100 accounts
     python benchmarks/rpc_peers.py aio            aio-msgpack-rpc (asyncio, plain stream)
 
 ``rpc-sqlite`` and ``rpc-sqlite-one-step`` take the directory of their store as an
@@ -176,6 +177,24 @@ def hand_written_server(path: str) -> None:
     asyncio.run(main())
 
 
+def demo_server(directory: str) -> None:
+    """``idempotency.demo``'s server as ``python -m idempotency.demo`` runs it (its
+    make_server: a durable SQLite ledger, ``transfer`` one-step with its effect), over a
+    fresh ledger of 100 accounts in ``directory``."""
+    from idempotency.demo._ledger import LedgerSpec, create_ledger, make_server  # noqa: PLC0415
+
+    spec = LedgerSpec("sqlite", Path(directory) / "ledger.db")
+    create_ledger(spec, 100)
+
+    async def main() -> None:
+        srv = make_server(spec, 10.0, 1000)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        print("LISTEN", ln.addr(), flush=True)
+        await srv.serve(ln)
+
+    gosim.run(main, procs=1)
+
+
 def main(argv: list[str]) -> None:
     kind = argv[0] if argv else ""
     apply_gc_settings()  # the same collector settings for every Python peer
@@ -183,6 +202,8 @@ def main(argv: list[str]) -> None:
         rpc_server(kind, argv[1:])
     elif kind == "hand-written" and len(argv) == 2:
         hand_written_server(argv[1])
+    elif kind == "demo" and len(argv) == 2:
+        demo_server(argv[1])
     elif kind == "aio":
         aio_server()
     else:

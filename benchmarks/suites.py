@@ -525,6 +525,9 @@ KEYED_RATIOS = [
     Ratio("Go twin: durable over from memory", "go-ledger", "go-ledger-memory",
           "server_cpu_ns"),
 ]  # fmt: skip
+TRANSFER_RATIOS = [
+    Ratio("the demo's transfer over the Go twin's", "demo", "go-ledger", "server_cpu_ns"),
+]
 
 
 def rpc_rows(quick: bool) -> list[Row]:
@@ -547,7 +550,7 @@ def rpc_rows(quick: bool) -> list[Row]:
         stream = ["-stream"] if kind in br.STREAM else []
         return lambda addr: [str(go_rpc()), mode, "-addr", addr, *args, *stream]
 
-    def keyed(kind: str) -> Peer:
+    def keyed(kind: str, transfer: bool = False) -> Peer:
         """A fresh server each round: the second pass replays the first pass's keys."""
         redis: list[tuple[str, int]] = []
         stack = contextlib.ExitStack()
@@ -564,7 +567,7 @@ def rpc_rows(quick: bool) -> list[Row]:
         def measure() -> Sample:
             ledger = SCRATCH.go("ledger") if kind in br.GO_LEDGER else None
             r = br.keyed_round(kind, go_rpc(), ledger, keyed_calls, redis[-1] if redis else None,
-                               _net_env())  # fmt: skip
+                               _net_env(), transfer=transfer)  # fmt: skip
             sample = _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3)
             if "replay_calls_per_s" in r:
                 sample["replay"] = r["replay_calls_per_s"]
@@ -602,6 +605,11 @@ def rpc_rows(quick: bool) -> list[Row]:
                     "replay_cpu_ns": "ns of server CPU per replayed call",
                     "redis_cpu_ns": "ns of redis-server's CPU per call (beside the server's)"},
             ratios=KEYED_RATIOS),
+        Row("the ledger demo's transfers, 100 connections (first calls)", "calls/s", "higher",
+            [keyed(k, transfer=True) for k in br.TRANSFER], max_rounds=3,
+            extras={"replay": "calls/s of the same keys again (replays)", **cpu,
+                    "replay_cpu_ns": "ns of server CPU per replayed call"},
+            ratios=TRANSFER_RATIOS),
         Row("RPC layer over raw netframe request/response", "calls/s", "higher",
             [layer("netframe-plain"), layer("rpc")], extras=cpu),
     ]  # fmt: skip

@@ -2,10 +2,15 @@
 //
 //	ledger server -addr 127.0.0.1:0 -store sqlite -db DIR/records.db
 //	ledger server -addr 127.0.0.1:0 -store memory
+//	ledger server ... -accounts 100     also the ledger demo's transfer
 //
 // prints "LISTEN <addr>" and serves msgpack-rpc over netframe session frames
 // (PROTOCOL.md), the frames benchmarks/go/rpc's client speaks: "echo" idempotent (a call
-// without a key gets FAILED_PRECONDITION, as ours), its params back as the result.
+// without a key gets FAILED_PRECONDITION, as ours), its params back as the result; with
+// -accounts N also the ledger demo's "transfer(src, dst, amount)" (idempotency.demo),
+// over N accounts of 1,000: in the SQLite file the demo's own tables and trigger, the
+// transfer's row inserted in the transaction that writes its record; its result is the
+// record's fencing token, a refusal (too little money, no such account) its final error.
 //
 // A keyed call ([0, msgid, "echo", params, {"key": k, "caller": c}]) is answered once
 // per (caller, key): the first call's outcome is recorded and every later call with the
@@ -61,6 +66,31 @@ const (
 	codeUnavailable        = 14
 )
 
+// The ledger demo's tables (idempotency/demo/_ledger.py): inserting a transfer applies
+// it through the trigger, or refuses it writing nothing.
+const ledgerSchema = `
+CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0));
+CREATE TABLE IF NOT EXISTS transfers (
+    caller TEXT NOT NULL, key TEXT NOT NULL, src INTEGER NOT NULL, dst INTEGER NOT NULL,
+    amount INTEGER NOT NULL CHECK (amount > 0), fence INTEGER NOT NULL,
+    PRIMARY KEY (caller, key)
+);
+CREATE TRIGGER IF NOT EXISTS transfer_moves_money AFTER INSERT ON transfers BEGIN
+    SELECT RAISE(ABORT, 'ledger: refused')
+        WHERE coalesce((SELECT balance FROM accounts WHERE id = NEW.src), -1) < NEW.amount;
+    UPDATE accounts SET balance = balance - NEW.amount WHERE id = NEW.src;
+    UPDATE accounts SET balance = balance + NEW.amount WHERE id = NEW.dst;
+    SELECT RAISE(ABORT, 'ledger: refused') WHERE changes() = 0;
+END;
+`
+
+const (
+	initialBalance    = 1000
+	codeBadTransfer   = 3 // the demo's BAD_TRANSFER
+	codeInsufficient  = 9 // the demo's INSUFFICIENT_FUNDS
+	codeInvalidParams = 3
+)
+
 const schema = `
 CREATE TABLE IF NOT EXISTS idempotency_records (
     caller      TEXT    NOT NULL,
@@ -106,13 +136,81 @@ type call struct {
 	caller  string
 	key     string
 	fp      [32]byte
-	payload []byte // the msgpack result, recorded if this call is the key's first
+	payload []byte // echo: the msgpack result, recorded if this call is the key's first
+	xfer    *transfer
 	reply   []byte // set by the committer
 }
 
+// transfer is a transfer call's arguments.
+type transfer struct{ src, dst, amount int64 }
+
+// record is a completed outcome: ok, the result's msgpack; else the final error's
+// [code, message, nil].
 type record struct {
 	fp      [32]byte
+	ok      bool
 	payload []byte
+}
+
+// outcomeReply answers with a recorded outcome.
+func outcomeReply(msgid uint32, rec *record, replayed bool) []byte {
+	if rec.ok {
+		return resultReply(msgid, rec.payload, replayed)
+	}
+	out := []byte{0x94, 0x01}
+	if replayed {
+		out[0] = 0x95
+	}
+	out = appendUint(out, uint64(msgid))
+	out = append(out, rec.payload...)
+	out = append(out, 0xc0)
+	if replayed {
+		out = append(out, 0x81)
+		out = appendStr(out, "replayed")
+		out = append(out, 0xc3)
+	}
+	return out
+}
+
+// appErr is a final application error's msgpack: [code, message, nil].
+func appErr(code int, message string) []byte {
+	out := []byte{0x93, byte(code)}
+	out = appendStr(out, message)
+	return append(out, 0xc0)
+}
+
+// asTransfer reads a transfer's params: three integers, amount > 0, src != dst.
+func asTransfer(params []interface{}) (*transfer, bool) {
+	if len(params) != 3 {
+		return nil, false
+	}
+	var v [3]int64
+	for i, p := range params {
+		switch x := p.(type) {
+		case int8:
+			v[i] = int64(x)
+		case int16:
+			v[i] = int64(x)
+		case int32:
+			v[i] = int64(x)
+		case int64:
+			v[i] = x
+		case uint8:
+			v[i] = int64(x)
+		case uint16:
+			v[i] = int64(x)
+		case uint32:
+			v[i] = int64(x)
+		case uint64:
+			v[i] = int64(x)
+		default:
+			return nil, false
+		}
+	}
+	if v[2] <= 0 || v[0] == v[1] {
+		return nil, false
+	}
+	return &transfer{v[0], v[1], v[2]}, true
 }
 
 func appendUint(b []byte, v uint64) []byte {
@@ -126,6 +224,14 @@ func appendUint(b []byte, v uint64) []byte {
 	default:
 		return append(b, 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
 	}
+}
+
+func appendInt(b []byte, v int64) []byte {
+	if v >= 0 {
+		return appendUint(b, uint64(v))
+	}
+	return append(b, 0xd3, byte(v>>56), byte(v>>48), byte(v>>40), byte(v>>32),
+		byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
 }
 
 func appendStr(b []byte, s string) []byte {
@@ -251,14 +357,23 @@ type committer struct {
 	calls   int64
 }
 
-func openStore(path string) (*sql.DB, error) {
+func openStore(path string, accounts int) (*sql.DB, error) {
 	db, err := sql.Open("sqlite3", path)
 	if err != nil {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1) // one connection: the committer's
-	for _, stmt := range []string{"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", schema} {
+	stmts := []string{"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL", schema}
+	if accounts > 0 {
+		stmts = append(stmts, ledgerSchema)
+	}
+	for _, stmt := range stmts {
 		if _, err := db.Exec(stmt); err != nil {
+			return nil, err
+		}
+	}
+	for i := 0; i < accounts; i++ {
+		if _, err := db.Exec("INSERT OR IGNORE INTO accounts VALUES (?, ?)", i, initialBalance); err != nil {
 			return nil, err
 		}
 	}
@@ -321,18 +436,60 @@ func (cm *committer) commit(batch []*call) {
 		fail(err)
 		return
 	}
-	get, err := tx.Prepare("SELECT state, fingerprint, payload FROM idempotency_records WHERE caller = ? AND key = ?")
+	get, err := tx.Prepare("SELECT state, fingerprint, ok, payload FROM idempotency_records WHERE caller = ? AND key = ?")
 	if err != nil {
 		tx.Rollback()
 		fail(err)
 		return
 	}
 	put, err := tx.Prepare("INSERT INTO idempotency_records" +
-		" (caller, key, state, fingerprint, fence, expires_at, ok, payload) VALUES (?, ?, ?, ?, ?, ?, 1, ?)")
+		" (caller, key, state, fingerprint, fence, expires_at, ok, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 	if err != nil {
 		tx.Rollback()
 		fail(err)
 		return
+	}
+	var move *sql.Stmt // the transfer's effect, prepared once a batch holds one
+	apply := func(c *call, fence int64) (*record, error) {
+		rec := &record{fp: c.fp, ok: true}
+		if c.xfer == nil {
+			rec.payload = c.payload
+			return rec, nil
+		}
+		if move == nil {
+			if move, err = tx.Prepare("INSERT INTO transfers VALUES (?, ?, ?, ?, ?, ?)"); err != nil {
+				return nil, err
+			}
+		}
+		t := c.xfer
+		if _, err := move.Exec(c.caller, c.key, t.src, t.dst, t.amount, fence); err != nil {
+			if err.Error() != "ledger: refused" {
+				return nil, err
+			}
+			// Refused, nothing written: say why, as the demo does.
+			rec.ok = false
+			have := map[int64]int64{}
+			rows, err := tx.Query("SELECT id, balance FROM accounts WHERE id IN (?, ?)", t.src, t.dst)
+			if err != nil {
+				return nil, err
+			}
+			for rows.Next() {
+				var id, balance int64
+				rows.Scan(&id, &balance)
+				have[id] = balance
+			}
+			rows.Close()
+			for _, a := range []int64{t.src, t.dst} {
+				if _, ok := have[a]; !ok {
+					rec.payload = appErr(codeBadTransfer, fmt.Sprintf("no account %d", a))
+					return rec, nil
+				}
+			}
+			rec.payload = appErr(codeInsufficient, fmt.Sprintf("account %d has %d", t.src, have[t.src]))
+			return rec, nil
+		}
+		rec.payload = appendInt(nil, fence)
+		return rec, nil
 	}
 	type rk struct{ caller, key string }
 	seen := make(map[rk]*record, len(batch)) // keys decided in this batch
@@ -341,24 +498,33 @@ func (cm *committer) commit(batch []*call) {
 		rec, ok := seen[rk{c.caller, c.key}]
 		if !ok {
 			var state int
+			var ok bool
 			var fp, payload []byte
-			switch err := get.QueryRow(c.caller, c.key).Scan(&state, &fp, &payload); {
+			switch err := get.QueryRow(c.caller, c.key).Scan(&state, &fp, &ok, &payload); {
 			case err == sql.ErrNoRows:
 				fence++
-				if _, err := put.Exec(c.caller, c.key, stateCompleted, c.fp[:], fence, expires, c.payload); err != nil {
+				rec, err := apply(c, fence)
+				if err == nil {
+					ok := 0
+					if rec.ok {
+						ok = 1
+					}
+					_, err = put.Exec(c.caller, c.key, stateCompleted, c.fp[:], fence, expires, ok, rec.payload)
+				}
+				if err != nil {
 					tx.Rollback()
 					fail(err)
 					return
 				}
-				seen[rk{c.caller, c.key}] = &record{c.fp, c.payload}
-				c.reply = resultReply(c.msgid, c.payload, false)
+				seen[rk{c.caller, c.key}] = rec
+				c.reply = outcomeReply(c.msgid, rec, false)
 				continue
 			case err != nil:
 				tx.Rollback()
 				fail(err)
 				return
 			default:
-				rec = &record{payload: payload}
+				rec = &record{ok: ok, payload: payload}
 				copy(rec.fp[:], fp)
 				seen[rk{c.caller, c.key}] = rec
 			}
@@ -366,7 +532,7 @@ func (cm *committer) commit(batch []*call) {
 		if rec.fp != c.fp {
 			c.reply = errorReply(c.msgid, codeAlreadyExists, "key reused", "KeyReused")
 		} else {
-			c.reply = resultReply(c.msgid, rec.payload, true)
+			c.reply = outcomeReply(c.msgid, rec, true)
 		}
 	}
 	if fence >= ceiling { // reserve tokens ahead, as ours does
@@ -407,25 +573,45 @@ func (cm *committer) reply(batch []*call) {
 // ------------------------------------------------------------------ memory store
 
 type memory struct {
-	mu      sync.Mutex
-	records map[string]*record
+	mu       sync.Mutex
+	records  map[string]*record
+	balances map[int64]int64
+	fence    int64
 }
 
-func (m *memory) answer(r request, fp [32]byte, payload []byte) []byte {
+func (m *memory) answer(r request, fp [32]byte, payload []byte, t *transfer) []byte {
 	k := r.caller + "\x00" + r.key
 	m.mu.Lock()
 	rec, ok := m.records[k]
 	if !ok {
-		m.records[k] = &record{fp, payload}
+		rec = &record{fp: fp, ok: true, payload: payload}
+		if t != nil {
+			m.fence++
+			src, okSrc := m.balances[t.src]
+			_, okDst := m.balances[t.dst]
+			switch {
+			case !okSrc || !okDst:
+				rec.ok = false
+				rec.payload = appErr(codeBadTransfer, "no such account")
+			case src < t.amount:
+				rec.ok = false
+				rec.payload = appErr(codeInsufficient, fmt.Sprintf("account %d has %d", t.src, src))
+			default:
+				m.balances[t.src] -= t.amount
+				m.balances[t.dst] += t.amount
+				rec.payload = appendInt(nil, m.fence)
+			}
+		}
+		m.records[k] = rec
 	}
 	m.mu.Unlock()
 	switch {
 	case !ok:
-		return resultReply(r.msgid, payload, false)
+		return outcomeReply(r.msgid, rec, false)
 	case rec.fp != fp:
 		return errorReply(r.msgid, codeAlreadyExists, "key reused", "KeyReused")
 	default:
-		return resultReply(r.msgid, rec.payload, true)
+		return outcomeReply(r.msgid, rec, true)
 	}
 }
 
@@ -445,7 +631,7 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 	return buf, err
 }
 
-func serveConn(nc net.Conn, cm *committer, mem *memory) {
+func serveConn(nc net.Conn, cm *committer, mem *memory, ledger bool) {
 	defer nc.Close()
 	r := bufio.NewReaderSize(nc, 64<<10)
 	c := &conn{w: bufio.NewWriterSize(nc, 64<<10)}
@@ -472,23 +658,32 @@ func serveConn(nc net.Conn, cm *committer, mem *memory) {
 			if err != nil {
 				return
 			}
+			var payload []byte
+			var xfer *transfer
 			switch {
-			case req.method != "echo":
+			case req.method != "echo" && (req.method != "transfer" || !ledger):
 				reply = errorReply(req.msgid, codeUnimplemented, "no such method", "MethodNotFound")
 			case req.key == "":
 				reply = errorReply(req.msgid, codeFailedPrecondition, "an idempotency key is required", "KeyRequired")
+			case req.method == "transfer":
+				var ok bool
+				if xfer, ok = asTransfer(req.params); !ok {
+					reply = errorReply(req.msgid, codeInvalidParams, "transfer needs two account ids and an amount > 0", "ApplicationError")
+				}
 			default:
 				// The handler: echo its arguments; its outcome is the result's msgpack.
 				out.Reset()
 				if err := enc.Encode(req.params); err != nil {
 					return
 				}
-				payload := append([]byte(nil), out.Bytes()...)
+				payload = append([]byte(nil), out.Bytes()...)
+			}
+			if reply == nil {
 				fp := fingerprint(req.method, req.raw)
 				if mem != nil {
-					reply = mem.answer(req, fp, payload)
+					reply = mem.answer(req, fp, payload, xfer)
 				} else {
-					cm.submit(&call{c: c, msgid: req.msgid, caller: req.caller, key: req.key, fp: fp, payload: payload})
+					cm.submit(&call{c: c, msgid: req.msgid, caller: req.caller, key: req.key, fp: fp, payload: payload, xfer: xfer})
 				}
 			}
 		}
@@ -505,13 +700,14 @@ func serveConn(nc net.Conn, cm *committer, mem *memory) {
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] != "server" {
-		fmt.Fprintln(os.Stderr, "usage: ledger server -addr A -store sqlite|memory [-db PATH]")
+		fmt.Fprintln(os.Stderr, "usage: ledger server -addr A -store sqlite|memory [-db PATH] [-accounts N]")
 		os.Exit(2)
 	}
 	fs := flag.NewFlagSet("server", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "address")
 	store := fs.String("store", "sqlite", "sqlite or memory")
 	path := fs.String("db", "", "the SQLite file (-store sqlite)")
+	accounts := fs.Int("accounts", 0, "serve the ledger demo's transfer over this many accounts")
 	stats := fs.Duration("stats", 0, "print the committer's batches and calls to stderr this often")
 	fs.Parse(os.Args[2:])
 	var cm *committer
@@ -522,7 +718,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "-store sqlite needs -db")
 			os.Exit(2)
 		}
-		db, err := openStore(*path)
+		db, err := openStore(*path, *accounts)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -538,7 +734,10 @@ func main() {
 			}()
 		}
 	case "memory":
-		mem = &memory{records: map[string]*record{}}
+		mem = &memory{records: map[string]*record{}, balances: map[int64]int64{}}
+		for i := 0; i < *accounts; i++ {
+			mem.balances[int64(i)] = initialBalance
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "unknown store", *store)
 		os.Exit(2)
@@ -554,6 +753,6 @@ func main() {
 		if err != nil {
 			return
 		}
-		go serveConn(nc, cm, mem)
+		go serveConn(nc, cm, mem, *accounts > 0)
 	}
 }
