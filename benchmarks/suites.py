@@ -215,11 +215,13 @@ def spin_rows(quick: bool) -> list[Row]:
 # =============================================================================== mem
 
 
-def _timed_ns_per(fn: Callable[[], None], objects: int) -> Callable[[], Sample]:
+def _timed_ns_per(fn: Callable[[], None], objects: int, seconds: float) -> Callable[[], Sample]:
+    """A round of ``fn`` over at least ``seconds``: CPU ns per object, wall clock beside."""
+    from benchmarks import bench_mem  # noqa: PLC0415
+
     def measure() -> Sample:
-        t0 = time.perf_counter()
-        fn()
-        return _value((time.perf_counter() - t0) / objects * 1e9)
+        cpu, wall = bench_mem.timed(fn, objects, seconds)
+        return _value(cpu, wall_ns=wall)
 
     return measure
 
@@ -228,27 +230,34 @@ def mem_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_mem  # noqa: PLC0415
 
     n = bench_mem.N
-    benchtime = "100000x" if quick else "300ms"
+    # Every peer's round is a mean over the same duration of work, by CPU time: Go's
+    # testing.B over -benchtime, the others' calls until as long has passed.
+    seconds = bench_mem.MEASURE_SECONDS / (10 if quick else 1)
+    benchtime = f"{seconds * 1000:g}ms"
+    wall = {"wall_ns": "ns of wall clock per object (the same runs)"}
     rows = []
     for label, size, go_name in (("batch 64 B", 64, "New64"), ("batch 1 KiB", 1024, "New1K")):
 
         def go_measure(go_name: str = go_name) -> Sample:
             binary = SCRATCH.go("mem", test=True)
-            return _value(bench_mem.go_mem_round(binary, go_name, benchtime, 1)[0])
+            cpu, wall_ns = bench_mem.go_mem_round(binary, go_name, benchtime, 1)[0]
+            return _value(cpu, wall_ns=wall_ns)
 
-        rows.append(Row(label, "ns per object", "lower", [
-            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(size), n)),
-            Peer("bytearray", _timed_ns_per(bench_mem.bytearray_batch(size), n)),
+        rows.append(Row(label, "ns of CPU per object", "lower", [
+            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(size), n, seconds)),
+            Peer("bytearray", _timed_ns_per(bench_mem.bytearray_batch(size), n, seconds)),
             Peer("go", go_measure),
-        ], warmup=2))  # fmt: skip
-    rows.append(Row("one malloc(64) call from Python", "ns per object", "lower", [
-        Peer("gosim", _timed_ns_per(bench_mem.gosim_single(), bench_mem.SINGLE_N)),
-        Peer("bytearray", _timed_ns_per(bench_mem.bytearray_single(), bench_mem.SINGLE_N)),
-    ], warmup=1))  # fmt: skip
+        ], warmup=2, extras=wall))  # fmt: skip
+    rows.append(Row("one malloc(64) call from Python", "ns of CPU per object", "lower", [
+        Peer("gosim", _timed_ns_per(bench_mem.gosim_single(), bench_mem.SINGLE_N, seconds)),
+        Peer("bytearray", _timed_ns_per(bench_mem.bytearray_single(), bench_mem.SINGLE_N,
+                                        seconds)),
+    ], warmup=1, extras=wall))  # fmt: skip
     if not quick:  # the no-JIT peer is a fresh process importing numba: seconds a round
+        batch = bench_mem.gosim_batch(64)  # one batch by the wall clock, as the no-JIT peer's
         rows.append(Row("64 B batch, numba kernels against NUMBA_DISABLE_JIT=1",
                         "ns per object", "lower", [
-            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(64), n)),
+            Peer("gosim", lambda: _value(bench_mem.timed(batch, n, 0.0)[1])),
             Peer("gosim, no JIT", lambda: _value(bench_mem.nojit_ns_per_object())),
         ], warmup=1))  # fmt: skip
     return rows
