@@ -414,8 +414,8 @@ def compare(old: dict[str, Any], new: dict[str, Any], relative: bool = False) ->
         old_rows = {r["name"]: r for r in sold["rows"]}
         for row in snew["rows"]:
             orow = old_rows.get(row["name"])
-            if orow is None:
-                continue
+            if orow is None or orow["unit"] != row["unit"]:
+                continue  # measured another way (the wall clock then, CPU time now)
             if relative:
                 before, after = relative_cells(orow, ref), relative_cells(row, ref)
             else:
