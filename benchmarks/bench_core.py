@@ -758,11 +758,14 @@ def _run_python(benchmark: Any, wl: Workload, peer: str) -> None:
         benchmark.pedantic(
             lambda: figures.append(timed(one, n, want, seconds)), rounds=COUNT, iterations=1
         )
-    _record(benchmark, wl, peer, [f.cpu_ns for f in figures], [f.wall_ns for f in figures])
+    cpu, wall = [f.cpu_ns for f in figures], [f.wall_ns for f in figures]
+    _record(benchmark, wl, peer, cpu, wall, f"{seconds:g} s")
     benchmark.extra_info.update(ops=n, rounds=sum(f.rounds for f in figures))
 
 
-def _record(benchmark: Any, wl: Workload, peer: str, cpu: list[float], wall: list[float]) -> None:
+def _record(
+    benchmark: Any, wl: Workload, peer: str, cpu: list[float], wall: list[float], seconds: str
+) -> None:
     info = benchmark.extra_info
     info.update(workload=wl.group, peer=peer, unit=wl.unit)
     info["ns_per_op"] = statistics.median(cpu)
@@ -772,7 +775,7 @@ def _record(benchmark: Any, wl: Workload, peer: str, cpu: list[float], wall: lis
     info["wall_ns_per_op_all"] = wall
     info["timing"] = (
         f"ns_per_op: CPU time of the measured work per op, median of {len(cpu)} means over "
-        f">= {MEASURE_SECONDS:g} s of wall clock each; wall_ns_per_op: the same by the clock"
+        f">= {seconds} of wall clock each; wall_ns_per_op: the same by the clock"
     )
 
 
@@ -810,8 +813,10 @@ def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[tup
 
 def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
     """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
-    smoke = _quick(benchmark)
-    benchtime = GO_SMOKE_BENCHTIME if smoke else GO_BENCHTIME
+    smoke = bool(benchmark.disabled)
+    # BENCH_CORE_QUICK: the Python peers' shorter duration, for Go too
+    benchtime = f"{MEASURE_SECONDS * 100:g}ms" if QUICK else GO_BENCHTIME
+    benchtime = GO_SMOKE_BENCHTIME if smoke else benchtime
     outputs: list[list[tuple[float, float]]] = []
     benchmark.pedantic(
         lambda: outputs.append(go_round(binary, wl, benchtime, 1 if smoke else GO_COUNT)),
@@ -819,7 +824,7 @@ def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
         iterations=1,
     )
     runs = outputs[-1]
-    _record(benchmark, wl, "go", [c for c, _ in runs], [w for _, w in runs])
+    _record(benchmark, wl, "go", [c for c, _ in runs], [w for _, w in runs], benchtime)
     benchmark.extra_info.update(rounds=len(runs), go_version=go_version())
 
 

@@ -114,7 +114,7 @@ def render(entries: dict[tuple[str, str], Entry]) -> str:
     def label(w: str) -> str:
         return f"{w} (per {units[w]})"
 
-    out = ["### Time per op (median of means over 0.3 s of measured work)", ""]
+    out = ["### CPU time per op (median of means over at least 0.3 s of measured work)", ""]
     rows = [
         [label(w)]
         + [fmt_time(entries[w, p].ns_per_op) if (w, p) in entries else "—" for p in peers]
