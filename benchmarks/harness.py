@@ -652,8 +652,8 @@ def plot_suite(result: dict[str, Any], name: str, out: Path) -> bool:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    what = ref or "the row's first peer"
-    ax.set_xlabel(f"time over {what}'s (log scale; below 1: faster)")
+    what = f"{ref}'s, or the row's first peer's without {ref}" if ref else "the row's first peer's"
+    ax.set_xlabel(f"time over {what} (log scale; below 1: faster)")
     ax.set_title(f"{suite['title']} ({result['date'][:10]}, {result['rounds']} rounds)")
     ax.legend(fontsize="small", loc="best")
     fig.tight_layout()
