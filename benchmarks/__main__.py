@@ -91,6 +91,28 @@ def summary_table(result: dict[str, Any], name: str) -> Table:
     return table
 
 
+def ratio_table(result: dict[str, Any], name: str) -> Table | None:
+    """The rows' declared ratios (each round's pair from the same round), if any."""
+    lines = [
+        (row["name"], label, c)
+        for row in result["suites"][name]["rows"]
+        for label, c in harness.row_ratios(row)
+    ]
+    if not lines:
+        return None
+    table = Table(title=f"{result['suites'][name]['title']}: ratios within each round")
+    for col in ("workload", "ratio", "median", "range"):
+        table.add_column(col, justify="right" if col in ("median", "range") else "left")
+    for row_name, label, c in lines:
+        if c is None:
+            table.add_row(row_name, label, "[red]no round[/]", "")
+            continue
+        lo, hi = min(c.values), max(c.values)
+        rng = f"{harness.fmt_ratio(lo)} to {harness.fmt_ratio(hi)}"
+        table.add_row(row_name, label, harness.fmt_ratio(c.median), rng)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import suites  # noqa: PLC0415 -- after argparse's --help
 
@@ -179,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for suite in chosen:
         console.print(summary_table(result, suite.name))
+        ratios = ratio_table(result, suite.name)
+        if ratios is not None:
+            console.print(ratios)
     m = result["machine"]
     stamp = result["date"].replace(":", "").replace("-", "")
     path = (

@@ -40,20 +40,28 @@ getter greenlets and ``gevent.wait(count=1)``; trio tries ``receive_nowait`` on 
 (in random order, as Go's select polls) and otherwise races two ``receive`` calls in a
 nursery, keeping a value that both racers got for the next select.
 
-How per-op times are taken (``extra_info``, what ``report_core.py`` reads):
+How per-op times are taken (``extra_info``, what ``report_core.py`` reads): every peer
+the same way (issue 30), as a mean over at least ``MEASURE_SECONDS`` (0.3 s) of measured
+work, which is how ``testing.B`` times Go, and by CPU time: on this shared 2-core
+machine the wall clock also counts the time a process waited for a core (at a load
+average of 7 the two differ threefold), and a short sample dodges that wait more often
+than a long one.
 
-* Python peers: each round starts its runtime (``gosim.run``, ``trio.run``,
-  ``asyncio.run``, a gevent greenlet) and runs the workload; pytest-benchmark's stats
-  time the whole round. The measured phase (the part Go's benchmark times after
-  ``b.ResetTimer``: no runtime start, no ring construction or teardown) is also timed
-  with ``perf_counter`` inside the runtime. ``ns_per_op`` is the median phase over the
-  rounds divided by the ops in a round, ``ns_per_op_min`` the fastest, and
-  ``round_overhead`` the share of a median round spent outside the phase.
-* Go: pytest-benchmark times the ``go test`` subprocess (process start and
-  ``testing.B``'s calibration included, so its stats are *not* per-op comparable);
-  ``ns_per_op`` is the median of ``testing.B``'s own ns/op over ``-test.count`` runs,
-  with every ns/op in ``go_ns_per_op``. Go's b.N counts single ops, so its ns/op is
-  already per op.
+* Python peers: a round starts its runtime (``gosim.run``, ``trio.run``,
+  ``asyncio.run``, a gevent greenlet) and runs ``n`` ops; the measured phase (the part
+  Go's benchmark times after ``b.ResetTimer``: no runtime start, no ring construction or
+  teardown) is timed inside the runtime by the wall clock and by the thread's CPU time.
+  A figure sums the phases of as many rounds as reach 0.3 s of wall clock and divides
+  by their ops (:func:`timed`).
+* Go: ``core_test.go`` reports the process's CPU time (every thread's: GC workers,
+  sysmon) over the timed work as ``cpu-ns/op`` beside ``testing.B``'s wall-clock ns/op,
+  ``-test.benchtime=300ms`` (b.N counts single ops, so both are per op).
+  pytest-benchmark's own stats of a Go item time the ``go test`` subprocess (process
+  start and calibration included) and are *not* per-op comparable.
+
+``ns_per_op`` is the median CPU figure of ``COUNT`` (3) figures, ``ns_per_op_min`` the
+fastest, ``wall_ns_per_op`` the median wall-clock figure; every figure is kept
+(``cpu_ns_per_op_all``, ``wall_ns_per_op_all``).
 
 Every round checks its answer (sums, counts, the ring's last node), so a runtime that
 loses or duplicates a value fails instead of reporting a time.
@@ -92,15 +100,17 @@ RING = 1000  # goroutines in the ring; must match RingSize in benchmarks/go/core
 BUFFER = 1024  # capacity of the buffered channel
 QUICK = os.environ.get("BENCH_CORE_QUICK", "") not in ("", "0")
 
-# Rounds: one untimed warm-up round also measures the round time; then enough rounds to
-# fill ROUND_BUDGET seconds, between MIN_ROUNDS and MAX_ROUNDS.
-ROUND_BUDGET = float(os.environ.get("BENCH_CORE_BUDGET", "0.6"))
-MIN_ROUNDS = 3
-MAX_ROUNDS = 15
+# Every peer is timed the same way (issue 30): a figure is the mean over at least
+# MEASURE_SECONDS of measured work, which is how testing.B times Go (b.N ops run for at
+# least -benchtime); a Python peer's figure sums the measured phases of as many rounds of
+# n ops as that takes. Figures are CPU time (see the module docstring); COUNT of them
+# per peer, their median reported.
+MEASURE_SECONDS = float(os.environ.get("BENCH_CORE_SECONDS", "0.3"))
+COUNT = 3
 
-# Go: benchtime per run and runs per workload; the smoke run uses a fixed small b.N.
-GO_BENCHTIME = os.environ.get("BENCH_CORE_GO_BENCHTIME", "300ms")
-GO_COUNT = 3
+# Go: the same duration as -benchtime; the smoke run uses a fixed small b.N.
+GO_BENCHTIME = f"{MEASURE_SECONDS * 1000:g}ms"
+GO_COUNT = COUNT
 GO_SMOKE_BENCHTIME = "1000x"
 
 
@@ -134,8 +144,22 @@ WORKLOADS = {
     ),
 }
 
-# A round: run the workload for n ops in a fresh runtime; return (answer, phase seconds).
-Round = Callable[[int], tuple[object, float]]
+# A measured phase: (wall-clock seconds, CPU seconds of this thread, where every Python
+# peer runs; the harness's progress display has a thread of its own).
+Phase = tuple[float, float]
+# A round: run the workload for n ops in a fresh runtime; return (answer, phase).
+Round = Callable[[int], tuple[object, Phase]]
+
+
+def _now() -> Phase:
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(t0: Phase) -> Phase:
+    """The phase since ``t0``: on a loaded machine the wall clock also counts the time
+    this process waited for a core; the CPU time does not."""
+    return time.perf_counter() - t0[0], time.thread_time() - t0[1]
+
 
 # ============================================================================== gosim
 # Written against the public contract in shared/DESIGN.md. Names are looked up on the
@@ -148,16 +172,16 @@ async def _gosim_spawn_worker(done: Any, i: int) -> None:
     await done.send(i * 2)
 
 
-async def _gosim_spawn_join(n: int) -> tuple[object, float]:
+async def _gosim_spawn_join(n: int) -> tuple[object, Phase]:
     go = gosim.go
     done: Any = gosim.Chan[int](n)
-    t0 = time.perf_counter()
+    t0 = _now()
     for i in range(n):
         go(_gosim_spawn_worker, done, i)
     total = 0
     for _ in range(n):
         total += await done.recv()
-    return total, time.perf_counter() - t0
+    return total, _since(t0)
 
 
 async def _gosim_ponger(ping: Any, pong: Any) -> None:
@@ -165,16 +189,16 @@ async def _gosim_ponger(ping: Any, pong: Any) -> None:
         await pong.send(v + 1)
 
 
-async def _gosim_pingpong(n: int) -> tuple[object, float]:
+async def _gosim_pingpong(n: int) -> tuple[object, Phase]:
     ping: Any = gosim.Chan[int](0)
     pong: Any = gosim.Chan[int](0)
     gosim.go(_gosim_ponger, ping, pong)
-    t0 = time.perf_counter()
+    t0 = _now()
     v = 0
     for _ in range(n):
         await ping.send(v)
         v = await pong.recv()
-    phase = time.perf_counter() - t0
+    phase = _since(t0)
     ping.close()
     return v, phase
 
@@ -185,15 +209,15 @@ async def _gosim_produce(ch: Any, lo: int, hi: int) -> None:
     ch.close()
 
 
-async def _gosim_buffered(n: int) -> tuple[object, float]:
+async def _gosim_buffered(n: int) -> tuple[object, Phase]:
     ch: Any = gosim.Chan[int](BUFFER)
-    t0 = time.perf_counter()
+    t0 = _now()
     gosim.go(_gosim_produce, ch, 0, n)
     count = total = 0
     async for v in ch:
         count += 1
         total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
 async def _gosim_ring_node(idx: int, inbox: Any, outbox: Any, done: Any) -> None:
@@ -204,25 +228,25 @@ async def _gosim_ring_node(idx: int, inbox: Any, outbox: Any, done: Any) -> None
             await outbox.send(v - 1)
 
 
-async def _gosim_ring(n: int) -> tuple[object, float]:
+async def _gosim_ring(n: int) -> tuple[object, Phase]:
     chans: list[Any] = [gosim.Chan[int](0) for _ in range(RING)]
     done: Any = gosim.Chan[int](1)
     for i in range(RING):
         gosim.go(_gosim_ring_node, i, chans[i], chans[(i + 1) % RING], done)
-    t0 = time.perf_counter()
+    t0 = _now()
     await chans[0].send(n)
     last = await done.recv()
-    phase = time.perf_counter() - t0
+    phase = _since(t0)
     for ch in chans:
         ch.close()
     return last, phase
 
 
-async def _gosim_select2(n: int) -> tuple[object, float]:
+async def _gosim_select2(n: int) -> tuple[object, Phase]:
     select, recv = gosim.select, gosim.recv
     a: Any = gosim.Chan[int](0)
     b: Any = gosim.Chan[int](0)
-    t0 = time.perf_counter()
+    t0 = _now()
     gosim.go(_gosim_produce, a, 0, n // 2)
     gosim.go(_gosim_produce, b, n // 2, n)
     count = total = 0
@@ -236,14 +260,14 @@ async def _gosim_select2(n: int) -> tuple[object, float]:
             continue
         count += 1
         total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
 def _gosim_round(
-    main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]], procs: int
+    main: Callable[[int], Coroutine[Any, Any, tuple[object, Phase]]], procs: int
 ) -> Round:
-    def run(n: int) -> tuple[object, float]:
-        result: tuple[object, float] = gosim.run(main, n, procs=procs)
+    def run(n: int) -> tuple[object, Phase]:
+        result: tuple[object, Phase] = gosim.run(main, n, procs=procs)
         return result
 
     return run
@@ -256,16 +280,16 @@ async def _trio_spawn_worker(done: trio.MemorySendChannel[int], i: int) -> None:
     await done.send(i * 2)
 
 
-async def _trio_spawn_join(n: int) -> tuple[object, float]:
+async def _trio_spawn_join(n: int) -> tuple[object, Phase]:
     tx, rx = trio.open_memory_channel[int](n)
-    t0 = time.perf_counter()
+    t0 = _now()
     total = 0
     async with trio.open_nursery() as nursery:
         for i in range(n):
             nursery.start_soon(_trio_spawn_worker, tx, i)
         for _ in range(n):
             total += await rx.receive()
-    return total, time.perf_counter() - t0
+    return total, _since(t0)
 
 
 async def _trio_ponger(
@@ -275,17 +299,17 @@ async def _trio_ponger(
         await pong.send(v + 1)
 
 
-async def _trio_pingpong(n: int) -> tuple[object, float]:
+async def _trio_pingpong(n: int) -> tuple[object, Phase]:
     ping_tx, ping_rx = trio.open_memory_channel[int](0)
     pong_tx, pong_rx = trio.open_memory_channel[int](0)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_trio_ponger, ping_rx, pong_tx)
-        t0 = time.perf_counter()
+        t0 = _now()
         v = 0
         for _ in range(n):
             await ping_tx.send(v)
             v = await pong_rx.receive()
-        phase = time.perf_counter() - t0
+        phase = _since(t0)
         ping_tx.close()
     return v, phase
 
@@ -296,16 +320,16 @@ async def _trio_produce(tx: trio.MemorySendChannel[int], lo: int, hi: int) -> No
             await tx.send(i)
 
 
-async def _trio_buffered(n: int) -> tuple[object, float]:
+async def _trio_buffered(n: int) -> tuple[object, Phase]:
     tx, rx = trio.open_memory_channel[int](BUFFER)
-    t0 = time.perf_counter()
+    t0 = _now()
     count = total = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_trio_produce, tx, 0, n)
         async for v in rx:
             count += 1
             total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
 async def _trio_ring_node(
@@ -321,16 +345,16 @@ async def _trio_ring_node(
             await outbox.send(v - 1)
 
 
-async def _trio_ring(n: int) -> tuple[object, float]:
+async def _trio_ring(n: int) -> tuple[object, Phase]:
     pairs = [trio.open_memory_channel[int](0) for _ in range(RING)]
     done_tx, done_rx = trio.open_memory_channel[int](1)
     async with trio.open_nursery() as nursery:
         for i in range(RING):
             nursery.start_soon(_trio_ring_node, i, pairs[i][1], pairs[(i + 1) % RING][0], done_tx)
-        t0 = time.perf_counter()
+        t0 = _now()
         await pairs[0][0].send(n)
         last = await done_rx.receive()
-        phase = time.perf_counter() - t0
+        phase = _since(t0)
         for tx, _ in pairs:  # every node's inbox ends: its only sender is closed
             tx.close()
     return last, phase
@@ -395,11 +419,11 @@ class _TrioSelect2:
         return bool(self.kept) or any(ch is not None for ch in self.chans)
 
 
-async def _trio_select2(n: int) -> tuple[object, float]:
+async def _trio_select2(n: int) -> tuple[object, Phase]:
     a_tx, a_rx = trio.open_memory_channel[int](0)
     b_tx, b_rx = trio.open_memory_channel[int](0)
     sel = _TrioSelect2(a_rx, b_rx)
-    t0 = time.perf_counter()
+    t0 = _now()
     count = total = 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_trio_produce, a_tx, 0, n // 2)
@@ -409,10 +433,10 @@ async def _trio_select2(n: int) -> tuple[object, float]:
             if v is not None:
                 count += 1
                 total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
-def _trio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]]) -> Round:
+def _trio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, Phase]]]) -> Round:
     return lambda n: trio.run(main, n)
 
 
@@ -424,16 +448,16 @@ async def _asyncio_spawn_worker(done: asyncio.Queue[int], i: int) -> None:
     await done.put(i * 2)
 
 
-async def _asyncio_spawn_join(n: int) -> tuple[object, float]:
+async def _asyncio_spawn_join(n: int) -> tuple[object, Phase]:
     done: asyncio.Queue[int] = asyncio.Queue(n)
-    t0 = time.perf_counter()
+    t0 = _now()
     total = 0
     async with asyncio.TaskGroup() as tg:
         for i in range(n):
             tg.create_task(_asyncio_spawn_worker(done, i))
         for _ in range(n):
             total += await done.get()
-    return total, time.perf_counter() - t0
+    return total, _since(t0)
 
 
 async def _asyncio_ponger(ping: asyncio.Queue[int | None], pong: asyncio.Queue[int]) -> None:
@@ -441,17 +465,17 @@ async def _asyncio_ponger(ping: asyncio.Queue[int | None], pong: asyncio.Queue[i
         await pong.put(v + 1)
 
 
-async def _asyncio_pingpong(n: int) -> tuple[object, float]:
+async def _asyncio_pingpong(n: int) -> tuple[object, Phase]:
     ping: asyncio.Queue[int | None] = asyncio.Queue(1)
     pong: asyncio.Queue[int] = asyncio.Queue(1)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(_asyncio_ponger(ping, pong))
-        t0 = time.perf_counter()
+        t0 = _now()
         v = 0
         for _ in range(n):
             await ping.put(v)
             v = await pong.get()
-        phase = time.perf_counter() - t0
+        phase = _since(t0)
         await ping.put(None)
     return v, phase
 
@@ -462,16 +486,16 @@ async def _asyncio_produce(q: asyncio.Queue[int | None], lo: int, hi: int) -> No
     await q.put(None)
 
 
-async def _asyncio_buffered(n: int) -> tuple[object, float]:
+async def _asyncio_buffered(n: int) -> tuple[object, Phase]:
     q: asyncio.Queue[int | None] = asyncio.Queue(BUFFER)
-    t0 = time.perf_counter()
+    t0 = _now()
     count = total = 0
     async with asyncio.TaskGroup() as tg:
         tg.create_task(_asyncio_produce(q, 0, n))
         while (v := await q.get()) is not None:
             count += 1
             total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
 async def _asyncio_ring_node(
@@ -487,24 +511,24 @@ async def _asyncio_ring_node(
             await outbox.put(v - 1)
 
 
-async def _asyncio_ring(n: int) -> tuple[object, float]:
+async def _asyncio_ring(n: int) -> tuple[object, Phase]:
     queues: list[asyncio.Queue[int | None]] = [asyncio.Queue(1) for _ in range(RING)]
     done: asyncio.Queue[int] = asyncio.Queue(1)
     async with asyncio.TaskGroup() as tg:
         for i in range(RING):
             tg.create_task(_asyncio_ring_node(i, queues[i], queues[(i + 1) % RING], done))
-        t0 = time.perf_counter()
+        t0 = _now()
         await queues[0].put(n)
         last = await done.get()
-        phase = time.perf_counter() - t0
+        phase = _since(t0)
         for q in queues:  # all empty now: the token stopped at the node that sent on done
             q.put_nowait(None)
     return last, phase
 
 
-async def _asyncio_select2(n: int) -> tuple[object, float]:
+async def _asyncio_select2(n: int) -> tuple[object, Phase]:
     queues: list[asyncio.Queue[int | None]] = [asyncio.Queue(1), asyncio.Queue(1)]
-    t0 = time.perf_counter()
+    t0 = _now()
     count = total = 0
     async with asyncio.TaskGroup() as tg:
         tg.create_task(_asyncio_produce(queues[0], 0, n // 2))
@@ -521,10 +545,10 @@ async def _asyncio_select2(n: int) -> tuple[object, float]:
             count += 1
             total += v
             pending[asyncio.create_task(queues[i].get())] = i
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
-def _asyncio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, float]]]) -> Round:
+def _asyncio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, Phase]]]) -> Round:
     return lambda n: asyncio.run(main(n))
 
 
@@ -532,15 +556,15 @@ def _asyncio_round(main: Callable[[int], Coroutine[Any, Any, tuple[object, float
 # No monkey patching; None is the end-of-stream sentinel.
 
 
-def _gevent_spawn_join(n: int) -> tuple[object, float]:
+def _gevent_spawn_join(n: int) -> tuple[object, Phase]:
     done: gevent.queue.Queue = gevent.queue.Queue(n)
-    t0 = time.perf_counter()
+    t0 = _now()
     for i in range(n):
         gevent.spawn(done.put, i * 2)
     total = 0
     for _ in range(n):
         total += done.get()
-    return total, time.perf_counter() - t0
+    return total, _since(t0)
 
 
 def _gevent_ponger(ping: gevent.queue.Channel, pong: gevent.queue.Channel) -> None:
@@ -548,15 +572,15 @@ def _gevent_ponger(ping: gevent.queue.Channel, pong: gevent.queue.Channel) -> No
         pong.put(v + 1)
 
 
-def _gevent_pingpong(n: int) -> tuple[object, float]:
+def _gevent_pingpong(n: int) -> tuple[object, Phase]:
     ping, pong = gevent.queue.Channel(), gevent.queue.Channel()
     ponger = gevent.spawn(_gevent_ponger, ping, pong)
-    t0 = time.perf_counter()
+    t0 = _now()
     v = 0
     for _ in range(n):
         ping.put(v)
         v = pong.get()
-    phase = time.perf_counter() - t0
+    phase = _since(t0)
     ping.put(None)
     ponger.get()
     return v, phase
@@ -568,15 +592,15 @@ def _gevent_produce(q: Any, lo: int, hi: int) -> None:
     q.put(None)
 
 
-def _gevent_buffered(n: int) -> tuple[object, float]:
+def _gevent_buffered(n: int) -> tuple[object, Phase]:
     q: gevent.queue.Queue = gevent.queue.Queue(BUFFER)
-    t0 = time.perf_counter()
+    t0 = _now()
     gevent.spawn(_gevent_produce, q, 0, n)
     count = total = 0
     while (v := q.get()) is not None:
         count += 1
         total += v
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
 def _gevent_ring_node(
@@ -589,26 +613,26 @@ def _gevent_ring_node(
             outbox.put(v - 1)
 
 
-def _gevent_ring(n: int) -> tuple[object, float]:
+def _gevent_ring(n: int) -> tuple[object, Phase]:
     chans = [gevent.queue.Channel() for _ in range(RING)]
     done: gevent.queue.Queue = gevent.queue.Queue(1)
     nodes = [
         gevent.spawn(_gevent_ring_node, i, chans[i], chans[(i + 1) % RING], done)
         for i in range(RING)
     ]
-    t0 = time.perf_counter()
+    t0 = _now()
     chans[0].put(n)
     last = done.get()
-    phase = time.perf_counter() - t0
+    phase = _since(t0)
     for ch in chans:  # a rendezvous: each put waits for its node to take the sentinel
         ch.put(None)
     gevent.joinall(nodes, raise_error=True)
     return last, phase
 
 
-def _gevent_select2(n: int) -> tuple[object, float]:
+def _gevent_select2(n: int) -> tuple[object, Phase]:
     chans = [gevent.queue.Channel(), gevent.queue.Channel()]
-    t0 = time.perf_counter()
+    t0 = _now()
     gevent.spawn(_gevent_produce, chans[0], 0, n // 2)
     gevent.spawn(_gevent_produce, chans[1], n // 2, n)
     count = total = 0
@@ -624,14 +648,14 @@ def _gevent_select2(n: int) -> tuple[object, float]:
         count += 1
         total += v
         pending[gevent.spawn(chans[i].get)] = i
-    return (count, total), time.perf_counter() - t0
+    return (count, total), _since(t0)
 
 
-def _gevent_round(main: Callable[[int], tuple[object, float]]) -> Round:
+def _gevent_round(main: Callable[[int], tuple[object, Phase]]) -> Round:
     # Run in a greenlet of its own, as the other peers run inside their runtime; get()
     # re-raises whatever the round raised.
-    def run(n: int) -> tuple[object, float]:
-        result: tuple[object, float] = gevent.spawn(main, n).get()
+    def run(n: int) -> tuple[object, Phase]:
+        result: tuple[object, Phase] = gevent.spawn(main, n).get()
         return result
 
     return run
@@ -688,40 +712,71 @@ def round_for(workload: str, peer: str) -> Round:
     return PYTHON_ROUNDS[workload][peer]
 
 
+@dataclass(frozen=True)
+class Timed:
+    """A figure of :func:`timed`: ns of CPU and of wall clock per op, over ``rounds``."""
+
+    cpu_ns: float
+    wall_ns: float
+    rounds: int
+
+
+def timed(one: Round, n: int, want: object, seconds: float) -> Timed:
+    """Rounds of ``n`` ops of ``one`` until their measured phases add up to ``seconds``
+    of wall clock (at least one round), each answer checked: the Python twin of
+    testing.B's b.N loop over ``-benchtime``, with the CPU time beside the wall clock as
+    core_test.go reports it."""
+    wall = cpu = 0.0
+    rounds = 0
+    while rounds == 0 or wall < seconds:
+        got, (w, c) = one(n)
+        if got != want:
+            raise AssertionError(f"answer {got!r}, want {want!r}")
+        wall += w
+        cpu += c
+        rounds += 1
+    ops = rounds * n
+    return Timed(cpu / ops * 1e9, wall / ops * 1e9, rounds)
+
+
 def _quick(benchmark: Any) -> bool:
     return QUICK or bool(benchmark.disabled)
 
 
 def _run_python(benchmark: Any, wl: Workload, peer: str) -> None:
-    """Time one Python peer on one workload and record its per-op figures."""
+    """Time one Python peer on one workload and record its per-op figures: GO_COUNT
+    figures of at least MEASURE_SECONDS of measured work each, as Go's."""
     one = round_for(wl.group, peer)
     n = wl.quick_n if _quick(benchmark) else wl.n
     want = wl.expect(n)
-    phases: list[float] = []
-
-    def one_round() -> None:
-        got, phase = one(n)
-        if got != want:
-            raise AssertionError(f"{peer} {wl.group}: answer {got!r}, want {want!r}")
-        phases.append(phase)
-
-    if benchmark.disabled:
-        benchmark.pedantic(one_round)  # disabled: a single untimed call
+    figures: list[Timed] = []
+    seconds = 0.0 if benchmark.disabled else MEASURE_SECONDS / (10 if QUICK else 1)
+    if benchmark.disabled:  # a single untimed call, one round
+        benchmark.pedantic(lambda: figures.append(timed(one, n, want, seconds)))
     else:
-        start = time.perf_counter()
-        one_round()  # warm-up, also the estimate of a round's cost
-        first = time.perf_counter() - start
-        phases.clear()
-        rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(ROUND_BUDGET / first)))
-        benchmark.pedantic(one_round, rounds=rounds, iterations=1)
+        one(n)  # warm-up
+        benchmark.pedantic(
+            lambda: figures.append(timed(one, n, want, seconds)), rounds=COUNT, iterations=1
+        )
+    cpu, wall = [f.cpu_ns for f in figures], [f.wall_ns for f in figures]
+    _record(benchmark, wl, peer, cpu, wall, f"{seconds:g} s")
+    benchmark.extra_info.update(ops=n, rounds=sum(f.rounds for f in figures))
+
+
+def _record(
+    benchmark: Any, wl: Workload, peer: str, cpu: list[float], wall: list[float], seconds: str
+) -> None:
     info = benchmark.extra_info
-    info.update(workload=wl.group, peer=peer, unit=wl.unit, ops=n, rounds=len(phases))
-    info["ns_per_op"] = statistics.median(phases) / n * 1e9
-    info["ns_per_op_min"] = min(phases) / n * 1e9
-    stats = getattr(benchmark, "stats", None)
-    if stats is not None:
-        median_round = stats.stats.median
-        info["round_overhead"] = max(0.0, 1 - statistics.median(phases) / median_round)
+    info.update(workload=wl.group, peer=peer, unit=wl.unit)
+    info["ns_per_op"] = statistics.median(cpu)
+    info["ns_per_op_min"] = min(cpu)
+    info["cpu_ns_per_op_all"] = cpu
+    info["wall_ns_per_op"] = statistics.median(wall)
+    info["wall_ns_per_op_all"] = wall
+    info["timing"] = (
+        f"ns_per_op: CPU time of the measured work per op, median of {len(cpu)} means over "
+        f">= {seconds} of wall clock each; wall_ns_per_op: the same by the clock"
+    )
 
 
 # ================================================================================= Go
@@ -733,9 +788,11 @@ def go_test_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return go_build("core", tmp_path_factory.mktemp("bench_core_go") / "core.test", test=True)
 
 
-def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[float]:
+def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[tuple[float, float]]:
     """Run the workload's testing.B benchmark ``count`` times in one process with
-    GOMAXPROCS=1; its ns/op (b.N counts single ops, so this is per op) of each run."""
+    GOMAXPROCS=1; of each run, (CPU ns per op, wall-clock ns per op): the process's
+    CPU time over the timed work, which core_test.go reports as ``cpu-ns/op``, and
+    testing.B's ns/op (b.N counts single ops, so both are per op)."""
     argv = [
         str(binary),
         "-test.run=^$",
@@ -746,30 +803,29 @@ def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[flo
     proc = subprocess.run(
         argv, cwd=GO_DIR, env=go_env(), check=True, capture_output=True, text=True, timeout=300
     )
+    name = wl.go_bench.removeprefix("Benchmark")
     found = parse_go_bench(proc.stdout)
-    if list(found) != [wl.go_bench.removeprefix("Benchmark")]:
-        raise AssertionError(f"no {wl.go_bench} result in Go output:\n{proc.stdout}")
-    return [ns for ns, _ in found[wl.go_bench.removeprefix("Benchmark")]]
+    cpu = parse_go_bench(proc.stdout, "cpu-ns/op").get(name, [])
+    if list(found) != [name] or len(cpu) != len(found[name]):
+        raise AssertionError(f"no {wl.go_bench} result with cpu-ns/op in Go output:\n{proc.stdout}")
+    return [(c, wall) for (c, _), (wall, _) in zip(cpu, found[name], strict=True)]
 
 
 def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
     """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
-    smoke = _quick(benchmark)
-    benchtime = GO_SMOKE_BENCHTIME if smoke else GO_BENCHTIME
-    outputs: list[list[float]] = []
+    smoke = bool(benchmark.disabled)
+    # BENCH_CORE_QUICK: the Python peers' shorter duration, for Go too
+    benchtime = f"{MEASURE_SECONDS * 100:g}ms" if QUICK else GO_BENCHTIME
+    benchtime = GO_SMOKE_BENCHTIME if smoke else benchtime
+    outputs: list[list[tuple[float, float]]] = []
     benchmark.pedantic(
         lambda: outputs.append(go_round(binary, wl, benchtime, 1 if smoke else GO_COUNT)),
         rounds=1,
         iterations=1,
     )
-    ns = outputs[-1]
-    info = benchmark.extra_info
-    info.update(workload=wl.group, peer="go", unit=wl.unit, rounds=len(ns))
-    info["ns_per_op"] = statistics.median(ns)
-    info["ns_per_op_min"] = min(ns)
-    info["go_ns_per_op"] = ns
-    info["timing"] = "stats: wall time of the go test subprocess; ns_per_op: testing.B"
-    info["go_version"] = go_version()
+    runs = outputs[-1]
+    _record(benchmark, wl, "go", [c for c, _ in runs], [w for _, w in runs], benchtime)
+    benchmark.extra_info.update(rounds=len(runs), go_version=go_version())
 
 
 # ============================================================================ the items

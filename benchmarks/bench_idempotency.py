@@ -126,6 +126,13 @@ def redis_rate(url: str, n: int) -> float:
 def redis_server(directory: str) -> Iterator[str]:
     """A redis-server of our own on 127.0.0.1 (a free port, no persistence); its URL.
     Killed by its PID on exit, and with this process if it dies first."""
+    with redis_process(directory) as (url, _pid):
+        yield url
+
+
+@contextlib.contextmanager
+def redis_process(directory: str) -> Iterator[tuple[str, int]]:
+    """:func:`redis_server`'s server, with its PID (to read its CPU time)."""
     server = shutil.which("redis-server")
     if server is None:
         raise FileNotFoundError("redis-server is not installed (.ci/run installs it with apt)")
@@ -149,7 +156,7 @@ def redis_server(directory: str) -> Iterator[str]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc.pid
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -4,13 +4,16 @@ Servers (``benchmarks/rpc_peers.py``, and ``benchmarks/go/rpc`` for Go): a lean 
 msgpack-rpc server over netframe session frames (the ceiling), idempotency.rpc on the
 framed transport (``rpc``: a plain-function method; ``rpc-async``), on the plain stream
 (``rpc-stream``), with idempotent methods over a durable SQLite store (``rpc-sqlite``;
-``rpc-sqlite-one-step`` with the method declared ``one_step``), and aio-msgpack-rpc
-(asyncio, plain stream). The Go load generator drives every one and checks every reply;
-the server's CPU time is read from ``/proc`` around the run.
+``rpc-sqlite-one-step`` with the method declared ``one_step``), a MemoryStore and a
+RedisStore, and aio-msgpack-rpc (asyncio, plain stream). The keyed rows' peers besides
+ours: the Go twin of the keyed server (``benchmarks/go/ledger``, durable and from
+memory), the hand-written asyncio + msgpack + sqlite3 server (``rpc_peers.py
+hand-written``), and our unkeyed call. The Go load generator drives every one and
+checks every reply; the server's CPU time is read from ``/proc`` around the run.
 
 Rows: ``rr`` (100 connections, one call in flight each: echo of ``[1, "hello", [1, 2,
 3]]``), ``inflight`` (one connection, 16 calls in flight), ``keyed`` (rr with a fresh
-idempotency key per call against the SQLite store, then the same keys again: replays),
+idempotency key per call against every keyed peer, then the same keys again: replays),
 and the RPC layer's CPU cost per call over netframe's raw request/response (netframe's
 raw server with a plain handler, ``benchmarks/net_peers.py``, driven by the Go frame
 client). gRPC's asyncio server is not a row: a Go client speaking gRPC needs modules
@@ -24,13 +27,28 @@ Reproduce::
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import sqlite3
+import struct
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
-from benchmarks.procs import Server, drive, find_go, gc_settings_env, go_build
+from benchmarks.procs import (
+    Server,
+    cpu_seconds,
+    drive,
+    find_go,
+    gc_settings_env,
+    go_build,
+    gopath_missing,
+)
 
 HERE = Path(__file__).parent
 PEERS = HERE / "rpc_peers.py"
@@ -106,22 +124,181 @@ def bench_rpc_inflight(benchmark: Any, go_rpc: Path, server: str) -> None:
     assert r["calls"] > 0
 
 
-@pytest.mark.benchmark(group="rpc-keyed-100conns")
-@pytest.mark.parametrize("server", ["rpc-sqlite", "rpc-sqlite-one-step", "rpc-memory"])
-def bench_rpc_keyed_first_then_replayed(benchmark: Any, go_rpc: Path, server: str) -> None:
-    calls = "5" if benchmark.disabled else "300"
-    srv = _server(server, go_rpc)
-    try:
-        cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-key", "-calls", calls]
-        first = _drive(benchmark, srv, cmd)
-        replay = drive(srv, cmd, ENV)
-    finally:
-        srv.stop()
-    assert first["calls"] == replay["calls"] == 100 * int(calls)
-    benchmark.extra_info.update(
-        replay_calls_per_s=replay["calls_per_s"],
-        replay_server_cpu_us_per_call=round(replay["server_cpu_us_per_op"], 2),
+# The keyed tables' peers (issue 30): the Go twin of our keyed server (durable and from
+# memory, benchmarks/go/ledger), ours through each store, what a user writes by hand
+# (asyncio + msgpack + sqlite3, a transaction per call), and our unkeyed call (the
+# transport under the keyed ones: the same client without keys).
+KEYED = (
+    "go-ledger",
+    "go-ledger-memory",
+    "rpc-sqlite",
+    "rpc-sqlite-one-step",
+    "rpc-memory",
+    "rpc-redis",
+    "hand-written",
+    "rpc-nokey",
+)
+GO_LEDGER = {"go-ledger", "go-ledger-memory"}
+# The ledger demo's transfer (``transfer(src, dst, 1)`` with a key, over 100 accounts):
+# the Go twin durable and from memory, and the demo's own server.
+TRANSFER = ("go-ledger", "go-ledger-memory", "demo")
+ACCOUNTS = 100
+# The hand-written server fsyncs once a call on the event loop's thread: a few hundred
+# calls/s on this disk, so it makes a tenth of the others' calls (its CPU per call is
+# what the tables compare).
+FEWER_CALLS = {"hand-written": 10}
+
+
+def keyed_calls(kind: str, calls: int) -> int:
+    """Calls per connection that ``kind`` makes in a keyed round of ``calls``."""
+    return max(1, calls // FEWER_CALLS.get(kind, 1))
+
+
+def keyed_server_cmd(
+    kind: str,
+    directory: Path,
+    go_ledger: Path | None,
+    redis_url: str | None,
+    transfer: bool = False,
+) -> list[str]:
+    """The command line of keyed-table server ``kind``, its files in ``directory``
+    (``transfer``: serving the ledger demo's transfer too)."""
+    ledger = ["-accounts", str(ACCOUNTS)] if transfer else []
+    if kind == "go-ledger":
+        assert go_ledger is not None
+        db = str(directory / "records.db")
+        return [str(go_ledger), "server", "-store", "sqlite", "-db", db, *ledger]
+    if kind == "go-ledger-memory":
+        assert go_ledger is not None
+        return [str(go_ledger), "server", "-store", "memory", *ledger]
+    if kind == "demo":
+        return [sys.executable, str(PEERS), kind, str(directory)]
+    if kind == "hand-written":
+        return [sys.executable, str(PEERS), kind, str(directory / "calls.db")]
+    if kind == "rpc-redis":
+        assert redis_url is not None
+        return [sys.executable, str(PEERS), kind, redis_url, f"{directory.name}:"]
+    if kind == "rpc-nokey":
+        return [sys.executable, str(PEERS), "rpc"]
+    return [sys.executable, str(PEERS), kind, str(directory)]
+
+
+def keyed_round(
+    kind: str,
+    go_rpc: Path,
+    go_ledger: Path | None,
+    calls: int,
+    redis: tuple[str, int] | None = None,
+    env: dict[str, str] | None = None,
+    transfer: bool = False,
+) -> dict[str, float]:
+    """One round of a keyed table on a fresh server of ``kind``: 100 connections, one
+    call in flight each, ``keyed_calls(kind, calls)`` calls each with a fresh key, then
+    the same keys again (every call a replay; ``rpc-nokey`` makes no second pass).
+    Server CPU from /proc, per call; ``redis`` (url, pid): redis-server's CPU per call
+    beside. Every reply is checked by the Go client. ``transfer``: the calls are the
+    ledger demo's transfers (``TRANSFER``'s servers) instead of echo."""
+    env = env or ENV
+    per_conn = keyed_calls(kind, calls)
+    with tempfile.TemporaryDirectory(prefix="keyed-") as tmp:
+        directory = Path(tmp)
+        url = None if redis is None else redis[0]
+        srv = Server(keyed_server_cmd(kind, directory, go_ledger, url, transfer), env=env)
+        try:
+            cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-calls", str(per_conn)]
+            if kind != "rpc-nokey":
+                cmd.append("-key")
+            if transfer:
+                cmd += ["-transfer", str(ACCOUNTS)]
+            redis_before = 0.0 if redis is None else cpu_seconds(redis[1])
+            first = drive(srv, cmd, env)
+            redis_cpu = 0.0 if redis is None else cpu_seconds(redis[1]) - redis_before
+            replay = drive(srv, cmd, env) if kind != "rpc-nokey" else None
+        finally:
+            srv.stop()
+    want = 100 * per_conn
+    if first["calls"] != want or (replay is not None and replay["calls"] != want):
+        got = (first["calls"], None if replay is None else replay["calls"])
+        raise AssertionError(f"{kind}: {got} calls answered, want {want}")
+    out = {
+        "calls_per_s": first["calls_per_s"],
+        "server_cpu_us_per_call": first["server_cpu_us_per_op"],
+    }
+    if replay is not None:
+        out["replay_calls_per_s"] = replay["calls_per_s"]
+        out["replay_server_cpu_us_per_call"] = replay["server_cpu_us_per_op"]
+    if redis is not None:
+        out["redis_cpu_us_per_call"] = redis_cpu * 1e6 / want
+    return out
+
+
+def keyed_missing(kind: str) -> str | None:
+    """Why keyed peer ``kind`` cannot run here (None: it can)."""
+    if kind in GO_LEDGER:
+        return gopath_missing("ledger")
+    if kind == "rpc-redis" and shutil.which("redis-server") is None:
+        return "redis-server is not installed (CI installs it with apt)"
+    return None
+
+
+@pytest.mark.benchmark(group="rpc-demo-transfer-100conns")
+@pytest.mark.parametrize("server", TRANSFER)
+def bench_demo_transfer_first_then_replayed(
+    benchmark: Any, request: pytest.FixtureRequest, go_rpc: Path, server: str
+) -> None:
+    """The ledger demo's transfer: the Go twin against the demo's own server."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    calls = 5 if benchmark.disabled else 300
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, transfer=True)),
+        rounds=1,
+        iterations=1,
     )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def go_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    why = gopath_missing("ledger")
+    if why is not None:
+        pytest.skip(why)
+    return go_build("ledger", tmp_path_factory.mktemp("goledger") / "ledger")
+
+
+@pytest.fixture(scope="module")
+def redis_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (CI installs it with apt)")
+    with redis_process(str(tmp_path_factory.mktemp("redis"))) as proc:
+        yield proc
+
+
+@pytest.mark.benchmark(group="rpc-keyed-100conns")
+@pytest.mark.parametrize("server", KEYED)
+def bench_rpc_keyed_first_then_replayed(
+    benchmark: Any, request: pytest.FixtureRequest, go_rpc: Path, server: str
+) -> None:
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    redis = request.getfixturevalue("redis_proc") if server == "rpc-redis" else None
+    calls = 5 if benchmark.disabled else 300
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, redis)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
 
 
 @pytest.mark.benchmark(group="rpc-layer-cost")
@@ -139,3 +316,85 @@ def bench_rpc_layer_cost(benchmark: Any, go_rpc: Path, go_net: Path, server: str
         _drive(benchmark, srv, cmd)
     finally:
         srv.stop()
+
+
+def _call(
+    sock: socket.socket, msgid: int, params: list[Any], key: str, method: str = "echo"
+) -> list[Any]:
+    """One framed request with ``key``; its decoded reply (pings skipped)."""
+    body = b"\x00" + msgpack.packb([0, msgid, method, params, {"key": key, "caller": "t"}])
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    buf = b""
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            buf += chunk
+        n = struct.unpack(">I", buf[:4])[0]
+        frame, buf = buf[4 : 4 + n], buf[4 + n :]
+        if frame[:1] == b"\x00":
+            reply: list[Any] = msgpack.unpackb(frame[1:])
+            return reply
+
+
+@pytest.mark.parametrize("server", ["go-ledger", "go-ledger-memory", "hand-written", "rpc-sqlite"])
+def bench_keyed_peers_replay_and_refuse_a_reused_key(
+    request: pytest.FixtureRequest, go_rpc: Path, server: str, tmp_path: Path
+) -> None:
+    """Every keyed peer keeps the protocol the tables compare: a first call runs, the same
+    key and request replays the outcome (``replayed``), the same key with another
+    request gets ALREADY_EXISTS (KeyReused); a durable peer's record is in its file."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    srv = Server(keyed_server_cmd(server, tmp_path, ledger, None), env=ENV)
+    try:
+        host, port = srv.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            assert _call(sock, 1, [1, "a"], "k1") == [1, 1, None, [1, "a"]]
+            assert _call(sock, 2, [1, "a"], "k1") == [1, 2, None, [1, "a"], {"replayed": True}]
+            reused = _call(sock, 3, [2, "b"], "k1")
+            assert reused[:2] == [1, 3] and reused[2][0] == 6 and reused[3] is None
+            assert _call(sock, 4, [2, "b"], "k2") == [1, 4, None, [2, "b"]]
+    finally:
+        srv.stop()
+    files = {"go-ledger": "records.db", "hand-written": "calls.db", "rpc-sqlite": "records.db"}
+    if server in files:
+        table = "calls" if server == "hand-written" else "idempotency_records"
+        with sqlite3.connect(tmp_path / files[server]) as db:
+            keys = sorted(k for (k,) in db.execute(f"SELECT key FROM {table}"))
+            mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        assert keys == ["k1", "k2"] and mode == "wal"
+
+
+@pytest.mark.parametrize("server", TRANSFER)
+def bench_transfer_peers_move_money_once(
+    request: pytest.FixtureRequest, go_rpc: Path, server: str, tmp_path: Path
+) -> None:
+    """The demo's transfer on the Go twin and on the demo's server: applied once (its
+    fence the result, replayed), refused with INSUFFICIENT_FUNDS past the balance, a
+    reused key refused; a durable peer's balances in its file."""
+    why = keyed_missing(server)
+    if why is not None:
+        pytest.skip(why)
+    ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
+    srv = Server(keyed_server_cmd(server, tmp_path, ledger, None, transfer=True), env=ENV)
+    try:
+        host, port = srv.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            first = _call(sock, 1, [0, 1, 5], "t1", "transfer")
+            assert first[:3] == [1, 1, None] and isinstance(first[3], int)
+            again = _call(sock, 2, [0, 1, 5], "t1", "transfer")
+            assert again == [1, 2, None, first[3], {"replayed": True}]
+            refused = _call(sock, 3, [0, 1, 5000], "t2", "transfer")
+            assert refused[2][0] == 9 and refused[3] is None
+            reused = _call(sock, 4, [1, 0, 5], "t1", "transfer")
+            assert reused[2][0] == 6
+    finally:
+        srv.stop()
+    files = {"go-ledger": "records.db", "demo": "ledger.db"}
+    if server in files:
+        with sqlite3.connect(tmp_path / files[server]) as db:
+            balances = dict(db.execute("SELECT id, balance FROM accounts WHERE id IN (0, 1)"))
+        assert balances == {0: 995, 1: 1005}

@@ -62,6 +62,17 @@ class Peer:
     close: Callable[[], None] | None = None
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """A figure of one peer over another's on a row, taken round by round (both ran in
+    the same round, under the same load): ``key`` is the figure (``value`` or an extra)."""
+
+    label: str
+    peer: str
+    over: str
+    key: str = "value"
+
+
 @dataclass
 class Row:
     """One workload. ``unit`` names the metric; ``better`` says which way is faster."""
@@ -73,6 +84,7 @@ class Row:
     warmup: int = 0  # untimed interleaved rounds first (JIT compiles, caches, page faults)
     max_rounds: int | None = None  # a cap for a workload whose round takes many seconds
     extras: dict[str, str] = field(default_factory=dict)  # extra key -> its label and unit
+    ratios: list[Ratio] = field(default_factory=list)  # reported beside the row
 
 
 @dataclass
@@ -176,6 +188,7 @@ def run_row(suite: Suite, row: Row, rounds: int, reporter: Reporter) -> dict[str
         "better": row.better,
         "peers": [p.name for p in row.peers],
         "extras": dict(row.extras),
+        "ratios": [[r.label, r.peer, r.over, r.key] for r in row.ratios],
         "rounds": records,
         "failures": [f.__dict__ for f in failures],
         "seconds": round(time.monotonic() - began, 2),
@@ -348,6 +361,29 @@ def relative_cells(row: dict[str, Any], ref: str) -> dict[str, Cell]:
     return {peer: Cell(tuple(v)) for peer, v in ratios.items()}
 
 
+def paired_ratio(row: dict[str, Any], peer: str, over: str, key: str = "value") -> Cell | None:
+    """``peer``'s figure ``key`` over ``over``'s, one ratio per round in which both ran
+    (None when no round has both)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for rec in row["rounds"]:
+        if key in rec:
+            by_round.setdefault(rec["round"], {})[rec["peer"]] = float(rec[key])
+    values = [
+        figures[peer] / figures[over]
+        for figures in by_round.values()
+        if figures.get(peer) is not None and figures.get(over)
+    ]
+    return Cell(tuple(values)) if values else None
+
+
+def row_ratios(row: dict[str, Any]) -> list[tuple[str, Cell | None]]:
+    """The row's declared ratios (:class:`Ratio`), each with its rounds' values."""
+    return [
+        (label, paired_ratio(row, peer, over, key))
+        for label, peer, over, key in row.get("ratios", [])
+    ]
+
+
 # ========================================================================== compare
 
 
@@ -378,8 +414,8 @@ def compare(old: dict[str, Any], new: dict[str, Any], relative: bool = False) ->
         old_rows = {r["name"]: r for r in sold["rows"]}
         for row in snew["rows"]:
             orow = old_rows.get(row["name"])
-            if orow is None:
-                continue
+            if orow is None or orow["unit"] != row["unit"]:
+                continue  # measured another way (the wall clock then, CPU time now)
             if relative:
                 before, after = relative_cells(orow, ref), relative_cells(row, ref)
             else:
@@ -519,6 +555,16 @@ def suite_markdown(result: dict[str, Any], name: str, image: str | None = None) 
             )])  # fmt: skip
         lines += ["", f"Median of the rounds, {label}:", ""]
         lines += _table(["workload", *peers], ext_rows)
+    for row in suite["rows"]:
+        ratios = row_ratios(row)
+        if not ratios:
+            continue
+        lines += ["", f"{row['name']}: ratios, each taken within a round (median, range):", ""]
+        lines += _table(["ratio", "median", "range"], [
+            [label, "" if c is None else fmt_ratio(c.median),
+             "" if c is None else f"{fmt_ratio(min(c.values))} to {fmt_ratio(max(c.values))}"]
+            for label, c in ratios
+        ])  # fmt: skip
     if suite["notes"]:
         lines += ["", suite["notes"]]
     if image is not None:
@@ -606,8 +652,8 @@ def plot_suite(result: dict[str, Any], name: str, out: Path) -> bool:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.axvline(1.0, color="black", linewidth=0.8)
-    what = ref or "the row's first peer"
-    ax.set_xlabel(f"time over {what}'s (log scale; below 1: faster)")
+    what = f"{ref}'s, or the row's first peer's without {ref}" if ref else "the row's first peer's"
+    ax.set_xlabel(f"time over {what} (log scale; below 1: faster)")
     ax.set_title(f"{suite['title']} ({result['date'][:10]}, {result['rounds']} rounds)")
     ax.legend(fontsize="small", loc="best")
     fig.tight_layout()

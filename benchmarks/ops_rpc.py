@@ -19,6 +19,10 @@ payload) for the RPC layer's own cost. Workloads:
   key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
   100 calls sent at once, their replies read, again (the group commit needs concurrent
   calls: the benchmark suite's 100 connections with one call each);
+* ``rpc-keyed-sqlite-one-step``: the same through ``SQLiteStore`` with ``echo``
+  declared ``one_step`` (claim and record in one transaction);
+* ``rpc-keyed-redis``: the same through a ``RedisStore`` on a redis-server of our own
+  (a child process: its instructions are not counted);
 * ``rpc-ledger``: the ledger demo's server (``idempotency.demo``: a durable SQLite
   ledger of 100 accounts) and its calls, ``transfer(src, dst, 1)`` with a key of its
   own and a 10 s timeout each, 1,000 at once over 200 connections (as the demo's
@@ -37,6 +41,7 @@ The request is the benchmark suite's: ``echo(1, "hello", [1, 2, 3])``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -202,6 +207,7 @@ def server(workload: str, n: int) -> None:
     from idempotency.rpc import Server  # noqa: PLC0415
 
     depth = 16 if workload.endswith("pipe16") else 100 if "keyed" in workload else 1
+    stack = contextlib.ExitStack()  # what the workload started (a redis-server)
     idem = None
     if workload == "rpc-ledger":
         from pathlib import Path  # noqa: PLC0415
@@ -212,10 +218,18 @@ def server(workload: str, n: int) -> None:
         create_ledger(spec, 100)
         srv = make_server(spec, 10.0, 1000)
         depth = 1000  # the demo's 1,000 connections with a call each: its batch sizes
-    elif workload == "rpc-keyed-sqlite":
+    elif workload.startswith("rpc-keyed-sqlite"):
         idem = Idempotency(SQLiteStore(tempfile.mkdtemp(prefix="ops-rpc-") + "/records.db"))
     elif workload == "rpc-keyed-memory":
         idem = Idempotency(MemoryStore())
+    elif workload == "rpc-keyed-redis":
+        from idempotency import RedisStore  # noqa: PLC0415
+
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+
+        url, _pid = stack.enter_context(redis_process(tempfile.mkdtemp(prefix="ops-rpc-")))
+        idem = Idempotency(RedisStore(url, prefix="ops:"))
     if workload != "rpc-ledger":
         srv = Server(idempotency=idem, heartbeat_interval=10.0)
     if workload == "rpc-ledger":
@@ -225,7 +239,8 @@ def server(workload: str, n: int) -> None:
         def echo_keyed(*args: object) -> list[object]:
             return list(args)
 
-        srv.add_method(echo_keyed, "echo", idempotent=True)
+        one_step = workload == "rpc-keyed-sqlite-one-step"
+        srv.add_method(echo_keyed, "echo", idempotent=True, one_step=one_step)
     elif "async" in workload:
 
         async def echo_async(*args: object) -> list[object]:
@@ -258,6 +273,7 @@ def server(workload: str, n: int) -> None:
         return elapsed
 
     elapsed = gosim.run(main, procs=1)
+    stack.close()
     print(f"{workload}: {n} calls, {elapsed / n * 1e6:.2f} us each (client wall clock)")
 
 

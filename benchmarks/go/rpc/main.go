@@ -6,6 +6,8 @@
 //	rpc inflight -addr A -conns 1 -depth 16 -seconds 2  depth calls in flight per connection
 //	rpc rr -addr A -key                               every call carries a fresh idempotency key
 //	rpc rr -addr A -stream                            plain msgpack stream (aio-msgpack-rpc, ...)
+//	rpc rr -addr A -key -transfer 100                 the ledger demo's transfer(src, dst, 1)
+//	                                                  over 100 accounts instead of echo
 //
 // Wire: each message is a frame (4-byte big-endian length) whose payload is the DATA kind
 // byte 0 and one msgpack-rpc message; a PING (kind 1) is answered with a PONG (kind 2).
@@ -262,15 +264,29 @@ func serve(addr string) {
 // The call every client makes: echo of a small argument list.
 var params = []byte{0x93, 0x01, 0xa5, 'h', 'e', 'l', 'l', 'o', 0x93, 0x01, 0x02, 0x03}
 
-func request(msgid uint64, key string) []byte {
+// accounts > 0: the calls are the ledger demo's transfers of 1 between its accounts,
+// each account as often a source as a destination over a connection's calls.
+var accounts int
+
+func request(msgid uint64, key string, conn int) []byte {
 	b := []byte{0x94}
 	if key != "" {
 		b[0] = 0x95
 	}
 	b = append(b, 0x00)
 	b = appendUint(b, msgid)
-	b = appendStr(b, "echo")
-	b = append(b, params...)
+	if accounts > 0 {
+		src := (conn + int(msgid)) % accounts
+		dst := (src + 1 + int(msgid)%(accounts-1)) % accounts
+		b = appendStr(b, "transfer")
+		b = append(b, 0x93)
+		b = appendUint(b, uint64(src))
+		b = appendUint(b, uint64(dst))
+		b = append(b, 0x01)
+	} else {
+		b = appendStr(b, "echo")
+		b = append(b, params...)
+	}
 	if key != "" {
 		b = append(b, 0x81)
 		b = appendStr(b, "key")
@@ -343,10 +359,29 @@ func check(r *bufio.Reader, sr *streamReader, w *bufio.Writer, mu *sync.Mutex, b
 			return f, fmt.Errorf("unexpected msgid in %x", f)
 		}
 		rest := f[3+k:]
-		if len(rest) < 1 || rest[0] != 0xc0 || !bytes.HasPrefix(rest[1:], params) {
-			return f, fmt.Errorf("bad reply %x", f)
+		var tail []byte
+		if accounts > 0 { // a transfer: its fence, or a refusal (INSUFFICIENT_FUNDS)
+			if len(rest) < 1 {
+				return f, fmt.Errorf("bad reply %x", f)
+			}
+			if rest[0] != 0xc0 && !bytes.HasPrefix(rest, []byte{0x93, 0x09}) {
+				return f, fmt.Errorf("transfer failed: %x", f)
+			}
+			n, err := skip(rest)
+			if err != nil {
+				return f, fmt.Errorf("bad reply %x", f)
+			}
+			m, err := skip(rest[n:])
+			if err != nil {
+				return f, fmt.Errorf("bad reply %x", f)
+			}
+			tail = rest[n+m:]
+		} else {
+			if len(rest) < 1 || rest[0] != 0xc0 || !bytes.HasPrefix(rest[1:], params) {
+				return f, fmt.Errorf("bad reply %x", f)
+			}
+			tail = rest[1+len(params):]
 		}
-		tail := rest[1+len(params):]
 		if f[1] == 0x94 && len(tail) != 0 {
 			return f, fmt.Errorf("bad reply %x", f)
 		}
@@ -393,9 +428,9 @@ func load(addr string, conns, depth int, seconds float64, keyed, stream bool, ca
 				mu.Lock()
 				var err error
 				if stream {
-					_, err = w.Write(request(next, key))
+					_, err = w.Write(request(next, key, k))
 				} else {
-					err = writeFrame(w, kindData, request(next, key))
+					err = writeFrame(w, kindData, request(next, key, k))
 				}
 				if err != nil {
 					panic("write")
@@ -456,6 +491,7 @@ func main() {
 	keyed := fs.Bool("key", false, "send an idempotency key with every call")
 	stream := fs.Bool("stream", false, "plain msgpack stream (no frames), for msgpack-rpc peers")
 	calls := fs.Int("calls", 0, "calls per connection (0: as many as -seconds allows); with -key, a second run with the same -calls replays every key")
+	fs.IntVar(&accounts, "transfer", 0, "call the ledger demo's transfer over this many accounts (at least 2) instead of echo")
 	fs.Parse(os.Args[2:])
 	var out map[string]any
 	switch os.Args[1] {
