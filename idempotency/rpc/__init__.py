@@ -41,3 +41,43 @@ from ._protocol import encode_response_payloads as encode_response_payloads
 from ._protocol import parse as parse
 from ._protocol import parse_error as parse_error
 from ._server import Server as Server
+
+# The public names, for `from idempotency.rpc import *` and the generated reference.
+__all__ = [
+    "MAX_MSGID",
+    "NOTIFICATION",
+    "REQUEST",
+    "RESPONSE",
+    "CallMeta",
+    "CallResult",
+    "CallTimeout",
+    "Client",
+    "ClientStats",
+    "ErrorInfo",
+    "Limits",
+    "LocalProtocolError",
+    "Message",
+    "MessageTooLarge",
+    "Notification",
+    "ProtocolError",
+    "RPCError",
+    "RemoteProtocolError",
+    "Request",
+    "Response",
+    "RetryPolicy",
+    "RetryThrottle",
+    "Server",
+    "ServerStats",
+    "Status",
+    "StreamDecoder",
+    "Unavailable",
+    "decode",
+    "encode",
+    "encode_error",
+    "encode_notification",
+    "encode_request",
+    "encode_response",
+    "encode_response_payloads",
+    "parse",
+    "parse_error",
+]

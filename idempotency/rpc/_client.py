@@ -201,7 +201,7 @@ class Client:
     """Calls methods of a msgpack-rpc server; see the module docstring for retries.
 
     ``dial`` is an async function returning a new connection (gosim.net's ``Conn``
-    shape), or a list of ``"host:port"`` addresses tried in turn. ``transport`` is
+    shape), one ``"host:port"`` address, or a list of them tried in turn. ``transport`` is
     ``"framed"`` (netframe sessions, our servers) or ``"stream"`` (plain msgpack-rpc
     peers such as Neovim). ``caller`` scopes this client's idempotency keys on the
     server. Calls to the methods in ``idempotent_methods`` get a generated key when
@@ -212,7 +212,7 @@ class Client:
 
     def __init__(
         self,
-        dial: Callable[[], Awaitable[Any]] | Sequence[str],
+        dial: Callable[[], Awaitable[Any]] | str | Sequence[str],
         *,
         transport: str = "framed",
         caller: str | None = None,
@@ -233,6 +233,8 @@ class Client:
             raise ValueError(f"transport must be 'framed' or 'stream', not {transport!r}")
         if connect_attempts < 1:
             raise ValueError("connect_attempts must be at least 1")
+        if isinstance(dial, str):  # one address, as net.dial takes it (a str is a Sequence)
+            dial = [dial]
         self.dial = dial if callable(dial) else _addresses_dialer(list(dial), connect_timeout)
         self.transport = transport
         self.caller = caller
