@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from idempotency import StoreUnavailable
+
 from ._audit import reaudit
 from ._clients import run_clients
 from ._ledger import LedgerSpec, serve
@@ -208,7 +210,7 @@ def _unwritable(path: Path) -> str | None:
 
 def _check_redis(p: argparse.ArgumentParser, url: str | None) -> None:
     try:
-        import redis  # noqa: PLC0415 -- the redis extra
+        from idempotency.stores.redis import check_reachable  # noqa: PLC0415 -- the redis extra
     except ImportError:
         p.error("--store redis needs redis-py (pip install -e '.[redis]')")
     if url is None:
@@ -218,13 +220,9 @@ def _check_redis(p: argparse.ArgumentParser, url: str | None) -> None:
             p.error("--store redis needs redis-server on PATH, or --redis URL")
         return
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except (ValueError, redis.RedisError) as exc:
-        p.error(f"--redis {url}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        check_reachable(url)
+    except StoreUnavailable as exc:
+        p.error(f"--redis {url}: {exc}")
 
 
 def _as_child() -> None:

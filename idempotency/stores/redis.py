@@ -375,6 +375,26 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
+def check_reachable(url: str, timeout: float = 3.0) -> None:
+    """Ping the Redis server at ``url`` once, within ``timeout`` seconds.
+
+    Raises :class:`~idempotency.StoreUnavailable` saying what failed in one line (a
+    malformed URL, a refused connection, a server that does not answer), so a command
+    line can refuse a bad ``--redis`` before it starts anything.
+    """
+    try:
+        client = redis_py.Redis.from_url(
+            url, socket_connect_timeout=timeout, socket_timeout=timeout
+        )
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except (ValueError, redis_py.RedisError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StoreUnavailable(first) from exc
+
+
 class LuaEffect(Effect):
     """An effect committed with its record: the Lua ``script`` body runs inside the
     script that completes the record, with ``KEYS = keys`` and ``ARGV = args``, and
