@@ -564,3 +564,69 @@ def test_the_refusal_mark_goes_only_to_a_peer_that_said_it_speaks_the_extension(
         {"refused": True},
     ]
     assert plain[1] == [1, 2, [0, "UNAVAILABLE: server is shutting down"], None]
+
+
+def test_a_peer_that_never_answers_the_handshake_is_plain() -> None:
+    """A peer that reads and never answers: unkeyed calls do not wait for the
+    handshake and end at their own deadlines; a keyed call waits for the handshake's
+    answer no longer than ``connect_timeout``, then is refused unsent. The peer never
+    receives anything but four-element requests."""
+
+    async def main() -> tuple[str, str, list[Any]]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        received: list[Any] = []
+
+        async def silent_peer() -> None:
+            conn = await ln.accept()
+            unpacker = msgpack.Unpacker()
+            while True:
+                try:
+                    data = await conn.read(4096)
+                except OSError:
+                    break
+                if not data:
+                    break
+                unpacker.feed(data)
+                received.extend(unpacker)
+            conn.close()
+
+        go(silent_peer)
+        c = stream_client(ln.addr(), caller="acct-7", connect_timeout=0.3, connect_attempts=3)
+        try:
+            await c.call("anything", 1, timeout=0.2)
+            unkeyed = "answered"
+        except CallTimeout:
+            unkeyed = "timed out"
+        try:
+            await c.call("anything", 2, idempotency_key="k-1", timeout=10.0)
+            keyed = "answered"
+        except RPCError as exc:
+            keyed = exc.status.name
+        await c.close()
+        await gosim.sleep(0.05)  # the peer reads the end of the stream
+        ln.close()
+        return unkeyed, keyed, received
+
+    unkeyed, keyed, received = run_bounded(main, 30.0)
+    assert (unkeyed, keyed) == ("timed out", "FAILED_PRECONDITION")
+    assert [m[2:] for m in received] == [["idempotency.rpc.hello", [1]], ["anything", [1]]]
+    assert all(len(m) == 4 for m in received)
+
+
+def test_neovim_reads_our_clients_refusal_of_its_request(neovim: str) -> None:
+    """Neovim calls back into our client (rpcrequest on the client's channel): the
+    client serves no methods and says so in Neovim's shape, which Neovim raises as a
+    readable error (our shape was "unknown error" to it)."""
+
+    async def main() -> RPCError:
+        c = stream_client(neovim)
+        channel, _ = await c.call("nvim_get_api_info")
+        with pytest.raises(RPCError) as info:
+            await c.call("nvim_eval", f"rpcrequest({channel}, 'ping_client')")
+        assert await c.call("nvim_eval", "9") == 9
+        await c.close()
+        return info.value
+
+    error = run_bounded(main, 30.0)
+    assert error.status is Status.UNKNOWN and error.peer_type == 0
+    assert "UNIMPLEMENTED: no method 'ping_client'" in error.message
