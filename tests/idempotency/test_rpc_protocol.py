@@ -382,3 +382,23 @@ def test_plain_errors_use_neovims_types() -> None:
         "NOT_FOUND: no such account",
     ]
     assert plain_error(77, "odd", {"type": "X"}) == [0, "77: X: odd"]
+
+
+@given(values, st.booleans())
+def test_parse_error_never_fails_and_a_peer_that_is_not_ours_is_unknown(
+    error: object, ours: bool
+) -> None:
+    info = parse_error(error, ours)
+    assert isinstance(info.message, str)
+    if not ours:
+        assert info.code == Status.UNKNOWN
+
+
+@given(st.integers(min_value=0, max_value=2**31), st.text(max_size=40), values)
+def test_our_shape_round_trips_and_our_plain_shape_is_never_read_as_ours(
+    code: int, message: str, data: object
+) -> None:
+    assert parse_error([code, message, data]) == ErrorInfo(code, message, data)
+    plain = parse_error(plain_error(code, message, data))
+    assert plain.code == Status.UNKNOWN and plain.peer_type in (0, 1)
+    assert plain.message.endswith(message)
