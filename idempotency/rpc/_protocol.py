@@ -584,16 +584,17 @@ def parse_error(error: Any, ours: bool = True) -> ErrorInfo:
     """Read an error response's ``error`` element, whatever its shape; never fails.
 
     ``ours`` says the peer speaks the extension (the framed transport, or a plain-stream
-    server that answered the handshake). Then ``[code, message, data]``, exactly three
-    elements with an integer code, is ours and keeps its parts. Every other shape, and
-    every shape from a peer that is not ours, is ``UNKNOWN``: ``[type, message(, ...)]``
-    (Neovim's, whose ``type`` is 0 or 1 and no status) keeps ``type`` as ``peer_type``
-    and ``message`` (further elements, if any, as ``data``); a string is the message;
-    anything else is kept whole in ``data``.
+    server that answered the handshake). Then ``[code, message, data]`` with an integer
+    code is ours and keeps its parts, and so is ``[code, message]``: an error recorded by
+    Redis's Lua encoder, which drops a trailing nil, is replayed in that shape. Every
+    other shape, and every shape from a peer that is not ours, is ``UNKNOWN``:
+    ``[type, message(, ...)]`` (Neovim's, whose ``type`` is 0 or 1 and no status) keeps
+    ``type`` as ``peer_type`` and ``message`` (further elements, if any, as ``data``);
+    a string is the message; anything else is kept whole in ``data``.
     """
     if isinstance(error, list) and len(error) >= 2 and type(error[0]) is int:
-        if ours and len(error) == 3:
-            return ErrorInfo(error[0], _text(error[1]), error[2])
+        if ours and len(error) <= 3:
+            return ErrorInfo(error[0], _text(error[1]), error[2] if len(error) == 3 else None)
         rest = error[2:]
         data = None if not rest else rest[0] if len(rest) == 1 else rest
         return ErrorInfo(Status.UNKNOWN, _text(error[1]), data, error[0])

@@ -630,3 +630,42 @@ def test_neovim_reads_our_clients_refusal_of_its_request(neovim: str) -> None:
     error = run_bounded(main, 30.0)
     assert error.status is Status.UNKNOWN and error.peer_type == 0
     assert "UNIMPLEMENTED: no method 'ping_client'" in error.message
+
+
+# ------------------------------------------------------------------------ our own peers
+
+REFUSE_IN_LUA = "return idempotency_fail(9, 'account ' .. ARGV[1] .. ' has 30')"
+
+
+@pytest.mark.parametrize("transport", ["framed", "stream"])
+def test_a_refusal_recorded_on_redis_without_data_stays_ours(
+    redis_server: Any, transport: str
+) -> None:
+    """A LuaEffect's refusal with nil data is recorded by Redis's Lua encoder as
+    ``[code, message]`` (it drops a trailing nil) and replayed so: it is our shape, and
+    keeps its status, on both transports."""
+    from idempotency import Idempotency, LuaEffect, RedisStore  # noqa: PLC0415
+
+    async def main() -> list[tuple[Status, str, bool]]:
+        store = RedisStore(redis_server.url, prefix=f"interop-{transport}-{gosim.now()}:")
+        srv = Server(idempotency=Idempotency(store), heartbeat_interval=None)
+
+        @srv.method(idempotent=True)
+        def debit(account: str) -> LuaEffect:
+            return LuaEffect(REFUSE_IN_LUA, [], [account])
+
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve if transport == "framed" else srv.serve_stream, ln)
+        c = Client([ln.addr()], transport=transport, heartbeat_interval=None)
+        out = []
+        for _ in range(2):  # the first run, then its replay
+            with pytest.raises(RPCError) as info:
+                await c.call("debit", "11", idempotency_key="d-1", timeout=10.0)
+            out.append((info.value.status, info.value.message, info.value.peer_type is None))
+        await c.close()
+        await srv.shutdown(1.0)
+        store.close()
+        return out
+
+    got = run_bounded(main, 30.0)
+    assert got == [(Status.FAILED_PRECONDITION, "account 11 has 30", True)] * 2

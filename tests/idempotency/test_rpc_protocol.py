@@ -340,14 +340,8 @@ def test_parse_error_reads_every_shape() -> None:
         3, "bad args", {"type": "TypeError"}
     )
     assert parse_error([3, "bad args", {"type": "TypeError"}]).type_name == "TypeError"
-    # Neovim: [error type, message]; its type is not a status (0 is not OK, 1 is not
-    # CANCELLED): UNKNOWN, the type kept apart.
-    assert parse_error([0, "Vim:E15: Invalid expression: 1 +"]) == ErrorInfo(
-        Status.UNKNOWN, "Vim:E15: Invalid expression: 1 +", None, peer_type=0
-    )
-    assert parse_error([1, "Key not found: x"]) == ErrorInfo(
-        Status.UNKNOWN, "Key not found: x", None, peer_type=1
-    )
+    # An error recorded by Redis's Lua encoder, which drops a trailing nil data.
+    assert parse_error([9, "account 11 has 30"]) == ErrorInfo(9, "account 11 has 30")
     # A string is a peer's message (aio-msgpack-rpc's str(exc)), whatever it says.
     assert parse_error("boom") == ErrorInfo(Status.UNKNOWN, "boom")
     assert parse_error("NOT_FOUND: no such account") == ErrorInfo(
@@ -361,13 +355,21 @@ def test_parse_error_reads_every_shape() -> None:
 
 
 def test_a_peer_that_is_not_ours_never_gets_its_errors_read_as_ours() -> None:
+    # Neovim: [error type, message]; its type is not a status (0 is not OK, 1 is not
+    # CANCELLED): UNKNOWN, the type kept apart.
+    assert parse_error([0, "Vim:E15: Invalid expression: 1 +"], ours=False) == ErrorInfo(
+        Status.UNKNOWN, "Vim:E15: Invalid expression: 1 +", None, peer_type=0
+    )
+    assert parse_error([1, "Key not found: x"], ours=False) == ErrorInfo(
+        Status.UNKNOWN, "Key not found: x", None, peer_type=1
+    )
     # From a plain peer (no handshake), even our three-element shape is the peer's.
     assert parse_error([14, "going away", None], ours=False) == ErrorInfo(
         Status.UNKNOWN, "going away", None, peer_type=14
     )
-    # Our plain shape read back is a peer's [type, message]: the status in the text is
-    # for people (Neovim, pynvim), never parsed.
-    assert parse_error(plain_error(Status.UNAVAILABLE, "draining")) == ErrorInfo(
+    # Our plain shape read as a plain peer's [type, message]: the status in the text
+    # is for people (Neovim, pynvim), never parsed.
+    assert parse_error(plain_error(Status.UNAVAILABLE, "draining"), ours=False) == ErrorInfo(
         Status.UNKNOWN, "UNAVAILABLE: draining", None, peer_type=0
     )
 
@@ -395,10 +397,11 @@ def test_parse_error_never_fails_and_a_peer_that_is_not_ours_is_unknown(
 
 
 @given(st.integers(min_value=0, max_value=2**31), st.text(max_size=40), values)
-def test_our_shape_round_trips_and_our_plain_shape_is_never_read_as_ours(
+def test_our_shape_round_trips_and_a_plain_peer_keeps_its_type(
     code: int, message: str, data: object
 ) -> None:
     assert parse_error([code, message, data]) == ErrorInfo(code, message, data)
-    plain = parse_error(plain_error(code, message, data))
+    assert parse_error([code, message]) == ErrorInfo(code, message)
+    plain = parse_error(plain_error(code, message, data), ours=False)
     assert plain.code == Status.UNKNOWN and plain.peer_type in (0, 1)
     assert plain.message.endswith(message)
