@@ -345,15 +345,16 @@ class Dispatcher:
         """An error response in this dispatcher's shape, counted."""
         return self._error(msgid, code, message, data)
 
-    def refusal(self, msgid: int, code: int, message: str) -> bytes:
-        """The server's own refusal of a request it did not dispatch (draining, a
-        GOAWAY sent): marked ``{"refused": true}``, which tells our client the method
-        did not start, so even an unkeyed call may be sent again. Never for a method's
-        error (a method cannot set the mark). A plain peer gets the plain shape."""
+    def refuse(self, msgid: int, message: str = "server is shutting down") -> bytes:
+        """The answer to a request refused before dispatch (draining, a GOAWAY sent):
+        ``UNAVAILABLE``, marked ``{"refused": true}``, which tells our client the
+        method never started, so even an unkeyed call may be sent again (elsewhere).
+        Never for a method's error (a method cannot set the mark). A plain peer gets
+        the plain shape, unmarked."""
         if self.plain_errors:
-            return self._error(msgid, code, message)
-        self._count_error(code)
-        return encode_error(msgid, code, message, {"type": "Refused"}, refused=True)
+            return self._error(msgid, Status.UNAVAILABLE, message)
+        self._count_error(Status.UNAVAILABLE)
+        return encode_error(msgid, Status.UNAVAILABLE, message, {"type": "Refused"}, refused=True)
 
     def bad_message(self, exc: RemoteProtocolError) -> bytes | None:
         """The answer to a message that did not parse: an error if it had a msgid."""

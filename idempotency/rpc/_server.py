@@ -32,7 +32,6 @@ from ._protocol import (
     Message,
     RemoteProtocolError,
     Request,
-    Status,
     encode_response,
     hello_result,
 )
@@ -275,11 +274,7 @@ class _StreamServerConn:
                 self.dispatcher = self.server.dispatcher
                 return self._reply(encode_response(msg.msgid, None, hello_result()))
             if self.draining:
-                return self._reply(
-                    self.dispatcher.refusal(
-                        msg.msgid, Status.UNAVAILABLE, "server is shutting down"
-                    )
-                )
+                return self._reply(self.dispatcher.refuse(msg.msgid))
         out = self.dispatcher.handle(msg)
         if out is None:
             return None
