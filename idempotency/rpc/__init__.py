@@ -14,8 +14,12 @@ from ._dispatch import ServerStats as ServerStats
 from ._errors import CallTimeout as CallTimeout
 from ._errors import RPCError as RPCError
 from ._errors import Unavailable as Unavailable
+from ._protocol import EXTENSION_VERSION as EXTENSION_VERSION
+from ._protocol import HELLO_METHOD as HELLO_METHOD
 from ._protocol import MAX_MSGID as MAX_MSGID
 from ._protocol import NOTIFICATION as NOTIFICATION
+from ._protocol import PEER_EXCEPTION as PEER_EXCEPTION
+from ._protocol import PEER_VALIDATION as PEER_VALIDATION
 from ._protocol import REQUEST as REQUEST
 from ._protocol import RESPONSE as RESPONSE
 from ._protocol import CallMeta as CallMeta
@@ -35,11 +39,13 @@ from ._protocol import decode as decode
 from ._protocol import encode as encode
 from ._protocol import encode_error as encode_error
 from ._protocol import encode_notification as encode_notification
+from ._protocol import encode_plain_error as encode_plain_error
 from ._protocol import encode_request as encode_request
 from ._protocol import encode_response as encode_response
 from ._protocol import encode_response_payloads as encode_response_payloads
 from ._protocol import parse as parse
 from ._protocol import parse_error as parse_error
+from ._protocol import plain_error as plain_error
 from ._server import Server as Server
 
 # The public names, for `from idempotency.rpc import *` and the generated reference.

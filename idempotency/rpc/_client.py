@@ -7,14 +7,29 @@ responses to calls by msgid, so any number of goroutines may call at once.
 When a call is sent again
 -------------------------
 A retry is safe only when running the method twice cannot happen, so the client asks
-two questions. Did the request provably never leave? (It could not be queued on a
-live connection, or the server answered a status it sends only before running a
-method: ``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``.) Then any call may be sent again. Does
-the call carry an idempotency key? Then it is sent again, with the same key, after a
-lost connection or any status in the policy's retryable set: the server runs it at
-most once and answers a repeat with the stored outcome (flagged ``replayed``). A call
-without a key whose connection was lost in flight fails with
-:class:`~idempotency.rpc.Unavailable`, saying it may or may not have run.
+two questions. Did the method provably never start? (The request could not be queued
+on a live connection, or the server refused it before dispatch and marked the refusal
+so, ``{"refused": true}``: a mark only the server sets, never a method, whatever
+status the method raises.) Then any call may be sent again. Does the call carry an
+idempotency key? Then it is sent again, with the same key, after a lost connection or
+any status in the policy's retryable set: the server runs it at most once and answers
+a repeat with the stored outcome (flagged ``replayed``). A call without a key whose
+connection was lost in flight, or that was answered with an error that is not a
+marked refusal (even ``UNAVAILABLE`` raised by the method), is not sent again: lost in
+flight it fails with :class:`~idempotency.rpc.Unavailable`, saying it may or may not
+have run.
+
+Plain msgpack-rpc peers
+-----------------------
+On the plain stream the client opens each connection with a handshake
+(``[0, msgid, "idempotency.rpc.hello", [1]]``, PROTOCOL.md) and sends a request's
+fifth element (key, caller, timeout, attempt) only once the server has answered that
+it speaks the extension. A plain peer (Neovim, aio-msgpack-rpc) never sees one: its
+calls are the specification's four elements, their deadlines are kept by the client
+alone, and a call with an idempotency key is refused locally (``FAILED_PRECONDITION``,
+nothing sent), since such a peer cannot run it once per key. Errors of a shape that is
+not ours are ``UNKNOWN`` and keep the peer's type and message
+(:attr:`~idempotency.rpc.RPCError.peer_type`).
 
 How often, and when (gRPC's A6 retry design)
 --------------------------------------------
@@ -49,8 +64,11 @@ from netframe import ConnectionLost, FrameFormat, LocalFrameError
 from ._errors import CallTimeout, RPCError, Unavailable
 from ._protocol import (
     DEFAULT_LIMITS,
+    EXTENSION_VERSION,
+    HELLO_METHOD,
     MAX_MSGID,
     CallMeta,
+    ErrorInfo,
     Limits,
     Message,
     Notification,
@@ -61,16 +79,15 @@ from ._protocol import (
     decode,
     encode_error,
     encode_notification,
+    encode_plain_error,
     encode_request,
     parse_error,
+    speaks_extension,
 )
 from ._stream import StreamLink
 from ._waiter import OneShot
 
 __all__ = ["CallResult", "Client", "ClientStats", "RetryPolicy", "RetryThrottle"]
-
-#: Statuses our servers send only when the method did not start: any call may retry.
-NOT_STARTED: frozenset[int] = frozenset({Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True)
@@ -78,8 +95,9 @@ class RetryPolicy:
     """gRPC A6's retry policy: how many transmissions, how long between them, on what.
 
     ``retryable_codes`` apply to calls with an idempotency key; calls without one are
-    retried only on the statuses that prove the method never started (see the module
-    docstring).
+    retried only when the method provably never started (never sent, or a refusal the
+    server marked as made before dispatch; see the module docstring), never on a
+    status alone.
     """
 
     max_attempts: int = 5
@@ -163,15 +181,36 @@ class _Lost:
 
 
 class _Link:
-    """One live connection of the client, either transport."""
+    """One live connection of the client, either transport.
 
-    __slots__ = ("closed", "framed", "reason", "stream")
+    ``extension``: whether the server speaks the extension (request metadata, our
+    error shape, the refusal mark). True on the framed transport; on the plain stream
+    None until the handshake's answer (``hello_msgid``) comes, then True or False;
+    ``handshake`` is closed then, waking calls that wait for it. ``going_away``: the
+    server refused a call because it is going away (a marked ``UNAVAILABLE``, the plain
+    stream's GOAWAY): the link finishes its calls and takes no new ones.
+    """
+
+    __slots__ = (
+        "closed",
+        "extension",
+        "framed",
+        "going_away",
+        "handshake",
+        "hello_msgid",
+        "reason",
+        "stream",
+    )
 
     def __init__(self, framed: FramedClient | None, stream: StreamLink | None) -> None:
         self.framed = framed
         self.stream = stream
         self.closed = False
         self.reason = ""
+        self.extension: bool | None = True if framed is not None else None
+        self.hello_msgid: int | None = None
+        self.handshake: Chan[None] | None = None
+        self.going_away = False
 
     async def send(self, payload: bytes) -> None:
         if self.framed is not None:
@@ -208,6 +247,12 @@ class Client:
     none is given, and every retry of the call reuses it. With addresses, each dial
     gives up after ``connect_timeout`` seconds (a black-holed address would otherwise
     hold the connecting calls for the kernel's SYN retries, minutes).
+
+    On the plain stream, ``handshake`` (default True) asks each new connection's server
+    whether it speaks the extension (see the module docstring); the answer is awaited
+    for at most ``connect_timeout`` seconds, and only by calls that need it (those with
+    a key). ``handshake=False`` sends no handshake and treats every stream peer as
+    plain.
     """
 
     def __init__(
@@ -215,6 +260,7 @@ class Client:
         dial: Callable[[], Awaitable[Any]] | str | Sequence[str],
         *,
         transport: str = "framed",
+        handshake: bool = True,
         caller: str | None = None,
         idempotent_methods: Iterable[str] = (),
         timeout: float | None = None,
@@ -237,6 +283,8 @@ class Client:
             dial = [dial]
         self.dial = dial if callable(dial) else _addresses_dialer(list(dial), connect_timeout)
         self.transport = transport
+        self.handshake = handshake
+        self.connect_timeout = connect_timeout
         self.caller = caller
         self.idempotent_methods = frozenset(idempotent_methods)
         self.timeout = timeout
@@ -305,18 +353,19 @@ class Client:
             attempt += 1
             stats.attempts += 1
             outcome = await self._attempt(method, params, key, attempt, deadline, timeout, now)
-            if isinstance(outcome, Response):
-                if outcome.error is None:
-                    self.throttle.record_success()
-                    if outcome.replayed:
-                        stats.replays += 1
-                    return CallResult(outcome.result, outcome.replayed, attempt, key)
-                info = parse_error(outcome.error)
-                retryable = info.code in NOT_STARTED or (
-                    keyed and info.code in self.retry.retryable_codes
-                )
+            if type(outcome) is Response:
+                self.throttle.record_success()
+                if outcome.replayed:
+                    stats.replays += 1
+                return CallResult(outcome.result, outcome.replayed, attempt, key)
+            if type(outcome) is _ErrorReply:
+                info = outcome.info
+                # A status alone never proves the method did not start (a method may
+                # raise any status): only the server's refusal mark does.
+                retryable = outcome.refused or (keyed and info.code in self.retry.retryable_codes)
                 error: RPCError = RPCError.from_info(info)
             else:
+                assert isinstance(outcome, _Failed)
                 retryable = outcome.sent is False or keyed
                 if outcome.sent is False:
                     error = Unavailable(f"could not send the call: {outcome.reason}")
@@ -394,9 +443,10 @@ class Client:
         deadline: float,
         timeout: float | None,
         now: float,
-    ) -> Response | _Failed:
-        """One transmission of the call and the wait for its outcome. ``now`` is the
-        clock as the call began (its first attempt need not read it again)."""
+    ) -> Response | _ErrorReply | _Failed:
+        """One transmission of the call and the wait for its outcome: the response when
+        it succeeded, else the error it carried, or how the attempt failed. ``now`` is
+        the clock as the call began (its first attempt need not read it again)."""
         link = self._usable_link()
         if link is None:
             try:
@@ -404,13 +454,31 @@ class Client:
             except Unavailable as exc:
                 return _Failed(str(exc), sent=False)
             now = gosim.now()
+        if link.extension is None and key is not None:
+            # A keyed call needs the extension: wait for the handshake's answer.
+            if not await self._await_handshake(link, deadline):
+                self._count_error(Status.DEADLINE_EXCEEDED)
+                raise CallTimeout("deadline exceeded waiting for the server's handshake")
+            if link.closed:
+                return _Failed(link.reason, sent=False)
+            now = gosim.now()
         remaining = deadline - now
         if remaining <= 0:
             raise CallTimeout(f"no reply within {timeout} s")
-        timeout_ms = None if deadline == math.inf else max(0, int(remaining * 1000))
         meta = None
-        if key is not None or self.caller is not None or timeout_ms is not None or attempt > 1:
-            meta = CallMeta(key, self.caller, timeout_ms, attempt)
+        if link.extension:
+            timeout_ms = None if deadline == math.inf else max(0, int(remaining * 1000))
+            if key is not None or self.caller is not None or timeout_ms is not None or attempt > 1:
+                meta = CallMeta(key, self.caller, timeout_ms, attempt)
+        elif key is not None:
+            # A plain peer cannot run a call once per key: nothing is sent.
+            self._count_error(Status.FAILED_PRECONDITION)
+            raise RPCError(
+                Status.FAILED_PRECONDITION,
+                "the server did not answer the handshake saying it speaks the idempotency "
+                "extension (a plain msgpack-rpc peer): a call with an idempotency key is "
+                "not sent to it",
+            )
         msgid = self._new_msgid()
         payload = encode_request(msgid, method, params, meta)
         # The response (the reader), the link's loss (_drop_link) or the deadline,
@@ -429,10 +497,53 @@ class Client:
                 raise CallTimeout(f"no reply within {timeout} s")
         finally:
             self._pending.pop(msgid, None)
-        if isinstance(outcome, _Lost):
-            return _Failed(outcome.reason, sent=True)
-        assert isinstance(outcome, Response)
-        return outcome
+        if type(outcome) is Response:
+            if outcome.error is None:
+                return outcome
+            # Our shape and the refusal mark mean something only from a server that
+            # speaks the extension; any other peer's error is its own (UNKNOWN).
+            ours = link.extension is True
+            info = parse_error(outcome.error, ours)
+            refused = ours and outcome.refused
+            if refused and info.code == Status.UNAVAILABLE:
+                # The server is going away: new calls (this one's retry too) go on a new
+                # connection, the next address with several, as after a GOAWAY.
+                link.going_away = True
+            return _ErrorReply(info, refused)
+        assert isinstance(outcome, _Lost)
+        return _Failed(outcome.reason, sent=True)
+
+    async def _await_handshake(self, link: _Link, deadline: float) -> bool:
+        """Wait until ``link``'s handshake has its answer (or the link ended); False
+        when ``deadline`` came first."""
+        done = link.handshake
+        if done is None:
+            return True
+        if deadline == math.inf:
+            await done.recv()
+            return True
+        timer = gosim.Timer(max(deadline - gosim.now(), 0.0))
+        i, _, _ = await select(recv(done), recv(timer.c))
+        timer.stop()
+        return i == 0
+
+    def _end_handshake(self, link: _Link, extension: bool) -> None:
+        """The handshake's outcome is known (or the link ended): record it, wake the
+        calls waiting for it."""
+        if link.extension is None:
+            link.extension = extension
+        link.hello_msgid = None
+        done = link.handshake
+        if done is not None and not done.closed:
+            done.close()
+
+    async def _handshake_deadline(self, link: _Link, done: Chan[None], seconds: float) -> None:
+        """A peer that has not answered the handshake within ``seconds`` is plain."""
+        timer = gosim.Timer(seconds)
+        i, _, _ = await select(recv(done), recv(timer.c))
+        timer.stop()
+        if i == 1:
+            self._end_handshake(link, False)
 
     def _new_msgid(self) -> int:
         msgid = self._next_id
@@ -447,6 +558,7 @@ class Client:
         if (
             link is not None
             and not link.closed
+            and not link.going_away
             and (link.framed is None or link.framed.goaway_received is None)
         ):
             return link
@@ -459,8 +571,9 @@ class Client:
                 return link
             link = self._link
             if link is not None and not link.closed:
-                # The server said GOAWAY: the link finishes the calls it carries, and
-                # new calls go on a new connection (the next address, with several).
+                # The server said GOAWAY (or, on the plain stream, refused a call as
+                # going away): the link finishes the calls it carries, and new calls go
+                # on a new connection (the next address, with several).
                 self._link = None
                 self._stats.goaways += 1
                 continue
@@ -524,6 +637,21 @@ class Client:
             lambda reason: self._drop_link(link, reason),
         )
         self._links.add(link)
+        if not self.handshake:
+            link.extension = False
+            return link
+        # The handshake goes first on the connection, so its answer (from our server)
+        # comes before any call's: every error on the link is read knowing who sent it.
+        done: Chan[None] = Chan()
+        link.handshake = done
+        link.hello_msgid = msgid = self._new_msgid()
+        try:
+            await link.stream.send(encode_request(msgid, HELLO_METHOD, [EXTENSION_VERSION]))
+        except ConnectionError:
+            self._end_handshake(link, False)  # the link has ended: calls fail as unsent
+            return link
+        if self.connect_timeout is not None:
+            go(self._handshake_deadline, link, done, self.connect_timeout)
         return link
 
     async def _dial_stream(self) -> Any:
@@ -564,6 +692,10 @@ class Client:
 
     def _on_message(self, link: _Link, msg: Message) -> Any:
         if type(msg) is Response:
+            if msg.msgid == link.hello_msgid:
+                # Our server answers {"extension": 1}; a plain peer, an error.
+                self._end_handshake(link, msg.error is None and speaks_extension(msg.result))
+                return None
             entry = self._pending.get(msg.msgid)
             if entry is not None and entry[1] is link:
                 entry[0].settle(msg)
@@ -579,7 +711,11 @@ class Client:
         so a server that sends requests and reads nothing must not stall it (responses
         and pongs come through it), and a link that ended meanwhile loses the answer,
         not the runtime (an exception here would end the reader's goroutine)."""
-        payload = encode_error(msgid, Status.UNIMPLEMENTED, f"no method {method!r}")
+        message = f"no method {method!r}"
+        if link.extension:
+            payload = encode_error(msgid, Status.UNIMPLEMENTED, message)
+        else:  # a plain peer (Neovim) reads [type, message]
+            payload = encode_plain_error(msgid, Status.UNIMPLEMENTED, message)
         try:
             if link.framed is not None:
                 await link.framed.send(payload, timeout=0.0)  # TimeoutError when full
@@ -603,6 +739,7 @@ class Client:
         for waiter, on in list(self._pending.values()):
             if on is link:
                 waiter.settle(_Lost(reason))
+        self._end_handshake(link, False)
         if link.stream is not None:
             link.stream.close(reason)
 
@@ -610,6 +747,17 @@ class Client:
         self._drop_link(link, reason)
         if link.framed is not None:
             await link.framed.close()
+
+
+class _ErrorReply:
+    """An attempt answered with an error: what it said, and whether the server marked
+    it as a refusal made before dispatch (only a server that speaks the extension)."""
+
+    __slots__ = ("info", "refused")
+
+    def __init__(self, info: ErrorInfo, refused: bool) -> None:
+        self.info = info
+        self.refused = refused
 
 
 class _Failed:

@@ -57,6 +57,7 @@ from .._outcome import Outcome
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
+    HELLO_METHOD,
     MAX_MSGID,
     CallMeta,
     Limits,
@@ -67,6 +68,7 @@ from ._protocol import (
     Status,
     decode,
     encode_error,
+    encode_plain_error,
     encode_response,
     encode_response_payloads,
     parse,
@@ -258,24 +260,24 @@ class Dispatcher:
         self,
         limits: Limits = DEFAULT_LIMITS,
         *,
-        string_errors: bool = False,
+        plain_errors: bool = False,
         idempotency: Idempotency | None = None,
     ) -> None:
         self.limits = limits
         self.idempotency = idempotency
         # Plain msgpack-rpc peers read errors their own way: Neovim takes a string, or
-        # [0 or 1, string], and reports anything else as "unknown error". The plain
-        # stream transport therefore sends "STATUS: message" (the type name leading the
-        # message), which parse_error reads back into the status; the framed one sends
-        # [code, message, data].
-        self.string_errors = string_errors
+        # [0 or 1, string], and reports anything else as "unknown error"; pynvim reads
+        # err[1]. To them the plain stream sends [type, "STATUS: message"]
+        # (plain_error); the framed transport, and a plain-stream peer that answered
+        # the handshake, get [code, message, data].
+        self.plain_errors = plain_errors
         self.methods: dict[str, MethodSpec] = {}
         self._stats = ServerStats()
         self._bare_max = limits.bare_max
 
-    def sibling(self, *, string_errors: bool) -> Dispatcher:
+    def sibling(self, *, plain_errors: bool) -> Dispatcher:
         """A dispatcher with the same methods and counters, another error shape."""
-        other = Dispatcher(self.limits, string_errors=string_errors, idempotency=self.idempotency)
+        other = Dispatcher(self.limits, plain_errors=plain_errors, idempotency=self.idempotency)
         other.methods = self.methods
         other._stats = self._stats
         return other
@@ -294,6 +296,8 @@ class Dispatcher:
         name = fn.__name__ if name is None else name
         if not isinstance(name, str) or not name:
             raise ValueError(f"a method name must be a non-empty str, not {name!r}")
+        if name == HELLO_METHOD:
+            raise ValueError(f"method name {name!r} is the plain stream's handshake")
         if name in self.methods:
             raise ValueError(f"method {name!r} is registered already")
         if (idempotent or pass_call) and self.idempotency is None:
@@ -331,10 +335,8 @@ class Dispatcher:
 
     def _error(self, msgid: int, code: int, message: str, data: Any = None) -> bytes:
         self._count_error(code)
-        if self.string_errors:
-            name = data.get("type") if isinstance(data, dict) else None
-            text = f"{name}: {message}" if isinstance(name, str) else message
-            return encode_response(msgid, f"{_status_name(code)}: {text}", None)
+        if self.plain_errors:
+            return encode_plain_error(msgid, code, message, data)
         return encode_error(msgid, code, message, data)
 
     # ------------------------------------------------------------------ entry points
@@ -342,6 +344,17 @@ class Dispatcher:
     def error(self, msgid: int, code: int, message: str, data: Any = None) -> bytes:
         """An error response in this dispatcher's shape, counted."""
         return self._error(msgid, code, message, data)
+
+    def refuse(self, msgid: int, message: str = "server is shutting down") -> bytes:
+        """The answer to a request refused before dispatch (draining, a GOAWAY sent):
+        ``UNAVAILABLE``, marked ``{"refused": true}``, which tells our client the
+        method never started, so even an unkeyed call may be sent again (elsewhere).
+        Never for a method's error (a method cannot set the mark). A plain peer gets
+        the plain shape, unmarked."""
+        if self.plain_errors:
+            return self._error(msgid, Status.UNAVAILABLE, message)
+        self._count_error(Status.UNAVAILABLE)
+        return encode_error(msgid, Status.UNAVAILABLE, message, {"type": "Refused"}, refused=True)
 
     def bad_message(self, exc: RemoteProtocolError) -> bytes | None:
         """The answer to a message that did not parse: an error if it had a msgid."""
@@ -520,7 +533,7 @@ class Dispatcher:
             self._stats.replays += 1
         if outcome.ok:
             return encode_response_payloads(msgid, None, outcome.payload, outcome.replayed)
-        if self.string_errors:
+        if self.plain_errors:
             err = outcome.error
             assert err is not None
             code = err.code if type(err.code) is int else Status.UNKNOWN

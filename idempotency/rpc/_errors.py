@@ -24,16 +24,24 @@ class RPCError(Exception):
     an application ``ValueError`` arrives as ``RPCError`` with ``type_name ==
     "ValueError"``).
 
+    A peer that does not speak our error shape (Neovim, pynvim's hosts,
+    aio-msgpack-rpc) gets ``code`` ``UNKNOWN``, whatever it sent: its own type is kept in
+    ``peer_type`` (Neovim's ``[type, message]``: 0 for an exception, 1 for a validation
+    error) and its text in ``message``; ``peer_type`` is None for our servers' errors.
+
     A method raises ``RPCError(code, message, data)`` itself to answer with a chosen
     code (``Status.NOT_FOUND``, say); any other exception is answered as ``UNKNOWN``
     with its type name.
     """
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(
+        self, code: int, message: str, data: Any = None, *, peer_type: int | None = None
+    ) -> None:
         super().__init__(code, message, data)
         self.code = int(code)
         self.message = message
         self.data = data
+        self.peer_type = peer_type
 
     @property
     def status(self) -> Status:
@@ -58,11 +66,13 @@ class RPCError(Exception):
             return CallTimeout(info.message, info.data)
         if info.code == Status.UNAVAILABLE:
             return Unavailable(info.message, info.data)
-        return cls(info.code, info.message, info.data)
+        return cls(info.code, info.message, info.data, peer_type=info.peer_type)
 
     def __str__(self) -> str:
         name = self.type_name
         head = f"{self.status.name}" if self.status.value == self.code else f"code {self.code}"
+        if self.peer_type is not None:
+            head += f" (peer error type {self.peer_type})"
         return f"{head}: {name + ': ' if name else ''}{self.message}"
 
 

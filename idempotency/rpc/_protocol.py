@@ -14,19 +14,23 @@ The messages (the msgpack-rpc specification's three shapes)
   metadata map (``{"replayed": true}`` when a stored outcome was returned);
 * notification ``[2, method, params]``.
 
-A plain msgpack-rpc peer (Neovim, say) never sees a fifth element unless it is sent a
-call that carries metadata: a request without key, caller or timeout, and a response
-that is not a replay, are the spec's four-element arrays exactly. The decoder accepts
-both lengths, and ignores metadata keys it does not know (so later versions may add
-some).
+A plain msgpack-rpc peer (Neovim, say) never sees a fifth element: a request without
+key, caller or timeout, and a response that is not a replay or a refusal, are the
+spec's four-element arrays exactly, and on the plain stream a client sends metadata
+only to a server that answered the handshake (:data:`HELLO_METHOD`) saying it speaks
+the extension. The decoder accepts both lengths, and ignores metadata keys it does not
+know (so later versions may add some).
 
 Errors
 ------
-An error travels as ``[code, message, data]``: ``code`` is one of gRPC's status codes
+Ours travel as ``[code, message, data]``: ``code`` is one of gRPC's status codes
 (:class:`Status`; the client's retry policy is written in them, as gRPC's A6 is),
 ``message`` a string, ``data`` anything (the server puts ``{"type": name}`` there, the
-remote exception's type). Peers send other shapes too (Neovim: ``[type, message]``);
-:func:`parse_error` reads every shape into an :class:`ErrorInfo` and never fails.
+remote exception's type). To a plain peer our server sends Neovim's own shape,
+``[type, "STATUS: message"]`` (:func:`plain_error`), which Neovim and pynvim read.
+Peers send other shapes too; :func:`parse_error` reads every shape into an
+:class:`ErrorInfo` and never fails: one that is not ours is ``UNKNOWN`` and keeps the
+peer's type and message.
 
 Bad input
 ---------
@@ -51,8 +55,12 @@ import msgpack
 from netframe import NEED_DATA, NeedData
 
 __all__ = [
+    "EXTENSION_VERSION",
+    "HELLO_METHOD",
     "MAX_MSGID",
     "NOTIFICATION",
+    "PEER_EXCEPTION",
+    "PEER_VALIDATION",
     "REQUEST",
     "RESPONSE",
     "CallMeta",
@@ -72,11 +80,15 @@ __all__ = [
     "encode",
     "encode_error",
     "encode_notification",
+    "encode_plain_error",
     "encode_request",
     "encode_response",
     "encode_response_payloads",
+    "hello_result",
     "parse",
     "parse_error",
+    "plain_error",
+    "speaks_extension",
 ]
 
 REQUEST: Final = 0
@@ -88,6 +100,17 @@ MAX_MSGID: Final = 2**32 - 1
 MAX_KEY_LENGTH: Final = 255
 #: Largest caller name carried in a request's metadata, in bytes.
 MAX_CALLER_LENGTH: Final = 255
+#: The plain stream's handshake: a client sends ``[0, msgid, HELLO_METHOD, [version]]``
+#: first on a new connection; our server answers ``{"extension": version}`` (and from
+#: then on speaks the extension on that connection), a plain peer an error (no such
+#: method). No method may be registered under this name.
+HELLO_METHOD: Final = "idempotency.rpc.hello"
+#: The version of the extension (PROTOCOL.md) this module speaks.
+EXTENSION_VERSION: Final = 1
+#: Neovim's error types, the first element of its ``[type, message]`` errors: an
+#: exception, and a validation error (bad arguments). Neovim reads no other type.
+PEER_EXCEPTION: Final = 0
+PEER_VALIDATION: Final = 1
 
 
 class Status(enum.IntEnum):
@@ -248,12 +271,18 @@ class Request:
 
 @dataclass(slots=True)
 class Response:
-    """``[1, msgid, error, result(, meta)]``; ``error`` is None on success."""
+    """``[1, msgid, error, result(, meta)]``; ``error`` is None on success.
+
+    ``replayed``: a stored outcome was returned. ``refused``: the server refused the
+    request before dispatching it (draining, say): the method did not start, so any
+    call may be sent again. Only the server sets it, never a method's error.
+    """
 
     msgid: int
     error: Any
     result: Any
     replayed: bool = False
+    refused: bool = False
 
 
 @dataclass(slots=True)
@@ -269,11 +298,17 @@ Message = Request | Response | Notification
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    """An error response's content, whatever shape the peer sent."""
+    """An error response's content, whatever shape the peer sent.
+
+    ``peer_type`` is set for an error in a shape that is not ours (``code`` is then
+    ``UNKNOWN``): the first element of a peer's ``[type, message]`` (Neovim's
+    :data:`PEER_EXCEPTION` or :data:`PEER_VALIDATION`); None for ours.
+    """
 
     code: int
     message: str
     data: Any = None
+    peer_type: int | None = None
 
     @property
     def type_name(self) -> str | None:
@@ -320,11 +355,19 @@ def encode_request(
     return _pack([REQUEST, msgid, method, list(params)])
 
 
-def encode_response(msgid: int, error: Any, result: Any, replayed: bool = False) -> bytes:
-    """``[1, msgid, error, result]``, plus ``{"replayed": true}`` for a replay."""
+def encode_response(
+    msgid: int, error: Any, result: Any, replayed: bool = False, refused: bool = False
+) -> bytes:
+    """``[1, msgid, error, result]``, plus ``{"replayed": true}`` for a replay and
+    ``{"refused": true}`` for a refusal made before dispatch."""
     _check_msgid(msgid)
-    if replayed:
-        return _pack([RESPONSE, msgid, error, result, {"replayed": True}])
+    if replayed or refused:
+        meta: dict[str, bool] = {}
+        if replayed:
+            meta["replayed"] = True
+        if refused:
+            meta["refused"] = True
+        return _pack([RESPONSE, msgid, error, result, meta])
     return _pack([RESPONSE, msgid, error, result])
 
 
@@ -343,9 +386,54 @@ def encode_response_payloads(
     return body + _REPLAYED_META if replayed else body
 
 
-def encode_error(msgid: int, code: int, message: str, data: Any = None) -> bytes:
-    """An error response: ``[1, msgid, [code, message, data], nil]``."""
-    return encode_response(msgid, [int(code), message, data], None)
+def encode_error(
+    msgid: int, code: int, message: str, data: Any = None, *, refused: bool = False
+) -> bytes:
+    """An error response in our shape: ``[1, msgid, [code, message, data], nil]``;
+    ``refused`` adds ``{"refused": true}`` (only for the server's own refusals made
+    before dispatch, never for a method's error)."""
+    return encode_response(msgid, [int(code), message, data], None, refused=refused)
+
+
+def _status_name(code: int) -> str:
+    try:
+        return Status(code).name
+    except ValueError:
+        return str(code)
+
+
+def plain_error(code: int, message: str, data: Any = None) -> list[Any]:
+    """Our error in Neovim's shape, for a plain peer: ``[type, "STATUS: message"]``.
+
+    ``type`` is :data:`PEER_VALIDATION` for ``INVALID_ARGUMENT``, else
+    :data:`PEER_EXCEPTION` (the only two Neovim reads); a type name in ``data`` leads
+    the message (``[0, "UNKNOWN: ValueError: bad value"]``). Neovim shows the message,
+    pynvim raises it (``err[1]``). Our client does not read a status back from this
+    text (a peer's message could say anything): it gets ``[code, message, data]``
+    instead, by the handshake.
+    """
+    name = data.get("type") if isinstance(data, dict) else None
+    text = f"{name}: {message}" if isinstance(name, str) else message
+    kind = PEER_VALIDATION if code == Status.INVALID_ARGUMENT else PEER_EXCEPTION
+    return [kind, f"{_status_name(code)}: {text}"]
+
+
+def encode_plain_error(msgid: int, code: int, message: str, data: Any = None) -> bytes:
+    """An error response for a plain peer: ``[1, msgid, plain_error(...), nil]``."""
+    return encode_response(msgid, plain_error(code, message, data), None)
+
+
+def hello_result() -> dict[str, int]:
+    """Our server's answer to the handshake (:data:`HELLO_METHOD`)."""
+    return {"extension": EXTENSION_VERSION}
+
+
+def speaks_extension(result: Any) -> bool:
+    """Whether a handshake's result says the server speaks the extension."""
+    if not isinstance(result, dict):
+        return False
+    version = result.get("extension")
+    return type(version) is int and version >= 1
 
 
 def encode_notification(method: str, params: list[Any] | tuple[Any, ...]) -> bytes:
@@ -360,7 +448,7 @@ def encode(msg: Message) -> bytes:
     if isinstance(msg, Request):
         return encode_request(msg.msgid, msg.method, msg.params, msg.meta)
     if isinstance(msg, Response):
-        return encode_response(msg.msgid, msg.error, msg.result, msg.replayed)
+        return encode_response(msg.msgid, msg.error, msg.result, msg.replayed, msg.refused)
     if isinstance(msg, Notification):
         return encode_notification(msg.method, msg.params)
     raise LocalProtocolError(f"not a message: {type(msg).__name__}")
@@ -456,7 +544,7 @@ def parse(obj: Any) -> Message:
         msgid = obj[1]
         if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
             raise RemoteProtocolError(f"response msgid must be a uint32, not {msgid!r}"[:200])
-        replayed = False
+        replayed = refused = False
         if n == 5:
             rmeta = obj[4]
             if rmeta is not None:
@@ -464,11 +552,13 @@ def parse(obj: Any) -> Message:
                     raise RemoteProtocolError(
                         f"response metadata must be a map, not {type(rmeta).__name__}"
                     )
-                flag = rmeta.get("replayed", False)
-                if type(flag) is not bool:
+                replayed = rmeta.get("replayed", False)
+                if type(replayed) is not bool:
                     raise RemoteProtocolError("response metadata 'replayed' must be a boolean")
-                replayed = flag
-        return Response(msgid, obj[2], obj[3], replayed)
+                refused = rmeta.get("refused", False)
+                if type(refused) is not bool:
+                    raise RemoteProtocolError("response metadata 'refused' must be a boolean")
+        return Response(msgid, obj[2], obj[3], replayed, refused)
     if kind == NOTIFICATION and type(kind) is int:
         if n != 3:
             raise RemoteProtocolError(f"notification has {n} elements, expected 3")
@@ -482,28 +572,34 @@ def parse(obj: Any) -> Message:
     raise RemoteProtocolError(f"unknown message type {kind!r}"[:200])
 
 
-def parse_error(error: Any) -> ErrorInfo:
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):  # msgpack's old raw type
+        return value.decode("utf-8", "replace")
+    return repr(value)
+
+
+def parse_error(error: Any, ours: bool = True) -> ErrorInfo:
     """Read an error response's ``error`` element, whatever its shape; never fails.
 
-    ``[code, message(, data)]`` (ours; Neovim sends ``[type, message]``) keeps its
-    parts; a string ``"STATUS: message"`` with a status name (our plain-stream
-    servers') becomes that status; any other string ``UNKNOWN`` with that message;
-    anything else ``UNKNOWN`` with the value in ``data``.
+    ``ours`` says the peer speaks the extension (the framed transport, or a plain-stream
+    server that answered the handshake). Then ``[code, message, data]`` with an integer
+    code is ours and keeps its parts, and so is ``[code, message]``: an error recorded by
+    Redis's Lua encoder, which drops a trailing nil, is replayed in that shape. Every
+    other shape, and every shape from a peer that is not ours, is ``UNKNOWN``:
+    ``[type, message(, ...)]`` (Neovim's, whose ``type`` is 0 or 1 and no status) keeps
+    ``type`` as ``peer_type`` and ``message`` (further elements, if any, as ``data``);
+    a string is the message; anything else is kept whole in ``data``.
     """
-    if isinstance(error, list) and 2 <= len(error) <= 3 and type(error[0]) is int:
-        message = error[1]
-        if isinstance(message, bytes):
-            message = message.decode("utf-8", "replace")
-        elif not isinstance(message, str):
-            message = repr(message)
-        return ErrorInfo(error[0], message, error[2] if len(error) == 3 else None)
-    if isinstance(error, str):
-        # "STATUS: message" is how our plain-stream servers send errors (see
-        # PROTOCOL.md); any other string is UNKNOWN with that message.
-        name, sep, rest = error.partition(": ")
-        if sep and name in Status.__members__:
-            return ErrorInfo(Status[name], rest, None)
-        return ErrorInfo(Status.UNKNOWN, error, None)
+    if isinstance(error, list) and len(error) >= 2 and type(error[0]) is int:
+        if ours and len(error) <= 3:
+            return ErrorInfo(error[0], _text(error[1]), error[2] if len(error) == 3 else None)
+        rest = error[2:]
+        data = None if not rest else rest[0] if len(rest) == 1 else rest
+        return ErrorInfo(Status.UNKNOWN, _text(error[1]), data, error[0])
+    if isinstance(error, str | bytes):
+        return ErrorInfo(Status.UNKNOWN, _text(error), None)
     return ErrorInfo(Status.UNKNOWN, "error response of an unknown shape", error)
 
 

@@ -25,7 +25,16 @@ from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
 from ._dispatch import Dispatcher, ServerStats
-from ._protocol import DEFAULT_LIMITS, Limits, Message, RemoteProtocolError, Request, Status
+from ._protocol import (
+    DEFAULT_LIMITS,
+    HELLO_METHOD,
+    Limits,
+    Message,
+    RemoteProtocolError,
+    Request,
+    encode_response,
+    hello_result,
+)
 from ._stream import StreamLink
 
 __all__ = ["Server"]
@@ -66,7 +75,7 @@ class Server:
         self.limits = limits
         self.idempotency = idempotency
         self.dispatcher = Dispatcher(limits, idempotency=idempotency)
-        self.stream_dispatcher = self.dispatcher.sibling(string_errors=True)
+        self.stream_dispatcher = self.dispatcher.sibling(plain_errors=True)
         # None: netframe's default, 10,000 or less under a low descriptor limit.
         self.max_connections = (
             default_max_connections() if max_connections is None else max_connections
@@ -227,6 +236,8 @@ class _StreamServerConn:
         self.server = server
         self.in_flight = 0
         self.draining = False
+        # A plain peer's shapes until the peer's handshake says it speaks the extension.
+        self.dispatcher = server.stream_dispatcher
         self._slots: Chan[None] = Chan(server.max_in_flight)
         self._idle: Chan[None] = Chan(1)
         server._stream_links.add(self)
@@ -245,7 +256,7 @@ class _StreamServerConn:
         self.server._stream_links.discard(self)
 
     def _on_bad(self, exc: RemoteProtocolError) -> Any:
-        return self._reply(self.server.stream_dispatcher.bad_message(exc))
+        return self._reply(self.dispatcher.bad_message(exc))
 
     async def _reply(self, payload: bytes | None) -> None:
         if payload is None:
@@ -256,13 +267,15 @@ class _StreamServerConn:
             pass  # the peer is gone: the reply has nobody to reach
 
     def _on_message(self, msg: Message) -> Any:
-        if self.draining and type(msg) is Request:
-            return self._reply(
-                self.server.stream_dispatcher.error(
-                    msg.msgid, Status.UNAVAILABLE, "server is shutting down"
-                )
-            )
-        out = self.server.stream_dispatcher.handle(msg)
+        if type(msg) is Request:
+            if msg.method == HELLO_METHOD:
+                # The peer speaks the extension: from now on it gets our error shape
+                # and the refusal mark (PROTOCOL.md, "The plain stream's handshake").
+                self.dispatcher = self.server.dispatcher
+                return self._reply(encode_response(msg.msgid, None, hello_result()))
+            if self.draining:
+                return self._reply(self.dispatcher.refuse(msg.msgid))
+        out = self.dispatcher.handle(msg)
         if out is None:
             return None
         if isinstance(out, bytes):

@@ -162,14 +162,13 @@ def test_calls_errors_and_concurrency(transport: str) -> None:
         with pytest.raises(RPCError) as info:
             await c.call("fail", "value")
         assert info.value.status is Status.UNKNOWN
-        if transport == "framed":
-            assert (info.value.type_name, info.value.message) == ("ValueError", "bad value")
-        else:  # the plain stream sends "STATUS: message", which Neovim reads
-            assert (info.value.type_name, info.value.message) == (None, "ValueError: bad value")
+        # The plain stream's handshake gets our client the framed error shape too.
+        assert (info.value.type_name, info.value.message) == ("ValueError", "bad value")
+        assert info.value.peer_type is None
         with pytest.raises(RPCError) as info:
             await c.call("fail", "acct-9")
         assert info.value.status is Status.NOT_FOUND
-        assert info.value.data == ({"account": "acct-9"} if transport == "framed" else None)
+        assert info.value.data == {"account": "acct-9"}
 
         # Many calls in flight on one connection, answered out of order, each matched.
         results: Chan[tuple[int, int]] = Chan(200)
@@ -246,7 +245,8 @@ def test_the_server_answers_at_the_deadline_and_the_method_runs_to_its_end() -> 
         return sorted(out, key=lambda m: m[1]), answered, stats
 
     replies, answered, stats = run_bounded(main)
-    assert replies[0][:2] == [1, 1] and replies[0][2].startswith("DEADLINE_EXCEEDED")
+    # A peer that sent no handshake gets Neovim's [type, message] shape.
+    assert replies[0][:3] == [1, 1, [0, "DEADLINE_EXCEEDED: deadline exceeded"]]
     assert replies[1] == [1, 2, None, "quick"]
     assert answered < 0.5  # at the 0.1 s deadline, not at the method's 0.6 s end
     assert (stats.deadline_exceeded, stats.late_completions) == (1, 1)
@@ -273,7 +273,7 @@ def test_a_malformed_request_gets_an_error_and_the_connection_goes_on() -> None:
     assert replies[0] == [
         1,
         11,
-        "INVALID_ARGUMENT: request params must be an array, not dict",
+        [1, "INVALID_ARGUMENT: request params must be an array, not dict"],
         None,
     ]
     assert replies[1] == [1, 12, None, 3]

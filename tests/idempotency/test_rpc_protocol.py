@@ -24,9 +24,11 @@ from idempotency.rpc import (
     encode,
     encode_error,
     encode_notification,
+    encode_plain_error,
     encode_request,
     encode_response,
     parse_error,
+    plain_error,
 )
 from netframe import NEED_DATA
 
@@ -60,7 +62,7 @@ metas = st.builds(
 )
 messages = (
     st.builds(Request, msgids, methods, st.lists(values, max_size=5), st.none() | metas)
-    | st.builds(Response, msgids, values, values, st.booleans())
+    | st.builds(Response, msgids, values, values, st.booleans(), st.booleans())
     | st.builds(Notification, methods, st.lists(values, max_size=5))
 )
 
@@ -135,6 +137,33 @@ def test_protocol_md_examples_byte_for_byte() -> None:
         "94 01 07 93 06 aa 6b 65 79 20 72 65 75 73 65 64 81 a4 74 79 70 65 a9 4b 65 79 "
         "52 65 75 73 65 64 c0"
     )
+    hello = encode_request(0, "idempotency.rpc.hello", [1])
+    assert hello.hex(" ") == (
+        "94 00 00 b5 69 64 65 6d 70 6f 74 65 6e 63 79 2e 72 70 63 2e 68 65 6c 6c 6f 91 01"
+    )
+    welcome = encode_response(0, None, {"extension": 1})
+    assert welcome.hex(" ") == "94 01 00 c0 81 a9 65 78 74 65 6e 73 69 6f 6e 01"
+    refusal = encode_error(
+        8, Status.UNAVAILABLE, "server is shutting down", {"type": "Refused"}, refused=True
+    )
+    assert msgpack.unpackb(refusal) == [
+        1,
+        8,
+        [14, "server is shutting down", {"type": "Refused"}],
+        None,
+        {"refused": True},
+    ]
+    assert refusal.hex(" ") == (
+        "95 01 08 93 0e b7 73 65 72 76 65 72 20 69 73 20 73 68 75 74 74 69 6e 67 20 64 "
+        "6f 77 6e 81 a4 74 79 70 65 a7 52 65 66 75 73 65 64 c0 81 a7 72 65 66 75 73 65 "
+        "64 c3"
+    )
+    plain = encode_plain_error(7, Status.UNKNOWN, "bad value", {"type": "ValueError"})
+    assert msgpack.unpackb(plain) == [1, 7, [0, "UNKNOWN: ValueError: bad value"], None]
+    assert plain.hex(" ") == (
+        "94 01 07 92 00 be 55 4e 4b 4e 4f 57 4e 3a 20 56 61 6c 75 65 45 72 72 6f 72 3a "
+        "20 62 61 64 20 76 61 6c 75 65 c0"
+    )
 
 
 def test_attempt_and_unknown_metadata_keys() -> None:
@@ -190,6 +219,7 @@ def test_method_sent_as_raw_bytes_is_accepted() -> None:
         ),
         ([1, 5, None], "response has 3 elements, expected 4 or 5", None),
         ([1, 5, None, 1, {"replayed": 1}], "response metadata 'replayed' must be a boolean", None),
+        ([1, 5, None, 1, {"refused": 1}], "response metadata 'refused' must be a boolean", None),
         ([1, 5, None, 1, "x"], "response metadata must be a map, not str", None),
         ([2, "n"], "notification has 2 elements, expected 3", None),
         ([2, "n", 5], "notification params must be an array, not int", None),
@@ -310,16 +340,68 @@ def test_parse_error_reads_every_shape() -> None:
         3, "bad args", {"type": "TypeError"}
     )
     assert parse_error([3, "bad args", {"type": "TypeError"}]).type_name == "TypeError"
-    # Neovim: [error type, message]
-    assert parse_error([0, "Vim:E121: Undefined variable: x"]) == ErrorInfo(
-        0, "Vim:E121: Undefined variable: x"
-    )
+    # An error recorded by Redis's Lua encoder, which drops a trailing nil data.
+    assert parse_error([9, "account 11 has 30"]) == ErrorInfo(9, "account 11 has 30")
+    # A string is a peer's message (aio-msgpack-rpc's str(exc)), whatever it says.
     assert parse_error("boom") == ErrorInfo(Status.UNKNOWN, "boom")
     assert parse_error("NOT_FOUND: no such account") == ErrorInfo(
-        Status.NOT_FOUND, "no such account"
+        Status.UNKNOWN, "NOT_FOUND: no such account"
     )
-    assert parse_error("NOPE: x") == ErrorInfo(Status.UNKNOWN, "NOPE: x")
     assert parse_error({"weird": 1}).data == {"weird": 1}
     assert parse_error([1, b"raw msg"]).message == "raw msg"
     assert parse_error([1, 2]).message == "2"
     assert parse_error([1, "m"]).type_name is None
+    assert parse_error([5, "m", "x", "y"]) == ErrorInfo(Status.UNKNOWN, "m", ["x", "y"], 5)
+
+
+def test_a_peer_that_is_not_ours_never_gets_its_errors_read_as_ours() -> None:
+    # Neovim: [error type, message]; its type is not a status (0 is not OK, 1 is not
+    # CANCELLED): UNKNOWN, the type kept apart.
+    assert parse_error([0, "Vim:E15: Invalid expression: 1 +"], ours=False) == ErrorInfo(
+        Status.UNKNOWN, "Vim:E15: Invalid expression: 1 +", None, peer_type=0
+    )
+    assert parse_error([1, "Key not found: x"], ours=False) == ErrorInfo(
+        Status.UNKNOWN, "Key not found: x", None, peer_type=1
+    )
+    # From a plain peer (no handshake), even our three-element shape is the peer's.
+    assert parse_error([14, "going away", None], ours=False) == ErrorInfo(
+        Status.UNKNOWN, "going away", None, peer_type=14
+    )
+    # Our plain shape read as a plain peer's [type, message]: the status in the text
+    # is for people (Neovim, pynvim), never parsed.
+    assert parse_error(plain_error(Status.UNAVAILABLE, "draining"), ours=False) == ErrorInfo(
+        Status.UNKNOWN, "UNAVAILABLE: draining", None, peer_type=0
+    )
+
+
+def test_plain_errors_use_neovims_types() -> None:
+    assert plain_error(Status.INVALID_ARGUMENT, "add() takes 2 argument(s), 1 given") == [
+        1,
+        "INVALID_ARGUMENT: add() takes 2 argument(s), 1 given",
+    ]
+    assert plain_error(Status.NOT_FOUND, "no such account", {"account": "a"}) == [
+        0,
+        "NOT_FOUND: no such account",
+    ]
+    assert plain_error(77, "odd", {"type": "X"}) == [0, "77: X: odd"]
+
+
+@given(values, st.booleans())
+def test_parse_error_never_fails_and_a_peer_that_is_not_ours_is_unknown(
+    error: object, ours: bool
+) -> None:
+    info = parse_error(error, ours)
+    assert isinstance(info.message, str)
+    if not ours:
+        assert info.code == Status.UNKNOWN
+
+
+@given(st.integers(min_value=0, max_value=2**31), st.text(max_size=40), values)
+def test_our_shape_round_trips_and_a_plain_peer_keeps_its_type(
+    code: int, message: str, data: object
+) -> None:
+    assert parse_error([code, message, data]) == ErrorInfo(code, message, data)
+    assert parse_error([code, message]) == ErrorInfo(code, message)
+    plain = parse_error(plain_error(code, message, data), ours=False)
+    assert plain.code == Status.UNKNOWN and plain.peer_type in (0, 1)
+    assert plain.message.endswith(message)
