@@ -81,9 +81,11 @@ __all__ = [
     "encode",
     "encode_error",
     "encode_notification",
+    "encode_plain_error",
     "encode_request",
     "encode_response",
     "encode_response_payloads",
     "parse",
     "parse_error",
+    "plain_error",
 ]
