@@ -19,6 +19,7 @@ payload) for the RPC layer's own cost. Workloads:
   key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
   100 calls sent at once, their replies read, again (the group commit needs concurrent
   calls: the benchmark suite's 100 connections with one call each);
+  ``rpc-keyed-sqlite-1step``: the same, ``echo`` registered ``one_step=True``;
 * ``rpc-ledger``: the ledger demo's server (``idempotency.demo``: a durable SQLite
   ledger of 100 accounts) and its calls, ``transfer(src, dst, 1)`` with a key of its
   own and a 10 s timeout each, 1,000 at once over 200 connections (as the demo's
@@ -212,7 +213,7 @@ def server(workload: str, n: int) -> None:
         create_ledger(spec, 100)
         srv = make_server(spec, 10.0, 1000)
         depth = 1000  # the demo's 1,000 connections with a call each: its batch sizes
-    elif workload == "rpc-keyed-sqlite":
+    elif workload.startswith("rpc-keyed-sqlite"):
         idem = Idempotency(SQLiteStore(tempfile.mkdtemp(prefix="ops-rpc-") + "/records.db"))
     elif workload == "rpc-keyed-memory":
         idem = Idempotency(MemoryStore())
@@ -225,7 +226,7 @@ def server(workload: str, n: int) -> None:
         def echo_keyed(*args: object) -> list[object]:
             return list(args)
 
-        srv.add_method(echo_keyed, "echo", idempotent=True)
+        srv.add_method(echo_keyed, "echo", idempotent=True, one_step=workload.endswith("1step"))
     elif "async" in workload:
 
         async def echo_async(*args: object) -> list[object]:

@@ -6,29 +6,26 @@ rows/s in transactions of 100). A Redis round trip costs a syscall hop and a net
 exchange. Both costs are per batch, not per row, so operations that arrive while a
 batch is being written wait and go together in the next one.
 
-Protocol (leader/follower, as in database group commit):
+Protocol (one mechanism: the callback):
 
-1. A goroutine appends its operation to ``pending``. If no batch is in flight it becomes
-   the **leader** and yields once (``gosched``), so that goroutines already runnable can
-   append theirs; otherwise it parks (``idempotency commit``).
+1. An operation comes with a callback, ``done(result, error)``
+   (:meth:`GroupCommitter.submit_later`), and is appended to ``pending``. If no batch is
+   in flight a **leader** goroutine is started; before every batch it yields
+   (``gosched``), so that goroutines already runnable can append theirs.
 2. The leader takes up to ``max_batch`` pending operations and runs them in one
    ``gosim.syscall`` (the blocking store call runs on an OS thread, so other goroutines
    keep running and keep appending). ``apply_batch`` sets each operation's result or
    error and never raises for one operation's failure.
-3. After the call returns -- the commit is durable -- the leader readies every follower
-   of the batch with its result. Replies therefore leave only after their commit.
-4. If its own operation was in the batch the leader returns; if operations are pending
-   it hands the lead to the first of them (readied with ``lead=True``), else it clears
-   the in-flight flag. No background goroutine exists: nothing to start or stop, and a
-   store with no callers costs nothing.
+3. After the call returns -- the commit is durable -- the leader calls every
+   operation's ``done``. Replies therefore leave only after their commit.
+4. The leader goes on while operations are pending, then ends. No goroutine lives
+   between batches: nothing to start or stop, and a store with no callers costs nothing.
 
-An operation may instead come with a callback (:meth:`GroupCommitter.submit_later`):
-no goroutine waits for it, and the leader calls ``done(result, error)`` where it would
-have readied the waiter. When no batch is in flight such an operation starts a leader
-goroutine of its own, which leads until nothing is pending; a leader that would hand
-the lead to such an operation starts one too. A callback costs a call where a waiting
-goroutine costs its spawn, its park, its wake and the resumption of every coroutine
-between it and the committer.
+:meth:`GroupCommitter.submit` is the awaiting form and nothing more: a wait on a
+settle-once waiter (``idempotency._waiter.await_done``) that ``done`` settles. A
+callback costs a call where a waiting goroutine costs its park, its wake and the
+resumption of every coroutine between it and the committer; a caller that has nothing
+else to do pays only the park and the wake.
 
 Alternatives rejected: a committer goroutine per store (its lifetime would have to
 follow runtimes that start and stop under the store, and its wake-up costs a switch per
@@ -39,11 +36,13 @@ here a lone call commits at once and batching grows exactly with the load).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import gosim
 from gosim import go, lowlevel
+
+from .._waiter import await_done
 
 __all__ = ["GroupCommitter", "Op", "raise_when_awaited"]
 
@@ -51,21 +50,14 @@ __all__ = ["GroupCommitter", "Op", "raise_when_awaited"]
 class Op:
     """One store operation in flight: what to do, and once done its result or error."""
 
-    __slots__ = ("args", "done", "error", "g", "kind", "result")
+    __slots__ = ("args", "done", "error", "kind", "result")
 
     def __init__(self, kind: int, args: tuple[Any, ...]) -> None:
         self.kind = kind
         self.args = args
         self.result: Any = None
         self.error: BaseException | None = None
-        self.g: lowlevel.G | None = None
         self.done: Callable[[Any, BaseException | None], None] | None = None
-
-    def take(self) -> Any:
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-        return self.result
 
 
 class GroupCommitter:
@@ -83,8 +75,8 @@ class GroupCommitter:
         self._apply_batch = apply_batch
         self._thread_lock = threading.Lock()
         self._pending: list[Op] = []
-        # Invariant: True exactly while a leader goroutine of ``_rt`` runs a batch or is
-        # being handed the lead; then every op in ``_pending`` has its goroutine parked.
+        # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
+        # every operation appended to ``_pending`` before it ends).
         self._leading = False
         self._rt: lowlevel.Runtime | None = None
         self.operations = 0
@@ -95,9 +87,14 @@ class GroupCommitter:
         with self._thread_lock:
             self._apply_batch(batch)
 
-    def _runtime(self) -> lowlevel.Runtime:
-        # gosim.lowlevel's fast-path hooks (state, trap, the runtime's goready) rather
-        # than current_runtime/current_g/park/ready: four frames fewer an operation.
+    def submit_later(self, op: Op, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Run ``op`` in the next batch without waiting for it: ``done(result, error)``
+        is called once its batch has committed, by the goroutine that led the batch.
+
+        ``done`` must not block and should not raise: an exception from it is a panic
+        of a goroutine of its own, once the batch's other operations have their
+        results."""
+        # gosim.lowlevel's fast-path hook (state.rt) rather than current_runtime.
         rt = lowlevel.state.rt
         if rt is None:
             rt = lowlevel.current_runtime()  # raises NotInRuntime
@@ -107,36 +104,36 @@ class GroupCommitter:
             self._rt = rt
             self._pending = []
             self._leading = False
-        return rt
-
-    def submit_later(self, op: Op, done: Callable[[Any, BaseException | None], None]) -> None:
-        """Run ``op`` in the next batch without waiting for it: ``done(result, error)``
-        is called once its batch has committed, by the goroutine that led the batch.
-
-        ``done`` must not block and should not raise: an exception from it is a panic
-        of a goroutine of its own, once the batch's other operations have their
-        results."""
-        self._runtime()
         op.done = done
         self._pending.append(op)
         if not self._leading:
             self._leading = True
             go(self._lead)
 
+    def submit(self, op: Op) -> Coroutine[Any, Any, Any]:
+        """Run ``op`` in the next batch; awaited, its result or its error raised. (The
+        wait's coroutine itself, not a coroutine around it: one frame fewer.)"""
+        return await_done(self.submit_later, op)
+
     async def _lead(self) -> None:
-        """A leader with no operation of its own: leads until nothing is pending."""
-        rt = self._runtime()
+        """Lead batches until nothing is pending (see the module docstring)."""
         pending = self._pending
         try:
-            await gosim.gosched()  # as submit's leader: let the runnable add theirs
-            while pending:
-                await self._commit(rt, pending, None)
+            while True:
+                # Before every batch, let the goroutines that are runnable now (typically
+                # the callers just answered with the last batch's replies) add their
+                # operations first: without this yield batches would alternate between
+                # a few and all the rest.
+                await gosim.gosched()
+                if not pending:
+                    return
+                await self._commit(pending)
         finally:
-            self._leading = False
+            if pending is self._pending:  # not a runtime that replaced it
+                self._leading = False
 
-    async def _commit(self, rt: lowlevel.Runtime, pending: list[Op], own: Op | None) -> bool:
-        """Take a batch from ``pending``, apply it, and hand every operation but ``own``
-        its result; whether ``own`` was in it."""
+    async def _commit(self, pending: list[Op]) -> None:
+        """Take a batch from ``pending``, apply it, and call every operation's ``done``."""
         batch = pending[: self.max_batch]
         del pending[: len(batch)]
         try:
@@ -148,58 +145,15 @@ class GroupCommitter:
         self.operations += len(batch)
         self.batches += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        mine = False
         failed: list[BaseException] = []
         for o in batch:
-            if o is own:
-                mine = True
-            elif o.done is not None:
-                try:
-                    o.done(o.result, o.error)
-                except Exception as bug:  # a bug in the callback: after the others
-                    failed.append(bug)
-            else:
-                assert o.g is not None
-                rt.goready(o.g, False)
+            assert o.done is not None
+            try:
+                o.done(o.result, o.error)
+            except Exception as bug:  # a bug in the callback: after the others
+                failed.append(bug)
         for error in failed:
             go(_reraise, error)
-        return mine
-
-    async def submit(self, op: Op) -> Any:
-        """Run ``op`` in the next batch; return its result or raise its error."""
-        rt = self._runtime()
-        pending = self._pending
-        pending.append(op)
-        if self._leading:
-            g = rt.curg
-            assert g is not None
-            g.waitreason = "idempotency commit"
-            op.g = g
-            if not await lowlevel.trap(lowlevel.PARK):
-                if op.error is None:
-                    return op.result
-                return op.take()
-        self._leading = True
-        handed_off = False
-        try:
-            # Let the goroutines that are runnable now (typically the followers just
-            # readied with the last batch's replies) add their operations first: without
-            # this yield the new leader would take a batch of one, and batches would
-            # alternate between 1 and all-but-one.
-            await gosim.gosched()
-            while not await self._commit(rt, pending, op):
-                pass
-            if pending:
-                nxt = pending[0]
-                if nxt.g is None:  # a callback's operation: a leader of its own
-                    go(self._lead)
-                else:
-                    rt.goready(nxt.g, True)
-                handed_off = True
-        finally:
-            if not handed_off:
-                self._leading = False
-        return op.take()
 
 
 async def _reraise(exc: BaseException) -> None:

@@ -300,27 +300,6 @@ class SQLiteStore(OneStepStore):
             )
         return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
 
-    def claim_and_complete(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-    ) -> Coroutine[Any, Any, ClaimResult | Record]:
-        bad = _bad_step(self, caller, key, lease, completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        effect = completion.effect
-        if effect is not None and not isinstance(effect, SQLiteEffect):
-            return raise_when_awaited(
-                TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
-            )
-        return self._committer.submit(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
-        )
-
     def claim_and_complete_later(
         self,
         caller: str,
