@@ -251,6 +251,18 @@ class Idempotency:
         not in the handler), and the handler also runs for a call that turns out to be
         a replay (its effect is then dropped). On other stores it is the usual path.
 
+        ``one_step`` stays a promise the caller makes, not a guess from the handler's
+        type: a plain function that returns at once may still act outside the store
+        (send a message), and run first it would act for every replay and every
+        duplicate, before any claim, with no fence to hand on (``call.fence`` is 0
+        until the effect runs). Only the caller knows its handler builds an outcome and
+        nothing more. Without the promise the default path still pays one fsync a
+        call, not two: on SQLite the claim's transaction commits without an fsync of
+        its own (``synchronous=NORMAL``; see ``SQLiteStore``'s "Durability": a claim
+        lost to an OS crash only lets a retry run the handler again, the at-least-once
+        this path promises for outside effects anyway, and fences never go back), and
+        the completion's fsync, shared by its batch, makes it durable.
+
         Returns the :class:`Outcome` (``replayed`` tells a replay). Raises
         :class:`InvalidKey`, :class:`InvalidRequest`, :class:`KeyReused`,
         :class:`InProgress` (busy and ``wait`` is False, or ``timeout`` passed while
