@@ -21,10 +21,11 @@ come from a counter row updated in the same transaction, so they rise across pro
 Group commit
 ------------
 sqlite3 calls block, so they run off the scheduler (on the committer's own thread, which
-wakes the runtime through its netpoller) and never stall other goroutines. Operations of concurrent calls -- claims, completions with their
-effects, releases, reads -- go through one :class:`~._batch.GroupCommitter`: those that
-arrive while a batch is being written are applied together in the next transaction, and
-one fsync makes them all durable. Replies are released only after that commit returns.
+wakes the runtime through its netpoller) and never stall other goroutines. Operations
+of concurrent calls -- claims, completions with their effects, releases, reads -- go
+through one :class:`~._batch.GroupCommitter`: those that arrive while a batch is being
+written are applied together in the next transaction, and one fsync makes them all
+durable. Replies are released only after that commit returns.
 
 Within a batch, an operation's failure is its own: a stale completion, a corrupted row or
 an argument the table cannot hold (refused before it joins the batch) writes nothing and
