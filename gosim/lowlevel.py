@@ -30,6 +30,8 @@ from collections import deque
 from collections.abc import Awaitable, Generator
 from typing import Any
 
+import trio
+
 from gosim._core._accel import speedups as speedups
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._g import WAIT_CHAN_RECEIVE as WAIT_CHAN_RECEIVE
@@ -144,6 +146,17 @@ def set_netpoller(poller: NetPoller) -> None:
     rt.netpoller = poller
 
 
+def reproducible() -> bool:
+    """Whether the running runtime must not wait on an OS thread's timing: seeded (its
+    :func:`syscall` runs inline on the driver, for a reproducible schedule) or on a
+    virtual clock (which jumps ahead while the driver waits for I/O). A layer that hands
+    work to a thread of its own and is woken through the netpoller uses :func:`syscall`
+    instead while this is True."""
+    rt = current_runtime()
+    # trio's MockClock (virtual_time) is the clock with an autojump.
+    return rt.deterministic or hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
+
+
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
     rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
@@ -185,6 +198,7 @@ __all__ = [
     "park_in",
     "preempt_point",
     "ready",
+    "reproducible",
     "set_netpoller",
     "speedups",
     "state",

@@ -30,8 +30,9 @@ With ``one_step=True`` (a handler that only builds its outcome, at once) on a st
 can (SQLite), steps 2-4 are one store operation: the handler runs first, with
 ``call.fence`` set only when its effect runs, and the claim, the effect and the record
 commit in one transaction (a replay or a mismatch drops what the handler built; a busy
-key is waited for as above). :meth:`Idempotency.run_later` is that step with a callback
-instead of a waiting goroutine: the store's batch calls back once the commit returned.
+key is waited for as above). :meth:`Idempotency.run_later` is that step's one
+mechanism, a callback the store's batch calls once the commit returned; ``run`` with
+``one_step=True`` is a wait on it.
 
 Guarantees: the handler runs at most once per *live claim*, and a claim stays live while
 its holder lives (renewed; it lapses when the holder has been dead or cut off from the
@@ -76,6 +77,7 @@ from ._keys import (
 )
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult, Record
+from ._waiter import await_done
 from .stores._contract import (
     Completion,
     Effect,
@@ -249,6 +251,18 @@ class Idempotency:
         not in the handler), and the handler also runs for a call that turns out to be
         a replay (its effect is then dropped). On other stores it is the usual path.
 
+        ``one_step`` stays a promise the caller makes, not a guess from the handler's
+        type: a plain function that returns at once may still act outside the store
+        (send a message), and run first it would act for every replay and every
+        duplicate, before any claim, with no fence to hand on (``call.fence`` is 0
+        until the effect runs). Only the caller knows its handler builds an outcome and
+        nothing more. Without the promise the default path still pays one fsync a
+        call, not two: on SQLite the claim's transaction commits without an fsync of
+        its own (``synchronous=NORMAL``; see ``SQLiteStore``'s "Durability": a claim
+        lost to an OS crash only lets a retry run the handler again, the at-least-once
+        this path promises for outside effects anyway, and fences never go back), and
+        the completion's fsync, shared by its batch, makes it durable.
+
         Returns the :class:`Outcome` (``replayed`` tells a replay). Raises
         :class:`InvalidKey`, :class:`InvalidRequest`, :class:`KeyReused`,
         :class:`InProgress` (busy and ``wait`` is False, or ``timeout`` passed while
@@ -258,7 +272,9 @@ class Idempotency:
         """
         caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
         if one_step and self._one_step_store is not None:
-            return await self._run_one_step(
+            # The wait on run_later's mechanism: the store's batch settles it.
+            return await await_done(  # type: ignore[no-any-return]
+                self._one_step,
                 caller,
                 key,
                 operation,
@@ -338,30 +354,6 @@ class Idempotency:
         assert rec.payload is not None
         return Outcome(rec.ok, rec.payload, False, fence)
 
-    async def _run_one_step(
-        self,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-    ) -> Outcome:
-        """:meth:`run` with ``one_step=True`` on a OneStepStore."""
-        store = self._one_step_store
-        assert store is not None
-        call = Call(caller, key, operation, args, 0, ctx)
-        completion = self._one_step_completion(handler, call)
-        out = await store.claim_and_complete(caller, key, fp, self.lease, call, completion)
-        outcome = _one_step_outcome(out)
-        if outcome is not None:
-            return outcome
-        assert isinstance(out, ClaimResult)
-        return await self._one_step_rest(out, caller, key, fp, call, completion, wait, timeout, ctx)
-
     def run_later(
         self,
         done: Callable[[Outcome | None, BaseException | None], None],
@@ -388,21 +380,42 @@ class Idempotency:
         exception from it is a panic).
         """
         caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        store = self._one_step_store
-        if store is None:
+        if self._one_step_store is None:
             step = self.run(
                 caller=caller, key=key, request=request, handler=handler, wait=wait,
                 timeout=timeout, ctx=ctx, one_step=True,
             )  # fmt: skip
             go(deliver, step, done)
             return
+        self._one_step(
+            caller, key, operation, args, fp, handler, self.wait if wait is None else wait,
+            timeout, ctx, done,
+        )  # fmt: skip
+
+    def _one_step(
+        self,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """The one mechanism of a one-step call on a OneStepStore (``run_later``;
+        ``run(one_step=True)`` waits on it): the handler runs now, and the store's batch
+        calls back."""
+        store = self._one_step_store
+        assert store is not None
         call = Call(caller, key, operation, args, 0, ctx)
         completion = self._one_step_completion(handler, call)
         store.claim_and_complete_later(
             caller, key, fp, self.lease, call, completion,
             functools.partial(
-                self._one_step_done, done, caller, key, fp, call, completion,
-                self.wait if wait is None else wait, timeout, ctx,
+                self._one_step_done, done, caller, key, fp, call, completion, wait, timeout, ctx,
             ),
         )  # fmt: skip
 

@@ -61,6 +61,7 @@ from gosim.net import dial as net_dial
 from netframe import Client as FramedClient
 from netframe import ConnectionLost, FrameFormat, LocalFrameError
 
+from .._waiter import OneShot
 from ._errors import CallTimeout, RPCError, Unavailable
 from ._protocol import (
     DEFAULT_LIMITS,
@@ -85,7 +86,6 @@ from ._protocol import (
     speaks_extension,
 )
 from ._stream import StreamLink
-from ._waiter import OneShot
 
 __all__ = ["CallResult", "Client", "ClientStats", "RetryPolicy", "RetryThrottle"]
 

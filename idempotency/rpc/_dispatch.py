@@ -14,10 +14,11 @@ How a request is answered, fast to slow
    whichever comes first, the method's outcome or ``DEADLINE_EXCEEDED``. A method that
    ignores its context runs on to its end (as in Go, cancellation is cooperative) and
    its late outcome is dropped.
-4. A keyed call to a one-step idempotent method (no context to cancel, no wait but its
-   commit), with a timeout or not: its effect is built in the caller's frame and
-   ``handle`` returns a :class:`netframe.Later` that the store's batch settles once the
-   commit returns (``Idempotency.run_later``): no goroutine waits for it. Its reply is
+4. A keyed call to a one-step idempotent method (no wait but its commit: a
+   ``pass_context`` method's context only tells it its deadline), with a timeout or
+   not: its effect is built in the caller's frame and ``handle`` returns a
+   :class:`netframe.Later` that the store's batch settles once the commit returns
+   (``Idempotency.run_later``): no goroutine waits for it. Its reply is
    ``DEADLINE_EXCEEDED`` when the deadline has passed by the time its commit returns.
 
 Arguments are checked against the method's signature before it runs, from counts taken
@@ -54,6 +55,7 @@ from .._errors import (
 )
 from .._idempotency import Call, Idempotency
 from .._outcome import Outcome
+from .._waiter import OneShot
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
@@ -73,7 +75,6 @@ from ._protocol import (
     encode_response_payloads,
     parse,
 )
-from ._waiter import OneShot
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
 
@@ -421,7 +422,7 @@ class Dispatcher:
             meta = msg.meta
             if spec.idempotent:
                 if meta is not None and meta.key is not None:
-                    if spec.one_step and not spec.pass_context:
+                    if spec.one_step:
                         return self._one_step_later(spec, msg, meta)
                     if meta.timeout_ms is not None:
                         return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
@@ -511,7 +512,7 @@ class Dispatcher:
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, params),
-                handler=build if spec.one_step else handler,
+                handler=handler,
                 # A wait for another execution of the key ends with ctx, or else at the
                 # deadline.
                 timeout=(
@@ -520,7 +521,6 @@ class Dispatcher:
                     else max(deadline - gosim.now(), 0.0)
                 ),
                 ctx=None if ctx is _BACKGROUND else ctx,
-                one_step=spec.one_step,
             )
         except Exception as exc:
             code, message, data = _idempotency_error(exc)
@@ -556,24 +556,32 @@ class Dispatcher:
         msgid = msg.msgid
         deadline = math.inf
         timeout = None
+        ctx: context.Context = _BACKGROUND
+        cancel = None
         if meta.timeout_ms is not None:
             if meta.timeout_ms <= 0:  # nothing may start
                 return self._deadline_exceeded(msgid, "deadline exceeded before start")
             timeout = meta.timeout_ms / 1000.0
-            deadline = gosim.now() + timeout
+            if spec.pass_context:  # the method reads its deadline from it
+                ctx, cancel = context.with_timeout(_BACKGROUND, timeout)
+                deadline = ctx.deadline_or_inf()
+            else:
+                deadline = gosim.now() + timeout
         idem = self.idempotency
         assert idem is not None and meta.key is not None
         later = Later()
         try:
             idem.run_later(
-                functools.partial(self._one_step_replied, later, msgid, deadline),
+                functools.partial(self._one_step_replied, later, msgid, deadline, cancel),
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, msg.params),
-                handler=functools.partial(_build, spec, msg.params, _BACKGROUND),
+                handler=functools.partial(_build, spec, msg.params, ctx),
                 timeout=timeout,
             )
         except Exception as exc:
+            if cancel is not None:
+                cancel()
             code, message, data = _idempotency_error(exc)
             return self._error(msgid, code, message, data)
         return later
@@ -583,10 +591,13 @@ class Dispatcher:
         later: Later,
         msgid: int,
         deadline: float,
+        cancel: Callable[[], None] | None,
         outcome: Outcome | None,
         error: BaseException | None,
     ) -> None:
         """The store's callback for a one-step call: settle its reply."""
+        if cancel is not None:
+            cancel()  # the context given to a pass_context method, over with its call
         if deadline != math.inf and gosim.now() >= deadline:
             self._stats.late_completions += 1
             reply = self._deadline_exceeded(msgid, "deadline exceeded")
@@ -609,15 +620,14 @@ class Dispatcher:
         deadline) against its deadline: the first to finish answers the caller.
 
         The race waits on its own timer. Only a method that is given a context
-        (``pass_context``, or ``pass_call``'s ``call.ctx`` but for a one-step method,
-        which cannot wait) gets one, cancelled at the same deadline (its timer is armed
-        only if the method waits on it)."""
+        (``pass_context``, or ``pass_call``'s ``call.ctx``) gets one, cancelled at the
+        same deadline (its timer is armed only if the method waits on it)."""
         assert meta.timeout_ms is not None
         if meta.timeout_ms <= 0:  # nothing may start
             return self._deadline_exceeded(msg.msgid, "deadline exceeded before start")
         ctx: context.Context = _BACKGROUND
         cancel = None
-        if spec.pass_context or (spec.pass_call and not spec.one_step):
+        if spec.pass_context or spec.pass_call:
             ctx, cancel = context.with_timeout(_BACKGROUND, meta.timeout_ms / 1000.0)
             deadline = ctx.deadline_or_inf()  # one clock read for both
         else:

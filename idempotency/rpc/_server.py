@@ -161,7 +161,8 @@ class Server:
         commit in one transaction, one round trip instead of two. The method then runs
         before the claim, for a replay too (its outcome is dropped), and ``call.fence``
         is set when the effect runs (read it in the effect). It cannot wait, so it gets
-        no context: ``call.ctx`` is None (a deadline that passes while its effect
+        no context to wait on: ``call.ctx`` is None, and a ``pass_context`` method's
+        context only tells it the deadline (a deadline that passes while its effect
         commits is answered ``DEADLINE_EXCEEDED`` by the server all the same, once the
         commit returns: the outcome is recorded, and a retry replays it). Its call
         waits for the commit on no goroutine: the store's batch calls back and settles

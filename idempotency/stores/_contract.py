@@ -29,6 +29,17 @@ returned, a ``LuaEffect`` that wrote) is never followed by a release: if its res
 cannot be recorded, or a Lua script fails after writing, the key is completed with a
 final error (code ``UNRECORDED_RESULT``) that every retry replays.
 
+One mechanism per operation: the callback. An operation a store serves in batches has
+one way to run, its call-back form (:meth:`OneStepStore.claim_and_complete_later`, and
+``GroupCommitter.submit_later`` under every batched operation): ``done(result, None)``
+or ``done(None, error)`` is called exactly once, by a goroutine of the runtime, once the
+operation's transaction has committed or failed (an argument refused before it joins
+a batch: at once, before the call-back form returns); no goroutine waits for it, and
+the call-back form itself never raises. The awaiting form
+(:meth:`OneStepStore.claim_and_complete`, ``GroupCommitter.submit``) is a wait on a
+settle-once waiter that ``done`` settles (``idempotency._waiter.await_done``), written
+once, here and in the committer: a store implements the call-back form only.
+
 One call never fails another: a store that groups concurrent calls' operations into one
 transaction or pipeline (SQLite, Redis) answers each operation alone. An operation that
 cannot be applied (an argument the store cannot represent, an effect that raises or does
@@ -40,15 +51,14 @@ lost connection, a failed commit) fails a whole batch, with :class:`StoreUnavail
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-from gosim import go
 
 from .._errors import ApplicationError, InvalidResult
 from .._outcome import encode_error, encode_result, encode_unrecorded
 from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
+from .._waiter import await_done
 
 __all__ = [
     "Completion",
@@ -275,25 +285,13 @@ class SynchronousStore(Store):
 class OneStepStore(Store):
     """A store that can claim a key and complete it with an effect in one transaction
     (``SQLiteStore``): ``Idempotency.run(..., one_step=True)`` then costs one round
-    trip and one commit instead of two, and no in-progress record is ever written."""
+    trip and one commit instead of two, and no in-progress record is ever written.
+
+    A store implements :meth:`claim_and_complete_later` (the one mechanism; a store that
+    does not batch may run an async step in a goroutine of its own and hand its end to
+    ``done`` with :func:`deliver`); :meth:`claim_and_complete` is the wait on it."""
 
     @abc.abstractmethod
-    async def claim_and_complete(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-    ) -> ClaimResult | Record:
-        """Apply ``_record.claim``; unless it claimed, return its ClaimResult and change
-        nothing. When it claimed: set ``call.fence`` to the claim's fencing token, run
-        ``completion``'s effect and record its outcome, all in the transaction that
-        takes the claim, and return the completed record. If the effect raises anything
-        but a final ApplicationError, nothing of the step is written (no claim either)
-        and that exception is raised."""
-
     def claim_and_complete_later(
         self,
         caller: str,
@@ -304,17 +302,35 @@ class OneStepStore(Store):
         completion: Completion,
         done: Callable[[ClaimResult | Record | None, BaseException | None], None],
     ) -> None:
-        """:meth:`claim_and_complete` without waiting: ``done(result, None)`` or
-        ``done(None, error)`` is called once it is over, by a goroutine of the runtime
-        (``done`` must not block). The default runs it in a goroutine of its own; a
-        store that batches gives the operation to its batch with the callback."""
-        step = self.claim_and_complete(caller, key, fingerprint, lease, call, completion)
-        go(deliver, step, done)
+        """Apply ``_record.claim``; unless it claimed, its ClaimResult is the result and
+        nothing changes. When it claimed: set ``call.fence`` to the claim's fencing
+        token, run ``completion``'s effect and record its outcome, all in the
+        transaction that takes the claim; the completed record is the result. If the
+        effect raises anything but a final ApplicationError, nothing of the step is
+        written (no claim either) and that exception is the error.
+
+        Without waiting: ``done(result, None)`` or ``done(None, error)`` is called once
+        it is over, by a goroutine of the runtime (``done`` must not block)."""
+
+    def claim_and_complete(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+    ) -> Coroutine[Any, Any, ClaimResult | Record]:
+        """:meth:`claim_and_complete_later`, awaited: its result, or its error raised."""
+        return await_done(
+            self.claim_and_complete_later, caller, key, fingerprint, lease, call, completion
+        )
 
 
 async def deliver(step: Awaitable[Any], done: Callable[[Any, BaseException | None], None]) -> None:
     """Await ``step`` (in a goroutine of its own), then ``done(result, None)`` or
-    ``done(None, error)``: the callback APIs' fallback where nothing batches."""
+    ``done(None, error)``: how a store that does not batch makes an awaitable step its
+    call-back form."""
     try:
         result = await step
     except Exception as exc:

@@ -21,8 +21,8 @@ process. A ``clock`` given to the store is sent with each call instead (tests us
 move time by hand); the key's Redis TTL still runs on the server's clock.
 
 Batching: concurrent calls' operations go through the same
-:class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler in
-``gosim.syscall``: a batch's claims, completions, releases and reads travel as one
+:class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler on the
+committer's thread: a batch's claims, completions, releases and reads travel as one
 script call (the script loops over them), and effects as further scripts in the same
 pipeline, so a batch costs one round trip and redis-py's per-command cost is paid per
 batch. redis-py's own retries are off: a script whose reply was lost may have run, and

@@ -20,11 +20,12 @@ come from a counter row updated in the same transaction, so they rise across pro
 
 Group commit
 ------------
-sqlite3 calls block, so they run off the scheduler (``gosim.syscall``) and never stall
-other goroutines. Operations of concurrent calls -- claims, completions with their
-effects, releases, reads -- go through one :class:`~._batch.GroupCommitter`: those that
-arrive while a batch is being written are applied together in the next transaction, and
-one fsync makes them all durable. Replies are released only after that commit returns.
+sqlite3 calls block, so they run off the scheduler (on the committer's own thread, which
+wakes the runtime through its netpoller) and never stall other goroutines. Operations
+of concurrent calls -- claims, completions with their effects, releases, reads -- go
+through one :class:`~._batch.GroupCommitter`: those that arrive while a batch is being
+written are applied together in the next transaction, and one fsync makes them all
+durable. Replies are released only after that commit returns.
 
 Within a batch, an operation's failure is its own: a stale completion, a corrupted row or
 an argument the table cannot hold (refused before it joins the batch) writes nothing and
@@ -127,6 +128,12 @@ _SELECT_MANY: Final = (
     " FROM idempotency_records WHERE "
 )
 _ONE_KEY: Final = "(caller = ? AND key = ?)"
+# The sizes of the working set's reads (see SQLiteStore._load), each a prepared statement.
+_LOAD_SIZES: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+_LOAD_SQL: Final = {n: _SELECT_MANY + " OR ".join([_ONE_KEY] * n) for n in _LOAD_SIZES}
+_LOAD_SIZE_OF: Final = tuple(
+    next(size for size in _LOAD_SIZES if size >= n) if n else 0 for n in range(_LOAD_SIZES[-1] + 1)
+)
 # Columns in the order of Record's fields, after (caller, key).
 _UPSERT: Final = (
     "INSERT INTO idempotency_records"
@@ -300,27 +307,6 @@ class SQLiteStore(OneStepStore):
             )
         return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
 
-    def claim_and_complete(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-    ) -> Coroutine[Any, Any, ClaimResult | Record]:
-        bad = _bad_step(self, caller, key, lease, completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        effect = completion.effect
-        if effect is not None and not isinstance(effect, SQLiteEffect):
-            return raise_when_awaited(
-                TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
-            )
-        return self._committer.submit(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
-        )
-
     def claim_and_complete_later(
         self,
         caller: str,
@@ -417,7 +403,7 @@ class SQLiteStore(OneStepStore):
         self, conn: sqlite3.Connection, ops: list[Op]
     ) -> dict[tuple[str, str], Record | CorruptedRecord | None]:
         """The working set: the stored record of every key the batch touches, read with
-        one statement per 100 keys (a corrupted row is kept as its error).
+        one statement per 128 keys (a corrupted row is kept as its error).
 
         The statement is an OR of primary-key equalities, which SQLite answers with one
         index search per key (``MULTI-INDEX OR``); a row-value ``IN (VALUES ...)``
@@ -425,11 +411,16 @@ class SQLiteStore(OneStepStore):
         """
         wanted = list({(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED})
         ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
-        for i in range(0, len(wanted), 100):
-            chunk = wanted[i : i + 100]
-            sql = _SELECT_MANY + " OR ".join([_ONE_KEY] * len(chunk))
+        for i in range(0, len(wanted), _LOAD_SIZES[-1]):
+            chunk = wanted[i : i + _LOAD_SIZES[-1]]
+            # One of a few fixed sizes, the last key repeated to fill it (a row is read
+            # once whatever the OR repeats): sqlite3's statement cache then keeps every
+            # statement prepared, where a size per batch prepared one per batch (about a
+            # tenth of a batch's instructions).
+            size = _LOAD_SIZE_OF[len(chunk)]
             params = [part for rk in chunk for part in rk]
-            for row in conn.execute(sql, params):
+            params += chunk[-1] * (size - len(chunk))
+            for row in conn.execute(_LOAD_SQL[size], params):
                 caller, key = row[0], row[1]
                 try:
                     ws[caller, key] = self._decode(row[2:], caller, key)

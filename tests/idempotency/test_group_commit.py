@@ -125,3 +125,112 @@ def test_a_callback_that_raises_is_a_panic_after_the_others_have_their_results()
     with pytest.raises(gosim.Panic, match="a bug in a callback"):
         gosim.run(main, procs=2)
     assert got == [("done", 0), ("done", 2)]
+
+
+# The committer's own thread, woken through the netpoller (not gosim.syscall).
+
+
+def _sqlite_calls(path: Any, n: int, **run: Any) -> tuple[list[int], int, set[str]]:
+    """n keyed calls at once through a SQLiteStore; their fences, the runtime's syscall
+    count, and the names of the threads that applied the batches."""
+    import sqlite3  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from idempotency import Idempotency, SQLiteEffect, SQLiteStore  # noqa: PLC0415
+
+    store = SQLiteStore(path)
+    idem = Idempotency(store)
+    threads: set[str] = set()
+
+    def effect(conn: sqlite3.Connection) -> int:
+        threads.add(threading.current_thread().name)
+        return 1
+
+    async def main() -> tuple[list[int], int]:
+        fences: Chan[int] = Chan(n)
+
+        async def one(i: int) -> None:
+            out = await idem.run(
+                caller="c", key=f"k{i}", request=("e", [i]),
+                handler=lambda call: SQLiteEffect(effect), one_step=True,
+            )  # fmt: skip
+            await fences.send(out.fence)
+
+        for i in range(n):
+            go(one, i)
+        got = [await fences.recv() for _ in range(n)]
+        return got, gosim.statistics().syscalls
+
+    got, syscalls = gosim.run(main, **run)
+    store.close()
+    return got, syscalls, threads
+
+
+def test_batches_run_on_the_committers_thread_and_wake_through_the_netpoller(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idempotency.stores import _batch  # noqa: PLC0415
+
+    fences, syscalls, threads = _sqlite_calls(tmp_path / "a.db", 20, procs=2)
+    assert sorted(fences) == list(range(1, 21))
+    assert syscalls == 0  # no gosim.syscall: the thread wakes the leader by the netpoller
+    assert len(threads) == 1 and next(iter(threads)).startswith("group commit")
+    # A runtime whose schedule must be reproducible runs its batches inline instead.
+    fences, syscalls, threads = _sqlite_calls(tmp_path / "b.db", 5, procs=2, seed=3)
+    assert sorted(fences) == list(range(1, 6)) and syscalls > 0
+    assert threads == {"MainThread"}
+    # The thread ends once idle, and the next batch starts another.
+    monkeypatch.setattr(_batch, "THREAD_IDLE", 0.01)
+    from idempotency import SQLiteStore  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "c.db")
+
+    async def claims() -> list[int]:
+        got = []
+        for i in range(3):
+            got.append((await store.claim("c", f"k{i}", b"\0" * 32, 60.0)).record.fence)
+            await gosim.sleep(0.2)  # long past THREAD_IDLE: the thread has ended
+            assert store._committer._thread is None  # type: ignore[attr-defined]
+        return got
+
+    assert gosim.run(claims, procs=2) == [1, 2, 3]
+    store.close()
+
+
+def test_a_runtime_that_ends_mid_batch_leaves_the_store_working_for_the_next(
+    tmp_path: Any,
+) -> None:
+    # The batch's leader is closed with its runtime while the committer's thread still
+    # applies the batch; the thread finishes it (its wake-up goes nowhere), and the next
+    # runtime's calls get a wake-up of their own.
+    import sqlite3  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    from idempotency import SQLiteStore  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "m.db")
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> None:
+        entered.set()
+        assert release.wait(30.0)  # bounded
+        conn.execute("INSERT INTO t VALUES (1)")
+
+    async def first() -> None:
+        go(store.transact, slow)
+        await gosim.syscall(entered.wait, 30.0)  # the batch is on the thread now
+        # main returns: the runtime ends with the batch's leader parked in it
+
+    gosim.run(first, procs=2)
+    release.set()
+
+    async def second() -> list[int]:
+        fp = b"\0" * 32
+        return [(await store.claim("c", f"k{i}", fp, 60.0)).record.fence for i in range(3)]
+
+    assert gosim.run(second, procs=2) == [1, 2, 3]
+    store.close()
+    with sqlite3.connect(tmp_path / "m.db") as conn:
+        assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]  # it was committed

@@ -276,6 +276,47 @@ def test_call_ctx_carries_the_deadline_except_for_one_step_methods() -> None:
     ]
 
 
+@pytest.mark.parametrize("on_sqlite", [False, True])
+def test_a_one_step_pass_context_method_takes_the_call_back_path_with_its_deadline(
+    on_sqlite: bool, tmp_path: Path
+) -> None:
+    # Every one-step call takes the dispatcher's one path (a Later its store's batch
+    # settles): a pass_context method is handed a context carrying the call's deadline
+    # (the background context without one), runs once, and its duplicate replays.
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+    from netframe import Later  # noqa: PLC0415
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        store = SQLiteStore(tmp_path / "r.db") if on_sqlite else MemoryStore()
+        srv = Server(idempotency=Idempotency(store), heartbeat_interval=None)
+        seen: list[Any] = []
+
+        def stamp(ctx: Any, x: int) -> int:
+            when, ok = ctx.deadline()  # Go's (deadline, ok)
+            seen.append(round(when - now, 6) if ok else None)
+            return x * 2
+
+        srv.add_method(stamp, "stamp", idempotent=True, pass_context=True, one_step=True)
+        now = gosim.now()
+        got = []
+        for i, (key, x, timeout_ms) in enumerate([("a", 1, 500), ("b", 2, None), ("a", 1, 500)]):
+            payload = encode_request(i, "stamp", [x], CallMeta(key, "me", timeout_ms, 1))
+            reply = srv.dispatcher.handle_payload(payload)
+            assert isinstance(reply, Later)  # the call-back path, as every one-step call
+            msg = decode(await reply)
+            assert isinstance(msg, Response)
+            got.append((msg.result, msg.replayed))
+        store.close()
+        return seen, got
+
+    seen, got = gosim.run(main, procs=1, seed=1, virtual_time=not on_sqlite)
+    assert got == [(2, False), (4, False), (2, True)]  # the third replays the first
+    assert seen[1] is None and seen[0] == pytest.approx(0.5, abs=0.05)
+    # On a OneStepStore a one-step handler runs for a replay too (its outcome dropped);
+    # elsewhere a one-step call is the usual path, and a replay runs nothing.
+    assert len(seen) == (3 if on_sqlite else 2)
+
+
 def test_a_one_step_call_past_its_deadline_is_answered_so_and_its_commit_stands(
     tmp_path: Path,
 ) -> None:

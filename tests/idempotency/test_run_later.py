@@ -229,33 +229,28 @@ def test_concurrent_run_later_applies_each_key_once(
     assert counts == {f"n{k}": 1 for k in set(keys)}
 
 
-def test_the_default_claim_and_complete_later_awaits_the_step_in_a_goroutine(
-    tmp_path: Path,
-) -> None:
-    """OneStepStore's own claim_and_complete_later (for a store that does not batch):
-    the async step runs in a goroutine, and done hears its record, or its error."""
+def test_claim_and_complete_is_a_wait_on_the_call_back_form(tmp_path: Path) -> None:
+    """The store contract's one mechanism: a store implements claim_and_complete_later
+    alone, and claim_and_complete (the contract's own, not overridden) awaits it, its
+    record, its ClaimResult, or its error raised."""
     from idempotency.stores import Completion, OneStepStore  # noqa: PLC0415
 
+    assert "claim_and_complete" not in vars(SQLiteStore)
     store = SQLiteStore(tmp_path / "d.db")
-    heard: list[tuple[Any, Any]] = []
     call = Call("c", "k", "x", [], 0, None)
+    heard: list[Any] = []
 
     async def main() -> None:
-        arrived: Chan[None] = Chan(2)
-
-        def done(result: Any, error: BaseException | None) -> None:
-            heard.append((result, error))
-            arrived.try_send(None)
-
         ok = Completion(True, b"\xa1v", None, 60.0, 1000)
-        OneStepStore.claim_and_complete_later(store, "c", "k", b"f" * 32, 5.0, call, ok, done)
-        await arrived.recv()
+        heard.append(await store.claim_and_complete("c", "k", b"f" * 32, 5.0, call, ok))
         # The same key with another fingerprint: a mismatch, as claim_and_complete says.
-        OneStepStore.claim_and_complete_later(store, "c", "k", b"g" * 32, 5.0, call, ok, done)
-        await arrived.recv()
+        heard.append(await store.claim_and_complete("c", "k", b"g" * 32, 5.0, call, ok))
+        with pytest.raises(ValueError, match="lease"):  # refused before its batch
+            await store.claim_and_complete("c", "k2", b"f" * 32, -1.0, call, ok)
 
+    assert isinstance(store, OneStepStore)
     gosim.run(main, procs=2)
     store.close()
-    (first, e1), (second, e2) = heard
-    assert e1 is None and first.payload == b"\xa1v" and first.fence == call.fence > 0
-    assert e2 is None and second.kind.name == "MISMATCH"
+    first, second = heard
+    assert first.payload == b"\xa1v" and first.fence == call.fence > 0
+    assert second.kind.name == "MISMATCH"

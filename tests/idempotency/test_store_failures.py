@@ -206,6 +206,37 @@ def test_corrupted_row_is_named_and_does_not_break_the_batch(tmp_path: Path) -> 
     store.close()
 
 
+def test_a_batch_reads_its_working_set_with_a_few_prepared_statements(tmp_path: Path) -> None:
+    # Every batch size reads back exactly its keys' records (the last key repeated to
+    # fill a fixed-size statement), with one of a few statements whatever the size.
+    from idempotency.stores._batch import Op  # noqa: PLC0415
+    from idempotency.stores.sqlite import _GET, _LOAD_SIZES  # noqa: PLC0415
+
+    path = tmp_path / "load.db"
+    store = SQLiteStore(path)
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO idempotency_records VALUES ('c', ?, 2, zeroblob(32), ?, 1e12, 1, x'01')",
+            [(f"k{i}", i + 1) for i in range(0, 300, 2)],  # every even key stored
+        )
+    statements: set[str] = set()
+    conn = store._conn  # type: ignore[attr-defined]
+    assert conn is not None
+    conn.set_trace_callback(statements.add)
+    for n in (1, 2, 5, 6, 7, 63, 64, 65, 128, 129, 300):
+        ops = [Op(_GET, ("c", f"k{i}")) for i in range(n)]
+        ws = store._load(conn, ops)  # type: ignore[attr-defined]
+        assert sorted(ws) == sorted(("c", f"k{i}") for i in range(n))
+        found = {k for (_, k), rec in ws.items() if rec is not None}
+        assert found == {f"k{i}" for i in range(0, n, 2)}
+        assert all(rec.fence == int(k[1:]) + 1 for (_, k), rec in ws.items() if rec is not None)
+    conn.set_trace_callback(None)
+    sizes = {sql.count(" OR ") + 1 for sql in statements if "idempotency_records" in sql}
+    assert sizes <= set(_LOAD_SIZES)  # statements of fixed sizes only: all kept prepared
+    assert sizes == {1, 2, 6, 8, 64, 96, 128, 48}  # 5 -> 6, 7 -> 8, 129 -> 128 + 1, ...
+    store.close()
+
+
 def test_damaged_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not a database" * 100)

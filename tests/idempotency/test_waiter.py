@@ -1,4 +1,4 @@
-"""idempotency.rpc's OneShot: the first settle wins, whoever brings it and whenever."""
+"""idempotency's OneShot: the first settle wins, whoever brings it and whenever."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import gosim
 from gosim import go, lowlevel
-from idempotency.rpc._waiter import OneShot
+from idempotency._waiter import OneShot, await_done
 
 EXPIRED = object()
 
@@ -144,3 +144,58 @@ def test_a_method_that_ends_with_its_context_cannot_answer_before_the_deadline(
         1,
         1,
     )
+
+
+# await_done: the awaiting form of every call-back operation, in one place.
+
+
+def test_await_done_returns_the_result_or_raises_the_error_whenever_done_comes() -> None:
+    def at_once(value: Any, done: Any) -> None:
+        done(value, None)
+
+    def later(value: Any, done: Any) -> None:
+        async def settle() -> None:
+            await gosim.sleep(0.5)
+            done(None, KeyError(value))
+            done("again", None)  # the first call wins
+
+        go(settle)
+
+    async def main() -> tuple[Any, str, float]:
+        got = await await_done(at_once, "now")
+        start = gosim.now()
+        with pytest.raises(KeyError) as raised:
+            await await_done(later, "later")
+        return got, raised.value.args[0], gosim.now() - start
+
+    got, error, waited = vrun(main)
+    assert (got, error) == ("now", "later")
+    assert waited == pytest.approx(0.5)
+
+
+def test_await_done_raises_what_start_raises() -> None:
+    def refuse(done: Any) -> None:
+        raise ValueError("refused before it began")
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="refused"):
+            await await_done(refuse)
+
+    vrun(main)
+
+
+def test_await_done_left_by_an_exception_ignores_its_late_done() -> None:
+    dones: list[Any] = []
+
+    async def main() -> tuple[bool, int]:
+        coro = await_done(dones.append)
+        coro.send(None)  # up to its park: the operation has its done
+        try:
+            coro.throw(KeyboardInterrupt())  # as a cancellation would
+        except KeyboardInterrupt:
+            pass
+        (done,) = dones
+        done("late", None)  # the operation ends after its waiter left: nothing wakes
+        return done.__self__.settled, lowlevel.current_runtime().ntimers
+
+    assert vrun(main) == (True, 0)
