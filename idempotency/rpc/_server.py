@@ -228,7 +228,6 @@ class _StreamServerConn:
         self.in_flight = 0
         self.draining = False
         self._slots: Chan[None] = Chan(server.max_in_flight)
-        self._idle: Chan[None] = Chan(1)
         server._stream_links.add(self)
         self.link = StreamLink(
             conn,
@@ -239,6 +238,7 @@ class _StreamServerConn:
             server.send_queue,
             idle_timeout=server.idle_timeout,
             busy=lambda: self.in_flight > 0,
+            answer_after_eof=True,
         )
 
     def _on_end(self, reason: str) -> None:
@@ -283,7 +283,7 @@ class _StreamServerConn:
             self.in_flight -= 1
             self._slots.try_recv()
             if self.in_flight == 0:
-                self._idle.try_send(None)
+                self.link.idle()
 
     async def flush_and_close(self, deadline: float) -> None:
         """Give queued replies until ``deadline`` to leave, then close."""

@@ -13,6 +13,10 @@ it was running (a silent or slow peer would otherwise hold its connection foreve
 one whose write made no progress for ``idle_timeout`` (a peer that sends calls but never
 reads their replies: its calls stay blocked on the full queue, so the idle rule alone
 would never apply).
+
+A server's link answers a peer that shuts its write side (``shutdown(SHUT_WR)``,
+``nc -N``): the calls it sent before are run to their end and their replies written
+before the connection closes, as on the framed transport.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class StreamLink:
         send_queue: int = 1024,
         idle_timeout: float | None = None,
         busy: Callable[[], bool] = lambda: False,
+        answer_after_eof: bool = False,
     ) -> None:
         self.conn = conn
         self.decoder = StreamDecoder(limits)
@@ -76,6 +81,12 @@ class StreamLink:
         # and ``busy()`` False (no call of this connection running), the link ends.
         self.idle_timeout = idle_timeout
         self.busy = busy
+        # A server's link: at the peer's end of stream, the calls it sent still get
+        # their replies (busy() turns False, and idle() says so, once they have all
+        # been queued); then what is queued is written and the link ends.
+        self.answer_after_eof = answer_after_eof
+        self._quiet: Chan[None] = Chan(1)
+        self._writer_done: Chan[None] = Chan()
         go(self._reader)
         go(self._writer)
 
@@ -95,6 +106,10 @@ class StreamLink:
             return False
         return self._queue.try_send(payload)
 
+    def idle(self) -> None:
+        """Say that ``busy()`` has turned False (a half-closed peer's link waits for it)."""
+        self._quiet.try_send(None)
+
     @property
     def queued(self) -> int:
         """Messages queued and not yet handed to the connection."""
@@ -112,7 +127,8 @@ class StreamLink:
         self.conn.close()
         # Closing the queue wakes the writer (it receives None) and every sender that
         # waits for room (they raise): nobody stays parked on a dead link.
-        self._queue.close()
+        if not self._queue.closed:
+            self._queue.close()
         self.on_end(reason)
 
     async def _reader(self) -> None:
@@ -132,6 +148,8 @@ class StreamLink:
                 else:
                     data = await self.conn.read(READ_SIZE)
                 if not data:
+                    if self.answer_after_eof:
+                        await self._answer_after_eof()
                     return
                 self.decoder.feed(data)
                 while True:
@@ -156,6 +174,17 @@ class StreamLink:
         finally:
             self._end(reason)
 
+    async def _answer_after_eof(self) -> None:
+        """The peer shut its write side, and may still read: wait for the calls it
+        sent to finish, then for the writer to write every reply queued (its write
+        deadline still ends a peer that does not read)."""
+        while self.busy() and not self.closed:
+            await self._quiet.recv()
+        if self.closed:
+            return
+        self._queue.close()  # the writer writes what is queued, then stops
+        await self._writer_done.recv()
+
     async def _writer(self) -> None:
         queue = self._queue
         idle = self.idle_timeout
@@ -176,6 +205,8 @@ class StreamLink:
             self._end(f"peer read nothing for {idle:g} s")
         except OSError as exc:
             self._end(f"connection broken: {exc}")
+        finally:
+            self._writer_done.close()
 
     async def _write(self, data: bytes, idle: float | None) -> None:
         """Write all of ``data``; with ``idle``, raise TimeoutError (gosim's

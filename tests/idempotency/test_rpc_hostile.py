@@ -1,0 +1,184 @@
+"""idempotency.rpc's server against hostile and unusual peers (issue 28).
+
+The server runs in a process of its own (rpc_server_proc.py), where its memory and its
+connections are what is attacked; the peers are plain blocking sockets speaking the
+bytes by hand. Every wait is bounded, so a regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+SERVER_PROC = Path(__file__).with_name("rpc_server_proc.py")
+BOUND = 10.0  # seconds any single wait in these tests may take before it is a failure
+
+
+class ServerProcess:
+    """rpc_server_proc.py in a process of its own."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER_PROC), json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self._line(3 * BOUND)
+        assert line.startswith("PORT "), line + self._stderr()
+        self.port = int(line.split()[1])
+
+    def _line(self, bound: float = BOUND) -> str:
+        result: list[str] = []
+        t = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()))  # type: ignore[union-attr]
+        t.start()
+        t.join(bound)
+        assert result, "the server process said nothing" + self._stderr()
+        return result[0]
+
+    def _stderr(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        assert self.proc.stderr is not None
+        return "\n" + self.proc.stderr.read()[-3000:]
+
+    def stats(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        assert line, "the server process ended" + self._stderr()
+        stats: dict[str, Any] = json.loads(line)
+        return stats
+
+    def rss(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.proc.wait(BOUND)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(BOUND)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+def server(**config: Any) -> Iterator[ServerProcess]:
+    proc = ServerProcess(config)
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+def connect(port: int, rcvbuf: int | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:  # before connecting, so the window is small from the start
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(BOUND)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def request(msgid: int, method: str, *params: Any) -> bytes:
+    return msgpack.packb([0, msgid, method, list(params)], use_bin_type=True)
+
+
+def framed(payload: bytes) -> bytes:
+    """One session DATA frame: 4-byte big-endian length, kind byte 0, the payload."""
+    return struct.pack(">I", len(payload) + 1) + b"\x00" + payload
+
+
+def read_stream_until_end(sock: socket.socket) -> list[Any]:
+    """Every message of a plain msgpack stream until the server closes it."""
+    unpacker = msgpack.Unpacker(raw=False)
+    out: list[Any] = []
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return out
+        unpacker.feed(chunk)
+        out.extend(unpacker)
+
+
+def read_frames_until_end(sock: socket.socket) -> list[tuple[int, bytes]]:
+    """Every session frame (kind, body) until the server closes the connection."""
+    buf = b""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    frames = []
+    while len(buf) >= 4:
+        (n,) = struct.unpack(">I", buf[:4])
+        body = buf[4 : 4 + n]
+        frames.append((body[0], body[1:]))
+        buf = buf[4 + n :]
+    return frames
+
+
+def closed_within(sock: socket.socket, bound: float) -> float | None:
+    """Seconds until the server ended the connection (reading and dropping what it
+    sends), or None when it still held it after ``bound``."""
+    start = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - start < bound:
+        try:
+            if not sock.recv(1 << 16):
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return time.monotonic() - start
+    return None
+
+
+# ------------------------------------------------------------- half-close (item 9)
+
+
+@pytest.fixture
+def stream_server() -> Iterator[ServerProcess]:
+    yield from server(transport="stream")
+
+
+def test_stream_peer_that_shuts_its_write_side_gets_every_reply(
+    stream_server: ServerProcess,
+) -> None:
+    # nc -N: send the calls, shut the write side, read until the server closes. An
+    # immediate call, a waiting one and a pipelined burst are all answered.
+    with connect(stream_server.port) as sock:
+        calls = [request(1, "add", 1, 2), request(2, "slow", 0.3, "late")]
+        calls += [request(10 + i, "echo", i) for i in range(50)]
+        sock.sendall(b"".join(calls))
+        sock.shutdown(socket.SHUT_WR)
+        replies = read_stream_until_end(sock)
+    by_id = {r[1]: r for r in replies}
+    assert sorted(by_id) == [1, 2, *range(10, 60)]
+    assert by_id[1] == [1, 1, None, 3]
+    assert by_id[2] == [1, 2, None, "late"]
+    assert all(by_id[10 + i][3] == i for i in range(50))
