@@ -7,7 +7,6 @@ bytes by hand. Every wait is bounded, so a regression fails instead of hanging.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 import struct
