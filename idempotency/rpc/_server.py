@@ -25,7 +25,7 @@ from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
 from ._dispatch import Dispatcher, ServerStats
-from ._protocol import DEFAULT_LIMITS, Limits, Message, RemoteProtocolError, Request, Status
+from ._protocol import DEFAULT_LIMITS, Limits, Message, RemoteProtocolError, Request
 from ._stream import StreamLink
 
 __all__ = ["Server"]
@@ -213,6 +213,9 @@ class Server:
         deadline = gosim.now() + grace
         for sc in list(self._stream_links):
             sc.draining = True
+        # netframe's shutdown sends every framed connection its GOAWAY before it first
+        # waits: from then on the sender of a GOAWAY starts no new work (PROTOCOL.md).
+        self.dispatcher.refusing = True
         await self.framed.shutdown(grace)
         while any(sc.in_flight for sc in self._stream_links) and gosim.now() < deadline:
             await gosim.sleep(min(0.01, max(deadline - gosim.now(), 0.0)))
@@ -257,11 +260,7 @@ class _StreamServerConn:
 
     def _on_message(self, msg: Message) -> Any:
         if self.draining and type(msg) is Request:
-            return self._reply(
-                self.server.stream_dispatcher.error(
-                    msg.msgid, Status.UNAVAILABLE, "server is shutting down"
-                )
-            )
+            return self._reply(self.server.stream_dispatcher.refuse(msg.msgid))
         out = self.server.stream_dispatcher.handle(msg)
         if out is None:
             return None

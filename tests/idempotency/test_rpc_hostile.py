@@ -181,3 +181,49 @@ def test_stream_peer_that_shuts_its_write_side_gets_every_reply(
     assert by_id[1] == [1, 1, None, 3]
     assert by_id[2] == [1, 2, None, "late"]
     assert all(by_id[10 + i][3] == i for i in range(50))
+
+
+# ------------------------------------------------- no new work after GOAWAY (item 12)
+
+
+def _read_frame(sock: socket.socket) -> tuple[int, bytes] | None:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    (n,) = struct.unpack(">I", head)
+    body = b""
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        assert chunk, "end of stream inside a frame"
+        body += chunk
+    return body[0], body[1:]
+
+
+def test_framed_server_refuses_a_request_sent_after_its_goaway() -> None:
+    # The server starts shutting down while a call runs: it sends GOAWAY(NO_ERROR). A
+    # peer that ignores the GOAWAY and sends a new call gets UNAVAILABLE (the method
+    # never runs), and the call it started first still gets its reply.
+    for proc in server(transport="framed", shutdown_after=0.2, heartbeat_interval=None):
+        with connect(proc.port) as sock:
+            sock.sendall(framed(request(1, "slow", 1.0, "first")))
+            while True:
+                got = _read_frame(sock)
+                assert got is not None, "closed before any GOAWAY"
+                if got[0] == 3:  # GOAWAY
+                    assert struct.unpack(">I", got[1][:4])[0] == 0  # NO_ERROR
+                    break
+            sock.sendall(framed(request(2, "add", 1, 2)))
+            replies = {}
+            while len(replies) < 2:
+                got = _read_frame(sock)
+                assert got is not None, f"closed with replies {replies}"
+                if got[0] == 0:
+                    msg = msgpack.unpackb(got[1], raw=False)
+                    replies[msg[1]] = msg
+        assert replies[1][2] is None and replies[1][3] == "first"
+        error = replies[2][2]
+        assert replies[2][3] is None and error is not None, replies[2]
+        assert error[0] == 14, error  # UNAVAILABLE
