@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 
 import gosim
 from gosim import Chan, go
-from netframe import FrameFormat, Listener, default_max_connections
+from netframe import (
+    DEFAULT_MAX_OWED_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_WRITE_TIMEOUT,
+    FrameFormat,
+    Listener,
+    default_max_connections,
+)
 from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
@@ -48,6 +55,16 @@ class Server:
     a peer's message may contain (:class:`~idempotency.rpc.Limits`). On the plain
     stream, which has no heartbeats, ``idle_timeout`` closes a connection that sent
     nothing for that long while none of its calls was running.
+
+    Against peers that hold a connection's resources, on both transports:
+    ``read_timeout`` (default 30 s) closes a connection whose message has not arrived
+    whole that long after its first byte (one byte at a time renews no deadline);
+    ``max_owed_bytes`` (default 4 MiB) bounds the replies a connection owes its peer:
+    past it the server reads no more of that peer's calls until some have been
+    written (calls already running may each add their reply), and ``write_timeout``
+    (default 30 s) closes a connection that owes replies and whose peer takes none of
+    their bytes for that long (within 2.5 times that on the framed transport, see
+    :class:`netframe.Server`).
     """
 
     def __init__(
@@ -62,6 +79,9 @@ class Server:
         idle_timeout: float | None = None,
         grace_period: float = 5.0,
         send_queue: int = 1024,
+        read_timeout: float | None = DEFAULT_READ_TIMEOUT,
+        write_timeout: float | None = DEFAULT_WRITE_TIMEOUT,
+        max_owed_bytes: int = DEFAULT_MAX_OWED_BYTES,
     ) -> None:
         self.limits = limits
         self.idempotency = idempotency
@@ -75,6 +95,12 @@ class Server:
         self.grace_period = grace_period
         self.idle_timeout = idle_timeout
         self.send_queue = send_queue
+        self.read_timeout = read_timeout
+        # The plain stream's write deadline: the shorter of write_timeout and the idle
+        # timeout (which was its write deadline before it had its own).
+        deadlines = [t for t in (write_timeout, idle_timeout) if t is not None]
+        self.write_timeout = min(deadlines) if deadlines else None
+        self.max_owed_bytes = max_owed_bytes
         # A session frame is one kind byte plus the message.
         fmt = FrameFormat(max_frame_length=limits.max_message_size + 1)
         self.framed = FramedServer(
@@ -87,6 +113,9 @@ class Server:
             idle_timeout=idle_timeout,
             grace_period=grace_period,
             send_queue=send_queue,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            max_owed_bytes=max_owed_bytes,
         )
         self._stream_links: set[_StreamServerConn] = set()
         self._stream_listeners: list[Listener] = []
@@ -242,6 +271,9 @@ class _StreamServerConn:
             idle_timeout=server.idle_timeout,
             busy=lambda: self.in_flight > 0,
             answer_after_eof=True,
+            read_timeout=server.read_timeout,
+            write_timeout=server.write_timeout,
+            max_owed=server.max_owed_bytes,
         )
 
     def _on_end(self, reason: str) -> None:

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 import gosim
+import netframe
 from gosim import go, net
 from idempotency.rpc import Limits, Server
 
@@ -32,6 +33,10 @@ def main() -> None:
     shutdown_after: float | None = config.pop("shutdown_after", None)
     if "limits" in config:
         config["limits"] = Limits(**config["limits"])
+    # As a server should before taking traffic: without the C extension the frame scan
+    # is a numba kernel, whose compilation would otherwise count in the first RSS rise.
+    if not netframe._codec.C_ENABLED:
+        netframe.load_kernel()
 
     async def run() -> None:
         server = Server(**config)

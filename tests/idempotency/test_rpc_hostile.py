@@ -227,3 +227,183 @@ def test_framed_server_refuses_a_request_sent_after_its_goaway() -> None:
         error = replies[2][2]
         assert replies[2][3] is None and error is not None, replies[2]
         assert error[0] == 14, error  # UNAVAILABLE
+
+
+# ------------------------------------------------------- slowloris (item 10)
+
+
+@pytest.mark.parametrize("transport", ["stream", "framed"])
+def test_a_call_trickled_a_byte_at_a_time_is_closed_at_its_read_deadline(transport: str) -> None:
+    # One byte every 0.25 s renews the idle timeout forever; the message must arrive
+    # whole within read_timeout of its first byte (1 s here), so the connection ends
+    # well within 8 s. The old server held it as long as the peer kept trickling.
+    body = request(1, "echo", "x" * 100)
+    wire = body if transport == "stream" else framed(body)
+    for proc in server(
+        transport=transport, read_timeout=1.0, idle_timeout=60.0, heartbeat_interval=None
+    ):
+        with connect(proc.port) as sock:
+            start = time.monotonic()
+            sock.settimeout(0.25)
+            ended = None
+            for i in range(len(wire)):
+                if time.monotonic() - start > 8.0:
+                    break
+                try:
+                    sock.sendall(wire[i : i + 1])
+                    while True:  # drop what the server says (a GOAWAY), until the end
+                        got = sock.recv(1 << 16)
+                        if not got:
+                            ended = time.monotonic() - start
+                            break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    ended = time.monotonic() - start
+                if ended is not None:
+                    break
+        assert ended is not None, "the server held a trickling peer past 8 s"
+        assert ended >= 0.9
+        # The server still serves.
+        with connect(proc.port) as sock:
+            call = request(2, "add", 2, 3)
+            sock.sendall(call if transport == "stream" else framed(call))
+            if transport == "stream":
+                reply = msgpack.Unpacker(raw=False)
+                while True:
+                    reply.feed(sock.recv(1 << 16))
+                    got_reply = next(iter(reply), None)
+                    if got_reply is not None:
+                        break
+            else:
+                while True:
+                    frame_got = _read_frame(sock)
+                    assert frame_got is not None
+                    if frame_got[0] == 0:
+                        got_reply = msgpack.unpackb(frame_got[1], raw=False)
+                        break
+            assert got_reply == [1, 2, None, 5]
+
+
+# ------------------------------------------------- owed replies in bytes (item 8)
+
+BIG = 512 * 1024
+CALLS = 400  # 200 MiB of echo calls: the old server held most of it as replies
+
+
+def _attack(
+    port: int,
+    transport: str,
+    method: str,
+    stalled: threading.Event,
+    stop: threading.Event,
+    sent: list[int],
+) -> None:
+    """Send big echo calls and never read. Once the server stops reading (no send
+    progress for 2 s) or CALLS calls are sent, say so (``stalled``) and hold the
+    connection, reading nothing, until told to stop or the server closes it."""
+    with connect(port, rcvbuf=4096) as sock:
+        sock.settimeout(0.25)
+        stalled_since: float | None = None
+        try:
+            for i in range(CALLS):
+                args = (b"z" * BIG,) if method == "echo" else (0.0, b"z" * BIG)
+                body = request(i, method, *args)
+                wire = memoryview(body if transport == "stream" else framed(body))
+                while wire and not stop.is_set():
+                    try:
+                        n = sock.send(wire)
+                    except TimeoutError:
+                        now = time.monotonic()
+                        stalled_since = stalled_since or now
+                        if now - stalled_since > 2.0:
+                            break
+                        continue
+                    stalled_since = None
+                    sent[0] += n
+                    wire = wire[n:]
+                if wire or stop.is_set():
+                    break
+        except OSError:
+            return  # the server closed the connection
+        finally:
+            stalled.set()
+        stop.wait(HOLD)
+
+
+HOLD = 3 * BOUND
+
+
+def _call_once(port: int, transport: str) -> Any:
+    with connect(port) as sock:
+        call = request(7, "add", 20, 22)
+        sock.sendall(call if transport == "stream" else framed(call))
+        if transport == "stream":
+            unpacker = msgpack.Unpacker(raw=False)
+            while True:
+                chunk = sock.recv(1 << 16)
+                assert chunk, "closed without an answer"
+                unpacker.feed(chunk)
+                for msg in unpacker:
+                    return msg
+        while True:
+            got = _read_frame(sock)
+            assert got is not None, "closed without an answer"
+            if got[0] == 0:
+                return msgpack.unpackb(got[1], raw=False)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the RSS from /proc")
+@pytest.mark.parametrize("transport", ["stream", "framed"])
+@pytest.mark.parametrize("method", ["echo", "slow"])  # replied at once, or by a goroutine
+def test_a_peer_that_never_reads_holds_a_bounded_amount_of_reply_memory(
+    transport: str, method: str
+) -> None:
+    # 400 echo calls of 512 KiB from a peer that never reads: the server owed it up to
+    # 1024 replies whatever their size (330 MiB of RSS on the stream, 201 MiB framed).
+    # Now it stops reading that peer once it owes it max_owed_bytes (default 4 MiB),
+    # so its RSS grows by a few times that at most (the bound below leaves room for a
+    # loaded machine's allocator, far under what the old server reached); a
+    # well-behaved client is served meanwhile; and the attacker, which takes none of
+    # its replies, is dropped at its write deadline.
+    limits = {"max_bin_len": 1 << 20, "max_message_size": 2 << 20}
+    for proc in server(
+        transport=transport, limits=limits, write_timeout=2.0, heartbeat_interval=None
+    ):
+        assert _call_once(proc.port, transport) == [1, 7, None, 42]  # warm
+        base = proc.rss()
+        stop, stalled = threading.Event(), threading.Event()
+        sent = [0]
+        attacker = threading.Thread(
+            target=_attack, args=(proc.port, transport, method, stalled, stop, sent)
+        )
+        attacker.start()
+        peak = base
+        try:
+            deadline = time.monotonic() + 3 * BOUND
+            while not stalled.is_set() and time.monotonic() < deadline:
+                peak = max(peak, proc.rss())
+                time.sleep(0.1)
+            peak = max(peak, proc.rss())
+            assert _call_once(proc.port, transport) == [1, 7, None, 42]
+            grown = peak - base
+            assert grown < 64 * 1024 * 1024, (
+                f"RSS grew {grown >> 20} MiB ({sent[0] >> 20} MiB sent)"
+            )
+            assert sent[0] < CALLS * BIG // 2, "the server read nearly everything sent"
+            # Dropped at its write deadline (2 s here, closed within 5 s) while it holds on.
+            end = time.monotonic() + BOUND
+            while time.monotonic() < end:
+                stats = proc.stats()
+                if transport == "framed":
+                    if stats["framed"]["write_timeouts"] >= 1:
+                        break
+                elif stats["stream_connections"] == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"the attacker was not dropped: {stats}")
+            assert attacker.is_alive(), "the attacker left: its drop proves nothing"
+        finally:
+            stop.set()
+            attacker.join(BOUND)
