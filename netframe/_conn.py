@@ -364,7 +364,7 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
-            if self.max_owed_bytes is not None:
+            if self.max_owed_bytes is not None and self._owes_too_much():
                 await self.wait_owed()
             ahead = self._pending
             if ahead:
@@ -421,7 +421,7 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
-            if self.max_owed_bytes is not None:
+            if self.max_owed_bytes is not None and self._owes_too_much():
                 await self.wait_owed()
             ahead = self._pending
             if ahead:  # cut by the reader for read_frame, not yet returned
@@ -534,6 +534,10 @@ class FramedConn:
         if self._unfinished:
             return self._queued_bytes + int(self._fast_writer.pending)
         return self._queued_bytes
+
+    def _owes_too_much(self) -> bool:
+        limit = self.max_owed_bytes
+        return limit is not None and self.owed_bytes > limit
 
     async def wait_owed(self) -> None:
         """Wait while :attr:`owed_bytes` is over ``max_owed_bytes``, until the writer

@@ -364,7 +364,8 @@ class Dispatcher:
         if type(msg) is Notification:
             self._stats.notifications += 1
             return None
-        return self.handle(msg)
+        self.handle(msg)  # a response: nothing asked for it (counted)
+        return None
 
     def bad_message(self, exc: RemoteProtocolError) -> bytes | None:
         """The answer to a message that did not parse: an error if it had a msgid."""

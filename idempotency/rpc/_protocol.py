@@ -688,6 +688,8 @@ class StreamDecoder:
         # unpacker since the scan's last look, each with its stream offset.
         self._scan: _HeaderScan | None = None
         self._unscanned: list[tuple[int, bytes]] = []
+        #: The bytes of the message last returned (or refused for its shape).
+        self.last_size = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes received; never raises a protocol error."""
@@ -738,7 +740,8 @@ class StreamDecoder:
             except (ValueError, msgpack.UnpackException) as exc:
                 self._failed = RemoteProtocolError(f"undecodable msgpack: {exc}", stream_lost=True)
                 raise self._failed from None
-            self._boundary = self._unpacker.tell()
+            start, self._boundary = self._boundary, self._unpacker.tell()
+            self.last_size = self._boundary - start
             return parse(obj)
 
     def _scan_headers(self) -> None:

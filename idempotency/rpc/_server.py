@@ -301,16 +301,20 @@ class _StreamServerConn:
         return self._start(out)
 
     async def _start(self, awaitable: Any) -> None:
+        # The call holds its request's bytes against max_owed_bytes while it runs.
+        size = self.link.decoder.last_size
+        self.link.hold(size)
         await self._slots.send(None)  # blocks the reader at max_in_flight: backpressure
         self.in_flight += 1
-        go(self._finish, awaitable)
+        go(self._finish, awaitable, size)
 
-    async def _finish(self, awaitable: Any) -> None:
+    async def _finish(self, awaitable: Any, size: int) -> None:
         try:
             reply = await awaitable
             if reply is not None:
                 await self._reply(reply)
         finally:
+            self.link.release(size)
             self.in_flight -= 1
             self._slots.try_recv()
             if self.in_flight == 0:

@@ -125,6 +125,17 @@ class StreamLink:
         self._owed += len(payload)
         return True
 
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` as owed until :meth:`release`: a call running for the peer
+        holds its request's bytes, and its reply will be owed (the reader stops taking
+        calls while the owed bytes are over ``max_owed``, running calls' included)."""
+        self._owed += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """End a :meth:`hold` (its reply has been queued, or it has none)."""
+        self._owed -= nbytes
+        self._room.try_send(None)
+
     def idle(self) -> None:
         """Say that ``busy()`` has turned False (a half-closed peer's link waits for it)."""
         self._quiet.try_send(None)

@@ -407,3 +407,30 @@ def test_a_peer_that_never_reads_holds_a_bounded_amount_of_reply_memory(
         finally:
             stop.set()
             attacker.join(BOUND)
+
+
+# ------------------------------------- a str header over its limit (item 11)
+
+
+def test_stream_server_drops_a_str_header_over_its_limit_at_once(
+    stream_server: ServerProcess,
+) -> None:
+    # A request whose one param announces a 2 MiB str (max_str_len is 1 MiB): the
+    # header alone loses the stream, at once. The old server waited for
+    # max_message_size (16 MiB) to arrive, or for as long as the peer held on.
+    head = b"\x94\x00\x01\xa4echo\x91" + b"\xdb" + (2 << 20).to_bytes(4, "big")
+    with connect(stream_server.port) as sock:
+        sock.sendall(head + b"x" * 100)
+        assert closed_within(sock, 5.0) is not None, "the header did not end the stream"
+    # The server still serves.
+    with connect(stream_server.port) as sock:
+        sock.sendall(request(2, "add", 2, 3))
+        unpacker = msgpack.Unpacker(raw=False)
+        while True:
+            chunk = sock.recv(1 << 16)
+            assert chunk
+            unpacker.feed(chunk)
+            got = next(iter(unpacker), None)
+            if got is not None:
+                break
+        assert got == [1, 2, None, 5]
