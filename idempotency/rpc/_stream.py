@@ -134,7 +134,8 @@ class StreamLink:
     def release(self, nbytes: int) -> None:
         """End a :meth:`hold` (its reply has been queued, or it has none)."""
         self._owed -= nbytes
-        self._room.try_send(None)
+        if not self._room.closed:  # closed once the writer has stopped: nobody waits
+            self._room.try_send(None)
 
     def idle(self) -> None:
         """Say that ``busy()`` has turned False (a half-closed peer's link waits for it)."""

@@ -434,3 +434,20 @@ def test_stream_server_drops_a_str_header_over_its_limit_at_once(
             if got is not None:
                 break
         assert got == [1, 2, None, 5]
+
+
+def test_a_call_that_ends_after_its_peer_left_leaves_the_stream_server_serving(
+    stream_server: ServerProcess,
+) -> None:
+    # The call's link has ended (its writer gone) by the time the call finishes and
+    # gives back what it held against max_owed_bytes.
+    with connect(stream_server.port) as sock:
+        sock.sendall(request(1, "slow", 0.5, "orphan"))
+        time.sleep(0.1)
+        # A reset, not an end of stream (which the server would answer first).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    time.sleep(1.0)
+    with connect(stream_server.port) as sock:
+        sock.sendall(request(2, "add", 2, 3))
+        sock.shutdown(socket.SHUT_WR)
+        assert read_stream_until_end(sock) == [[1, 2, None, 5]]
