@@ -165,6 +165,7 @@ class StreamLink:
         # waits for room (they raise): nobody stays parked on a dead link.
         if not self._queue.closed:
             self._queue.close()
+        self._quiet.try_send(None)  # a reader waiting for calls after the peer's end
         self.on_end(reason)
 
     async def _reader(self) -> None:

@@ -36,8 +36,14 @@ class ServerProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
-        line = self._line(3 * BOUND)
-        assert line.startswith("PORT "), line + self._stderr()
+        try:
+            line = self._line(3 * BOUND)
+            if not line.startswith("PORT "):
+                self.proc.wait(BOUND)  # it ended: its stderr says why
+                raise AssertionError(line + self._stderr())
+        except BaseException:
+            self.close()  # no process or pipe left behind for later tests to trip on
+            raise
         self.port = int(line.split()[1])
 
     def _line(self, bound: float = BOUND) -> str:

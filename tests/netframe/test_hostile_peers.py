@@ -444,8 +444,14 @@ class _ServerProcess:
             text=True,
         )
         assert self.proc.stdout is not None
-        line = self._line(3 * BOUND)  # the frame kernel may be compiled first
-        assert line.startswith("PORT "), line + self._stderr()
+        try:
+            line = self._line(3 * BOUND)  # the frame kernel may be compiled first
+            if not line.startswith("PORT "):
+                self.proc.wait(BOUND)  # it ended: its stderr says why
+                raise AssertionError(line + self._stderr())
+        except BaseException:
+            self.close()  # no process or pipe left behind for later tests to trip on
+            raise
         self.port = int(line.split()[1])
 
     def _line(self, bound: float = BOUND) -> str:
