@@ -441,6 +441,16 @@ def _conduct(
                 recovered.append(time.monotonic() - restarted)
             refresh()
             time.sleep(0.1)
+        if not died:
+            # The clients may all have ended because a server died between two looks
+            # (they fail fast against nothing, more so on a loaded machine): the server
+            # is the cause to report, not them.
+            now = time.monotonic() - start
+            died.extend(
+                (p.name, code, now)
+                for p in [*servers, *procs]
+                if (code := p.proc.poll()) is not None
+            )
         refresh()
 
     try:
