@@ -78,6 +78,9 @@ from ._session import SessionState as SessionState
 __all__ = [
     "CLOSED",
     "DEFAULT_MAX_FRAME_LENGTH",
+    "DEFAULT_MAX_OWED_BYTES",
+    "DEFAULT_READ_TIMEOUT",
+    "DEFAULT_WRITE_TIMEOUT",
     "GOAWAY_BOTH",
     "GOAWAY_RECEIVED",
     "GOAWAY_SENT",
@@ -131,6 +134,9 @@ _CONN_NAMES = {
     "StreamConn": "_conn",
     "Client": "_server",
     "ConnectionLost": "_server",
+    "DEFAULT_MAX_OWED_BYTES": "_server",
+    "DEFAULT_READ_TIMEOUT": "_server",
+    "DEFAULT_WRITE_TIMEOUT": "_server",
     "Later": "_server",
     "Listener": "_server",
     "Server": "_server",
@@ -145,6 +151,9 @@ if TYPE_CHECKING:
     from ._conn import FramedConnStatistics as FramedConnStatistics
     from ._conn import IncompleteFrame as IncompleteFrame
     from ._conn import StreamConn as StreamConn
+    from ._server import DEFAULT_MAX_OWED_BYTES as DEFAULT_MAX_OWED_BYTES
+    from ._server import DEFAULT_READ_TIMEOUT as DEFAULT_READ_TIMEOUT
+    from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
     from ._server import Client as Client
     from ._server import ConnectionLost as ConnectionLost
     from ._server import Later as Later

@@ -26,6 +26,11 @@ Writing, two ways:
    go into the queue when it has room, else ahead of the queued frames, so a peer
    that stops reading cannot hold up a heartbeat or a close.
 
+With ``max_owed_bytes``, reading stops while more than that many bytes sent (queued, or
+held by the C writer) have not been written: a peer that sends requests and reads no
+replies holds that much of our memory, not its whole send queue's worth.
+:meth:`FramedConn.owed_bytes` says how many there are.
+
 Closing: :meth:`FramedConn.aclose` writes what is queued (``flush=True``) for at most
 ``timeout`` seconds, then closes the connection whatever the peer does; a ``send``
 waiting for room then raises :class:`ClosedError`.
@@ -101,6 +106,7 @@ EXCHANGE_CLOSED: int = getattr(_c_speedups, "EXCHANGE_CLOSED", -1)  # a handler 
 EXCHANGE_SEND_QUEUED: int = getattr(_c_speedups, "EXCHANGE_SEND_QUEUED", -1)  # via the queue
 EXCHANGE_WRITE_HANDOFF: int = getattr(_c_speedups, "EXCHANGE_WRITE_HANDOFF", -1)
 EXCHANGE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_GENERAL", -1)  # frames it leaves
+EXCHANGE_OWED: int = getattr(_c_speedups, "EXCHANGE_OWED", -1)  # too much owed to receive
 
 DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
 DEFAULT_SEND_QUEUE = 1024
@@ -234,6 +240,7 @@ class FramedConn:
         *,
         read_size: int = DEFAULT_READ_SIZE,
         send_queue: int = DEFAULT_SEND_QUEUE,
+        max_owed_bytes: int | None = None,
     ) -> None:
         if read_size <= 0:
             raise ValueError(f"read_size must be positive, got {read_size}")
@@ -257,6 +264,13 @@ class FramedConn:
         # goroutine's to finish), send_many queues too, so frames keep their order.
         self._backlog = 0
         self._unfinished = False
+        # Bytes of the frames counted in _backlog (the C writer's unsent rest is counted
+        # apart: owed_bytes). Over max_owed_bytes, reading waits for the writer goroutine
+        # to write some (it rings _drained after each write, and closes it at its exit).
+        self._queued_bytes = 0
+        self.max_owed_bytes = max_owed_bytes
+        self._drained: Chan[None] = Chan(1)
+        self._in_place = 0  # 1 while a large frame is received in place (partial_bytes)
         # Closed when the writer goroutine has exited (a broadcast to flush and aclose).
         self._writer_exit: Chan[None] = Chan()
         self._closed = False
@@ -350,6 +364,8 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
+            if self.max_owed_bytes is not None and self._owes_too_much():
+                await self.wait_owed()
             ahead = self._pending
             if ahead:
                 self._frames_read += 1
@@ -405,6 +421,8 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         try:
+            if self.max_owed_bytes is not None and self._owes_too_much():
+                await self.wait_owed()
             ahead = self._pending
             if ahead:  # cut by the reader for read_frame, not yet returned
                 frames: list[bytes] = list(ahead)
@@ -479,6 +497,7 @@ class FramedConn:
         # Sized by what has arrived, doubling as more does (see the module docstring).
         frame = bytearray(min(size, max(2 * filled, LARGE_FRAME_BYTES)))
         frame[:filled] = memoryview(prefix)[skip:]
+        self._in_place = 1
         try:
             while filled < size:
                 if filled == len(frame):
@@ -491,6 +510,7 @@ class FramedConn:
                 filled += n
                 self._bytes_read += n
         finally:
+            self._in_place = 0
             if filled < size:  # give everything back; the caller goes on as usual
                 decoder.feed(prefix)
                 decoder.feed(frame[len(prefix) - skip : filled])
@@ -499,18 +519,62 @@ class FramedConn:
         decoder.count_frame()
         return bytes(frame)
 
+    def partial_bytes(self) -> int:
+        """Bytes received of a frame not yet whole (0: none is begun). A server's read
+        deadline looks at it: a frame must arrive whole within a bound of its start."""
+        n = self._decoder.statistics().bytes_buffered + self._in_place
+        if self._reader is not None and self._reader_active:
+            n += self._reader.carried
+        return int(n)
+
+    @property
+    def owed_bytes(self) -> int:
+        """Bytes of frames sent (queued for the writer goroutine, or the C writer's
+        unsent rest) that the connection has not taken yet."""
+        if self._unfinished:
+            return self._queued_bytes + int(self._fast_writer.pending)
+        return self._queued_bytes
+
+    def _owes_too_much(self) -> bool:
+        limit = self.max_owed_bytes
+        return limit is not None and self.owed_bytes > limit
+
+    async def wait_owed(self) -> None:
+        """Wait while :attr:`owed_bytes` is over ``max_owed_bytes``, until the writer
+        has written enough, failed or stopped."""
+        limit = self.max_owed_bytes
+        if limit is None:
+            return
+        while (
+            self.owed_bytes > limit
+            and self._writer_error is None
+            and not self._writer_exit.closed
+            and not self._closed
+        ):
+            await self._drained.recv()
+
     def unread_bytes(self) -> int | None:
         """Bytes that have arrived in the kernel's receive buffer and are not read yet
         (FIONREAD), or None where the connection does not show its socket (the
         simulated network). A heartbeat asks it before declaring the peer dead: bytes
         waiting there mean the peer is alive and this side's reader is behind."""
+        return self._ask_socket(termios.FIONREAD)
+
+    def unsent_bytes(self) -> int | None:
+        """Bytes written to the kernel that the peer has not acknowledged yet (TIOCOUTQ),
+        or None where the connection does not show its socket. A server's write
+        deadline asks it before closing: a count that moved means the peer is taking
+        bytes, from a write that has not returned yet."""
+        return self._ask_socket(termios.TIOCOUTQ)
+
+    def _ask_socket(self, request: int) -> int | None:
         raw = self._syscall_conn
         if raw is None:
             return None
         got: list[int] = []
 
         def ask(fd: int) -> None:
-            raw_count = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+            raw_count = fcntl.ioctl(fd, request, b"\0\0\0\0")
             got.append(struct.unpack("i", raw_count)[0])
 
         try:
@@ -551,7 +615,8 @@ class FramedConn:
         args: tuple[Any, ...] = (self._reader, self._fast_writer, handler, limit, owner)
         if session is not None:
             clock = lowlevel.current_runtime().now  # gosim.now() without its frame
-            args += (session, clock, self, max_in_flight, start_pending)
+            owed = -1 if self.max_owed_bytes is None else self.max_owed_bytes
+            args += (session, clock, self, max_in_flight, start_pending, owed)
         self._exchange = _Exchange(*args)
         return self._exchange
 
@@ -563,7 +628,8 @@ class FramedConn:
         a hand-back: read on with :meth:`read_frames`) or EXCHANGE_CLOSED; a session
         loop also EXCHANGE_SEND_QUEUED and EXCHANGE_GENERAL (its replies the socket
         does not take at once finish in the writer goroutine, as
-        :meth:`send_many_nowait`'s do). OSError as :meth:`read_frames` and
+        :meth:`send_many_nowait`'s do; it receives nothing while more than
+        ``max_owed_bytes`` are owed, as :meth:`read_frames`). OSError as :meth:`read_frames` and
         :meth:`write_frames` raise it; a session loop's send that failed fails later
         sends, as :meth:`send_many_nowait`'s does."""
         if self._reading:
@@ -591,6 +657,8 @@ class FramedConn:
                         raise
                 elif state == EXCHANGE_WRITE_GENERAL:  # replies the C writer declines
                     await self._write_general(ex.take_replies())
+                elif state == EXCHANGE_OWED:  # as read_frames: no receive while over
+                    await self.wait_owed()
                 else:
                     return state
         finally:
@@ -682,6 +750,8 @@ class FramedConn:
         if not self._writer_started:
             self._start_writer()
         self._backlog += 1  # counted before it waits: send_many must not pass it
+        size = len(payload)
+        self._queued_bytes += size
         queued = False
         try:
             if timeout is None:
@@ -701,6 +771,7 @@ class FramedConn:
         finally:
             if not queued:
                 self._backlog -= 1
+                self._queued_bytes -= size
 
     async def send_many(self, payloads: list[bytes]) -> None:
         """Send frames in order: as :meth:`send_many_nowait` when it can, else queued as
@@ -738,6 +809,7 @@ class FramedConn:
             self._start_writer()
         for payload in payloads:
             q.try_send(bytes(payload))
+            self._queued_bytes += len(payload)
         self._backlog += len(payloads)
         return True
 
@@ -806,6 +878,7 @@ class FramedConn:
             self._start_writer()
         if self._queue.try_send(frame):
             self._backlog += 1
+            self._queued_bytes += len(frame)
             return True
         # The queue is full, so the writer is not parked on it: it takes the urgent
         # frames when it next builds a batch.
@@ -813,6 +886,7 @@ class FramedConn:
             return False
         self._urgent.append(frame)
         self._backlog += 1
+        self._queued_bytes += len(frame)
         return True
 
     def _start_writer(self) -> None:
@@ -888,6 +962,8 @@ class FramedConn:
                 if batch:
                     await self.write_frames(batch)
                     self._backlog -= len(batch)
+                    self._queued_bytes -= size
+                self._drained.try_send(None)  # a reader waiting for room looks again
                 for f in flushes:
                     f.done.try_send(None)
                 if stop:
@@ -898,9 +974,11 @@ class FramedConn:
             if not q.closed:
                 q.close()  # when the writer stops for good, not only on errors
             self._writer_exit.close()
+            self._drained.close()  # a reader waiting for room stops waiting
 
     def _drop_queued(self) -> None:
         """Discard what waits for the writer, releasing anyone waiting on a flush."""
+        self._queued_bytes -= sum(map(len, self._urgent))
         self._urgent.clear()
         q = self._queue
         while True:
@@ -909,6 +987,8 @@ class FramedConn:
                 break
             if isinstance(item, _Flush):
                 item.done.try_send(None)
+            else:
+                self._queued_bytes -= len(item)
 
     # ---------------------------------------------------------------- close
 

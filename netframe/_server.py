@@ -58,6 +58,19 @@ once the grace period is over (and ``statistics().connections`` is 0 then). A re
 produced within the grace period is lost only if the peer does not read it before the
 grace period ends.
 
+Peers that hold a connection's resources (both modes): a frame must arrive whole
+within ``read_timeout`` of its first byte, or the connection is closed (a peer that
+sends a byte now and then renews no deadline: slowloris); while the replies a
+connection owes its peer come to more than ``max_owed_bytes``, its reader reads
+nothing more (``FramedConn``'s ``max_owed_bytes``), and a connection that owes replies
+and whose peer takes none of their bytes for ``write_timeout`` is closed (within 2.5
+times that: see ``_Deadlines``). Both
+deadlines are looked at a few times per timeout by the connection's heartbeat (raw
+mode: its watch goroutine), from counters the connection keeps anyway, so frames pay
+nothing for them; a frame is closed on between ``read_timeout`` and 1.25 times that
+after its first byte, time the reader spends not reading (every handler slot taken,
+replies owed over the bound) not counted.
+
 Raw mode (``raw=True``) has no session byte, so no heartbeat and no goaway: replies go
 out in request order whatever ``max_in_flight`` (raw frames carry no request id; a peer
 matches replies by order), and ``idle_timeout`` closes a connection that carried no
@@ -108,6 +121,9 @@ from ._session import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_OWED_BYTES",
+    "DEFAULT_READ_TIMEOUT",
+    "DEFAULT_WRITE_TIMEOUT",
     "Client",
     "ConnectionLost",
     "Listener",
@@ -132,6 +148,12 @@ ACCEPT_RETRY_MIN = 0.005
 ACCEPT_RETRY_MAX = 1.0
 #: Client.close's default bound on writing what is queued.
 DEFAULT_CLOSE_TIMEOUT = 5.0
+#: Server's defaults: a frame arrives whole within this many seconds of its first byte.
+DEFAULT_READ_TIMEOUT = 30.0
+#: ...a connection that owes replies has some of their bytes taken within this long.
+DEFAULT_WRITE_TIMEOUT = 30.0
+#: ...and while it owes more than this many bytes of replies, it reads no more requests.
+DEFAULT_MAX_OWED_BYTES = 4 * 1024 * 1024
 _DEFAULT_MAX_CONNECTIONS = 10_000
 
 # accept(2) errors that say nothing about the listener: out of descriptors, buffers or
@@ -405,6 +427,8 @@ class ServerStatistics:
     idle_closed: int  # idle timeouts, session and raw
     protocol_errors: int
     handler_errors: int
+    read_timeouts: int = 0  # closed: a frame not whole within read_timeout
+    write_timeouts: int = 0  # closed: replies owed and none taken for write_timeout
 
 
 class _Ticket:
@@ -564,21 +588,134 @@ class _HeartbeatEnd(enum.Enum):
     CLOSED = "closed"  # the connection closed otherwise
     DEAD = "dead"  # nothing received for the heartbeat timeout
     IDLE = "idle"  # no DATA either way for the idle timeout (not while draining)
+    READ = "read"  # a frame not whole within the read timeout (_Deadlines)
+    WRITE = "write"  # replies owed and none of their bytes taken for the write timeout
 
 
-async def _keep_alive(st: _Conn) -> _HeartbeatEnd:
+class _Deadlines:
+    """A server connection's read and write deadlines, from counters the connection
+    keeps anyway: :meth:`look` is called every quarter of the shorter timeout (by the
+    connection's heartbeat or raw watch, on the runtime's driver when their timer
+    fires), so frames pay nothing for them.
+
+    Read: a frame begun (``FramedConn.partial_bytes``) and no frame completed since
+    it was first seen, for ``read_timeout``, while the reader was reading (``paused()``
+    False: not waiting for a handler slot, nor for owed replies to be written). Write:
+    replies owed (``FramedConn.owed_bytes``) and no write finished since that was first
+    seen, for ``write_timeout``, twice over, and the kernel's unacknowledged bytes
+    (``FramedConn.unsent_bytes``) the same at both ends: a large write that has not
+    returned yet may be taken by a slow peer all along. So a peer that reads nothing
+    is closed between two and two and a half times ``write_timeout``."""
+
+    __slots__ = (
+        "begun",
+        "clock",
+        "fc",
+        "frames",
+        "next_look",
+        "owing",
+        "paused",
+        "read_timeout",
+        "step",
+        "unacked",
+        "write_timeout",
+        "written",
+    )
+
+    def __init__(
+        self,
+        fc: FramedConn,
+        clock: Callable[[], float],
+        paused: Callable[[], bool],
+        read_timeout: float | None,
+        write_timeout: float | None,
+    ) -> None:
+        self.fc = fc
+        self.clock = clock
+        self.paused = paused
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.step = min(t for t in (read_timeout, write_timeout) if t is not None) / 4
+        self.begun: float | None = None  # when the frame being received was first seen
+        self.frames = 0
+        self.owing: float | None = None  # when owed bytes were first seen unmoving
+        self.written = 0
+        self.unacked: int | None = None  # the kernel's unsent bytes at the last timeout
+        self.next_look = clock() + self.step
+
+    def look(self, now: float) -> _HeartbeatEnd | None:
+        """Look at the connection now: the deadline that has passed, or None (the next
+        look is due at ``next_look``). Must not wait nor fail (it runs on the driver)."""
+        fc = self.fc
+        self.next_look = now + self.step
+        if self.read_timeout is not None:
+            if self.paused() or not fc.partial_bytes():
+                self.begun = None
+            else:
+                frames = fc.frames_read
+                if self.begun is None or frames != self.frames:
+                    self.begun, self.frames = now, frames
+                elif now - self.begun >= self.read_timeout:
+                    return _HeartbeatEnd.READ
+        if self.write_timeout is not None:
+            if not fc.owed_bytes:
+                self.owing = self.unacked = None
+            else:
+                written = fc.bytes_written
+                if self.owing is None or written != self.written:
+                    self.owing, self.written, self.unacked = now, written, None
+                elif now - self.owing >= self.write_timeout:
+                    return _HeartbeatEnd.WRITE
+        return None
+
+    def recheck(self) -> float:
+        """The alarm's recheck: the time of the next look, or -inf (wake the watcher
+        now) when a deadline has passed."""
+        return -math.inf if self.look(self.clock()) is not None else self.next_look
+
+    def overdue(self, now: float) -> _HeartbeatEnd | None:
+        """In the watching goroutine: the deadline that has passed, unless this side's
+        reader is behind (bytes of the frame wait unread in the kernel: the peer sent
+        them), when the frame's time starts again."""
+        end = self.look(now)
+        if end is _HeartbeatEnd.READ and self.fc.unread_bytes():
+            self.begun = now
+            return None
+        if end is _HeartbeatEnd.WRITE:
+            asked = self.fc.unsent_bytes()
+            unacked = -1 if asked is None else asked  # -1: the socket does not say
+            if self.unacked is None or unacked != self.unacked:
+                # First timeout, or the peer took bytes meanwhile: another period.
+                self.unacked, self.owing = unacked, now
+                return None
+        return end
+
+
+async def _keep_alive(st: _Conn, deadlines: _Deadlines | None = None) -> _HeartbeatEnd:
     """A session connection's heartbeat, for server and client alike: sleep until the
     session's next deadline, send its pings, and return when the peer is dead or the
     connection idle (the caller closes it) or closed. Pings never wait behind a full
-    send queue (a peer that neither sends nor reads must still be found dead)."""
+    send queue (a peer that neither sends nor reads must still be found dead). With
+    ``deadlines`` (a server's), it also returns when one of those has passed."""
     session = st.session
     heard = 0  # bytes arrived (read and unread) when the peer was last heard unread
+    recheck: Callable[[], float] = session.next_deadline
+    if deadlines is not None:
+
+        def recheck() -> float:
+            return min(session.next_deadline(), deadlines.recheck())
+
     while not st.closed:
         deadline = session.next_deadline()
+        if deadlines is not None:
+            end = deadlines.overdue(gosim.now())
+            if end is not None:
+                return end
+            deadline = min(deadline, deadlines.next_look)
         if deadline > gosim.now():
             # Rechecked when the timer fires: a peer heard meanwhile moved the deadline
             # on, and the timer re-arms without waking this goroutine.
-            await st.alarm.sleep_until(deadline, session.next_deadline)
+            await st.alarm.sleep_until(deadline, recheck)
             if st.is_closed():
                 break
         now = gosim.now()
@@ -663,6 +800,18 @@ class Server:
     counts frames (one must arrive whole, or a reply leave, within the timeout) and
     closes within 1.25 times the timeout, checked a few times per timeout so that
     frames pay nothing for it.
+
+    Against peers that hold a connection's resources (see the module docstring), in
+    both modes: a frame must arrive whole within ``read_timeout`` seconds of its first
+    byte (default DEFAULT_READ_TIMEOUT, 30 s; None: no bound); while a connection owes
+    its peer more than ``max_owed_bytes`` of replies not yet written (default
+    DEFAULT_MAX_OWED_BYTES, 4 MiB; None: only ``send_queue`` bounds them) it reads none
+    of the peer's frames, so what a peer that never reads costs is that bound plus
+    the replies of one receive and of the handlers already running; and a connection
+    that owes replies and whose peer takes none of their bytes for ``write_timeout``
+    seconds (default DEFAULT_WRITE_TIMEOUT, 30 s; looked at twice, so closed within
+    2.5 times that) is closed. ``statistics()`` counts
+    both closes (``read_timeouts``, ``write_timeouts``).
     """
 
     def __init__(
@@ -680,6 +829,9 @@ class Server:
         send_queue: int = 1024,
         raw: bool = False,
         on_accept_error: Callable[[OSError, float], None] | None = None,
+        read_timeout: float | None = DEFAULT_READ_TIMEOUT,
+        write_timeout: float | None = DEFAULT_WRITE_TIMEOUT,
+        max_owed_bytes: int | None = DEFAULT_MAX_OWED_BYTES,
     ) -> None:
         if max_connections is None:
             max_connections = default_max_connections()
@@ -693,6 +845,14 @@ class Server:
             raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
         if send_queue < 1:
             raise ValueError(f"send_queue must be at least 1, got {send_queue}")
+        for name, value in (("read_timeout", read_timeout), ("write_timeout", write_timeout)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if max_owed_bytes is not None and max_owed_bytes < 1:
+            raise ValueError(f"max_owed_bytes must be at least 1, got {max_owed_bytes}")
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self.max_owed_bytes = max_owed_bytes
         self.handler = handler
         self.handle_batch = handle_batch
         self.format = FrameFormat() if format is None else format
@@ -745,6 +905,8 @@ class Server:
                 "idle_closed",
                 "protocol_errors",
                 "handler_errors",
+                "read_timeouts",
+                "write_timeouts",
                 "frames_received",
                 "frames_sent",
                 "bytes_received",
@@ -831,7 +993,9 @@ class Server:
     # -------------------------------------------------------- a connection
 
     def _open(self, conn: StreamConn) -> _Conn:
-        fc = FramedConn(conn, self.format, send_queue=self.send_queue)
+        fc = FramedConn(
+            conn, self.format, send_queue=self.send_queue, max_owed_bytes=self.max_owed_bytes
+        )
         session = Session(
             gosim.now(),
             heartbeat_interval=None if self.raw else self.heartbeat_interval,
@@ -843,11 +1007,25 @@ class Server:
         self._conns.add(st)
         return st
 
+    def _deadlines(self, st: _Conn) -> _Deadlines | None:
+        """The connection's read and write deadlines, if the server has either."""
+        if self.read_timeout is None and self.write_timeout is None:
+            return None
+        limit, owed_limit, fc = self.max_in_flight, self.max_owed_bytes, st.fc
+
+        def paused() -> bool:
+            # The reader is not reading: every handler slot taken, or replies owed over
+            # the bound. A frame's time runs only while it reads.
+            return st.in_flight >= limit or (owed_limit is not None and fc.owed_bytes > owed_limit)
+
+        return _Deadlines(fc, st.clock, paused, self.read_timeout, self.write_timeout)
+
     async def _serve_conn(self, st: _Conn) -> None:
+        deadlines = self._deadlines(st)
         if not self.raw:
-            go(self._heartbeat, st)
-        elif self.idle_timeout is not None:
-            go(self._raw_idle_watch, st, self.idle_timeout)
+            go(self._heartbeat, st, deadlines)
+        elif self.idle_timeout is not None or deadlines is not None:
+            go(self._raw_watch, st, self.idle_timeout, deadlines)
         try:
             ex = None
             if self._exchange:
@@ -1147,32 +1325,66 @@ class Server:
         self._counters["protocol_errors"] += 1
         await self._goaway_and_close(st, GoAwayCode.PROTOCOL_ERROR, _reason_for(exc), drain=True)
 
-    async def _heartbeat(self, st: _Conn) -> None:
-        end = await _keep_alive(st)
+    async def _heartbeat(self, st: _Conn, deadlines: _Deadlines | None = None) -> None:
+        end = await _keep_alive(st, deadlines)
         if end is _HeartbeatEnd.DEAD:
             self._counters["dead_peers"] += 1
             self._close_now(st)
         elif end is _HeartbeatEnd.IDLE:
             self._counters["idle_closed"] += 1
             await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, "idle", drain=False)
+        elif end is not _HeartbeatEnd.CLOSED:
+            await self._deadline_passed(st, end)
 
-    async def _raw_idle_watch(self, st: _Conn, timeout: float) -> None:
-        """Raw mode's idle timeout, from counters the connection keeps anyway: looked at
-        every quarter timeout, so the close comes between ``timeout`` and 1.25 times
-        that after the last frame read or written (with no handler running)."""
+    async def _deadline_passed(self, st: _Conn, end: _HeartbeatEnd) -> None:
+        """Close a connection whose read or write deadline passed (counted); a session
+        peer that is slow to send is told why first (GOAWAY(IDLE_TIMEOUT)), one that
+        reads nothing is not: it would not read that either."""
+        if end is _HeartbeatEnd.READ:
+            self._counters["read_timeouts"] += 1
+            if not self.raw:
+                reason = f"frame not received whole within {self.read_timeout:g} s"
+                await self._goaway_and_close(st, GoAwayCode.IDLE_TIMEOUT, reason, drain=False)
+        else:
+            self._counters["write_timeouts"] += 1
+        self._close_now(st)
+
+    async def _raw_watch(
+        self, st: _Conn, idle_timeout: float | None, deadlines: _Deadlines | None
+    ) -> None:
+        """Raw mode's idle timeout and deadlines, from counters the connection keeps
+        anyway. The idle timeout is looked at every quarter timeout, so the close comes
+        between ``idle_timeout`` and 1.25 times that after the last frame read or
+        written (with no handler running)."""
         fc = st.fc
-        step = timeout / 4
+        step = math.inf if idle_timeout is None else idle_timeout / 4
         seen = fc.frames_read + fc.frames_written
         quiet_since = gosim.now()
+        next_idle = quiet_since + step
+        recheck = None
+        if deadlines is not None:
+
+            def recheck() -> float:
+                return min(next_idle, deadlines.recheck())
+
         while not st.closed:
-            await st.alarm.sleep_until(gosim.now() + step)
+            wake = next_idle if deadlines is None else min(next_idle, deadlines.next_look)
+            await st.alarm.sleep_until(wake, recheck)
             if st.is_closed():
                 return
             now = gosim.now()
+            if deadlines is not None:
+                end = deadlines.overdue(now)
+                if end is not None:
+                    await self._deadline_passed(st, end)
+                    return
+            if idle_timeout is None or now < next_idle:
+                continue
+            next_idle = now + step
             count = fc.frames_read + fc.frames_written
             if count != seen or st.in_flight:
                 seen, quiet_since = count, now
-            elif now - quiet_since >= timeout:
+            elif now - quiet_since >= idle_timeout:
                 self._counters["idle_closed"] += 1
                 self._close_now(st)
                 return

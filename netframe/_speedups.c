@@ -73,6 +73,7 @@ PyInit__speedups(void)
         {&writer_error_name, "_writer_error"},
         {&fc_closed_name, "_closed"},
         {&backlog_name, "_backlog"},
+        {&queued_bytes_name, "_queued_bytes"},
         {&unfinished_name, "_unfinished"},
         {&fast_writer_name, "_fast_writer"},
         {&raw_name, "_raw"},
@@ -101,7 +102,8 @@ PyInit__speedups(void)
         PyModule_AddIntConstant(m, "EXCHANGE_CLOSED", EXCHANGE_CLOSED) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_SEND_QUEUED", EXCHANGE_SEND_QUEUED) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_WRITE_HANDOFF", EXCHANGE_WRITE_HANDOFF) < 0 ||
-        PyModule_AddIntConstant(m, "EXCHANGE_GENERAL", EXCHANGE_GENERAL) < 0) {
+        PyModule_AddIntConstant(m, "EXCHANGE_GENERAL", EXCHANGE_GENERAL) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_OWED", EXCHANGE_OWED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -203,7 +203,12 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *   EXCHANGE_GENERAL:    take_rest() -> the receive's frames from the first one this
  *                        loop leaves to the general path: a control frame (or a
  *                        malformed one), DATA with every handler slot taken, or a
- *                        session that may not send DATA.
+ *                        session that may not send DATA;
+ *   EXCHANGE_OWED:       with max_owed (a last argument, -1: none), before a receive:
+ *                        fc owes the peer more than max_owed bytes (fc._queued_bytes
+ *                        and the C writer's unsent rest, FramedConn.owed_bytes): wait
+ *                        until it owes less (FramedConn.wait_owed), as the Python
+ *                        reader does before each receive (FramedConn.read_frames).
  * The caller then calls again; every state but GENERAL resumes where it stopped.
  */
 enum {
@@ -215,6 +220,7 @@ enum {
     EXCHANGE_SEND_QUEUED = 6,
     EXCHANGE_WRITE_HANDOFF = 7,
     EXCHANGE_GENERAL = 8,
+    EXCHANGE_OWED = 9,
 };
 
 typedef struct {
@@ -243,13 +249,14 @@ typedef struct {
     Py_ssize_t max_in_flight;
     Py_ssize_t in_flight;   /* owner.in_flight at the part's start, plus pendings since */
     PyObject *now;          /* the clock's reading for the receive being handled */
+    Py_ssize_t max_owed;    /* no receive while fc owes more bytes than this (-1: none) */
 } Exchange;
 
 static PyObject *closed_name;
 /* Attribute names of the session mode, interned at import. */
 static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_name,
     *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
-    *backlog_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
+    *backlog_name, *queued_bytes_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
     *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
 /* SessionState.CLOSED, the state that may not send DATA, for send_data and the session
  * Exchange (set_closed_state, at netframe/_conn.py's import). */
@@ -261,14 +268,14 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *reader, *writer, *handler, *owner;
     PyObject *session = NULL, *clock = NULL, *fc = NULL;
     PyObject *start_pending = NULL;
-    Py_ssize_t limit, max_in_flight = 0;
+    Py_ssize_t limit, max_in_flight = 0, max_owed = -1;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Exchange takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnO", &FrameReaderType, &reader, &FrameWriterType,
+    if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnOn", &FrameReaderType, &reader, &FrameWriterType,
                           &writer, &handler, &limit, &owner, &session, &clock, &fc,
-                          &max_in_flight, &start_pending)) {
+                          &max_in_flight, &start_pending, &max_owed)) {
         return NULL;
     }
     if (limit < 1) {
@@ -310,6 +317,7 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         self->fc = fc;
         self->max_in_flight = max_in_flight;
     }
+    self->max_owed = max_owed;
     return (PyObject *)self;
 }
 
@@ -673,6 +681,20 @@ set_closed_state(PyObject *module, PyObject *state)
     Py_RETURN_NONE;
 }
 
+/* Whether fc owes the peer more than max_owed bytes (FramedConn.owed_bytes: what waits
+ * for its writer goroutine, and the C writer's unsent rest). 1, 0, or -1 with an
+ * exception set. */
+static int
+owes_too_much(Exchange *self)
+{
+    Py_ssize_t queued;
+    if (get_ssize(self->fc, queued_bytes_name, &queued) < 0) {
+        return -1;
+    }
+    Py_ssize_t unsent = self->writer->len - self->writer->pos;
+    return queued + unsent > self->max_owed;
+}
+
 /* Exchange_call in session mode (see Exchange above). */
 static PyObject *
 exchange_session(Exchange *self, int fd)
@@ -680,6 +702,12 @@ exchange_session(Exchange *self, int fd)
     for (;;) {
         if (self->frames == NULL) {
             PyObject *stop;
+            if (self->max_owed >= 0) { /* no receive while too much is owed */
+                int over = owes_too_much(self);
+                if (over) {
+                    return over < 0 ? NULL : exchange_stop(self, EXCHANGE_OWED);
+                }
+            }
             if (!exchange_receive(self, fd, &stop)) {
                 return stop;
             }

@@ -567,6 +567,10 @@ class _Conductor:
             if notice():
                 return False
             if not any(c.ended is None for c in clients):
+                # The clients may all have ended because a server died between two
+                # looks (they fail fast against nothing, more so on a loaded machine):
+                # that server is the cause to report, not them.
+                notice()
                 return False
             now = self.elapsed()
             if not began:

@@ -275,6 +275,9 @@ class Dispatcher:
         self.methods: dict[str, MethodSpec] = {}
         self._stats = ServerStats()
         self._bare_max = limits.bare_max
+        # Set once the server has said it starts no new work (a GOAWAY sent on the
+        # framed transport, shutdown on the stream): every request is refused.
+        self.refusing = False
 
     def sibling(self, *, plain_errors: bool) -> Dispatcher:
         """A dispatcher with the same methods and counters, another error shape."""
@@ -357,6 +360,22 @@ class Dispatcher:
         self._count_error(Status.UNAVAILABLE)
         return encode_error(msgid, Status.UNAVAILABLE, message, {"type": "Refused"}, refused=True)
 
+    def _refuse_payload(self, payload: bytes) -> bytes | None:
+        """A frame received while refusing: a request gets :meth:`refuse`, a
+        notification is dropped, anything else is answered as usual (a bad message)."""
+        try:
+            msg = decode(payload, self.limits)
+        except RemoteProtocolError as exc:
+            return self.bad_message(exc)
+        if type(msg) is Request:
+            self._stats.calls += 1
+            return self.refuse(msg.msgid)
+        if type(msg) is Notification:
+            self._stats.notifications += 1
+            return None
+        self.handle(msg)  # a response: nothing asked for it (counted)
+        return None
+
     def bad_message(self, exc: RemoteProtocolError) -> bytes | None:
         """The answer to a message that did not parse: an error if it had a msgid."""
         self._stats.bad_messages += 1
@@ -366,6 +385,8 @@ class Dispatcher:
 
     def handle_payload(self, payload: bytes) -> Any:
         """netframe's handler: one frame's payload in; bytes, None or an awaitable out."""
+        if self.refusing:
+            return self._refuse_payload(payload)
         if len(payload) <= self._bare_max:
             # Fast path: a four-element request to a plain method (no key, no timeout),
             # decoded with msgpack's defaults (see Limits.bare_max), checked, called and

@@ -628,6 +628,129 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
     return parse(obj)
 
 
+# msgpack's first bytes that start a str, bin or ext, and how many bytes follow them
+# before the body: the length's, and ext's type byte (fixstr, 0xa0-0xbf, carries its
+# length in the first byte and is always within any limit: at most 31 bytes).
+_SIZED_HEADERS: Final[dict[int, tuple[str, int, int]]] = {
+    0xC4: ("bin", 1, 0),
+    0xC5: ("bin", 2, 0),
+    0xC6: ("bin", 4, 0),
+    0xC7: ("ext", 1, 1),
+    0xC8: ("ext", 2, 1),
+    0xC9: ("ext", 4, 1),
+    0xD9: ("str", 1, 0),
+    0xDA: ("str", 2, 0),
+    0xDB: ("str", 4, 0),
+}
+# Scalars' total sizes, by first byte (fixints, nil, bools and fixstr are computed).
+_FIXED_SIZES: Final[dict[int, int]] = {
+    0xCA: 5,
+    0xCB: 9,
+    0xCC: 2,
+    0xCD: 3,
+    0xCE: 5,
+    0xCF: 9,
+    0xD0: 2,
+    0xD1: 3,
+    0xD2: 5,
+    0xD3: 9,
+    0xD4: 3,
+    0xD5: 4,
+    0xD6: 6,
+    0xD7: 10,
+    0xD8: 18,
+}
+
+
+class _HeaderScan:
+    """Walks one msgpack object's headers as its bytes arrive, to refuse a str, bin or
+    ext whose announced length is over the limit at its header. msgpack's unpacker
+    refuses array and map headers at once, but waits for a whole str, bin or ext body
+    before it compares the length: a peer could make a stream decoder wait for
+    ``max_message_size`` bytes on a header that is already wrong.
+
+    Bodies are skipped without being looked at, so each byte of a message is looked
+    at once at most, however it is cut into receives. Only messages that do not
+    arrive whole in one receive are scanned (see StreamDecoder.next_message)."""
+
+    __slots__ = ("_carry", "_items", "_limits", "_skip", "start")
+
+    def __init__(self, start: int, limits: Limits) -> None:
+        self.start = start  # the message's stream offset
+        self._limits = {
+            "str": limits.max_str_len,
+            "bin": limits.max_bin_len,
+            "ext": limits.max_ext_len,
+        }
+        self._items = 1  # objects still to read, containers' elements included
+        self._skip = 0  # body bytes still to pass over
+        self._carry = b""  # a header cut by the end of what has arrived
+
+    def feed(self, data: bytes) -> None:
+        """Scan the message's next bytes; raise RemoteProtocolError (the stream is lost)
+        at a str, bin or ext header over its limit. Bytes past the object's end are
+        not looked at."""
+        if self._carry:
+            data = self._carry + data
+            self._carry = b""
+        i, n = 0, len(data)
+        items, skip = self._items, self._skip
+        while items:
+            if skip:
+                step = min(skip, n - i)
+                skip -= step
+                i += step
+                if skip:
+                    break
+                continue
+            if i >= n:
+                break
+            b = data[i]
+            if b <= 0x7F or b >= 0xE0 or 0xC0 <= b <= 0xC3:  # fixint, nil, bool (c1 unused)
+                i += 1
+                items -= 1
+            elif b <= 0x8F:  # fixmap
+                i += 1
+                items += 2 * (b & 0x0F) - 1
+            elif b <= 0x9F:  # fixarray
+                i += 1
+                items += (b & 0x0F) - 1
+            elif b <= 0xBF:  # fixstr
+                i += 1
+                skip = b & 0x1F
+                items -= 1
+            elif b in _SIZED_HEADERS:
+                kind, width, extra = _SIZED_HEADERS[b]
+                if n - i < 1 + width:
+                    break  # the length has not all arrived
+                length = int.from_bytes(data[i + 1 : i + 1 + width], "big")
+                limit = self._limits[kind]
+                if length > limit:
+                    raise RemoteProtocolError(
+                        f"undecodable msgpack: {kind} of {length} bytes exceeds "
+                        f"max_{kind}_len({limit})",
+                        stream_lost=True,
+                    )
+                i += 1 + width
+                skip = length + extra
+                items -= 1
+            elif b in _FIXED_SIZES:
+                skip = _FIXED_SIZES[b]
+                items -= 1
+            elif b in (0xDC, 0xDD, 0xDE, 0xDF):  # array16/32, map16/32
+                width = 2 if b in (0xDC, 0xDE) else 4
+                if n - i < 1 + width:
+                    break
+                count = int.from_bytes(data[i + 1 : i + 1 + width], "big")
+                i += 1 + width
+                items += (2 * count if b >= 0xDE else count) - 1
+            else:  # not reached: every byte value is a msgpack type
+                items = 0
+        if items and not skip and i < n:
+            self._carry = data[i:]  # a header's first bytes
+        self._items, self._skip = items, skip
+
+
 class StreamDecoder:
     """Messages from a plain msgpack stream (no framing), for msgpack-rpc peers.
 
@@ -635,7 +758,9 @@ class StreamDecoder:
     :data:`~netframe.NEED_DATA`; iterating yields messages until more data is needed.
     At most ``limits.max_message_size`` bytes are buffered waiting for one message:
     a longer message raises :class:`MessageTooLarge` once that much has arrived, not
-    after it has all been read. A message that parses as msgpack but is not a valid
+    after it has all been read. A str, bin, ext, array or map whose header announces
+    more than its limit raises as soon as the header has arrived, not after its body.
+    A message that parses as msgpack but is not a valid
     message raises a :class:`RemoteProtocolError` and is consumed (the stream goes on);
     undecodable msgpack raises with ``stream_lost`` set, and asking again raises the
     same error.
@@ -654,6 +779,13 @@ class StreamDecoder:
         # (One receive may carry many small messages whose total exceeds the limit.)
         self._pending: list[bytes] = []
         self._failed: RemoteProtocolError | None = None
+        # A message that does not arrive whole in one go has its headers scanned
+        # (_HeaderScan) as its bytes reach the unpacker: the chunks handed to the
+        # unpacker since the scan's last look, each with its stream offset.
+        self._scan: _HeaderScan | None = None
+        self._unscanned: list[tuple[int, bytes]] = []
+        #: The bytes of the message last returned (or refused for its shape).
+        self.last_size = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes received; never raises a protocol error."""
@@ -677,6 +809,7 @@ class StreamDecoder:
                 self._pending[0] = chunk[room:]
                 chunk = chunk[:room]
             self._unpacker.feed(chunk)
+            self._unscanned.append((self._fed, chunk))
             self._fed += len(chunk)
             room -= len(chunk)
             moved = True
@@ -690,6 +823,7 @@ class StreamDecoder:
             try:
                 obj = self._unpacker.unpack()
             except msgpack.OutOfData:
+                self._scan_headers()
                 if self._refill():
                     continue
                 if self._fed - self._boundary >= self.limits.max_message_size:
@@ -702,8 +836,30 @@ class StreamDecoder:
             except (ValueError, msgpack.UnpackException) as exc:
                 self._failed = RemoteProtocolError(f"undecodable msgpack: {exc}", stream_lost=True)
                 raise self._failed from None
-            self._boundary = self._unpacker.tell()
+            start, self._boundary = self._boundary, self._unpacker.tell()
+            self.last_size = self._boundary - start
             return parse(obj)
+
+    def _scan_headers(self) -> None:
+        """The unpacker waits for more of the message at the boundary: scan the bytes it
+        has of it that the scan has not seen (a header over its limit raises now)."""
+        unscanned = self._unscanned
+        if not unscanned:
+            return
+        self._unscanned = []
+        boundary = self._boundary
+        scan = self._scan
+        if scan is None or scan.start != boundary:
+            scan = self._scan = _HeaderScan(boundary, self.limits)
+        try:
+            for offset, chunk in unscanned:
+                end = offset + len(chunk)
+                if end <= boundary:
+                    continue  # earlier messages' bytes
+                scan.feed(chunk if offset >= boundary else chunk[boundary - offset :])
+        except RemoteProtocolError as exc:
+            self._failed = exc
+            raise
 
     def __iter__(self) -> Iterator[Message]:
         while True:

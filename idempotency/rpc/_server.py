@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 
 import gosim
 from gosim import Chan, go
-from netframe import FrameFormat, Listener, default_max_connections
+from netframe import (
+    DEFAULT_MAX_OWED_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_WRITE_TIMEOUT,
+    FrameFormat,
+    Listener,
+    default_max_connections,
+)
 from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
@@ -57,6 +64,16 @@ class Server:
     a peer's message may contain (:class:`~idempotency.rpc.Limits`). On the plain
     stream, which has no heartbeats, ``idle_timeout`` closes a connection that sent
     nothing for that long while none of its calls was running.
+
+    Against peers that hold a connection's resources, on both transports:
+    ``read_timeout`` (default 30 s) closes a connection whose message has not arrived
+    whole that long after its first byte (one byte at a time renews no deadline);
+    ``max_owed_bytes`` (default 4 MiB) bounds the replies a connection owes its peer:
+    past it the server reads no more of that peer's calls until some have been
+    written (calls already running may each add their reply), and ``write_timeout``
+    (default 30 s) closes a connection that owes replies and whose peer takes none of
+    their bytes for that long (within 2.5 times that on the framed transport, see
+    :class:`netframe.Server`).
     """
 
     def __init__(
@@ -71,6 +88,9 @@ class Server:
         idle_timeout: float | None = None,
         grace_period: float = 5.0,
         send_queue: int = 1024,
+        read_timeout: float | None = DEFAULT_READ_TIMEOUT,
+        write_timeout: float | None = DEFAULT_WRITE_TIMEOUT,
+        max_owed_bytes: int = DEFAULT_MAX_OWED_BYTES,
     ) -> None:
         self.limits = limits
         self.idempotency = idempotency
@@ -84,6 +104,12 @@ class Server:
         self.grace_period = grace_period
         self.idle_timeout = idle_timeout
         self.send_queue = send_queue
+        self.read_timeout = read_timeout
+        # The plain stream's write deadline: the shorter of write_timeout and the idle
+        # timeout (which was its write deadline before it had its own).
+        deadlines = [t for t in (write_timeout, idle_timeout) if t is not None]
+        self.write_timeout = min(deadlines) if deadlines else None
+        self.max_owed_bytes = max_owed_bytes
         # A session frame is one kind byte plus the message.
         fmt = FrameFormat(max_frame_length=limits.max_message_size + 1)
         self.framed = FramedServer(
@@ -96,6 +122,9 @@ class Server:
             idle_timeout=idle_timeout,
             grace_period=grace_period,
             send_queue=send_queue,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            max_owed_bytes=max_owed_bytes,
         )
         self._stream_links: set[_StreamServerConn] = set()
         self._stream_listeners: list[Listener] = []
@@ -223,6 +252,9 @@ class Server:
         deadline = gosim.now() + grace
         for sc in list(self._stream_links):
             sc.draining = True
+        # netframe's shutdown sends every framed connection its GOAWAY before it first
+        # waits: from then on the sender of a GOAWAY starts no new work (PROTOCOL.md).
+        self.dispatcher.refusing = True
         await self.framed.shutdown(grace)
         while any(sc.in_flight for sc in self._stream_links) and gosim.now() < deadline:
             await gosim.sleep(min(0.01, max(deadline - gosim.now(), 0.0)))
@@ -240,7 +272,6 @@ class _StreamServerConn:
         # A plain peer's shapes until the peer's handshake says it speaks the extension.
         self.dispatcher = server.stream_dispatcher
         self._slots: Chan[None] = Chan(server.max_in_flight)
-        self._idle: Chan[None] = Chan(1)
         server._stream_links.add(self)
         self.link = StreamLink(
             conn,
@@ -251,6 +282,10 @@ class _StreamServerConn:
             server.send_queue,
             idle_timeout=server.idle_timeout,
             busy=lambda: self.in_flight > 0,
+            answer_after_eof=True,
+            read_timeout=server.read_timeout,
+            write_timeout=server.write_timeout,
+            max_owed=server.max_owed_bytes,
         )
 
     def _on_end(self, reason: str) -> None:
@@ -284,20 +319,24 @@ class _StreamServerConn:
         return self._start(out)
 
     async def _start(self, awaitable: Any) -> None:
+        # The call holds its request's bytes against max_owed_bytes while it runs.
+        size = self.link.decoder.last_size
+        self.link.hold(size)
         await self._slots.send(None)  # blocks the reader at max_in_flight: backpressure
         self.in_flight += 1
-        go(self._finish, awaitable)
+        go(self._finish, awaitable, size)
 
-    async def _finish(self, awaitable: Any) -> None:
+    async def _finish(self, awaitable: Any, size: int) -> None:
         try:
             reply = await awaitable
             if reply is not None:
                 await self._reply(reply)
         finally:
+            self.link.release(size)
             self.in_flight -= 1
             self._slots.try_recv()
             if self.in_flight == 0:
-                self._idle.try_send(None)
+                self.link.idle()
 
     async def flush_and_close(self, deadline: float) -> None:
         """Give queued replies until ``deadline`` to leave, then close."""

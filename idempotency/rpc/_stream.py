@@ -13,10 +13,15 @@ it was running (a silent or slow peer would otherwise hold its connection foreve
 one whose write made no progress for ``idle_timeout`` (a peer that sends calls but never
 reads their replies: its calls stay blocked on the full queue, so the idle rule alone
 would never apply).
+
+A server's link answers a peer that shuts its write side (``shutdown(SHUT_WR)``,
+``nc -N``): the calls it sent before are run to their end and their replies written
+before the connection closes, as on the framed transport.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -61,6 +66,10 @@ class StreamLink:
         send_queue: int = 1024,
         idle_timeout: float | None = None,
         busy: Callable[[], bool] = lambda: False,
+        answer_after_eof: bool = False,
+        read_timeout: float | None = None,
+        write_timeout: float | None = None,
+        max_owed: int | None = None,
     ) -> None:
         self.conn = conn
         self.decoder = StreamDecoder(limits)
@@ -76,6 +85,22 @@ class StreamLink:
         # and ``busy()`` False (no call of this connection running), the link ends.
         self.idle_timeout = idle_timeout
         self.busy = busy
+        # A message must arrive whole within read_timeout of its first byte; a write
+        # that the peer takes nothing of for write_timeout (default: idle_timeout)
+        # ends the link.
+        self.read_timeout = read_timeout
+        self.write_timeout = idle_timeout if write_timeout is None else write_timeout
+        # Bytes of messages queued or being written: over max_owed, the reader stops
+        # taking messages from the peer until the writer has written some.
+        self.max_owed = math.inf if max_owed is None else max_owed
+        self._owed = 0
+        self._room: Chan[None] = Chan(1)
+        # A server's link: at the peer's end of stream, the calls it sent still get
+        # their replies (busy() turns False, and idle() says so, once they have all
+        # been queued); then what is queued is written and the link ends.
+        self.answer_after_eof = answer_after_eof
+        self._quiet: Chan[None] = Chan(1)
+        self._writer_done: Chan[None] = Chan()
         go(self._reader)
         go(self._writer)
 
@@ -83,9 +108,11 @@ class StreamLink:
         """Queue one message's bytes; ConnectionError once the link has ended."""
         if self.closed:
             raise ConnectionResetError(self.reason or "connection closed")
+        self._owed += len(payload)  # before it waits: the reader must see it owed
         try:
             await self._queue.send(payload)
         except SendOnClosedChannel:  # the link ended while this send waited for room
+            self._owed -= len(payload)
             raise ConnectionResetError(self.reason or "connection closed") from None
 
     def send_nowait(self, payload: bytes) -> bool:
@@ -93,12 +120,36 @@ class StreamLink:
         the queue is full or the link has ended."""
         if self.closed or self._queue.closed:
             return False
-        return self._queue.try_send(payload)
+        if not self._queue.try_send(payload):
+            return False
+        self._owed += len(payload)
+        return True
+
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` as owed until :meth:`release`: a call running for the peer
+        holds its request's bytes, and its reply will be owed (the reader stops taking
+        calls while the owed bytes are over ``max_owed``, running calls' included)."""
+        self._owed += nbytes
+
+    def release(self, nbytes: int) -> None:
+        """End a :meth:`hold` (its reply has been queued, or it has none)."""
+        self._owed -= nbytes
+        if not self._room.closed:  # closed once the writer has stopped: nobody waits
+            self._room.try_send(None)
+
+    def idle(self) -> None:
+        """Say that ``busy()`` has turned False (a half-closed peer's link waits for it)."""
+        self._quiet.try_send(None)
 
     @property
     def queued(self) -> int:
         """Messages queued and not yet handed to the connection."""
         return len(self._queue)
+
+    @property
+    def owed(self) -> int:
+        """Bytes of messages queued or being written, not yet all taken by the peer."""
+        return self._owed
 
     def close(self, reason: str = "closed by this side") -> None:
         """End the link now: queued messages not yet written are dropped."""
@@ -112,53 +163,105 @@ class StreamLink:
         self.conn.close()
         # Closing the queue wakes the writer (it receives None) and every sender that
         # waits for room (they raise): nobody stays parked on a dead link.
-        self._queue.close()
+        if not self._queue.closed:
+            self._queue.close()
+        self._quiet.try_send(None)  # a reader waiting for calls after the peer's end
         self.on_end(reason)
 
     async def _reader(self) -> None:
         reason = "peer closed the connection"
         try:
             idle = self.idle_timeout
+            whole = self.read_timeout
+            decoder = self.decoder
+            # When the first byte of the message not yet whole arrived (None: no byte of
+            # one is buffered): past it by read_timeout, the link ends (slowloris).
+            started: float | None = None
+            armed = False  # a read deadline is set on the connection
             while not self.closed:
-                if idle is not None:
-                    self.conn.set_read_deadline(gosim.now() + idle)
-                    try:
-                        data = await self.conn.read(READ_SIZE)
-                    except TimeoutError:
-                        if self.busy():
-                            continue  # a call is running: the peer waits for it
-                        reason = f"idle for {idle:g} s"
-                        return
-                else:
-                    data = await self.conn.read(READ_SIZE)
-                if not data:
+                if self._owed > self.max_owed:
+                    await self._wait_for_room()
+                    continue
+                now = gosim.now()
+                if started is not None and whole is not None and now >= started + whole:
+                    reason = f"message not received whole within {whole:g} s"
                     return
-                self.decoder.feed(data)
+                deadline = math.inf if idle is None else now + idle
+                if started is not None and whole is not None:
+                    deadline = min(deadline, started + whole)
+                if deadline != math.inf or armed:
+                    self.conn.set_read_deadline(None if deadline == math.inf else deadline)
+                    armed = deadline != math.inf
+                try:
+                    data = await self.conn.read(READ_SIZE)
+                except TimeoutError:
+                    if started is not None and whole is not None and gosim.now() >= started + whole:
+                        continue  # the message's deadline: the link ends above
+                    if idle is None or self.busy():
+                        continue  # a call is running: the peer waits for it
+                    reason = f"idle for {idle:g} s"
+                    return
+                if not data:
+                    if self.answer_after_eof:
+                        await self._answer_after_eof()
+                    return
+                decoder.feed(data)
+                completed = False
                 while True:
+                    # Over max_owed: take no more calls until replies are written.
+                    if self._owed > self.max_owed and not await self._wait_for_room():
+                        return
                     try:
-                        msg = self.decoder.next_message()
+                        msg = decoder.next_message()
                     except RemoteProtocolError as exc:
                         if exc.stream_lost:
                             reason = f"protocol error from the peer: {exc}"
                             return
+                        completed = True
                         bad = self.on_bad(exc)
                         if bad is not None:
                             await bad
                         continue
                     if msg is NEED_DATA:
                         break
+                    completed = True
                     self.messages_read += 1
                     result = self.on_message(msg)
                     if result is not None:
                         await result
+                # The bytes left over started a message in this receive, or earlier
+                # when this receive completed none (time spent waiting on calls above
+                # is this side's, not the peer's: a message counts from here then).
+                if not decoder.buffered:
+                    started = None
+                elif completed or started is None:
+                    started = gosim.now()
         except OSError as exc:
             reason = f"connection broken: {exc}"
         finally:
             self._end(reason)
 
+    async def _wait_for_room(self) -> bool:
+        """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
+        writer says so after each write): True; False once the link has ended."""
+        while self._owed > self.max_owed and not self.closed and not self._room.closed:
+            await self._room.recv()
+        return not self.closed
+
+    async def _answer_after_eof(self) -> None:
+        """The peer shut its write side, and may still read: wait for the calls it
+        sent to finish, then for the writer to write every reply queued (its write
+        deadline still ends a peer that does not read)."""
+        while self.busy() and not self.closed:
+            await self._quiet.recv()
+        if self.closed:
+            return
+        self._queue.close()  # the writer writes what is queued, then stops
+        await self._writer_done.recv()
+
     async def _writer(self) -> None:
         queue = self._queue
-        idle = self.idle_timeout
+        deadline = self.write_timeout
         try:
             while True:
                 item = await queue.recv()
@@ -170,17 +273,24 @@ class StreamLink:
                     if not received or more is None:
                         break
                     batch.append(more)
-                await self._write(b"".join(batch), idle)
+                data = b"".join(batch)
+                await self._write(data, deadline)
                 self.messages_written += len(batch)
+                self._owed -= len(data)
+                self._room.try_send(None)
         except TimeoutError:
-            self._end(f"peer read nothing for {idle:g} s")
+            self._end(f"peer read nothing for {deadline:g} s")
         except OSError as exc:
             self._end(f"connection broken: {exc}")
+        finally:
+            self._writer_done.close()
+            self._room.close()  # a reader waiting for room sees the link end
 
     async def _write(self, data: bytes, idle: float | None) -> None:
         """Write all of ``data``; with ``idle``, raise TimeoutError (gosim's
-        DeadlineExceeded) once ``idle`` seconds pass with no byte taken by the peer. A slow
-        reader keeps its link: the deadline is renewed whenever some bytes went out."""
+        DeadlineExceeded) once ``idle`` seconds pass with no byte taken by the peer (the
+        write deadline). A slow reader keeps its link: the deadline is renewed whenever
+        some bytes went out."""
         if idle is None:
             await self.conn.write(data)
             return

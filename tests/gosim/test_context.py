@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import gosim
@@ -130,6 +130,8 @@ _OPS = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(ops=_OPS, seed=st.integers(0, 3))
+# A deadline already passed under a parent cancelled at the same instant: Canceled.
+@example(ops=[("cancel_ctx", 0, 0), ("cancel", 1, 0), ("timeout", 1, 0), ("err", 2, 0)], seed=0)
 def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
     ops: list[tuple[str, int, int]], seed: int
 ) -> None:
@@ -145,23 +147,29 @@ def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
         parent_of: list[int | None] = [None]  # the model: parent, own deadline, cancel
         own_deadline: list[float] = [math.inf]
         cancelled_at: list[float] = [math.inf]
+        created_at: list[float] = [0.0]
         problems: list[str] = []
         pending: list[tuple[str, int, float]] = []  # (what, node, registered at)
         fired: Chan[tuple[str, int, float]] = Chan(200)
 
         def model(i: int) -> tuple[float, str]:
-            """When node i is cancelled (inf: never) and with which error. Ties go to
-            the node's own deadline: its timer fires before any goroutine runs."""
+            """When node i is cancelled (inf: never) and with which error, as Go's
+            context does. A parent done by the time the node is made decides it: Go's
+            WithDeadline runs propagateCancel before it looks at its own deadline, so
+            a deadline already passed under a cancelled parent reads Canceled. After
+            that, ties go to the node's own deadline: its timer fires before any
+            goroutine runs."""
+            p = parent_of[i]
+            pt, perr = (math.inf, "") if p is None else model(p)
+            if pt <= created_at[i]:
+                return pt, perr
             best: tuple[float, str] = (math.inf, "")
             if own_deadline[i] < best[0]:
                 best = (own_deadline[i], "context deadline exceeded")
             if cancelled_at[i] < best[0]:
                 best = (cancelled_at[i], "context canceled")
-            p = parent_of[i]
-            if p is not None:
-                pt, perr = model(p)
-                if pt < best[0]:
-                    best = (pt, perr)
+            if pt < best[0]:
+                best = (pt, perr)
             return best
 
         async def waiter(i: int, done: Any) -> None:
@@ -186,6 +194,7 @@ def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
                 parent_of.append(i)
                 own_deadline.append(own)
                 cancelled_at.append(math.inf)
+                created_at.append(now)
             elif op == "cancel":
                 cancel = nodes[i][1]
                 if cancel is not None:

@@ -228,7 +228,7 @@ def test_the_server_answers_at_the_deadline_and_the_method_runs_to_its_end() -> 
         conn = await net.dial("tcp", ln.addr())
         started = gosim.now()
         await conn.write(
-            msgpack.packb([0, 1, "stubborn", [0.6, "late"], {"timeout": 100}])
+            msgpack.packb([0, 1, "stubborn", [2.0, "late"], {"timeout": 100}])
             + msgpack.packb([0, 2, "stubborn", [0.0, "quick"], {"timeout": 5000}])
         )
         unpacker = msgpack.Unpacker()
@@ -248,7 +248,8 @@ def test_the_server_answers_at_the_deadline_and_the_method_runs_to_its_end() -> 
     # A peer that sent no handshake gets Neovim's [type, message] shape.
     assert replies[0][:3] == [1, 1, [0, "DEADLINE_EXCEEDED: deadline exceeded"]]
     assert replies[1] == [1, 2, None, "quick"]
-    assert answered < 0.5  # at the 0.1 s deadline, not at the method's 0.6 s end
+    # At the 0.1 s deadline, not at the method's 2 s end (the margin holds under load).
+    assert answered < 1.5
     assert (stats.deadline_exceeded, stats.late_completions) == (1, 1)
 
 

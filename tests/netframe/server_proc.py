@@ -4,7 +4,8 @@
 python server_proc.py CONFIG_JSON
 
 CONFIG_JSON keys (all optional): ``raw``, ``max_in_flight``, ``send_queue``,
-``max_connections``, ``heartbeat_interval`` (Server arguments); ``nofile``: the soft
+``max_connections``, ``heartbeat_interval``, ``idle_timeout``, ``read_timeout`` (any
+Server arguments); ``nofile``: the soft
 RLIMIT_NOFILE to run under; ``amplify``: each reply is the request repeated this many
 times (default 1, an echo).
 

@@ -444,8 +444,14 @@ class _ServerProcess:
             text=True,
         )
         assert self.proc.stdout is not None
-        line = self._line(3 * BOUND)  # the frame kernel may be compiled first
-        assert line.startswith("PORT "), line + self._stderr()
+        try:
+            line = self._line(3 * BOUND)  # the frame kernel may be compiled first
+            if not line.startswith("PORT "):
+                self.proc.wait(BOUND)  # it ended: its stderr says why
+                raise AssertionError(line + self._stderr())
+        except BaseException:
+            self.close()  # no process or pipe left behind for later tests to trip on
+            raise
         self.port = int(line.split()[1])
 
     def _line(self, bound: float = BOUND) -> str:
@@ -795,13 +801,15 @@ def test_raw_idle_timeout_closes_silent_and_slow_peers() -> None:
 
     async def main() -> tuple[bytes, bytes, int, int, int]:
         ln = net.listen("tcp", "127.0.0.1:0")
-        server = netframe.Server(lambda p: p, raw=True, max_in_flight=1, idle_timeout=0.5)
+        # 1.5 s: the chatty peer (a thread of this process, which a loaded machine
+        # may hold up for a while) answers far more often than that.
+        server = netframe.Server(lambda p: p, raw=True, max_in_flight=1, idle_timeout=1.5)
         go(server.serve, ln)
         peers = [Peer(f, port_of(ln)) for f in (silent, slow, chatty)]
         for p in peers:
             p.start()
         await wait_until(lambda: not peers[0].is_alive() and not peers[1].is_alive())
-        await gosim.sleep(1.0)  # the chatty peer outlives several timeouts
+        await gosim.sleep(3.0)  # the chatty peer outlives two more timeouts
         left = server.statistics().connections
         results = [await p.finish() for p in peers]
         idle = server.statistics().idle_closed
@@ -1019,3 +1027,105 @@ def test_a_peer_goaway_then_a_protocol_error_leaves_the_server_serving() -> None
     assert [body[:1] for body in got] == [b"\x03"]
     assert struct.unpack(">I", got[0][1:5])[0] == netframe.GoAwayCode.PROTOCOL_ERROR
     assert reply == b"late after"
+
+
+# ------------------------------------------------- per-frame read deadline (issue 28)
+
+
+def _trickle(sock: socket.socket, wire: bytes, interval: float, bound: float) -> float | None:
+    """Send ``wire`` one byte every ``interval`` seconds: the seconds until the server
+    ended the connection (a send or a read fails, or the end of stream), or None when
+    it still held the connection after ``bound`` seconds."""
+    start = time.monotonic()
+    sock.settimeout(interval)
+    for i in range(len(wire)):
+        if time.monotonic() - start > bound:
+            return None
+        try:
+            sock.sendall(wire[i : i + 1])
+            got = sock.recv(1 << 16)  # waits up to interval: the pace of the trickle
+        except TimeoutError:
+            continue
+        except OSError:  # reset, broken pipe: closed
+            return time.monotonic() - start
+        if not got:
+            return time.monotonic() - start
+        # Session mode: a GOAWAY first; the close follows.
+        while got:
+            try:
+                got = sock.recv(1 << 16)
+            except TimeoutError:
+                break
+            except OSError:
+                return time.monotonic() - start
+        if not got:
+            return time.monotonic() - start
+    return None
+
+
+READ_TIMEOUT = 1.0  # small, so the tests are short; closes come within 1.25 times it
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "session"])
+def test_a_frame_trickled_a_byte_at_a_time_is_closed_at_its_read_deadline(raw: bool) -> None:
+    # Slowloris: one byte every 0.25 s renews any idle timeout forever. The frame must
+    # arrive whole within read_timeout of its first byte: the connection is closed
+    # then (well within 8 s; the old server held it for as long as the peer liked).
+    config: dict[str, Any] = {"raw": raw, "read_timeout": READ_TIMEOUT, "idle_timeout": 60.0}
+    if raw:
+        config["max_in_flight"] = 1  # the C exchange loop, where it is built
+    else:
+        config["heartbeat_interval"] = None
+    proc = _ServerProcess(config)
+    try:
+        body = b"x" * 100
+        wire = frame(body) if raw else data(body)
+        with connect(proc.port) as sock:
+            took = _trickle(sock, wire, 0.25, 8.0)
+        assert took is not None, "the server held a trickling peer past 8 s"
+        assert took >= READ_TIMEOUT * 0.9  # not before the deadline (clocks differ a bit)
+        stats = proc.statistics()
+        assert stats["read_timeouts"] == 1
+        assert proc.alive()
+    finally:
+        proc.close()
+
+
+def test_a_session_peer_closed_at_its_read_deadline_is_told_why() -> None:
+    proc = _ServerProcess({"read_timeout": READ_TIMEOUT, "heartbeat_interval": None})
+    try:
+        with connect(proc.port) as sock:
+            sock.sendall(data(b"hello")[:3])  # a frame begun, never finished
+            got = read_frame(sock)
+            assert got is not None and got[:1] == b"\x03", got  # GOAWAY
+            assert struct.unpack(">I", got[1:5])[0] == 2  # IDLE_TIMEOUT
+            assert got[5:] == b"frame not received whole within 1 s"
+    finally:
+        proc.close()
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "session"])
+def test_frames_that_each_arrive_in_time_keep_their_connection(raw: bool) -> None:
+    # The deadline is per frame, not per connection: frames sent a byte at a time, each
+    # whole well within the read deadline, keep a connection open for several
+    # deadlines, and every one is answered.
+    config: dict[str, Any] = {"raw": raw, "read_timeout": READ_TIMEOUT}
+    if not raw:
+        config["heartbeat_interval"] = None
+    proc = _ServerProcess(config)
+    try:
+        with connect(proc.port) as sock:
+            start = time.monotonic()
+            answered = 0
+            while time.monotonic() - start < 3 * READ_TIMEOUT:
+                wire = frame(b"ping") if raw else data(b"ping")
+                for i in range(len(wire)):
+                    sock.sendall(wire[i : i + 1])
+                    time.sleep(0.02)
+                reply = read_frame(sock)
+                assert reply == (b"ping" if raw else b"\x00ping"), reply
+                answered += 1
+        assert answered >= 3
+        assert proc.statistics()["read_timeouts"] == 0
+    finally:
+        proc.close()

@@ -24,19 +24,20 @@ def test_session_server_and_clients_over_tcp() -> None:
         ln = net.listen("tcp", "127.0.0.1:0")
         # Server and clients share one process: a stall of the process (a loaded CI
         # machine, the pure-Python path) silences both sides at once, so the timeout
-        # (two intervals) must outlast such a stall; it was 0.4 s and failed under load.
-        server = netframe.Server(echo, heartbeat_interval=0.5)
+        # (two intervals) must outlast such a stall; it was 0.4 s and failed under load,
+        # and a loaded 2-core machine stalls a process for over a second at times.
+        server = netframe.Server(echo, heartbeat_interval=1.0)
         go(server.serve, ln)
         done: Chan[int] = Chan(50)
 
         async def client(k: int) -> None:
-            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=0.5)
+            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0)
             await c.connect()
             ok = 0
             for i in range(10):
                 await c.send(b"%d/%d" % (k, i))
                 ok += await c.recv() == b"%d/%d" % (k, i)
-            await gosim.sleep(1.2)  # quiet for over two intervals: heartbeats keep it alive
+            await gosim.sleep(2.4)  # quiet for over two intervals: heartbeats keep it alive
             await c.send(b"still here")
             ok += await c.recv() == b"still here"
             await c.close()
