@@ -39,7 +39,10 @@ The guarantees
   runtime's trio run (the goroutine is then handed to the driver as a syscall's is). A
   settle never blocks and never yields; the woken goroutine runs soon on the settling
   P (``runnext``), as after Go's ``goready``. Another OS thread must hand the settle
-  to the runtime's thread first.
+  to the runtime's thread first. As in Go, the runtime reports a deadlock when every
+  goroutine waits and nothing it knows of (a timer, I/O, a syscall or trio call in
+  flight) can wake one: a waiter that only an outside party will settle needs such a
+  source (the netpoller's descriptor, say) for as long as it waits.
 
 :meth:`Waiter.reset` makes a settled waiter pending again, keeping its timer, so a
 goroutine that waits again and again (a connection's heartbeat) allocates nothing per
@@ -223,8 +226,8 @@ class Waiter(_WaiterBase):
 
     ``Waiter(data=None)``: ``data`` is the waker's to read (a lock's waiter keeps when it
     started waiting, a semaphore's how many units it wants), as Go's ``sudog`` carries
-    ``elem``. ``settle``, ``fail`` and ``wait`` are ``_WaiterBase``'s (in C where the
-    accelerator is built).
+    ``elem``. ``settle``, ``fail``, ``set_deadline`` and ``wait`` are ``_WaiterBase``'s
+    (in C where the accelerator is built).
     """
 
     __slots__ = ()
@@ -278,7 +281,8 @@ class Waiter(_WaiterBase):
 
 
 def _expire(arg: tuple[Waiter, Any, Callable[[], float] | None], now: float) -> None:
-    """A waiter's deadline timer fired (on the driver)."""
+    """A waiter's deadline timer fired (on the driver). The pure path's; the C
+    ``set_deadline`` arms its twin, ``gosim._speedups._expire``."""
     w, expired, recheck = arg
     if w._state:
         return
