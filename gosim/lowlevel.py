@@ -3,8 +3,9 @@
 This module is the one door from the layers above (channels, select, time, sync, net,
 context, user extensions) into ``gosim._core``: nothing outside the core imports the
 core's modules except through here and ``gosim._core._exceptions``
-(``tests/gosim/test_layering.py`` checks it). ``sync`` and ``net`` park and ready
-goroutines through these, as trio's own ``Lock`` uses ``trio.lowlevel``. The contract:
+(``tests/gosim/test_layering.py`` checks it). ``sync`` parks goroutines on its
+:class:`ParkingLot` and the netpoller through :func:`park` and :func:`ready`, as trio's
+own ``Lock`` waits through ``trio.lowlevel``. The contract of those two:
 
 * :func:`park` may only be awaited by a goroutine, after it has recorded itself
   (:func:`current_g`) somewhere a waker will find it. It returns the value passed to

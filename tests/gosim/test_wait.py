@@ -726,3 +726,22 @@ def test_the_twin_types_are_the_ones_in_use() -> None:
         assert issubclass(Waiter, speedups.WaiterBase)
         assert issubclass(ParkingLot, speedups.ParkingLotBase)
     assert issubclass(ParkingLot, deque)
+
+
+def test_park_takes_its_data_and_front_by_keyword_too() -> None:
+    async def main() -> list[Any]:
+        lot = ParkingLot()
+        got: list[Any] = []
+
+        async def parker(i: int, front: bool) -> None:
+            got.append(await lot.park(WaitReason.WAITER, data=i, front=front))
+
+        go(parker, 1, False)
+        go(parker, 2, True)
+        await gosim.gosched()
+        order = [w.data for w in lot]
+        lot.unpark_all("x")
+        await gosim.gosched()
+        return [order, got]
+
+    assert gosim.run(main, procs=1) == [[2, 1], ["x", "x"]]
