@@ -3592,12 +3592,24 @@ typedef struct {
     char started;
 } WaitOpObject;
 
+/* Spent WaitOps kept for reuse, as ChanOps are: a lock's or a sleep's wait makes one. */
+#define WAITOP_FREELIST_MAX 64
+static WaitOpObject *waitop_freelist[WAITOP_FREELIST_MAX];
+static int waitop_nfree;
+
 static PyObject *
 waitop_new(WaiterObject *w, PyObject *reason)
 {
-    WaitOpObject *op = PyObject_GC_New(WaitOpObject, &WaitOpType);
-    if (op == NULL)
-        return NULL;
+    WaitOpObject *op;
+    if (waitop_nfree > 0) {
+        op = waitop_freelist[--waitop_nfree];
+        PyObject_Init((PyObject *)op, &WaitOpType);
+    }
+    else {
+        op = PyObject_GC_New(WaitOpObject, &WaitOpType);
+        if (op == NULL)
+            return NULL;
+    }
     op->w = (WaiterObject *)Py_NewRef(w);
     op->reason = Py_NewRef(reason);
     op->g = NULL;
@@ -3628,7 +3640,10 @@ WaitOp_dealloc(WaitOpObject *op)
 {
     PyObject_GC_UnTrack(op);
     WaitOp_clear(op);
-    PyObject_GC_Del(op);
+    if (waitop_nfree < WAITOP_FREELIST_MAX)
+        waitop_freelist[waitop_nfree++] = op;
+    else
+        PyObject_GC_Del(op);
 }
 
 static PyObject *
