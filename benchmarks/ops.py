@@ -12,7 +12,11 @@ start-up cancels out). Operations: pingpong (a round trip on unbuffered channels
 buffered (an item through Chan(1024)), select2 (a select over two channels fed by two
 goroutines; 2N selects), ring (a hop of a token round 1,000 goroutines on unbuffered
 channels), spawn (go + WaitGroup), mutex (an uncontended lock and unlock). Each is its
-twin in benchmarks/bench_core.py, minus the timing.
+twin in benchmarks/bench_core.py, minus the timing. The parking paths of gosim.sync and
+gosim.time (no timing twin): mutexc (a contended Mutex: two goroutines, each lock,
+gosched, unlock), cond (a Cond ping-pong: N signal-and-wait hand-offs), rwmutex (a
+writer and a reader alternating through a held RWMutex), sleep (N sleeps, by 100
+goroutines that wake together, under virtual time).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from __future__ import annotations
 import sys
 
 import gosim
+import gosim.time
 from gosim import Chan, go, recv, select
-from gosim.sync import Mutex, WaitGroup
+from gosim.sync import Cond, Mutex, RWMutex, WaitGroup
 
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
 
@@ -113,6 +118,86 @@ async def mutex():
         m.unlock()
 
 
+async def mutexc():
+    m = Mutex()
+    wg = WaitGroup()
+
+    async def w():
+        for _ in range(N // 2):
+            await m.lock()
+            await gosim.gosched()
+            m.unlock()
+        wg.done()
+
+    wg.add(2)
+    go(w)
+    go(w)
+    await wg.wait()
+
+
+async def cond():
+    m = Mutex()
+    c = Cond(m)
+    turn = [0]
+    wg = WaitGroup()
+
+    async def player(me):
+        await m.lock()
+        for _ in range(N // 2):
+            while turn[0] != me:
+                await c.wait()
+            turn[0] = 1 - me
+            c.signal()
+        m.unlock()
+        wg.done()
+
+    wg.add(2)
+    go(player, 0)
+    go(player, 1)
+    await wg.wait()
+
+
+async def rwmutex():
+    rw = RWMutex()
+    wg = WaitGroup()
+
+    async def writer():
+        for _ in range(N // 2):
+            await rw.lock()
+            await gosim.gosched()
+            rw.unlock()
+        wg.done()
+
+    async def reader():
+        for _ in range(N // 2):
+            await rw.rlock()
+            await gosim.gosched()
+            rw.runlock()
+        wg.done()
+
+    wg.add(2)
+    go(writer)
+    go(reader)
+    await wg.wait()
+
+
+SLEEPERS = 100
+
+
+async def sleep():
+    wg = WaitGroup()
+
+    async def sleeper():
+        for _ in range(N // SLEEPERS):
+            await gosim.time.sleep(0.001)
+        wg.done()
+
+    wg.add(SLEEPERS)
+    for _ in range(SLEEPERS):
+        go(sleeper)
+    await wg.wait()
+
+
 if __name__ == "__main__":
     WORKLOADS = {
         "buffered": buffered,
@@ -121,5 +206,9 @@ if __name__ == "__main__":
         "ring": ring,
         "spawn": spawn,
         "mutex": mutex,
+        "mutexc": mutexc,
+        "cond": cond,
+        "rwmutex": rwmutex,
+        "sleep": sleep,
     }
-    gosim.run(WORKLOADS[sys.argv[1]], procs=1)
+    gosim.run(WORKLOADS[sys.argv[1]], procs=1, virtual_time=sys.argv[1] == "sleep")

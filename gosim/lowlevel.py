@@ -3,15 +3,22 @@
 This module is the one door from the layers above (channels, select, time, sync, net,
 context, user extensions) into ``gosim._core``: nothing outside the core imports the
 core's modules except through here and ``gosim._core._exceptions``
-(``tests/gosim/test_layering.py`` checks it). ``sync`` and ``net`` park and ready
-goroutines through these, as trio's own ``Lock`` uses ``trio.lowlevel``. The contract:
+(``tests/gosim/test_layering.py`` checks it). ``sync`` parks goroutines on its
+:class:`ParkingLot` and the netpoller through :func:`park` and :func:`ready`, as trio's
+own ``Lock`` waits through ``trio.lowlevel``. The contract of those two:
 
 * :func:`park` may only be awaited by a goroutine, after it has recorded itself
   (:func:`current_g`) somewhere a waker will find it. It returns the value passed to
-  :func:`ready`. :func:`park_in` does the recording in a wait queue, and takes the
-  entry out again when the park ends by an exception instead of a wake.
+  :func:`ready`.
 * :func:`ready` must be called exactly once per park, from a goroutine or a timer of
   the same runtime; the G then runs soon on the caller's P (``runnext``).
+
+Most waits need neither by hand: a :class:`Waiter` is one outcome settled once (by a
+goroutine, a timer or a callback on the driver), awaited by one goroutine or handed to
+one callback, with an optional deadline that is a runtime timer, and it leaves every
+queue when its goroutine leaves by an exception; a :class:`ParkingLot` is a FIFO of
+them (trio's). Every park names a :class:`WaitReason` (Go's ``waitReason``), which
+deadlock dumps print. ``gosim._core._wait`` has the guarantees in full.
 
 For the fast paths, which cannot afford a function call per operation: :data:`state`
 (``state.rt`` is the running runtime or None; on it, ``rt.curg`` is the running G and
@@ -25,15 +32,15 @@ the driver), :data:`OP_BUDGET` (operations between preemption checks) and
 
 from __future__ import annotations
 
-import types
-from collections import deque
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable
 from typing import Any
 
 import trio
 
 from gosim._core._accel import speedups as speedups
 from gosim._core._exceptions import NotInRuntime
+from gosim._core._exceptions import WaitCancelled as WaitCancelled
+from gosim._core._exceptions import WaitTimeout as WaitTimeout
 from gosim._core._g import WAIT_CHAN_RECEIVE as WAIT_CHAN_RECEIVE
 from gosim._core._g import WAIT_CHAN_SEND as WAIT_CHAN_SEND
 from gosim._core._g import WAIT_SELECT as WAIT_SELECT
@@ -41,6 +48,7 @@ from gosim._core._g import WAIT_SELECT_NO_CASES as WAIT_SELECT_NO_CASES
 from gosim._core._g import WAIT_SLEEP as WAIT_SLEEP
 from gosim._core._g import G as G
 from gosim._core._g import Sudog as Sudog
+from gosim._core._g import WaitReason as WaitReason
 from gosim._core._netpoll import NetPoller as NetPoller
 from gosim._core._runtime import Runtime as Runtime
 
@@ -70,6 +78,9 @@ from gosim._core._syscall import trio_call as trio_call
 from gosim._core._sysmon import SchedStats as SchedStats
 from gosim._core._timers import Timer as RuntimeTimer
 from gosim._core._trace import Trace as Trace
+from gosim._core._wait import ParkingLot as ParkingLot
+from gosim._core._wait import ParkingLotStatistics as ParkingLotStatistics
+from gosim._core._wait import Waiter as Waiter
 
 
 def current_g() -> G:
@@ -83,41 +94,12 @@ def current_g() -> G:
 def park(waitreason: str) -> Awaitable[Any]:
     """Park the calling goroutine with Go's wait reason until :func:`ready` is called for it.
 
-    Returns the trap itself to await (no coroutine frame of its own).
+    ``waitreason`` is a :class:`WaitReason` (a ``str``; a plain one is still accepted
+    from code not yet moved to the enum). Returns the trap itself to await (no
+    coroutine frame of its own).
     """
     current_g().waitreason = waitreason
     return trap(PARK)
-
-
-@types.coroutine
-def park_in(
-    queue: deque[Any] | list[Any], waitreason: str, entry: Any = None, front: bool = False
-) -> Generator[Any, Any, Any]:
-    """Append ``entry`` (default: the calling G) to the wait queue ``queue`` (at the front
-    if ``front``) and park with Go's wait reason.
-
-    Returns the value passed to :func:`ready`. If the park ends by an exception instead
-    (thrown into the goroutine, its coroutine closed at shutdown), ``entry`` is taken
-    out of ``queue`` before the exception goes on, as Go dequeues a sudog that was not
-    woken: a later wake must not go to a goroutine that has left (the channels do the
-    same for their own queues).
-    """
-    g = current_g()
-    if entry is None:
-        entry = g
-    if front:
-        queue.insert(0, entry)
-    else:
-        queue.append(entry)
-    g.waitreason = waitreason
-    try:
-        return (yield PARK)
-    except BaseException:
-        for i, queued in enumerate(queue):
-            if queued is entry:
-                del queue[i]
-                break
-        raise
 
 
 def ready(g: G, value: Any = None) -> None:
@@ -185,9 +167,15 @@ __all__ = [
     "WAIT_SLEEP",
     "G",
     "NetPoller",
+    "ParkingLot",
+    "ParkingLotStatistics",
     "Runtime",
     "RuntimeTimer",
     "Sudog",
+    "WaitCancelled",
+    "WaitReason",
+    "WaitTimeout",
+    "Waiter",
     "add_timer",
     "can_spin",
     "current_g",
@@ -195,7 +183,6 @@ __all__ = [
     "del_timer",
     "netpoller",
     "park",
-    "park_in",
     "preempt_point",
     "ready",
     "reproducible",

@@ -24,7 +24,7 @@ from typing import Any, Final
 from gosim import lowlevel
 from gosim._chan import Chan
 from gosim._core._exceptions import NotInRuntime
-from gosim.lowlevel import WAIT_SLEEP, current_runtime
+from gosim.lowlevel import WAIT_SLEEP, Waiter, current_runtime
 from gosim.lowlevel import RuntimeTimer as _RTimer
 
 Nanosecond: Final = 1e-9
@@ -48,30 +48,20 @@ def since(t: float) -> float:
     return now() - t
 
 
-def _ready_sleeper(g: Any, now: float) -> None:
-    rt = lowlevel.state.rt
-    assert rt is not None
-    rt.goready(g, None)
-
-
 async def sleep(d: float) -> None:
-    """Park the calling goroutine for at least ``d`` seconds; ``d <= 0`` returns at once."""
+    """Park the calling goroutine for at least ``d`` seconds; ``d <= 0`` returns at once.
+
+    A :class:`gosim.lowlevel.Waiter` whose deadline settles it (wait reason ``sleep``):
+    a sleep left by an exception (its coroutine closed) disarms its timer with it.
+    """
     rt = current_runtime()
     if d <= 0:
         return
-    g = rt.curg
-    if g is None:
+    if rt.curg is None:
         raise NotInRuntime("sleep: not inside a gosim goroutine")
-    t = _RTimer(_ready_sleeper, g)
-    rt.addtimer(t, rt.now() + d)
-    g.waitreason = WAIT_SLEEP
-    try:
-        await lowlevel.trap(lowlevel.PARK)
-    except BaseException:
-        # Left without the timer's wake (an exception thrown in, the coroutine closed):
-        # disarm it, or it would ready the goroutine wherever it waits next.
-        rt.deltimer(t)
-        raise
+    w = Waiter()
+    w.set_deadline(rt.now() + d, None)
+    await w.wait(WAIT_SLEEP)
 
 
 class _TimerChan(Chan[float]):

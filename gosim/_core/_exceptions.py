@@ -75,6 +75,19 @@ class NotInRuntime(RuntimeError):
     """
 
 
+class WaitTimeout(GosimError, TimeoutError):
+    """A ``gosim.lowlevel.Waiter``'s deadline came before anything settled it.
+
+    A ``TimeoutError`` too, so code that catches the built-in catches it.
+    """
+
+
+class WaitCancelled(GosimError):
+    """The outcome of a ``gosim.lowlevel.Waiter`` withdrawn before it was settled: by
+    :meth:`~gosim.lowlevel.Waiter.cancel`, or by its goroutine leaving the wait by an
+    exception (its coroutine closed at shutdown, an error thrown in)."""
+
+
 class RuntimeInternalError(AssertionError):
     """An internal invariant of the runtime failed (Go's ``throw``): a bug in gosim.
 

@@ -28,6 +28,7 @@ G records avoid reference cycles once the goroutine is dead: the scheduler clear
 
 from __future__ import annotations
 
+import enum
 import os
 from typing import TYPE_CHECKING, Any, Final
 
@@ -66,17 +67,57 @@ TRANSITIONS: Final[frozenset[tuple[int, int]]] = frozenset(
     }
 )
 
-# Go's wait reasons (runtime2.go waitReasonStrings), as they appear in dumps.
-WAIT_CHAN_RECEIVE: Final = "chan receive"
-WAIT_CHAN_SEND: Final = "chan send"
-WAIT_CHAN_RECEIVE_NIL: Final = "chan receive (nil chan)"
-WAIT_CHAN_SEND_NIL: Final = "chan send (nil chan)"
-WAIT_SELECT: Final = "select"
-WAIT_SELECT_NO_CASES: Final = "select (no cases)"
-WAIT_SLEEP: Final = "sleep"
-WAIT_IO: Final = "IO wait"
-WAIT_TRIO_CALL: Final = "trio call"
 
+class WaitReason(enum.StrEnum):
+    """Why a goroutine is parked: Go's ``waitReason`` (``runtime2.go``), as dumps print it.
+
+    Every park names one (``gosim.lowlevel.park``, :class:`gosim._core._wait.Waiter`),
+    and a deadlock's goroutine dump shows it as Go's does (``goroutine 7 [sync.Mutex.Lock]:``),
+    so a reader can tell a heartbeat from an RPC call from a select. The members are
+    ``str`` (``StrEnum``): the value is Go's text, and the C accelerator stores and
+    compares them as the strings they are. The first group is Go's own, with Go's words
+    (Go 1.24's ``waitReasonStrings``); the second is what this project waits for that
+    Go's runtime has no name of its own for (Go's programs would park in ``select``
+    there, which is the ambiguity these remove). Go's reasons that have no gosim
+    counterpart (the garbage collector's, the tracer's) are left out. Add a reason
+    rather than reuse one, as ``runtime2.go`` asks.
+    """
+
+    # Go's.
+    CHAN_RECEIVE = "chan receive"
+    CHAN_SEND = "chan send"
+    CHAN_RECEIVE_NIL = "chan receive (nil chan)"
+    CHAN_SEND_NIL = "chan send (nil chan)"
+    SELECT = "select"
+    SELECT_NO_CASES = "select (no cases)"
+    SLEEP = "sleep"
+    SEMACQUIRE = "semacquire"
+    SYNC_COND_WAIT = "sync.Cond.Wait"
+    SYNC_MUTEX_LOCK = "sync.Mutex.Lock"
+    SYNC_RWMUTEX_RLOCK = "sync.RWMutex.RLock"
+    SYNC_RWMUTEX_LOCK = "sync.RWMutex.Lock"
+    SYNC_WAITGROUP_WAIT = "sync.WaitGroup.Wait"
+    IO_WAIT = "IO wait"
+    # gosim's and its layers'.
+    TRIO_CALL = "trio call"  # a trio call on the driver's trio run (gosim.trio_call)
+    TIMER_WAIT = "timer wait"  # a wait until a runtime-clock deadline or an early ring
+    HEARTBEAT = "heartbeat wait"  # a connection's heartbeat or idle timer (netframe)
+    RPC_REPLY = "rpc reply"  # an RPC client's call waiting for its response
+    HANDLER_REPLY = "netframe reply"  # a request whose reply a handler gives later
+    COMMIT_WAIT = "idempotency commit"  # a store operation waiting for its group commit
+    WAITER = "waiter"  # a gosim.lowlevel.Waiter awaited without a reason of its own
+
+
+# The names the channels, select and the core use (and the C accelerator is given).
+WAIT_CHAN_RECEIVE: Final = WaitReason.CHAN_RECEIVE
+WAIT_CHAN_SEND: Final = WaitReason.CHAN_SEND
+WAIT_CHAN_RECEIVE_NIL: Final = WaitReason.CHAN_RECEIVE_NIL
+WAIT_CHAN_SEND_NIL: Final = WaitReason.CHAN_SEND_NIL
+WAIT_SELECT: Final = WaitReason.SELECT
+WAIT_SELECT_NO_CASES: Final = WaitReason.SELECT_NO_CASES
+WAIT_SLEEP: Final = WaitReason.SLEEP
+WAIT_IO: Final = WaitReason.IO_WAIT
+WAIT_TRIO_CALL: Final = WaitReason.TRIO_CALL
 
 if TYPE_CHECKING or speedups is None:
 
@@ -126,7 +167,7 @@ class G(_GFields):
     issel: bool = False  # class constant: a plain G waiting in a channel queue
 
     def __repr__(self) -> str:
-        return f"<G {self.goid} {STATUS_NAMES[self.status]} {self.waitreason!r}>"
+        return f"<G {self.goid} {STATUS_NAMES[self.status]} {str(self.waitreason)!r}>"
 
     if DEBUG and not TYPE_CHECKING:
         _status_slot = _GFields.status  # the slot (or C member) the property guards

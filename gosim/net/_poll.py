@@ -26,12 +26,13 @@ from typing import Any, Final
 
 from gosim import lowlevel
 from gosim._core._exceptions import NotInRuntime
-from gosim.lowlevel import RuntimeTimer
+from gosim.lowlevel import RuntimeTimer, WaitReason
 
 READY: Final = "ready"  # an edge arrived with nobody waiting
 TIMEOUT: Final = "timeout"
 CLOSED: Final = "closed"
 
+_IO_WAIT: Final = WaitReason.IO_WAIT
 _IN = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
 _OUT = select.EPOLLOUT | select.EPOLLHUP | select.EPOLLERR
 _HANGUP = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
@@ -102,7 +103,7 @@ class PollDesc:
         else:
             self.wg = g
         self.poller.nwaiters += 1
-        g.waitreason = "IO wait"
+        g.waitreason = _IO_WAIT
         why: str | None = yield lowlevel.PARK
         return why
 

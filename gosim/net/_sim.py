@@ -31,10 +31,10 @@ import random
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gosim import Chan, lowlevel
-from gosim.lowlevel import RuntimeTimer
+from gosim.lowlevel import RuntimeTimer, WaitReason
+from gosim.time import sleep
 
 from ._net import (
     AddrError,
@@ -46,6 +46,7 @@ from ._net import (
 )
 
 _EXT_KEY = "gosim.net.sim"
+_IO_WAIT = WaitReason.IO_WAIT
 
 
 @dataclass
@@ -121,14 +122,14 @@ def _split(address: str) -> tuple[str, str]:
 class _Pipe:
     """One direction: segments in flight, bytes arrived, and a parked reader."""
 
-    __slots__ = ("arrived", "eof", "last_arrival", "readers", "reset", "timers")
+    __slots__ = ("arrived", "eof", "last_arrival", "reader", "reset", "timers")
 
     def __init__(self) -> None:
         self.arrived: deque[bytes] = deque()
         self.eof = False
         self.reset = False
         self.last_arrival = 0.0
-        self.readers: deque[Any] = deque()  # the parked G (one reader at a time)
+        self.reader: lowlevel.Waiter | None = None  # the parked reader's (one at a time)
         self.timers = 0  # segments in flight
 
 
@@ -185,17 +186,14 @@ class SimConn:
                 rt = lowlevel.current_runtime()
                 if self._rdeadline and self._rdeadline <= rt.now():
                     raise DeadlineExceeded()
-                timer = None
+                w = pipe.reader = lowlevel.Waiter()
                 if self._rdeadline:
-                    timer = RuntimeTimer(_wake_reader, (pipe, "timeout"))
-                    rt.addtimer(timer, self._rdeadline)
+                    w.set_deadline(self._rdeadline, "timeout")
                 try:
-                    why = await lowlevel.park_in(pipe.readers, "IO wait")
+                    why = await w.wait(_IO_WAIT)
                 finally:
-                    # Also when the park ends by an exception: a deadline timer left
-                    # armed would wake whichever reader parks next.
-                    if timer is not None:
-                        rt.deltimer(timer)
+                    if pipe.reader is w:  # left by an exception or the deadline
+                        pipe.reader = None
                 if why == "timeout":
                     raise DeadlineExceeded()
                 if why == "closed" or self._closed:
@@ -279,12 +277,10 @@ class SimConn:
 
 
 def _wake(pipe: _Pipe, why: str) -> None:
-    if pipe.readers:
-        lowlevel.ready(pipe.readers.popleft(), why)
-
-
-def _wake_reader(arg: tuple[_Pipe, str], now: float) -> None:
-    _wake(*arg)
+    w = pipe.reader
+    if w is not None:
+        pipe.reader = None
+        w.settle(why)
 
 
 def _deliver(arg: tuple[SimNetwork, int, _Pipe, bytes | None], now: float) -> None:
@@ -364,11 +360,5 @@ async def sim_dial(
     if not ln._pending.try_send(server):
         raise ConnectionRefusedError(errno.ECONNREFUSED, f"dial sim {address}: backlog full")
     if rtt:
-        await _sleep(rt, rtt)  # the handshake's round trip
+        await sleep(rtt)  # the handshake's round trip
     return client
-
-
-async def _sleep(rt: Any, d: float) -> None:
-    g = lowlevel.current_g()
-    rt.addtimer(RuntimeTimer(lambda gg, now: lowlevel.ready(gg, None), g), rt.now() + d)
-    await lowlevel.park("sleep")

@@ -20,15 +20,17 @@ scheduler's (``lowlevel.can_spin``, as Go keeps ``sync_runtime_canSpin`` in ``pr
 
 from __future__ import annotations
 
-import types
-from collections import deque
-from collections.abc import Awaitable, Generator
-from typing import Any
+from collections.abc import Awaitable
 
 from gosim import lowlevel
 from gosim._chan import _DONE
 from gosim._core._exceptions import FatalError
 from gosim.lowlevel import GOSCHED as _GOSCHED
+from gosim.lowlevel import ParkingLot, WaitReason
+
+_MUTEX_LOCK = WaitReason.SYNC_MUTEX_LOCK
+_RWMUTEX_RLOCK = WaitReason.SYNC_RWMUTEX_RLOCK
+_RWMUTEX_LOCK = WaitReason.SYNC_RWMUTEX_LOCK
 
 __all__ = ["FatalError", "Mutex", "RWMutex"]
 
@@ -43,8 +45,9 @@ class Mutex:
     def __init__(self) -> None:
         self._locked = False
         self._starving = False
-        # Invariant: each entry is [g, wait_start]; the head is served first.
-        self._waiters: deque[list[Any]] = deque()
+        # Parked lockers, each waiter's data the runtime-clock time it began waiting;
+        # the head is served first.
+        self._waiters = ParkingLot()
         self._woken = False  # a woken waiter is on its way to compete
 
     def __repr__(self) -> str:
@@ -66,10 +69,8 @@ class Mutex:
             return _DONE
         return self._lock_slow()
 
-    @types.coroutine
-    def _lock_slow(self) -> Generator[Any, Any, None]:
+    async def _lock_slow(self) -> None:
         rt = lowlevel.current_runtime()
-        g = lowlevel.current_g()
         wait_start = 0.0
         spins = 0
         while True:
@@ -78,14 +79,13 @@ class Mutex:
                 return
             if not self._starving and wait_start == 0.0 and lowlevel.can_spin(spins):
                 spins += 1
-                yield _GOSCHED
+                await lowlevel.trap(_GOSCHED)
                 continue
             # A woken waiter that lost the race goes back to the front (Go: LIFO).
             front = wait_start != 0.0
             if not front:
                 wait_start = rt.now()
-            entry = [g, wait_start]
-            if (yield from lowlevel.park_in(self._waiters, "sync.Mutex.Lock", entry, front)):
+            if await self._waiters.park(_MUTEX_LOCK, wait_start, front):
                 return  # starvation mode handed the lock to us (unlock decided the mode)
             self._woken = False
             if not self._locked:
@@ -113,9 +113,8 @@ class Mutex:
             self._starving = False
         self._locked = False
         if self._waiters and not self._woken:
-            g, _ = self._waiters.popleft()
             self._woken = True
-            lowlevel.ready(g, False)  # wake one to compete
+            self._waiters.unpark(False)  # wake one to compete
 
     def _hand_off(self) -> None:
         """Starvation mode's unlock: give the lock to the head waiter, which runs next.
@@ -126,11 +125,13 @@ class Mutex:
         here, so the mode is decided now, on the state the waiter would find: deciding
         after the unlocker had re-queued would see a waiter every time and never leave.
         """
-        g, wait_start = self._waiters.popleft()
-        waited = lowlevel.current_runtime().now() - wait_start
-        if not self._waiters or waited < STARVATION_THRESHOLD:
+        waiters = self._waiters
+        head = waiters.peek()
+        assert head is not None
+        waited = lowlevel.current_runtime().now() - head.data
+        if len(waiters) == 1 or waited < STARVATION_THRESHOLD:
             self._starving = False
-        lowlevel.ready(g, True)  # ownership handed over: stays locked
+        waiters.unpark(True)  # ownership handed over: stays locked
 
     async def __aenter__(self) -> None:
         await self.lock()
@@ -147,15 +148,15 @@ class RWMutex:
     def __init__(self) -> None:
         self._readers = 0  # readers holding the lock
         self._writer = False
-        self._rwait: deque[Any] = deque()  # readers parked
-        self._wwait: deque[Any] = deque()  # writers parked
+        self._rwait = ParkingLot()  # readers parked
+        self._wwait = ParkingLot()  # writers parked
 
     def rlock(self) -> Awaitable[None]:
         """Acquire for reading (wait reason ``sync.RWMutex.RLock``)."""
         if not self._writer and not self._wwait:
             self._readers += 1
             return _DONE
-        return self._park(self._rwait, "sync.RWMutex.RLock")
+        return self._rwait.park(_RWMUTEX_RLOCK)  # the waker counts us in
 
     def try_rlock(self) -> bool:
         if self._writer or self._wwait:
@@ -169,14 +170,18 @@ class RWMutex:
         self._readers -= 1
         if self._readers == 0 and self._wwait:
             self._writer = True
-            lowlevel.ready(self._wwait.popleft(), None)
+            self._wwait.unpark()
 
     def lock(self) -> Awaitable[None]:
         """Acquire for writing (wait reason ``sync.RWMutex.Lock``)."""
         if not self._writer and self._readers == 0 and not self._wwait:
             self._writer = True
             return _DONE
-        return self._park(self._wwait, "sync.RWMutex.Lock")
+        # Go's writer first takes the RWMutex's inner Mutex, held by any writer before
+        # it: behind another writer its dump reads sync.Mutex.Lock, and
+        # sync.RWMutex.Lock only while it waits for readers to leave.
+        reason = _MUTEX_LOCK if self._writer or self._wwait else _RWMUTEX_LOCK
+        return self._wwait.park(reason)  # the waker counts us in
 
     def try_lock(self) -> bool:
         if self._writer or self._readers:
@@ -190,16 +195,10 @@ class RWMutex:
         self._writer = False
         if self._rwait:
             # Readers that arrived during the write go next, all at once.
-            while self._rwait:
-                self._readers += 1
-                lowlevel.ready(self._rwait.popleft(), None)
+            self._readers += self._rwait.unpark_all()
         elif self._wwait:
             self._writer = True
-            lowlevel.ready(self._wwait.popleft(), None)
-
-    @types.coroutine
-    def _park(self, queue: deque[Any], reason: str) -> Generator[Any, Any, None]:
-        yield from lowlevel.park_in(queue, reason)  # the waker already counted us in
+            self._wwait.unpark()
 
     def rlocker(self) -> _RLocker:
         """A Locker whose lock/unlock are rlock/runlock (Go's RLocker)."""

@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from gosim import Chan, context, go, lowlevel, recv, select
 from gosim._core._exceptions import GosimError
+from gosim.lowlevel import ParkingLot, Waiter, WaitReason
 
 __all__ = [
     "Cond",
@@ -28,6 +29,11 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+_WAITGROUP_WAIT = WaitReason.SYNC_WAITGROUP_WAIT
+_MUTEX_LOCK = WaitReason.SYNC_MUTEX_LOCK  # Go's Once waits on its Mutex
+_COND_WAIT = WaitReason.SYNC_COND_WAIT
+_SEMACQUIRE = WaitReason.SEMACQUIRE
 
 
 class SyncPanic(GosimError):
@@ -54,7 +60,7 @@ class WaitGroup:
 
     def __init__(self) -> None:
         self._count = 0
-        self._waiters: list[Any] = []
+        self._waiters = ParkingLot()
         self._releasing = 0  # waiters readied by the last done() and not yet returned
 
     def add(self, delta: int) -> None:
@@ -67,10 +73,7 @@ class WaitGroup:
         if count < 0:
             raise SyncPanic("sync: negative WaitGroup counter")
         if count == 0 and self._waiters:
-            waiters, self._waiters = self._waiters, []
-            self._releasing += len(waiters)
-            for g in waiters:
-                lowlevel.ready(g, None)
+            self._releasing += self._waiters.unpark_all()
 
     def done(self) -> None:
         self.add(-1)
@@ -79,7 +82,7 @@ class WaitGroup:
         """Block until the counter is zero (wait reason ``sync.WaitGroup.Wait``)."""
         if self._count == 0:
             return
-        await lowlevel.park_in(self._waiters, "sync.WaitGroup.Wait")
+        await self._waiters.park(_WAITGROUP_WAIT)
         self._releasing -= 1
         if self._count != 0:
             raise SyncPanic("sync: WaitGroup is reused before previous Wait has returned")
@@ -105,14 +108,14 @@ class Once:
     def __init__(self) -> None:
         self._done = False
         self._running = False
-        self._waiters: list[Any] = []
+        self._waiters = ParkingLot()
 
     async def do(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._done:
             return
         if self._running:
             # Another goroutine is in fn: wait for it to return, as Go's Once does.
-            await lowlevel.park_in(self._waiters, "sync.Mutex.Lock")
+            await self._waiters.park(_MUTEX_LOCK)
             return
         self._running = True
         try:
@@ -122,9 +125,7 @@ class Once:
         finally:
             self._done = True  # even if fn raised (Go: a panicking f counts as done)
             self._running = False
-            waiters, self._waiters = self._waiters, []
-            for g in waiters:
-                lowlevel.ready(g, None)
+            self._waiters.unpark_all()
 
 
 def once_value(fn: Callable[[], Awaitable[T] | T]) -> Callable[[], Awaitable[T]]:
@@ -172,26 +173,23 @@ class Cond:
 
     def __init__(self, locker: Locker) -> None:
         self.locker = locker
-        self._waiters: deque[Any] = deque()
+        self._waiters = ParkingLot()
 
     async def wait(self) -> None:
         """Unlock, park (``sync.Cond.Wait``) until signalled, then lock again."""
         # Unlocking first is safe: unlock readies but never yields, so no signal can
         # come between it and the park.
         self.locker.unlock()
-        await lowlevel.park_in(self._waiters, "sync.Cond.Wait")
+        await self._waiters.park(_COND_WAIT)
         await self.locker.lock()
 
     def signal(self) -> None:
         """Wake the longest-waiting goroutine, if any."""
-        if self._waiters:
-            lowlevel.ready(self._waiters.popleft(), None)
+        self._waiters.unpark()
 
     def broadcast(self) -> None:
         """Wake every waiting goroutine."""
-        waiters, self._waiters = self._waiters, deque()
-        for g in waiters:
-            lowlevel.ready(g, None)
+        self._waiters.unpark_all()
 
 
 class Semaphore:
@@ -204,9 +202,10 @@ class Semaphore:
             raise ValueError("semaphore size must be non-negative")
         self.size = n
         self._cur = 0
-        # Each entry is [n, g, ready]: a plain waiter is readied (g), a waiter with a
-        # context has its `ready` channel closed instead (it selects on it and ctx).
-        self._waiters: deque[list[Any]] = deque()
+        # Each waiter's data is the units it wants. A plain one has its goroutine
+        # parked on it; one with a context has a callback that closes the channel it
+        # selects on against the context's.
+        self._waiters = ParkingLot()
 
     async def acquire(self, n: int = 1, ctx: Any = None) -> None:
         """Take ``n`` units; block (``semacquire``) in FIFO order until they are free.
@@ -226,7 +225,7 @@ class Semaphore:
         if done is None:
             if n > self.size:
                 raise ValueError(f"acquire({n}) exceeds the semaphore's size {self.size}")
-            await lowlevel.park_in(self._waiters, "semacquire", [n, lowlevel.current_g(), None])
+            await self._waiters.park(_SEMACQUIRE, n)
             return
         await self._acquire_or_done(n, ctx, done)
 
@@ -234,22 +233,21 @@ class Semaphore:
         if n > self.size:  # doomed: do not make others wait behind it
             await done.recv()
             raise ctx.err()
-        ready: Any = Chan()
-        entry = [n, None, ready]
-        self._waiters.append(entry)
+        ready: Chan[None] = Chan()
+        w = Waiter(n)
+        w.on_settle(_close_ready, ready)
+        self._waiters.add(w)
         i, _, _ = await select(recv(ready), recv(done))
         if i == 0:
             if done.closed:  # granted, but the context finished too: it wins
                 self.release(n)
                 raise ctx.err()
             return
-        if ready.closed:  # granted after the context finished: give the units back
+        front = self._waiters.peek() is w
+        if not w.cancel():  # granted after the context finished: give the units back
             self.release(n)
-        else:
-            front = self._waiters[0] is entry
-            self._waiters.remove(entry)
-            if front and self.size > self._cur:
-                self._notify()
+        elif front and self.size > self._cur:
+            self._notify()
         raise ctx.err()
 
     def try_acquire(self, n: int = 1) -> bool:
@@ -265,16 +263,19 @@ class Semaphore:
         self._notify()
 
     def _notify(self) -> None:
-        while self._waiters:
-            need, g, ready = self._waiters[0]
-            if self.size - self._cur < need:
+        waiters = self._waiters
+        while True:
+            head = waiters.peek()
+            if head is None or self.size - self._cur < head.data:
                 break  # FIFO: a big waiter at the head blocks smaller ones behind it
-            self._waiters.popleft()
-            self._cur += need
-            if ready is None:
-                lowlevel.ready(g, None)
-            else:
-                ready.close()
+            self._cur += head.data
+            waiters.unpark()
+
+
+def _close_ready(ready: Chan[None], w: Waiter) -> None:
+    """A context-bound acquire's waiter was settled: granted (or withdrawn, when
+    nobody selects on the channel any more): wake its select."""
+    ready.close()
 
 
 class Pool(Generic[T]):

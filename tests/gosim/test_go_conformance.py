@@ -1568,6 +1568,89 @@ def test_created_by_lines_match_go123(go123_programs: GoPrograms) -> None:
     assert created_by_lines(str(err), "createdby") == go_lines
 
 
+SYNC_DEADLOCK_WAITS = [
+    (1, "sync.WaitGroup.Wait"),
+    (2, "sync.Mutex.Lock"),
+    (3, "sync.RWMutex.RLock"),
+    (4, "sync.Mutex.Lock"),  # a second writer waits on the RWMutex's inner Mutex
+    (5, "sync.RWMutex.Lock"),  # a writer waiting for a reader to leave
+    (6, "sync.Cond.Wait"),
+    (7, "chan receive"),  # in the Once's function
+    (8, "sync.Mutex.Lock"),  # a second Once.Do waits on the Once's Mutex
+]
+
+
+async def syncdeadlock(out: Out) -> None:
+    """Port of go123/syncdeadlock/main.go: goroutines blocked in sync, each its own way."""
+    mu, rw, rd = gosim.sync.Mutex(), gosim.sync.RWMutex(), gosim.sync.RWMutex()
+    once, wg = gosim.sync.Once(), gosim.sync.WaitGroup()
+    cond = gosim.sync.Cond(gosim.sync.Mutex())
+    started: Chan[bool] = Chan()
+    never: Chan[bool] = Chan()
+
+    async def cond_wait() -> None:
+        await cond.locker.lock()
+        await cond.wait()
+
+    async def wait_never() -> None:
+        await never.recv()
+
+    async def nothing() -> None:
+        pass
+
+    await mu.lock()
+    await rw.lock()
+    await rd.rlock()
+    for blocked in (
+        mu.lock,
+        rw.rlock,
+        rw.lock,
+        rd.lock,
+        cond_wait,
+        lambda: once.do(wait_never),
+        lambda: once.do(nothing),
+    ):
+
+        async def start(blocked: Callable[[], Awaitable[Any]] = blocked) -> None:
+            await started.send(True)
+            await blocked()
+
+        go(start)
+        await started.recv()
+    wg.add(1)
+    out.append("main: every goroutine is blocked; main waits on the group")
+    await wg.wait()
+
+
+@pytest.mark.parametrize(("procs", "seed"), [(1, 1), (2, 2)])
+def test_sync_deadlock_dump_names_go_s_sync_wait_reasons(procs: int, seed: int) -> None:
+    out, err = run_to_deadlock(syncdeadlock, procs, seed)
+    assert out == ["main: every goroutine is blocked; main waits on the group"]
+    assert goroutine_waits(str(err)) == SYNC_DEADLOCK_WAITS
+
+
+def _names_sync_waits(go_cmd: str) -> bool:
+    """Whether toolchain go_cmd's runtime has sync's own wait reasons (Go 1.24+)."""
+    res = subprocess.run(
+        [go_cmd, "env", "GOROOT"], capture_output=True, text=True, timeout=30, check=False
+    )
+    runtime2 = Path(res.stdout.strip()) / "src" / "runtime" / "runtime2.go"
+    return runtime2.is_file() and "waitReasonSyncMutexLock" in runtime2.read_text()
+
+
+@pytest.mark.go
+def test_sync_deadlock_dump_matches_go(go123_programs: GoPrograms) -> None:
+    go_cmd = _find_go123()
+    assert go_cmd is not None
+    if not _names_sync_waits(go_cmd):
+        pytest.skip("this Go toolchain predates sync's own wait reasons (Go 1.24)")
+    want = go123_programs.run("syncdeadlock")
+    assert go_deadlock_waits(want) == SYNC_DEADLOCK_WAITS
+    out, err = run_to_deadlock(syncdeadlock, 1, 1)
+    assert out == want.lines
+    assert goroutine_waits(str(err)) == SYNC_DEADLOCK_WAITS
+
+
 # ------------------------------------- 17. OnceValue, OnceFunc, atomic And/Or
 
 
@@ -1677,6 +1760,7 @@ PORTED: dict[str, Callable[..., Awaitable[Any]]] = {
     "go123/contextrules": contextrules,
     "go123/createdby": createdby,
     "go123/syncextras": syncextras,
+    "go123/syncdeadlock": syncdeadlock,
 }
 
 

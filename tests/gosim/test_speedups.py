@@ -637,11 +637,11 @@ def test_a_sleep_left_by_an_exception_disarms_its_timer() -> None:
 
 
 # ------------------------------------------------------------------------------------
-# The same for the parks with wait queues of their own (through lowlevel.park_in):
+# The same for the parks with wait queues of their own (lowlevel.ParkingLot and Waiter):
 # A goroutine that leaves a park by an exception leaves the wait queue it was on.
 #
 # The locks, Cond, WaitGroup, Once, Semaphore and the simulated network park through their
-# own wait queues (``lowlevel.park_in``). When the park ends without a wake (an exception
+# own wait queues (``lowlevel.ParkingLot``). When the park ends without a wake (an exception
 # thrown into the goroutine, its coroutine closed), the entry must go, as the channels'
 # does: else a later unlock, signal or arriving segment hands off to a goroutine that has
 # gone on to wait elsewhere (and a starving Mutex hands it the lock, which is then lost).
