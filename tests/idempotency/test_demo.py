@@ -139,20 +139,23 @@ def test_a_simulated_run_writes_a_perfetto_trace(tmp_path: Path) -> None:
 def test_a_real_run_writes_one_perfetto_trace_of_its_processes(tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
     before = time.time()
-    out = _demo("--seed", "2", "--trace", str(trace))
+    # No kill: on a loaded machine the demo's kill may land after the clients' last
+    # transfer, and a restarted server then serves nothing to trace. (A killed
+    # process's missing trace: test_the_processes_traces_merge_into_one_perfetto_trace.)
+    out = _demo("--seed", "2", "--kills", "0", "--trace", str(trace))
     after = time.time()
     assert out.returncode == 0, out.stdout + out.stderr
     events = json.loads(trace.read_text())["traceEvents"]
-    # Each process a Perfetto process under its pid, named; the server killed with
-    # SIGKILL took its trace with it, its restarted incarnation wrote one.
+    # Each process a Perfetto process under its pid, named.
     processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     roles = sorted(re.sub(r" \(pid \d+\)$", "", n) for n in processes.values())
     assert roles == ["client 0", "client 1", "fault proxy", "ledger server"], processes
     assert all(n.endswith(f"(pid {pid})") for pid, n in processes.items())
     assert re.search(
-        r"trace of 4 processes \(proxy, client0, client1, server0 \(incarnation 2\)\) "
-        r"written to .*; none of server0 \(incarnation 1\): a process killed",
+        r"trace of 4 processes \(server0 \(incarnation 1\), proxy, client0, client1\) "
+        r"written to \S+ \(open in ui\.perfetto\.dev\)$",
         out.stdout,
+        re.M,
     ), out.stdout
     # A track per goroutine of each process, named by its function.
     tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
