@@ -16,6 +16,12 @@ what exists: the checks a missing log or the missing reconciliation make impossi
 reported as not checked, and the run fails. SIGINT or SIGTERM stops every process and
 keeps the run directory for ``python -m idempotency.demo audit DIR``.
 
+With ``trace``, every process traces itself (its runtime's events, in wall-clock time)
+into the run directory, and the conductor merges the traces into one file at the end,
+each process a Perfetto process of its own (:func:`merge_traces`). A process killed with
+SIGKILL (the demo's ``kill -9``, or one from outside) takes its trace with it: the
+report names the processes whose trace is missing. An interrupted run merges none.
+
 Run directories (the SQLite file or the run's own redis-server's files, the clients'
 logs, ``run.json``) are made under the system's temp dir and removed at the end unless
 ``keep`` is set or the run did not pass; a kept one is printed.
