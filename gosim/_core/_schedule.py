@@ -38,6 +38,7 @@ Mirrors Go's ``proc.go`` (``findRunnable``, ``schedule``, ``execute``, ``checkde
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Final
@@ -229,7 +230,7 @@ class Scheduler(Syscalls):
     async def drive(self) -> None:
         """The driver task: Go's schedule loop over all Ps until the runtime stops."""
         clock = trio.lowlevel.current_clock()
-        self.now = self._clock_now = _clock_reader(clock)
+        self.now = self._clock_now = _clock_reader(clock, self.virtual_jump is not None)
         self.start_time = self.last_trio_yield = clock.current_time()
         if self.schedtrace_interval:
             self.schedtrace_next = self.start_time + self.schedtrace_interval
@@ -506,14 +507,28 @@ class Scheduler(Syscalls):
             _state.rt = prev
 
 
-def _clock_reader(clock: trio.abc.Clock) -> Callable[[], float]:
+def _clock_reader(clock: trio.abc.Clock, own_virtual: bool = False) -> Callable[[], float]:
     """How the runtime reads ``clock`` (``rt.now``): its ``current_time``, or for
     trio's own SystemClock the C twin of that method (``gosim._speedups.MonotonicClock``,
     the same offset plus ``time.perf_counter()``), one Python frame less on every
     clock read. The twin is kept only when a read of it falls between two of the
-    method's: the same timebase, whatever trio's clock turns out to be."""
+    method's: the same timebase, whatever trio's clock turns out to be.
+
+    ``own_virtual``: ``clock`` is the MockClock that ``gosim.run(virtual_time=True)``
+    made, whose rate stays 0 (no one else holds it): its time is its virtual base,
+    which only its jumps move, read without a Python frame (the method would add
+    ``0 * (perf_counter() - base)`` to it: the same float, three calls later). A
+    simulation reads its clock millions of times."""
     read = clock.current_time
     cls = type(clock)
+    if own_virtual and getattr(clock, "rate", None) == 0:
+        base = functools.partial(getattr, clock, "_virtual_base")
+        try:
+            if base() == read():
+                return base
+        except AttributeError:  # another trio's MockClock: its own method, then
+            pass
+        return read
     if speedups is None or (cls.__module__, cls.__qualname__) != ("trio._core._run", "SystemClock"):
         return read  # a clock of the user's (virtual time included) reads itself
     fast: Callable[[], float] = speedups.MonotonicClock(clock.offset)  # type: ignore[attr-defined]

@@ -106,7 +106,11 @@ def main(argv: list[str]) -> int:
         help="the whole system in one process on gosim's simulated network, in virtual "
         "time: the same --seed prints the same report",
     )
-    p.add_argument("--trace", type=Path, help="write a Perfetto trace (Chrome JSON)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        help="write a Perfetto trace (Chrome JSON) of every process, or of the simulation",
+    )
     a = p.parse_args(argv)
     _check(p, a)
     # What a run is, whether it runs on real processes or in the simulator.
@@ -266,8 +270,9 @@ def _sub(argv: list[str]) -> int:
         p.add_argument("--listen", default="127.0.0.1:0")
         p.add_argument("--upstream", required=True)
         p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--trace", type=Path)
         a = p.parse_args(argv[1:])
-        run_proxy(a.listen, a.upstream, FaultPlan(a.seed))
+        run_proxy(a.listen, a.upstream, FaultPlan(a.seed), a.trace)
     else:
         p.add_argument("--addr", required=True)
         p.add_argument("--id", type=int, default=0)
@@ -278,9 +283,19 @@ def _sub(argv: list[str]) -> int:
         p.add_argument("--heartbeat", type=float, default=1.0)
         p.add_argument("--think", type=float, default=0.0)
         p.add_argument("--log", type=Path, required=True)
+        p.add_argument("--trace", type=Path)
         a = p.parse_args(argv[1:])
         run_clients(
-            a.addr, a.id, a.connections, a.accounts, a.seconds, a.seed, a.heartbeat, a.log, a.think
+            a.addr,
+            a.id,
+            a.connections,
+            a.accounts,
+            a.seconds,
+            a.seed,
+            a.heartbeat,
+            a.log,
+            a.think,
+            a.trace,
         )
     return 0
 

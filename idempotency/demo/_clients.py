@@ -27,7 +27,7 @@ from gosim import Chan, go, net
 
 from ..rpc import CallTimeout, Client, RetryPolicy, RPCError
 from ._audit import MAX_AMOUNT, caller_name
-from ._ledger import raise_nofile_limit
+from ._ledger import process_trace, raise_nofile_limit, write_trace
 
 __all__ = ["run_clients", "run_fleet"]
 
@@ -211,11 +211,14 @@ def run_clients(
     heartbeat: float,
     log_path: Path,
     think: float = 0.0,
+    trace_path: Path | None = None,
 ) -> None:
     """A client process: :func:`run_fleet` over TCP to ``addr``; prints its stats lines,
     writes the log to ``log_path`` at the end, or at once on SIGTERM (the transfers
-    issued so far, those in flight as ``issued``; then exit status 143)."""
+    issued so far, those in flight as ``issued``; then exit status 143). With
+    ``trace_path``, the runtime's trace is written there too, at the end or on SIGTERM."""
     raise_nofile_limit()
+    trace = process_trace(trace_path, f"client {ident}")
     log: list[dict[str, Any]] = []
 
     def write_log() -> None:
@@ -227,6 +230,7 @@ def run_clients(
         # In the main thread between two bytecodes, so between two of the runtime's
         # steps: every entry is whole.
         write_log()
+        write_trace(trace, trace_path)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -250,4 +254,5 @@ def run_clients(
         write_log()
         print(last, flush=True)
 
-    gosim.run(main, procs=1)
+    gosim.run(main, procs=1, trace=trace)
+    write_trace(trace, trace_path)

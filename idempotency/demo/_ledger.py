@@ -387,6 +387,27 @@ def raise_nofile_limit() -> tuple[int, int]:
     return soft, hard
 
 
+def process_trace(path: Path | None, role: str) -> gosim.Trace | None:
+    """With ``path``, a trace of this process for the conductor to merge with the
+    others' (:func:`write_trace`): named ``role (pid N)``, a Perfetto process under its
+    pid, its times wall-clock times so that the processes line up."""
+    if path is None:
+        return None
+    return gosim.Trace(f"{role} (pid {os.getpid()})", os.getpid(), wall_clock=True)
+
+
+def write_trace(trace: gosim.Trace | None, path: Path | None) -> None:
+    """Write ``trace`` to ``path`` whole or not at all (through a file renamed into
+    place): a process killed while writing leaves no torn file to merge. Call it
+    between two of the runtime's steps (after ``gosim.run``, or in a signal handler,
+    which runs between two bytecodes): the event list is then whole."""
+    if trace is None or path is None:
+        return
+    part = path.with_name(path.name + ".part")
+    part.write_text(trace.to_chrome_json())
+    part.replace(path)
+
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -424,16 +445,13 @@ def serve(
     the batches they were committed in) every half second.
 
     With ``trace_path``, the runtime's trace is written there (Chrome JSON, for
-    Perfetto) on SIGTERM; a SIGKILL leaves none."""
+    Perfetto; :func:`process_trace`) on SIGTERM; a SIGKILL leaves none."""
     raise_nofile_limit()
-    trace = None
-    if trace_path is not None:
-        trace = gosim.Trace(f"ledger server (pid {os.getpid()})", os.getpid(), wall_clock=True)
+    trace = process_trace(trace_path, "ledger server")
+    if trace is not None:
 
         def write_and_exit(signum: int, frame: Any) -> None:
-            # In the main thread between two bytecodes: the event list is whole.
-            assert trace is not None and trace_path is not None
-            trace_path.write_text(trace.to_chrome_json())
+            write_trace(trace, trace_path)
             os._exit(0)
 
         signal.signal(signal.SIGTERM, write_and_exit)

@@ -19,16 +19,19 @@ counters every half second.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import gosim
 from gosim import go, net
 from netframe import FramedConn
 
-from ._ledger import raise_nofile_limit
+from ._ledger import process_trace, raise_nofile_limit, write_trace
 
 __all__ = ["FaultPlan", "run_proxy", "serve_proxy"]
 
@@ -142,9 +145,19 @@ async def serve_proxy(
         go(connect, down)
 
 
-def run_proxy(listen: str, upstream: str, plan: FaultPlan) -> None:
-    """Proxy ``listen`` to ``upstream`` with faults until killed; prints ``LISTEN addr``."""
+def run_proxy(listen: str, upstream: str, plan: FaultPlan, trace_path: Path | None = None) -> None:
+    """Proxy ``listen`` to ``upstream`` with faults until killed; prints ``LISTEN addr``.
+    With ``trace_path``, the runtime's trace is written there on SIGTERM (then exit
+    status 0); a SIGKILL leaves none."""
     raise_nofile_limit()
+    trace = process_trace(trace_path, "fault proxy")
+    if trace is not None:
+
+        def write_and_exit(signum: int, frame: Any) -> None:
+            write_trace(trace, trace_path)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, write_and_exit)
 
     async def report() -> None:
         while True:
@@ -160,4 +173,4 @@ def run_proxy(listen: str, upstream: str, plan: FaultPlan) -> None:
         go(report)
         await serve_proxy(ln, dial, plan)
 
-    gosim.run(main, procs=1)
+    gosim.run(main, procs=1, trace=trace)

@@ -16,6 +16,12 @@ what exists: the checks a missing log or the missing reconciliation make impossi
 reported as not checked, and the run fails. SIGINT or SIGTERM stops every process and
 keeps the run directory for ``python -m idempotency.demo audit DIR``.
 
+With ``trace``, every process traces itself (its runtime's events, in wall-clock time)
+into the run directory, and the conductor merges the traces into one file at the end,
+each process a Perfetto process of its own (:func:`merge_traces`). A process killed with
+SIGKILL (the demo's ``kill -9``, or one from outside) takes its trace with it: the
+report names the processes whose trace is missing. An interrupted run merges none.
+
 Run directories (the SQLite file or the run's own redis-server's files, the clients'
 logs, ``run.json``) are made under the system's temp dir and removed at the end unless
 ``keep`` is set or the run did not pass; a kept one is printed.
@@ -44,6 +50,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from gosim import Trace
 
 from ._audit import (
     Check,
@@ -84,7 +92,7 @@ class Options:
     store: str = "sqlite"  # or "redis"
     redis: str | None = None  # a Redis URL; None: start a redis-server for the run
     servers: int = 1  # server processes sharing one port (SO_REUSEPORT)
-    trace: Path | None = None  # a Perfetto trace of the first server process
+    trace: Path | None = None  # a Perfetto trace of every process whose trace survives
     keep: bool = False  # keep the run directory even when the run passes
 
 
@@ -406,6 +414,9 @@ class _Conductor:
         self.deadlines: dict[str, float] = {}  # each client's end of transfers
         # Each client's acknowledged count as its lines reported it: (seconds, count).
         self.acked_points: dict[str, list[tuple[float, int]]] = {}
+        # With a trace: each traced process's name and the file it writes its trace to.
+        self.trace_files: list[tuple[str, Path]] = []
+        self.trace_counts: dict[str, int] = {}  # traced processes of each name so far
 
     # -- what the processes print ------------------------------------------------
 
@@ -488,6 +499,18 @@ class _Conductor:
 
     # -- the run -------------------------------------------------------------------
 
+    def traced(self, name: str) -> list[str]:
+        """With a trace asked for, the options that make process ``name`` (the next
+        of that name: a restarted server is another) trace itself into the run
+        directory, for :func:`merge_traces` at the end."""
+        if self.opts.trace is None:
+            return []
+        n = self.trace_counts[name] = self.trace_counts.get(name, 0) + 1
+        label = f"{name} (incarnation {n})" if name.startswith("server") else name
+        path = self.workdir / f"trace-{name}-{n}.json"
+        self.trace_files.append((label, path))
+        return ["--trace", str(path)]
+
     def spawn(self, name: str, args: list[str], on_line: Any, wait_listen: bool = True) -> _Proc:
         return _spawn(name, args, on_line, self.signals, self.procs, wait_listen)
 
@@ -502,9 +525,7 @@ class _Conductor:
             server_args.append("--reuse-port")
 
         def start_server(i: int, addr: str, wait: bool = True) -> _Proc:
-            args = [*server_args, "--addr", addr]
-            if opts.trace is not None and i == 0:
-                args += ["--trace", str(opts.trace)]
+            args = [*server_args, "--addr", addr, *self.traced(f"server{i}")]
             return self.spawn(f"server{i}", args, self.on_server, wait)
 
         servers = [start_server(0, "127.0.0.1:0")]
@@ -513,7 +534,7 @@ class _Conductor:
         others: list[_Proc] = []
         if opts.faults:
             seed = str(rng.getrandbits(32))
-            proxy_args = ["proxy", "--upstream", upstream, "--seed", seed]
+            proxy_args = ["proxy", "--upstream", upstream, "--seed", seed, *self.traced("proxy")]
             proxy = self.spawn("proxy", proxy_args, self.on_proxy)
             others.append(proxy)
             entry = proxy.addr
@@ -526,7 +547,7 @@ class _Conductor:
             args = ["clients", "--addr", entry, "--id", str(i), "--connections", str(n)]
             args += ["--accounts", str(opts.accounts), "--seconds", str(opts.seconds)]
             args += ["--seed", str(rng.getrandbits(32)), "--heartbeat", hb, "--log", str(log)]
-            args += ["--think", str(opts.think)]
+            args += ["--think", str(opts.think), *self.traced(f"client{i}")]
             clients.append(self.spawn(f"client{i}", args, self.on_client, wait_listen=False))
         # Seconds into the clients' transfers (which start once the processes are up).
         kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
@@ -624,10 +645,8 @@ class _Conductor:
         finally:
             sampling.set()
             sampler.join(timeout=5)
-            if opts.trace is not None and servers[0].proc.poll() is None:
-                _stop(servers[0], signal.SIGTERM)  # it writes its trace on SIGTERM
-            for p in [*others, *servers]:
-                _stop(p)
+            for p in [*others, *servers]:  # on SIGTERM, one traced writes its trace
+                _stop(p, signal.SIGKILL if opts.trace is None else signal.SIGTERM)
         notice()  # a server that died while the clients were stopping
         ending = Ending(list(self.died), reconciled)
         write_manifest(self.workdir, self.spec, opts.accounts, self.per, self.own_redis, ending)
@@ -707,10 +726,37 @@ class _Conductor:
             _plot(opts.plot, points, self.series, self.kills, reconcile)
             self.console.print(f"chart written to {opts.plot}")
         if opts.trace is not None:
+            merged, lost = merge_traces(self.trace_files, opts.trace)
+            lost_text = (
+                f"; none of {', '.join(lost)}: a process killed (kill -9) takes its trace with it"
+                if lost
+                else ""
+            )
             self.console.print(
-                f"trace of server 0 written to {opts.trace} (open in ui.perfetto.dev)"
+                f"trace of {len(merged)} processes ({', '.join(merged)}) written to "
+                f"{opts.trace} (open in ui.perfetto.dev){lost_text}",
+                soft_wrap=True,
             )
         return code
+
+
+def merge_traces(files: list[tuple[str, Path]], out: Path) -> tuple[list[str], list[str]]:
+    """Write the traces of ``files`` (``(name, path)``, each a process's Chrome JSON of
+    its own pid) to ``out`` as one, each process a Perfetto process. Returns the names
+    merged and those with no trace: a process killed with SIGKILL wrote none."""
+    docs: list[str] = []
+    merged: list[str] = []
+    lost: list[str] = []
+    for name, path in files:
+        try:
+            doc = path.read_text()
+        except FileNotFoundError:
+            lost.append(name)
+            continue
+        docs.append(doc)
+        merged.append(name)
+    out.write_text(Trace.merge_chrome_json(docs))
+    return merged, lost
 
 
 def steady_rate(series: list[tuple[float, int, float | None, float | None]]) -> str:

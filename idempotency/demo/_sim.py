@@ -21,7 +21,10 @@ report anyone can replay.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,10 +344,38 @@ def simulate(opts: SimOptions) -> int:
         f"simulated ledger demo: seed {opts.seed}, {opts.connections} connections, "
         f"{opts.seconds:g} virtual seconds, faults {'on' if opts.faults else 'off'}"
     )
+    replay = (
+        f"python -m idempotency.demo --simulate --seed {opts.seed} "
+        f"--connections {opts.connections} --clients {opts.clients} "
+        f"--accounts {opts.accounts} --seconds {opts.seconds:g} --kills {opts.kills} "
+        f"--heartbeat {opts.heartbeat:g} --think {opts.think:g}"
+        + ("" if opts.faults else " --no-faults")
+    )
     err = Console(stderr=True)
     live = err.is_terminal
+    reached = [0.0]  # the virtual seconds of the latest progress line
+
+    def interrupted(signum: int, frame: Any) -> None:
+        # The simulation is one busy thread that trio's own Ctrl-C handling reaches
+        # only at a checkpoint of the driver's, which a virtual-time run may not make
+        # for long: stop here, between two bytecodes. Nothing outside this process
+        # holds state of the run (the ledger is in memory), so there is nothing to
+        # clean up but the terminal's line.
+        if live:
+            err.file.write("\r\x1b[K")
+        name = signal.Signals(signum).name
+        console.print(
+            f"interrupted by {name} at virtual {reached[0]:.0f} s: the simulation "
+            f"stopped; replay it with: {replay}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     def progress(at: float, totals: dict[str, int]) -> None:
+        reached[0] = at
         # On stderr, so that stdout is the report alone; the figures are virtual.
         phase = f"of {opts.seconds:g}" if at <= opts.seconds + 1e-9 else "(reconciling)"
         text = (
@@ -357,17 +388,17 @@ def simulate(opts: SimOptions) -> int:
         else:
             err.print(text, highlight=False, soft_wrap=True)
 
-    result = run_simulation(opts, progress)
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        result = run_simulation(opts, progress)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if live:
         err.file.write("\r\x1b[K")
     code = report_tables(console, result.checks, result.counts)
     if code:
-        console.print(
-            f"replay this run: python -m idempotency.demo --simulate --seed {opts.seed} "
-            f"--connections {opts.connections} --clients {opts.clients} "
-            f"--accounts {opts.accounts} --seconds {opts.seconds:g} --kills {opts.kills} "
-            f"--heartbeat {opts.heartbeat:g}" + ("" if opts.faults else " --no-faults")
-        )
+        console.print(f"replay this run: {replay}")
     if opts.trace is not None:
         console.print(f"trace written to {opts.trace} (open in ui.perfetto.dev)")
     return code

@@ -7,13 +7,22 @@ test_demo.py; these look at the pieces the simulation adds.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import gosim
 from gosim import Chan, go
 from idempotency import MemoryStore, StoreUnavailable
 from idempotency.demo._sim import SimOptions, _CrashableStore, run_simulation
+
+_ENV = {**os.environ, "COLUMNS": "250"}  # lines unwrapped
 
 
 def _claims(n: int, kill_at: float | None) -> list[tuple[str, float]]:
@@ -114,3 +123,35 @@ def test_the_trace_shows_each_simulated_process_and_each_goroutine(tmp_path: Pat
     slices = [e for e in events if e["ph"] == "X"]
     assert {processes[e["pid"]] for e in slices} == set(processes.values())
     assert all((e["pid"], e["tid"]) in tracks for e in slices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_stops_a_simulated_run_at_once_with_one_line(sig: int) -> None:
+    # A run far longer than the test: only the signal can end it in time.
+    cmd = [sys.executable, "-m", "idempotency.demo", "--simulate", "--seconds", "600"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the first progress line: the simulation runs
+        assert line.startswith("virtual 1 s of 600"), line
+        proc.send_signal(sig)
+        # At once: a second's grace for a loaded machine's scheduling, not the 12 s
+        # and more of a run that waited for the driver's next checkpoint.
+        code = proc.wait(timeout=30)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 128 + sig, out + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = out.strip().splitlines()[-1]
+    name = signal.Signals(sig).name
+    assert re.fullmatch(
+        rf"interrupted by {name} at virtual \d+ s: the simulation stopped; replay it with: "
+        r"python -m idempotency\.demo --simulate --seed 1 --connections 200 .*",
+        last,
+    ), out
