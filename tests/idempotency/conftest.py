@@ -397,13 +397,66 @@ def _redis_kit(server: RedisServer) -> StoreKit:
     )
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-atomic", "redis"])
+def _postgres_counter_fn(name: str, amount: int) -> Callable[[Any], int]:
+    def fn(conn: Any) -> int:
+        # search_path: the store's schema first, so the table is the store's own.
+        conn.execute("CREATE TABLE IF NOT EXISTS counters (name text PRIMARY KEY, n bigint)")
+        row = conn.execute(
+            "INSERT INTO counters VALUES (%s, %s) ON CONFLICT (name)"
+            " DO UPDATE SET n = counters.n + excluded.n RETURNING n",
+            (name, amount),
+        ).fetchone()
+        if amount < 0:  # written first: the refusal must roll the write back
+            raise ApplicationError("negative", "amount must not be negative", amount)
+        return int(row[0])
+
+    return fn
+
+
+def postgres_counter(server: PostgresServer, schema: str, name: str) -> int:
+    """The counter ``name`` of the store under ``schema``, read outside any call."""
+    rows = server.sql("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".counters',))
+    if not rows[0][0]:  # no counters table: nothing was ever added
+        return 0
+    got = server.sql(f'SELECT n FROM "{schema}".counters WHERE name = %s', (name,))
+    return int(got[0][0]) if got else 0
+
+
+def _postgres_kit(server: PostgresServer) -> StoreKit:
+    from idempotency import PostgresEffect, PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+    def make(clock: FakeClock) -> Store:
+        return PostgresStore(server.dsn, schema=f"t{time.monotonic_ns()}", clock=clock)
+
+    def boom(store: Store, name: str) -> Effect:
+        def fn(conn: Any) -> int:
+            _postgres_counter_fn(name, 1000)(conn)
+            raise RuntimeError("boom")
+
+        return PostgresEffect(fn)
+
+    def read(store: Store, name: str) -> int:
+        assert isinstance(store, PostgresStore)
+        return postgres_counter(server, store.schema, name)
+
+    return StoreKit(
+        "postgres",
+        make,
+        lambda store, name, amount: PostgresEffect(_postgres_counter_fn(name, amount)),
+        boom,
+        read,
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "sqlite-atomic", "redis", "postgres"])
 def kit(request: pytest.FixtureRequest, tmp_path: Path) -> StoreKit:
     kind = request.param
     if kind == "memory":
         return _memory_kit()
     if kind.startswith("sqlite"):
         return _sqlite_kit(tmp_path, atomic=kind == "sqlite-atomic")
+    if kind == "postgres":
+        return _postgres_kit(request.getfixturevalue("postgres_server"))
     server = request.getfixturevalue("redis_server")
     return _redis_kit(server)
 
