@@ -137,6 +137,7 @@ _SWEEP_CHUNK: Final = 1000
 _APPLIED: Final = "applied"
 _RETRY: Final = "rolled back: run it again (a key inserted meanwhile, a deadlock)"
 _NEEDS_ALONE: Final = "rolled back: one operation may have failed the transaction"
+_DEAD_CONN: Final = "nothing sent: the connection was found dead at BEGIN"
 
 
 class PostgresEffect(Effect):
@@ -452,6 +453,15 @@ class PostgresStore(OneStepStore):
                 self._pool.put(conn, broken)
             if outcome is _APPLIED:
                 return
+            if outcome is _DEAD_CONN:
+                if attempt < self._retries:
+                    continue
+                err = StoreUnavailable(
+                    f"{self._name}: no live connection after {attempt + 1} attempts"
+                )
+                for op in ops:
+                    op.error = err
+                return
             for op in ops:
                 op.result = op.error = None
             if outcome is _NEEDS_ALONE:
@@ -475,6 +485,12 @@ class PostgresStore(OneStepStore):
         claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
         try:
             cur.execute("BEGIN")
+        except psycopg.OperationalError:
+            # An idle connection of the pool that died (the server restarted, the
+            # backend was terminated): nothing of the batch was sent. Another one.
+            conn.close()
+            return _DEAD_CONN
+        try:
             q = self._sql["lock"] if writes else self._sql["read"]
             cur.execute(q, ([k[0] for k in keys], [k[1] for k in keys]))
             ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
