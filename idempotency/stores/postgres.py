@@ -25,14 +25,19 @@ being written share the next transaction and its one WAL flush.
 A batch takes ``SELECT ... FOR UPDATE`` row locks on the records it touches (in key
 order, so two processes' batches cannot deadlock on them), decides every operation with
 the pure functions of ``idempotency._record`` against what it read, and writes the
-changes back with one statement per kind (``UPDATE ... FROM unnest``, ``INSERT ... ON
-CONFLICT DO NOTHING``, ``DELETE ... USING unnest``). A key it read as absent may be
-inserted by another process meanwhile: the insert then does nothing, and the batch is
-rolled back and applied again (the row now exists and is locked like the others). So
+changes back with one statement per kind (``UPDATE ... FROM unnest``, ``INSERT ...
+SELECT FROM unnest``, ``DELETE ... USING unnest``). A key it read as absent may be
+inserted by another process meanwhile: the insert waits for that transaction and, once
+it has committed, fails on the primary key; the batch is then rolled back and applied
+again (the row now exists and is locked like the others). So
 several processes and machines write at once, each waiting only for the rows it shares
 with another; no table lock is taken. Serialization failures and deadlocks (SQLSTATE
 ``40001``, ``40P01``, which an effect's own SQL can meet) are retried the same way,
 inside the store, up to ``retries`` times.
+
+A batch costs two round trips besides its effects' own statements, through psycopg's
+pipeline mode: ``BEGIN``, the locks and the clock in one; the writes and ``COMMIT`` in
+the other. Statements go in binary format (no text escaping of the blobs).
 
 Time and fencing come from the database, not from the servers: ``now`` is the server's
 ``clock_timestamp()`` read after the row locks are held (so it is never before the
@@ -81,6 +86,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import psycopg
+import psycopg.errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
@@ -138,6 +144,11 @@ _APPLIED: Final = "applied"
 _RETRY: Final = "rolled back: run it again (a key inserted meanwhile, a deadlock)"
 _NEEDS_ALONE: Final = "rolled back: one operation may have failed the transaction"
 _DEAD_CONN: Final = "nothing sent: the connection was found dead at BEGIN"
+# How the batch's pipelined statements are sent: in binary (blobs go as they are, not
+# escaped to text), and never as prepared statements: psycopg would take a statement
+# prepared in a pipeline that then aborts (a deadlock, a key inserted meanwhile) for
+# prepared, and its next use would fail with "prepared statement does not exist".
+_PIPELINED: Final[dict[str, Any]] = {"binary": True, "prepare": False}
 
 
 class PostgresEffect(Effect):
@@ -483,16 +494,27 @@ class PostgresStore(OneStepStore):
         keys = sorted({(op.args[0], op.args[1]) for op in ops})
         writes = any(op.kind in _WRITES for op in ops)
         claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
+        clock = self._clock
         try:
-            cur.execute("BEGIN")
+            # One round trip: BEGIN, the row locks, then the time and the tokens (the
+            # server runs them in order, so both are read once the locks are held).
+            q = self._sql["lock"] if writes else self._sql["read"]
+            timer = conn.cursor()
+            with conn.pipeline():
+                cur.execute("BEGIN", prepare=False)
+                cur.execute(q, ([k[0] for k in keys], [k[1] for k in keys]), **_PIPELINED)
+                if clock is None or claims:
+                    timer.execute(self._sql["now"], (claims,), **_PIPELINED)
         except psycopg.OperationalError:
-            # An idle connection of the pool that died (the server restarted, the
-            # backend was terminated): nothing of the batch was sent. Another one.
+            # A connection of the pool that died while idle (the server restarted, the
+            # backend was terminated), or that died now: nothing of the batch has been
+            # written, let alone committed. Another connection.
             conn.close()
             return _DEAD_CONN
+        except BaseException:
+            _rollback(conn)
+            raise
         try:
-            q = self._sql["lock"] if writes else self._sql["read"]
-            cur.execute(q, ([k[0] for k in keys], [k[1] for k in keys]))
             ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
             for row in cur.fetchall():
                 caller, key = row[0], row[1]
@@ -501,7 +523,13 @@ class PostgresStore(OneStepStore):
                 except CorruptedRecord as exc:
                     ws[caller, key] = exc
             existed = {rk for rk, rec in ws.items() if rec is not None}
-            now, fences = self._now(cur, claims)
+            if clock is None or claims:
+                row = timer.fetchone()
+                assert row is not None
+                now = clock() if clock is not None else row[0]
+                fences = sorted(row[1])
+            else:
+                now, fences = clock(), []
             fence_at = 0
             dirty: dict[tuple[str, str], Record | None] = {}
             for op in ops:
@@ -572,20 +600,23 @@ class PostgresStore(OneStepStore):
                     raise  # the batch's, not this operation's
                 except Exception as exc:
                     op.error = exc  # this operation's alone: it changed nothing
-            if dirty and not self._flush(cur, dirty, existed):
-                raise _Retry
-            if self._sweep_every > 0 and writes:
-                self._batches_to_sweep -= 1
-                if self._batches_to_sweep <= 0:
-                    self._batches_to_sweep = self._sweep_every
-                    cur.execute(self._sql["sweep"], (now, _SWEEP_STEP))
-            cur.execute("COMMIT")
+            # One round trip: the writes, a sweep step, COMMIT (skipped by the server
+            # if a write failed: then the transaction is rolled back below).
+            with conn.pipeline():
+                if dirty:
+                    self._flush(cur, dirty, existed)
+                if self._sweep_every > 0 and writes:
+                    self._batches_to_sweep -= 1
+                    if self._batches_to_sweep <= 0:
+                        self._batches_to_sweep = self._sweep_every
+                        cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
+                cur.execute("COMMIT", prepare=False)
         except _Retry:
             _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
             _rollback(conn)
-            if getattr(exc, "sqlstate", None) in _RETRY_STATES:
+            if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
                 return _RETRY
             if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)) and not conn.closed:
                 # A value or a constraint refused: one operation's doing, not the
@@ -618,10 +649,10 @@ class PostgresStore(OneStepStore):
         cur: psycopg.Cursor[Any],
         dirty: dict[tuple[str, str], Record | None],
         existed: set[tuple[str, str]],
-    ) -> bool:
-        """Write the changed records back: one statement per kind of write. False when
-        a key read as absent was inserted by another transaction meanwhile (the batch
-        must then be applied again)."""
+    ) -> None:
+        """Write the changed records back: one statement per kind of write. A key read
+        as absent that another transaction inserted meanwhile fails the insert with a
+        unique violation on the records' key (the batch is then applied again)."""
         updates: list[list[Any]] = [[] for _ in range(8)]
         inserts: list[list[Any]] = [[] for _ in range(8)]
         deleted: list[list[str]] = [[], []]
@@ -640,14 +671,11 @@ class PostgresStore(OneStepStore):
             ):  # fmt: skip
                 col.append(value)
         if deleted[0]:
-            cur.execute(self._sql["delete"], deleted)
+            cur.execute(self._sql["delete"], deleted, **_PIPELINED)
         if updates[0]:
-            cur.execute(self._sql["update"], updates)
+            cur.execute(self._sql["update"], updates, **_PIPELINED)
         if inserts[0]:
-            cur.execute(self._sql["insert"], inserts)
-            if cur.rowcount != len(inserts[0]):
-                return False
-        return True
+            cur.execute(self._sql["insert"], inserts, **_PIPELINED)
 
     def _effect_and_record(
         self,
@@ -845,7 +873,7 @@ def _statements(records: sql.Composed, seq: str) -> dict[str, sql.SQL | sql.Comp
         ),
         "insert": q(
             "INSERT INTO {} (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-            f" SELECT * FROM {rows} ON CONFLICT (caller, key) DO NOTHING"
+            f" SELECT * FROM {rows}"
         ),
         "delete": q(f"DELETE FROM {{}} r USING {keys} WHERE r.caller = w.caller AND r.key = w.key"),
         # Expired rows through the expires_at index; rows another transaction holds
@@ -883,6 +911,15 @@ def _checked(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any
             " its own SQL): its writes are rolled back"
         )
     return value
+
+
+def _inserted_meanwhile(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is the batch's insert meeting a record another transaction
+    inserted (and committed) after this batch read the key as absent."""
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and exc.diag.table_name == "idempotency_records"
+    )
 
 
 def _rollback(conn: psycopg.Connection[Any]) -> None:

@@ -372,3 +372,45 @@ def test_an_unreachable_server_is_named(postgres_server: Any) -> None:
         port = s.getsockname()[1]
     with pytest.raises(StoreUnavailable, match=rf"127\.0\.0\.1:{port}/postgres.*connecting"):
         PostgresStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2)
+
+
+def test_a_key_inserted_meanwhile_by_another_process_reruns_the_batch(
+    postgres_server: Any,
+) -> None:
+    """A batch reads a key as absent; before it writes, another process claims the key
+    and commits (here: a row inserted from another connection while the batch's effect
+    runs). The batch's insert meets the new row, the batch is rolled back and applied
+    again, and this time sees the other claim: the call is refused as in progress,
+    nothing of its first run is kept, and the other's record stands."""
+    from idempotency import InProgress  # noqa: PLC0415
+
+    schema = _schema("race")
+    store = PostgresStore(postgres_server.dsn, schema=schema)
+    fp = fingerprint("op", [])
+    runs: list[int] = []
+
+    def effect(call: Call) -> PostgresEffect:
+        def fn(conn: Any) -> str:
+            runs.append(call.fence)
+            if len(runs) == 1:  # the rival commits its claim now
+                postgres_server.sql(
+                    f"INSERT INTO {schema}.idempotency_records VALUES ('c', 'k', 1, %s,"
+                    f" nextval('{schema}.idempotency_fence'), 'Infinity', true, NULL)",
+                    (fp,),
+                )
+            return "mine"
+
+        return PostgresEffect(fn)
+
+    async def main() -> None:
+        with pytest.raises(InProgress):
+            await Idempotency(store).run(
+                caller="c", key="k", request=("op", []), handler=effect, one_step=True,
+                wait=False,
+            )  # fmt: skip
+
+    gosim.run(main)
+    assert len(runs) == 1  # the second run saw the rival's claim: no effect ran again
+    rows = postgres_server.sql(f"SELECT state, fence FROM {schema}.idempotency_records")
+    assert len(rows) == 1 and rows[0][0] == 1 and rows[0][1] > runs[0]
+    store.close()
