@@ -735,11 +735,28 @@ class PostgresStore(OneStepStore):
             raise CorruptedRecord(f"{where}: in progress with a payload")
         return Record(IN_PROGRESS, fp, fence, expires_at)
 
+    def _live_connection(self) -> psycopg.Connection[Any]:
+        """A connection of the pool checked with a round trip (for the sweep and the
+        operator's tools, which have no batch to retry): one that died while idle is
+        dropped and another taken."""
+        for _ in range(self._pool._size + 1):
+            conn = self._pool.get(self._pool_timeout, self._name)
+            try:
+                conn.execute("SELECT 1", prepare=False)
+            except psycopg.OperationalError:
+                self._pool.put(conn, broken=True)
+                continue
+            except BaseException:
+                self._pool.put(conn, broken=True)
+                raise
+            return conn
+        raise StoreUnavailable(f"{self._name}: no live connection")
+
     def _sweep(self) -> int:
         """Delete every expired record, 1,000 at a time, each chunk its own short
         transaction; rows a writer holds are skipped (they are being written)."""
         deleted = 0
-        conn = self._pool.get(self._pool_timeout, self._name)
+        conn = self._live_connection()
         broken = True
         try:
             while True:
@@ -778,7 +795,7 @@ class PostgresStore(OneStepStore):
         """``inspect`` (a plain read) or ``forget`` (the row locked, checked and deleted
         in one transaction, committed durably), on a connection of the pool."""
         doing = "forgetting a record" if delete else "reading a record"
-        conn = self._pool.get(self._pool_timeout, self._name)
+        conn = self._live_connection()
         broken = True
         try:
             with conn.transaction():

@@ -136,6 +136,14 @@ def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
         return await idem.run(caller="c", key="late", request=("op", []), handler=effect)
 
     assert gosim.run(after, procs=1).value == "late"
+    for pid in [conn.info.backend_pid for conn in store._pool._idle]:
+        postgres_server.sql("SELECT pg_terminate_backend(%s)", (pid,))
+
+    async def operator() -> Any:  # the operator's tools find a live connection too
+        return await store.inspect("c", "late")
+
+    seen = gosim.run(operator, procs=1)
+    assert seen is not None and seen.state == "COMPLETED"
     store.close()
 
 
