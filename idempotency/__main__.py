@@ -145,9 +145,7 @@ def _open_redis(parts: urllib.parse.SplitResult) -> Store:
 
 def _open_postgres(parts: urllib.parse.SplitResult) -> Store:
     try:
-        import psycopg  # noqa: PLC0415 -- psycopg is optional
-
-        from .stores.postgres import PostgresStore  # noqa: PLC0415
+        from .stores.postgres import PostgresStore, find_store  # noqa: PLC0415 -- optional
     except ImportError as exc:
         raise UsageError(
             f"a Postgres store needs psycopg (pip install .[postgres]): {exc}"
@@ -162,15 +160,12 @@ def _open_postgres(parts: urllib.parse.SplitResult) -> Store:
     shown = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     # Look before opening: PostgresStore would create its tables in any database.
     try:
-        with psycopg.connect(dsn, connect_timeout=int(REDIS_TIMEOUT), autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT to_regclass(format('%%I.idempotency_records', %s::text))", (schema,)
-            ).fetchone()
-    except psycopg.ProgrammingError as exc:  # libpq refused the URL itself
+        found = find_store(dsn, schema, REDIS_TIMEOUT)
+    except ValueError as exc:  # libpq refused the URL itself
         raise UsageError(f"postgresql URL {shown!r}: {_one_line(exc)}") from exc
-    except psycopg.Error as exc:  # unreachable, refused, bad password
-        raise StoreError(f"{shown}: {type(exc).__name__}: {_one_line(exc)}") from exc
-    if row is None or row[0] is None:
+    except StoreError as exc:  # unreachable, refused, bad password
+        raise StoreError(f"{shown}: {_one_line(exc)}") from exc
+    if not found:
         raise UsageError(f"{shown}: schema {schema!r} holds no idempotency records (not a store)")
     return PostgresStore(dsn, schema=schema, pool_size=1, connect_timeout=REDIS_TIMEOUT)
 

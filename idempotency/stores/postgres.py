@@ -126,7 +126,7 @@ from ._contract import (
     run_effect,
 )
 
-__all__ = ["PostgresEffect", "PostgresStore"]
+__all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 
 _CLAIM: Final = 0
 _COMPLETE: Final = 1
@@ -821,6 +821,25 @@ class PostgresStore(OneStepStore):
             raise self._store_error(exc, doing) from exc
         finally:
             self._pool.put(conn, broken)
+
+
+def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
+    """Whether ``schema`` of the database at ``dsn`` holds a store's records table,
+    looked up without creating anything (``python -m idempotency`` asks before opening
+    a store, which would create its tables). Blocking. ValueError for a connection
+    string libpq refuses; StoreUnavailable when the server cannot be reached."""
+    try:
+        with psycopg.connect(
+            dsn, connect_timeout=max(1, math.ceil(connect_timeout)), autocommit=True
+        ) as conn:
+            row = conn.execute(
+                "SELECT to_regclass(format('%%I.idempotency_records', %s::text))", (schema,)
+            ).fetchone()
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(str(exc)) from exc
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return row is not None and row[0] is not None
 
 
 _SCHEMA_LOCK: Final = 0x1DE4_7051  # the advisory lock taken while creating tables
