@@ -246,8 +246,11 @@ class PostgresStore(OneStepStore):
     ``pool_timeout`` how long an operation waits for one; ``connect_timeout`` how long
     a connection attempt may take. ``retries``: how many times a batch is applied again
     after a deadlock, a serialization failure or a key inserted by another process
-    meanwhile, before :class:`StoreUnavailable`. ``clock``: None for the server's clock
-    (the right choice with several processes); a function replaces it (tests).
+    meanwhile, before :class:`StoreUnavailable`. ``lock_timeout``: how long a batch
+    waits for a row another transaction holds (a slow effect of another process)
+    before its calls fail with :class:`StoreUnavailable` (SQLSTATE ``55P03``).
+    ``clock``: None for the server's clock (the right choice with several processes); a
+    function replaces it (tests).
     ``sweep_every``: every that many batches (0: never) a batch also deletes up to 512
     expired records.
 
@@ -268,6 +271,7 @@ class PostgresStore(OneStepStore):
         pool_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         retries: int = 8,
+        lock_timeout: float = 30.0,
         clock: Callable[[], float] | None = None,
         sweep_every: int = 64,
     ) -> None:
@@ -287,6 +291,11 @@ class PostgresStore(OneStepStore):
         self._connect_timeout = connect_timeout
         self._pool_timeout = pool_timeout
         self._retries = retries
+        if not lock_timeout > 0:
+            raise ValueError(
+                f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
+            )
+        self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
@@ -418,6 +427,7 @@ class PostgresStore(OneStepStore):
             raise self._store_error(exc, "connecting") from exc
         try:
             conn.execute("SET synchronous_commit = on")
+            conn.execute(sql.SQL("SET lock_timeout = {}").format(self._lock_timeout_ms))
             if self._search_path is not None:
                 conn.execute(self._search_path)
         except psycopg.Error as exc:
@@ -497,6 +507,7 @@ class PostgresStore(OneStepStore):
         writes = any(op.kind in _WRITES for op in ops)
         claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
         clock = self._clock
+        reading = True  # nothing of the batch written yet
         try:
             # One round trip: BEGIN, the row locks, then the time and the tokens (the
             # server runs them in order, so both are read once the locks are held).
@@ -507,16 +518,7 @@ class PostgresStore(OneStepStore):
                 cur.execute(q, (_dumps(keys),), **_PIPELINED)
                 if clock is None or claims:
                     timer.execute(self._sql["now"], (claims,), **_PIPELINED)
-        except psycopg.OperationalError:
-            # A connection of the pool that died while idle (the server restarted, the
-            # backend was terminated), or that died now: nothing of the batch has been
-            # written, let alone committed. Another connection.
-            conn.close()
-            return _DEAD_CONN
-        except BaseException:
-            _rollback(conn)
-            raise
-        try:
+            reading = False
             ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
             for row in cur.fetchall():
                 caller, key = row[0], row[1]
@@ -617,6 +619,12 @@ class PostgresStore(OneStepStore):
             _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
+            if reading and (conn.closed or conn.broken):
+                # A connection of the pool that died while idle (the server restarted,
+                # the backend was terminated), or that died now: nothing of the batch
+                # has been written, let alone committed. Another connection.
+                conn.close()
+                return _DEAD_CONN
             _rollback(conn)
             if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
                 return _RETRY
@@ -743,9 +751,11 @@ class PostgresStore(OneStepStore):
             conn = self._pool.get(self._pool_timeout, self._name)
             try:
                 conn.execute("SELECT 1", prepare=False)
-            except psycopg.OperationalError:
+            except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
-                continue
+                if conn.closed or conn.broken:
+                    continue  # died while idle
+                raise self._store_error(exc, "checking a connection") from exc
             except BaseException:
                 self._pool.put(conn, broken=True)
                 raise

@@ -422,3 +422,31 @@ def test_a_key_inserted_meanwhile_by_another_process_reruns_the_batch(
     rows = postgres_server.sql(f"SELECT state, fence FROM {schema}.idempotency_records")
     assert len(rows) == 1 and rows[0][0] == 1 and rows[0][1] > runs[0]
     store.close()
+
+
+def test_a_row_held_too_long_by_another_transaction_fails_the_batch_by_name(
+    postgres_server: Any,
+) -> None:
+    """Another transaction holds a key's row (a slow effect elsewhere): the batch waits
+    ``lock_timeout``, then its calls fail with StoreUnavailable naming the server and
+    SQLSTATE 55P03; once the row is free the same call goes through."""
+    schema = _schema("lock")
+    store = PostgresStore(postgres_server.dsn, schema=schema, lock_timeout=0.3)
+    fp = fingerprint("op", [])
+
+    async def claim() -> Any:
+        return await store.claim("c", "k", fp, 60.0)
+
+    first = gosim.run(claim)
+    with psycopg.connect(postgres_server.dsn) as holder:
+        holder.execute(f"SELECT 1 FROM {schema}.idempotency_records WHERE key = 'k' FOR UPDATE")
+
+        async def blocked() -> None:
+            with pytest.raises(StoreUnavailable, match=SERVER + r".*SQLSTATE 55P03"):
+                await store.claim("c", "k", fp, 60.0)  # a write: it locks the row
+
+        gosim.run(blocked)
+        holder.rollback()
+    again = gosim.run(claim)
+    assert again.kind is ClaimKind.BUSY and again.record.fence == first.record.fence
+    store.close()
