@@ -249,6 +249,8 @@ class PostgresStore(OneStepStore):
     meanwhile, before :class:`StoreUnavailable`. ``lock_timeout``: how long a batch
     waits for a row another transaction holds (a slow effect of another process)
     before its calls fail with :class:`StoreUnavailable` (SQLSTATE ``55P03``).
+    ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
+    connections (name the service).
     ``clock``: None for the server's clock (the right choice with several processes); a
     function replaces it (tests).
     ``sweep_every``: every that many batches (0: never) a batch also deletes up to 512
@@ -272,6 +274,7 @@ class PostgresStore(OneStepStore):
         connect_timeout: float = 10.0,
         retries: int = 8,
         lock_timeout: float = 30.0,
+        application_name: str = "idempotency",
         clock: Callable[[], float] | None = None,
         sweep_every: int = 64,
     ) -> None:
@@ -296,6 +299,7 @@ class PostgresStore(OneStepStore):
                 f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
+        self._application_name = application_name
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
@@ -421,7 +425,7 @@ class PostgresStore(OneStepStore):
                 self.dsn,
                 autocommit=True,
                 connect_timeout=max(1, math.ceil(self._connect_timeout)),
-                application_name="idempotency",
+                application_name=self._application_name,
             )
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc

@@ -45,7 +45,7 @@ CHILD = textwrap.dedent(
         effect = sqlite_effect
     elif kind == "postgres":
         from idempotency import PostgresEffect, PostgresStore
-        store = PostgresStore(where, schema=prefix)
+        store = PostgresStore(where, schema=prefix, application_name=prefix)
         def effect(key):
             def fn(conn):
                 conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
@@ -254,18 +254,23 @@ def test_sigkill_while_completing_postgres(
         )
 
         def check(schema: str = schema) -> tuple[set[str], set[str]]:
-            recorded = {
-                k
-                for (k,) in postgres_server.sql(
-                    f"SELECT key FROM {schema}.idempotency_records WHERE state = 2"
-                )
-            }
-            applied = [k for (k,) in postgres_server.sql(f"SELECT key FROM {schema}.applied")]
-            ((total,),) = postgres_server.sql(f"SELECT n FROM {schema}.totals")
+            # One statement: one snapshot of the records, the effects and the total.
+            ((recorded, applied, total),) = postgres_server.sql(
+                f"SELECT ARRAY(SELECT key FROM {schema}.idempotency_records WHERE state = 2),"
+                f" ARRAY(SELECT key FROM {schema}.applied), (SELECT n FROM {schema}.totals)"
+            )
             assert len(applied) == len(set(applied)) == total  # none twice, none half done
-            return recorded, set(applied)
+            return set(recorded), set(applied)
 
         acked = _kill_child("postgres", postgres_server.dsn, schema, rnd)
+        # The killed child's backends may still be running what it sent (a COMMIT
+        # already on the wire): they end once they find their client gone.
+        deadline = time.monotonic() + 60
+        while postgres_server.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (schema,)
+        ) != [(0,)]:
+            assert time.monotonic() < deadline, "the killed child's backends did not end"
+            time.sleep(0.05)
         recorded, applied = check()
         assert recorded == applied, f"round {round_}: record without effect or the reverse"
         assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
