@@ -25,8 +25,8 @@ being written share the next transaction and its one WAL flush.
 A batch takes ``SELECT ... FOR UPDATE`` row locks on the records it touches (in key
 order, so two processes' batches cannot deadlock on them), decides every operation with
 the pure functions of ``idempotency._record`` against what it read, and writes the
-changes back with one statement per kind (``UPDATE ... FROM unnest``, ``INSERT ...
-SELECT FROM unnest``, ``DELETE ... USING unnest``). A key it read as absent may be
+changes back with one statement per kind (``UPDATE``, ``INSERT``, ``DELETE`` of the
+rows of one JSON parameter: ``json_array_elements``). A key it read as absent may be
 inserted by another process meanwhile: the insert waits for that transaction and, once
 it has committed, fails on the primary key; the batch is then rolled back and applied
 again (the row now exists and is locked like the others). So
@@ -37,7 +37,7 @@ inside the store, up to ``retries`` times.
 
 A batch costs two round trips besides its effects' own statements, through psycopg's
 pipeline mode: ``BEGIN``, the locks and the clock in one; the writes and ``COMMIT`` in
-the other. Statements go in binary format (no text escaping of the blobs).
+the other. Results come in binary format (no text escaping of the blobs).
 
 Time and fencing come from the database, not from the servers: ``now`` is the server's
 ``clock_timestamp()`` read after the row locks are held (so it is never before the
@@ -51,7 +51,8 @@ raises (its savepoint is rolled back) fails that call alone. A batch refused by 
 database in a way one operation may have caused (a constraint checked at ``COMMIT``, a
 value the table refuses) is applied again one operation per transaction, so that only
 the bad one fails. Only a failure of the database itself (a lost connection, a server
-shutting down, an error at ``COMMIT`` on a lost link) fails the whole batch, with
+shutting down, an error at ``COMMIT`` on a lost link, a row held by another transaction
+past ``lock_timeout``) fails the whole batch, with
 :class:`StoreUnavailable` naming the server and the SQLSTATE; nothing of a batch whose
 ``COMMIT`` was not acknowledged is promised (it may have committed: a retry then meets
 the claim, which lapses with its lease, or replays the completion).
@@ -60,7 +61,9 @@ I/O: psycopg's blocking calls run off the scheduler, one batch at a time on an O
 thread (``gosim.syscall``), as SQLite's do; connecting is one of them. Connections come
 from a bounded pool (``pool_size``; waiting for one gives up after ``pool_timeout``
 with :class:`StoreUnavailable`) shared by the batches, :meth:`sweep` and the
-operator's tools; a connection that failed is dropped and replaced on next use.
+operator's tools; a connection that failed is dropped, and one found dead before a
+batch was sent on it (it died while idle: a restart) is replaced at once. Not yet
+through gosim's netpoller: a batch holds an OS thread while it waits for the server.
 
 Exactly-once effects
 --------------------
