@@ -80,6 +80,8 @@ from .stores import Store as Store
 from .stores import StoreStatistics as StoreStatistics
 
 if TYPE_CHECKING:
+    from .stores.postgres import PostgresEffect as PostgresEffect
+    from .stores.postgres import PostgresStore as PostgresStore
     from .stores.redis import LuaEffect as LuaEffect
     from .stores.redis import RedisStore as RedisStore
 
@@ -103,6 +105,8 @@ __all__ = [
     "MemoryEffect",
     "MemoryStore",
     "Outcome",
+    "PostgresEffect",
+    "PostgresStore",
     "RedisStore",
     "SQLiteEffect",
     "SQLiteStore",
@@ -123,6 +127,11 @@ def __getattr__(name: str) -> Any:
         from .stores import redis  # noqa: PLC0415
 
         return getattr(redis, name)
+    # PostgresStore needs psycopg 3 (the ``postgres`` extra), likewise.
+    if name in ("PostgresStore", "PostgresEffect"):
+        from .stores import postgres  # noqa: PLC0415
+
+        return getattr(postgres, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

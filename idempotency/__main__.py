@@ -22,6 +22,9 @@ STORE-URL names the store:
   under the key prefix ``P`` (default ``idempotency:``; the ledger demo's store is
   ``<its --prefix>idem:``, ``ledger:idem:`` by default). Other query parameters are
   redis-py's.
+* ``postgresql://[user[:password]@]host[:port]/dbname?schema=S`` (or ``postgres://``): a
+  PostgresStore whose tables are in schema ``S`` (default ``public``; never created
+  here). Other query parameters are libpq's.
 
 Exit status: 0 done; 1 nothing is stored for the key; 2 a usage error (bad arguments,
 a bad STORE-URL, a file that is not a store); 3 ``forget`` refused, the key is in
@@ -76,9 +79,14 @@ def open_store(url: str) -> Store:
         return _open_sqlite(parts)
     if scheme in ("redis", "rediss", "unix"):
         return _open_redis(parts)
+    if scheme in ("postgresql", "postgres"):
+        return _open_postgres(parts)
     if scheme == "memory":
         raise UsageError("a MemoryStore lives inside one process: nothing to reach from here")
-    raise UsageError(f"STORE-URL {url!r} is not sqlite:///PATH or redis://HOST:PORT/DB[?prefix=P]")
+    raise UsageError(
+        f"STORE-URL {url!r} is not sqlite:///PATH, redis://HOST:PORT/DB[?prefix=P]"
+        " or postgresql://HOST:PORT/DB[?schema=S]"
+    )
 
 
 def _open_sqlite(parts: urllib.parse.SplitResult) -> Store:
@@ -133,6 +141,38 @@ def _open_redis(parts: urllib.parse.SplitResult) -> Store:
     except Exception as exc:  # redis-py's errors: unreachable, refused, bad password
         raise StoreError(f"{parts.geturl()}: {type(exc).__name__}: {exc}") from exc
     return store
+
+
+def _open_postgres(parts: urllib.parse.SplitResult) -> Store:
+    try:
+        from .stores.postgres import PostgresStore, find_store  # noqa: PLC0415 -- optional
+    except ImportError as exc:
+        raise UsageError(
+            f"a Postgres store needs psycopg (pip install .[postgres]): {exc}"
+        ) from exc
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [v for k, v in query if k == "schema"]
+    if len(schemas) > 1:
+        raise UsageError("postgresql URL gives schema more than once")
+    schema = schemas[0] if schemas else "public"
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "schema"])
+    dsn = urllib.parse.urlunsplit(parts._replace(query=rest))
+    shown = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    # Look before opening: PostgresStore would create its tables in any database.
+    try:
+        found = find_store(dsn, schema, REDIS_TIMEOUT)
+    except ValueError as exc:  # libpq refused the URL itself
+        raise UsageError(f"postgresql URL {shown!r}: {_one_line(exc)}") from exc
+    except StoreError as exc:  # unreachable, refused, bad password
+        raise StoreError(f"{shown}: {_one_line(exc)}") from exc
+    if not found:
+        raise UsageError(f"{shown}: schema {schema!r} holds no idempotency records (not a store)")
+    return PostgresStore(dsn, schema=schema, pool_size=1, connect_timeout=REDIS_TIMEOUT)
+
+
+def _one_line(exc: BaseException) -> str:
+    """libpq's messages span lines: errors here are one."""
+    return " ".join(str(exc).split())
 
 
 def _ago(seconds: float) -> str:

@@ -1,8 +1,9 @@
 """Stores of idempotency records: one contract (``_contract``), three homes.
 
 ``MemoryStore`` (one process, runtime clock), ``SQLiteStore`` (one file, durable, group
-commit; the default) and ``RedisStore`` (shared by processes and machines). The Redis
-store is imported on first use, so redis-py is needed only by those who use it.
+commit; the default), ``RedisStore`` and ``PostgresStore`` (shared by processes and
+machines). The Redis and Postgres stores are imported on first use, so redis-py and
+psycopg are needed only by those who use them.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from .sqlite import SQLiteEffect as SQLiteEffect
 from .sqlite import SQLiteStore as SQLiteStore
 
 if TYPE_CHECKING:
+    from .postgres import PostgresEffect as PostgresEffect
+    from .postgres import PostgresStore as PostgresStore
     from .redis import LuaEffect as LuaEffect
     from .redis import RedisStore as RedisStore
 
@@ -30,6 +33,8 @@ __all__ = [
     "MemoryEffect",
     "MemoryStore",
     "OneStepStore",
+    "PostgresEffect",
+    "PostgresStore",
     "RedisStore",
     "SQLiteEffect",
     "SQLiteStore",
@@ -45,4 +50,8 @@ def __getattr__(name: str) -> Any:
         from . import redis  # noqa: PLC0415 -- redis-py is an optional dependency
 
         return getattr(redis, name)
+    if name in ("PostgresStore", "PostgresEffect"):
+        from . import postgres  # noqa: PLC0415 -- psycopg is an optional dependency
+
+        return getattr(postgres, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,9 @@ factory per store kind so the contract suite runs unchanged against every store.
 
 from __future__ import annotations
 
+import glob
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -13,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,6 +129,123 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+PG_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+PG_BIN = os.path.dirname(PG_BINS[0]) if PG_BINS else None
+PG_USER = "gosimpg"  # PostgreSQL refuses to run as root: the cluster runs as this user
+
+
+def _as_pg_user() -> list[str]:
+    """The command prefix that runs a PostgreSQL binary as a user it accepts: nothing
+    when the tests do not run as root, else ``runuser -u gosimpg --`` (the system user
+    is made on first use)."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam(PG_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER],
+            check=True,
+            capture_output=True,
+        )
+    return ["runuser", "-u", PG_USER, "--"]
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster of the test's own: ``initdb`` into a temp dir, a
+    free port on 127.0.0.1 only (no Unix socket), ``pg_ctl`` to start and stop it, run
+    as a non-root user. Defaults kept where they matter: ``fsync`` and
+    ``synchronous_commit`` on, so an acknowledged commit is on disk."""
+
+    def __init__(self) -> None:
+        assert PG_BIN is not None
+        self.prefix = _as_pg_user()
+        self.dir = tempfile.mkdtemp(prefix="idem-pg-")
+        self.data = os.path.join(self.dir, "data")
+        if self.prefix:
+            entry = pwd.getpwnam(PG_USER)
+            os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+        self.port = free_port()
+        self._run(
+            "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync",
+            "-E", "UTF8", "--locale=C",
+        )  # fmt: skip
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
+            conf.write(
+                f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
+                "unix_socket_directories = ''\nmax_connections = 60\n"
+                "shared_buffers = 16MB\nfsync = on\nsynchronous_commit = on\n"
+            )
+        self.running = False
+
+    def _run(self, tool: str, *args: str) -> None:
+        assert PG_BIN is not None
+        subprocess.run(
+            [*self.prefix, os.path.join(PG_BIN, tool), *args],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop``: ``fast`` rolls back open transactions and shuts down cleanly,
+        ``immediate`` ends every process at once (a crash: recovery runs at the next
+        start)."""
+        if self.running:
+            self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+            self.running = False
+
+    def destroy(self) -> None:
+        try:
+            self.stop("immediate")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement on a connection of its own (autocommit); its rows."""
+        import psycopg  # noqa: PLC0415 -- the Postgres tests' dependency only
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(query, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+
+def _postgres() -> PostgresServer:
+    if PG_BIN is None:
+        pytest.skip("PostgreSQL is not installed (.ci/run installs it with apt)")
+    pytest.importorskip("psycopg", reason="PostgresStore needs psycopg 3 (pip install .[postgres])")
+    server = PostgresServer()
+    server.start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = _postgres()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A cluster for one test alone (it may stop, kill and restart it)."""
+    server = _postgres()
+    try:
+        yield server
+    finally:
+        server.destroy()
 
 
 class StoreKit:
@@ -277,13 +397,66 @@ def _redis_kit(server: RedisServer) -> StoreKit:
     )
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-atomic", "redis"])
+def _postgres_counter_fn(name: str, amount: int) -> Callable[[Any], int]:
+    def fn(conn: Any) -> int:
+        # search_path: the store's schema first, so the table is the store's own.
+        conn.execute("CREATE TABLE IF NOT EXISTS counters (name text PRIMARY KEY, n bigint)")
+        row = conn.execute(
+            "INSERT INTO counters VALUES (%s, %s) ON CONFLICT (name)"
+            " DO UPDATE SET n = counters.n + excluded.n RETURNING n",
+            (name, amount),
+        ).fetchone()
+        if amount < 0:  # written first: the refusal must roll the write back
+            raise ApplicationError("negative", "amount must not be negative", amount)
+        return int(row[0])
+
+    return fn
+
+
+def postgres_counter(server: PostgresServer, schema: str, name: str) -> int:
+    """The counter ``name`` of the store under ``schema``, read outside any call."""
+    rows = server.sql("SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".counters',))
+    if not rows[0][0]:  # no counters table: nothing was ever added
+        return 0
+    got = server.sql(f'SELECT n FROM "{schema}".counters WHERE name = %s', (name,))
+    return int(got[0][0]) if got else 0
+
+
+def _postgres_kit(server: PostgresServer) -> StoreKit:
+    from idempotency import PostgresEffect, PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+    def make(clock: FakeClock) -> Store:
+        return PostgresStore(server.dsn, schema=f"t{time.monotonic_ns()}", clock=clock)
+
+    def boom(store: Store, name: str) -> Effect:
+        def fn(conn: Any) -> int:
+            _postgres_counter_fn(name, 1000)(conn)
+            raise RuntimeError("boom")
+
+        return PostgresEffect(fn)
+
+    def read(store: Store, name: str) -> int:
+        assert isinstance(store, PostgresStore)
+        return postgres_counter(server, store.schema, name)
+
+    return StoreKit(
+        "postgres",
+        make,
+        lambda store, name, amount: PostgresEffect(_postgres_counter_fn(name, amount)),
+        boom,
+        read,
+    )
+
+
+@pytest.fixture(params=["memory", "sqlite", "sqlite-atomic", "redis", "postgres"])
 def kit(request: pytest.FixtureRequest, tmp_path: Path) -> StoreKit:
     kind = request.param
     if kind == "memory":
         return _memory_kit()
     if kind.startswith("sqlite"):
         return _sqlite_kit(tmp_path, atomic=kind == "sqlite-atomic")
+    if kind == "postgres":
+        return _postgres_kit(request.getfixturevalue("postgres_server"))
     server = request.getfixturevalue("redis_server")
     return _redis_kit(server)
 

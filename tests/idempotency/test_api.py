@@ -57,10 +57,17 @@ def test_redis_py_is_imported_only_by_the_redis_store() -> None:
             assert "redis" not in _imports(path), path
 
 
+def test_psycopg_is_imported_only_by_the_postgres_store() -> None:
+    for path in (REPO / "idempotency").rglob("*.py"):
+        if path.name != "postgres.py":
+            assert "psycopg" not in _imports(path), path
+
+
 def test_every_exported_name_exists_and_reads_as_idempotency() -> None:
     for name in idempotency.__all__:
         obj = getattr(idempotency, name)
-        if isinstance(obj, type) and name not in ("RedisStore", "LuaEffect"):
+        lazy = ("RedisStore", "LuaEffect", "PostgresStore", "PostgresEffect")
+        if isinstance(obj, type) and name not in lazy:
             assert obj.__module__ == "idempotency", name
 
 

@@ -1,6 +1,7 @@
 """One call never fails its batch-mates: on every store, a batch that mixes calls the
 store cannot apply with good calls answers each alone (the store contract's rule).
-Real components: a SQLite file, a redis-server process of the tests' own. ``procs=1``
+Real components: a SQLite file, a redis-server process and a PostgreSQL cluster of the
+tests' own. ``procs=1``
 and goroutines started together put the calls in one batch (checked by the store's
 statistics), as concurrent requests of a server would be."""
 
@@ -31,7 +32,7 @@ from idempotency.stores._batch import Op
 GOOD = 8
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     kind = request.param
     s: Store
@@ -39,6 +40,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         s = MemoryStore()
     elif kind == "sqlite":
         s = SQLiteStore(tmp_path / "store.db")
+    elif kind == "postgres":
+        from idempotency import PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+        server = request.getfixturevalue("postgres_server")
+        s = PostgresStore(server.dsn, schema=f"alone{time.monotonic_ns()}")
     else:
         from idempotency import RedisStore  # noqa: PLC0415 -- needs redis-py
 
@@ -169,6 +175,8 @@ def _effects(store: Store) -> tuple[Any, Any, Any]:
             (SQLiteEffect(lambda conn: 1 // 0), ZeroDivisionError, "division"),
         ]
         return (lambda: SQLiteEffect(add)), read, bad
+    if type(store).__name__ == "PostgresStore":
+        return _postgres_effects(store)
     from idempotency import LuaEffect  # noqa: PLC0415
 
     prefix = store.prefix  # type: ignore[attr-defined]
@@ -183,6 +191,51 @@ def _effects(store: Store) -> tuple[Any, Any, Any]:
         lambda: int(store.client.get(prefix + "n") or 0),  # type: ignore[attr-defined]
         bad,
     )
+
+
+def _postgres_effects(store: Any) -> tuple[Any, Any, Any]:
+    import psycopg  # noqa: PLC0415 -- needs psycopg
+
+    from idempotency import PostgresEffect  # noqa: PLC0415
+
+    schema = store.schema
+    with psycopg.connect(store.dsn, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE {schema}.n (x integer);"
+            f"CREATE TABLE {schema}.parent (id integer PRIMARY KEY);"
+            f"CREATE TABLE {schema}.child (pid integer REFERENCES {schema}.parent (id)"
+            " DEFERRABLE INITIALLY DEFERRED)"
+        )
+
+    def add(conn: Any) -> int:
+        conn.execute("INSERT INTO n VALUES (1)")
+        return 1
+
+    def orphan(conn: Any) -> int:
+        conn.execute("INSERT INTO child VALUES (42)")  # no parent 42: fails at COMMIT
+        return 1
+
+    def swallowed(conn: Any) -> int:
+        try:
+            conn.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            pass  # the transaction is failed all the same
+        return 1
+
+    def read() -> int:
+        with psycopg.connect(store.dsn, autocommit=True) as conn:
+            row = conn.execute(f"SELECT count(*) FROM {schema}.n").fetchone()
+            assert row is not None
+            return int(row[0])
+
+    bad = [
+        (PostgresEffect(orphan), psycopg.errors.ForeignKeyViolation, "child"),
+        (PostgresEffect(lambda conn: 1 // 0), ZeroDivisionError, "division"),
+        (PostgresEffect(lambda conn: conn.execute("SELEC 1")), psycopg.errors.SyntaxError,
+         "SELEC"),
+        (PostgresEffect(swallowed), RuntimeError, "caught an error of its own SQL"),
+    ]  # fmt: skip
+    return (lambda: PostgresEffect(add)), read, bad
 
 
 def test_a_bad_call_fails_alone_and_its_batch_mates_complete(store: Store) -> None:
@@ -207,6 +260,10 @@ def test_a_bad_call_fails_alone_and_its_batch_mates_complete(store: Store) -> No
         calls.append(lambda: store._committer.submit(nan_claim))  # type: ignore[attr-defined]
         if isinstance(store, SQLiteStore):
             expect.append((sqlite3.IntegrityError, "expires_at"))
+        elif type(store).__name__ == "PostgresStore":
+            import psycopg  # noqa: PLC0415
+
+            expect.append((psycopg.errors.CheckViolation, "expires_at"))
         else:
             expect.append((TypeError, "claim of caller 'c', key 'nan' cannot be sent"))
             store.client.set(store.record_key("c", "str"), "not a hash")  # type: ignore[attr-defined]

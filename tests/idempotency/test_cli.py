@@ -214,9 +214,10 @@ def test_bad_store_urls_are_one_line_errors(tmp_path: Path) -> None:
         (f"sqlite://{other}?x=1", 2, ["no host, query or fragment"]),
         ("sqlite://", 2, ["names no file"]),
         ("memory:", 2, ["inside one process"]),
-        ("http://127.0.0.1/", 2, ["is not sqlite:///PATH or redis://"]),
+        ("http://127.0.0.1/", 2, ["is not sqlite:///PATH, redis://", "postgresql://"]),
         ("nonsense", 2, ["is not sqlite:///PATH"]),
         (f"redis://127.0.0.1:{free_port()}/0", 4, ["ConnectionError"]),
+        (f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", 4, ["OperationalError"]),
     ]:
         one_line_error(cli("inspect", url, "acme", "k"), code, *words)
     assert not missing.exists()  # never created
@@ -228,6 +229,24 @@ def test_bad_store_urls_are_one_line_errors(tmp_path: Path) -> None:
 def test_a_bad_redis_url_parameter_is_a_usage_error(redis_server: RedisServer) -> None:
     one_line_error(cli("sweep", f"{redis_server.url}?bogus=1"), 2, "bogus")
     one_line_error(cli("sweep", f"{redis_server.url}?prefix=a&prefix=b"), 2, "more than once")
+
+
+def test_the_commands_on_postgres(postgres_server: Any) -> None:
+    from idempotency import PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+    schema = f"cli{time.monotonic_ns()}"
+    store = PostgresStore(postgres_server.dsn, schema=schema)
+    try:
+        fill(store)
+        fill_expired(lambda clock: PostgresStore(postgres_server.dsn, schema=schema, clock=clock))
+        exercise(f"{postgres_server.dsn}?schema={schema}", store)
+        # Another schema holds no store, and none is made there.
+        url = f"{postgres_server.dsn}?schema=nothing_here"
+        one_line_error(cli("inspect", url, "acme", "refused"), 2, "not a store")
+        assert postgres_server.sql("SELECT to_regnamespace('nothing_here')") == [(None,)]
+        one_line_error(cli("sweep", f"{postgres_server.dsn}?bogus=1"), 2, "bogus")
+    finally:
+        store.close()
 
 
 def test_usage_and_help() -> None:

@@ -1,8 +1,8 @@
 """Exactly-once effects on every path where an effect commits and its record might not:
 a result too large or not encodable, an error raised after the effect wrote, a refusal
 that cannot be recorded. Each test ends with a counter that the effect adds 1 to, and
-checks it is exactly 1 after the retry: SQLite rolls the effect back and releases the
-key (the retry applies it once), Memory and Redis cannot undo an effect that ran, so
+checks it is exactly 1 after the retry: SQLite and Postgres roll the effect back and
+release the key (the retry applies it once), Memory and Redis cannot undo an effect that ran, so
 they complete the key with the final UNRECORDED_RESULT error (the retry replays it)."""
 
 from __future__ import annotations
@@ -41,10 +41,13 @@ class Counter:
     write. A store that cannot roll back (memory) can only honour a failure raised
     before the write: ``fail_before`` does that on every store."""
 
-    def __init__(self, kind: str, store: Store, path: Path | None = None) -> None:
+    def __init__(
+        self, kind: str, store: Store, path: Path | None = None, server: Any = None
+    ) -> None:
         self.kind = kind
         self.store = store
         self.path = path
+        self.server = server  # postgres: the cluster
         self.n = 0  # memory's counter
 
     def effect(
@@ -76,6 +79,19 @@ class Counter:
                 return result
 
             return SQLiteEffect(sql)
+        if self.kind == "postgres":
+            from idempotency import PostgresEffect  # noqa: PLC0415 -- needs psycopg
+
+            def pg(conn: Any) -> Any:
+                if fail_before is not None:
+                    raise fail_before
+                conn.execute("CREATE TABLE IF NOT EXISTS counter (n integer)")
+                conn.execute("INSERT INTO counter VALUES (1)")
+                if fail_after is not None:
+                    raise fail_after
+                return result
+
+            return PostgresEffect(pg)
         from idempotency import LuaEffect  # noqa: PLC0415 -- needs redis-py
 
         ckey = f"{self.store.prefix}counter"  # type: ignore[attr-defined]
@@ -107,11 +123,18 @@ class Counter:
                     return int(conn.execute("SELECT count(*) FROM counter").fetchone()[0])
                 except sqlite3.OperationalError:
                     return 0
+        if self.kind == "postgres":
+            schema = self.store.schema  # type: ignore[attr-defined]
+            if not self.server.sql("SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.counter",))[0][
+                0
+            ]:
+                return 0
+            return int(self.server.sql(f"SELECT count(*) FROM {schema}.counter")[0][0])
         v = self.store.client.get(f"{self.store.prefix}counter")  # type: ignore[attr-defined]
         return int(v) if v is not None else 0
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "postgres"])
 def counter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Counter]:
     kind = request.param
     if kind == "memory":
@@ -119,6 +142,12 @@ def counter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Counter]
     elif kind == "sqlite":
         path = tmp_path / "store.db"
         c = Counter(kind, SQLiteStore(path), path)
+    elif kind == "postgres":
+        from idempotency import PostgresStore  # noqa: PLC0415
+
+        server = request.getfixturevalue("postgres_server")
+        schema = f"once{time.monotonic_ns()}"
+        c = Counter(kind, PostgresStore(server.dsn, schema=schema), server=server)
     else:
         from idempotency import RedisStore  # noqa: PLC0415
 
@@ -149,10 +178,10 @@ def _first_then_retry(
 
 
 def _check_once(counter: Counter, first: Outcome | BaseException, retry: Outcome, why: str) -> None:
-    """The rule: SQLite rolled back (InvalidResult or the effect's error, nothing
+    """The rule: SQLite and Postgres rolled back (InvalidResult or the effect's error, nothing
     recorded, and the retry applied the effect); the others recorded the final
     UNRECORDED_RESULT error, which the retry replayed."""
-    if counter.kind == "sqlite":
+    if counter.kind in ("sqlite", "postgres"):
         assert isinstance(first, Exception)
         assert not retry.replayed and retry.value == "ok"
         return
@@ -169,7 +198,7 @@ def test_an_effect_whose_result_is_too_large_is_applied_once(counter: Counter) -
         lambda call: counter.effect(result="ok"),
     )
     _check_once(counter, first, retry, f"the limit is {LIMIT}")
-    if counter.kind == "sqlite":
+    if counter.kind in ("sqlite", "postgres"):
         assert isinstance(first, InvalidResult) and after_first == 0
     assert end == 1
 

@@ -43,6 +43,15 @@ CHILD = textwrap.dedent(
     if kind == "sqlite":
         store = SQLiteStore(where)
         effect = sqlite_effect
+    elif kind == "postgres":
+        from idempotency import PostgresEffect, PostgresStore
+        store = PostgresStore(where, schema=prefix, application_name=prefix)
+        def effect(key):
+            def fn(conn):
+                conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+                conn.execute("UPDATE totals SET n = n + 1")
+                return key
+            return PostgresEffect(fn)
     else:
         from idempotency import LuaEffect, RedisStore
         store = RedisStore(where, prefix=prefix)
@@ -223,6 +232,64 @@ def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.Fixtu
         prefix = f"kill{os.getpid()}-{round_}:"
         acked = _kill_child("redis", redis_server.url, prefix, rnd)
         mid_run += _redis_round(redis_store, redis_server.url, prefix, acked)
+    assert mid_run, "every kill came after the child had finished: nothing was tested"
+
+
+def test_sigkill_while_completing_postgres(
+    postgres_server: Any, request: pytest.FixtureRequest
+) -> None:
+    """The process running PostgresStore is killed mid-batch: its open transaction is
+    rolled back by the server (the effect and the record go together), and what it saw
+    committed stays."""
+    from idempotency import PostgresEffect, PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+    rnd = random.Random(int(os.environ.get("IDEM_KILL_SEED", "14")))
+    mid_run = 0
+    for round_ in range(_kills(request)):
+        schema = f"kill{os.getpid()}_{round_}"
+        PostgresStore(postgres_server.dsn, schema=schema).close()
+        postgres_server.sql(
+            f"CREATE TABLE {schema}.applied (key text PRIMARY KEY);"
+            f"CREATE TABLE {schema}.totals (n integer); INSERT INTO {schema}.totals VALUES (0)"
+        )
+
+        def check(schema: str = schema) -> tuple[set[str], set[str]]:
+            # One statement: one snapshot of the records, the effects and the total.
+            ((recorded, applied, total),) = postgres_server.sql(
+                f"SELECT ARRAY(SELECT key FROM {schema}.idempotency_records WHERE state = 2),"
+                f" ARRAY(SELECT key FROM {schema}.applied), (SELECT n FROM {schema}.totals)"
+            )
+            assert len(applied) == len(set(applied)) == total  # none twice, none half done
+            return set(recorded), set(applied)
+
+        acked = _kill_child("postgres", postgres_server.dsn, schema, rnd)
+        # The killed child's backends may still be running what it sent (a COMMIT
+        # already on the wire): they end once they find their client gone.
+        deadline = time.monotonic() + 60
+        while postgres_server.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (schema,)
+        ) != [(0,)]:
+            assert time.monotonic() < deadline, "the killed child's backends did not end"
+            time.sleep(0.05)
+        recorded, applied = check()
+        assert recorded == applied, f"round {round_}: record without effect or the reverse"
+        assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
+        mid_run += len(recorded) < N_KEYS
+
+        def effect(key: str) -> PostgresEffect:
+            def fn(conn: Any) -> str:
+                conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+                conn.execute("UPDATE totals SET n = n + 1")
+                return key
+
+            return PostgresEffect(fn)
+
+        store = PostgresStore(postgres_server.dsn, schema=schema)
+        runs = _retry_all(store, effect)
+        store.close()
+        recorded2, applied2 = check()
+        assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
+        assert runs == N_KEYS - len(recorded)  # only the missing ones ran again
     assert mid_run, "every kill came after the child had finished: nothing was tested"
 
 

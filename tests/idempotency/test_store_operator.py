@@ -1,6 +1,6 @@
 """The operator's store methods (``inspect``, ``forget``; ``sweep`` is in the contract
-suite), run unchanged against every store (the ``kit`` fixture): real SQLite files and a
-real redis-server."""
+suite), run unchanged against every store (the ``kit`` fixture): real SQLite files, a
+real redis-server and a real PostgreSQL cluster."""
 
 from __future__ import annotations
 
@@ -46,6 +46,17 @@ def damage(store: Store, caller: str, key: str, how: str = "state") -> None:
         with sqlite3.connect(store.path) as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO idempotency_records VALUES (?, ?, 7, ?, 1, 0, 1, NULL)",
+                (caller, key, FP),
+            )
+        return
+    if type(store).__name__ == "PostgresStore":
+        import psycopg  # noqa: PLC0415 -- needs psycopg
+
+        with psycopg.connect(store.dsn, autocommit=True) as pg:  # type: ignore[attr-defined]
+            pg.execute(
+                f'INSERT INTO "{store.schema}".idempotency_records'  # type: ignore[attr-defined]
+                " VALUES (%s, %s, 7, %s, 1, 0, true, NULL) ON CONFLICT (caller, key)"
+                " DO UPDATE SET state = 7, payload = NULL",
                 (caller, key, FP),
             )
         return

@@ -1,0 +1,994 @@
+"""PostgresStore: records in PostgreSQL, shared by processes and machines (psycopg 3).
+
+Where it fits
+-------------
+SQLite serves the processes of one machine; PostgreSQL serves many machines, and is
+where the effects the keys guard (balances, orders) usually live. The layout follows
+Stripe's published design: one row per (caller, key), the effect committed in the
+transaction that completes the row.
+
+Layout: ``{schema}.idempotency_records`` (primary key ``(caller, key)``, an index on
+``expires_at`` for the sweep) and the sequence ``{schema}.idempotency_fence``. They
+are created when missing (under an advisory lock, so processes starting together do
+not race). A ``schema`` other than ``public`` is also put first on the store's
+connections' ``search_path``, so an effect's unqualified table names resolve there.
+
+Durability and group commit
+---------------------------
+Every batch is one transaction committed with ``synchronous_commit = on`` (set on each
+of the store's connections whatever the server's default): the commit returns once its
+WAL is flushed, and replies leave only after it. Operations of concurrent calls of one
+process -- claims, completions with their effects, releases, renewals, reads -- go
+through one :class:`~._batch.GroupCommitter`, so those that arrive while a batch is
+being written share the next transaction and its one WAL flush.
+
+A batch takes ``SELECT ... FOR UPDATE`` row locks on the records it touches (in key
+order, so two processes' batches cannot deadlock on them), decides every operation with
+the pure functions of ``idempotency._record`` against what it read, and writes the
+changes back with one statement per kind (``UPDATE``, ``INSERT``, ``DELETE`` of the
+rows of one JSON parameter: ``json_array_elements``). A key it read as absent may be
+inserted by another process meanwhile: the insert waits for that transaction and, once
+it has committed, fails on the primary key; the batch is then rolled back and applied
+again (the row now exists and is locked like the others). So
+several processes and machines write at once, each waiting only for the rows it shares
+with another; no table lock is taken. Serialization failures and deadlocks (SQLSTATE
+``40001``, ``40P01``, which an effect's own SQL can meet) are retried the same way,
+inside the store, up to ``retries`` times.
+
+A batch costs two round trips besides its effects' own statements, through psycopg's
+pipeline mode: ``BEGIN``, the locks and the clock in one; the writes and ``COMMIT`` in
+the other. Results come in binary format (no text escaping of the blobs).
+
+Time and fencing come from the database, not from the servers: ``now`` is the server's
+``clock_timestamp()`` read after the row locks are held (so it is never before the
+commit of the claim it judges), and fencing tokens are ``nextval`` of the sequence,
+taken after the locks too, so every claim's token is higher than that of every claim
+committed before it, on this key and any other, whichever machine made it. (A
+``clock`` given to the store replaces the server's clock: tests move time by hand.)
+
+An operation's failure is its own: a stale completion, a corrupted row, an effect that
+raises (its savepoint is rolled back) fails that call alone. A batch refused by the
+database in a way one operation may have caused (a constraint checked at ``COMMIT``, a
+value the table refuses) is applied again one operation per transaction, so that only
+the bad one fails. Only a failure of the database itself (a lost connection, a server
+shutting down, an error at ``COMMIT`` on a lost link, a row held by another transaction
+past ``lock_timeout``) fails the whole batch, with
+:class:`StoreUnavailable` naming the server and the SQLSTATE; nothing of a batch whose
+``COMMIT`` was not acknowledged is promised (it may have committed: a retry then meets
+the claim, which lapses with its lease, or replays the completion).
+
+I/O: psycopg's blocking calls run off the scheduler, one batch at a time on an OS
+thread (``gosim.syscall``), as SQLite's do; connecting is one of them. Connections come
+from a bounded pool (``pool_size``; waiting for one gives up after ``pool_timeout``
+with :class:`StoreUnavailable`) shared by the batches, :meth:`sweep` and the
+operator's tools; a connection that failed is dropped, and one found dead before a
+batch was sent on it (it died while idle: a restart) is replaced at once. Not yet
+through gosim's netpoller: a batch holds an OS thread while it waits for the server.
+
+Exactly-once effects
+--------------------
+A handler returns ``PostgresEffect(fn)``; ``fn(conn)`` runs on the batch's connection
+inside its transaction and a savepoint of its own, after the fencing token is checked,
+and returns the call's result. The record is written in the same transaction: a crash
+at any instant leaves both or neither. A final ApplicationError raised by ``fn`` rolls
+its writes back and records the error. ``claim_and_complete`` (``one_step=True``)
+takes the claim in the same transaction too.
+
+Retention: every ``sweep_every`` batches a batch also deletes up to 512 expired records
+(``expires_at`` index, ``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
+left for later, so the sweep never waits for a writer). :meth:`sweep` deletes every
+expired record in transactions of 1,000 rows, each as short, with the same rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Final
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+
+from .._errors import (
+    ApplicationError,
+    CorruptedRecord,
+    IdempotencyError,
+    InProgress,
+    StaleClaim,
+    StoreUnavailable,
+)
+from .._keys import FINGERPRINT_SIZE
+from .._record import (
+    COMPLETED,
+    IN_PROGRESS,
+    ClaimKind,
+    ClaimResult,
+    Record,
+    claim,
+    complete,
+    release,
+    renew,
+    state_at,
+)
+from ._batch import GroupCommitter, Op, raise_when_awaited
+from ._contract import (
+    Completion,
+    Effect,
+    OneStepStore,
+    StoredRecord,
+    StoreStatistics,
+    bad_completion,
+    bad_duration,
+    run_effect,
+)
+
+__all__ = ["PostgresEffect", "PostgresStore", "find_store"]
+
+_CLAIM: Final = 0
+_COMPLETE: Final = 1
+_RELEASE: Final = 2
+_GET: Final = 3
+_CLAIM_COMPLETE: Final = 6
+_RENEW: Final = 7
+_WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW})
+
+# SQLSTATEs of a transaction that failed through no fault of its own: run it again.
+_RETRY_STATES: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+_SWEEP_STEP: Final = 512
+_SWEEP_CHUNK: Final = 1000
+
+# What _apply did with a batch (compared by identity).
+_APPLIED: Final = "applied"
+_RETRY: Final = "rolled back: run it again (a key inserted meanwhile, a deadlock)"
+_NEEDS_ALONE: Final = "rolled back: one operation may have failed the transaction"
+_DEAD_CONN: Final = "nothing sent: the connection was found dead at BEGIN"
+# How the batch's pipelined statements are sent: results in binary (blobs come as they
+# are, not escaped to text), and never as prepared statements: psycopg would take a statement
+# prepared in a pipeline that then aborts (a deadlock, a key inserted meanwhile) for
+# prepared, and its next use would fail with "prepared statement does not exist".
+_PIPELINED: Final[dict[str, Any]] = {"binary": True, "prepare": False}
+
+
+class PostgresEffect(Effect):
+    """An effect committed with its record: ``fn(conn)`` runs on the store's connection
+    (a ``psycopg.Connection``), inside the transaction and a savepoint of its own that
+    complete the record, and returns the call's result.
+
+    ``fn`` must not commit, roll back or begin transactions, and must not keep
+    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
+    It must not write the store's own table (a batch's records are written at its end).
+    It must act only through ``conn``: it may run more than once for one record, since
+    a transaction rolled back and applied again (a key inserted by another process
+    meanwhile, a deadlock, a serialization failure) runs its effects again, and only the
+    run whose transaction commits counts. An error raised by ``fn`` (its SQL's too)
+    rolls back its savepoint: its writes are undone and its call alone fails.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[psycopg.Connection[Any]], Any]) -> None:
+        self.fn = fn
+
+
+class _Retry(Exception):
+    """The transaction must be rolled back and the batch applied again."""
+
+
+class _Pool:
+    """At most ``size`` connections, made on demand; :meth:`get` waits ``timeout``
+    seconds for one to come back. Used only on the syscall threads."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+        if size < 1:
+            raise ValueError(f"pool_size must be at least 1, not {size}")
+        self._connect = connect
+        self._size = size
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._open = 0
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def get(self, timeout: float, name: str) -> psycopg.Connection[Any]:
+        with self._cond:
+            deadline = time.monotonic() + timeout
+            while not self._idle and self._open >= self._size:
+                if self.closed:
+                    raise StoreUnavailable(f"{name}: the store is closed")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreUnavailable(
+                        f"{name}: no connection of the pool ({self._size}) came free"
+                        f" within {timeout} s"
+                    )
+                self._cond.wait(left)
+            if self.closed:
+                raise StoreUnavailable(f"{name}: the store is closed")
+            if self._idle:
+                return self._idle.pop()
+            self._open += 1
+        try:
+            return self._connect()  # outside the lock: connecting blocks
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+
+    def put(self, conn: psycopg.Connection[Any], broken: bool = False) -> None:
+        with self._cond:
+            if broken or self.closed or conn.closed:
+                self._open -= 1
+                conn.close()
+            else:
+                self._idle.append(conn)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            for conn in self._idle:
+                conn.close()
+                self._open -= 1
+            self._idle.clear()
+            self._cond.notify_all()
+
+
+class PostgresStore(OneStepStore):
+    """Records in PostgreSQL at ``dsn`` (a ``postgresql://`` URL or a libpq conninfo
+    string), under ``schema`` (see the module docstring).
+
+    ``group_commit=False`` gives every operation its own transaction (for comparison).
+    ``max_batch`` bounds a transaction. ``pool_size`` bounds the store's connections;
+    ``pool_timeout`` how long an operation waits for one; ``connect_timeout`` how long
+    a connection attempt may take. ``retries``: how many times a batch is applied again
+    after a deadlock, a serialization failure or a key inserted by another process
+    meanwhile, before :class:`StoreUnavailable`. ``lock_timeout``: how long a batch
+    waits for a row another transaction holds (a slow effect of another process)
+    before its calls fail with :class:`StoreUnavailable` (SQLSTATE ``55P03``).
+    ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
+    connections (name the service).
+    ``clock``: None for the server's clock (the right choice with several processes); a
+    function replaces it (tests).
+    ``sweep_every``: every that many batches (0: never) a batch also deletes up to 512
+    expired records.
+
+    The constructor connects and creates the tables when missing, blocking (call it
+    before the runtime starts, or through ``gosim.syscall``); it raises
+    :class:`StoreUnavailable` when the server cannot be reached. One store object
+    serves one gosim runtime at a time.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "public",
+        group_commit: bool = True,
+        max_batch: int = 512,
+        pool_size: int = 4,
+        pool_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        retries: int = 8,
+        lock_timeout: float = 30.0,
+        application_name: str = "idempotency",
+        clock: Callable[[], float] | None = None,
+        sweep_every: int = 64,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        try:
+            info = conninfo_to_dict(dsn)
+        except psycopg.Error as exc:
+            raise ValueError(f"PostgresStore: {dsn!r} is not a connection string: {exc}") from exc
+        # The server as errors name it (never the password).
+        self.server = (
+            f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
+            f"/{info.get('dbname') or info.get('user') or ''}"
+        )
+        self._name = f"PostgresStore({self.server!r}, schema={schema!r})"
+        self._clock = clock
+        self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
+        self._retries = retries
+        if not lock_timeout > 0:
+            raise ValueError(
+                f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
+            )
+        self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
+        self._application_name = application_name
+        schema_id = sql.Identifier(schema)
+        self._records = sql.SQL("{}.idempotency_records").format(schema_id)
+        self._fence_seq = f"{_quote(schema)}.idempotency_fence"
+        self._sql = _statements(self._records, self._fence_seq)
+        self._search_path = (
+            None
+            if schema == "public"
+            else sql.SQL("SET search_path TO {}, public").format(schema_id)
+        )
+        self._pool = _Pool(self._connect, pool_size)
+        conn = self._pool.get(pool_timeout, self._name)
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for stmt in _schema(schema_id, self._records, self._fence_seq):
+                    conn.execute(stmt)
+        except psycopg.Error as exc:
+            self._pool.put(conn, broken=True)
+            self._pool.close()
+            raise self._store_error(exc, "creating the tables") from exc
+        self._pool.put(conn)
+        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+        self._sweep_every = sweep_every
+        self._batches_to_sweep = sweep_every
+
+    def __repr__(self) -> str:
+        return self._name
+
+    # ------------------------------------------------------------------ public API
+
+    def claim(
+        self, caller: str, key: str, fingerprint: bytes, lease: float
+    ) -> Coroutine[Any, Any, ClaimResult]:
+        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+            return raise_when_awaited(bad)
+        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
+
+    def complete(
+        self, caller: str, key: str, fence: int, completion: Completion
+    ) -> Coroutine[Any, Any, Record]:
+        bad = bad_completion(self, caller, key, completion) or _foreign(completion)
+        if bad is not None:
+            return raise_when_awaited(bad)
+        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
+
+    def claim_and_complete(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+    ) -> Coroutine[Any, Any, ClaimResult | Record]:
+        bad = self._bad_step(caller, key, lease, completion)
+        if bad is not None:
+            return raise_when_awaited(bad)
+        return self._committer.submit(
+            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
+        )
+
+    def claim_and_complete_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
+    ) -> None:
+        bad = self._bad_step(caller, key, lease, completion)
+        if bad is not None:
+            done(None, bad)
+            return
+        self._committer.submit_later(
+            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
+        )
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
+            raise bad
+        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
+
+    async def sweep(self) -> int:
+        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
+
+        return await gosim.syscall(self._sweep)
+
+    def now(self) -> float:
+        """The clock given to the store, else this machine's (an estimate of the
+        server's: used only to time waits, never to decide a record's state)."""
+        return self._clock() if self._clock is not None else time.time()
+
+    def statistics(self) -> StoreStatistics:
+        c = self._committer
+        return StoreStatistics(c.operations, c.batches, c.largest_batch)
+
+    def close(self) -> None:
+        with self._committer._thread_lock:  # not while a batch runs on its thread
+            self._pool.close()
+
+    def _bad_step(
+        self, caller: str, key: str, lease: float, completion: Completion
+    ) -> Exception | None:
+        bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        return bad or bad_completion(self, caller, key, completion) or _foreign(completion)
+
+    # ------------------------------------------------------- on the syscall thread
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A new connection of the pool (blocking: on a syscall thread, or in the
+        constructor): autocommit, so that the store's BEGIN and COMMIT are its own, and
+        ``synchronous_commit = on`` whatever the server's default."""
+        try:
+            conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=max(1, math.ceil(self._connect_timeout)),
+                application_name=self._application_name,
+            )
+        except psycopg.Error as exc:
+            raise self._store_error(exc, "connecting") from exc
+        try:
+            conn.execute("SET synchronous_commit = on")
+            conn.execute(sql.SQL("SET lock_timeout = {}").format(self._lock_timeout_ms))
+            if self._search_path is not None:
+                conn.execute(self._search_path)
+        except psycopg.Error as exc:
+            conn.close()
+            raise self._store_error(exc, "setting up a connection") from exc
+        return conn
+
+    def _store_error(self, exc: BaseException, doing: str) -> StoreUnavailable:
+        state = getattr(exc, "sqlstate", None)
+        code = f"SQLSTATE {state}" if state else type(exc).__name__
+        text = str(exc).strip().replace("\n", " ")
+        return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
+
+    def _now(self, cur: psycopg.Cursor[Any], claims: int) -> tuple[float, list[int]]:
+        """The time and ``claims`` fencing tokens (ascending), from the server, read
+        after the batch's row locks are held."""
+        cur.execute(self._sql["now"], (claims,))
+        row = cur.fetchone()
+        assert row is not None
+        server_now, fences = row
+        now = self._clock() if self._clock is not None else float(server_now)
+        return now, sorted(fences)
+
+    def _apply_batch(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
+        meanwhile, or one transaction each when one of them may have failed it."""
+        for attempt in range(self._retries + 1):
+            try:
+                conn = self._pool.get(self._pool_timeout, self._name)
+            except StoreUnavailable as exc:
+                for op in ops:
+                    op.result, op.error = None, exc
+                return
+            broken = False
+            try:
+                outcome = self._apply(conn, ops)
+            except BaseException:
+                broken = True
+                raise
+            finally:
+                broken = (
+                    broken
+                    or conn.closed
+                    or conn.info.transaction_status != (TransactionStatus.IDLE)
+                )
+                self._pool.put(conn, broken)
+            if outcome is _APPLIED:
+                return
+            if outcome is _DEAD_CONN:
+                if attempt < self._retries:
+                    continue
+                err = StoreUnavailable(
+                    f"{self._name}: no live connection after {attempt + 1} attempts"
+                )
+                for op in ops:
+                    op.error = err
+                return
+            for op in ops:
+                op.result = op.error = None
+            if outcome is _NEEDS_ALONE:
+                for op in ops:
+                    self._apply_batch([op])
+                return
+            # _RETRY: again, with the row inserted meanwhile now there to lock
+            if attempt == self._retries:
+                err = StoreUnavailable(
+                    f"{self._name}: a batch was rolled back {attempt + 1} times"
+                    " (deadlocks, serialization failures or keys inserted meanwhile)"
+                )
+                for op in ops:
+                    op.error = err
+
+    def _apply(self, conn: psycopg.Connection[Any], ops: list[Op]) -> str:
+        """Apply ``ops`` in order in one transaction; see the module docstring."""
+        cur = conn.cursor()
+        keys = sorted({(op.args[0], op.args[1]) for op in ops})
+        writes = any(op.kind in _WRITES for op in ops)
+        claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
+        clock = self._clock
+        reading = True  # nothing of the batch written yet
+        try:
+            # One round trip: BEGIN, the row locks, then the time and the tokens (the
+            # server runs them in order, so both are read once the locks are held).
+            q = self._sql["lock"] if writes else self._sql["read"]
+            timer = conn.cursor()
+            with conn.pipeline():
+                cur.execute("BEGIN", prepare=False)
+                cur.execute(q, (_dumps(keys),), **_PIPELINED)
+                if clock is None or claims:
+                    timer.execute(self._sql["now"], (claims,), **_PIPELINED)
+            reading = False
+            ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
+            for row in cur.fetchall():
+                caller, key = row[0], row[1]
+                try:
+                    ws[caller, key] = self._decode(row[2:], caller, key)
+                except CorruptedRecord as exc:
+                    ws[caller, key] = exc
+            existed = {rk for rk, rec in ws.items() if rec is not None}
+            if clock is None or claims:
+                row = timer.fetchone()
+                assert row is not None
+                now = clock() if clock is not None else row[0]
+                fences = sorted(row[1])
+            else:
+                now, fences = clock(), []
+            fence_at = 0
+            dirty: dict[tuple[str, str], Record | None] = {}
+            for op in ops:
+                kind = op.kind
+                try:
+                    if kind == _CLAIM:
+                        caller, key, fp, lease = op.args
+                        rk = (caller, key)
+                        res = claim(_current(ws, rk), fp, now, lease, fences[fence_at])
+                        if res.kind is ClaimKind.CLAIMED:
+                            fence_at += 1
+                            ws[rk] = dirty[rk] = res.record
+                        op.result = res
+                    elif kind == _COMPLETE:
+                        caller, key, f, c = op.args
+                        rk = (caller, key)
+                        rec = _current(ws, rk)
+                        if c.effect is None:
+                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
+                            ws[rk] = dirty[rk] = done
+                            op.result = done
+                        else:
+                            applied = self._effect_and_record(conn, op, f, c, rec, now, False)
+                            if applied is not None:
+                                ws[rk] = dirty[rk] = applied
+                    elif kind == _CLAIM_COMPLETE:
+                        caller, key, fp, lease, call, c = op.args
+                        rk = (caller, key)
+                        fence = fences[fence_at]
+                        res = claim(_current(ws, rk), fp, now, lease, fence)
+                        if res.kind is not ClaimKind.CLAIMED:
+                            op.result = res  # a replay, a mismatch, busy: nothing written
+                        else:
+                            fence_at += 1
+                            call.fence = fence
+                            if c.effect is None:
+                                done = complete(
+                                    res.record, fence, c.ok, c.payload, now, c.ttl, caller, key
+                                )
+                                ws[rk] = dirty[rk] = done
+                                op.result = done
+                            else:
+                                applied = self._effect_and_record(
+                                    conn, op, fence, c, res.record, now, True
+                                )
+                                if applied is not None:
+                                    ws[rk] = dirty[rk] = applied
+                    elif kind == _RELEASE:
+                        caller, key, f = op.args
+                        rk = (caller, key)
+                        try:
+                            release(_current(ws, rk), f, now, caller, key)
+                        except StaleClaim:
+                            op.result = False
+                        else:
+                            ws[rk] = dirty[rk] = None
+                            op.result = True
+                    elif kind == _GET:
+                        rec = _current(ws, (op.args[0], op.args[1]))
+                        op.result = rec if state_at(rec, now) else None
+                    else:  # _RENEW
+                        caller, key, f, lease = op.args
+                        rk = (caller, key)
+                        done = renew(_current(ws, rk), f, now, lease, caller, key)
+                        ws[rk] = dirty[rk] = done
+                        op.result = done
+                except (_Retry, psycopg.Error):
+                    raise  # the batch's, not this operation's
+                except Exception as exc:
+                    op.error = exc  # this operation's alone: it changed nothing
+            # One round trip: the writes, a sweep step, COMMIT (skipped by the server
+            # if a write failed: then the transaction is rolled back below).
+            with conn.pipeline():
+                if dirty:
+                    self._flush(cur, dirty, existed)
+                if self._sweep_every > 0 and writes:
+                    self._batches_to_sweep -= 1
+                    if self._batches_to_sweep <= 0:
+                        self._batches_to_sweep = self._sweep_every
+                        cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
+                cur.execute("COMMIT", prepare=False)
+        except _Retry:
+            _rollback(conn)
+            return _RETRY
+        except psycopg.Error as exc:
+            if reading and (conn.closed or conn.broken):
+                # A connection of the pool that died while idle (the server restarted,
+                # the backend was terminated), or that died now: nothing of the batch
+                # has been written, let alone committed. Another connection.
+                conn.close()
+                return _DEAD_CONN
+            _rollback(conn)
+            if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
+                return _RETRY
+            if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)) and not conn.closed:
+                # A value or a constraint refused: one operation's doing, not the
+                # store's. Alone, each fails (or not) by itself.
+                if len(ops) > 1:
+                    return _NEEDS_ALONE
+                ops[0].result, ops[0].error = None, exc
+                return _APPLIED
+            err = self._store_error(exc, "applying a batch")
+            for op in ops:
+                op.result, op.error = None, err
+        except Exception as exc:
+            # Not an operation's own error (those are caught above): an argument that
+            # broke the batch's shared code (one psycopg cannot send). Alone, it fails
+            # by itself.
+            _rollback(conn)
+            if len(ops) > 1:
+                return _NEEDS_ALONE
+            ops[0].result, ops[0].error = None, exc
+        except BaseException:
+            # An interrupt raised in an effect: nothing of the batch may be committed.
+            _rollback(conn)
+            for op in ops:
+                op.result = None
+            raise
+        return _APPLIED
+
+    def _flush(
+        self,
+        cur: psycopg.Cursor[Any],
+        dirty: dict[tuple[str, str], Record | None],
+        existed: set[tuple[str, str]],
+    ) -> None:
+        """Write the changed records back: one statement per kind of write. A key read
+        as absent that another transaction inserted meanwhile fails the insert with a
+        unique violation on the records' key (the batch is then applied again)."""
+        updates: list[tuple[Any, ...]] = []
+        inserts: list[tuple[Any, ...]] = []
+        deleted: list[tuple[str, str]] = []
+        for rk, rec in dirty.items():
+            if rec is None:
+                if rk in existed:
+                    deleted.append(rk)
+                continue
+            payload = rec.payload
+            (updates if rk in existed else inserts).append(
+                (rk[0], rk[1], rec.state, rec.fingerprint.hex(), rec.fence,
+                 repr(rec.expires_at), rec.ok, None if payload is None else payload.hex())
+            )  # fmt: skip
+        if deleted:
+            cur.execute(self._sql["delete"], (_dumps(deleted),), **_PIPELINED)
+        if updates:
+            cur.execute(self._sql["update"], (_dumps(updates),), **_PIPELINED)
+        if inserts:
+            cur.execute(self._sql["insert"], (_dumps(inserts),), **_PIPELINED)
+
+    def _effect_and_record(
+        self,
+        conn: psycopg.Connection[Any],
+        op: Op,
+        fence: int,
+        c: Completion,
+        rec: Record | None,
+        now: float,
+        just_claimed: bool,
+    ) -> Record | None:
+        """Run claim ``fence``'s effect in a savepoint; return its completed record, or
+        None when it failed (nothing of it stays and ``op`` carries the error)."""
+        caller, key = op.args[0], op.args[1]
+        effect = c.effect
+        assert isinstance(effect, PostgresEffect)  # checked before the batch
+        if not just_claimed:
+            # A stale holder's effect must not run: check the claim first.
+            complete(rec, fence, True, b"", now, c.ttl, caller, key)
+        conn.execute("SAVEPOINT idempotency_effect")
+
+        def undo() -> None:
+            conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
+
+        try:
+            ok, payload = run_effect(lambda: _checked(conn, effect.fn), c.max_result_bytes, undo)
+            done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
+        except Exception as exc:
+            if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
+                raise  # the connection is gone: the batch's failure
+            undo()
+            conn.execute("RELEASE SAVEPOINT idempotency_effect")
+            if getattr(exc, "sqlstate", None) in _RETRY_STATES:
+                raise _Retry from exc  # a deadlock, not the effect's fault: again
+            if isinstance(exc, (IdempotencyError, ApplicationError)):
+                raise
+            op.error = exc  # the effect's own failure: this call only
+            return None
+        conn.execute("RELEASE SAVEPOINT idempotency_effect")
+        op.result = done
+        return done
+
+    def _decode(self, row: tuple[Any, ...], caller: str, key: str) -> Record:
+        state, fp, fence, expires_at, ok, payload = row
+        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
+        if state not in (IN_PROGRESS, COMPLETED):
+            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
+        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
+            raise CorruptedRecord(
+                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
+            )
+        if fence < 1:
+            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
+        if state == COMPLETED:
+            if type(payload) is not bytes:
+                raise CorruptedRecord(f"{where}: completed without a payload: {payload!r:.80}")
+            return Record(COMPLETED, fp, fence, expires_at, ok, payload)
+        if payload is not None:
+            raise CorruptedRecord(f"{where}: in progress with a payload")
+        return Record(IN_PROGRESS, fp, fence, expires_at)
+
+    def _live_connection(self) -> psycopg.Connection[Any]:
+        """A connection of the pool checked with a round trip (for the sweep and the
+        operator's tools, which have no batch to retry): one that died while idle is
+        dropped and another taken."""
+        for _ in range(self._pool._size + 1):
+            conn = self._pool.get(self._pool_timeout, self._name)
+            try:
+                conn.execute("SELECT 1", prepare=False)
+            except psycopg.Error as exc:
+                self._pool.put(conn, broken=True)
+                if conn.closed or conn.broken:
+                    continue  # died while idle
+                raise self._store_error(exc, "checking a connection") from exc
+            except BaseException:
+                self._pool.put(conn, broken=True)
+                raise
+            return conn
+        raise StoreUnavailable(f"{self._name}: no live connection")
+
+    def _sweep(self) -> int:
+        """Delete every expired record, 1,000 at a time, each chunk its own short
+        transaction; rows a writer holds are skipped (they are being written)."""
+        deleted = 0
+        conn = self._live_connection()
+        broken = True
+        try:
+            while True:
+                with conn.transaction():
+                    if self._clock is not None:
+                        now = self._clock()
+                    else:
+                        row = conn.execute(self._sql["now"], (0,)).fetchone()
+                        assert row is not None
+                        now = float(row[0])
+                    n = conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK)).rowcount
+                deleted += n
+                if n < _SWEEP_CHUNK:
+                    broken = False
+                    return deleted
+        except psycopg.Error as exc:
+            raise self._store_error(exc, "sweeping") from exc
+        finally:
+            self._pool.put(conn, broken)
+
+    # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- the operator's path only
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        import gosim  # noqa: PLC0415 -- the operator's path only
+
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
+
+    def _inspect_or_forget(
+        self, caller: str, key: str, delete: bool, force: bool
+    ) -> StoredRecord | None:
+        """``inspect`` (a plain read) or ``forget`` (the row locked, checked and deleted
+        in one transaction, committed durably), on a connection of the pool."""
+        doing = "forgetting a record" if delete else "reading a record"
+        conn = self._live_connection()
+        broken = True
+        try:
+            with conn.transaction():
+                q = self._sql["lock"] if delete else self._sql["read"]
+                row = conn.execute(q, (_dumps([(caller, key)]),)).fetchone()
+                now, _ = self._now(conn.cursor(), 0)
+                held = None
+                if row is not None:
+                    try:
+                        held = StoredRecord(
+                            caller, key, self._decode(row[2:], caller, key), None, now
+                        )
+                    except CorruptedRecord as exc:
+                        held = StoredRecord(caller, key, None, str(exc), now)
+                    if delete:
+                        if not force and held.state == "IN_PROGRESS":
+                            broken = False
+                            raise InProgress(caller, key)
+                        conn.execute(self._sql["delete"], (_dumps([(caller, key)]),))
+            broken = False
+            return held
+        except psycopg.Error as exc:
+            raise self._store_error(exc, doing) from exc
+        finally:
+            self._pool.put(conn, broken)
+
+
+def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
+    """Whether ``schema`` of the database at ``dsn`` holds a store's records table,
+    looked up without creating anything (``python -m idempotency`` asks before opening
+    a store, which would create its tables). Blocking. ValueError for a connection
+    string libpq refuses; StoreUnavailable when the server cannot be reached."""
+    try:
+        with psycopg.connect(
+            dsn, connect_timeout=max(1, math.ceil(connect_timeout)), autocommit=True
+        ) as conn:
+            row = conn.execute(
+                "SELECT to_regclass(format('%%I.idempotency_records', %s::text))", (schema,)
+            ).fetchone()
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(str(exc)) from exc
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return row is not None and row[0] is not None
+
+
+_SCHEMA_LOCK: Final = 0x1DE4_7051  # the advisory lock taken while creating tables
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _schema(
+    schema: sql.Identifier, records: sql.Composed, seq: str
+) -> list[sql.SQL | sql.Composed]:
+    return [
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {} (
+                caller      text     NOT NULL,
+                key         text     NOT NULL,
+                state       smallint NOT NULL,  -- _record.State: 1 in progress, 2 completed
+                fingerprint bytea    NOT NULL,  -- SHA-256 of the canonical request
+                fence       bigint   NOT NULL,  -- fencing token of the claim that wrote it
+                expires_at  float8   NOT NULL   -- lease deadline or end of retention (Unix s)
+                    CONSTRAINT expires_at_is_a_number CHECK (expires_at <> 'NaN'),
+                ok          boolean  NOT NULL,  -- completed: true a value, false an error
+                payload     bytea,              -- completed: msgpack outcome; NULL else
+                PRIMARY KEY (caller, key)
+            )"""
+        ).format(records),
+        # The sweep reads expired rows through this index, never the whole table.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS idempotency_records_expires_at ON {} (expires_at)"
+        ).format(records),
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS " + seq.replace("{", "{{").replace("}", "}}")),
+    ]
+
+
+def _statements(records: sql.Composed, seq: str) -> dict[str, sql.SQL | sql.Composed]:
+    cols = "r.caller, r.key, r.state, r.fingerprint, r.fence, r.expires_at, r.ok, r.payload"
+    # A batch's keys and rows go as one JSON parameter: json.dumps and bytes.hex are C,
+    # where psycopg dumps an array element by element in Python (most of a batch's CPU
+    # time when measured). Blobs go as hex; floats as their repr ('inf' included).
+    keys = "(SELECT j->>0 AS caller, j->>1 AS key FROM json_array_elements(%s::json) j) AS w"
+    rows = (
+        "(SELECT j->>0 AS caller, j->>1 AS key, (j->>2)::int2 AS state,"
+        " decode(j->>3, 'hex') AS fingerprint, (j->>4)::int8 AS fence,"
+        " (j->>5)::float8 AS expires_at, (j->>6)::bool AS ok, decode(j->>7, 'hex') AS payload"
+        " FROM json_array_elements(%s::json) j) AS v"
+    )
+
+    def q(text: str) -> sql.Composed:
+        return sql.SQL(text).format(records)
+
+    seq_lit = seq.replace("'", "''")
+    return {
+        # In key order, so that two batches lock the rows they share in the same order.
+        "lock": q(
+            f"SELECT {cols} FROM {{}} r JOIN {keys} USING (caller, key)"
+            " ORDER BY r.caller, r.key FOR UPDATE OF r"
+        ),
+        "read": q(f"SELECT {cols} FROM {{}} r JOIN {keys} USING (caller, key)"),
+        "now": sql.SQL(
+            "SELECT extract(epoch FROM clock_timestamp())::float8,"
+            f" ARRAY(SELECT nextval('{seq_lit}') FROM generate_series(1, %s))"
+        ),
+        "update": q(
+            f"UPDATE {{}} r SET state = v.state, fingerprint = v.fingerprint, fence = v.fence,"
+            f" expires_at = v.expires_at, ok = v.ok, payload = v.payload FROM {rows}"
+            " WHERE r.caller = v.caller AND r.key = v.key"
+        ),
+        "insert": q(
+            "INSERT INTO {} (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
+            f" SELECT v.* FROM {rows}"
+        ),
+        "delete": q(f"DELETE FROM {{}} r USING {keys} WHERE r.caller = w.caller AND r.key = w.key"),
+        # Expired rows through the expires_at index; rows another transaction holds
+        # are skipped, so the sweep never waits for a writer.
+        "sweep": q(
+            "DELETE FROM {0} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {0}"
+            " WHERE expires_at <= %s ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))"
+        ),
+    }
+
+
+def _foreign(completion: Completion) -> TypeError | None:
+    effect = completion.effect
+    if effect is not None and not isinstance(effect, PostgresEffect):
+        return TypeError(f"PostgresStore cannot run a {type(effect).__name__}")
+    return None
+
+
+def _current(
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
+) -> Record | None:
+    rec = ws[rk]
+    if isinstance(rec, CorruptedRecord):
+        raise rec
+    return rec
+
+
+def _checked(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], Any]) -> Any:
+    """``fn(conn)``, refusing a result when ``fn`` swallowed an error of its own SQL: its
+    transaction is then failed, and only rolling its savepoint back saves the batch."""
+    value = fn(conn)
+    if conn.info.transaction_status == TransactionStatus.INERROR:
+        raise RuntimeError(
+            "PostgresEffect returned with its transaction failed (it caught an error of"
+            " its own SQL): its writes are rolled back"
+        )
+    return value
+
+
+# Compact JSON, NUL and lone surrogates escaped (PostgreSQL then refuses them, and the
+# operation that brought them fails alone).
+_dumps: Final = functools.partial(json.dumps, separators=(",", ":"))
+
+
+def _inserted_meanwhile(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is the batch's insert meeting a record another transaction
+    inserted (and committed) after this batch read the key as absent."""
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and exc.diag.table_name == "idempotency_records"
+    )
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    """End the batch's transaction, if any, writing nothing; a connection this fails on
+    is closed (the pool drops it)."""
+    if conn.closed:
+        return
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+    except psycopg.Error:
+        conn.close()

@@ -1,0 +1,452 @@
+"""PostgresStore against a real PostgreSQL cluster of the tests' own, where the contract
+suite does not reach: a backend terminated mid-transaction, the server stopped and
+started mid-effect, several processes writing the same keys at once, a sweep that never
+waits for a writer, the pool's bound, and errors that name the server and SQLSTATE."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+import gosim
+from idempotency import Call, Idempotency, StoreUnavailable
+from idempotency._keys import fingerprint
+from idempotency._record import ClaimKind
+from idempotency.stores import Completion
+
+psycopg = pytest.importorskip("psycopg", reason="PostgresStore needs psycopg 3")
+
+from idempotency import PostgresEffect, PostgresStore  # noqa: E402
+
+SERVER = r"PostgresStore\('127\.0\.0\.1:\d+/postgres'"
+
+
+def _schema(tag: str) -> str:
+    return f"{tag}{os.getpid()}_{time.monotonic_ns()}"
+
+
+def _applied_table(server: Any, schema: str) -> None:
+    server.sql(f"CREATE TABLE {schema}.applied (key text PRIMARY KEY)")
+
+
+def _applied(server: Any, schema: str) -> list[str]:
+    return sorted(k for (k,) in server.sql(f"SELECT key FROM {schema}.applied"))
+
+
+def _recorded(server: Any, schema: str) -> list[str]:
+    rows = server.sql(f"SELECT key FROM {schema}.idempotency_records WHERE state = 2")
+    return sorted(k for (k,) in rows)
+
+
+def _insert(key: str) -> PostgresEffect:
+    def fn(conn: Any) -> str:
+        conn.execute("INSERT INTO applied VALUES (%s)", (key,))
+        return key
+
+    return PostgresEffect(fn)
+
+
+async def _gather(calls: list[Any]) -> list[Any]:
+    """Run every call (an awaitable factory) in a goroutine of its own, at once; what
+    each returned or raised, in order."""
+    results: list[Any] = [None] * len(calls)
+    done: gosim.Chan[None] = gosim.Chan(len(calls))
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await calls[i]()
+        except Exception as exc:
+            results[i] = exc
+        await done.send(None)
+
+    for i in range(len(calls)):
+        gosim.go(one, i)
+    for _ in calls:
+        await done.recv()
+    return results
+
+
+def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
+    """The first effect of a batch has its backend terminated (``pg_terminate_backend``)
+    while its transaction is open: every call of the batch fails with StoreUnavailable
+    naming the server and SQLSTATE 57P01, nothing of the batch is committed, the pool
+    replaces the connection, and retries apply each effect exactly once."""
+    schema = _schema("term")
+    store = PostgresStore(postgres_server.dsn, schema=schema)
+    _applied_table(postgres_server, schema)
+    terminated: list[int] = []
+
+    def effect(call: Call) -> PostgresEffect:
+        key = call.key
+
+        def fn(conn: Any) -> str:
+            conn.execute("INSERT INTO applied VALUES (%s)", (key,))
+            if not terminated:
+                terminated.append(conn.info.backend_pid)
+                postgres_server.sql("SELECT pg_terminate_backend(%s)", (terminated[0],))
+            conn.execute("SELECT 1")
+            return key
+
+        return PostgresEffect(fn)
+
+    idem = Idempotency(store)
+    keys = [f"k{i}" for i in range(8)]
+
+    def run(key: str) -> Any:
+        return lambda: idem.run(caller="c", key=key, request=("op", [key]), handler=effect)
+
+    async def first() -> list[Any]:
+        return await _gather([run(k) for k in keys])
+
+    results = gosim.run(first, procs=1)
+    failed = [r for r in results if isinstance(r, StoreUnavailable)]
+    assert failed, results
+    for err in failed:
+        assert "SQLSTATE 57P01" in str(err) and err.args, err
+    assert all(re.search(SERVER, str(e)) for e in failed), failed
+    assert len(terminated) == 1
+    # The terminated transaction took its effects with it; the batch's others failed
+    # with it (or, if they were in a batch of their own, completed).
+    done = [k for k, r in zip(keys, results, strict=True) if not isinstance(r, Exception)]
+    assert _applied(postgres_server, schema) == sorted(done) == _recorded(postgres_server, schema)
+
+    async def again() -> list[Any]:
+        return await _gather([run(k) for k in keys])
+
+    outcomes = gosim.run(again, procs=1)
+    assert all(not isinstance(o, Exception) for o in outcomes), outcomes
+    assert [o.value for o in outcomes] == keys
+    assert _applied(postgres_server, schema) == sorted(keys) == _recorded(postgres_server, schema)
+    # A connection that died while idle in the pool is found dead before anything of a
+    # batch is sent on it: the batch goes on another, and the call does not fail.
+    idle = [conn.info.backend_pid for conn in store._pool._idle]
+    assert idle
+    for pid in idle:
+        postgres_server.sql("SELECT pg_terminate_backend(%s)", (pid,))
+
+    async def after() -> Any:
+        return await idem.run(caller="c", key="late", request=("op", []), handler=effect)
+
+    assert gosim.run(after, procs=1).value == "late"
+    for pid in [conn.info.backend_pid for conn in store._pool._idle]:
+        postgres_server.sql("SELECT pg_terminate_backend(%s)", (pid,))
+
+    async def operator() -> Any:  # the operator's tools find a live connection too
+        return await store.inspect("c", "late")
+
+    seen = gosim.run(operator, procs=1)
+    assert seen is not None and seen.state == "COMPLETED"
+    store.close()
+
+
+def test_server_stopped_mid_effect_then_started(own_postgres: Any) -> None:
+    """PostgreSQL is stopped (``pg_ctl stop -m immediate``: every process ends at once,
+    recovery at the next start) while an effect's transaction is open: the call fails
+    with StoreUnavailable, so do calls while the server is down, nothing acknowledged
+    is lost, and once it is back the interrupted key runs once (its claim lapses)."""
+    schema = _schema("stop")
+    store = PostgresStore(own_postgres.dsn, schema=schema, connect_timeout=2)
+    _applied_table(own_postgres, schema)
+    runs: list[int] = []
+
+    async def acknowledged() -> Any:
+        return await Idempotency(store).run(
+            caller="c", key="acked", request=("op", []), handler=lambda c: _insert("acked")
+        )
+
+    first = gosim.run(acknowledged)
+
+    def stopper(call: Call) -> PostgresEffect:
+        runs.append(call.fence)
+
+        def fn(conn: Any) -> str:
+            conn.execute("INSERT INTO applied VALUES ('k')")
+            if len(runs) == 1:
+                own_postgres.stop("immediate")  # the server dies in this transaction
+            return "done"
+
+        return PostgresEffect(fn)
+
+    async def mid_effect() -> None:
+        with pytest.raises(StoreUnavailable, match=SERVER):
+            await Idempotency(store, lease=1.0).run(
+                caller="c", key="k", request=("op", []), handler=stopper
+            )
+        with pytest.raises(StoreUnavailable, match=SERVER + r".*connecting"):
+            await Idempotency(store).run(
+                caller="c", key="other", request=("op", []), handler=stopper
+            )
+
+    gosim.run(mid_effect)
+    own_postgres.start()  # the same data directory: WAL replayed
+
+    async def back() -> tuple[Any, Any]:
+        idem = Idempotency(store, lease=1.0)
+        kept = await idem.run(
+            caller="c", key="acked", request=("op", []), handler=lambda c: _insert("x")
+        )
+        retried = await idem.run(
+            caller="c", key="k", request=("op", []), handler=stopper, timeout=10
+        )
+        return kept, retried
+
+    kept, retried = gosim.run(back)
+    assert kept.replayed and kept.payload == first.payload  # nothing acknowledged lost
+    assert retried.value == "done" and not retried.replayed and len(runs) == 2
+    assert runs[1] > runs[0]
+    assert _applied(own_postgres, schema) == ["acked", "k"]  # each effect once
+    store.close()
+
+
+SHARER = textwrap.dedent(
+    """
+    import sys
+    import gosim
+    from idempotency import Idempotency, PostgresEffect, PostgresStore
+
+    dsn, schema, n_keys = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    store = PostgresStore(dsn, schema=schema)
+
+    def effect(key):
+        def fn(conn):
+            conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+            conn.execute("UPDATE totals SET n = n + 1")
+            return key
+        return PostgresEffect(fn)
+
+    async def main():
+        idem = Idempotency(store)
+        done = gosim.Chan(20)
+
+        async def worker(w):
+            for i in range(w, n_keys, 20):
+                key = f"t{i}"
+                out = await idem.run(caller="c", key=key, request=("apply", [key]),
+                                     handler=lambda call, key=key: effect(key), timeout=60)
+                assert out.value == key
+            await done.send(None)
+
+        for w in range(20):
+            gosim.go(worker, w)
+        for _ in range(20):
+            await done.recv()
+
+    gosim.run(main)
+    print(store.statistics().largest_batch, flush=True)
+    """
+)
+
+
+def test_processes_share_the_keys_each_effect_once(postgres_server: Any) -> None:
+    """Three processes run the same 300 keys at once, each with 20 concurrent callers:
+    row locks and ``INSERT ... ON CONFLICT`` serialise them per key (no table lock),
+    every effect is applied once, and every key is recorded once."""
+    schema = _schema("share")
+    n_keys = 300
+    PostgresStore(postgres_server.dsn, schema=schema).close()
+    postgres_server.sql(
+        f"CREATE TABLE {schema}.applied (key text PRIMARY KEY);"
+        f"CREATE TABLE {schema}.totals (n integer); INSERT INTO {schema}.totals VALUES (0)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARER, postgres_server.dsn, schema, str(n_keys)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert max(int(o.split()[-1]) for o in outs) > 1  # group commit happened
+    keys = sorted(f"t{i}" for i in range(n_keys))
+    assert _applied(postgres_server, schema) == keys == _recorded(postgres_server, schema)
+    assert postgres_server.sql(f"SELECT n FROM {schema}.totals") == [(n_keys,)]
+
+
+def test_sweep_skips_rows_a_writer_holds_and_reads_the_index(postgres_server: Any) -> None:
+    """The sweep deletes expired records without waiting for a transaction that holds
+    one (``SKIP LOCKED``: that row is left for a later sweep), and finds expired rows
+    through the ``expires_at`` index, not a scan of the table."""
+    now = [1_700_000_000.0]
+    schema = _schema("sweep")
+    store = PostgresStore(postgres_server.dsn, schema=schema, clock=lambda: now[0])
+    table = f"{schema}.idempotency_records"
+
+    async def fill() -> None:
+        for i in range(6):
+            await store.claim("c", f"k{i}", fingerprint("op", [i]), 10.0)
+
+    gosim.run(fill)
+    now[0] += 20  # every claim has lapsed
+    with psycopg.connect(postgres_server.dsn) as holder:  # a writer holding k0's row
+        holder.execute(f"SELECT 1 FROM {table} WHERE key = 'k0' FOR UPDATE")
+
+        async def sweep() -> int:
+            return await store.sweep()
+
+        assert gosim.run(sweep) == 5  # k0 skipped, not waited for
+        holder.rollback()
+    assert gosim.run(sweep) == 1
+    # Many live records and a few expired: the planner reads the index.
+    postgres_server.sql(
+        f"INSERT INTO {table} SELECT 'bulk', i::text, 2, '\\x00', i, 1e12, true, '\\x00'"
+        " FROM generate_series(1, 20000) i"
+    )
+    postgres_server.sql(f"ANALYZE {table}")
+    plan = "\n".join(
+        row[0]
+        for row in postgres_server.sql(
+            f"EXPLAIN DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table}"
+            " WHERE expires_at <= 1700000020 ORDER BY expires_at LIMIT 1000"
+            " FOR UPDATE SKIP LOCKED))"
+        )
+    )
+    assert "idempotency_records_expires_at" in plan, plan
+    store.close()
+
+
+def test_the_pool_is_bounded_and_its_wait_times_out(postgres_server: Any) -> None:
+    """With one connection, an operator's read waits for the batch that holds it and
+    gives up after ``pool_timeout`` with StoreUnavailable saying so."""
+    schema = _schema("pool")
+    store = PostgresStore(postgres_server.dsn, schema=schema, pool_size=1, pool_timeout=0.3)
+
+    def slow(call: Call) -> PostgresEffect:
+        return PostgresEffect(lambda conn: conn.execute("SELECT pg_sleep(1.5)") and "slow")
+
+    async def main() -> None:
+        idem = Idempotency(store)
+        out: gosim.Chan[Any] = gosim.Chan(1)
+
+        async def holder() -> None:
+            await out.send(await idem.run(caller="c", key="k", request=("op", []), handler=slow))
+
+        gosim.go(holder)
+        await gosim.sleep(0.5)  # the holder's batch has the only connection
+        with pytest.raises(StoreUnavailable, match=SERVER + r".*no connection of the pool"):
+            await store.inspect("c", "other")
+        assert (await out.recv()).value == "slow"
+        assert await store.inspect("c", "other") is None  # free again
+
+    gosim.run(main)
+    store.close()
+
+
+def test_fences_rise_across_stores_of_one_database(postgres_server: Any) -> None:
+    """Two stores (two processes' worth of connections) on one schema: tokens come
+    from the database's sequence, so each claim's is above every earlier one's."""
+    schema = _schema("fence")
+    a = PostgresStore(postgres_server.dsn, schema=schema)
+    b = PostgresStore(postgres_server.dsn, schema=schema)
+
+    async def main() -> list[int]:
+        fences = []
+        for i in range(6):
+            s = a if i % 2 else b
+            res = await s.claim("c", f"k{i}", fingerprint("op", []), 60.0)
+            assert res.kind is ClaimKind.CLAIMED
+            fences.append(res.record.fence)
+        # b sees a's claims: the same rows, the same database clock.
+        busy = await b.claim("c", "k1", fingerprint("op", []), 60.0)
+        assert busy.kind is ClaimKind.BUSY and busy.record.fence == fences[1]
+        done = await b.complete("c", "k1", fences[1], Completion(True, b"\xc0", None, 60.0, 100))
+        assert (await a.get("c", "k1")) == done
+        return fences
+
+    fences = gosim.run(main)
+    assert fences == sorted(fences) and len(set(fences)) == 6
+    a.close()
+    b.close()
+
+
+def test_an_unreachable_server_is_named(postgres_server: Any) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreUnavailable, match=rf"127\.0\.0\.1:{port}/postgres.*connecting"):
+        PostgresStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2)
+
+
+def test_a_key_inserted_meanwhile_by_another_process_reruns_the_batch(
+    postgres_server: Any,
+) -> None:
+    """A batch reads a key as absent; before it writes, another process claims the key
+    and commits (here: a row inserted from another connection while the batch's effect
+    runs). The batch's insert meets the new row, the batch is rolled back and applied
+    again, and this time sees the other claim: the call is refused as in progress,
+    nothing of its first run is kept, and the other's record stands."""
+    from idempotency import InProgress  # noqa: PLC0415
+
+    schema = _schema("race")
+    store = PostgresStore(postgres_server.dsn, schema=schema)
+    fp = fingerprint("op", [])
+    runs: list[int] = []
+
+    def effect(call: Call) -> PostgresEffect:
+        def fn(conn: Any) -> str:
+            runs.append(call.fence)
+            if len(runs) == 1:  # the rival commits its claim now
+                postgres_server.sql(
+                    f"INSERT INTO {schema}.idempotency_records VALUES ('c', 'k', 1, %s,"
+                    f" nextval('{schema}.idempotency_fence'), 'Infinity', true, NULL)",
+                    (fp,),
+                )
+            return "mine"
+
+        return PostgresEffect(fn)
+
+    async def main() -> None:
+        with pytest.raises(InProgress):
+            await Idempotency(store).run(
+                caller="c", key="k", request=("op", []), handler=effect, one_step=True,
+                wait=False,
+            )  # fmt: skip
+
+    gosim.run(main)
+    assert len(runs) == 1  # the second run saw the rival's claim: no effect ran again
+    rows = postgres_server.sql(f"SELECT state, fence FROM {schema}.idempotency_records")
+    assert len(rows) == 1 and rows[0][0] == 1 and rows[0][1] > runs[0]
+    store.close()
+
+
+def test_a_row_held_too_long_by_another_transaction_fails_the_batch_by_name(
+    postgres_server: Any,
+) -> None:
+    """Another transaction holds a key's row (a slow effect elsewhere): the batch waits
+    ``lock_timeout``, then its calls fail with StoreUnavailable naming the server and
+    SQLSTATE 55P03; once the row is free the same call goes through."""
+    schema = _schema("lock")
+    store = PostgresStore(postgres_server.dsn, schema=schema, lock_timeout=0.3)
+    fp = fingerprint("op", [])
+
+    async def claim() -> Any:
+        return await store.claim("c", "k", fp, 60.0)
+
+    first = gosim.run(claim)
+    with psycopg.connect(postgres_server.dsn) as holder:
+        holder.execute(f"SELECT 1 FROM {schema}.idempotency_records WHERE key = 'k' FOR UPDATE")
+
+        async def blocked() -> None:
+            with pytest.raises(StoreUnavailable, match=SERVER + r".*SQLSTATE 55P03"):
+                await store.claim("c", "k", fp, 60.0)  # a write: it locks the row
+
+        gosim.run(blocked)
+        holder.rollback()
+    again = gosim.run(claim)
+    assert again.kind is ClaimKind.BUSY and again.record.fence == first.record.fence
+    store.close()
