@@ -76,7 +76,7 @@ from ._keys import (
 )
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult, Record
-from .stores._contract import (
+from .stores import (
     Completion,
     Effect,
     OneStepStore,

@@ -51,10 +51,10 @@ from numba import types
 from numba.core import cgutils as _cgutils_typed
 from numba.extending import intrinsic
 
-# JIT_ENABLED (gosim._numba's one flag, re-exported): True when numba compiles and the
+# JIT_ENABLED (gosim.jit's one flag, re-exported): True when numba compiles and the
 # functions below are real atomic instructions; False means the lock-based pure-Python
 # fallback is in use.
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gosim._numba import kernel
+from gosim.jit import kernel
 
 from ._bits import bit, ctz64, shr
 from ._layout import (

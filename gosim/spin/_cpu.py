@@ -33,7 +33,7 @@ from numba import types
 from numba.core import cgutils as _cgutils_typed
 from numba.extending import intrinsic
 
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 
@@ -54,7 +54,7 @@ __all__ = [
     "procyield",
 ]
 
-_kernel = kernel(refcounts=False)  # no allocation: see gosim._numba.kernel
+_kernel = kernel(refcounts=False)  # no allocation: see gosim.jit.kernel
 
 
 _MACHINE = platform.machine().lower()

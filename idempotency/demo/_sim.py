@@ -34,8 +34,7 @@ from gosim import Chan, go, lowlevel, net
 
 from .._errors import StoreUnavailable
 from .._record import ClaimResult, Record
-from ..stores import Store, StoreStatistics
-from ..stores._contract import Completion
+from ..stores import Completion, Store, StoreStatistics
 from ._clients import run_fleet
 from ._ledger import MemoryLedger, make_server
 from ._proxy import FaultPlan, serve_proxy

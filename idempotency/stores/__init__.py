@@ -3,6 +3,10 @@
 ``MemoryStore`` (one process, runtime clock), ``SQLiteStore`` (one file, durable, group
 commit; the default) and ``RedisStore`` (shared by processes and machines). The Redis
 store is imported on first use, so redis-py is needed only by those who use it.
+
+For ``Idempotency`` and for authors of a store, the contract's two helpers are here too:
+``deliver`` (the callback APIs' fallback: await a step, then call back) and
+``new_completion`` (a :class:`Completion` built in one C call).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -14,6 +18,8 @@ from ._contract import Store as Store
 from ._contract import StoredRecord as StoredRecord
 from ._contract import StoreStatistics as StoreStatistics
 from ._contract import SynchronousStore as SynchronousStore
+from ._contract import deliver as deliver
+from ._contract import new_completion as new_completion
 from .memory import MemoryEffect as MemoryEffect
 from .memory import MemoryStore as MemoryStore
 from .sqlite import SQLiteEffect as SQLiteEffect
@@ -37,6 +43,8 @@ __all__ = [
     "StoreStatistics",
     "StoredRecord",
     "SynchronousStore",
+    "deliver",
+    "new_completion",
 ]
 
 

@@ -1,5 +1,9 @@
 """The one way this project compiles with numba: :func:`kernel` and :data:`JIT_ENABLED`.
 
+Public because the packages above gosim (netframe's frame-boundary scan) declare their
+kernels through it too: one decorator and one flag for the whole project, reached
+without importing a private module of gosim.
+
 Every numba kernel in the project (the atomics, the spinlocks and their contention
 kernels, the allocator's bit scans, netframe's frame-boundary scan) is compiled through
 :func:`kernel`, so they share one set of options: ``nogil=True`` (a kernel never needs
@@ -28,7 +32,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _jit_enabled(environ: dict[str, str] | os._Environ[str]) -> bool:
     # numba.core.config reads NUMBA_DISABLE_JIT as int(value), default 0, and falls back
     # to the default (with a warning) when int() fails; empty means unset.
-    # tests/gosim/test_numba.py checks this against numba's own reading.
+    # tests/gosim/test_jit.py checks this against numba's own reading.
     value = environ.get("NUMBA_DISABLE_JIT", "")
     if not value:
         return True
