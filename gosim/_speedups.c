@@ -1,23 +1,33 @@
 /* gosim._speedups: the scheduler's and channels' hot paths in C.
  *
- * The pure-Python implementation (gosim/_chan.py, gosim/_core/: _g.py, _runq.py,
- * _schedule.py, _runtime.py) is the
- * reference and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it
- * off. Both are tested by the same suite. What lives here:
+ * The pure-Python implementation (gosim/_chan.py, gosim/_select.py, gosim/_core/:
+ * _g.py, _runq.py, _schedule.py, _runtime.py, _timers.py, _state.py) is the reference
+ * and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it off. Both
+ * are tested by the same suite. The thirteen types it holds, in file order:
  *
  *   State      the per-thread "current runtime" slot (gosim._core._state._state), readable from C.
  *   GBase      a goroutine record's fields (gosim._core._g.G subclasses it).
  *   PBase      a processor's fields (gosim._core._runq.P subclasses it).
+ *   TimerBase  a runtime timer's fields (gosim._core._timers.Timer subclasses it).
+ *   TimerHeapBase  a P's timer heap (gosim._core._timers.TimerHeap subclasses it);
+ *              with RuntimeBase's addtimer/deltimer, Sysmon's _addtimer_py/_deltimer_py.
  *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
  *              call_boxes, main_goexited) and _burst, the driver's inner loop.
- *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
- *              async iteration.
- *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
- *              `await` through am_send: no Python frame, no StopIteration object.
+ *   Done       the finished awaitable a send that completes at once returns (DONE).
+ *   Trap       `await trap(what)`: gosim._core._state._trap's twin, with no generator frame.
  *   Sudog      a select's waiter on one channel (gosim._core._g.Sudog's twin); the wait
  *              queues hold Gs and Sudogs, whose fields the channel code reads directly.
+ *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
+ *              `await` through am_send: no Python frame, no StopIteration object.
+ *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
+ *              async iteration.
  *   SelectOp   the awaitable select() returns: Go's selectgo (gosim/_select.py's twin),
  *              with the recv()/send() case builders.
+ *   MonotonicClock  trio's SystemClock.current_time (offset + perf_counter) in C, the
+ *              runtime's clock read (installed by gosim._core._schedule).
+ *
+ * and the module functions configure, reset_budget, trap, go (newproc's common case,
+ * gosim._core._runq's twin), select, recv, send and configure_select.
  *
  * Semantics are Go's chansend/chanrecv/closechan/selectgo and are documented, step by
  * step, in gosim/_chan.py and gosim/_select.py; the implementations must stay in step.
