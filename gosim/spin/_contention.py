@@ -24,8 +24,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from gosim.jit import kernel
 from gosim.atomic import atomic_add, atomic_load_acquire
+from gosim.jit import kernel
 
 from . import _kernels as k
 from ._cpu import cpu_relax

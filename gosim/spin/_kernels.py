@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gosim.jit import kernel
 from gosim.atomic import (
     atomic_cas,
     atomic_fetch_add,
@@ -37,6 +36,7 @@ from gosim.atomic import (
     atomic_store_release,
     atomic_swap,
 )
+from gosim.jit import kernel
 
 from ._cpu import cpu_relax, futexsleep, futexwakeup, osyield, procyield
 
