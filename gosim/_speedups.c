@@ -1,23 +1,33 @@
 /* gosim._speedups: the scheduler's and channels' hot paths in C.
  *
- * The pure-Python implementation (gosim/_chan.py, gosim/_core/: _g.py, _runq.py,
- * _schedule.py, _runtime.py) is the
- * reference and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it
- * off. Both are tested by the same suite. What lives here:
+ * The pure-Python implementation (gosim/_chan.py, gosim/_select.py, gosim/_core/:
+ * _g.py, _runq.py, _schedule.py, _runtime.py, _timers.py, _state.py) is the reference
+ * and the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it off. Both
+ * are tested by the same suite. The thirteen types it holds, in file order:
  *
  *   State      the per-thread "current runtime" slot (gosim._core._state._state), readable from C.
  *   GBase      a goroutine record's fields (gosim._core._g.G subclasses it).
  *   PBase      a processor's fields (gosim._core._runq.P subclasses it).
+ *   TimerBase  a runtime timer's fields (gosim._core._timers.Timer subclasses it).
+ *   TimerHeapBase  a P's timer heap (gosim._core._timers.TimerHeap subclasses it);
+ *              with RuntimeBase's addtimer/deltimer, Sysmon's _addtimer_py/_deltimer_py.
  *   RuntimeBase  the fields the hot paths touch (curg, curp, trace, nswitch, allg,
  *              call_boxes, main_goexited) and _burst, the driver's inner loop.
- *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
- *              async iteration.
- *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
- *              `await` through am_send: no Python frame, no StopIteration object.
+ *   Done       the finished awaitable a send that completes at once returns (DONE).
+ *   Trap       `await trap(what)`: gosim._core._state._trap's twin, with no generator frame.
  *   Sudog      a select's waiter on one channel (gosim._core._g.Sudog's twin); the wait
  *              queues hold Gs and Sudogs, whose fields the channel code reads directly.
+ *   ChanOp     the awaitable a receive (or a send that must park) returns. It answers
+ *              `await` through am_send: no Python frame, no StopIteration object.
+ *   Chan       a whole channel: ring buffer, wait queues, send/recv/recv2/try_*, close,
+ *              async iteration.
  *   SelectOp   the awaitable select() returns: Go's selectgo (gosim/_select.py's twin),
  *              with the recv()/send() case builders.
+ *   MonotonicClock  trio's SystemClock.current_time (offset + perf_counter) in C, the
+ *              runtime's clock read (installed by gosim._core._schedule).
+ *
+ * and the module functions configure, reset_budget, trap, go (newproc's common case,
+ * gosim._core._runq's twin), select, recv, send and configure_select.
  *
  * Semantics are Go's chansend/chanrecv/closechan/selectgo and are documented, step by
  * step, in gosim/_chan.py and gosim/_select.py; the implementations must stay in step.
@@ -1954,6 +1964,26 @@ yield_preempt(ChanOpObject *op, PyObject *res, PyObject **result)
     return PYGEN_NEXT;
 }
 
+/* Finish an operation that completed without parking with res (stolen), spending one
+ * unit of the op budget (the rule in gosim/_chan.py): at once, or after a preempt yield. */
+static inline PySendResult
+chanop_finish(ChanOpObject *op, PyObject *res, PyObject **result)
+{
+    if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
+        int due = preempt_due();
+        if (due < 0) {
+            Py_DECREF(res);
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (due)
+            return yield_preempt(op, res, result);
+    }
+    op->state = ST_DONE;
+    *result = res;
+    return PYGEN_RETURN;
+}
+
 static PySendResult
 ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
 {
@@ -2018,11 +2048,8 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
-        if (rc == 1) {
-            op->state = ST_DONE;
-            *result = Py_NewRef(Py_None);
-            return PYGEN_RETURN;
-        }
+        if (rc == 1)
+            return chanop_finish(op, Py_NewRef(Py_None), result);
         GObject *g = (GObject *)rt->curg;
         Py_SETREF(g->elem, Py_NewRef(op->value));
         Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_SEND));
@@ -2059,19 +2086,7 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
                 return PYGEN_ERROR;
             }
         }
-        if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
-            int due = preempt_due();
-            if (due < 0) {
-                Py_DECREF(res);
-                *result = NULL;
-                return PYGEN_ERROR;
-            }
-            if (due)
-                return yield_preempt(op, res, result);
-        }
-        op->state = ST_DONE;
-        *result = res;
-        return PYGEN_RETURN;
+        return chanop_finish(op, res, result);
     }
     RtObject *rt = (RtObject *)current_rt;
     if (rt == NULL || !G_Check(rt->curg)) {

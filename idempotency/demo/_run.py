@@ -65,7 +65,16 @@ from ._audit import (
 )
 from ._ledger import LedgerSpec, create_ledger, read_ledger
 
-__all__ = ["CHILD_ENV", "Options", "RedisServer", "audit", "read_logs", "report_tables", "run"]
+__all__ = [
+    "CHILD_ENV",
+    "Options",
+    "RedisServer",
+    "Workload",
+    "audit",
+    "read_logs",
+    "report_tables",
+    "run",
+]
 
 #: In the environment of the conductor's children: the conductor's PID. A child then
 #: ignores SIGINT (a Ctrl-C reaches the terminal's whole process group; the conductor
@@ -76,9 +85,11 @@ LOG_INTERVAL = 1.0
 
 
 @dataclass
-class Options:
+class Workload:
+    """What a run and a simulated run share: the fleet, its load and the faults."""
+
     connections: int = 200
-    clients: int = 2
+    clients: int = 2  # client hosts the connections are spread over (a fleet each)
     accounts: int = 100
     seconds: float = 15.0
     seed: int = 1
@@ -86,6 +97,10 @@ class Options:
     kills: int = 1
     heartbeat: float = 1.0
     think: float = 0.0  # mean pause between a connection's transfers
+
+
+@dataclass
+class Options(Workload):
     db: Path | None = None
     live: bool | None = None  # None: when stdout is a terminal
     plot: Path | None = None  # a throughput and latency chart (matplotlib)
