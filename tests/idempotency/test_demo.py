@@ -36,7 +36,7 @@ from idempotency.demo._run import audit, merge_traces, read_logs
 from idempotency.demo._sim import SimOptions, run_simulation
 from idempotency.rpc import Client, RPCError
 
-from .conftest import PG_BIN, RedisServer
+from .conftest import PG_BIN, PostgresServer, RedisServer
 
 
 @pytest.mark.slow
@@ -141,6 +141,25 @@ def test_a_run_on_a_postgres_cluster_of_its_own_passes_its_audit_and_stops_it() 
         assert again.returncode == 0 and "all checks hold" in again.stdout, again.stdout
     finally:
         shutil.rmtree(kept.group(1), ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_servers_share_a_postgres_of_the_users_under_a_schema_of_the_runs(
+    own_postgres: PostgresServer,
+) -> None:
+    out = _demo("--store", "postgres", "--postgres", own_postgres.dsn, "--servers", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout
+    assert re.search(r"\d s\s+kill -9 of server [01]; restarting it", out.stdout), out.stdout
+    served = [int(n) for n in re.findall(r"calls served by server[01]\s*│\s*(\d+)", out.stdout)]
+    assert len(served) == 2 and min(served) > 0, out.stdout
+    # The run's tables are in a schema of its own, its money conserved; nothing in public.
+    (schema,) = own_postgres.sql(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'ledger_demo_%%'"
+    )[0]
+    (total,) = own_postgres.sql(f"SELECT sum(balance) FROM {schema}.accounts")[0]
+    assert total == 20 * INITIAL_BALANCE
+    assert own_postgres.sql("SELECT to_regclass('public.accounts')") == [(None,)]
 
 
 def test_an_unreachable_postgres_fails_at_once_in_one_line() -> None:
