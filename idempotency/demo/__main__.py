@@ -177,6 +177,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--redis needs --store redis")
     if a.postgres and a.store != "postgres":
         p.error("--postgres needs --store postgres")
+    if a.db is not None and a.store != "sqlite":
+        p.error(f"--db is the SQLite ledger's file: not with --store {a.store}")
     if a.simulate:
         if a.store != "sqlite" or a.servers != 1 or a.plot or a.db or a.keep:
             p.error(
