@@ -248,7 +248,7 @@ def _check_postgres(p: argparse.ArgumentParser, dsn: str | None) -> None:
     except ImportError:
         p.error("--store postgres needs psycopg 3 (pip install -e '.[postgres]')")
     if dsn is None:
-        from idempotency.stores._pgcluster import PG_BIN  # noqa: PLC0415
+        from idempotency.stores.pgcluster import PG_BIN  # noqa: PLC0415
 
         if PG_BIN is None:
             p.error(

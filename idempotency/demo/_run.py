@@ -296,7 +296,7 @@ class RedisServer:
 def own_postgres(workdir: Path, existing: bool = False) -> Any:
     """A PostgreSQL cluster for the run, started, its files in ``workdir/postgres``
     (``existing``: the cluster a kept run left there, started again on a new port)."""
-    from idempotency.stores._pgcluster import PostgresCluster  # noqa: PLC0415
+    from idempotency.stores.pgcluster import PostgresCluster  # noqa: PLC0415
 
     if os.geteuid() == 0:  # the cluster runs as its own user, who must reach its dir
         workdir.chmod(workdir.stat().st_mode | 0o111)

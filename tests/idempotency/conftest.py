@@ -19,7 +19,7 @@ import pytest
 
 from idempotency import ApplicationError, MemoryEffect, MemoryStore, SQLiteEffect, SQLiteStore
 from idempotency.stores import Effect, Store
-from idempotency.stores._pgcluster import PG_BIN, PostgresCluster
+from idempotency.stores.pgcluster import PG_BIN, PostgresCluster
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
