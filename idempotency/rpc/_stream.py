@@ -54,6 +54,10 @@ class StreamLink:
     ``on_message(msg)`` is called by the reader goroutine for every message, in order;
     ``on_bad(exc)`` for a message that decoded but is not valid msgpack-rpc (the stream
     goes on); ``on_end(reason)`` once, when the connection has ended for any reason.
+    Either callback returns None, an awaitable the reader awaits, or bytes: a reply
+    to send. The replies of one receive's messages are queued together once its
+    messages are handled (earlier, before the reader waits for anything), so the
+    calls one receive brings cost one hand-off to the writer and one write.
     """
 
     def __init__(
@@ -78,7 +82,8 @@ class StreamLink:
         self.on_end = on_end
         self.closed = False
         self.reason = ""
-        self._queue: Chan[bytes | None] = Chan(send_queue)
+        # Items: one message's bytes, or a receive's replies (a list), or None (stop).
+        self._queue: Chan[bytes | list[bytes] | None] = Chan(send_queue)
         self.messages_read = 0
         self.messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
@@ -207,10 +212,14 @@ class StreamLink:
                     return
                 decoder.feed(data)
                 completed = False
+                replies: list[bytes] = []  # this receive's replies, owed, not yet queued
                 while True:
                     # Over max_owed: take no more calls until replies are written.
-                    if self._owed > self.max_owed and not await self._wait_for_room():
-                        return
+                    if self._owed > self.max_owed:
+                        if replies:
+                            replies = await self._queue_replies(replies)
+                        if not await self._wait_for_room():
+                            return
                     try:
                         msg = decoder.next_message()
                     except RemoteProtocolError as exc:
@@ -218,17 +227,24 @@ class StreamLink:
                             reason = f"protocol error from the peer: {exc}"
                             return
                         completed = True
-                        bad = self.on_bad(exc)
-                        if bad is not None:
-                            await bad
+                        result = self.on_bad(exc)
+                    else:
+                        if msg is NEED_DATA:
+                            break
+                        completed = True
+                        self.messages_read += 1
+                        result = self.on_message(msg)
+                    if result is None:
                         continue
-                    if msg is NEED_DATA:
-                        break
-                    completed = True
-                    self.messages_read += 1
-                    result = self.on_message(msg)
-                    if result is not None:
-                        await result
+                    if type(result) is bytes:
+                        self._owed += len(result)  # owed from now: the bound sees it
+                        replies.append(result)
+                        continue
+                    if replies:  # ahead of whatever the awaitable sends
+                        replies = await self._queue_replies(replies)
+                    await result
+                if replies:
+                    await self._queue_replies(replies)
                 # The bytes left over started a message in this receive, or earlier
                 # when this receive completed none (time spent waiting on calls above
                 # is this side's, not the peer's: a message counts from here then).
@@ -240,6 +256,15 @@ class StreamLink:
             reason = f"connection broken: {exc}"
         finally:
             self._end(reason)
+
+    async def _queue_replies(self, replies: list[bytes]) -> list[bytes]:
+        """Queue the reader's replies (already counted owed) as one item of the writer's
+        queue; a link that has ended drops them. Returns a new, empty list."""
+        try:
+            await self._queue.send(replies)
+        except SendOnClosedChannel:  # the link ended: nobody to reach
+            self._owed -= sum(map(len, replies))
+        return []
 
     async def _wait_for_room(self) -> bool:
         """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
@@ -267,12 +292,15 @@ class StreamLink:
                 item = await queue.recv()
                 if item is None or self.closed:
                     return
-                batch = [item]
+                batch: list[bytes] = item if isinstance(item, list) else [item]
                 while len(batch) < 256:
                     more, _, received = queue.try_recv()
                     if not received or more is None:
                         break
-                    batch.append(more)
+                    if isinstance(more, list):
+                        batch.extend(more)
+                    else:
+                        batch.append(more)
                 data = b"".join(batch)
                 await self._write(data, deadline)
                 self.messages_written += len(batch)
