@@ -22,6 +22,7 @@ before the connection closes, as on the framed transport.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -84,6 +85,12 @@ class StreamLink:
         self.reason = ""
         # Items: one message's bytes, or a receive's replies (a list), or None (stop).
         self._queue: Chan[bytes | list[bytes] | None] = Chan(send_queue)
+        # Items handed to the queue and not yet written by the writer: with none, the
+        # reader sends its replies itself at once (one non-blocking send, no switch to
+        # the writer), where the connection gives raw access to its socket.
+        self._handed = 0
+        syscall_conn = getattr(conn, "syscall_conn", None)
+        self._raw: Any = None if syscall_conn is None else syscall_conn()
         self.messages_read = 0
         self.messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
@@ -114,10 +121,12 @@ class StreamLink:
         if self.closed:
             raise ConnectionResetError(self.reason or "connection closed")
         self._owed += len(payload)  # before it waits: the reader must see it owed
+        self._handed += 1
         try:
             await self._queue.send(payload)
         except SendOnClosedChannel:  # the link ended while this send waited for room
             self._owed -= len(payload)
+            self._handed -= 1
             raise ConnectionResetError(self.reason or "connection closed") from None
 
     def send_nowait(self, payload: bytes) -> bool:
@@ -127,6 +136,7 @@ class StreamLink:
             return False
         if not self._queue.try_send(payload):
             return False
+        self._handed += 1
         self._owed += len(payload)
         return True
 
@@ -258,13 +268,44 @@ class StreamLink:
             self._end(reason)
 
     async def _queue_replies(self, replies: list[bytes]) -> list[bytes]:
-        """Queue the reader's replies (already counted owed) as one item of the writer's
-        queue; a link that has ended drops them. Returns a new, empty list."""
+        """Send the reader's replies (already counted owed): at once with one
+        non-blocking send when nothing waits for the writer, what the socket does not
+        take (or all of them, otherwise) as one item of the writer's queue; a link that
+        has ended drops them. Returns a new, empty list."""
+        item: bytes | list[bytes] = replies
+        if self._raw is not None and not self._handed and not self.closed:
+            data = b"".join(replies)
+            try:
+                sent = self._send_now(data)
+            except OSError as exc:
+                self._end(f"connection broken: {exc}")
+                sent = 0
+            self._owed -= sent
+            if sent == len(data):
+                self.messages_written += len(replies)
+                return []
+            item = data[sent:]  # the writer sends the rest, under the write deadline
+        self._handed += 1
         try:
-            await self._queue.send(replies)
+            await self._queue.send(item)
         except SendOnClosedChannel:  # the link ended: nobody to reach
-            self._owed -= sum(map(len, replies))
+            self._handed -= 1
+            self._owed -= sum(map(len, item)) if isinstance(item, list) else len(item)
         return []
+
+    def _send_now(self, data: bytes) -> int:
+        """One non-blocking send of ``data`` on the socket: the bytes it took."""
+        sent = 0
+
+        def send(fd: int) -> None:
+            nonlocal sent
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                pass
+
+        self._raw.control(send)
+        return sent
 
     async def _wait_for_room(self) -> bool:
         """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
@@ -293,16 +334,19 @@ class StreamLink:
                 if item is None or self.closed:
                     return
                 batch: list[bytes] = item if isinstance(item, list) else [item]
+                items = 1
                 while len(batch) < 256:
                     more, _, received = queue.try_recv()
                     if not received or more is None:
                         break
+                    items += 1
                     if isinstance(more, list):
                         batch.extend(more)
                     else:
                         batch.append(more)
                 data = b"".join(batch)
                 await self._write(data, deadline)
+                self._handed -= items
                 self.messages_written += len(batch)
                 self._owed -= len(data)
                 self._room.try_send(None)
