@@ -1,10 +1,13 @@
 """The plain msgpack stream transport: msgpack-rpc with no length prefix (Neovim's).
 
 One :class:`StreamLink` per connection, for either role: a reader goroutine feeds the
-:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; writes
-go through a bounded queue to one writer goroutine that sends whatever has queued in
-one gathered write (replies made one at a time leave in batches, and a peer that stops
-reading makes :meth:`StreamLink.send` block instead of growing memory).
+:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; the
+replies the callbacks return for one receive leave together, sent by the reader itself
+with one non-blocking send when nothing waits for the writer; other writes (and what
+the socket did not take) go through a bounded queue to one writer goroutine that sends
+whatever has queued in one gathered write (replies made one at a time leave in
+batches, and a peer that stops reading makes :meth:`StreamLink.send` block instead of
+growing memory).
 
 This transport has no heartbeats or goaway (the stream has no room for them): a dead
 peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts, and a
