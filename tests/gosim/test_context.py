@@ -132,6 +132,9 @@ _OPS = st.lists(
 @given(ops=_OPS, seed=st.integers(0, 3))
 # A deadline already passed under a parent cancelled at the same instant: Canceled.
 @example(ops=[("cancel_ctx", 0, 0), ("cancel", 1, 0), ("timeout", 1, 0), ("err", 2, 0)], seed=0)
+# A deadline passed at the making, the parent cancelled after it at the same virtual time:
+# the child was already done, with its own error (the model once gave the parent's).
+@example(ops=[("cancel_ctx", 0, 0), ("timeout", 1, 0), ("cancel", 1, 0), ("err", 2, 0)], seed=0)
 def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
     ops: list[tuple[str, int, int]], seed: int
 ) -> None:
@@ -145,25 +148,31 @@ def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
     async def main() -> list[str]:
         nodes: list[tuple[context.Context, Any]] = [(context.background(), None)]
         parent_of: list[int | None] = [None]  # the model: parent, own deadline, cancel
-        own_deadline: list[float] = [math.inf]
-        cancelled_at: list[float] = [math.inf]
-        created_at: list[float] = [0.0]
+        # Moments are (time, op index): a deadline passes at (time, -1), before any op
+        # of that time runs (its timer fires first); a cancel or a creation happens at
+        # (time, index of its op), so two things at one virtual time keep their order.
+        own_deadline: list[tuple[float, int]] = [(math.inf, -1)]
+        cancelled_at: list[tuple[float, int]] = [(math.inf, -1)]
+        created_at: list[tuple[float, int]] = [(0.0, -1)]
         problems: list[str] = []
         pending: list[tuple[str, int, float]] = []  # (what, node, registered at)
         fired: Chan[tuple[str, int, float]] = Chan(200)
+        never = (math.inf, -1)
 
-        def model(i: int) -> tuple[float, str]:
-            """When node i is cancelled (inf: never) and with which error, as Go's
-            context does. A parent done by the time the node is made decides it: Go's
-            WithDeadline runs propagateCancel before it looks at its own deadline, so
-            a deadline already passed under a cancelled parent reads Canceled. After
-            that, ties go to the node's own deadline: its timer fires before any
-            goroutine runs."""
+        def model(i: int) -> tuple[tuple[float, int], str]:
+            """The moment node i is cancelled (inf: never) and with which error, as
+            Go's context does. A parent already done when the node is made decides it:
+            Go's WithDeadline runs propagateCancel before it looks at its own deadline,
+            so a deadline already passed under a cancelled parent reads Canceled; a
+            parent cancelled later, even at the same virtual time, comes too late for a
+            node whose deadline had passed at its making. After that the earliest
+            moment wins, and ties go to the node's own deadline: its timer fires before
+            any goroutine runs."""
             p = parent_of[i]
-            pt, perr = (math.inf, "") if p is None else model(p)
-            if pt <= created_at[i]:
+            pt, perr = (never, "") if p is None else model(p)
+            if pt < created_at[i]:
                 return pt, perr
-            best: tuple[float, str] = (math.inf, "")
+            best: tuple[tuple[float, int], str] = (never, "")
             if own_deadline[i] < best[0]:
                 best = (own_deadline[i], "context deadline exceeded")
             if cancelled_at[i] < best[0]:
@@ -176,37 +185,38 @@ def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
             await done.recv()
             await fired.send(("done", i, gosim.now()))
 
-        for op, a, b in ops:
+        for seq, (op, a, b) in enumerate(ops):
             now = gosim.now()
+            moment = (now, seq)
             i = a % len(nodes)
             ctx = nodes[i][0]
             if op in ("timeout", "cancel_ctx", "value"):
                 if op == "timeout":
                     child, cancel = context.with_timeout(ctx, b * step)
-                    own = now + b * step
+                    own = (now + b * step, -1)
                 elif op == "cancel_ctx":
                     child, cancel = context.with_cancel(ctx)
-                    own = math.inf
+                    own = never
                 else:
                     child, cancel = context.with_value(ctx, "k", i), None
-                    own = math.inf
+                    own = never
                 nodes.append((child, cancel))
                 parent_of.append(i)
                 own_deadline.append(own)
-                cancelled_at.append(math.inf)
-                created_at.append(now)
+                cancelled_at.append(never)
+                created_at.append(moment)
             elif op == "cancel":
                 cancel = nodes[i][1]
                 if cancel is not None:
                     cancel()
-                    if model(i)[0] > now:
-                        cancelled_at[i] = now
+                    if model(i)[0] > moment:
+                        cancelled_at[i] = moment
             elif op == "sleep":
                 await gosim.sleep(b * step)
             elif op in ("err", "cause"):
                 got = ctx.err() if op == "err" else context.cause(ctx)
                 t, err = model(i)
-                want = err if t <= now else None
+                want = err if t <= moment else None
                 if (str(got) if got is not None else None) != want:
                     problems.append(f"{op} of {i} at {now}: {got} != {want}")
             elif op == "wait_done":
@@ -232,7 +242,7 @@ def test_deadlines_behave_as_armed_timers_whoever_looks_and_when(
                 break
             got.setdefault((item[0], item[1]), []).append(item[2])
         for what, i, registered in pending:
-            t, _ = model(i)
+            t = model(i)[0][0]
             times = got.get((what, i), [])
             if t > end:
                 if times:
