@@ -11,6 +11,9 @@
  *   ChanOp       the awaitable a receive (or a send that must park) returns: its am_send
  *                (ChanOp_am_send) is the receive and the parking send, Chan.recv/recv2/
  *                __anext__/_send_park's twin, with no Python frame and no StopIteration.
+ *                The receive is the code after its state switch ("A receive": chan_tryrecv,
+ *                then the op budget, one code for recv, recv2 and __anext__, then the
+ *                park), its wake the switch's ST_PARKED case.
  *
  * Invariants (Go's hchan, as gosim/_chan.py states them): recvq non-empty implies the
  * buffer is empty; sendq non-empty implies it is full; a closed channel has an empty

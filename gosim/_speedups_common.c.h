@@ -1,9 +1,9 @@
 /* gosim/_speedups_common.c.h: what every part of gosim._speedups shares (included first
  * by gosim/_speedups.c; no type of its own).
  *
- *   - the G status values (gosim._core._g's IDLE..DEAD, Go's _Gidle.._Gdead) and the scheduler's sizes
- *     (RUNQ_SIZE, GFREE_LOCAL_MAX, PERIODIC_MASK), defined in gosim._core and handed over
- *     by configure(); the values here only serve until then;
+ *   - the G status values (gosim._core._g's IDLE..DEAD, Go's _Gidle.._Gdead) and the
+ *     scheduler's sizes (RUNQ_SIZE, GFREE_LOCAL_MAX, PERIODIC_MASK), defined in
+ *     gosim._core and handed over by configure(); the values here only serve until then;
  *   - the GOSIM_DEBUG switch and the status edges casgstatus checks under it;
  *   - the traps, errors and wait reasons configure() hands over, the interned method
  *     names, and the preemption budget that operations completing at once count down

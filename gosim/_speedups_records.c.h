@@ -6,13 +6,15 @@
  *          (State.rt). Invariant: the current thread's driver is inside its stepping loop
  *          exactly when the slot holds a runtime; it only ever holds a RuntimeBase, so
  *          the channel code reads it as one without checking.
- *   GBase  a goroutine's fields, subclassed by gosim._core._g.G (status, goid, coro,
- *          param, elem, waitreason, ...; G's __slots__ in the Python build).
- *   PBase  a processor's fields, subclassed by gosim._core._runq.P: runnext, the local
- *          run queue (a deque, checked), the timer heap, the free G list (a list, checked).
+ *   GBase  a goroutine's fields, subclassed by gosim._core._g.G (_g._GFields is the
+ *          pure-Python twin): coro, creator, elem, fn, p, param, waitreason, goid,
+ *          parent, status, ok, selectdone.
+ *   PBase  a processor's fields, subclassed by gosim._core._runq.P (_runq._PFields is
+ *          the twin): runnext, the local run queue (a deque, checked), the timer heap,
+ *          the free G list (a list, checked), id, schedtick.
  *   Sudog  a G queued on one channel for one select case, gosim._core._g.Sudog (Python:
- *          _PySudog). Invariant: `queued` is set exactly while the C select has it in a
- *          channel's queue (see the field's comment).
+ *          _PySudog). Invariant: a Sudog the C select queued has `queued` set while it
+ *          is in its channel's queue; whoever takes it out clears it (see the field).
  *
  * Object fields go through RECORD_FIELD (_speedups_common.c.h): never NULL, never deleted.
  */

@@ -3,7 +3,8 @@
  *
  *   RuntimeBase       the fields the hot paths touch (curg, curp, trace, rng, allg,
  *                     call_boxes, gfree, nswitch, goidgen, the timer counts,
- *                     main_goexited), subclassed by gosim._core._runtime.Runtime;
+ *                     main_goexited), subclassed by gosim._core._runq.RunQueues, the
+ *                     base of Runtime (_runq._RuntimeFields is the pure-Python twin);
  *   casgstatus        _g.casgstatus (legal edges checked under GOSIM_DEBUG);
  *   runqput, goready  Runtime.runqput, Runtime.goready;
  *   gfput_spill, gfget_refill, goexit0  Runtime._gfput_spill, gfget, goexit0;
