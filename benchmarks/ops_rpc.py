@@ -15,6 +15,8 @@ payload) for the RPC layer's own cost. Workloads:
 * ``rpc-rr``: one call in flight, ``echo`` a plain function (the framed transport);
 * ``rpc-async-rr``: the same with ``echo`` an async function;
 * ``rpc-pipe16``: 16 calls sent at once, their 16 replies read, again;
+* ``rpc-stream-rr``: ``rpc-rr`` over the plain msgpack stream (``serve_stream``: no
+  length prefix, msgpack-rpc's own wire);
 * ``rpc-keyed-sqlite`` / ``rpc-keyed-memory``: ``echo`` idempotent, every call with a
   key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
   100 calls sent at once, their replies read, again (the group commit needs concurrent
@@ -81,6 +83,25 @@ def _read_frame(sock: socket.socket, buf: bytearray) -> bytes:
         if not chunk:
             raise ConnectionError("server closed the connection")
         buf += chunk
+
+
+def stream_client(port: int, n: int) -> None:
+    """``n`` plain-stream calls, one at a time, every reply checked; then close."""
+    requests = [msgpack.packb([0, i, "echo", PARAMS]) for i in range(n)]
+    replies = [msgpack.packb([1, i, None, PARAMS]) for i in range(n)]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for request, reply in zip(requests, replies, strict=True):
+        sock.sendall(request)
+        got = b""
+        while len(got) < len(reply):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise AssertionError("server closed the stream")
+            got += chunk
+        if got != reply:
+            raise AssertionError(f"bad reply {got!r}")
+    sock.close()
 
 
 def client(port: int, n: int, depth: int, keyed: bool = False, ledger: bool = False) -> None:
@@ -257,12 +278,15 @@ def server(workload: str, n: int) -> None:
     async def main() -> float:
         listener = net.listen("tcp", "127.0.0.1:0")
         port = int(listener.addr().rpartition(":")[2])
-        go(srv.serve, listener)
         started = time.perf_counter()
-        keyed = "2" if workload == "rpc-ledger" else "1" if idem is not None else "0"
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "client", str(port), str(n), str(depth), keyed]
-        )
+        if workload == "rpc-stream-rr":
+            go(srv.serve_stream, listener)
+            argv = ["stream-client", str(port), str(n)]
+        else:
+            go(srv.serve, listener)
+            keyed = "2" if workload == "rpc-ledger" else "1" if idem is not None else "0"
+            argv = ["client", str(port), str(n), str(depth), keyed]
+        proc = subprocess.Popen([sys.executable, __file__, *argv])
         code = await gosim.syscall(proc.wait)
         elapsed = time.perf_counter() - started
         if code:
@@ -278,7 +302,9 @@ def server(workload: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "client":
+    if sys.argv[1] == "stream-client":
+        stream_client(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "client":
         mode = sys.argv[5] if len(sys.argv) > 5 else "0"
         client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), mode == "1", mode == "2")
     elif sys.argv[1] == "rpc-client-ledger":

@@ -2,7 +2,8 @@
 
 Runs a few classic Go programs on the runtime and prints what they show: a pipeline of
 goroutines, a concurrent prime sieve, select with a timeout, a ticker, a blocking call
-on an OS thread, and the scheduler's statistics with Go's ``SCHED`` line.
+on an OS thread, and the scheduler's statistics with Go's ``SCHED`` line. It shows gosim
+alone; ``python -m netframe`` tours the framing layer built on it.
 """
 
 from __future__ import annotations
@@ -47,44 +48,6 @@ async def squares(n: int, out: Chan[int]) -> None:
     for i in range(n):
         await out.send(i * i)
     out.close()
-
-
-async def long_connections() -> None:
-    """A netframe server on loopback TCP: heartbeats, three clients, graceful shutdown."""
-    import netframe  # noqa: PLC0415 - netframe sits above gosim; the tour shows both
-    from gosim import net  # noqa: PLC0415
-
-    async def shout(payload: bytes) -> bytes:
-        return payload.upper()
-
-    ln = net.listen("tcp", "127.0.0.1:0")
-    server = netframe.Server(shout, heartbeat_interval=0.05)
-    go(server.serve, ln)
-    replies: Chan[str] = Chan(3)
-
-    async def client(name: str) -> None:
-        c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=0.05)
-        await c.connect()
-        await c.send(f"hello from {name}".encode())
-        first = await c.recv()
-        await gosim.sleep(0.2)  # quiet for four heartbeat intervals: pings keep it alive
-        await c.send(b"still there?")
-        second = await c.recv()
-        await c.close()
-        await replies.send(f"{first.decode()} / {second.decode()}")
-
-    for name in ("ada", "bob", "cy"):
-        go(client, name)
-    answers = sorted([await replies.recv() or "" for _ in range(3)])
-    await server.shutdown()
-    st = server.statistics()
-    print(f"\nnetframe long connections on {ln.addr()}:")
-    for a in answers:
-        print(f"  {a}")
-    print(
-        f"  server: accepted={st.accepted} frames in={st.frames_received} "
-        f"out={st.frames_sent} dead peers={st.dead_peers} (heartbeats every 50 ms)"
-    )
 
 
 async def main() -> None:
@@ -136,8 +99,6 @@ async def main() -> None:
         f"a 50 ms blocking syscall while another goroutine yielded {counted} times "
         f"({(gosim.now() - start) * 1000:.0f} ms)"
     )
-
-    await long_connections()
 
     s = gosim.statistics()
     print(

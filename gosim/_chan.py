@@ -67,8 +67,14 @@ T = TypeVar("T")
 _PARK = lowlevel.PARK
 _PREEMPT = lowlevel.PREEMPT
 
-# Operations that complete at once count down this budget; at zero the runtime checks
-# whether the running goroutine has used up its slice (cooperative preemption).
+# The op budget, one rule for every copy of the fast paths (send, recv, recv2,
+# __anext__ here; select in gosim/_select.py, which spends this same countdown; the C
+# twins spend one countdown too): an awaited operation that *returns* without parking
+# spends one unit, inside a runtime or not (outside one, _preempt_point finds no
+# runtime and only refills). One that raises (send on a closed channel, the end of an
+# ``async for``) or parks spends none; try_send and try_recv spend none. At zero the
+# runtime checks whether the running goroutine has used up its slice (cooperative
+# preemption). tests/gosim/test_chan_budget.py holds every path to this rule.
 _budget = lowlevel.OP_BUDGET
 
 
@@ -204,9 +210,21 @@ class Chan(Generic[T]):
         return self._send_park(value)
 
     async def _send_park(self, value: T) -> None:
+        global _budget
         rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan send would block outside a gosim goroutine")
+        # The awaitable may be awaited later than ``send`` made it, after a receiver came
+        # or room was made: complete now if the send can (the C twin re-checks too).
+        # (Ordered so that the common case, an unbuffered send awaited at once, costs two
+        # attribute tests.)
+        if (
+            self._recvq or self._closed or (self._cap and len(self._buf) < self._cap)
+        ) and self.try_send(value):
+            _budget -= 1
+            if _budget <= 0:
+                await _preempt_point()
+            return
         g = rt.curg
         g.elem = value
         g.waitreason = WAIT_CHAN_SEND
@@ -260,11 +278,9 @@ class Chan(Generic[T]):
             v = buf.popleft()
             if self._sendq:
                 self._take_sender_into_buf()
-            rt = _state.rt
-            if rt is not None:
-                _budget -= 1
-                if _budget <= 0:
-                    await _preempt_point()
+            _budget -= 1
+            if _budget <= 0:
+                await _preempt_point()
             return v
         sq = self._sendq
         if sq:
@@ -282,6 +298,9 @@ class Chan(Generic[T]):
                     await _preempt_point()
                 return v
         if self._closed:
+            _budget -= 1
+            if _budget <= 0:
+                await _preempt_point()
             return None
         rt = _state.rt
         if rt is None or rt.curg is None:
@@ -301,11 +320,9 @@ class Chan(Generic[T]):
         global _budget
         v, ok, received = self.try_recv()
         if received:
-            rt = _state.rt
-            if rt is not None:
-                _budget -= 1
-                if _budget <= 0:
-                    await _preempt_point()
+            _budget -= 1
+            if _budget <= 0:
+                await _preempt_point()
             return v, ok
         rt = _state.rt
         if rt is None or rt.curg is None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from gosim import lowlevel
+from gosim import _chan, lowlevel
 from gosim._chan import Chan, _preempt_point
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel, throw
 from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog, speedups
@@ -56,7 +56,6 @@ Case = tuple[int, "Chan[Any] | None", Any]
 
 _PARK = lowlevel.PARK
 _BAD_CASE: Final = "select: cases must be made with gosim.recv or gosim.send"
-_budget = lowlevel.OP_BUDGET  # see gosim._chan: the same countdown, kept per module
 
 
 def recv(ch: Chan[Any] | None) -> Case:
@@ -81,7 +80,6 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
     parked and ends without a case firing (an exception thrown into the goroutine, its
     coroutine closed) takes every one of its sudogs out of the wait queues.
     """
-    global _budget
     rt = _state.rt
     n = len(cases)
     rnd = rt.rng.random if rt is not None else random.random
@@ -108,28 +106,24 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         if kind == RECV:
             v, ok, received = ch.try_recv()
             if received:
-                if rt is not None:
-                    _budget -= 1
-                    if _budget <= 0:
-                        _budget = lowlevel.OP_BUDGET
-                        await _preempt_point()
+                # gosim._chan's op budget, one countdown for channels and select.
+                _chan._budget -= 1
+                if _chan._budget <= 0:
+                    await _preempt_point()
                 return i, v, ok
         elif kind == SEND:
             if ch.try_send(value):
-                if rt is not None:
-                    _budget -= 1
-                    if _budget <= 0:
-                        _budget = lowlevel.OP_BUDGET
-                        await _preempt_point()
+                # gosim._chan's op budget, one countdown for channels and select.
+                _chan._budget -= 1
+                if _chan._budget <= 0:
+                    await _preempt_point()
                 return i, None, True
         else:
             raise TypeError(_BAD_CASE)
     if default:
-        if rt is not None:
-            _budget -= 1
-            if _budget <= 0:
-                _budget = lowlevel.OP_BUDGET
-                await _preempt_point()
+        _chan._budget -= 1
+        if _chan._budget <= 0:
+            await _preempt_point()
         return -1, None, False
     if rt is None or rt.curg is None:
         raise NotInRuntime("select would block outside a gosim goroutine")

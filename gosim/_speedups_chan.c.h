@@ -489,6 +489,26 @@ yield_preempt(ChanOpObject *op, PyObject *res, PyObject **result)
     return PYGEN_NEXT;
 }
 
+/* Finish an operation that completed without parking with res (stolen), spending one
+ * unit of the op budget (the rule in gosim/_chan.py): at once, or after a preempt yield. */
+static inline PySendResult
+chanop_finish(ChanOpObject *op, PyObject *res, PyObject **result)
+{
+    if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
+        int due = preempt_due();
+        if (due < 0) {
+            Py_DECREF(res);
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (due)
+            return yield_preempt(op, res, result);
+    }
+    op->state = ST_DONE;
+    *result = res;
+    return PYGEN_RETURN;
+}
+
 static PySendResult
 ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
 {
@@ -553,11 +573,8 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
-        if (rc == 1) {
-            op->state = ST_DONE;
-            *result = Py_NewRef(Py_None);
-            return PYGEN_RETURN;
-        }
+        if (rc == 1)
+            return chanop_finish(op, Py_NewRef(Py_None), result);
         GObject *g = (GObject *)rt->curg;
         Py_SETREF(g->elem, Py_NewRef(op->value));
         Py_SETREF(g->waitreason, Py_NewRef(WAIT_CHAN_SEND));
@@ -594,19 +611,7 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
                 return PYGEN_ERROR;
             }
         }
-        if (spend_budget()) { /* preempt_due answers 0 outside a runtime */
-            int due = preempt_due();
-            if (due < 0) {
-                Py_DECREF(res);
-                *result = NULL;
-                return PYGEN_ERROR;
-            }
-            if (due)
-                return yield_preempt(op, res, result);
-        }
-        op->state = ST_DONE;
-        *result = res;
-        return PYGEN_RETURN;
+        return chanop_finish(op, res, result);
     }
     RtObject *rt = (RtObject *)current_rt;
     if (rt == NULL || !G_Check(rt->curg)) {

@@ -78,7 +78,7 @@ from ._keys import (
 from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._record import ClaimKind, ClaimResult, Record
 from ._waiter import await_done
-from .stores._contract import (
+from .stores import (
     Completion,
     Effect,
     OneStepStore,

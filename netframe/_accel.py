@@ -9,8 +9,12 @@ takes the parts it needs from here, and keeps the Python twin of each:
   serves ``_codec``; it does no I/O, like the codec itself;
 * the I/O part (``FrameReader``, ``FrameWriter``: ``netframe/_speedups_io.c.h``) serves
   ``_conn``'s receive-and-cut and encode-and-send on a socket;
-* the server part (``handle_each``, ``drop_none``: ``netframe/_speedups_server.c.h``)
-  serves ``_server``'s handler loop.
+* the server part (``netframe/_speedups_server.c.h``): ``handle_each`` and
+  ``drop_none`` serve ``_server``'s handler loop; ``Exchange`` (a connection's whole
+  receive-handle-send in one C call per wake, raw or session mode or a client's reader,
+  with the ``EXCHANGE_*`` reasons it stops for) and ``send_data`` (one session DATA
+  frame sent at once, ``FramedConn._send_through``'s twin; ``set_closed_state`` hands
+  both the session state that may not send) serve ``_conn``'s ``FramedConn``.
 
 Importing this module imports neither gosim nor trio: the codec stays sans-IO.
 """

@@ -15,7 +15,7 @@ only where it measurably beats the Python loop (many frames in one buffer; see
 scalars), so the decoder then keeps to its Python loop unless told otherwise.
 
 Loading without a stall: this module imports numpy and numba (through
-``gosim._numba``), and numba compiles (or loads from its disk cache) on the first call:
+``gosim.jit``), and numba compiles (or loads from its disk cache) on the first call:
 together a second or more. A decoder that did either in the middle of traffic would stop
 every goroutine of its runtime for that long, and a process on the C loops never needs
 them. So the codec imports this module only on first need, and its ``"numba"`` mode
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, kernel
 
 from ._codec import STOP_FULL, STOP_INVALID, STOP_NEED_DATA
 

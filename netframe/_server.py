@@ -36,7 +36,8 @@ Server, per connection (all goroutines, no trio task per connection):
 3. replies are sent at once when nothing is queued (:meth:`FramedConn.send_many`:
    one non-blocking send, no goroutine switch; one C call for a single session DATA
    frame), else through the connection's batching writer goroutine, in order either
-   way;
+   way. :class:`Later` replies settled in one pass (a group commit answering its
+   batch) are gathered and leave at the pass's end, one send per connection;
 4. a *heartbeat* goroutine (the same code for the client: :func:`_keep_alive`) sleeps
    until the session's next deadline (its timer, finding the deadline moved on because
    the peer was heard meanwhile, re-arms itself without waking it), sends its pings
@@ -453,6 +454,7 @@ class _Conn:
         "fc",
         "in_flight",
         "order",
+        "owed",
         "releasing",
         "retired",
         "room",
@@ -464,6 +466,8 @@ class _Conn:
         self.session = session
         self.clock = lowlevel.current_runtime().now  # gosim.now() without its frame
         self.in_flight = 0  # handlers running now
+        # Later replies settled in this pass, sent together at its end (Server._gather).
+        self.owed: list[bytes] = []
         self.closed = False
         self.retired = False  # counted out of the server (see Server._retire)
         self.draining = False
@@ -759,6 +763,23 @@ def _reply_nowait(st: _Conn, reply: bytes | None) -> list[bytes] | None:
     return frames
 
 
+def _replies_nowait(st: _Conn, replies: list[bytes]) -> list[bytes] | None:
+    """:func:`_reply_nowait` for several replies, sent together (one send)."""
+    if len(replies) == 1:
+        return _reply_nowait(st, replies[0])
+    if st.closed:
+        return None
+    try:
+        if _send_data is not None and _send_data(st.fc, st.session, replies, st.clock):
+            return None  # sent at once, in C
+        frames = st.session.data_many(replies, gosim.now())
+        if st.fc.send_many_nowait(frames):
+            return None
+    except OSError:  # ClosedError included: the replies are lost with it
+        return None
+    return frames
+
+
 async def _send(st: _Conn, frames: list[bytes]) -> bool:
     """Send frames (``FramedConn.send_many``: at once, or queued, waiting for room);
     False (not an exception) when the connection is gone: broken, or closed by this
@@ -885,6 +906,9 @@ class Server:
         # _handle_inline or _handle_concurrent in Python.
         self._exchange = handle_batch is None and (raw if max_in_flight == 1 else not raw)
         self._conns: set[_Conn] = set()
+        # Connections with Later replies gathered in this pass, in the order their first
+        # reply came; a goroutine sends them at the pass's end (Server._gather).
+        self._gathered: list[_Conn] = []
         self._listener: Listener | None = None
         self._shutting_down = False
         self._stopped: Chan[None] = Chan()
@@ -1212,13 +1236,36 @@ class Server:
             go(self._handle_rest, st, pending)
 
     def _later_replied(self, st: _Conn, reply: bytes | None) -> None:
-        """A :class:`Later`'s reply, sent by the goroutine that settled it: at once when
-        the send queue has room, else by a goroutine that waits for room."""
-        frames = _reply_nowait(st, reply)
-        if frames is None:
+        """A :class:`Later`'s reply, gathered: the replies that the code settling Laters
+        (a group commit answering its batch) settles before it next waits go out
+        together, one send per connection, at the end of that pass (:meth:`_gather`).
+        The Later's slot is held until its reply is sent."""
+        if reply is None or st.closed:
             st.handler_done()
-        else:
-            go(self._send_later, st, frames)  # the Later's slot, freed once sent
+            return
+        if not st.owed:
+            gathered = self._gathered
+            gathered.append(st)
+            if len(gathered) == 1:
+                # Runs once this goroutine waits or yields: after the pass.
+                go(self._send_gathered)
+        st.owed.append(reply)
+
+    async def _send_gathered(self) -> None:
+        """The end of a pass of Later replies: each connection's replies, in the order
+        they were settled, with one send (one C call where built); what the socket does
+        not take goes to the connection's writer, as a single reply's does; replies
+        that meet a full send queue wait for room in a goroutine that holds a slot."""
+        gathered, self._gathered = self._gathered, []
+        for st in gathered:
+            owed, st.owed = st.owed, []
+            frames = _replies_nowait(st, owed)
+            if frames is None:
+                st.in_flight -= len(owed)
+                st.room.ring()
+            else:
+                st.in_flight -= len(owed) - 1
+                go(self._send_later, st, frames)  # one slot held until they are sent
 
     async def _handle_rest(self, st: _Conn, pending: Any) -> None:
         """A handler's awaitable (or an unusual reply), in its own goroutine: await it,

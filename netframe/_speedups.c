@@ -7,11 +7,14 @@
  *   _speedups_io.c.h      socket I/O: FrameReader and FrameWriter, FramedConn's
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
- *                         drop_none), twins of code in netframe/_server.py; the
- *                         whole loop of a raw one-at-a-time connection, of a session
- *                         connection with concurrent handlers or of a client with
- *                         on_data (Exchange); one session DATA frame sent at once
- *                         (send_data, FramedConn._send_through's twin).
+ *                         drop_none), twins of code in netframe/_server.py; Exchange,
+ *                         the whole loop of a raw one-at-a-time connection, of a
+ *                         session connection with concurrent handlers or of a client
+ *                         with on_data, with the EXCHANGE_* reasons it stops for
+ *                         (netframe/_conn.py's FramedConn runs it); send_data, one
+ *                         session DATA frame sent at once (FramedConn._send_through's
+ *                         twin), and set_closed_state, which hands both the session
+ *                         state that may not send DATA.
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the
@@ -47,7 +50,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     "netframe._speedups",
-    "The codec's per-frame loops in C; netframe/_codec.py holds the reference.",
+    "netframe's C accelerator: the codec's loops (cut_frames, encode_fixed), socket I/O "
+    "(FrameReader, FrameWriter), the handler loop (handle_each, drop_none) and a "
+    "connection's whole exchange (Exchange, send_data, set_closed_state). The Python "
+    "twins are in netframe/_codec.py, _conn.py and _server.py.",
     -1,
     methods,
 };

@@ -575,8 +575,10 @@ add_to(PyObject *obj, PyObject *name, Py_ssize_t n)
  *
  * fc.send_many_nowait([session.data(payload, clock())]) where that sends at once
  * (netframe/_conn.py: FramedConn._send_through): the session may send DATA, payload is
- * bytes or bytearray the C writer encodes, and fc may send now (sends_now). The frame
- * goes out with one non-blocking send through fc's RawConn.control; what the socket
+ * bytes or bytearray the C writer encodes, and fc may send now (sends_now). payload may
+ * also be a list of such payloads: their frames go out together, in order, with the
+ * one send (the replies a pass gathered for the connection, netframe/_server.py). The
+ * frames go out with one non-blocking send through fc's RawConn.control; what the socket
  * does not take goes to fc's writer goroutine (fc._unsent_to_writer()); a send that
  * fails fails fc's writes (fc._fail_writes) and raises. False, with nothing done, when
  * any of that does not hold: the caller takes the general path, which raises what it
@@ -590,7 +592,20 @@ send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *fc = args[0], *session = args[1], *payload = args[2], *clock = args[3];
-    if (!PyBytes_CheckExact(payload) && !PyByteArray_CheckExact(payload)) {
+    int many = PyList_CheckExact(payload);
+    Py_ssize_t count = many ? PyList_GET_SIZE(payload) : 1;
+    if (many) {
+        if (!count) {
+            Py_RETURN_FALSE;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *item = PyList_GET_ITEM(payload, i);
+            if (!PyBytes_CheckExact(item) && !PyByteArray_CheckExact(item)) {
+                Py_RETURN_FALSE;
+            }
+        }
+    }
+    else if (!PyBytes_CheckExact(payload) && !PyByteArray_CheckExact(payload)) {
         Py_RETURN_FALSE;
     }
     PyObject *state = PyObject_GetAttr(session, state_name);
@@ -614,12 +629,16 @@ send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = now_ok < 0 ? NULL : Py_NewRef(Py_False);
         goto done;
     }
-    PyObject *frame = data_frame(payload);
-    if (frame == NULL || (frames = PyList_New(1)) == NULL) {
-        Py_XDECREF(frame);
+    if ((frames = PyList_New(count)) == NULL) {
         goto done;
     }
-    PyList_SET_ITEM(frames, 0, frame);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *frame = data_frame(many ? PyList_GET_ITEM(payload, i) : payload);
+        if (frame == NULL) {
+            goto done;
+        }
+        PyList_SET_ITEM(frames, i, frame);
+    }
     int loaded = writer_load(w, frames);
     if (loaded <= 0) {
         result = loaded < 0 ? NULL : Py_NewRef(Py_False);
@@ -654,7 +673,7 @@ send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_DECREF(sent);
-    if (add_to(fc, frames_written_name, 1) < 0 || add_to(fc, writes_name, 1) < 0) {
+    if (add_to(fc, frames_written_name, count) < 0 || add_to(fc, writes_name, 1) < 0) {
         goto done;
     }
     if (w->pos < w->len) { /* the socket is full: the writer goroutine goes on */

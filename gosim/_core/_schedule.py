@@ -9,11 +9,13 @@ How a goroutine runs, fast to slow
    (``_runq``), which puts the G in the current P's ``runnext`` (the previous
    ``runnext`` is kicked to the local queue tail), so a woken partner runs next, as in Go.
 3. The driver's loop is Go's ``schedule``: take the next P in turn, find a G for it
-   (``findrunnable``: every 61st tick the global queue first, then ``runnext``, the
-   local queue, expired timers, the global queue, goroutines readied from outside, then
+   and step it with ``coro.send`` until it traps. The order a G is looked for in: every
+   61st tick the global queue first, then ``runnext``, the local queue, then
+   ``findrunnable``: expired timers (with the netpoller polled first when some expired,
+   so I/O that is already there runs before a deadline's goroutine), goroutines readied
+   from outside, the global queue, the netpoller (polled without blocking), then
    stealing half of a random victim's local queue for a few rounds; never its
-   ``runnext``, which the victim runs on its next turn, see ``findrunnable``) and step
-   it with ``coro.send`` until it traps.
+   ``runnext``, which the victim runs on its next turn.
 4. When no P finds work the driver idles in trio until the earliest timer, a syscall's
    or trio call's completion, or a new ``rt.call``. If none of those can ever come, it
    stops with Go's deadlock error and a goroutine dump.

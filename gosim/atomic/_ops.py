@@ -49,20 +49,13 @@ from typing import Any
 import numpy as np
 from numba import types
 from numba.core import cgutils as _cgutils_typed
-from numba.extending import intrinsic
 
-# JIT_ENABLED (gosim._numba's one flag, re-exported): True when numba compiles and the
+# JIT_ENABLED (gosim.jit's one flag, re-exported): True when numba compiles and the
 # functions below are real atomic instructions; False means the lock-based pure-Python
 # fallback is in use.
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, intrinsic, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
-
-
-def _intrinsic(typer: Callable[..., Any]) -> Any:
-    """numba's ``@intrinsic``, typed as Any: kernels call the result without the
-    ``typingctx`` argument its stub signature asks for."""
-    return intrinsic(typer)
 
 
 __all__ = [
@@ -143,7 +136,7 @@ def _make_rmw(op: str, *, return_new: bool) -> Any:
         return sig, codegen
 
     typer.__name__ = f"_rmw_{op}_{'new' if return_new else 'old'}"
-    return _intrinsic(typer)
+    return intrinsic(typer)
 
 
 _rmw_add_new = _make_rmw("add", return_new=True)
@@ -153,7 +146,7 @@ _rmw_and = _make_rmw("and", return_new=False)
 _rmw_or = _make_rmw("or", return_new=False)
 
 
-@_intrinsic
+@intrinsic
 def _cmpxchg(typingctx: Any, arr: Any, index: Any, old: Any, new: Any) -> Any:
     dt = _cell_type(arr, writes=True)
     if dt is None or not isinstance(index, types.Integer):
@@ -187,7 +180,7 @@ def _make_load(ordering: str) -> Any:
         return sig, codegen
 
     typer.__name__ = f"_load_{ordering}"
-    return _intrinsic(typer)
+    return intrinsic(typer)
 
 
 def _make_store(ordering: str) -> Any:
@@ -207,7 +200,7 @@ def _make_store(ordering: str) -> Any:
         return sig, codegen
 
     typer.__name__ = f"_store_{ordering}"
-    return _intrinsic(typer)
+    return intrinsic(typer)
 
 
 _load_seq_cst = _make_load("seq_cst")
@@ -218,7 +211,7 @@ _store_release = _make_store("release")
 _store_monotonic = _make_store("monotonic")
 
 
-@_intrinsic
+@intrinsic
 def _fence_seq_cst(typingctx: Any) -> Any:
     sig = types.void()
 

@@ -62,6 +62,27 @@ def _as_int64(value: int) -> int:
     return value - _TWO_64 if value > _INT64_MAX else value
 
 
+_A = TypeVar("_A", bound="_AtomicInteger | Bool")
+
+
+def _over_cell(cls: type[_A], dtype: np.dtype[Any], cell: npt.NDArray[Any], index: int) -> _A:
+    """``cls.at``: an atomic over ``cell[index]``, after checking the cell can hold one.
+
+    TypeError if ``cell`` is not a 1-D, aligned, writeable array of ``dtype``; IndexError
+    if ``index`` is out of range. The current value is kept.
+    """
+    if not isinstance(cell, np.ndarray) or cell.ndim != 1 or cell.dtype != dtype:
+        raise TypeError(f"{cls.__name__}.at needs a 1-D {dtype} array")
+    if not (cell.flags.aligned and cell.flags.writeable):
+        raise TypeError(f"{cls.__name__}.at needs an aligned, writeable array")
+    if not 0 <= index < cell.shape[0]:
+        raise IndexError("atomic: index out of range")
+    obj = cls.__new__(cls)
+    obj._cell = cell
+    obj._index = int(index)
+    return obj
+
+
 class _AtomicInteger:
     """A ``width``-bit integer cell with Go's atomic operations, all sequentially
     consistent. Arithmetic wraps modulo ``2**width`` (two's complement)."""
@@ -95,16 +116,7 @@ class _AtomicInteger:
         Raises TypeError if ``cell`` is not a 1-D, aligned, writeable array of this type's
         dtype, and IndexError if ``index`` is out of range. The current value is kept.
         """
-        if not isinstance(cell, np.ndarray) or cell.ndim != 1 or cell.dtype != cls.dtype:
-            raise TypeError(f"{cls.__name__}.at needs a 1-D {cls.dtype} array")
-        if not (cell.flags.aligned and cell.flags.writeable):
-            raise TypeError(f"{cls.__name__}.at needs an aligned, writeable array")
-        if not 0 <= index < cell.shape[0]:
-            raise IndexError("atomic: index out of range")
-        obj = cls.__new__(cls)
-        obj._cell = cell
-        obj._index = int(index)
-        return obj
+        return _over_cell(cls, cls.dtype, cell, index)
 
     @property
     def cell(self) -> npt.NDArray[Any]:
@@ -245,16 +257,7 @@ class Bool:
         TypeError if ``cell`` is not a 1-D, aligned, writeable ``uint32`` array;
         IndexError if ``index`` is out of range.
         """
-        if not isinstance(cell, np.ndarray) or cell.ndim != 1 or cell.dtype != cls.dtype:
-            raise TypeError("Bool.at needs a 1-D uint32 array")
-        if not (cell.flags.aligned and cell.flags.writeable):
-            raise TypeError("Bool.at needs an aligned, writeable array")
-        if not 0 <= index < cell.shape[0]:
-            raise IndexError("atomic: index out of range")
-        obj = cls.__new__(cls)
-        obj._cell = cell
-        obj._index = int(index)
-        return obj
+        return _over_cell(cls, cls.dtype, cell, index)
 
     @property
     def cell(self) -> npt.NDArray[Any]:

@@ -14,7 +14,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, kernel
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gosim._numba import kernel
+from gosim.jit import kernel
 
 from ._bits import bit, ctz64, shr
 from ._layout import (
@@ -180,6 +180,21 @@ def release_tiny_if_empty(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, 
 
 
 @kernel
+def uncache(meta: np.ndarray, mc: int, spc: int, s: int) -> None:
+    """Hand span ``s``, cached in the mcache at row ``mc`` for class ``spc``, back to
+    mcentral: count the objects allocated from it while cached (Go's
+    ``mcache.releaseAll``/``refill`` stats flush), then uncache it."""
+    row = span_row(meta, s)
+    meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
+        meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
+    )
+    meta[row + S_BEFORE_CACHE] = 0
+    meta[row + S_CACHED_BY] = -1
+    uncache_span(meta, s)
+    meta[mc + spc] = -1
+
+
+@kernel
 def refill(meta: np.ndarray, bits: np.ndarray, p: int, spc: int) -> int:
     """Go's ``mcache.refill``: P ``p``'s span of class ``spc`` is full (or absent); give
     it back to mcentral and cache one with a free slot. Returns it, or -1 (exhausted)."""
@@ -193,13 +208,7 @@ def refill(meta: np.ndarray, bits: np.ndarray, p: int, spc: int) -> int:
             # object's slot or leak the span's free ones.
             meta[H_THROW] = THROW_REFILL_NOT_FULL
             return -1
-        meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
-            meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
-        )
-        meta[row + S_BEFORE_CACHE] = 0
-        meta[row + S_CACHED_BY] = -1
-        uncache_span(meta, s)
-        meta[mc + spc] = -1
+        uncache(meta, mc, spc, s)
     if spc == TINY_SPAN_CLASS:
         meta[H_TINY_ALLOCS] += meta[mc + MC_TINYALLOCS]
         meta[mc + MC_TINYALLOCS] = 0
@@ -223,14 +232,7 @@ def release_all(meta: np.ndarray, bits: np.ndarray, tiny: np.ndarray, p: int) ->
     for spc in range(NUM_SPAN_CLASSES):
         s = meta[mc + spc]
         if s >= 0:
-            row = span_row(meta, s)
-            meta[meta[H_O_STATS] + ST_SMALL_ALLOC + (spc >> 1)] += (
-                meta[row + S_ALLOCCOUNT] - meta[row + S_BEFORE_CACHE]
-            )
-            meta[row + S_BEFORE_CACHE] = 0
-            meta[row + S_CACHED_BY] = -1
-            uncache_span(meta, s)
-            meta[mc + spc] = -1
+            uncache(meta, mc, spc, s)
     t = meta[mc + MC_TINY]
     meta[mc + MC_TINY] = -1
     meta[mc + MC_TINYOFFSET] = 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gosim._numba import kernel
+from gosim.jit import kernel
 
 from ._bits import ALL_ONES
 from ._layout import (

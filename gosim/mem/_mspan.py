@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gosim._numba import kernel
+from gosim.jit import kernel
 
 from ._bits import ctz64, inline_kernel, popcount64, shr
 from ._layout import (

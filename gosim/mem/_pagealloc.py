@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gosim._numba import kernel
+from gosim.jit import kernel
 
 from ._bits import ALL_ONES, bit, low_mask
 from ._layout import (

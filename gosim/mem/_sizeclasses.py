@@ -27,7 +27,7 @@ The algorithm (mirrors ``makeClasses`` in ``mksizeclasses.go``)
 
 ``size_to_class8`` covers sizes up to 1024 in 8-byte steps and ``size_to_class128`` sizes
 up to 32 KiB in 128-byte steps; ``size_to_class`` is Go's ``mallocgc`` lookup. The table is
-computed at import, never pasted: ``tests/mem/test_sizeclasses.py`` compares every field
+computed at import, never pasted: ``tests/gosim/mem/test_sizeclasses.py`` compares every field
 with the ``sizeclasses.go`` of an installed Go toolchain.
 """
 

@@ -5,7 +5,9 @@
 while the runtime's epoll waits, with no trio task per connection; ``"unix"`` takes a
 socket path; ``"sim"`` is the seeded in-memory network of deterministic mode
 (``_sim``). ``Conn.syscall_conn()`` gives a :class:`RawConn` (Go's ``syscall.RawConn``)
-for your own non-blocking system calls with the netpoller's waits between them. See
+for your own non-blocking system calls with the netpoller's waits between them;
+``file_conn(fd)`` (Go's ``net.FileConn``) puts a socket opened elsewhere (a database
+driver's) on the netpoller, over a duplicate of its descriptor. See
 ``_net`` for the error taxonomy and ``_poll`` for the netpoller.
 """
 
@@ -18,6 +20,7 @@ from ._net import DeadlineExceeded as DeadlineExceeded
 from ._net import Listener as Listener
 from ._net import RawConn as RawConn
 from ._net import dial as _dial_socket
+from ._net import file_conn as file_conn
 from ._net import listen as _listen_socket
 from ._sim import SimConn as SimConn
 from ._sim import SimListener as SimListener
@@ -59,6 +62,7 @@ __all__ = [
     "SimListener",
     "SimNetwork",
     "dial",
+    "file_conn",
     "listen",
     "sim_network",
     "use_sim_network",

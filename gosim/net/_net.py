@@ -43,6 +43,7 @@ __all__ = [
     "Listener",
     "RawConn",
     "dial",
+    "file_conn",
     "listen",
 ]
 
@@ -574,4 +575,44 @@ async def dial(network: str, address: str, timeout: float | None = None) -> Conn
             conn.close()
         else:
             sock.close()
+        raise
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def file_conn(f: int | _HasFileno, network: str = "") -> Conn:
+    """Go's ``net.FileConn``: a :class:`Conn` on the netpoller over a copy of an open
+    stream socket's descriptor ``f`` (an int, or anything with ``fileno()``: a
+    ``socket.socket``, a file, a database driver's connection socket).
+
+    Ownership, as in Go: the Conn owns a duplicate (``dup``) of ``f`` and closes only
+    that; ``f`` stays open and stays the caller's to close. Both name one open socket,
+    so the socket is set non-blocking for both (``O_NONBLOCK`` is the socket's, not
+    the descriptor's), and bytes the Conn reads are gone for the other user, and the
+    other way round. A library that keeps its own buffered protocol state on ``f``
+    (libpq) should do its own reads and writes and use :meth:`Conn.syscall_conn` only
+    for the waits. Close the Conn before the caller closes ``f``: a Conn whose socket
+    was shut down under it reports that, as any Conn does.
+
+    ``network`` names the Conn's network ("tcp", "unix"; "" infers it from the
+    socket's family). ``OSError`` if ``f`` is not an open stream socket.
+    """
+    lowlevel.current_runtime()  # sockets belong to a runtime: fail early outside one
+    fd = f if isinstance(f, int) else f.fileno()
+    dup = os.dup(fd)
+    try:
+        sock = socket.socket(fileno=dup)
+    except BaseException:
+        os.close(dup)
+        raise
+    try:
+        if sock.type != socket.SOCK_STREAM:
+            raise OSError(errno.ENOTSOCK, f"file_conn: descriptor {fd} is not a stream socket")
+        if not network:
+            network = "unix" if sock.family == socket.AF_UNIX else "tcp"
+        return Conn(sock, network)
+    except BaseException:
+        sock.close()
         raise

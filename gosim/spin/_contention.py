@@ -24,8 +24,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from gosim._numba import kernel
 from gosim.atomic import atomic_add, atomic_load_acquire
+from gosim.jit import kernel
 
 from . import _kernels as k
 from ._cpu import cpu_relax
@@ -33,7 +33,7 @@ from ._locks import QueueSpinLock, SpinLock, new_words
 
 __all__ = ["ContentionResult", "count_under_lock", "jain_index", "measure_contention"]
 
-_kernel = kernel(refcounts=False)  # no allocation: see gosim._numba.kernel
+_kernel = kernel(refcounts=False)  # no allocation: see gosim.jit.kernel
 
 
 _COUNTER = 0

@@ -31,17 +31,10 @@ from typing import Any
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils as _cgutils_typed
-from numba.extending import intrinsic
 
-from gosim._numba import JIT_ENABLED, kernel
+from gosim.jit import JIT_ENABLED, intrinsic, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
-
-
-def _intrinsic(typer: Callable[..., Any]) -> Any:
-    """numba's ``@intrinsic``, typed as Any: kernels call the result without the
-    ``typingctx`` argument its stub signature asks for."""
-    return intrinsic(typer)
 
 
 __all__ = [
@@ -54,7 +47,7 @@ __all__ = [
     "procyield",
 ]
 
-_kernel = kernel(refcounts=False)  # no allocation: see gosim._numba.kernel
+_kernel = kernel(refcounts=False)  # no allocation: see gosim.jit.kernel
 
 
 _MACHINE = platform.machine().lower()
@@ -94,7 +87,7 @@ _LOW_HALF_OFFSET = 0 if sys.byteorder == "little" else 4
 _FALLBACK_SLEEP_US = 50
 
 
-@_intrinsic
+@intrinsic
 def _pause(typingctx: Any) -> Any:
     sig = types.void()
 
@@ -112,7 +105,7 @@ def _pause(typingctx: Any) -> Any:
     return sig, codegen
 
 
-@_intrinsic
+@intrinsic
 def _sched_yield(typingctx: Any) -> Any:
     sig = types.void()
 
@@ -125,7 +118,7 @@ def _sched_yield(typingctx: Any) -> Any:
     return sig, codegen
 
 
-@_intrinsic
+@intrinsic
 def _usleep(typingctx: Any, micros: Any) -> Any:
     if not isinstance(micros, types.Integer):
         return None
@@ -140,7 +133,7 @@ def _usleep(typingctx: Any, micros: Any) -> Any:
     return sig, codegen
 
 
-@_intrinsic
+@intrinsic
 def _futex(typingctx: Any, arr: Any, index: Any, op: Any, val: Any) -> Any:
     """``syscall(SYS_futex, &arr[index] (low half), op, val, NULL, NULL, 0)``."""
     if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.int64):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gosim._numba import kernel
 from gosim.atomic import (
     atomic_cas,
     atomic_fetch_add,
@@ -37,11 +36,12 @@ from gosim.atomic import (
     atomic_store_release,
     atomic_swap,
 )
+from gosim.jit import kernel
 
 from ._cpu import cpu_relax, futexsleep, futexwakeup, osyield, procyield
 
 # The lock kernels never allocate: no numba runtime, so no reference counting per call
-# (see gosim._numba.kernel). The inlined ones make a dispatch on ``kind`` cost a compare
+# (see gosim.jit.kernel). The inlined ones make a dispatch on ``kind`` cost a compare
 # in the caller rather than a call.
 _kernel = kernel(refcounts=False)
 _inline_kernel = kernel(inline=True, refcounts=False)

@@ -90,9 +90,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--plot", type=Path, help="write a throughput/latency chart (PNG)")
     p.add_argument(
         "--store",
-        choices=("sqlite", "redis"),
+        choices=("sqlite", "redis", "postgres"),
         default="sqlite",
         help="where the ledger and its idempotency records live (sqlite)",
+    )
+    p.add_argument(
+        "--postgres",
+        metavar="DSN",
+        help="with --store postgres: this PostgreSQL, the run's tables under a schema of "
+        "their own (default: start a cluster for the run)",
     )
     p.add_argument(
         "--redis", metavar="URL", help="with --store redis: this Redis (default: start one)"
@@ -134,6 +140,7 @@ def main(argv: list[str]) -> int:
         plot=a.plot,
         store=a.store,
         redis=a.redis,
+        postgres=a.postgres,
         servers=a.servers,
         keep=a.keep,
         **common,
@@ -168,15 +175,19 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--kills with --no-faults: --no-faults means no kills")
     if a.redis and a.store != "redis":
         p.error("--redis needs --store redis")
+    if a.postgres and a.store != "postgres":
+        p.error("--postgres needs --store postgres")
+    if a.db is not None and a.store != "sqlite":
+        p.error(f"--db is the SQLite ledger's file: not with --store {a.store}")
     if a.simulate:
         if a.store != "sqlite" or a.servers != 1 or a.plot or a.db or a.keep:
             p.error(
                 "--simulate keeps its ledger in memory: no --store, --servers, --db, --plot, --keep"
             )
-    elif a.servers > 1 and a.store != "redis":
+    elif a.servers > 1 and a.store == "sqlite":
         # Several processes on one SQLite file do keep every check, but they take turns
         # on the file's one write lock by polling it: throughput collapses.
-        p.error("--servers N > 1 needs --store redis (SQLite has one writer per file)")
+        p.error("--servers N > 1 needs --store redis or postgres (SQLite has one writer per file)")
     if a.db is not None:
         if a.db.exists():
             p.error(f"--db {a.db} exists: the demo starts from a new ledger")
@@ -195,6 +206,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--plot {a.plot}: the name must end in one of .{', .'.join(kinds)}")
     if a.store == "redis" and not a.simulate:
         _check_redis(p, a.redis)
+    if a.store == "postgres" and not a.simulate:
+        _check_postgres(p, a.postgres)
 
 
 def _unwritable(path: Path) -> str | None:
@@ -229,6 +242,28 @@ def _check_redis(p: argparse.ArgumentParser, url: str | None) -> None:
         p.error(f"--redis {url}: {exc}")
 
 
+def _check_postgres(p: argparse.ArgumentParser, dsn: str | None) -> None:
+    try:
+        import psycopg  # noqa: PLC0415 -- the postgres extra
+    except ImportError:
+        p.error("--store postgres needs psycopg 3 (pip install -e '.[postgres]')")
+    if dsn is None:
+        from idempotency.stores.pgcluster import PG_BIN  # noqa: PLC0415
+
+        if PG_BIN is None:
+            p.error(
+                "--store postgres needs PostgreSQL installed (/usr/lib/postgresql/*/bin), "
+                "or --postgres DSN"
+            )
+        return
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        why = " ".join(str(exc).split())
+        p.error(f"--postgres {dsn}: cannot connect: {why}")
+
+
 def _as_child() -> None:
     """A process of the conductor's: Ctrl-C is the conductor's to handle (it reaches
     the terminal's whole process group), and the process dies with the conductor."""
@@ -249,10 +284,12 @@ def _sub(argv: list[str]) -> int:
     _as_child()
     p = argparse.ArgumentParser(prog=f"python -m idempotency.demo {argv[0]}")
     if argv[0] == "server":
-        p.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")
+        p.add_argument("--store", choices=("sqlite", "redis", "postgres"), default="sqlite")
         p.add_argument("--db", type=Path)
         p.add_argument("--redis", default="redis://127.0.0.1:6379/0")
         p.add_argument("--prefix", default="ledger:")
+        p.add_argument("--postgres", help="the ledger's DSN (--store postgres)")
+        p.add_argument("--schema", help="the ledger's schema (--store postgres)")
         p.add_argument("--addr", default="127.0.0.1:0")
         p.add_argument("--reuse-port", action="store_true")
         p.add_argument("--heartbeat", type=float, default=1.0)
@@ -263,6 +300,10 @@ def _sub(argv: list[str]) -> int:
             if a.db is None:
                 p.error("--store sqlite needs --db")
             spec = LedgerSpec("sqlite", path=a.db)
+        elif a.store == "postgres":
+            if a.postgres is None or a.schema is None:
+                p.error("--store postgres needs --postgres and --schema")
+            spec = LedgerSpec("postgres", url=a.postgres, prefix=a.schema)
         else:
             spec = LedgerSpec("redis", url=a.redis, prefix=a.prefix)
         serve(spec, a.addr, a.heartbeat, a.max_connections, a.reuse_port, a.trace)

@@ -309,17 +309,21 @@ def write_manifest(
     spec: LedgerSpec,
     accounts: int,
     connections: list[int],
-    own_redis: bool,
+    own_server: bool,
     ending: Ending | None = None,
 ) -> None:
     """``run.json``: what :func:`reaudit` needs (written at the start, and again with
-    the ending)."""
+    the ending). ``own_server``: the ledger is in a database server the run started on
+    files in ``workdir`` (a redis-server's, a PostgreSQL cluster's ``postgres/``)."""
+    pg = spec.kind == "postgres"
     doc: dict[str, Any] = {
         "store": spec.kind,
         "db": str(Path(spec.path).resolve()) if spec.path is not None else None,
-        "redis": spec.url or None,
+        "redis": spec.url or None if spec.kind == "redis" else None,
         "prefix": spec.prefix,
-        "own_redis": own_redis,
+        "own_redis": own_server and spec.kind == "redis",
+        "postgres": spec.url if pg and not own_server else None,
+        "own_postgres": own_server and pg,
         "accounts": accounts,
         "clients": [
             {"log": log_name(i), "connections": n} for i, n in enumerate(connections)
@@ -378,9 +382,9 @@ def audit_run(
 
 def reaudit(workdir: Path, console: Console | None = None) -> int:
     """``python -m idempotency.demo audit DIR``: audit the ledger a run left in
-    ``workdir`` (its SQLite file, its own redis-server's files, or the Redis it named);
-    the run's checks and exit status."""
-    from ._run import RedisServer  # noqa: PLC0415 -- the conductor's redis-server
+    ``workdir`` (its SQLite file, its own redis-server's or PostgreSQL cluster's files,
+    or the Redis or PostgreSQL it named); the run's checks and exit status."""
+    from ._run import RedisServer, own_postgres  # noqa: PLC0415 -- the conductor's servers
 
     console = console or Console()
     try:
@@ -397,7 +401,15 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
         ending = Ending(died, bool(ending_doc["reconciled"]), ending_doc["interrupted"])
     connections = [int(c["connections"]) for c in doc["clients"]]
     server: RedisServer | None = None
-    if doc["store"] == "sqlite":
+    cluster: Any = None
+    if doc["store"] == "postgres":
+        dsn = doc.get("postgres")
+        if doc.get("own_postgres"):  # the run's cluster, started again on its files
+            cluster = own_postgres(workdir, existing=True)
+            dsn = cluster.dsn
+        spec = LedgerSpec("postgres", url=dsn, prefix=doc["prefix"])
+        where = f"PostgreSQL {_no_password(dsn)}, schema {spec.prefix}"
+    elif doc["store"] == "sqlite":
         spec = LedgerSpec("sqlite", path=Path(doc["db"]))
         if not spec.path or not spec.path.exists():
             raise SystemExit(f"the run's ledger {doc['db']} is gone")
@@ -414,7 +426,14 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+        if cluster is not None:
+            cluster.stop()
     checks = audit_run(workdir, state, int(doc["accounts"]), connections, ending)
     code = report_tables(console, checks, [])
     console.print(f"ledger: {where}")
     return code
+
+
+def _no_password(dsn: str) -> str:
+    """``dsn`` as a report may print it: without a password."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)

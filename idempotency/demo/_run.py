@@ -63,9 +63,18 @@ from ._audit import (
     report_tables,
     write_manifest,
 )
-from ._ledger import LedgerSpec, create_ledger, read_ledger
+from ._ledger import LedgerSpec, create_ledger, postgres_application_name, read_ledger
 
-__all__ = ["CHILD_ENV", "Options", "RedisServer", "audit", "read_logs", "report_tables", "run"]
+__all__ = [
+    "CHILD_ENV",
+    "Options",
+    "RedisServer",
+    "Workload",
+    "audit",
+    "read_logs",
+    "report_tables",
+    "run",
+]
 
 #: In the environment of the conductor's children: the conductor's PID. A child then
 #: ignores SIGINT (a Ctrl-C reaches the terminal's whole process group; the conductor
@@ -76,9 +85,11 @@ LOG_INTERVAL = 1.0
 
 
 @dataclass
-class Options:
+class Workload:
+    """What a run and a simulated run share: the fleet, its load and the faults."""
+
     connections: int = 200
-    clients: int = 2
+    clients: int = 2  # client hosts the connections are spread over (a fleet each)
     accounts: int = 100
     seconds: float = 15.0
     seed: int = 1
@@ -86,11 +97,16 @@ class Options:
     kills: int = 1
     heartbeat: float = 1.0
     think: float = 0.0  # mean pause between a connection's transfers
+
+
+@dataclass
+class Options(Workload):
     db: Path | None = None
     live: bool | None = None  # None: when stdout is a terminal
     plot: Path | None = None  # a throughput and latency chart (matplotlib)
     store: str = "sqlite"  # or "redis"
     redis: str | None = None  # a Redis URL; None: start a redis-server for the run
+    postgres: str | None = None  # a PostgreSQL DSN; None: start a cluster for the run
     servers: int = 1  # server processes sharing one port (SO_REUSEPORT)
     trace: Path | None = None  # a Perfetto trace of every process whose trace survives
     keep: bool = False  # keep the run directory even when the run passes
@@ -277,6 +293,41 @@ class RedisServer:
             self.proc.wait(timeout=10)
 
 
+def own_postgres(workdir: Path, existing: bool = False) -> Any:
+    """A PostgreSQL cluster for the run, started, its files in ``workdir/postgres``
+    (``existing``: the cluster a kept run left there, started again on a new port)."""
+    from idempotency.stores.pgcluster import PostgresCluster  # noqa: PLC0415
+
+    if os.geteuid() == 0:  # the cluster runs as its own user, who must reach its dir
+        workdir.chmod(workdir.stat().st_mode | 0o111)
+    try:
+        cluster = PostgresCluster(str(workdir / "postgres"), existing=existing)
+        cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise SystemExit(f"could not start PostgreSQL in {workdir / 'postgres'}: {exc}") from None
+    return cluster
+
+
+def terminate_backend(dsn: str, application_name: str, tries: int = 200) -> str | None:
+    """End one backend of the servers' (``application_name``) that is inside a
+    transaction, as a crash of that backend would (``pg_terminate_backend``); looks up
+    to ``tries`` times, 10 ms apart. What was ended (its pid and state), or None."""
+    import psycopg  # noqa: PLC0415 -- the postgres extra
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        for _ in range(tries):
+            row = conn.execute(
+                "SELECT pid, state, pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = %s AND xact_start IS NOT NULL"
+                " AND pid <> pg_backend_pid() LIMIT 1",
+                (application_name,),
+            ).fetchone()
+            if row is not None and row[2]:
+                return f"backend {row[0]} ({row[1]})"
+            time.sleep(0.01)
+    return None
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -284,6 +335,9 @@ def _ms(value: float | None) -> str:
 def _where(spec: LedgerSpec, own_redis: bool) -> str:
     if spec.kind == "sqlite":
         return str(spec.path)
+    if spec.kind == "postgres":
+        own = " (the run's own cluster, stopped)" if own_redis else ""
+        return f"PostgreSQL {spec.url}, schema {spec.prefix}{own}"
     own = " (the run's own redis-server, stopped)" if own_redis else ""
     return f"Redis {spec.url}, keys {spec.prefix}*{own}"
 
@@ -297,7 +351,7 @@ def run(opts: Options) -> int:
     signals.install()
     workdir = Path(tempfile.mkdtemp(prefix="ledger-demo-"))
     procs: list[_Proc] = []
-    redis_server: RedisServer | None = None
+    own_server: Any = None  # the run's own redis-server or PostgreSQL cluster
     conductor: _Conductor | None = None
     keep = opts.keep
     code = 1
@@ -305,17 +359,24 @@ def run(opts: Options) -> int:
     try:
         if opts.store == "redis":
             if opts.redis is None:
-                redis_server = RedisServer(workdir)
-            url = opts.redis or (redis_server.url if redis_server else "")
+                own_server = RedisServer(workdir)
+            url = opts.redis or (own_server.url if own_server else "")
             # A prefix of the run's own: a shared Redis may hold other runs' ledgers.
             prefix = f"ledger-demo:{os.getpid()}:{time.time_ns()}:"
             spec = LedgerSpec("redis", url=url, prefix=prefix)
+        elif opts.store == "postgres":
+            if opts.postgres is None:
+                own_server = own_postgres(workdir)
+            dsn = opts.postgres or own_server.dsn
+            # A schema of the run's own: a shared database may hold other runs' ledgers.
+            schema = f"ledger_demo_{os.getpid()}_{time.time_ns()}"
+            spec = LedgerSpec("postgres", url=dsn, prefix=schema)
         else:
             spec = LedgerSpec("sqlite", path=opts.db or workdir / "ledger.db")
         create_ledger(spec, opts.accounts)
-        own = redis_server is not None
+        own = own_server is not None
         conductor = _Conductor(opts, console, live_display, workdir, spec, signals, procs, own)
-        write_manifest(workdir, spec, opts.accounts, conductor.per, redis_server is not None)
+        write_manifest(workdir, spec, opts.accounts, conductor.per, own_server is not None)
         code = conductor.conduct()
         keep = keep or code != 0
     except _Interrupted as exc:
@@ -333,10 +394,10 @@ def run(opts: Options) -> int:
             per = conductor.per if conductor else []
             died = conductor.died if conductor else []
             ending = Ending(died, reconciled=False, interrupted=exc.signum)
-            write_manifest(workdir, spec, opts.accounts, per, redis_server is not None, ending)
+            write_manifest(workdir, spec, opts.accounts, per, own_server is not None, ending)
             console.print(
                 f"interrupted by {sig}{at}: every process stopped; the run is kept in "
-                f"{workdir} (ledger: {_where(spec, redis_server is not None)}); audit it "
+                f"{workdir} (ledger: {_where(spec, own_server is not None)}); audit it "
                 f"with: python -m idempotency.demo audit {workdir}",
                 soft_wrap=True,
             )
@@ -347,14 +408,14 @@ def run(opts: Options) -> int:
         for p in procs:  # an early exit (an exception) leaves no process behind
             if p.proc.poll() is None:
                 _stop(p)
-        if redis_server is not None:
-            redis_server.stop()
+        if own_server is not None:
+            own_server.stop()
         signals.restore()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     if code < 128 and spec is not None:
-        where = _where(spec, redis_server is not None)
-        inside = redis_server is not None or opts.db is None
+        where = _where(spec, own_server is not None)
+        inside = own_server is not None or opts.db is None
         if keep:
             console.print(
                 f"ledger: {where}; the run is kept in {workdir}: audit it again with "
@@ -499,6 +560,24 @@ class _Conductor:
 
     # -- the run -------------------------------------------------------------------
 
+    def kill_backend(self, at: float) -> None:
+        """The fault plan's PostgreSQL fault (on a thread: it may look for a while):
+        ``pg_terminate_backend`` of a server's connection inside a transaction; that
+        batch's calls fail and their clients retry."""
+        try:
+            what = terminate_backend(self.spec.url, postgres_application_name(self.spec.prefix))
+        except Exception as exc:  # the database unreachable: the run's other checks tell
+            what, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "no server connection was inside a transaction"
+        with self.lock:
+            self.faults["postgres_backends_terminated"] = 1 if what else 0
+        if what:
+            self.events.append(f"PostgreSQL {what} terminated mid-transaction at {at:.1f} s")
+            self.say(at, f"PostgreSQL {what} of a server terminated mid-transaction")
+        else:
+            self.say(at, f"no PostgreSQL backend terminated: {why}")
+
     def traced(self, name: str) -> list[str]:
         """With a trace asked for, the options that make process ``name`` (the next
         of that name: a restarted server is another) trace itself into the run
@@ -551,6 +630,12 @@ class _Conductor:
             clients.append(self.spawn(f"client{i}", args, self.on_client, wait_listen=False))
         # Seconds into the clients' transfers (which start once the processes are up).
         kill_at = sorted(rng.uniform(0.25, 0.75) * opts.seconds for _ in range(opts.kills))
+        # With PostgreSQL, one backend of the servers' is also terminated mid-transaction.
+        pg_kill_at = (
+            [rng.uniform(0.2, 0.8) * opts.seconds]
+            if opts.faults and self.spec.kind == "postgres"
+            else []
+        )
         began: list[float] = []  # when every client's transfers had begun
         # Per kill: (seconds into the run, the new incarnation); then when it served.
         restarts: list[tuple[float, _Proc]] = []
@@ -608,6 +693,9 @@ class _Conductor:
                 self.say(now, f"kill -9 of {name}; restarting it")
                 servers[victim] = start_server(victim, upstream, wait=False)
                 restarts.append((now, servers[victim]))
+            if pg_kill_at and began and now >= began[0] + pg_kill_at[0]:
+                pg_kill_at.pop(0)
+                threading.Thread(target=self.kill_backend, args=(now,), daemon=True).start()
             refresh()
             return True
 

@@ -37,12 +37,11 @@ from gosim import Chan, go, lowlevel, net
 
 from .._errors import StoreUnavailable
 from .._record import ClaimResult, Record
-from ..stores import Store, StoreStatistics
-from ..stores._contract import Completion
+from ..stores import Completion, Store, StoreStatistics
 from ._clients import run_fleet
 from ._ledger import MemoryLedger, make_server
 from ._proxy import FaultPlan, serve_proxy
-from ._run import audit, report_tables
+from ._run import Workload, audit, report_tables
 
 __all__ = ["SimOptions", "SimResult", "run_simulation", "simulate"]
 
@@ -54,16 +53,7 @@ STORE_COMMIT = (0.002, 0.008)
 
 
 @dataclass
-class SimOptions:
-    connections: int = 200
-    clients: int = 2  # client hosts the connections are spread over (a fleet each)
-    accounts: int = 100
-    seconds: float = 15.0
-    seed: int = 1
-    faults: bool = True
-    kills: int = 1
-    heartbeat: float = 1.0
-    think: float = 0.0
+class SimOptions(Workload):
     trace: Path | None = None
     #: FaultPlan probabilities (drop, lose_reply, duplicate, stall, stall_for) to
     #: override; the default plan otherwise.

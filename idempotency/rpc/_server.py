@@ -292,7 +292,7 @@ class _StreamServerConn:
         self.server._stream_links.discard(self)
 
     def _on_bad(self, exc: RemoteProtocolError) -> Any:
-        return self._reply(self.dispatcher.bad_message(exc))
+        return self.dispatcher.bad_message(exc)  # the link queues a reply's bytes
 
     async def _reply(self, payload: bytes | None) -> None:
         if payload is None:
@@ -308,14 +308,14 @@ class _StreamServerConn:
                 # The peer speaks the extension: from now on it gets our error shape
                 # and the refusal mark (PROTOCOL.md, "The plain stream's handshake").
                 self.dispatcher = self.server.dispatcher
-                return self._reply(encode_response(msg.msgid, None, hello_result()))
+                return encode_response(msg.msgid, None, hello_result())
             if self.draining:
-                return self._reply(self.dispatcher.refuse(msg.msgid))
+                return self.dispatcher.refuse(msg.msgid)
         out = self.dispatcher.handle(msg)
-        if out is None:
-            return None
+        if out is None or type(out) is bytes:
+            return out  # the link queues a reply's bytes with the receive's others
         if isinstance(out, bytes):
-            return self._reply(out)
+            return bytes(out)
         return self._start(out)
 
     async def _start(self, awaitable: Any) -> None:

@@ -1,10 +1,13 @@
 """The plain msgpack stream transport: msgpack-rpc with no length prefix (Neovim's).
 
 One :class:`StreamLink` per connection, for either role: a reader goroutine feeds the
-:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; writes
-go through a bounded queue to one writer goroutine that sends whatever has queued in
-one gathered write (replies made one at a time leave in batches, and a peer that stops
-reading makes :meth:`StreamLink.send` block instead of growing memory).
+:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; the
+replies the callbacks return for one receive leave together, sent by the reader itself
+with one non-blocking send when nothing waits for the writer; other writes (and what
+the socket did not take) go through a bounded queue to one writer goroutine that sends
+whatever has queued in one gathered write (replies made one at a time leave in
+batches, and a peer that stops reading makes :meth:`StreamLink.send` block instead of
+growing memory).
 
 This transport has no heartbeats or goaway (the stream has no room for them): a dead
 peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts, and a
@@ -22,6 +25,7 @@ before the connection closes, as on the framed transport.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -54,6 +58,10 @@ class StreamLink:
     ``on_message(msg)`` is called by the reader goroutine for every message, in order;
     ``on_bad(exc)`` for a message that decoded but is not valid msgpack-rpc (the stream
     goes on); ``on_end(reason)`` once, when the connection has ended for any reason.
+    Either callback returns None, an awaitable the reader awaits, or bytes: a reply
+    to send. The replies of one receive's messages are queued together once its
+    messages are handled (earlier, before the reader waits for anything), so the
+    calls one receive brings cost one hand-off to the writer and one write.
     """
 
     def __init__(
@@ -78,7 +86,14 @@ class StreamLink:
         self.on_end = on_end
         self.closed = False
         self.reason = ""
-        self._queue: Chan[bytes | None] = Chan(send_queue)
+        # Items: one message's bytes, or a receive's replies (a list), or None (stop).
+        self._queue: Chan[bytes | list[bytes] | None] = Chan(send_queue)
+        # Items handed to the queue and not yet written by the writer: with none, the
+        # reader sends its replies itself at once (one non-blocking send, no switch to
+        # the writer), where the connection gives raw access to its socket.
+        self._handed = 0
+        syscall_conn = getattr(conn, "syscall_conn", None)
+        self._raw: Any = None if syscall_conn is None else syscall_conn()
         self.messages_read = 0
         self.messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
@@ -109,10 +124,12 @@ class StreamLink:
         if self.closed:
             raise ConnectionResetError(self.reason or "connection closed")
         self._owed += len(payload)  # before it waits: the reader must see it owed
+        self._handed += 1
         try:
             await self._queue.send(payload)
         except SendOnClosedChannel:  # the link ended while this send waited for room
             self._owed -= len(payload)
+            self._handed -= 1
             raise ConnectionResetError(self.reason or "connection closed") from None
 
     def send_nowait(self, payload: bytes) -> bool:
@@ -122,6 +139,7 @@ class StreamLink:
             return False
         if not self._queue.try_send(payload):
             return False
+        self._handed += 1
         self._owed += len(payload)
         return True
 
@@ -207,10 +225,14 @@ class StreamLink:
                     return
                 decoder.feed(data)
                 completed = False
+                replies: list[bytes] = []  # this receive's replies, owed, not yet queued
                 while True:
                     # Over max_owed: take no more calls until replies are written.
-                    if self._owed > self.max_owed and not await self._wait_for_room():
-                        return
+                    if self._owed > self.max_owed:
+                        if replies:
+                            replies = await self._queue_replies(replies)
+                        if not await self._wait_for_room():
+                            return
                     try:
                         msg = decoder.next_message()
                     except RemoteProtocolError as exc:
@@ -218,17 +240,24 @@ class StreamLink:
                             reason = f"protocol error from the peer: {exc}"
                             return
                         completed = True
-                        bad = self.on_bad(exc)
-                        if bad is not None:
-                            await bad
+                        result = self.on_bad(exc)
+                    else:
+                        if msg is NEED_DATA:
+                            break
+                        completed = True
+                        self.messages_read += 1
+                        result = self.on_message(msg)
+                    if result is None:
                         continue
-                    if msg is NEED_DATA:
-                        break
-                    completed = True
-                    self.messages_read += 1
-                    result = self.on_message(msg)
-                    if result is not None:
-                        await result
+                    if type(result) is bytes:
+                        self._owed += len(result)  # owed from now: the bound sees it
+                        replies.append(result)
+                        continue
+                    if replies:  # ahead of whatever the awaitable sends
+                        replies = await self._queue_replies(replies)
+                    await result
+                if replies:
+                    await self._queue_replies(replies)
                 # The bytes left over started a message in this receive, or earlier
                 # when this receive completed none (time spent waiting on calls above
                 # is this side's, not the peer's: a message counts from here then).
@@ -240,6 +269,46 @@ class StreamLink:
             reason = f"connection broken: {exc}"
         finally:
             self._end(reason)
+
+    async def _queue_replies(self, replies: list[bytes]) -> list[bytes]:
+        """Send the reader's replies (already counted owed): at once with one
+        non-blocking send when nothing waits for the writer, what the socket does not
+        take (or all of them, otherwise) as one item of the writer's queue; a link that
+        has ended drops them. Returns a new, empty list."""
+        item: bytes | list[bytes] = replies
+        if self._raw is not None and not self._handed and not self.closed:
+            data = b"".join(replies)
+            try:
+                sent = self._send_now(data)
+            except OSError as exc:
+                self._end(f"connection broken: {exc}")
+                sent = 0
+            self._owed -= sent
+            if sent == len(data):
+                self.messages_written += len(replies)
+                return []
+            item = data[sent:]  # the writer sends the rest, under the write deadline
+        self._handed += 1
+        try:
+            await self._queue.send(item)
+        except SendOnClosedChannel:  # the link ended: nobody to reach
+            self._handed -= 1
+            self._owed -= sum(map(len, item)) if isinstance(item, list) else len(item)
+        return []
+
+    def _send_now(self, data: bytes) -> int:
+        """One non-blocking send of ``data`` on the socket: the bytes it took."""
+        sent = 0
+
+        def send(fd: int) -> None:
+            nonlocal sent
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                pass
+
+        self._raw.control(send)
+        return sent
 
     async def _wait_for_room(self) -> bool:
         """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
@@ -267,14 +336,20 @@ class StreamLink:
                 item = await queue.recv()
                 if item is None or self.closed:
                     return
-                batch = [item]
+                batch: list[bytes] = item if isinstance(item, list) else [item]
+                items = 1
                 while len(batch) < 256:
                     more, _, received = queue.try_recv()
                     if not received or more is None:
                         break
-                    batch.append(more)
+                    items += 1
+                    if isinstance(more, list):
+                        batch.extend(more)
+                    else:
+                        batch.append(more)
                 data = b"".join(batch)
                 await self._write(data, deadline)
+                self._handed -= items
                 self.messages_written += len(batch)
                 self._owed -= len(data)
                 self._room.try_send(None)

@@ -1,9 +1,13 @@
-"""Stores of idempotency records: one contract (``_contract``), three homes.
+"""Stores of idempotency records: one contract (``_contract``), four homes.
 
 ``MemoryStore`` (one process, runtime clock), ``SQLiteStore`` (one file, durable, group
 commit; the default), ``RedisStore`` and ``PostgresStore`` (shared by processes and
 machines). The Redis and Postgres stores are imported on first use, so redis-py and
 psycopg are needed only by those who use them.
+
+For ``Idempotency`` and for authors of a store, the contract's two helpers are here too:
+``deliver`` (the callback APIs' fallback: await a step, then call back) and
+``new_completion`` (a :class:`Completion` built in one C call).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -15,6 +19,8 @@ from ._contract import Store as Store
 from ._contract import StoredRecord as StoredRecord
 from ._contract import StoreStatistics as StoreStatistics
 from ._contract import SynchronousStore as SynchronousStore
+from ._contract import deliver as deliver
+from ._contract import new_completion as new_completion
 from .memory import MemoryEffect as MemoryEffect
 from .memory import MemoryStore as MemoryStore
 from .sqlite import SQLiteEffect as SQLiteEffect
@@ -42,6 +48,8 @@ __all__ = [
     "StoreStatistics",
     "StoredRecord",
     "SynchronousStore",
+    "deliver",
+    "new_completion",
 ]
 
 

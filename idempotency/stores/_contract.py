@@ -243,7 +243,7 @@ class Store(abc.ABC):
         """Release the store's resources (a connection); idempotent."""
 
     # Operator's tools (``python -m idempotency inspect|forget|sweep``), with :meth:`sweep`.
-    # Optional: a store without them says so. Memory, SQLite and Redis have them.
+    # Optional: a store without them says so. Memory, SQLite, Redis and PostgreSQL have them.
 
     async def inspect(self, caller: str, key: str) -> StoredRecord | None:
         """What is stored for (caller, key), as it is: an expired record too (it reads as

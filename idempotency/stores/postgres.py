@@ -63,7 +63,9 @@ from a bounded pool (``pool_size``; waiting for one gives up after ``pool_timeou
 with :class:`StoreUnavailable`) shared by the batches, :meth:`sweep` and the
 operator's tools; a connection that failed is dropped, and one found dead before a
 batch was sent on it (it died while idle: a restart) is replaced at once. Not yet
-through gosim's netpoller: a batch holds an OS thread while it waits for the server.
+through gosim's netpoller: a batch holds an OS thread while it waits for the server
+(``._pgnet.NetpollConnection`` runs psycopg queries from a goroutine; the batches do
+not use it yet: ``PostgresEffect.fn`` is synchronous).
 
 Exactly-once effects
 --------------------

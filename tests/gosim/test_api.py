@@ -4,6 +4,8 @@ that lower layers never import higher ones."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,12 +53,27 @@ def test_core_imports_only_stdlib_and_trio() -> None:
 
 def test_lower_layers_never_import_higher_ones() -> None:
     for path in (REPO / "gosim").rglob("*.py"):
-        if path.name == "__main__.py" and path.parent.name == "gosim":
-            continue  # the tour is a program on top of every layer, never imported by them
         mods = _imports(path)
         assert "netframe" not in mods and "idempotency" not in mods, path
     for path in (REPO / "netframe").rglob("*.py"):
         assert "idempotency" not in _imports(path), path
+
+
+def test_the_tour_runs_on_gosim_alone() -> None:
+    # `python -m gosim` is gosim's tour; netframe's is `python -m netframe`.
+    script = "import runpy, sys; runpy.run_module('gosim', run_name='__main__'); " + (
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('netframe', 'idempotency')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    ).stdout
+    assert "prime sieve, 15 chained goroutines: [2, 3, 5, 7, 11, 13, 17" in out
+    assert out.rstrip().endswith("[]"), out  # nothing above gosim was imported
 
 
 def test_chan_argument_errors() -> None:

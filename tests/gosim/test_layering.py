@@ -4,11 +4,18 @@ Every module of gosim outside ``gosim/_core``, and of netframe and idempotency, 
 parsed; an import of ``gosim._core`` or any module under it, other than
 ``gosim._core._exceptions`` and other than in ``gosim/lowlevel.py`` itself, fails the
 test with the file and line. The core's own modules import nothing above the core.
+
+The same rule holds for every package, not only the core: a private name (one that
+starts with an underscore) of a package, ``pkg._x``, is imported only from inside
+``pkg``. Packages above gosim use its public modules (``gosim.jit``, ``gosim.lowlevel``),
+and a module of ``idempotency`` outside ``idempotency.stores`` uses ``idempotency.stores``,
+not its ``_contract``.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {"gosim._core._exceptions"}
 DOOR = ROOT / "gosim" / "lowlevel.py"
+LAYERS = ("gosim", "netframe", "idempotency")
 
 
 def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
@@ -39,6 +47,51 @@ def _imports(path: Path, source: str | None = None) -> list[tuple[int, str]]:
             # `from gosim._core import _sched` names a core module too.
             found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
     return found
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_package(name: str) -> bool:
+    parts = name.split(".")
+    if parts[0] in LAYERS:
+        return (ROOT / Path(*parts)).is_dir()
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def _private_owners(module: str) -> list[str]:
+    """The packages that own a private part of ``module``: for ``a._b._c``, ``a`` (which
+    owns ``_b``) and ``a._b`` (which owns ``_c``). A module's private name belongs to the
+    module's package (its siblings may share it). Dunder names are not private."""
+    parts = module.split(".")
+    owners = []
+    for i, part in enumerate(parts):
+        if i and part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            owner = ".".join(parts[:i])
+            owners.append(owner if _is_package(owner) else ".".join(parts[: i - 1]))
+    return owners
+
+
+def _is_door(importer: str, module: str) -> bool:
+    # The documented doors: the exceptions module is open to all, and gosim.lowlevel
+    # is the one module outside the core that imports the rest of it.
+    if any(module == ok or module.startswith(ok + ".") for ok in ALLOWED):
+        return True
+    return importer == "gosim.lowlevel" and _is_core(module)
+
+
+def _reaches_into(importer: str, module: str) -> bool:
+    """True when ``importer`` imports a private name of a package it is not inside."""
+    return not _is_door(importer, module) and any(
+        importer != owner and not importer.startswith(owner + ".")
+        for owner in _private_owners(module)
+    )
 
 
 def _outside_core() -> list[Path]:
@@ -93,3 +146,55 @@ def test_the_check_sees_each_form_of_import(source: str) -> None:
     # The parser above must catch every spelling, or the first test could not fail.
     found = _imports(ROOT / "gosim" / "sync" / "_probe.py", source)
     assert any(_is_core(m) and m not in ALLOWED for _, m in found)
+
+
+def _all_modules() -> list[Path]:
+    return [path for top in LAYERS for path in sorted((ROOT / top).rglob("*.py"))]
+
+
+def test_no_module_imports_a_private_name_of_a_package_it_is_not_in() -> None:
+    files = _all_modules()
+    assert len(files) > 20
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: imports {module}"
+        for path in files
+        for line, module in _imports(path)
+        if _reaches_into(_module_name(path), module)
+    ]
+    assert not bad, "import a package's public modules from outside it:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("importer", "source"),
+    [
+        ("netframe/_kernels.py", "from gosim._numba import kernel\n"),
+        ("netframe/_kernels.py", "import gosim._chan\n"),
+        ("netframe/_kernels.py", "from gosim import _chan\n"),
+        ("idempotency/_idempotency.py", "from .stores._contract import deliver\n"),
+        ("idempotency/demo/_sim.py", "from ..stores import _contract\n"),
+        ("gosim/_chan.py", "from gosim._core import _runq\n"),
+        ("gosim/_chan.py", "from trio._core import _run\n"),
+    ],
+)
+def test_the_general_check_sees_a_reach_into_another_package(importer: str, source: str) -> None:
+    path = ROOT / importer
+    assert any(_reaches_into(_module_name(path), m) for _, m in _imports(path, source))
+
+
+@pytest.mark.parametrize(
+    ("importer", "source"),
+    [
+        ("gosim/_chan.py", "from gosim._core._exceptions import NotInRuntime\n"),
+        ("netframe/_kernels.py", "from gosim._core._exceptions import NotInRuntime\n"),
+        ("gosim/lowlevel.py", "from gosim._core._g import G\n"),
+        ("gosim/_select.py", "from gosim._chan import Chan\n"),
+        ("gosim/_core/_runtime.py", "from gosim._core._state import _trap\n"),
+        ("netframe/_server.py", "from ._conn import _send_data\n"),
+        ("idempotency/stores/__init__.py", "from ._contract import Store\n"),
+        ("gosim/__init__.py", "from __future__ import annotations\n"),
+        ("netframe/_kernels.py", "from gosim.jit import kernel\n"),
+    ],
+)
+def test_the_general_check_lets_insiders_and_doors_through(importer: str, source: str) -> None:
+    path = ROOT / importer
+    assert not any(_reaches_into(_module_name(path), m) for _, m in _imports(path, source))

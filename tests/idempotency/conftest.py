@@ -3,9 +3,7 @@ factory per store kind so the contract suite runs unchanged against every store.
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -21,6 +19,7 @@ import pytest
 
 from idempotency import ApplicationError, MemoryEffect, MemoryStore, SQLiteEffect, SQLiteStore
 from idempotency.stores import Effect, Store
+from idempotency.stores.pgcluster import PG_BIN, PostgresCluster
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -131,93 +130,8 @@ def own_redis() -> Iterator[RedisServer]:
         server.stop()
 
 
-PG_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
-PG_BIN = os.path.dirname(PG_BINS[0]) if PG_BINS else None
-PG_USER = "gosimpg"  # PostgreSQL refuses to run as root: the cluster runs as this user
-
-
-def _as_pg_user() -> list[str]:
-    """The command prefix that runs a PostgreSQL binary as a user it accepts: nothing
-    when the tests do not run as root, else ``runuser -u gosimpg --`` (the system user
-    is made on first use)."""
-    if os.geteuid() != 0:
-        return []
-    try:
-        pwd.getpwnam(PG_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_USER],
-            check=True,
-            capture_output=True,
-        )
-    return ["runuser", "-u", PG_USER, "--"]
-
-
-class PostgresServer:
-    """A throwaway PostgreSQL cluster of the test's own: ``initdb`` into a temp dir, a
-    free port on 127.0.0.1 only (no Unix socket), ``pg_ctl`` to start and stop it, run
-    as a non-root user. Defaults kept where they matter: ``fsync`` and
-    ``synchronous_commit`` on, so an acknowledged commit is on disk."""
-
-    def __init__(self) -> None:
-        assert PG_BIN is not None
-        self.prefix = _as_pg_user()
-        self.dir = tempfile.mkdtemp(prefix="idem-pg-")
-        self.data = os.path.join(self.dir, "data")
-        if self.prefix:
-            entry = pwd.getpwnam(PG_USER)
-            os.chown(self.dir, entry.pw_uid, entry.pw_gid)
-        self.port = free_port()
-        self._run(
-            "initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "--no-sync",
-            "-E", "UTF8", "--locale=C",
-        )  # fmt: skip
-        with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
-            conf.write(
-                f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
-                "unix_socket_directories = ''\nmax_connections = 60\n"
-                "shared_buffers = 16MB\nfsync = on\nsynchronous_commit = on\n"
-            )
-        self.running = False
-
-    def _run(self, tool: str, *args: str) -> None:
-        assert PG_BIN is not None
-        subprocess.run(
-            [*self.prefix, os.path.join(PG_BIN, tool), *args],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-
-    def start(self) -> None:
-        self._run("pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
-        self.running = True
-
-    def stop(self, mode: str = "fast") -> None:
-        """``pg_ctl stop``: ``fast`` rolls back open transactions and shuts down cleanly,
-        ``immediate`` ends every process at once (a crash: recovery runs at the next
-        start)."""
-        if self.running:
-            self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
-            self.running = False
-
-    def destroy(self) -> None:
-        try:
-            self.stop("immediate")
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    @property
-    def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run one statement on a connection of its own (autocommit); its rows."""
-        import psycopg  # noqa: PLC0415 -- the Postgres tests' dependency only
-
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            cur = conn.execute(query, params)  # type: ignore[arg-type]
-            return cur.fetchall() if cur.description else []
+# The cluster is the library's (the demo's --store postgres starts the same one).
+PostgresServer = PostgresCluster
 
 
 def _postgres() -> PostgresServer:

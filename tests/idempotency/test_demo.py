@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -35,7 +36,7 @@ from idempotency.demo._run import audit, merge_traces, read_logs
 from idempotency.demo._sim import SimOptions, run_simulation
 from idempotency.rpc import Client, RPCError
 
-from .conftest import RedisServer
+from .conftest import PG_BIN, PostgresServer, RedisServer
 
 
 @pytest.mark.slow
@@ -109,6 +110,72 @@ def test_several_servers_on_one_sqlite_file_are_refused() -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "--servers N > 1 needs --store redis" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_run_on_a_postgres_cluster_of_its_own_passes_its_audit_and_stops_it() -> None:
+    """``--store postgres``: a cluster started for the run; the server's kill -9 and a
+    backend terminated mid-transaction; the audit (which read PostgreSQL) passes."""
+    if PG_BIN is None:
+        pytest.skip("PostgreSQL is not installed (.ci/run installs it with apt)")
+    pytest.importorskip("psycopg", reason="--store postgres needs psycopg 3")
+    out = _demo("--store", "postgres", "--seconds", "3", "--seed", "6", "--keep")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout
+    assert re.search(r"\d s\s+kill -9 of the server; restarting it", out.stdout), out.stdout
+    assert re.search(r"postgres backends terminated\s*│\s*1\b", out.stdout), out.stdout
+    m = re.search(r"postgresql://postgres@127\.0\.0\.1:(\d+)/postgres", out.stdout)
+    assert m, out.stdout
+    with pytest.raises(OSError):  # the demo stopped the cluster it started
+        socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=2).close()
+    kept = re.search(r"audit it again with python -m idempotency.demo audit (\S+)", out.stdout)
+    assert kept, out.stdout
+    try:  # audit DIR starts the run's cluster again on its files, reads it, stops it
+        again = subprocess.run(
+            [sys.executable, "-m", "idempotency.demo", "audit", kept.group(1)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert again.returncode == 0 and "all checks hold" in again.stdout, again.stdout
+    finally:
+        shutil.rmtree(kept.group(1), ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_servers_share_a_postgres_of_the_users_under_a_schema_of_the_runs(
+    own_postgres: PostgresServer,
+) -> None:
+    out = _demo("--store", "postgres", "--postgres", own_postgres.dsn, "--servers", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout
+    assert re.search(r"\d s\s+kill -9 of server [01]; restarting it", out.stdout), out.stdout
+    served = [int(n) for n in re.findall(r"calls served by server[01]\s*│\s*(\d+)", out.stdout)]
+    assert len(served) == 2 and min(served) > 0, out.stdout
+    # The run's tables are in a schema of its own, its money conserved; nothing in public.
+    (schema,) = own_postgres.sql(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'ledger_demo_%%'"
+    )[0]
+    (total,) = own_postgres.sql(f"SELECT sum(balance) FROM {schema}.accounts")[0]
+    assert total == 20 * INITIAL_BALANCE
+    assert own_postgres.sql("SELECT to_regclass('public.accounts')") == [(None,)]
+
+
+def test_an_unreachable_postgres_fails_at_once_in_one_line() -> None:
+    pytest.importorskip("psycopg", reason="--store postgres needs psycopg 3")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dsn = f"postgresql://postgres@127.0.0.1:{s.getsockname()[1]}/postgres"
+    out = subprocess.run(
+        [sys.executable, "-m", "idempotency.demo", "--store", "postgres", "--postgres", dsn],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and "cannot connect" in out.stderr, out.stderr
 
 
 def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
@@ -256,12 +323,18 @@ def _entry(key: str, status: str, src: int = 0, dst: int = 1, amount: int = 5) -
     return {"caller": "c0", "key": key, "src": src, "dst": dst, "amount": amount, "status": status}
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "memory"])
-def test_refused_transfers_change_nothing_and_say_why(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "memory", "postgres"])
+def test_refused_transfers_change_nothing_and_say_why(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """Each refusal (a missing source or destination, too little in the source) leaves
     balances and the transfers table as they were, in each home of the ledger."""
     if kind == "sqlite":
         ledger: LedgerSpec | MemoryLedger = LedgerSpec("sqlite", tmp_path / "ledger.db")
+        create_ledger(ledger, 3)
+    elif kind == "postgres":
+        server = request.getfixturevalue("postgres_server")
+        ledger = LedgerSpec("postgres", url=server.dsn, prefix=f"refused{time.monotonic_ns()}")
         create_ledger(ledger, 3)
     else:
         ledger = MemoryLedger(3)
@@ -281,6 +354,8 @@ def test_refused_transfers_change_nothing_and_say_why(kind: str, tmp_path: Path)
                 out.append((exc.code, exc.message))
         await client.close()
         await srv.shutdown(1.0)
+        assert srv.idempotency is not None
+        srv.idempotency.store.close()  # its connections (PostgreSQL: the pool)
         return out
 
     outcomes = gosim.run(main)

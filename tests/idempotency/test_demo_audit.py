@@ -12,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,7 @@ def _run_dir(tmp_path: Path, ending: Ending) -> Path:
     logs = [[_entry("t0", "acked")], [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7)]]
     for i, log in enumerate(logs):
         (tmp_path / f"client{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
-    write_manifest(tmp_path, spec, 3, [1, 1], own_redis=False, ending=ending)
+    write_manifest(tmp_path, spec, 3, [1, 1], own_server=False, ending=ending)
     return tmp_path
 
 
@@ -236,6 +237,33 @@ def test_audit_dir_marks_what_a_dead_clients_missing_log_hides(tmp_path: Path) -
     assert out.returncode == 1, out.stdout + out.stderr
     assert "client1 exited with status -9 at 3.2 s" in flat, out.stdout
     assert "NOT CHECKED: client1's transfers" in flat, out.stdout
+
+
+def test_audit_dir_reads_a_postgres_ledger(tmp_path: Path, postgres_server: Any) -> None:
+    """``audit DIR`` of a run whose ledger is in a PostgreSQL it named (``--postgres``):
+    it reads the run's schema there, passes it, and fails it once money is made up."""
+    schema = f"audit{time.monotonic_ns()}"
+    spec = LedgerSpec("postgres", url=postgres_server.dsn, prefix=schema)
+    create_ledger(spec, 3)
+    # Inserting a transfer moves its money (the ledger's trigger), as the server's does.
+    postgres_server.sql(f"INSERT INTO {schema}.transfers VALUES ('c0-0', 't0', 0, 1, 5, 1)")
+    postgres_server.sql(f"INSERT INTO {schema}.transfers VALUES ('c1-0', 't0', 1, 2, 7, 1)")
+    state = read_ledger(spec)
+    assert state.balances == {
+        0: INITIAL_BALANCE - 5,
+        1: INITIAL_BALANCE - 2,
+        2: INITIAL_BALANCE + 7,
+    }
+    logs = [[_entry("t0", "acked")], [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7)]]
+    for i, log in enumerate(logs):
+        (tmp_path / f"client{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+    write_manifest(tmp_path, spec, 3, [1, 1], own_server=False, ending=Ending([], reconciled=True))
+    out = _audit_dir(tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all checks hold" in out.stdout and schema in out.stdout
+    postgres_server.sql(f"UPDATE {schema}.accounts SET balance = balance + 1 WHERE id = 2")
+    out = _audit_dir(tmp_path)
+    assert out.returncode == 1 and "FAILED: balances conserved" in out.stdout, out.stdout
 
 
 def test_audit_dir_refuses_a_directory_that_is_no_run(tmp_path: Path) -> None:

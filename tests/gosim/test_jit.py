@@ -1,4 +1,4 @@
-"""gosim._numba: the one kernel decorator and JIT flag, and the imports it keeps light."""
+"""gosim.jit: the one kernel decorator and JIT flag, and the imports it keeps light."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gosim import _numba
+from gosim import jit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,14 +36,14 @@ def run_python(script: str, **env: str) -> str:
 
 @pytest.mark.parametrize("value", ["<unset>", "", "0", "1", "2", "yes"])
 def test_jit_flag_reads_the_environment_as_numba_does(value: str) -> None:
-    # gosim._numba decides without importing numba; numba's own reading is the truth.
+    # gosim.jit decides without importing numba; numba's own reading is the truth.
     out = run_python(
         """
         import warnings
         warnings.simplefilter("ignore")
-        from gosim import _numba
+        from gosim import jit
         from numba.core import config
-        print(_numba.JIT_ENABLED, not config.DISABLE_JIT)
+        print(jit.JIT_ENABLED, not config.DISABLE_JIT)
         """,
         NUMBA_DISABLE_JIT=value,
     )
@@ -57,11 +57,11 @@ def test_kernel_options_are_the_projects() -> None:
     def add(a: int, b: int) -> int:
         return a + b
 
-    plain = _numba.kernel(add)
-    tuned = _numba.kernel(inline=True, refcounts=False)(add)
+    plain = jit.kernel(add)
+    tuned = jit.kernel(inline=True, refcounts=False)(add)
     assert plain(2, 3) == 5
     assert tuned(2, 3) == 5
-    if not _numba.JIT_ENABLED:
+    if not jit.JIT_ENABLED:
         pytest.skip("NUMBA_DISABLE_JIT is set: njit returns a dispatcher without options")
     options: dict[str, object] = plain.targetoptions  # type: ignore[attr-defined]
     tuned_options: dict[str, object] = tuned.targetoptions  # type: ignore[attr-defined]
@@ -99,7 +99,7 @@ def test_numba_loads_with_the_first_kernel_module() -> None:
     out = run_python(
         """
         import sys
-        import gosim._numba
+        import gosim.jit
         before = "numba" in sys.modules
         import gosim.atomic
         print(before, "numba" in sys.modules)

@@ -252,7 +252,7 @@ def test_machine_without_jit() -> None:
             "--import-mode=importlib",
         ],
         check=False,
-        cwd=here.parents[2],
+        cwd=here.parents[3],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,9 @@
-"""The one way this project compiles with numba: :func:`kernel` and :data:`JIT_ENABLED`.
+"""The one way this project compiles with numba: :func:`kernel`, :func:`intrinsic`,
+:data:`JIT_ENABLED`.
+
+Public because the packages above gosim (netframe's frame-boundary scan) declare their
+kernels through it too: one decorator and one flag for the whole project, reached
+without importing a private module of gosim.
 
 Every numba kernel in the project (the atomics, the spinlocks and their contention
 kernels, the allocator's bit scans, netframe's frame-boundary scan) is compiled through
@@ -20,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast, overload
 
-__all__ = ["JIT_ENABLED", "kernel"]
+__all__ = ["JIT_ENABLED", "intrinsic", "kernel"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -28,7 +33,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _jit_enabled(environ: dict[str, str] | os._Environ[str]) -> bool:
     # numba.core.config reads NUMBA_DISABLE_JIT as int(value), default 0, and falls back
     # to the default (with a warning) when int() fails; empty means unset.
-    # tests/gosim/test_numba.py checks this against numba's own reading.
+    # tests/gosim/test_jit.py checks this against numba's own reading.
     value = environ.get("NUMBA_DISABLE_JIT", "")
     if not value:
         return True
@@ -79,3 +84,12 @@ def kernel(
     if fn is not None:
         return declare(fn)
     return declare
+
+
+def intrinsic(typer: Callable[..., Any]) -> Any:
+    """numba's ``@intrinsic`` (a function written in LLVM IR, callable from kernels),
+    typed as Any: kernels call the result without the ``typingctx`` argument its stub
+    signature asks for. Imports numba, as declaring the first kernel does."""
+    from numba.extending import intrinsic as declare  # noqa: PLC0415 (numba loads here)
+
+    return declare(typer)
