@@ -26,11 +26,13 @@
  *
  * The types, by part: State, GBase, PBase, Sudog | TimerBase, TimerHeapBase | RuntimeBase,
  * Done, Trap | Chan, ChanOp | SelectOp | WaiterBase, WaitOp, ParkingLotBase |
- * MonotonicClock. This file keeps what binds them: configure() and reset_budget(), the
- * module's function table and its init, which readies every type and exports the Python
- * ones. The parts are included, not compiled apart, so that their static helpers stay
- * private to the extension and the compiler sees the hot paths whole (setup.py lists them
- * in `depends`: a change to one rebuilds the module).
+ * MonotonicClock. The module's functions: configure, reset_budget (here), trap, go
+ * (sched), select, recv, send, configure_select (select), configure_wait (wait). This
+ * file keeps what binds the parts: configure() and reset_budget(), the module's function
+ * table and its init, which readies every type and exports the Python ones. The parts
+ * are included, not compiled apart, so that their static helpers stay private to the
+ * extension and the compiler sees the hot paths whole (setup.py lists them in `depends`:
+ * a change to one rebuilds the module; MANIFEST.in ships them in the sdist).
  *
  * Semantics are Go's chansend/chanrecv/closechan/selectgo and are documented, step by
  * step, in gosim/_chan.py and gosim/_select.py; the implementations must stay in step.

@@ -8,11 +8,13 @@
  *                once, shared with the C select (Chan.try_send, try_recv,
  *                _take_sender_into_buf, _chan._dequeue);
  *   spend_budget, preempt_due  the op budget's count-down and the preemption check;
+ *   chanop_finish  the op budget's one rule (gosim/_chan.py's) for an operation that
+ *                completed without parking: spend one unit, yield if preemption is due;
  *   ChanOp       the awaitable a receive (or a send that must park) returns: its am_send
  *                (ChanOp_am_send) is the receive and the parking send, Chan.recv/recv2/
  *                __anext__/_send_park's twin, with no Python frame and no StopIteration.
  *                The receive is the code after its state switch ("A receive": chan_tryrecv,
- *                then the op budget, one code for recv, recv2 and __anext__, then the
+ *                then chanop_finish, one code for recv, recv2 and __anext__, then the
  *                park), its wake the switch's ST_PARKED case.
  *
  * Invariants (Go's hchan, as gosim/_chan.py states them): recvq non-empty implies the
