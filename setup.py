@@ -14,6 +14,17 @@ setup(
         Extension(
             "gosim._speedups",
             sources=["gosim/_speedups.c"],
+            # The parts it includes, one per mechanism: a change to one rebuilds it.
+            depends=[
+                "gosim/_speedups_common.c.h",
+                "gosim/_speedups_records.c.h",
+                "gosim/_speedups_timers.c.h",
+                "gosim/_speedups_sched.c.h",
+                "gosim/_speedups_chan.c.h",
+                "gosim/_speedups_select.c.h",
+                "gosim/_speedups_wait.c.h",
+                "gosim/_speedups_clock.c.h",
+            ],
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),
