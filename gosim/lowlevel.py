@@ -20,14 +20,20 @@ queue when its goroutine leaves by an exception; a :class:`ParkingLot` is a FIFO
 them (trio's). Every park names a :class:`WaitReason` (Go's ``waitReason``), which
 deadlock dumps print. ``gosim._core._wait`` has the guarantees in full.
 
-For the fast paths, which cannot afford a function call per operation: :data:`state`
+The layers above gosim (netframe, idempotency, user code) take functions and those
+primitives from here, nothing else (``tests/gosim/test_layering.py`` checks netframe and
+idempotency): trio's ``lowlevel`` likewise hands out functions and ``ParkingLot``, never
+its Runner. The rest is for gosim's own packages (channels, select, time, net), which
+implement the runtime's mechanisms and cannot afford a function call per operation
+(exported for them, not for the layers above): :data:`state`
 (``state.rt`` is the running runtime or None; on it, ``rt.curg`` is the running G and
 ``rt.goready(g, value)`` is :func:`ready` without its frame; ``rt.globready(g, value)``
 readies at the tail of the global queue instead, for a netpoller's ``poll(to_global=True)``),
 :func:`trap` with the traps
 :data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
 the driver), :data:`OP_BUDGET` (operations between preemption checks) and
-:data:`speedups` (the C accelerator, or None).
+:data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
+``Runtime`` and ``NetPoller``.
 """
 
 from __future__ import annotations
@@ -91,12 +97,10 @@ def current_g() -> G:
     return rt.curg
 
 
-def park(waitreason: str) -> Awaitable[Any]:
+def park(waitreason: WaitReason) -> Awaitable[Any]:
     """Park the calling goroutine with Go's wait reason until :func:`ready` is called for it.
 
-    ``waitreason`` is a :class:`WaitReason` (a ``str``; a plain one is still accepted
-    from code not yet moved to the enum). Returns the trap itself to await (no
-    coroutine frame of its own).
+    Returns the trap itself to await (no coroutine frame of its own).
     """
     current_g().waitreason = waitreason
     return trap(PARK)

@@ -306,7 +306,7 @@ class Idempotency:
         rk = (caller, key)
         holders = self._holders
         holders[rk] = fence
-        if self._keeper is not lowlevel.state.rt and self._keeper is not False:
+        if self._keeper is not False and self._keeper is not lowlevel.current_runtime():
             self._start_keeper()
         max_bytes = self.max_result_bytes
         try:
@@ -498,7 +498,7 @@ class Idempotency:
         return Outcome(rec.ok, rec.payload, False, fence)
 
     def _start_keeper(self) -> None:
-        rt = lowlevel.state.rt
+        rt = lowlevel.current_runtime()
         if self.lease == math.inf:
             self._keeper = False  # a claim that never lapses needs no renewal
             return

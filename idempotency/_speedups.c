@@ -38,7 +38,7 @@ static PyObject *sha256;            /* the SHA-256 constructor _keys uses */
 static PyObject *heads;             /* _keys._HEADS: encoded "[operation," prefixes */
 static PyObject *py_claim_step;     /* memory._claim_step(table, caller, key, fp, lease) */
 static PyObject *py_complete_step;  /* memory._complete_step(table, caller, key, fence, c) */
-static PyObject *str_digest, *str_rt, *str_now;
+static PyObject *str_digest;
 /* Each module hands over its part when it imports (configure_record, _keys, _memory). */
 enum { RECORD_PART = 1, KEYS_PART = 2, MEMORY_PART = 4 };
 static int configured;
@@ -498,15 +498,14 @@ typedef struct {
     long long fence;     /* the last fencing token handed out */
     long long operations;
     PyObject *clock;     /* a callable returning the time */
-    PyObject *state;     /* gosim's runtime state (``.rt``), or None: then ``clock`` */
 } MemoryTable;
 
 static int
 MemoryTable_init(MemoryTable *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"clock", "runtime_state", NULL};
-    PyObject *clock, *state = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &clock, &state)) {
+    static char *kwlist[] = {"clock", NULL};
+    PyObject *clock;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &clock)) {
         return -1;
     }
     if (!PyCallable_Check(clock)) {
@@ -519,7 +518,6 @@ MemoryTable_init(MemoryTable *self, PyObject *args, PyObject *kwds)
     }
     Py_XSETREF(self->records, records);
     Py_XSETREF(self->clock, Py_NewRef(clock));
-    Py_XSETREF(self->state, Py_NewRef(state));
     self->fence = 0;
     self->operations = 0;
     return 0;
@@ -530,7 +528,6 @@ MemoryTable_traverse(MemoryTable *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->records);
     Py_VISIT(self->clock);
-    Py_VISIT(self->state);
     return 0;
 }
 
@@ -539,7 +536,6 @@ MemoryTable_clear(MemoryTable *self)
 {
     Py_CLEAR(self->records);
     Py_CLEAR(self->clock);
-    Py_CLEAR(self->state);
     return 0;
 }
 
@@ -551,34 +547,12 @@ MemoryTable_dealloc(MemoryTable *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The time: the running runtime's clock read directly (gosim.now without its frame),
- * else the table's clock (which raises what it raises outside a runtime). 0 with the
- * time, -1 on an error, 1 when the clock did not give a float. */
+/* The time: the table's clock (gosim.now raises outside a runtime). 0 with the time,
+ * -1 on an error, 1 when the clock did not give a float. */
 static int
 table_now(MemoryTable *self, double *now)
 {
-    PyObject *t = NULL;
-    if (self->state != Py_None) {
-        PyObject *rt = PyObject_GetAttr(self->state, str_rt);
-        if (rt == NULL) {
-            return -1;
-        }
-        if (rt != Py_None) {
-            PyObject *fn = PyObject_GetAttr(rt, str_now);
-            Py_DECREF(rt);
-            if (fn == NULL) {
-                return -1;
-            }
-            t = PyObject_CallNoArgs(fn);
-            Py_DECREF(fn);
-        }
-        else {
-            Py_DECREF(rt);
-        }
-    }
-    if (t == NULL && !PyErr_Occurred()) {
-        t = PyObject_CallNoArgs(self->clock);
-    }
+    PyObject *t = PyObject_CallNoArgs(self->clock);
     if (t == NULL) {
         return -1;
     }
@@ -894,9 +868,7 @@ PyInit__speedups(void)
     sha_ni = cpu_has_sha_ni();
 #endif
     str_digest = PyUnicode_InternFromString("digest");
-    str_rt = PyUnicode_InternFromString("rt");
-    str_now = PyUnicode_InternFromString("now");
-    if (str_digest == NULL || str_rt == NULL || str_now == NULL) {
+    if (str_digest == NULL) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module_def);

@@ -64,12 +64,13 @@ import math
 import struct
 import termios
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gosim
 from gosim import Chan, SendOnClosedChannel, Timer, lowlevel, recv, select, send
+from gosim.lowlevel import Waiter, WaitReason
 from gosim.net import BusyError as _NetBusyError
 from gosim.net import ClosedError as _NetClosedError
 
@@ -173,54 +174,41 @@ class FramedConnStatistics:
 class _Alarm:
     """A goroutine's sleep until a runtime-clock deadline, cut short by :meth:`ring`.
 
-    One runtime timer, re-armed in place, where a ``Timer``, its channel and a
-    ``select`` per wait cost several times more (10,000 connections wait once per
-    heartbeat interval each). One goroutine sleeps on an alarm at a time. Nothing can
-    come between a sleeper's last look at what it waits for and its park (no await),
-    so a ring while nobody sleeps has nothing to wake and is dropped.
+    One :class:`gosim.lowlevel.Waiter` per alarm, reset and re-armed in place (its one
+    runtime timer), where a ``Timer``, its channel and a ``select`` per wait cost several
+    times more (10,000 connections wait once per heartbeat interval each): nothing is
+    allocated per wait. One goroutine sleeps on an alarm at a time, parked with the
+    alarm's wait reason (a heartbeat's dump says ``heartbeat wait``, not ``select``).
+    Nothing can come between a sleeper's last look at what it waits for and its park
+    (no await), so a ring while nobody sleeps has nothing to wake and is dropped (the
+    next sleep resets the waiter).
     """
 
-    __slots__ = ("_g", "_recheck", "_timer")
+    __slots__ = ("_reason", "_w")
 
-    def __init__(self) -> None:
-        self._g: lowlevel.G | None = None
-        self._recheck: Callable[[], float] | None = None
-        self._timer = lowlevel.RuntimeTimer(_alarm_fired, self)
+    def __init__(self, reason: WaitReason = WaitReason.HEARTBEAT) -> None:
+        self._w = Waiter()
+        self._reason = reason
 
-    async def sleep_until(self, when: float, recheck: Callable[[], float] | None = None) -> None:
+    def sleep_until(
+        self, when: float, recheck: Callable[[], float] | None = None
+    ) -> Awaitable[Any]:
         """Park until ``when`` (``math.inf``: until rung) or until :meth:`ring`.
 
         With ``recheck``, a timer that fires asks it for the deadline again first, and
         re-arms itself for a later one instead of waking the sleeper: a heartbeat whose
         peer was heard meanwhile (its deadline moved on) costs no goroutine switch.
-        ``recheck`` runs on the driver: it must not wait, nor fail.
+        ``recheck`` runs on the driver: it must not wait, nor fail. Returns the wait
+        itself to await (no coroutine frame of its own).
         """
+        w = self._w
+        w.reset()  # drops a ring that came while nobody slept
         if when != math.inf:
-            lowlevel.add_timer(self._timer, when)
-        self._recheck = recheck
-        self._g = lowlevel.current_g()
-        try:
-            await lowlevel.park("select")
-        finally:
-            self._recheck = None
-        lowlevel.del_timer(self._timer)  # rung early: the timer may still be armed
+            w.set_deadline(when, None, recheck)
+        return w.wait(self._reason)
 
     def ring(self) -> None:
-        g = self._g
-        if g is not None:
-            self._g = None
-            lowlevel.ready(g)
-
-
-def _alarm_fired(alarm: _Alarm, now: float) -> None:
-    recheck = alarm._recheck
-    if recheck is not None and alarm._g is not None:
-        when = recheck()
-        if when > now:  # the deadline moved on while the sleeper slept: sleep on
-            if when != math.inf:
-                lowlevel.add_timer(alarm._timer, when)
-            return
-    alarm.ring()
+        self._w.settle()
 
 
 class _Flush:

@@ -94,10 +94,11 @@ import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import gosim
 from gosim import Chan, go, lowlevel, recv, select
+from gosim.lowlevel import WaitCancelled, Waiter, WaitReason
 
 from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
@@ -256,7 +257,7 @@ BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[byte
 _Coroutine = types.CoroutineType
 
 
-class Later:
+class Later(Waiter):
     """A reply that comes later, with no goroutine waiting for it.
 
     A handler whose work finishes elsewhere (in a batch that another goroutine
@@ -264,59 +265,39 @@ class Later:
     done; the server sends the reply from there. A request that waits then costs no
     goroutine and no coroutines of its own, which cost several times the request's own
     work in a small service (BENCHMARKS.md). Whatever else gets a Later (the inline
-    strategy, a transport that does not know it) awaits it: it is awaitable.
+    strategy, a transport that does not know it) awaits it: it is awaitable, and the
+    awaiting goroutine parks as ``netframe reply``.
 
-    :meth:`reply` must be called exactly once, by a goroutine of the server's runtime
-    (a callback that one runs included), with the reply's bytes, or None for no reply.
-    Until then the request holds its ``max_in_flight`` slot, and a graceful shutdown
-    waits for it as for a handler's goroutine: a Later never replied to holds its slot
-    for the connection's life.
+    A Later is a :class:`gosim.lowlevel.Waiter` settled with the reply's bytes (its one
+    consumer is the server's callback or the goroutine that awaits it). :meth:`reply`
+    must be called exactly once, by a goroutine of the server's runtime (a callback
+    that one runs included), with the reply's bytes, or None for no reply. Until then
+    the request holds its ``max_in_flight`` slot, and a graceful shutdown waits for it
+    as for a handler's goroutine: a Later never replied to holds its slot for the
+    connection's life.
     """
 
-    __slots__ = ("_arg", "_g", "_on_reply", "_replied", "_value")
-
-    def __init__(self) -> None:
-        self._replied = False
-        self._value: bytes | None = None
-        self._on_reply: Callable[[Any, bytes | None], None] | None = None
-        self._arg: Any = None
-        self._g: lowlevel.G | None = None
+    __slots__ = ()
 
     def reply(self, value: bytes | None) -> None:
-        """Settle the reply (bytes, or None: none); RuntimeError if already settled."""
-        if self._replied:
-            raise RuntimeError("this Later has its reply already")
-        self._replied = True
-        self._value = value
-        on_reply = self._on_reply
-        if on_reply is not None:
-            self._on_reply = None
-            arg, self._arg = self._arg, None
-            on_reply(arg, value)
-        elif self._g is not None:
-            g, self._g = self._g, None
-            lowlevel.ready(g, None)
+        """Settle the reply (bytes, or None: none); RuntimeError if already settled.
 
-    def _when_replied(self, on_reply: Callable[[Any, bytes | None], None], arg: Any) -> None:
-        """The server's: ``on_reply(arg, reply)`` at the reply (at once, if it came)."""
-        if self._replied:
-            on_reply(arg, self._value)
-        else:
-            self._on_reply = on_reply
-            self._arg = arg
+        A reply to a Later whose awaiting goroutine has left (it was cancelled while
+        waiting) is dropped: nobody is left to send it."""
+        if not self.settle(value):
+            try:
+                self.result()
+            except WaitCancelled:
+                return
+            raise RuntimeError("this Later has its reply already")
 
     def __await__(self) -> Generator[Any, Any, bytes | None]:
-        return self._wait().__await__()
+        # A plain generator around the wait: __await__ may not return the pure path's
+        # wait, which is a (generator-based) coroutine.
+        return (yield from self.wait(_HANDLER_REPLY))  # type: ignore[no-any-return]
 
-    async def _wait(self) -> bytes | None:
-        if not self._replied:
-            self._g = lowlevel.current_g()
-            try:
-                await lowlevel.park("netframe reply")
-            except BaseException:
-                self._g = None  # nothing may wake a goroutine that has left
-                raise
-        return self._value
+
+_HANDLER_REPLY: Final = WaitReason.HANDLER_REPLY
 
 
 def _handle_each_py(
@@ -466,7 +447,7 @@ class _Conn:
         self.session = session
         self.clock = lowlevel.current_runtime().now  # gosim.now() without its frame
         self.in_flight = 0  # handlers running now
-        # Later replies settled in this pass, sent together at its end (Server._gather).
+        # Later replies settled in this pass, sent together at its end (Server._send_gathered).
         self.owed: list[bytes] = []
         self.closed = False
         self.retired = False  # counted out of the server (see Server._retire)
@@ -477,7 +458,7 @@ class _Conn:
         self.releasing = False
         self.exchange: Any = None  # the C loop serving it (Server._serve_exchange), if any
         self.alarm = _Alarm()  # the heartbeat goroutine's sleep
-        self.room = _Alarm()  # the reader's wait for a handler to end (room, or drain)
+        self.room = _Alarm(WaitReason.HANDLER_ROOM)  # the reader's wait for a handler to end
 
     def end(self) -> None:
         """Mark the connection finished: wake its heartbeat and its reader."""
@@ -907,7 +888,7 @@ class Server:
         self._exchange = handle_batch is None and (raw if max_in_flight == 1 else not raw)
         self._conns: set[_Conn] = set()
         # Connections with Later replies gathered in this pass, in the order their first
-        # reply came; a goroutine sends them at the pass's end (Server._gather).
+        # reply came; a goroutine sends them at the pass's end (Server._send_gathered).
         self._gathered: list[_Conn] = []
         self._listener: Listener | None = None
         self._shutting_down = False
@@ -1231,15 +1212,16 @@ class Server:
         goroutine of its own (:meth:`_handle_rest`)."""
         st.in_flight += 1
         if type(pending) is Later:
-            pending._when_replied(self._later_replied, st)
+            pending.on_settle(self._later_replied, st)
         else:
             go(self._handle_rest, st, pending)
 
-    def _later_replied(self, st: _Conn, reply: bytes | None) -> None:
+    def _later_replied(self, st: _Conn, later: Waiter) -> None:
         """A :class:`Later`'s reply, gathered: the replies that the code settling Laters
         (a group commit answering its batch) settles before it next waits go out
-        together, one send per connection, at the end of that pass (:meth:`_gather`).
+        together, one send per connection, at the end of that pass (:meth:`_send_gathered`).
         The Later's slot is held until its reply is sent."""
+        reply = later.result()
         if reply is None or st.closed:
             st.handler_done()
             return

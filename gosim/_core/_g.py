@@ -104,6 +104,7 @@ class WaitReason(enum.StrEnum):
     HEARTBEAT = "heartbeat wait"  # a connection's heartbeat or idle timer (netframe)
     RPC_REPLY = "rpc reply"  # an RPC client's call waiting for its response
     HANDLER_REPLY = "netframe reply"  # a request whose reply a handler gives later
+    HANDLER_ROOM = "netframe handler room"  # a connection reader waiting for a handler to end
     COMMIT_WAIT = "idempotency commit"  # a store operation waiting for its group commit
     WAITER = "waiter"  # a gosim.lowlevel.Waiter awaited without a reason of its own
 

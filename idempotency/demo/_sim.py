@@ -189,7 +189,7 @@ def _as_process(name: str) -> None:
     runtime's trace (when one is recorded): a process of the simulated system."""
     trace = lowlevel.current_runtime().trace
     if trace is not None:
-        trace.name_process(lowlevel.current_g().goid, name)
+        trace.name_process(lowlevel.goid(), name)
 
 
 def run_simulation(

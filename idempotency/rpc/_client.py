@@ -57,11 +57,11 @@ from typing import Any, Final
 
 import gosim
 from gosim import Chan, go, recv, select
+from gosim.lowlevel import Waiter, WaitReason
 from gosim.net import dial as net_dial
 from netframe import Client as FramedClient
 from netframe import ConnectionLost, FrameFormat, LocalFrameError
 
-from .._waiter import OneShot
 from ._errors import CallTimeout, RPCError, Unavailable
 from ._protocol import (
     DEFAULT_LIMITS,
@@ -171,6 +171,7 @@ class ClientStats:
 
 #: A wait's outcome when the call's deadline came first.
 _EXPIRED: Final = object()
+_RPC_REPLY: Final = WaitReason.RPC_REPLY
 
 
 class _Lost:
@@ -300,7 +301,7 @@ class Client:
         self._link: _Link | None = None  # where new calls go
         self._links: set[_Link] = set()  # every live link
         self._connecting: Chan[None] | None = None
-        self._pending: dict[int, tuple[OneShot, _Link]] = {}
+        self._pending: dict[int, tuple[Waiter, _Link]] = {}
         self._next_id = 0
         self._closed = False
         self._stats = ClientStats()
@@ -483,7 +484,7 @@ class Client:
         payload = encode_request(msgid, method, params, meta)
         # The response (the reader), the link's loss (_drop_link) or the deadline,
         # whichever settles it first; a settle during the send below is kept.
-        waiter = OneShot()
+        waiter = Waiter()
         self._pending[msgid] = (waiter, link)
         try:
             try:
@@ -491,7 +492,9 @@ class Client:
             except ConnectionError as exc:  # never queued on a live connection
                 self._drop_link(link, f"{exc}")
                 return _Failed(str(exc), sent=False)
-            outcome = await waiter.wait(deadline, _EXPIRED)
+            if deadline != math.inf:
+                waiter.set_deadline(deadline, _EXPIRED)
+            outcome = await waiter.wait(_RPC_REPLY)
             if outcome is _EXPIRED:
                 self._count_error(Status.DEADLINE_EXCEEDED)
                 raise CallTimeout(f"no reply within {timeout} s")

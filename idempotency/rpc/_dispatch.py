@@ -40,6 +40,7 @@ import msgpack
 
 import gosim
 from gosim import context, go
+from gosim.lowlevel import Waiter, WaitReason
 from netframe import Later
 
 from .._errors import (
@@ -55,7 +56,6 @@ from .._errors import (
 )
 from .._idempotency import Call, Idempotency
 from .._outcome import Outcome
-from .._waiter import OneShot
 from ._errors import RPCError
 from ._protocol import (
     DEFAULT_LIMITS,
@@ -197,6 +197,7 @@ def _needs_await(result: Any) -> bool:
 
 
 _BACKGROUND: Final = context.background()
+_RPC_REPLY: Final = WaitReason.RPC_REPLY  # the race of a method against its deadline
 
 
 def _build(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call) -> Any:
@@ -653,9 +654,10 @@ class Dispatcher:
             deadline = ctx.deadline_or_inf()  # one clock read for both
         else:
             deadline = gosim.now() + meta.timeout_ms / 1000.0
-        race = OneShot()
+        race = Waiter()
+        race.set_deadline(deadline, None)
         go(self._run_to, race, run, spec, msg, meta, ctx, deadline, cancel)
-        reply: bytes | None = await race.wait(deadline)
+        reply: bytes | None = await race.wait(_RPC_REPLY)
         if reply is not None:
             return reply
         return self._deadline_exceeded(msg.msgid, "deadline exceeded")
@@ -667,7 +669,7 @@ class Dispatcher:
 
     async def _run_to(
         self,
-        race: OneShot,
+        race: Waiter,
         run: Callable[[MethodSpec, Request, Any, context.Context, float], Awaitable[bytes]],
         spec: MethodSpec,
         msg: Request,

@@ -28,8 +28,9 @@ Protocol (one mechanism: the callback):
 4. The leader goes on while operations are pending, then ends. No goroutine lives
    between batches: nothing to start or stop, and a store with no callers costs nothing.
 
-:meth:`GroupCommitter.submit` is the awaiting form and nothing more: a wait on a
-settle-once waiter (``idempotency._waiter.await_done``) that ``done`` settles. A
+:meth:`GroupCommitter.submit` is the awaiting form and nothing more: each :class:`Op`
+is a ``gosim.lowlevel.Waiter`` that the leader settles; a callback (``done``) or a
+parked caller consumes it. A
 callback costs a call where a waiting goroutine costs its park, its wake and the
 resumption of every coroutine between it and the committer; a caller that has nothing
 else to do pays only the park and the wake.
@@ -46,30 +47,50 @@ import os
 import queue
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Final
 
 import gosim
 from gosim import go, lowlevel, net
-
-from .._waiter import await_done
+from gosim.lowlevel import Waiter, WaitReason
 
 __all__ = ["THREAD_IDLE", "GroupCommitter", "Op", "raise_when_awaited"]
+
+_COMMIT_WAIT: Final = WaitReason.COMMIT_WAIT
 
 THREAD_IDLE: Final = 5.0  # seconds without a batch before the committer's thread ends
 
 
-class Op:
-    """One store operation in flight: what to do, and once done its result or error."""
+class Op(Waiter):
+    """One store operation in flight: what to do, and once done its result or error.
 
-    __slots__ = ("args", "done", "error", "kind", "result")
+    It is the operation's :class:`gosim.lowlevel.Waiter`: once its batch has committed
+    the leader settles it (with ``result``) or fails it (with ``error``), and its one
+    consumer, a callback (:meth:`GroupCommitter.submit_later`) or a parked caller
+    (:meth:`GroupCommitter.submit`), takes it from there: one path for both. A caller
+    that leaves its wait by an exception cancels it, so the leader's settle wakes
+    nobody.
+    """
+
+    __slots__ = ("args", "error", "kind", "result")
+
+    # A Waiter's constructor takes at most its ``data`` (the C twin's in ``__new__``):
+    # both are given none of this class's arguments.
+    def __new__(cls, kind: int, args: tuple[Any, ...]) -> Op:
+        return Waiter.__new__(cls)
 
     def __init__(self, kind: int, args: tuple[Any, ...]) -> None:
+        super().__init__()
         self.kind = kind
         self.args = args
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done: Callable[[Any, BaseException | None], None] | None = None
+
+
+def _call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) -> None:
+    """A settled op's callback consumer: ``done(result, error)``."""
+    assert isinstance(op, Op)
+    done(op.result, op.error)
 
 
 class GroupCommitter:
@@ -90,7 +111,7 @@ class GroupCommitter:
         # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
         # every operation appended to ``_pending`` before it ends).
         self._leading = False
-        self._rt: lowlevel.Runtime | None = None
+        self._rt: Any = None  # the runtime of the pending ops (lowlevel.current_runtime())
         # The thread's work: (box, wake) per batch, box = [batch, error]; (None, sock)
         # closes a runtime's old wake socket once the batches before it are done.
         self._work: queue.SimpleQueue[tuple[list[Any] | None, _WakeFd]] = queue.SimpleQueue()
@@ -115,10 +136,12 @@ class GroupCommitter:
         ``done`` must not block and should not raise: an exception from it is a panic
         of a goroutine of its own, once the batch's other operations have their
         results."""
-        # gosim.lowlevel's fast-path hook (state.rt) rather than current_runtime.
-        rt = lowlevel.state.rt
-        if rt is None:
-            rt = lowlevel.current_runtime()  # raises NotInRuntime
+        op.on_settle(_call_done, done)
+        self._enqueue(op)
+
+    def _enqueue(self, op: Op) -> None:
+        """Queue ``op`` for the next batch, starting a leader if none runs."""
+        rt = lowlevel.current_runtime()  # raises NotInRuntime
         if self._rt is not rt:
             # A new runtime: whatever the last one left (a leader closed mid-batch when
             # its runtime ended) is gone with its goroutines.
@@ -126,7 +149,6 @@ class GroupCommitter:
             self._pending = []
             self._leading = False
             self._new_wake()
-        op.done = done
         self._pending.append(op)
         if not self._leading:
             self._leading = True
@@ -177,10 +199,11 @@ class GroupCommitter:
             box[0] = None
             wake.send()
 
-    def submit(self, op: Op) -> Coroutine[Any, Any, Any]:
-        """Run ``op`` in the next batch; awaited, its result or its error raised. (The
-        wait's coroutine itself, not a coroutine around it: one frame fewer.)"""
-        return await_done(self.submit_later, op)
+    async def submit(self, op: Op) -> Any:
+        """Run ``op`` in the next batch; awaited, its result or its error raised (the
+        caller parks as ``idempotency commit``). Nothing is queued until it is awaited."""
+        self._enqueue(op)
+        return await op.wait(_COMMIT_WAIT)
 
     async def _lead(self) -> None:
         """Lead batches until nothing is pending (see the module docstring)."""
@@ -224,10 +247,12 @@ class GroupCommitter:
         self.largest_batch = max(self.largest_batch, len(batch))
         failed: list[BaseException] = []
         for o in batch:
-            assert o.done is not None
             try:
-                o.done(o.result, o.error)
-            except Exception as bug:  # a bug in the callback: after the others
+                if o.error is None:
+                    o.settle(o.result)
+                else:
+                    o.fail(o.error)
+            except Exception as bug:  # a bug in a callback: after the others
                 failed.append(bug)
         for error in failed:
             go(_reraise, error)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import gosim
-from gosim.lowlevel import state as gosim_state
 
 from .._accel import speedups as _speedups
 from .._errors import InProgress, StaleClaim
@@ -61,9 +60,7 @@ class _MemoryTable:
 
     __slots__ = ("clock", "fence", "operations", "records")
 
-    def __init__(self, clock: Callable[[], float], runtime_state: Any = None) -> None:
-        # runtime_state is the C twin's shortcut to the runtime clock; this reference
-        # reads ``clock`` (the same time) and keeps nothing of it.
+    def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.records: dict[tuple[str, str], Record] = {}
         self.fence = 0
@@ -122,9 +119,8 @@ class MemoryStore(SynchronousStore):
     """Records in process memory on the runtime clock (see the module docstring)."""
 
     def __init__(self, clock: Callable[[], float] = gosim.now) -> None:
-        # The C table reads the running runtime's clock itself when the clock is
-        # gosim.now's (the same time, without its frame).
-        self._table = _Table(clock, gosim_state if clock is gosim.now else None)
+        # The table calls the clock (gosim.now: the running runtime's clock) itself.
+        self._table = _Table(clock)
         # The per-call steps are the table's own methods, bound here over the class's
         # (which say the same): no frame of ours around them on every call.
         self.claim_sync = self._table.claim  # type: ignore[method-assign]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,105 @@ def test_the_general_check_sees_a_reach_into_another_package(importer: str, sour
 def test_the_general_check_lets_insiders_and_doors_through(importer: str, source: str) -> None:
     path = ROOT / importer
     assert not any(_reaches_into(_module_name(path), m) for _, m in _imports(path, source))
+
+
+# ---------------------------------------------------------------- the door's width
+
+#: The types netframe and idempotency may take from gosim.lowlevel: the waiting
+#: primitive and its parts, the runtime timer, and the enum and errors of a wait.
+#: Anything else they use from it must be a function (trio's lowlevel hands out
+#: functions and primitives, never the Runner): the runtime's records (``state``,
+#: ``G``, ``Runtime``, ``Sudog``) and its traps are gosim's own packages' only.
+PRIMITIVES = {
+    "ParkingLot",
+    "ParkingLotStatistics",
+    "RuntimeTimer",
+    "WaitCancelled",
+    "WaitReason",
+    "WaitTimeout",
+    "Waiter",
+}
+
+
+def _lowlevel_names(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, name) for every name taken from gosim.lowlevel in path: ``lowlevel.X``
+    (the module imported as ``lowlevel`` or under another name) and
+    ``from gosim.lowlevel import X``."""
+    text = path.read_text() if source is None else source
+    tree = ast.parse(text, filename=str(path))
+    aliases: set[str] = set()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "gosim":
+            aliases.update(a.asname or a.name for a in node.names if a.name == "lowlevel")
+        elif isinstance(node, ast.ImportFrom) and node.module == "gosim.lowlevel":
+            found.extend((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "gosim.lowlevel" and a.asname:
+                    aliases.add(a.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id in aliases) or (  # gosim.lowlevel.X
+                isinstance(base, ast.Attribute)
+                and base.attr == "lowlevel"
+                and isinstance(base.value, ast.Name)
+                and base.value.id == "gosim"
+            ):
+                found.append((node.lineno, node.attr))
+    return found
+
+
+def _door_allows(name: str) -> bool:
+    from gosim import lowlevel  # noqa: PLC0415
+
+    if name in PRIMITIVES:
+        return True
+    obj = getattr(lowlevel, name, None)
+    return inspect.isfunction(obj) or inspect.isbuiltin(obj)
+
+
+def test_upper_layers_take_only_functions_and_primitives_from_lowlevel() -> None:
+    files = [
+        path for top in ("netframe", "idempotency") for path in sorted((ROOT / top).rglob("*.py"))
+    ]
+    assert len(files) > 20
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: gosim.lowlevel.{name}"
+        for path in files
+        for line, name in _lowlevel_names(path)
+        if not _door_allows(name)
+    ]
+    assert not bad, (
+        "netframe and idempotency take only functions and the waiting primitives from "
+        "gosim.lowlevel, not the runtime's records:\n" + "\n".join(bad)
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from gosim import lowlevel\nrt = lowlevel.state.rt\n",
+        "from gosim import lowlevel as ll\ng: ll.G\n",
+        "from gosim.lowlevel import state\n",
+        "from gosim.lowlevel import Runtime as R\n",
+        "import gosim\nx = gosim.lowlevel.state\n",
+        "import gosim.lowlevel as ll\nll.trap(ll.PARK)\n",
+    ],
+)
+def test_the_door_check_sees_each_way_to_a_runtime_field(source: str) -> None:
+    found = _lowlevel_names(ROOT / "netframe" / "_probe.py", source)
+    assert found and not all(_door_allows(name) for _, name in found)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from gosim import lowlevel\nw = lowlevel.Waiter()\nlowlevel.current_runtime()\n",
+        "from gosim.lowlevel import Waiter, WaitReason, add_timer\n",
+    ],
+)
+def test_the_door_check_lets_functions_and_primitives_through(source: str) -> None:
+    found = _lowlevel_names(ROOT / "netframe" / "_probe.py", source)
+    assert found and all(_door_allows(name) for _, name in found)

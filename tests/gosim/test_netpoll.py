@@ -41,7 +41,7 @@ class PipePoller:
     async def wait_readable(self, fd: int) -> int:
         self.parked[fd] = lowlevel.current_g()
         self.ep.register(fd, select.EPOLLIN)
-        got: int = await lowlevel.park("IO wait")
+        got: int = await lowlevel.park(lowlevel.WaitReason.IO_WAIT)
         return got
 
 

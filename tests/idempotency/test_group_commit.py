@@ -234,3 +234,39 @@ def test_a_runtime_that_ends_mid_batch_leaves_the_store_working_for_the_next(
     store.close()
     with sqlite3.connect(tmp_path / "m.db") as conn:
         assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]  # it was committed
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_follower_closed_while_parked_is_not_readied_by_its_commit(seed: int) -> None:
+    # A caller parked on its op's wait leaves it by an exception (its coroutine closed,
+    # as at a runtime's end, or a cancellation thrown in): the op's waiter is cancelled
+    # and the leader's settle after the commit readies nobody, while the other ops of
+    # the batch get their results as usual.
+    recorder = Recorder()
+    committer = GroupCommitter(recorder, 8)
+
+    async def main() -> tuple[Any, Any, bool, list[int]]:
+        left = Op(0, (0,))
+        coro = committer.submit(left)
+        coro.send(None)  # parked on the op (the trap went to a driver that never saw it)
+        try:
+            coro.throw(KeyboardInterrupt())
+        except KeyboardInterrupt:
+            pass
+        stayed = Op(1, (1,))
+        got = await committer.submit(stayed)
+        for _ in range(4):
+            await gosim.gosched()  # a wrong ready of this goroutine would show by now
+        try:
+            gosim.lowlevel.Waiter.result(left)  # Op.result is the batch's answer field
+        except gosim.lowlevel.WaitCancelled:
+            cancelled = True
+        else:
+            cancelled = False
+        return got, left.settle("again"), cancelled, sorted(recorder.applied)
+
+    got, settled_again, cancelled, applied = gosim.run(main, procs=1 + seed % 2, seed=seed)
+    assert got == ("done", 1)
+    assert settled_again is False
+    assert cancelled is True
+    assert applied == [0, 1]  # the op that lost its caller was still applied

@@ -1,4 +1,6 @@
-"""idempotency's OneShot: the first settle wins, whoever brings it and whenever."""
+"""The RPC layer's race on gosim's Waiter (a reply, a lost link or the deadline: the first
+settle wins, whoever brings it and whenever) and await_done, the awaiting form of every
+call-back operation."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import pytest
 
 import gosim
 from gosim import go, lowlevel
-from idempotency._waiter import OneShot, await_done
+from gosim.lowlevel import Waiter, WaitReason
+from idempotency._waiter import await_done
 
 EXPIRED = object()
 
@@ -18,9 +21,16 @@ def vrun(main: Any) -> Any:
     return gosim.run(main, procs=2, seed=1, virtual_time=True)
 
 
+def race(w: Waiter, deadline: float, expired: Any = None) -> Any:
+    """The client's wait for a reply: the deadline, then the park as an RPC reply."""
+    if deadline != math.inf:
+        w.set_deadline(deadline, expired)
+    return w.wait(WaitReason.RPC_REPLY)
+
+
 def test_a_settle_while_parked_wakes_the_waiter_and_later_ones_change_nothing() -> None:
     async def main() -> tuple[Any, bool, bool, float]:
-        w = OneShot()
+        w = Waiter()
         results: list[bool] = []
 
         async def settler() -> None:
@@ -30,7 +40,7 @@ def test_a_settle_while_parked_wakes_the_waiter_and_later_ones_change_nothing() 
 
         go(settler)
         start = gosim.now()
-        got = await w.wait(start + 10.0, EXPIRED)
+        got = await race(w, start + 10.0, EXPIRED)
         return got, results[0], results[1], gosim.now() - start
 
     got, first, second, waited = vrun(main)
@@ -40,10 +50,10 @@ def test_a_settle_while_parked_wakes_the_waiter_and_later_ones_change_nothing() 
 
 def test_a_settle_before_the_wait_is_kept_and_the_wait_returns_at_once() -> None:
     async def main() -> tuple[Any, float, int]:
-        w = OneShot()
+        w = Waiter()
         w.settle("early")
         start = gosim.now()
-        got = await w.wait(start + 10.0, EXPIRED)
+        got = await race(w, start + 10.0, EXPIRED)
         # no timer was left behind: the runtime has nothing to wake for
         return got, gosim.now() - start, lowlevel.current_runtime().ntimers
 
@@ -52,9 +62,9 @@ def test_a_settle_before_the_wait_is_kept_and_the_wait_returns_at_once() -> None
 
 def test_the_deadline_settles_it_with_expired_and_a_late_settle_is_refused() -> None:
     async def main() -> tuple[Any, float, bool]:
-        w = OneShot()
+        w = Waiter()
         start = gosim.now()
-        got = await w.wait(start + 0.25, EXPIRED)
+        got = await race(w, start + 0.25, EXPIRED)
         return got, gosim.now() - start, w.settle("late")
 
     got, waited, late = vrun(main)
@@ -65,7 +75,7 @@ def test_the_deadline_settles_it_with_expired_and_a_late_settle_is_refused() -> 
 
 def test_a_settled_wait_leaves_no_armed_timer_and_no_deadline_arms_none() -> None:
     async def main() -> tuple[int, int, int]:
-        w = OneShot()
+        w = Waiter()
 
         async def settler() -> None:
             armed.append(lowlevel.current_runtime().ntimers)
@@ -73,16 +83,16 @@ def test_a_settled_wait_leaves_no_armed_timer_and_no_deadline_arms_none() -> Non
 
         armed: list[int] = []
         go(settler)
-        await w.wait(gosim.now() + 60.0, EXPIRED)
+        await race(w, gosim.now() + 60.0, EXPIRED)
         after = lowlevel.current_runtime().ntimers
-        w2 = OneShot()
+        w2 = Waiter()
 
         async def settler2() -> None:
             armed.append(lowlevel.current_runtime().ntimers)
             w2.settle(2)
 
         go(settler2)
-        await w2.wait(math.inf)
+        await race(w2, math.inf)
         return armed[0], after, armed[1]
 
     assert vrun(main) == (1, 0, 0)
@@ -90,8 +100,8 @@ def test_a_settled_wait_leaves_no_armed_timer_and_no_deadline_arms_none() -> Non
 
 def test_a_cancelled_wait_settles_it_so_nothing_wakes_a_goroutine_that_left() -> None:
     async def main() -> tuple[bool, bool, str]:
-        w = OneShot()
-        coro = w.wait(gosim.now() + 60.0, EXPIRED)
+        w = Waiter()
+        coro = race(w, gosim.now() + 60.0, EXPIRED)
         # Drive the wait by hand up to its park, then throw into it as a cancellation
         # would: the waiter leaves, and a settle afterwards must not ready it.
         coro.send(None)
@@ -99,14 +109,14 @@ def test_a_cancelled_wait_settles_it_so_nothing_wakes_a_goroutine_that_left() ->
             coro.throw(KeyboardInterrupt())
         except KeyboardInterrupt:
             pass
-        return w.settled, w.settle("after"), str(lowlevel.current_runtime().ntimers)
+        return w.done(), w.settle("after"), str(lowlevel.current_runtime().ntimers)
 
     assert vrun(main) == (True, False, "0")
 
 
 def test_only_inside_a_goroutine() -> None:
     with pytest.raises(gosim.NotInRuntime):
-        OneShot()
+        race(Waiter(), 1.0).send(None)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -196,6 +206,10 @@ def test_await_done_left_by_an_exception_ignores_its_late_done() -> None:
             pass
         (done,) = dones
         done("late", None)  # the operation ends after its waiter left: nothing wakes
-        return done.__self__.settled, lowlevel.current_runtime().ntimers
+        waiter = done.__self__
+        # cancelled by the leaving wait: the late done did not settle it
+        with pytest.raises(lowlevel.WaitCancelled):
+            waiter.result()
+        return waiter.done(), lowlevel.current_runtime().ntimers
 
     assert vrun(main) == (True, 0)

@@ -232,3 +232,22 @@ def test_a_later_is_awaitable_and_replies_once() -> None:
     first, second, error = vrun(main)
     assert (first, second) == (b"early", b"late")
     assert "already" in error
+
+
+def test_a_later_whose_awaiting_goroutine_left_drops_its_reply() -> None:
+    # The awaiting goroutine leaves by an exception (a cancellation thrown in): the
+    # Later's wait is withdrawn, and the work that replies later must not fail for it,
+    # nor wake the goroutine that left; it parked as "netframe reply".
+    async def main() -> tuple[str, bool]:
+        later = Later()
+        waiting = later.__await__()
+        waiting.send(None)  # parked on the Later (the trap is for a driver not told)
+        reason = str(gosim.lowlevel.current_g().waitreason)
+        try:
+            waiting.throw(KeyboardInterrupt())
+        except KeyboardInterrupt:
+            pass
+        later.reply(b"too late")  # dropped: no RuntimeError
+        return reason, later.done()
+
+    assert vrun(main) == ("netframe reply", True)

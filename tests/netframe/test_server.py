@@ -837,3 +837,26 @@ def test_client_recv_with_a_timeout_loses_nothing() -> None:
     assert waited == pytest.approx(0.5)
     assert (late, in_time) == (b"late:a", b"late:b")
     assert "GOAWAY" in reason or "closed" in reason
+
+
+def test_heartbeat_goroutines_park_with_the_heartbeat_reason() -> None:
+    # A connection's heartbeat sleeps on its alarm (a gosim Waiter): a goroutine dump
+    # names the wait "heartbeat wait", not the "select" that a hand-made park showed.
+    async def main() -> str:
+        ln = MemoryListener()
+        server = Server(echo, heartbeat_interval=1.0)
+        go(server.serve, ln)
+        c = Client(ln.dial, heartbeat_interval=1.0)
+        await c.connect()
+        await c.send(b"x")
+        assert await c.recv() == b"x"
+        await gosim.sleep(0.5)  # both sides' heartbeats are asleep now
+        dump = gosim.lowlevel.current_runtime().goroutine_dump()
+        await c.close()
+        await server.shutdown()
+        return dump
+
+    dump = vrun(main)
+    # The client's and the server's heartbeat goroutines, at least.
+    assert dump.count("[heartbeat wait]:") >= 2, dump
+    assert "[select]:" not in dump, dump
