@@ -267,6 +267,13 @@ def bench_sqlite_raw(benchmark: Any, rows: int, tmpdir_module: str) -> None:
     benchmark.extra_info["rows_per_s"] = sorted(rates)[len(rates) // 2]
 
 
+def _taken(op: Any) -> Any:
+    """An operation's result as ``apply_batch`` left it, or its error raised."""
+    if op.error is not None:
+        raise op.error
+    return op.result
+
+
 def bench_redis_raw(benchmark: Any, redis_url: str) -> None:
     import redis  # noqa: PLC0415 -- needs redis-py
 
@@ -296,12 +303,12 @@ def bench_redis_raw(benchmark: Any, redis_url: str) -> None:
             claims = [Op(0, ("bench", f"k{done + i}", fp, 60.0)) for i in range(GOROUTINES)]
             store._apply_batch(claims)
             completions = [
-                Op(1, ("bench", f"k{done + i}", c.take().record.fence, done_payload))
+                Op(1, ("bench", f"k{done + i}", _taken(c).record.fence, done_payload))
                 for i, c in enumerate(claims)
             ]
             store._apply_batch(completions)
             for c in completions:
-                c.take()
+                _taken(c)
             done += GOROUTINES
         rates.append(done / (time.perf_counter() - t0))
         server_us.append((lua_us() - us0) / done)
