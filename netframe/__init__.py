@@ -132,12 +132,12 @@ _CONN_NAMES = {
     "FramedConnStatistics": "_conn",
     "IncompleteFrame": "_conn",
     "StreamConn": "_conn",
-    "Client": "_server",
-    "ConnectionLost": "_server",
+    "Client": "_client",
+    "ConnectionLost": "_client",
     "DEFAULT_MAX_OWED_BYTES": "_server",
     "DEFAULT_READ_TIMEOUT": "_server",
     "DEFAULT_WRITE_TIMEOUT": "_server",
-    "Later": "_server",
+    "Later": "_later",
     "Listener": "_server",
     "Server": "_server",
     "ServerStatistics": "_server",
@@ -145,18 +145,18 @@ _CONN_NAMES = {
 }
 
 if TYPE_CHECKING:
+    from ._client import Client as Client
+    from ._client import ConnectionLost as ConnectionLost
     from ._conn import BusyError as BusyError
     from ._conn import ClosedError as ClosedError
     from ._conn import FramedConn as FramedConn
     from ._conn import FramedConnStatistics as FramedConnStatistics
     from ._conn import IncompleteFrame as IncompleteFrame
     from ._conn import StreamConn as StreamConn
+    from ._later import Later as Later
     from ._server import DEFAULT_MAX_OWED_BYTES as DEFAULT_MAX_OWED_BYTES
     from ._server import DEFAULT_READ_TIMEOUT as DEFAULT_READ_TIMEOUT
     from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
-    from ._server import Client as Client
-    from ._server import ConnectionLost as ConnectionLost
-    from ._server import Later as Later
     from ._server import Listener as Listener
     from ._server import Server as Server
     from ._server import ServerStatistics as ServerStatistics

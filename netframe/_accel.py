@@ -10,7 +10,7 @@ takes the parts it needs from here, and keeps the Python twin of each:
 * the I/O part (``FrameReader``, ``FrameWriter``: ``netframe/_speedups_io.c.h``) serves
   ``_conn``'s receive-and-cut and encode-and-send on a socket;
 * the server part (``netframe/_speedups_server.c.h``): ``handle_each`` and
-  ``drop_none`` serve ``_server``'s handler loop; ``Exchange`` (a connection's whole
+  ``drop_none`` serve the server's handler loop (``_handlers``); ``Exchange`` (a connection's whole
   receive-handle-send in one C call per wake, raw or session mode or a client's reader,
   with the ``EXCHANGE_*`` reasons it stops for) and ``send_data`` (one session DATA
   frame sent at once, ``FramedConn._send_through``'s twin; ``set_closed_state`` hands

@@ -103,7 +103,7 @@ EXCHANGE_PENDING: int = getattr(_c_speedups, "EXCHANGE_PENDING", -1)  # a handle
 EXCHANGE_WRITE_WAIT: int = getattr(_c_speedups, "EXCHANGE_WRITE_WAIT", -1)  # a send to finish
 EXCHANGE_WRITE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_WRITE_GENERAL", -1)
 EXCHANGE_CLOSED: int = getattr(_c_speedups, "EXCHANGE_CLOSED", -1)  # a handler closed it
-# Session mode's own (netframe._server._read_exchange handles them):
+# Session mode's own (netframe._drivers._read_exchange handles them):
 EXCHANGE_SEND_QUEUED: int = getattr(_c_speedups, "EXCHANGE_SEND_QUEUED", -1)  # via the queue
 EXCHANGE_WRITE_HANDOFF: int = getattr(_c_speedups, "EXCHANGE_WRITE_HANDOFF", -1)
 EXCHANGE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_GENERAL", -1)  # frames it leaves

@@ -79,55 +79,60 @@ frame either way for that long (a slow or silent raw peer is otherwise held fore
 
 The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 ``gosim.net`` listeners and connections, or the simulated network.
+
+This module holds the ``Server`` (its accept loop, its handler strategies, its
+heartbeat, deadline and shutdown handling) and its statistics; the connection state,
+reader and heartbeat loops it shares with the client are in ``_drivers.py``, the
+calling of handlers in ``_handlers.py``, ``Later`` in ``_later.py`` and the ``Client``
+in ``_client.py``.
 """
 
 from __future__ import annotations
 
-import enum
 import errno
-import inspect
 import logging
 import math
-import random
 import sys
-import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import gosim
-from gosim import Chan, go, lowlevel, recv, select
-from gosim.lowlevel import WaitCancelled, Waiter, WaitReason
+from gosim import Chan, go, recv, select
+from gosim.lowlevel import Waiter
 
-from ._accel import speedups as _c_speedups
 from ._codec import FrameFormat
-from ._conn import (
-    EXCHANGE_GENERAL,
-    EXCHANGE_PENDING,
-    EXCHANGE_READER,
-    EXCHANGE_SEND_QUEUED,
-    FramedConn,
-    StreamConn,
-    _Alarm,
-    _send_data,
+from ._conn import FramedConn, StreamConn
+from ._drivers import (
+    _Conn,
+    _Deadlines,
+    _HeartbeatEnd,
+    _keep_alive,
+    _read_connection,
+    _read_exchange,
+    _replies_nowait,
+    _reply_nowait,
+    _send,
+    _Ticket,
 )
 from ._exceptions import RemoteFrameError
-from ._session import (
-    MAX_REASON_BYTES,
-    GoAway,
-    GoAwayCode,
-    LocalSessionError,
-    RemoteSessionError,
-    Session,
+from ._handlers import (
+    BatchHandler,
+    Handler,
+    _awaitable,
+    _Coroutine,
+    _drop_none,
+    _handle_each,
+    _settle,
 )
+from ._later import Later
+from ._session import MAX_REASON_BYTES, GoAwayCode, LocalSessionError, Session
 
 __all__ = [
     "DEFAULT_MAX_OWED_BYTES",
     "DEFAULT_READ_TIMEOUT",
     "DEFAULT_WRITE_TIMEOUT",
-    "Client",
-    "ConnectionLost",
     "Listener",
     "Server",
     "ServerStatistics",
@@ -148,8 +153,6 @@ MAX_LINGERING = 128
 #: Go's http.Server: a temporary accept error waits 5 ms, doubling to at most 1 s.
 ACCEPT_RETRY_MIN = 0.005
 ACCEPT_RETRY_MAX = 1.0
-#: Client.close's default bound on writing what is queued.
-DEFAULT_CLOSE_TIMEOUT = 5.0
 #: Server's defaults: a frame arrives whole within this many seconds of its first byte.
 DEFAULT_READ_TIMEOUT = 30.0
 #: ...a connection that owes replies has some of their bytes taken within this long.
@@ -247,149 +250,10 @@ async def _close_write_and_drain(conn: Any, linger: float) -> None:
         pass
 
 
-_drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
-
-#: An async function, or a plain function (its return value is the reply: no coroutine
-#: per request, for handlers that never wait).
-Handler = Callable[[bytes], Awaitable[bytes | None] | bytes | None]
-BatchHandler = Callable[[list[bytes]], Awaitable[list[bytes | None]] | list[bytes | None]]
-
-_Coroutine = types.CoroutineType
-
-
-class Later(Waiter):
-    """A reply that comes later, with no goroutine waiting for it.
-
-    A handler whose work finishes elsewhere (in a batch that another goroutine
-    commits, say) returns a ``Later`` and has that work call :meth:`reply` when it is
-    done; the server sends the reply from there. A request that waits then costs no
-    goroutine and no coroutines of its own, which cost several times the request's own
-    work in a small service (BENCHMARKS.md). Whatever else gets a Later (the inline
-    strategy, a transport that does not know it) awaits it: it is awaitable, and the
-    awaiting goroutine parks as ``netframe reply``.
-
-    A Later is a :class:`gosim.lowlevel.Waiter` settled with the reply's bytes (its one
-    consumer is the server's callback or the goroutine that awaits it). :meth:`reply`
-    must be called exactly once, by a goroutine of the server's runtime (a callback
-    that one runs included), with the reply's bytes, or None for no reply. Until then
-    the request holds its ``max_in_flight`` slot, and a graceful shutdown waits for it
-    as for a handler's goroutine: a Later never replied to holds its slot for the
-    connection's life.
-    """
-
-    __slots__ = ()
-
-    def reply(self, value: bytes | None) -> None:
-        """Settle the reply (bytes, or None: none); RuntimeError if already settled.
-
-        A reply to a Later whose awaiting goroutine has left (it was cancelled while
-        waiting) is dropped: nobody is left to send it."""
-        if not self.settle(value):
-            try:
-                self.result()
-            except WaitCancelled:
-                return
-            raise RuntimeError("this Later has its reply already")
-
-    def __await__(self) -> Generator[Any, Any, bytes | None]:
-        # A plain generator around the wait: __await__ may not return the pure path's
-        # wait, which is a (generator-based) coroutine.
-        return (yield from self.wait(_HANDLER_REPLY))  # type: ignore[no-any-return]
-
-
-_HANDLER_REPLY: Final = WaitReason.HANDLER_REPLY
-
-
-def _handle_each_py(
-    handler: Handler, frames: list[bytes], start: int, replies: list[Any], run: bool = True
-) -> tuple[int, Any, bool, int]:
-    """``handle_each``'s twin (``netframe/_speedups_server.c.h`` says what it returns):
-    ``handler(frame)`` for ``frames[start:]``, the replies appended, up to the first
-    result that must wait; with ``run``, a coroutine is run with one send first."""
-    errors = 0
-    count = len(frames)
-    i = start
-    while i < count:
-        try:
-            result: Any = handler(frames[i])
-            if run and type(result) is _Coroutine:
-                try:
-                    yielded = result.send(None)
-                except StopIteration as stop:
-                    result = stop.value
-                else:
-                    return i, (result, yielded), True, errors
-        except Exception:
-            errors += 1
-            i += 1
-            continue
-        if result is not None:
-            if type(result) is not bytes and type(result) is not bytearray:
-                return i, result, False, errors  # an awaitable, or an unusual reply
-            replies.append(result)
-        i += 1
-    return i, None, False, errors
-
-
-_handle_each: Any = _handle_each_py if _c_speedups is None else _c_speedups.handle_each
-
-
-@types.coroutine
-def _resume(coro: Any, yielded: Any) -> Generator[Any, Any, Any]:
-    """Go on with a coroutine that was started elsewhere (handle_each) and suspended,
-    yielding ``yielded``: pass that up to the driver, then delegate as ``await`` would."""
-    while True:
-        try:
-            sent = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # thrown in by the driver: the coroutine's to handle
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
-
-
-def _awaitable(value: Any) -> bool:
-    """A handler's result that is still to be awaited (an async handler's coroutine, or
-    any awaitable a plain function returned) rather than the reply itself."""
-    if type(value) is _Coroutine:
-        return True
-    return value is not None and type(value) is not bytes and inspect.isawaitable(value)
-
-
-async def _settle(pending: Any, suspended: bool) -> Any:
-    """The reply of a handler ``handle_each`` stopped at: resume its suspended coroutine,
-    or await what it returned, or take that as the reply (``write_frames`` judges it)."""
-    if suspended:
-        return await _resume(*pending)
-    if _awaitable(pending):
-        return await pending
-    return pending
-
-
 class Listener(Protocol):
     async def accept(self) -> StreamConn: ...
 
     def close(self) -> None: ...
-
-
-class ConnectionLost(ConnectionError):
-    """The client's connection ended (peer closed, dead peer, goaway); ``reason`` says which.
-
-    Frames sent and not answered may or may not have been processed: retry them
-    through a new connection only if they are idempotent (see ``idempotency``).
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,365 +275,6 @@ class ServerStatistics:
     handler_errors: int
     read_timeouts: int = 0  # closed: a frame not whole within read_timeout
     write_timeouts: int = 0  # closed: replies owed and none taken for write_timeout
-
-
-class _Ticket:
-    """A raw request's place in line: its reply leaves after the replies before it."""
-
-    __slots__ = ("done", "reply")
-
-    def __init__(self) -> None:
-        self.reply: Any = None
-        self.done = False
-
-
-class _Conn:
-    """One connection's state, shared by its reader, heartbeat and handler goroutines."""
-
-    __slots__ = (
-        "alarm",
-        "clock",
-        "closed",
-        "draining",
-        "exchange",
-        "fc",
-        "in_flight",
-        "order",
-        "owed",
-        "releasing",
-        "retired",
-        "room",
-        "session",
-    )
-
-    def __init__(self, fc: FramedConn, session: Session) -> None:
-        self.fc = fc
-        self.session = session
-        self.clock = lowlevel.current_runtime().now  # gosim.now() without its frame
-        self.in_flight = 0  # handlers running now
-        # Later replies settled in this pass, sent together at its end (Server._send_gathered).
-        self.owed: list[bytes] = []
-        self.closed = False
-        self.retired = False  # counted out of the server (see Server._retire)
-        self.draining = False
-        # Raw mode with concurrent handlers: requests in arrival order, and whether a
-        # goroutine is releasing their replies now (one at a time keeps them in order).
-        self.order: deque[_Ticket] | None = None
-        self.releasing = False
-        self.exchange: Any = None  # the C loop serving it (Server._serve_exchange), if any
-        self.alarm = _Alarm()  # the heartbeat goroutine's sleep
-        self.room = _Alarm(WaitReason.HANDLER_ROOM)  # the reader's wait for a handler to end
-
-    def end(self) -> None:
-        """Mark the connection finished: wake its heartbeat and its reader."""
-        self.closed = True
-        self.alarm.ring()
-        self.room.ring()
-
-    def is_closed(self) -> bool:
-        # Read through a call: other goroutines close the connection while we await.
-        return self.closed
-
-    def handler_done(self) -> None:
-        """A handler goroutine ended: its slot is free (the reader may wait for one)."""
-        self.in_flight -= 1
-        self.room.ring()
-
-
-async def _read_connection(
-    st: _Conn, deliver: Callable[[_Conn, list[bytes]], Awaitable[bool]], raw: bool
-) -> Exception | None:
-    """A connection's one reader, for server and client alike: take every frame the
-    connection has buffered (one receive), hand the DATA payloads to ``deliver``, read
-    again; pongs go out at once (ahead of queued replies). Returns why it stopped: None
-    at the peer's clean end, when ``deliver`` says stop (False), or when this side
-    closed; the OSError of a broken connection; the RemoteFrameError of a peer that
-    broke the framing or the session protocol (the payloads before the bad frame are
-    delivered first)."""
-    fc = st.fc
-    while not st.closed:
-        try:
-            frames = await fc.read_frames()
-        except (RemoteFrameError, OSError) as exc:
-            return exc
-        if not frames:
-            return None
-        error: RemoteFrameError | None = None
-        if raw:
-            payloads = frames
-        else:
-            payloads, error = _session_payloads(st, frames)
-        if payloads and not await deliver(st, payloads):
-            return None
-        if error is not None:
-            return error
-    return None
-
-
-async def _read_exchange(
-    st: _Conn,
-    ex: Any,
-    raw: bool,
-    deliver: Callable[[_Conn, list[bytes]], Awaitable[bool]],
-    finish: Callable[[_Conn, Any, bool], Awaitable[bytes | None]],
-    queue_replies: Callable[[_Conn, list[bytes]], bool] | None,
-    count_errors: Callable[[int], None] | None,
-) -> Exception | None:
-    """A connection's reader on the C loop (``FramedConn.exchange``), for server and
-    client alike: it returns here for a handler result to await (``finish`` gives the
-    reply, or None), replies for the send queue (``queue_replies``: False when the
-    connection is gone), frames for the general path (session mode: control frames,
-    DATA with every handler slot taken, handed to ``deliver`` as
-    :func:`_read_connection` hands them), a close, or the end of the stream or a
-    hand-back (an invalid header), after which :func:`_read_connection` reads on (and
-    reports what the general path finds). Handler failures the loop counted go to
-    ``count_errors``. Returns as :func:`_read_connection` does."""
-    fc = st.fc
-    while not st.closed:
-        try:
-            state = await fc.run_exchange(ex)
-        except OSError as exc:  # broken, or closed by this side meanwhile
-            return exc
-        finally:
-            if count_errors is not None and (errors := ex.take_errors()):
-                count_errors(errors)
-        if state == EXCHANGE_SEND_QUEUED:
-            assert queue_replies is not None
-            if not queue_replies(st, ex.take_replies()):
-                return None
-        elif state == EXCHANGE_GENERAL:
-            payloads, error = _session_payloads(st, ex.take_rest())
-            if payloads and not await deliver(st, payloads):
-                return None
-            if error is not None:
-                return error
-        elif state == EXCHANGE_PENDING:
-            ex.resume(await finish(st, *ex.take_pending()))
-        elif state == EXCHANGE_READER:
-            return await _read_connection(st, deliver, raw)
-        else:  # EXCHANGE_CLOSED
-            return None
-    return None
-
-
-def _session_payloads(
-    st: _Conn, frames: list[bytes]
-) -> tuple[list[bytes], RemoteFrameError | None]:
-    """A session connection's received frames: their DATA payloads, and the protocol
-    error that stopped them (the payloads before the bad frame are kept); the pongs
-    they ask for are sent at once (ahead of queued replies)."""
-    payloads: list[bytes] = []
-    session = st.session
-    try:
-        if session.receive_many(frames, gosim.now(), payloads):  # one clock read
-            for out in session.take_pongs():
-                st.fc.send_nowait(out)
-    except RemoteFrameError as exc:
-        return payloads, exc
-    return payloads, None
-
-
-class _HeartbeatEnd(enum.Enum):
-    CLOSED = "closed"  # the connection closed otherwise
-    DEAD = "dead"  # nothing received for the heartbeat timeout
-    IDLE = "idle"  # no DATA either way for the idle timeout (not while draining)
-    READ = "read"  # a frame not whole within the read timeout (_Deadlines)
-    WRITE = "write"  # replies owed and none of their bytes taken for the write timeout
-
-
-class _Deadlines:
-    """A server connection's read and write deadlines, from counters the connection
-    keeps anyway: :meth:`look` is called every quarter of the shorter timeout (by the
-    connection's heartbeat or raw watch, on the runtime's driver when their timer
-    fires), so frames pay nothing for them.
-
-    Read: a frame begun (``FramedConn.partial_bytes``) and no frame completed since
-    it was first seen, for ``read_timeout``, while the reader was reading (``paused()``
-    False: not waiting for a handler slot, nor for owed replies to be written). Write:
-    replies owed (``FramedConn.owed_bytes``) and no write finished since that was first
-    seen, for ``write_timeout``, twice over, and the kernel's unacknowledged bytes
-    (``FramedConn.unsent_bytes``) the same at both ends: a large write that has not
-    returned yet may be taken by a slow peer all along. So a peer that reads nothing
-    is closed between two and two and a half times ``write_timeout``."""
-
-    __slots__ = (
-        "begun",
-        "clock",
-        "fc",
-        "frames",
-        "next_look",
-        "owing",
-        "paused",
-        "read_timeout",
-        "step",
-        "unacked",
-        "write_timeout",
-        "written",
-    )
-
-    def __init__(
-        self,
-        fc: FramedConn,
-        clock: Callable[[], float],
-        paused: Callable[[], bool],
-        read_timeout: float | None,
-        write_timeout: float | None,
-    ) -> None:
-        self.fc = fc
-        self.clock = clock
-        self.paused = paused
-        self.read_timeout = read_timeout
-        self.write_timeout = write_timeout
-        self.step = min(t for t in (read_timeout, write_timeout) if t is not None) / 4
-        self.begun: float | None = None  # when the frame being received was first seen
-        self.frames = 0
-        self.owing: float | None = None  # when owed bytes were first seen unmoving
-        self.written = 0
-        self.unacked: int | None = None  # the kernel's unsent bytes at the last timeout
-        self.next_look = clock() + self.step
-
-    def look(self, now: float) -> _HeartbeatEnd | None:
-        """Look at the connection now: the deadline that has passed, or None (the next
-        look is due at ``next_look``). Must not wait nor fail (it runs on the driver)."""
-        fc = self.fc
-        self.next_look = now + self.step
-        if self.read_timeout is not None:
-            if self.paused() or not fc.partial_bytes():
-                self.begun = None
-            else:
-                frames = fc.frames_read
-                if self.begun is None or frames != self.frames:
-                    self.begun, self.frames = now, frames
-                elif now - self.begun >= self.read_timeout:
-                    return _HeartbeatEnd.READ
-        if self.write_timeout is not None:
-            if not fc.owed_bytes:
-                self.owing = self.unacked = None
-            else:
-                written = fc.bytes_written
-                if self.owing is None or written != self.written:
-                    self.owing, self.written, self.unacked = now, written, None
-                elif now - self.owing >= self.write_timeout:
-                    return _HeartbeatEnd.WRITE
-        return None
-
-    def recheck(self) -> float:
-        """The alarm's recheck: the time of the next look, or -inf (wake the watcher
-        now) when a deadline has passed."""
-        return -math.inf if self.look(self.clock()) is not None else self.next_look
-
-    def overdue(self, now: float) -> _HeartbeatEnd | None:
-        """In the watching goroutine: the deadline that has passed, unless this side's
-        reader is behind (bytes of the frame wait unread in the kernel: the peer sent
-        them), when the frame's time starts again."""
-        end = self.look(now)
-        if end is _HeartbeatEnd.READ and self.fc.unread_bytes():
-            self.begun = now
-            return None
-        if end is _HeartbeatEnd.WRITE:
-            asked = self.fc.unsent_bytes()
-            unacked = -1 if asked is None else asked  # -1: the socket does not say
-            if self.unacked is None or unacked != self.unacked:
-                # First timeout, or the peer took bytes meanwhile: another period.
-                self.unacked, self.owing = unacked, now
-                return None
-        return end
-
-
-async def _keep_alive(st: _Conn, deadlines: _Deadlines | None = None) -> _HeartbeatEnd:
-    """A session connection's heartbeat, for server and client alike: sleep until the
-    session's next deadline, send its pings, and return when the peer is dead or the
-    connection idle (the caller closes it) or closed. Pings never wait behind a full
-    send queue (a peer that neither sends nor reads must still be found dead). With
-    ``deadlines`` (a server's), it also returns when one of those has passed."""
-    session = st.session
-    heard = 0  # bytes arrived (read and unread) when the peer was last heard unread
-    recheck: Callable[[], float] = session.next_deadline
-    if deadlines is not None:
-
-        def recheck() -> float:
-            return min(session.next_deadline(), deadlines.recheck())
-
-    while not st.closed:
-        deadline = session.next_deadline()
-        if deadlines is not None:
-            end = deadlines.overdue(gosim.now())
-            if end is not None:
-                return end
-            deadline = min(deadline, deadlines.next_look)
-        if deadline > gosim.now():
-            # Rechecked when the timer fires: a peer heard meanwhile moved the deadline
-            # on, and the timer re-arms without waking this goroutine.
-            await st.alarm.sleep_until(deadline, recheck)
-            if st.is_closed():
-                break
-        now = gosim.now()
-        timeout = session.heartbeat_timeout
-        if timeout is not None and session.last_received + timeout <= now:
-            # Nothing read for the timeout. Bytes that arrived and wait for this side's
-            # reader (an overloaded runtime reads late) are the peer alive, not dead:
-            # declaring it dead would drop a live peer and start a reconnect storm.
-            # Only bytes that came since the last such look count, so input a stalled
-            # reader never takes cannot keep a dead peer alive.
-            unread = st.fc.unread_bytes()
-            if unread:
-                arrived = st.fc.bytes_read + unread
-                if arrived > heard:
-                    heard = arrived
-                    session.heard(now)
-        for out in session.poll(now):
-            st.fc.send_nowait(out)
-        if session.dead:
-            return _HeartbeatEnd.DEAD
-        if session.idle and not st.draining:
-            return _HeartbeatEnd.IDLE
-    return _HeartbeatEnd.CLOSED
-
-
-def _reply_nowait(st: _Conn, reply: bytes | None) -> list[bytes] | None:
-    """Send a handler's reply at once if the send queue has room (send_many's first
-    case); the frames still to send, with a wait for room, if not. A connection closed
-    meanwhile (a dead peer, shutdown past its grace) loses the reply: the handler's
-    goroutine must not turn that into a panic."""
-    if reply is None or st.closed:
-        return None
-    try:
-        if _send_data is not None and _send_data(st.fc, st.session, reply, st.clock):
-            return None  # sent at once, in C
-        frames = [st.session.data(reply, gosim.now())]
-        if st.fc.send_many_nowait(frames):
-            return None
-    except OSError:  # ClosedError included: the reply is lost with it
-        return None
-    return frames
-
-
-def _replies_nowait(st: _Conn, replies: list[bytes]) -> list[bytes] | None:
-    """:func:`_reply_nowait` for several replies, sent together (one send)."""
-    if len(replies) == 1:
-        return _reply_nowait(st, replies[0])
-    if st.closed:
-        return None
-    try:
-        if _send_data is not None and _send_data(st.fc, st.session, replies, st.clock):
-            return None  # sent at once, in C
-        frames = st.session.data_many(replies, gosim.now())
-        if st.fc.send_many_nowait(frames):
-            return None
-    except OSError:  # ClosedError included: the replies are lost with it
-        return None
-    return frames
-
-
-async def _send(st: _Conn, frames: list[bytes]) -> bool:
-    """Send frames (``FramedConn.send_many``: at once, or queued, waiting for room);
-    False (not an exception) when the connection is gone: broken, or closed by this
-    side (a dead peer, shutdown past its grace), which loses them."""
-    try:
-        await st.fc.send_many(frames)
-    except OSError:  # ClosedError included
-        return False
-    return True
 
 
 class Server:
@@ -1530,220 +1035,3 @@ class Server:
     def _signal_stopped(self) -> None:
         if not self._stopped.closed:
             self._stopped.close()  # a closed channel wakes serve() whenever it gets there
-
-
-class Client:
-    """One long connection to a server, with heartbeats and reconnects on demand.
-
-    ``dial()`` makes a new connection. :meth:`connect` retries failed dials with
-    exponential backoff (``backoff_initial`` doubling up to ``backoff_max``) and full
-    jitter (each wait uniform in [0, backoff]), so many clients reconnecting after an
-    outage do not arrive together. :meth:`recv` raises :class:`ConnectionLost` when the
-    connection ends; call :meth:`connect` again to get a new one. When the server said
-    why (GOAWAY) before the connection ended, ``ConnectionLost.reason`` is what it
-    said, even if a reset followed.
-
-    Nothing waits without bound on the server: pings never wait behind a full send
-    queue, so a server that stops reading and answering is found dead at the
-    heartbeat timeout; :meth:`send` takes a ``timeout``; :meth:`close` writes what is
-    queued for at most ``timeout`` seconds (default DEFAULT_CLOSE_TIMEOUT).
-
-    With ``on_data``, each DATA payload is passed to ``on_data(payload)`` on the
-    connection's reader goroutine, in the order received, instead of being queued for
-    :meth:`recv`: no goroutine switch between the socket and the code that consumes
-    the payload (a protocol client matching responses to callers, say). When it returns
-    an awaitable, the reader awaits it before it hands on the next payload. Neither may
-    raise: an exception ends the reader's goroutine, which is a panic of the runtime as
-    for any goroutine. :meth:`recv` then only reports the connection's end: it raises
-    :class:`ConnectionLost` once the connection has ended.
-
-    ``servers_found_dead`` counts the connections this client closed because the
-    server sent nothing for the heartbeat timeout (the rest ended otherwise).
-    """
-
-    def __init__(
-        self,
-        dial: Callable[[], Awaitable[StreamConn]],
-        *,
-        format: FrameFormat | None = None,
-        heartbeat_interval: float | None = 10.0,
-        heartbeat_timeout: float | None = None,
-        backoff_initial: float = 0.05,
-        backoff_max: float = 5.0,
-        max_attempts: int | None = None,
-        rng: random.Random | None = None,
-        on_data: Callable[[bytes], Awaitable[Any] | None] | None = None,
-    ) -> None:
-        self.dial = dial
-        self.on_data = on_data
-        self.format = FrameFormat() if format is None else format
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_timeout = heartbeat_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.max_attempts = max_attempts
-        self.rng = rng or random.Random()
-        self.attempts = 0
-        self.connects = 0
-        # Connections this client closed because the server sent nothing (no pong, no
-        # frame) for the heartbeat timeout: a dead server or path, or a starved one.
-        self.servers_found_dead = 0
-        self._st: _Conn | None = None
-        self._inbox: Chan[Any] = Chan(1024)
-
-    async def connect(self) -> None:
-        """Dial until it works (or ``max_attempts`` fail: the last error is raised)."""
-        await self.close()
-        backoff = self.backoff_initial
-        tries = 0
-        while True:
-            self.attempts += 1
-            tries += 1
-            try:
-                conn = await self.dial()
-                break
-            except OSError:
-                if self.max_attempts is not None and tries >= self.max_attempts:
-                    raise
-                await gosim.sleep(self.rng.uniform(0, backoff))
-                backoff = min(backoff * 2, self.backoff_max)
-        self.connects += 1
-        fc = FramedConn(conn, self.format)
-        session = Session(
-            gosim.now(),
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_timeout=self.heartbeat_timeout,
-        )
-        st = _Conn(fc, session)
-        self._st = st
-        self._inbox = Chan(1024)
-        go(self._reader, st, self._inbox)
-        go(self._heartbeat, st)
-
-    async def send(self, payload: bytes, timeout: float | None = None) -> None:
-        """Queue one DATA frame; ConnectionLost when the connection has ended or breaks.
-
-        With ``timeout``, a send queue still full after that many seconds (a server that
-        does not read) raises :class:`TimeoutError`; the payload was not queued. A
-        payload the format cannot carry raises the codec's LocalFrameError instead
-        (the connection is fine; the payload is not).
-        """
-        st = self._st
-        if st is None:
-            raise ConnectionLost("not connected")
-        if st.closed:
-            raise ConnectionLost(_lost_reason(st, "not connected"))
-        try:
-            fc = st.fc
-            # Written at once when nothing is queued ahead (no switch to the writer
-            # goroutine: a call's request is usually alone; in C where it can be);
-            # queued otherwise.
-            if _send_data is None or not _send_data(fc, st.session, payload, st.clock):
-                frame = st.session.data(payload, gosim.now())
-                if not fc.send_many_nowait([frame]):
-                    await fc.send(frame, timeout)
-        except OSError as exc:  # ClosedError included
-            if type(exc) is TimeoutError:  # FramedConn.send's timeout: nothing was queued
-                raise
-            # The writer hit a reset or a broken pipe, or the reader closed the
-            # connection meanwhile: one exception type for "connection gone".
-            raise ConnectionLost(_lost_reason(st, f"connection broken: {exc}")) from exc
-
-    @property
-    def goaway_received(self) -> GoAway | None:
-        """The GOAWAY the server sent on the current connection, or None.
-
-        After a GOAWAY the server starts no new work on this connection: replies it owes
-        still arrive, but new requests belong on another connection (:meth:`connect`
-        again, or another server)."""
-        st = self._st
-        return None if st is None else st.session.goaway_received
-
-    async def recv(self, timeout: float | None = None) -> bytes:
-        """The next DATA payload from the server; ConnectionLost when the connection ended.
-
-        With ``timeout``, :class:`TimeoutError` when no payload came within that many
-        seconds; nothing is lost (a later ``recv`` gets what comes after)."""
-        if timeout is None:
-            item = await self._inbox.recv()
-        else:
-            timer = gosim.Timer(max(timeout, 0.0))
-            try:
-                which, item, _ = await select(recv(self._inbox), recv(timer.c))
-            finally:
-                timer.stop()
-            if which == 1:
-                raise TimeoutError(f"no payload from the server within {timeout} s")
-        if isinstance(item, ConnectionLost):
-            self._inbox.try_send(item)  # every later recv sees it too
-            raise item
-        if item is None:
-            raise ConnectionLost("not connected")
-        data: bytes = item
-        return data
-
-    async def close(self, timeout: float | None = DEFAULT_CLOSE_TIMEOUT) -> None:
-        """Write what is queued (for at most ``timeout`` seconds; None: no bound), then
-        close the connection."""
-        st = self._st
-        self._st = None
-        if st is not None and not st.closed:
-            st.closed = True
-            await st.fc.aclose(flush=True, timeout=timeout)
-            st.end()
-
-    async def _reader(self, st: _Conn, inbox: Chan[Any]) -> None:
-        on_data = self.on_data
-
-        async def deliver(st: _Conn, payloads: list[bytes]) -> bool:
-            if on_data is None:
-                for payload in payloads:
-                    await inbox.send(payload)
-            else:
-                for payload in payloads:
-                    pending = on_data(payload)
-                    if pending is not None:
-                        await pending
-            return True
-
-        async def finish(st: _Conn, pending: Any, suspended: bool) -> None:
-            await pending  # on_data's awaitable, in the reader as deliver awaits it
-
-        reason = "server closed the connection"
-        try:
-            # on_data is called by the C loop where there is one (no reply, no slots).
-            ex = None if on_data is None else st.fc.exchange(on_data, 1 << 30, st, st.session)
-            if ex is None:
-                stopped = await _read_connection(st, deliver, raw=False)
-            else:
-                st.exchange = ex
-                stopped = await _read_exchange(st, ex, False, deliver, finish, None, None)
-            if isinstance(stopped, RemoteSessionError):
-                reason = f"protocol error from the server: {stopped}"
-            elif stopped is not None:
-                reason = f"connection broken: {stopped}"
-        finally:
-            # The FramedConn's writer goroutine stops with the connection (a client that
-            # reconnects after every loss would otherwise leave one behind each time).
-            await st.fc.aclose(flush=False)
-            st.end()
-            if st.exchange is not None:
-                st.exchange.release()  # it held st: no cycle left for the collector
-            inbox.try_send(ConnectionLost(_lost_reason(st, reason)))
-
-    async def _heartbeat(self, st: _Conn) -> None:
-        if await _keep_alive(st) is _HeartbeatEnd.DEAD:
-            self.servers_found_dead += 1
-            st.fc.conn.close()  # the reader sees the end and reports ConnectionLost
-
-
-def _lost_reason(st: _Conn, broken: str) -> str:
-    """Why a client connection ended: a dead server, else what the server said in its
-    GOAWAY (a reset or an end of stream after it is the close it announced), else
-    ``broken``, what the connection did."""
-    if st.session.dead:
-        return "server missed its heartbeats"
-    goaway = st.session.goaway_received
-    if goaway is not None:
-        return f"server sent GOAWAY({int(goaway.code)}): {goaway.reason}"
-    return broken

@@ -7,7 +7,7 @@
  *   _speedups_io.c.h      socket I/O: FrameReader and FrameWriter, FramedConn's
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
- *                         drop_none), twins of code in netframe/_server.py; Exchange,
+ *                         drop_none), twins of code in netframe/_handlers.py; Exchange,
  *                         the whole loop of a raw one-at-a-time connection, of a
  *                         session connection with concurrent handlers or of a client
  *                         with on_data, with the EXCHANGE_* reasons it stops for
@@ -53,7 +53,7 @@ static struct PyModuleDef module_def = {
     "netframe's C accelerator: the codec's loops (cut_frames, encode_fixed), socket I/O "
     "(FrameReader, FrameWriter), the handler loop (handle_each, drop_none) and a "
     "connection's whole exchange (Exchange, send_data, set_closed_state). The Python "
-    "twins are in netframe/_codec.py, _conn.py and _server.py.",
+    "twins are in netframe/_codec.py, _conn.py, _handlers.py, _drivers.py and _server.py.",
     -1,
     methods,
 };

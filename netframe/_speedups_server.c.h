@@ -1,6 +1,7 @@
 /*
  * netframe._speedups, the server part (included by _speedups.c): the loops of
- * netframe/_server.py's handler strategies, each with its Python twin there.
+ * netframe/_server.py's handler strategies, each with its Python twin there or in
+ * netframe/_handlers.py and netframe/_drivers.py.
  */
 
 /* drop_none(items): the list itself when it holds no None (an identity scan: `None in
@@ -88,7 +89,7 @@ handle_one(PyObject *handler, PyObject *frame, int run, PyObject **out, int *sus
 /*
  * handle_each(handler, frames, start, replies, run=True) -> (index, pending, suspended, errors)
  *
- * The server's per-frame handler loop (netframe/_server.py: _handle_each_py is the
+ * The server's per-frame handler loop (netframe/_handlers.py: _handle_each_py is the
  * Python twin; Server._handle_inline and Server._handle_concurrent call it): calls
  * handler(frame) for frames[start:], in order. A reply
  * (anything but None and an awaitable) is appended to `replies`; None adds nothing; an
@@ -155,7 +156,8 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /*
  * Exchange(reader, writer, handler, limit, owner): a raw connection's whole exchange,
  * receive, handle, send, in one C call per wake (netframe/_server.py: Server.
- * _serve_exchange drives it, FramedConn.run_exchange runs it under RawConn.read). The
+ * _serve_exchange drives it through netframe/_drivers.py's _read_exchange,
+ * FramedConn.run_exchange runs it under RawConn.read). The
  * twin of the reader's loop (_read_connection, _deliver, _handle_inline,
  * FramedConn.read_frames and write_frames) for raw mode with one handler at a time,
  * which it does frame for frame alike: the frames of a receive are handled `limit` at
@@ -577,7 +579,7 @@ add_to(PyObject *obj, PyObject *name, Py_ssize_t n)
  * (netframe/_conn.py: FramedConn._send_through): the session may send DATA, payload is
  * bytes or bytearray the C writer encodes, and fc may send now (sends_now). payload may
  * also be a list of such payloads: their frames go out together, in order, with the
- * one send (the replies a pass gathered for the connection, netframe/_server.py). The
+ * one send (the replies a pass gathered for the connection, netframe/_server.py and _drivers.py). The
  * frames go out with one non-blocking send through fc's RawConn.control; what the socket
  * does not take goes to fc's writer goroutine (fc._unsent_to_writer()); a send that
  * fails fails fc's writes (fc._fail_writes) and raises. False, with nothing done, when

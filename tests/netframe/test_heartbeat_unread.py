@@ -11,7 +11,7 @@ from typing import Any
 import gosim
 from gosim import go, net
 from netframe import FramedConn, Session
-from netframe._server import _Conn, _HeartbeatEnd, _keep_alive
+from netframe._drivers import _Conn, _HeartbeatEnd, _keep_alive
 
 INTERVAL = 1.0
 TIMEOUT = 2.0

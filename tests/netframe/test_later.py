@@ -11,7 +11,8 @@ import pytest
 import gosim
 from gosim import Chan, go
 from netframe import Later
-from netframe._server import Client, ConnectionLost, Server
+from netframe._client import Client, ConnectionLost
+from netframe._server import Server
 
 from .test_server import MemoryListener, vrun
 

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 import gosim
 from gosim import Chan, go
-from netframe import Data, FrameFormat, GoAway, GoAwayCode, Kind, Session
+from netframe import Data, FrameFormat, GoAway, GoAwayCode, Kind, Session, _handlers
 from netframe import _server as _server_module
+from netframe._client import Client, ConnectionLost
 from netframe._conn import FramedConn
-from netframe._server import Client, ConnectionLost, Server
+from netframe._server import Server
 
 
 class MemoryConn:
@@ -582,7 +583,7 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
         log: list[str] = []
         saved = _server_module._handle_each
         if not use_c:
-            _server_module._handle_each = _server_module._handle_each_py
+            _server_module._handle_each = _handlers._handle_each_py
         try:
 
             async def main() -> tuple[list[bytes], int]:
@@ -616,19 +617,19 @@ def test_c_handler_loop_matches_the_python_loop(ops: list[str]) -> None:
     ]
     assert python[0] == expected
     assert python[1] == sum(op in "rx" for op in ops)
-    if _server_module._handle_each is not _server_module._handle_each_py:
+    if _server_module._handle_each is not _handlers._handle_each_py:
         assert serve(True) == python
 
 
 @pytest.mark.parametrize(
     "handle_each",
     [
-        pytest.param(_server_module._handle_each_py, id="python"),
+        pytest.param(_handlers._handle_each_py, id="python"),
         pytest.param(
             _server_module._handle_each,
             id="c",
             marks=pytest.mark.skipif(
-                _server_module._handle_each is _server_module._handle_each_py,
+                _server_module._handle_each is _handlers._handle_each_py,
                 reason="netframe._speedups not in use (pure Python)",
             ),
         ),
@@ -664,7 +665,7 @@ def test_handler_loop_leaves_coroutines_unstarted_without_run(handle_each: Any) 
 
 
 @pytest.mark.skipif(
-    _server_module._handle_each is _server_module._handle_each_py,
+    _server_module._handle_each is _handlers._handle_each_py,
     reason="netframe._speedups not in use (pure Python)",
 )
 def test_c_handler_loop_propagates_what_is_not_an_exception_and_checks_arguments() -> None:
