@@ -28,6 +28,7 @@ from benchmarks.harness import Failure, Peer, Row, Suite
 
 EXIT_PEER_FAILED = 1
 EXIT_REGRESSION = 3
+DEFAULT_ROUNDS = 7
 
 
 class RichReporter(harness.Reporter):
@@ -113,6 +114,16 @@ def ratio_table(result: dict[str, Any], name: str) -> Table | None:
     return table
 
 
+def suite_command(name: str, quick: bool, rounds: int) -> str:
+    """The command line that runs suite ``name`` alone with these settings."""
+    words = ["python -m benchmarks", "--only", name]
+    if quick:
+        words.append("--quick")
+    if rounds != (2 if quick else DEFAULT_ROUNDS):
+        words += ["--rounds", str(rounds)]
+    return " ".join(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import suites  # noqa: PLC0415 -- after argparse's --help
 
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "--img-dir", type=Path, default=harness.ROOT / "docs" / "img", help=argparse.SUPPRESS
     )
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 7)
+    rounds = args.rounds or (2 if args.quick else DEFAULT_ROUNDS)
     if rounds < 1:
         ap.error("--rounds must be at least 1")
     write_md = (not args.quick) if args.markdown is None else args.markdown
@@ -198,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"]["go_version"] = suites.go_version_line()
     result["gc_note"] = suites.GC_NOTE
     result["seconds"] = round(time.monotonic() - start, 1)
+    for suite in chosen:
+        # the command that reruns this suite alone, as the report shows it
+        result["suites"][suite.name]["command"] = suite_command(suite.name, args.quick, rounds)
 
     for suite in chosen:
         console.print(summary_table(result, suite.name))

@@ -232,14 +232,24 @@ def run_suites(
         cells = sum(len(r.peers) * (min(rounds, r.max_rounds or rounds) + r.warmup) for r in rows)
         reporter.suite_started(suite, cells)
         built = time.monotonic() - began
+        date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # The load average before each row and after the last: the report gives the
+        # range, the load the suite's figures were taken under.
+        load: list[list[float]] = []
+        done = []
         try:
-            done = [run_row(suite, row, rounds, reporter) for row in rows]
+            for row in rows:
+                load.append(_loadavg())
+                done.append(run_row(suite, row, rounds, reporter))
+            load.append(_loadavg())
         finally:
             gc.unfreeze()
             if suite.finish is not None:
                 suite.finish()
         failures = [f for row in done for f in row["failures"]]
         result["suites"][suite.name] = _suite_header(suite) | {
+            "date": date,
+            "loadavg": load,
             "rows": done,
             "failures": failures,
             "seconds": round(time.monotonic() - began, 2),
