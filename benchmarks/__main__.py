@@ -5,6 +5,11 @@
     python -m benchmarks --quick            a tour in about a minute (JSON only)
     python -m benchmarks --only network     one suite (repeat --only for more)
     python -m benchmarks --compare OLD.json flag cells that got worse beyond the noise
+    python -m benchmarks --from-json R.json rewrite the report's sections of the suites in
+                                            R.json (and their plots) without running
+
+A run that writes the report keeps its JSON in benchmarks/results/, named in the header
+of every section it wrote.
 
 Exit status: 0 when every peer ran; 1 when a peer failed to run (the message says which
 and why); 3 when ``--compare`` flagged a regression; 2 for a usage error.
@@ -23,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks import harness, procs
+from benchmarks import harness, procs, report
 from benchmarks.harness import Failure, Peer, Row, Suite
 
 EXIT_PEER_FAILED = 1
@@ -114,6 +119,30 @@ def ratio_table(result: dict[str, Any], name: str) -> Table | None:
     return table
 
 
+def publish(
+    result: dict[str, Any],
+    names: list[str],
+    json_path: Path | None,
+    args: argparse.Namespace,
+    all_suites: dict[str, Suite],
+    plots: bool,
+    markdown: bool = True,
+) -> None:
+    """Draw the plots of suites ``names`` and rewrite their sections of the report and the
+    performance page (the other suites' sections are kept)."""
+    images: dict[str, list[Path | None]] = {}
+    if plots:
+        for name in names:
+            images[name] = report.plot_suite(result, name, args.img_dir)
+    if markdown:
+        order = [(s.name, s.title) for s in all_suites.values()]
+        order += [(n, result["suites"][n]["title"]) for n in names if n not in all_suites]
+        report.write_report(
+            result, names, order, args.benchmarks_md, args.performance_md, json_path,
+            images, root=harness.ROOT,
+        )  # fmt: skip
+
+
 def suite_command(name: str, quick: bool, rounds: int) -> str:
     """The command line that runs suite ``name`` alone with these settings."""
     words = ["python -m benchmarks", "--only", name]
@@ -171,7 +200,21 @@ def main(argv: list[str] | None = None) -> int:
         help="draw docs/img/bench_<suite>.png (default: on, off with --quick)",
     )
     ap.add_argument(
+        "--from-json",
+        type=Path,
+        action="append",
+        metavar="RESULT.json",
+        help="rewrite the report's sections (and plots) of the suites in this earlier run's "
+        "JSON, without running anything (repeatable; a later file wins)",
+    )
+    ap.add_argument(
         "--benchmarks-md", type=Path, default=harness.ROOT / "BENCHMARKS.md", help=argparse.SUPPRESS
+    )
+    ap.add_argument(
+        "--performance-md",
+        type=Path,
+        default=harness.ROOT / "docs" / "performance.md",
+        help=argparse.SUPPRESS,
     )
     ap.add_argument(
         "--img-dir", type=Path, default=harness.ROOT / "docs" / "img", help=argparse.SUPPRESS
@@ -183,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     write_md = (not args.quick) if args.markdown is None else args.markdown
     write_plots = (not args.quick) if args.plots is None else args.plots
     old = harness.read_json(args.compare) if args.compare else None
+    if args.from_json:
+        for path in args.from_json:
+            earlier = harness.read_json(path)
+            names = list(earlier["suites"])
+            publish(earlier, names, path, args, suites.SUITES, write_plots)
+            print(f"{path}: sections {', '.join(names)} rewritten in {args.benchmarks_md}")
+        return 0
     chosen = [suites.SUITES[name] for name in (args.only or suites.SUITES)]
 
     console = Console(stderr=True)
@@ -220,21 +270,19 @@ def main(argv: list[str] | None = None) -> int:
             console.print(ratios)
     m = result["machine"]
     stamp = result["date"].replace(":", "").replace("-", "")
-    path = (
-        args.json or harness.ROOT / ".benchmarks" / "harness" / f"{stamp}-{m['commit'][:10]}.json"
-    )
+    # A run that writes the report keeps its rounds beside it (the report names the
+    # file); another run's go to the untracked .benchmarks/.
+    stem = f"{stamp}-{m['commit'][:10]}-{'+'.join(s.name for s in chosen)}"
+    where = harness.ROOT / ("benchmarks/results" if write_md else ".benchmarks/harness")
+    path = args.json or where / f"{stem}.json"
     harness.write_json(result, path)
     console.print(f"raw rounds: {path}")
-    images: dict[str, Path] = {}
-    if write_plots:
-        for suite in chosen:
-            out = args.img_dir / f"bench_{suite.name}.png"
-            if harness.plot_suite(result, suite.name, out):
-                images[suite.name] = out
-                console.print(f"plot: {out}")
-    if write_md:
-        harness.write_markdown(result, args.benchmarks_md, [s.name for s in chosen], images)
-        console.print(f"tables regenerated in {args.benchmarks_md}")
+    if write_md or write_plots:
+        publish(result, [s.name for s in chosen], path if write_md else None, args,
+                suites.SUITES, write_plots, write_md)  # fmt: skip
+        if write_md:
+            console.print(f"sections {', '.join(s.name for s in chosen)} regenerated in "
+                          f"{args.benchmarks_md} and {args.performance_md}")  # fmt: skip
 
     status = 0
     if old is not None:
