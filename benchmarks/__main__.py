@@ -1,9 +1,11 @@
 """``python -m benchmarks``: every benchmark suite, peers interleaved round by round.
 
-    python -m benchmarks                    every suite; writes the JSON, BENCHMARKS.md's
-                                            tables and docs/img/bench_<suite>.png
+    python -m benchmarks                    every suite; writes the JSON, the report
+                                            (BENCHMARKS.md, docs/performance.md) and
+                                            its plots (docs/img/bench_<suite>*.png)
     python -m benchmarks --quick            a tour in about a minute (JSON only)
-    python -m benchmarks --only network     one suite (repeat --only for more)
+    python -m benchmarks --only network     one suite (repeat --only for more): its
+                                            section of the report alone is rewritten
     python -m benchmarks --compare OLD.json flag cells that got worse beyond the noise
     python -m benchmarks --from-json R.json rewrite the report's sections of the suites in
                                             R.json (and their plots) without running
@@ -191,13 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="regenerate BENCHMARKS.md's tables (default: on, off with --quick)",
+        help="rewrite the run's suites' sections of BENCHMARKS.md and docs/performance.md "
+        "(default: on, off with --quick)",
     )
     ap.add_argument(
         "--plots",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="draw docs/img/bench_<suite>.png (default: on, off with --quick)",
+        help="draw docs/img/bench_<suite>*.png, a plot per group of workloads "
+        "(default: on, off with --quick)",
     )
     ap.add_argument(
         "--from-json",

@@ -471,7 +471,7 @@ def fmt_value(value: float, unit: str) -> str:
 
 
 def fmt_ratio(x: float) -> str:
-    return f"{x:.3g}x"
+    return f"{x:.3g}x" if x < 1000 else f"{x:,.0f}x"
 
 
 # ============================================================================== JSON

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,16 +160,18 @@ NOTES: dict[tuple[str, str], str] = {
         "goroutine holds at least its initial stack."
     ),
     ("sync", "mutex, uncontended"): (
-        "An uncontended `gosim.sync.Mutex` is a C fast path with no park; `trio.Lock` "
-        "goes through trio's checkpoint machinery on every acquire. Contended, both pay "
-        "for parking and resuming a task, a coroutine resume in CPython either way, so "
-        "the gap narrows."
+        "An uncontended `Mutex.lock` tests a flag and returns a finished awaitable: no "
+        "park and no trip through the scheduler, where `trio.Lock` checkpoints on every "
+        "acquire. Contended, both park and resume a task, a CPython coroutine resume "
+        "either way, so the gap narrows."
     ),
     ("spin", "counter, spinlocks in nogil kernels"): (
         "In kernels the locks spin on 2 cores shared with other work: a lock holder "
         "descheduled by the OS stalls the spinner, which is what moves these rounds "
-        "most. From Python threads every acquire is a numba dispatch under the GIL, so "
-        "the spinlocks fall behind `threading.Lock`, whose wait blocks in the kernel."
+        "most, and the queue locks (ticket, MCS, CLH) most of all, since only the thread "
+        "next in line may take the lock, running or not. From Python threads every "
+        "acquire is a numba dispatch under the GIL, so the spinlocks fall behind "
+        "`threading.Lock`, whose wait blocks in the kernel."
     ),
     ("spin", "extra:fairness"): (
         "Fairness shows the lock's hand-off order: queue locks (ticket, MCS, CLH) hand the "
@@ -398,9 +401,13 @@ def _ranged(c: Cell | None, fmt: Any) -> str:
     return f"{fmt(c.median)} ({fmt(min(c.values))} to {fmt(max(c.values))})"
 
 
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=88, break_on_hyphens=False, break_long_words=False)
+
+
 def _note(suite: str, key: str) -> list[str]:
     note = NOTES.get((suite, key))
-    return ["", note] if note else []
+    return ["", _wrap(note)] if note else []
 
 
 def _load_text(result: dict[str, Any], suite: dict[str, Any]) -> str:
@@ -632,7 +639,7 @@ def render_report(blocks: dict[str, str], suites: Sequence[tuple[str, str]]) -> 
     for name, title in suites:
         out += [f"## {title}", ""]
         if name in SUITE_TEXT:
-            out += [SUITE_TEXT[name], ""]
+            out += [_wrap(SUITE_TEXT[name]), ""]
         out += [begin_marker(name), blocks.get(name, _placeholder(name)), end_marker(name), ""]
     return "\n".join(out)
 
@@ -761,7 +768,8 @@ def _plot_group(
     else:
         ax.set_yticks([k + 0.4 - height / 2 for k in range(len(group))])
         ax.set_yticklabels([r["name"] for r in group])
-        ax.legend(fontsize="small", loc="lower right")
+        # outside the axes: inside, it would hide bars or their labels
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.invert_yaxis()
     ax.set_xscale("log")
     left = min(1.0, ax.get_xlim()[0])

@@ -25,7 +25,9 @@ def result() -> dict[str, Any]:
 def _write(result: dict[str, Any], names: list[str], tmp_path: Path, json_name: str) -> str:
     md, perf = tmp_path / "BENCHMARKS.md", tmp_path / "docs" / "performance.md"
     perf.parent.mkdir(exist_ok=True)
-    images = {n: [tmp_path / "docs" / "img" / report.plot_name(n, 0)] for n in names}
+    images: dict[str, list[Path | None]] = {
+        n: [tmp_path / "docs" / "img" / report.plot_name(n, 0)] for n in names
+    }
     report.write_report(
         result, names, ORDER, md, perf, tmp_path / "benchmarks" / json_name, images, tmp_path
     )
