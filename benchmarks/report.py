@@ -207,8 +207,8 @@ NOTES: dict[tuple[str, str], str] = {
         "meet there."
     ),
     ("codec", "decode 64 B frames, 64 KiB chunks"): (
-        "Chunks that split frames add the carry of a partial frame from one receive to "
-        "the next; the per-frame object is still most of the cost."
+        "Chunks that split frames add carrying a partial frame from one receive to the "
+        "next, on top of the per-frame work of decoding one buffer."
     ),
     ("codec", "encode 64 B frames"): (
         "Encoding many frames at once (`encode_many`) makes one buffer for the batch; "
@@ -216,8 +216,8 @@ NOTES: dict[tuple[str, str], str] = {
     ),
     ("codec", "scan 1 x 64 B"): (
         "The scan of a buffer for complete frames: the numba kernel pays a dispatch per "
-        "call, so the Python loop wins on a few frames and the kernel on many; the C loop "
-        "has neither cost and leads at every count."
+        "call, which a few frames cannot repay and many frames can; the Python loop pays "
+        "the interpreter per frame; the C loop pays neither."
     ),
     ("network", "pipelined 64 B, Go client"): (
         "Each server runs on one core and the Go client shares the 2 cores with it, so "
@@ -258,8 +258,8 @@ NOTES: dict[tuple[str, str], str] = {
         "per-call share of the kernel's work falls; the per-call Python work does not."
     ),
     ("rpc", "keyed calls, 100 connections (first calls)"): (
-        "The ratios are to `go-ledger`, the Go twin of the keyed server, the one Go "
-        "server in this table. A durable first call waits for the disk's fsync of its "
+        "The ratios are to `go-ledger`, the Go twin of the keyed server with its records "
+        "in SQLite as ours are. A durable first call waits for the disk's fsync of its "
         "group's commit, shared by every call of the group; a replay reads the stored "
         "record and skips the fsync. The hand-written server commits and fsyncs once a "
         "call on its event loop's thread, which bounds it to the disk's fsync rate."
@@ -300,7 +300,7 @@ NOTES: dict[tuple[str, str], str] = {
     ),
     ("idempotency", "100 goroutines, distinct keys, Redis"): (
         "A redis-server without persistence on the same 2 cores: bound by the round trips "
-        "to it (pipelined per group) and by redis-server sharing the cores with the "
+        "to it and by redis-server sharing the cores with the "
         "client process."
     ),
     ("idempotency", "one goroutine, MemoryStore against the bare handler"): (
