@@ -6,6 +6,7 @@ regenerating one suite leaves every other section byte for byte as it was."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from benchmarks import harness, report
 
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "two_suites.json"
 ORDER = [("alpha", "The alpha suite"), ("beta", "The beta suite")]
 
@@ -143,3 +145,25 @@ def test_plots_normalise_each_group_to_a_peer_of_the_group(
     assert [p.name if p else None for p in paths] == ["bench_alpha.png", "bench_alpha_2.png"]
     assert all(p is not None and p.stat().st_size > 0 for p in paths)
     assert not stale.exists()  # a plot no group of this run draws is removed
+
+
+def test_the_committed_report_is_what_the_generator_makes_of_its_runs() -> None:
+    """BENCHMARKS.md names a stored run per section, its plots exist, no stored run is
+    left that no section names, and the performance page is the report's sections."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    blocks = report.read_blocks(text)
+    named = set()
+    for name, block in blocks.items():
+        runs = re.findall(r"\*\*Raw rounds\*\*: `([^`]+)`", block)
+        assert len(runs) == 1, name
+        assert (ROOT / runs[0]).is_file(), runs[0]
+        named.add(runs[0])
+        stored = harness.read_json(ROOT / runs[0])
+        assert name in stored["suites"], (name, runs[0])
+        for image in re.findall(r"\]\((docs/img/[^)]+)\)", block):
+            assert (ROOT / image).is_file(), image
+    stored_runs = {
+        f"benchmarks/results/{p.name}" for p in (ROOT / "benchmarks/results").glob("*.json")
+    }
+    assert stored_runs == named
+    assert (ROOT / "docs" / "performance.md").read_text() == report.performance_page(text)
