@@ -252,9 +252,10 @@ NOTES: dict[tuple[str, str], str] = {
     ),
     ("rpc", "100 connections, 1 call in flight each"): (
         "The Go server is the ceiling: it slices the params out of the frame without "
-        "decoding them. The Python servers decode and encode msgpack per call and resume "
-        "a coroutine per call; the Go client shares the 2 cores with the server, so the "
-        "rates are capped by the machine as much as by the server: read the server CPU."
+        "decoding them. The Python servers decode and encode msgpack and run the "
+        "dispatch and the handler in Python per call; the Go client shares the 2 cores "
+        "with the server, so the rates are capped by the machine as much as by the "
+        "server: read the server CPU."
     ),
     ("rpc", "1 connection, 16 calls in flight"): (
         "Calls in flight on one connection share its receives and sends, so the "
