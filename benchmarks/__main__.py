@@ -1,10 +1,17 @@
 """``python -m benchmarks``: every benchmark suite, peers interleaved round by round.
 
-    python -m benchmarks                    every suite; writes the JSON, BENCHMARKS.md's
-                                            tables and docs/img/bench_<suite>.png
+    python -m benchmarks                    every suite; writes the JSON, the report
+                                            (BENCHMARKS.md, docs/performance.md) and
+                                            its plots (docs/img/bench_<suite>*.png)
     python -m benchmarks --quick            a tour in about a minute (JSON only)
-    python -m benchmarks --only network     one suite (repeat --only for more)
+    python -m benchmarks --only network     one suite (repeat --only for more): its
+                                            section of the report alone is rewritten
     python -m benchmarks --compare OLD.json flag cells that got worse beyond the noise
+    python -m benchmarks --from-json R.json rewrite the report's sections of the suites in
+                                            R.json (and their plots) without running
+
+A run that writes the report keeps its JSON in benchmarks/results/, named in the header
+of every section it wrote.
 
 Exit status: 0 when every peer ran; 1 when a peer failed to run (the message says which
 and why); 3 when ``--compare`` flagged a regression; 2 for a usage error.
@@ -23,11 +30,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks import harness, procs
+from benchmarks import harness, procs, report
 from benchmarks.harness import Failure, Peer, Row, Suite
 
 EXIT_PEER_FAILED = 1
 EXIT_REGRESSION = 3
+DEFAULT_ROUNDS = 7
 
 
 class RichReporter(harness.Reporter):
@@ -113,6 +121,40 @@ def ratio_table(result: dict[str, Any], name: str) -> Table | None:
     return table
 
 
+def publish(
+    result: dict[str, Any],
+    names: list[str],
+    json_path: Path | None,
+    args: argparse.Namespace,
+    all_suites: dict[str, Suite],
+    plots: bool,
+    markdown: bool = True,
+) -> None:
+    """Draw the plots of suites ``names`` and rewrite their sections of the report and the
+    performance page (the other suites' sections are kept)."""
+    images: dict[str, list[Path | None]] = {}
+    if plots:
+        for name in names:
+            images[name] = report.plot_suite(result, name, args.img_dir)
+    if markdown:
+        order = [(s.name, s.title) for s in all_suites.values()]
+        order += [(n, result["suites"][n]["title"]) for n in names if n not in all_suites]
+        report.write_report(
+            result, names, order, args.benchmarks_md, args.performance_md, json_path,
+            images, root=harness.ROOT,
+        )  # fmt: skip
+
+
+def suite_command(name: str, quick: bool, rounds: int) -> str:
+    """The command line that runs suite ``name`` alone with these settings."""
+    words = ["python -m benchmarks", "--only", name]
+    if quick:
+        words.append("--quick")
+    if rounds != (2 if quick else DEFAULT_ROUNDS):
+        words += ["--rounds", str(rounds)]
+    return " ".join(words)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks import suites  # noqa: PLC0415 -- after argparse's --help
 
@@ -151,27 +193,50 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="regenerate BENCHMARKS.md's tables (default: on, off with --quick)",
+        help="rewrite the run's suites' sections of BENCHMARKS.md and docs/performance.md "
+        "(default: on, off with --quick)",
     )
     ap.add_argument(
         "--plots",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="draw docs/img/bench_<suite>.png (default: on, off with --quick)",
+        help="draw docs/img/bench_<suite>*.png, a plot per group of workloads "
+        "(default: on, off with --quick)",
+    )
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        action="append",
+        metavar="RESULT.json",
+        help="rewrite the report's sections (and plots) of the suites in this earlier run's "
+        "JSON, without running anything (repeatable; a later file wins)",
     )
     ap.add_argument(
         "--benchmarks-md", type=Path, default=harness.ROOT / "BENCHMARKS.md", help=argparse.SUPPRESS
     )
     ap.add_argument(
+        "--performance-md",
+        type=Path,
+        default=harness.ROOT / "docs" / "performance.md",
+        help=argparse.SUPPRESS,
+    )
+    ap.add_argument(
         "--img-dir", type=Path, default=harness.ROOT / "docs" / "img", help=argparse.SUPPRESS
     )
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 7)
+    rounds = args.rounds or (2 if args.quick else DEFAULT_ROUNDS)
     if rounds < 1:
         ap.error("--rounds must be at least 1")
     write_md = (not args.quick) if args.markdown is None else args.markdown
     write_plots = (not args.quick) if args.plots is None else args.plots
     old = harness.read_json(args.compare) if args.compare else None
+    if args.from_json:
+        for path in args.from_json:
+            earlier = harness.read_json(path)
+            names = list(earlier["suites"])
+            publish(earlier, names, path, args, suites.SUITES, write_plots)
+            print(f"{path}: sections {', '.join(names)} rewritten in {args.benchmarks_md}")
+        return 0
     chosen = [suites.SUITES[name] for name in (args.only or suites.SUITES)]
 
     console = Console(stderr=True)
@@ -198,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     result["machine"]["go_version"] = suites.go_version_line()
     result["gc_note"] = suites.GC_NOTE
     result["seconds"] = round(time.monotonic() - start, 1)
+    for suite in chosen:
+        # the command that reruns this suite alone, as the report shows it
+        result["suites"][suite.name]["command"] = suite_command(suite.name, args.quick, rounds)
 
     for suite in chosen:
         console.print(summary_table(result, suite.name))
@@ -206,21 +274,19 @@ def main(argv: list[str] | None = None) -> int:
             console.print(ratios)
     m = result["machine"]
     stamp = result["date"].replace(":", "").replace("-", "")
-    path = (
-        args.json or harness.ROOT / ".benchmarks" / "harness" / f"{stamp}-{m['commit'][:10]}.json"
-    )
+    # A run that writes the report keeps its rounds beside it (the report names the
+    # file); another run's go to the untracked .benchmarks/.
+    stem = f"{stamp}-{m['commit'][:10]}-{'+'.join(s.name for s in chosen)}"
+    where = harness.ROOT / ("benchmarks/results" if write_md else ".benchmarks/harness")
+    path = args.json or where / f"{stem}.json"
     harness.write_json(result, path)
     console.print(f"raw rounds: {path}")
-    images: dict[str, Path] = {}
-    if write_plots:
-        for suite in chosen:
-            out = args.img_dir / f"bench_{suite.name}.png"
-            if harness.plot_suite(result, suite.name, out):
-                images[suite.name] = out
-                console.print(f"plot: {out}")
-    if write_md:
-        harness.write_markdown(result, args.benchmarks_md, [s.name for s in chosen], images)
-        console.print(f"tables regenerated in {args.benchmarks_md}")
+    if write_md or write_plots:
+        publish(result, [s.name for s in chosen], path if write_md else None, args,
+                suites.SUITES, write_plots, write_md)  # fmt: skip
+        if write_md:
+            console.print(f"sections {', '.join(s.name for s in chosen)} regenerated in "
+                          f"{args.benchmarks_md} and {args.performance_md}")  # fmt: skip
 
     status = 0
     if old is not None:

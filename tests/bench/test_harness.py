@@ -1,5 +1,5 @@
 """The machinery of ``python -m benchmarks`` on a tiny fake suite: interleaving, the raw
-JSON, markdown regeneration between markers, ``--compare`` and the exit statuses.
+JSON, the report's section, ``--compare`` and the exit statuses.
 
 The real suites are smoke-run by ``pytest benchmarks --benchmark-disable``; these tests
 keep the harness itself from rotting, in well under a second each (no timing asserted).
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import __main__ as cli
-from benchmarks import harness, suites
+from benchmarks import harness, report, suites
 from benchmarks.harness import Peer, Row, Suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,36 +95,6 @@ def test_json_keeps_every_round_and_the_machine(tmp_path: Path) -> None:
         harness.read_json(tmp_path / "other.json")
 
 
-MD = """# Benchmarks
-
-Hand-written prose before.
-
-{begin}
-| old | table |
-{end}
-
-Prose after, kept.
-"""
-
-
-def test_markdown_is_regenerated_between_the_markers_only() -> None:
-    result = harness.run_suites([_suite([])], quick=False, rounds=3)
-    text = MD.format(begin=harness.begin_marker("fake"), end=harness.end_marker("fake"))
-    block = harness.suite_markdown(result, "fake")
-    once = harness.replace_block(text, "fake", block)
-    assert "| old | table |" not in once
-    assert once.startswith("# Benchmarks\n\nHand-written prose before.\n\n")
-    assert once.endswith("\n\nProse after, kept.\n")
-    assert harness.replace_block(once, "fake", block) == once  # regenerating is stable
-    # the medians with their range, the ratio to the reference, the extra figure
-    assert "| time (ns per op) | 100 ns (99 ns to 101 ns) | 300 ns (290 ns to 310 ns) |" in once
-    assert "| time | 3x |" in once
-    assert "| rate | 5x |" in once  # higher is better: the slow peer's time is 5x
-    assert "ns of CPU per op" in once and "| time | 50 ns | 150 ns |" in once
-    with pytest.raises(ValueError, match="exactly one pair of markers"):
-        harness.replace_block("no markers here", "fake", block)
-
-
 def test_compare_flags_only_what_moved_beyond_the_noise() -> None:
     old = harness.run_suites([_suite([])], quick=False, rounds=3)
     same = harness.run_suites([_suite([], scale=1.01)], quick=False, rounds=3)
@@ -145,11 +115,13 @@ def test_compare_flags_only_what_moved_beyond_the_noise() -> None:
 def fake_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., int]]:
     """``python -m benchmarks`` with the fake suite in place of the real ones."""
     md = tmp_path / "BENCHMARKS.md"
-    md.write_text(MD.format(begin=harness.begin_marker("fake"), end=harness.end_marker("fake")))
+    md.write_text("an earlier report\n")
+    (tmp_path / "docs").mkdir()
 
     def run(*args: str, scale: float = 1.0, fail: bool = False) -> int:
         monkeypatch.setattr(suites, "SUITES", {"fake": _suite([], scale=scale, fail=fail)})
-        argv = [*args, "--benchmarks-md", str(md), "--img-dir", str(tmp_path / "img")]
+        argv = [*args, "--benchmarks-md", str(md), "--img-dir", str(tmp_path / "img"),
+                "--performance-md", str(tmp_path / "docs" / "performance.md")]  # fmt: skip
         return cli.main(argv)
 
     yield run
@@ -161,7 +133,11 @@ def test_the_command_writes_json_markdown_plots_and_exit_statuses(
     old = tmp_path / "old.json"
     assert fake_cli("--rounds", "3", "--json", str(old)) == 0
     text = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "| old | table |" not in text and "Prose after, kept." in text
+    assert "an earlier report" not in text
+    block = report.read_blocks(text)["fake"]
+    assert f"- **Raw rounds**: `{old}`" in block and "--only fake --rounds 3" in block
+    assert "| time | 3x (2.93x to 3.07x) |" in block  # slow over fast, round by round
+    assert "](img/bench_fake.png)" in (tmp_path / "docs" / "performance.md").read_text()
     assert (tmp_path / "img" / "bench_fake.png").stat().st_size > 0
     assert harness.read_json(old)["suites"]["fake"]["rows"][0]["rounds"]
     new = ["--rounds", "3", "--json", str(tmp_path / "new.json"), "--no-plots"]  # plots: slow
@@ -177,8 +153,8 @@ def test_the_command_writes_json_markdown_plots_and_exit_statuses(
 def test_benchmarks_md_has_markers_for_every_suite() -> None:
     text = (ROOT / "BENCHMARKS.md").read_text()
     for name in suites.SUITES:
-        assert text.count(harness.begin_marker(name)) == 1, name
-        assert text.count(harness.end_marker(name)) == 1, name
+        assert text.count(report.begin_marker(name)) == 1, name
+        assert text.count(report.end_marker(name)) == 1, name
 
 
 def test_a_costly_row_runs_at_most_its_cap_of_rounds() -> None:
