@@ -130,11 +130,16 @@ def _check_sqlite(path: Path) -> tuple[set[str], set[str]]:
 
 
 def _retry_all(store: Any, effect: Any) -> int:
+    """Run every key once more through ``store``, and close it whatever happens (a store
+    left open by a failed run would leak its connections into the next test)."""
     runs = 0
 
     async def main() -> None:
         nonlocal runs
-        idem = Idempotency(store, lease=0.5)
+        # The killed child's claims lapse by its own lease; this run's lease only has to
+        # outlast one claim-to-complete span, which a loaded machine can stretch past a
+        # second (a lapsed lease here fails the run with StaleClaim, as it should).
+        idem = Idempotency(store, lease=10.0)
 
         def handler(call: Call) -> Any:
             nonlocal runs
@@ -147,7 +152,10 @@ def _retry_all(store: Any, effect: Any) -> int:
                 caller="c", key=key, request=("apply", [key]), handler=handler, timeout=30
             )
 
-    gosim.run(main)
+    try:
+        gosim.run(main)
+    finally:
+        store.close()
     return runs
 
 
@@ -183,7 +191,6 @@ def test_sigkill_while_completing_sqlite(tmp_path: Path, request: pytest.Fixture
         mid_run += len(recorded) < N_KEYS
         store = SQLiteStore(path)
         runs = _retry_all(store, _sqlite_effect)
-        store.close()
         recorded2, applied2 = _check_sqlite(path)
         assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
         assert runs == N_KEYS - len(recorded)  # only the missing ones ran again
@@ -220,7 +227,6 @@ def _redis_round(redis_store: Any, url: str, prefix: str, acked: set[str]) -> bo
     recorded2, applied2 = check()
     assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
     assert runs == N_KEYS - len(recorded)
-    store.close()
     return len(recorded) < N_KEYS
 
 
@@ -286,7 +292,6 @@ def test_sigkill_while_completing_postgres(
 
         store = PostgresStore(postgres_server.dsn, schema=schema)
         runs = _retry_all(store, effect)
-        store.close()
         recorded2, applied2 = check()
         assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
         assert runs == N_KEYS - len(recorded)  # only the missing ones ran again
