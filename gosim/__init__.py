@@ -40,7 +40,7 @@ from gosim._select import recv as recv
 from gosim._select import select as select
 from gosim._select import send as send
 from gosim.lowlevel import RuntimeHandle as RuntimeHandle
-from gosim.lowlevel import SchedStats as SchedStats
+from gosim.lowlevel import SchedStatistics as SchedStatistics
 from gosim.lowlevel import Trace as Trace
 from gosim.lowlevel import go as go
 from gosim.lowlevel import goexit as goexit
@@ -72,7 +72,7 @@ __all__ = [
     "Panic",
     "RuntimeHandle",
     "RuntimeInternalError",
-    "SchedStats",
+    "SchedStatistics",
     "SendOnClosedChannel",
     "Ticker",
     "Timer",

@@ -634,47 +634,20 @@ ChanOp_am_send(ChanOpObject *op, PyObject *arg, PyObject **result)
     return PYGEN_NEXT;
 }
 
+/* The generator protocol, for callers that drive the op with send()/throw()
+ * (coroutine.throw delegates to throw): _speedups_common.c.h's helpers. */
 static PyObject *
-ChanOp_await(PyObject *self)
-{
-    return Py_NewRef(self);
-}
-
-/* Iterator and generator protocol, for `yield from` and for callers that drive the
- * op with send()/throw() (coroutine.throw delegates to throw). */
-static PyObject *
-chanop_send_impl(ChanOpObject *op, PyObject *arg)
+ChanOp_send(ChanOpObject *op, PyObject *arg)
 {
     PyObject *result = NULL;
     PySendResult r = ChanOp_am_send(op, arg, &result);
-    if (r == PYGEN_NEXT)
-        return result;
-    if (r == PYGEN_RETURN) {
-        if (result == Py_None) {
-            PyErr_SetNone(PyExc_StopIteration);
-        }
-        else {
-            PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, result);
-            if (e != NULL) {
-                PyErr_SetObject(PyExc_StopIteration, e);
-                Py_DECREF(e);
-            }
-        }
-        Py_DECREF(result);
-    }
-    return NULL;
+    return am_send_as_next(r, result);
 }
 
 static PyObject *
 ChanOp_iternext(ChanOpObject *op)
 {
-    return chanop_send_impl(op, Py_None);
-}
-
-static PyObject *
-ChanOp_send(ChanOpObject *op, PyObject *arg)
-{
-    return chanop_send_impl(op, arg);
+    return ChanOp_send(op, Py_None);
 }
 
 /* The op is finished without a wake: an exception thrown into the parked goroutine, or
@@ -715,16 +688,10 @@ chanop_unpark(ChanOpObject *op)
 static PyObject *
 ChanOp_throw(ChanOpObject *op, PyObject *args)
 {
-    PyObject *typ, *val = NULL, *tb = NULL;
-    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+    PyObject *typ, *val;
+    if (throw_parse(args, &typ, &val) < 0 || chanop_unpark(op) < 0)
         return NULL;
-    if (chanop_unpark(op) < 0)
-        return NULL;
-    if (PyExceptionClass_Check(typ))
-        PyErr_SetObject(typ, val);
-    else
-        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
-    return NULL;
+    return throw_raise(typ, val);
 }
 
 static PyObject *
@@ -743,7 +710,7 @@ static PyMethodDef ChanOp_methods[] = {
 };
 
 static PyAsyncMethods ChanOp_async = {
-    .am_await = ChanOp_await,
+    .am_await = await_self,
     .am_send = (sendfunc)ChanOp_am_send,
 };
 

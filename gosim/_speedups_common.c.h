@@ -10,6 +10,9 @@
  *     (gosim._core._state's op budget; reset_budget refills it);
  *   - q_popleft/q_append: deque.popleft/append called straight on exact deques (the run
  *     queues, the channels' wait queues, the parking lots);
+ *   - the generator protocol the awaitables (ChanOp, SelectOp, WaitOp) share around
+ *     their am_send: await_self, am_send_as_next (send and __next__), throw_parse and
+ *     throw_raise (throw);
  *   - RECORD_FIELD/RECORD_GETSET: the getter and setter of a record's object field.
  *     Invariant they keep for every record type: an object field is never NULL once the
  *     record is made (deleting is refused), because the C code reads it unchecked; the
@@ -117,3 +120,53 @@ refuse_type(PyObject *self, const char *field, const char *want, PyObject *value
 
 #define RECORD_GETSET(prefix, field, doc)                                               \
     {#field, (getter)prefix##_get_##field, (setter)prefix##_set_##field, doc, NULL}
+
+/* ---------------------------------------------------- the awaitables' generator side
+ *
+ * `await` and `yield from` drive an awaitable through its am_send; send(), __next__,
+ * throw() and close() serve the callers that drive it by hand (a coroutine's send or
+ * throw delegating to it). Each awaitable's are these, around its own am_send and its
+ * own way of leaving a wait that ends without a wake. None is on the wake path. */
+
+/* __await__: the op is its own iterator. */
+static PyObject *
+await_self(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+/* What send() and __next__ return for the PySendResult `r` of an am_send that gave
+ * `result`: the value yielded, or NULL with StopIteration(value) (the returned value,
+ * a tuple or an exception included) or the am_send's error set. */
+static PyObject *
+am_send_as_next(PySendResult r, PyObject *result)
+{
+    if (r == PYGEN_NEXT)
+        return result;
+    if (r == PYGEN_RETURN) {
+        _PyGen_SetStopIterationValue(result);
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+/* throw(typ[, val[, tb]])'s arguments: 0, or -1 with an error. */
+static int
+throw_parse(PyObject *args, PyObject **typ, PyObject **val)
+{
+    PyObject *tb = NULL;
+    *val = NULL;
+    return PyArg_UnpackTuple(args, "throw", 1, 3, typ, val, &tb) ? 0 : -1;
+}
+
+/* Raise what throw() was given (an exception class with its value, or an instance),
+ * once the op has left its wait: always NULL. */
+static PyObject *
+throw_raise(PyObject *typ, PyObject *val)
+{
+    if (PyExceptionClass_Check(typ))
+        PyErr_SetObject(typ, val);
+    else
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    return NULL;
+}

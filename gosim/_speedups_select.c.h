@@ -464,55 +464,28 @@ select_abandon(SelectOpObject *op)
     return select_release_sudogs(op, NULL);
 }
 
+/* The generator protocol (_speedups_common.c.h's helpers), as ChanOp's. */
 static PyObject *
-SelectOp_await(PyObject *self)
-{
-    return Py_NewRef(self);
-}
-
-static PyObject *
-selectop_send_impl(SelectOpObject *op, PyObject *arg)
+SelectOp_send(SelectOpObject *op, PyObject *arg)
 {
     PyObject *result = NULL;
     PySendResult r = SelectOp_am_send(op, arg, &result);
-    if (r == PYGEN_NEXT)
-        return result;
-    if (r == PYGEN_RETURN) {
-        PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, result);
-        if (e != NULL) {
-            PyErr_SetObject(PyExc_StopIteration, e);
-            Py_DECREF(e);
-        }
-        Py_DECREF(result);
-    }
-    return NULL;
+    return am_send_as_next(r, result);
 }
 
 static PyObject *
 SelectOp_iternext(SelectOpObject *op)
 {
-    return selectop_send_impl(op, Py_None);
-}
-
-static PyObject *
-SelectOp_send(SelectOpObject *op, PyObject *arg)
-{
-    return selectop_send_impl(op, arg);
+    return SelectOp_send(op, Py_None);
 }
 
 static PyObject *
 SelectOp_throw(SelectOpObject *op, PyObject *args)
 {
-    PyObject *typ, *val = NULL, *tb = NULL;
-    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+    PyObject *typ, *val;
+    if (throw_parse(args, &typ, &val) < 0 || select_abandon(op) < 0)
         return NULL;
-    if (select_abandon(op) < 0)
-        return NULL;
-    if (PyExceptionClass_Check(typ))
-        PyErr_SetObject(typ, val);
-    else
-        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
-    return NULL;
+    return throw_raise(typ, val);
 }
 
 static PyObject *
@@ -578,7 +551,7 @@ static PyMethodDef SelectOp_methods[] = {
 };
 
 static PyAsyncMethods SelectOp_async = {
-    .am_await = SelectOp_await,
+    .am_await = await_self,
     .am_send = (sendfunc)SelectOp_am_send,
 };
 

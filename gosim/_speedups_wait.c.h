@@ -312,12 +312,6 @@ WaitOp_dealloc(WaitOpObject *op)
         PyObject_GC_Del(op);
 }
 
-static PyObject *
-WaitOp_await(PyObject *self)
-{
-    return Py_NewRef(self);
-}
-
 static PySendResult
 WaitOp_am_send(WaitOpObject *op, PyObject *arg, PyObject **result)
 {
@@ -359,18 +353,13 @@ WaitOp_am_send(WaitOpObject *op, PyObject *arg, PyObject **result)
     return PYGEN_RETURN;
 }
 
+/* The generator protocol (_speedups_common.c.h's helpers), as ChanOp's. */
 static PyObject *
 WaitOp_send(WaitOpObject *op, PyObject *arg)
 {
     PyObject *result = NULL;
     PySendResult r = WaitOp_am_send(op, arg, &result);
-    if (r == PYGEN_NEXT)
-        return result;
-    if (r == PYGEN_ERROR)
-        return NULL;
-    _PyGen_SetStopIterationValue(result);
-    Py_DECREF(result);
-    return NULL;
+    return am_send_as_next(r, result);
 }
 
 static PyObject *
@@ -406,17 +395,13 @@ waitop_leave(WaitOpObject *op)
 static PyObject *
 WaitOp_throw(WaitOpObject *op, PyObject *args)
 {
-    PyObject *typ, *val = NULL, *tb = NULL;
-    if (!PyArg_UnpackTuple(args, "throw", 1, 3, &typ, &val, &tb))
+    PyObject *typ, *val;
+    if (throw_parse(args, &typ, &val) < 0)
         return NULL;
     op->started = 1;
     if (waitop_leave(op) < 0)
         return NULL;
-    if (PyExceptionClass_Check(typ))
-        PyErr_SetObject(typ, val);
-    else
-        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
-    return NULL;
+    return throw_raise(typ, val);
 }
 
 static PyObject *
@@ -435,7 +420,7 @@ static PyMethodDef WaitOp_methods[] = {
 };
 
 static PyAsyncMethods WaitOp_async = {
-    .am_await = WaitOp_await,
+    .am_await = await_self,
     .am_send = (sendfunc)WaitOp_am_send,
 };
 

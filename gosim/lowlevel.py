@@ -81,7 +81,7 @@ from gosim._core._state import _trap as trap
 from gosim._core._state import current_runtime as current_runtime
 from gosim._core._syscall import syscall as syscall
 from gosim._core._syscall import trio_call as trio_call
-from gosim._core._sysmon import SchedStats as SchedStats
+from gosim._core._sysmon import SchedStatistics as SchedStatistics
 from gosim._core._timers import Timer as RuntimeTimer
 from gosim._core._trace import Trace as Trace
 from gosim._core._wait import ParkingLot as ParkingLot

@@ -111,7 +111,6 @@ from ._drivers import (
     _keep_alive,
     _read_connection,
     _read_exchange,
-    _replies_nowait,
     _reply_nowait,
     _send,
     _Ticket,
@@ -746,7 +745,7 @@ class Server:
         gathered, self._gathered = self._gathered, []
         for st in gathered:
             owed, st.owed = st.owed, []
-            frames = _replies_nowait(st, owed)
+            frames = _reply_nowait(st, owed)
             if frames is None:
                 st.in_flight -= len(owed)
                 st.room.ring()

@@ -130,3 +130,30 @@ def test_the_reference_covers_every_public_name() -> None:
         }
         missing = public_reexports - set(module.__all__)
         assert not missing, f"{name} exports {sorted(missing)} without listing them in __all__"
+
+
+def test_statistics_types_have_one_naming() -> None:
+    """What a ``statistics()`` returns is named ``...Statistics`` across the public API,
+    as trio names its own (``ParkingLotStatistics``); the one exception is gosim.mem,
+    whose ``MemStats`` (and its ``PerP`` entries, ``PStats``) keep Go's
+    ``runtime.MemStats`` name, as its fields keep Go's."""
+    import importlib  # noqa: PLC0415 -- imported here: the test is about these packages
+
+    go_names = {"gosim.mem": {"MemStats", "PStats"}}
+    packages = (
+        "gosim",
+        "gosim.lowlevel",
+        "gosim.sync",
+        "gosim.context",
+        "gosim.net",
+        "gosim.mem",
+        "netframe",
+        "idempotency",
+        "idempotency.rpc",
+        "idempotency.stores",
+    )
+    for name in packages:
+        module = importlib.import_module(name)
+        public = set(getattr(module, "__all__", ())) - go_names.get(name, set())
+        odd = sorted(n for n in public if n.endswith("Stats") or n.endswith("Stat"))
+        assert not odd, f"{name} names {odd}: say ...Statistics, as statistics() does"

@@ -55,7 +55,7 @@ from gosim._core._g import RUNNABLE
 from gosim._core._runq import DEFAULT_MAX_THREADS
 from gosim._core._schedule import Scheduler
 from gosim._core._state import GOSCHED, PREEMPT, _CallBox, _Goexit, _state, _trap, current_runtime
-from gosim._core._sysmon import SchedStats
+from gosim._core._sysmon import SchedStatistics
 from gosim._core._trace import Trace
 
 T = TypeVar("T")
@@ -332,7 +332,7 @@ def goid() -> int:
     return rt.curg.goid
 
 
-def statistics() -> SchedStats:
+def statistics() -> SchedStatistics:
     """An immutable snapshot of the scheduler's queues and counters.
 
     Named as trio's ``statistics()`` methods are, across gosim.

@@ -31,7 +31,7 @@ DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one sl
 
 
 @dataclass(frozen=True, slots=True)
-class SchedStats:
+class SchedStatistics:
     """An immutable snapshot of the scheduler, from :func:`gosim.statistics`.
 
     Counters run from the start of the runtime. ``local_runq`` has one length per P
@@ -72,7 +72,7 @@ class Sysmon(RunQueues):
         self.schedtrace_interval = 0.0
         self.schedtrace_next = math.inf
         self.schedtrace_file: IO[str] | None = None
-        # Counters (see SchedStats).
+        # Counters (see SchedStatistics).
         self.nhandoffs = 0
         self.npreempt = 0
         self.nsyscalls = 0
@@ -160,13 +160,13 @@ class Sysmon(RunQueues):
 
     # ------------------------------------------------------------------ stats
 
-    def statistics(self) -> SchedStats:
+    def statistics(self) -> SchedStatistics:
         """An immutable snapshot of the queues and counters (trio's ``statistics()``)."""
         local = tuple(len(p.runq) + (p.runnext is not None) for p in self.allp)
         idle = sum(1 for n in local if n == 0)
         if self.curg is not None and idle:
             idle -= 1  # the P running the caller is not idle
-        return SchedStats(
+        return SchedStatistics(
             procs=len(self.allp),
             idle_procs=idle,
             goroutines=len(self.allg),

@@ -7,10 +7,10 @@ the framed and plain-stream decoders); the client and server build on it and on
 
 from ._client import CallResult as CallResult
 from ._client import Client as Client
-from ._client import ClientStats as ClientStats
+from ._client import ClientStatistics as ClientStatistics
 from ._client import RetryPolicy as RetryPolicy
 from ._client import RetryThrottle as RetryThrottle
-from ._dispatch import ServerStats as ServerStats
+from ._dispatch import ServerStatistics as ServerStatistics
 from ._errors import CallTimeout as CallTimeout
 from ._errors import RPCError as RPCError
 from ._errors import Unavailable as Unavailable
@@ -58,7 +58,7 @@ __all__ = [
     "CallResult",
     "CallTimeout",
     "Client",
-    "ClientStats",
+    "ClientStatistics",
     "ErrorInfo",
     "Limits",
     "LocalProtocolError",
@@ -73,7 +73,7 @@ __all__ = [
     "RetryPolicy",
     "RetryThrottle",
     "Server",
-    "ServerStats",
+    "ServerStatistics",
     "Status",
     "StreamDecoder",
     "Unavailable",

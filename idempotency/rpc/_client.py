@@ -87,7 +87,7 @@ from ._protocol import (
 )
 from ._stream import StreamLink
 
-__all__ = ["CallResult", "Client", "ClientStats", "RetryPolicy", "RetryThrottle"]
+__all__ = ["CallResult", "Client", "ClientStatistics", "RetryPolicy", "RetryThrottle"]
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,9 @@ class CallResult:
 
 
 @dataclass
-class ClientStats:
+class ClientStatistics:
+    """Counters of a client; a snapshot, see :meth:`Client.statistics`."""
+
     calls: int = 0
     attempts: int = 0
     retries: int = 0
@@ -304,7 +306,7 @@ class Client:
         self._pending: dict[int, tuple[Waiter, _Link]] = {}
         self._next_id = 0
         self._closed = False
-        self._stats = ClientStats()
+        self._stats = ClientStatistics()
 
     # ------------------------------------------------------------------ public
 
@@ -411,9 +413,9 @@ class Client:
         for link in list(self._links):
             await self._close_link(link, "client closed")
 
-    def statistics(self) -> ClientStats:
+    def statistics(self) -> ClientStatistics:
         s = self._stats
-        return ClientStats(
+        return ClientStatistics(
             s.calls,
             s.attempts,
             s.retries,

@@ -76,7 +76,7 @@ from ._protocol import (
     parse,
 )
 
-__all__ = ["Dispatcher", "MethodSpec", "ServerStats"]
+__all__ = ["Dispatcher", "MethodSpec", "ServerStatistics"]
 
 _unpackb = msgpack.unpackb
 _UNDECODED: Final[Any] = object()
@@ -160,7 +160,7 @@ def method_spec(
 
 
 @dataclass
-class ServerStats:
+class ServerStatistics:
     """Counters of a dispatcher; a snapshot, see :meth:`Dispatcher.statistics`."""
 
     calls: int = 0
@@ -274,7 +274,7 @@ class Dispatcher:
         # the handshake, get [code, message, data].
         self.plain_errors = plain_errors
         self.methods: dict[str, MethodSpec] = {}
-        self._stats = ServerStats()
+        self._stats = ServerStatistics()
         self._bare_max = limits.bare_max
         # Set once the server has said it starts no new work (a GOAWAY sent on the
         # framed transport, shutdown on the stream): every request is refused.
@@ -322,9 +322,9 @@ class Dispatcher:
         self.methods[name] = spec.finish()
         return spec
 
-    def statistics(self) -> ServerStats:
+    def statistics(self) -> ServerStatistics:
         s = self._stats
-        return ServerStats(
+        return ServerStatistics(
             s.calls,
             s.notifications,
             dict(s.errors),

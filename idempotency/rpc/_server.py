@@ -31,7 +31,7 @@ from netframe import (
 from netframe import Server as FramedServer
 
 from .._idempotency import Idempotency
-from ._dispatch import Dispatcher, ServerStats
+from ._dispatch import Dispatcher, ServerStatistics
 from ._protocol import (
     DEFAULT_LIMITS,
     HELLO_METHOD,
@@ -208,7 +208,7 @@ class Server:
             one_step=one_step,
         )
 
-    def statistics(self) -> ServerStats:
+    def statistics(self) -> ServerStatistics:
         """Call counters (errors by status name); the transports keep their own."""
         return self.dispatcher.statistics()
 

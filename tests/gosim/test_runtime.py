@@ -397,7 +397,7 @@ def test_gomaxprocs_rejects_bad_values() -> None:
 
 
 def test_stats_counts_creation_switches_and_steals() -> None:
-    async def main() -> gosim.SchedStats:
+    async def main() -> gosim.SchedStatistics:
         done: Chan[None] = Chan(1000)
 
         async def work() -> None:
