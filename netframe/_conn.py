@@ -109,7 +109,7 @@ EXCHANGE_WRITE_HANDOFF: int = getattr(_c_speedups, "EXCHANGE_WRITE_HANDOFF", -1)
 EXCHANGE_GENERAL: int = getattr(_c_speedups, "EXCHANGE_GENERAL", -1)  # frames it leaves
 EXCHANGE_OWED: int = getattr(_c_speedups, "EXCHANGE_OWED", -1)  # too much owed to receive
 
-DEFAULT_READ_SIZE = 256 * 1024  # measured: see BENCHMARKS.md (pipelined, batch handler)
+DEFAULT_READ_SIZE = 256 * 1024  # one receive carries a pipelined burst (the batch handler's)
 DEFAULT_SEND_QUEUE = 1024
 MAX_BATCH_BYTES = 1 << 20  # one write carries at most about this much
 #: A frame at least this large is received in place once its header is read.

@@ -22,8 +22,8 @@ class Later(Waiter):
     A handler whose work finishes elsewhere (in a batch that another goroutine
     commits, say) returns a ``Later`` and has that work call :meth:`reply` when it is
     done; the server sends the reply from there. A request that waits then costs no
-    goroutine and no coroutines of its own, which cost several times the request's own
-    work in a small service (BENCHMARKS.md). Whatever else gets a Later (the inline
+    goroutine and no coroutines of its own, which in a small service cost more than the
+    request's own work. Whatever else gets a Later (the inline
     strategy, a transport that does not know it) awaits it: it is awaitable, and the
     awaiting goroutine parks as ``netframe reply``.
 

@@ -281,7 +281,8 @@ class Server:
 
     ``handler`` is an async function, or a plain function for work that never waits: a
     plain function's return value is the reply, with no coroutine made and run per
-    request (several times cheaper for small requests: see BENCHMARKS.md). Whatever
+    request (cheaper for small requests: BENCHMARKS.md's network section has both, as
+    ``netframe`` and ``netframe-plain``). Whatever
     awaitable a handler returns is awaited; in session mode a :class:`Later` it returns
     is not: its reply is sent when other code settles it, with no goroutine waiting.
     The same holds for ``handle_batch``.
