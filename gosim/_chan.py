@@ -74,7 +74,9 @@ _PREEMPT = lowlevel.PREEMPT
 # runtime and only refills). One that raises (send on a closed channel, the end of an
 # ``async for``) or parks spends none; try_send and try_recv spend none. At zero the
 # runtime checks whether the running goroutine has used up its slice (cooperative
-# preemption). tests/gosim/test_chan_budget.py holds every path to this rule.
+# preemption). Each runtime starts with a full countdown (its driver refills it through
+# lowlevel.set_op_budget_refill's hook), so a seed's schedule does not depend on what
+# ran before. tests/gosim/test_chan_budget.py holds every path to this rule.
 _budget = lowlevel.OP_BUDGET
 
 
@@ -100,6 +102,15 @@ def _completed_awaitable() -> Awaitable[None]:
 
 
 _DONE = _completed_awaitable()
+
+
+def _refill_budget() -> None:
+    global _budget
+    _budget = lowlevel.OP_BUDGET
+
+
+if speedups is None:
+    lowlevel.set_op_budget_refill(_refill_budget)  # each runtime starts with a full budget
 
 
 async def _preempt_point() -> None:

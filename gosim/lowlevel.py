@@ -31,7 +31,9 @@ implement the runtime's mechanisms and cannot afford a function call per operati
 readies at the tail of the global queue instead, for a netpoller's ``poll(to_global=True)``),
 :func:`trap` with the traps
 :data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
-the driver), :data:`OP_BUDGET` (operations between preemption checks) and
+the driver), :data:`OP_BUDGET` (operations between preemption checks),
+:func:`set_op_budget_refill` (how each runtime's start refills the pure-Python
+channels' countdown) and
 :data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
 ``Runtime`` and ``NetPoller``.
 """
@@ -79,6 +81,7 @@ from gosim._core._state import PREEMPT as PREEMPT
 from gosim._core._state import _state as state
 from gosim._core._state import _trap as trap
 from gosim._core._state import current_runtime as current_runtime
+from gosim._core._state import set_op_budget_refill as set_op_budget_refill
 from gosim._core._syscall import syscall as syscall
 from gosim._core._syscall import trio_call as trio_call
 from gosim._core._sysmon import SchedStats as SchedStats
@@ -191,6 +194,7 @@ __all__ = [
     "ready",
     "reproducible",
     "set_netpoller",
+    "set_op_budget_refill",
     "speedups",
     "state",
     "trap",

@@ -54,7 +54,15 @@ from gosim._core._exceptions import Deadlock, GosimError, Panic
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._runq import P, _burst_available
-from gosim._core._state import GOSCHED, PARK, PERIODIC_MASK, PREEMPT, _Goexit, _state
+from gosim._core._state import (
+    GOSCHED,
+    PARK,
+    PERIODIC_MASK,
+    PREEMPT,
+    _Goexit,
+    _state,
+    refill_op_budget,
+)
 from gosim._core._syscall import Syscalls, _SyscallTrap, _TrioCallTrap
 
 FAIRNESS_TICKS: Final = 61  # schedule checks the global queue first every 61st tick
@@ -236,6 +244,7 @@ class Scheduler(Syscalls):
         self.start_time = self.last_trio_yield = clock.current_time()
         if self.schedtrace_interval:
             self.schedtrace_next = self.start_time + self.schedtrace_interval
+        refill_op_budget()  # the same seed, the same schedule, whatever ran before
         prev = _state.rt
         _state.rt = self  # type: ignore[assignment]  # self is the Runtime this room is part of
         try:
