@@ -39,8 +39,8 @@ re-make, and a new capacity under buffered values and parked waiters means nothi
 The zero value is ``None`` (Python has no typed zero values).
 
 This class is the reference implementation. When the C accelerator is built,
-``gosim.Chan`` is its twin in ``gosim/_speedups.c`` (same rules, same queues, the buffer
-a ring that grows on demand up to ``cap``); keep the two in step.
+``gosim.Chan`` is its twin in ``gosim/_speedups_chan.c.h`` (same rules, same queues, the
+buffer a ring that grows on demand up to ``cap``); keep the two in step.
 """
 
 from __future__ import annotations
@@ -513,7 +513,7 @@ class Chan(Generic[T]):
 
 
 if not TYPE_CHECKING and speedups is not None:
-    # The C implementation of this class (gosim/_speedups.c), same contract.
+    # The C implementation of this class (gosim/_speedups_chan.c.h), same contract.
     Chan = speedups.Chan
     _DONE = speedups.DONE
 
