@@ -39,8 +39,8 @@ re-make, and a new capacity under buffered values and parked waiters means nothi
 The zero value is ``None`` (Python has no typed zero values).
 
 This class is the reference implementation. When the C accelerator is built,
-``gosim.Chan`` is its twin in ``gosim/_speedups.c`` (same rules, same queues, the buffer
-a ring that grows on demand up to ``cap``); keep the two in step.
+``gosim.Chan`` is its twin in ``gosim/_speedups_chan.c.h`` (same rules, same queues, the
+buffer a ring that grows on demand up to ``cap``); keep the two in step.
 """
 
 from __future__ import annotations
@@ -74,7 +74,9 @@ _PREEMPT = lowlevel.PREEMPT
 # runtime and only refills). One that raises (send on a closed channel, the end of an
 # ``async for``) or parks spends none; try_send and try_recv spend none. At zero the
 # runtime checks whether the running goroutine has used up its slice (cooperative
-# preemption). tests/gosim/test_chan_budget.py holds every path to this rule.
+# preemption). Each runtime starts with a full countdown (its driver refills it through
+# lowlevel.set_op_budget_refill's hook), so a seed's schedule does not depend on what
+# ran before. tests/gosim/test_chan_budget.py holds every path to this rule.
 _budget = lowlevel.OP_BUDGET
 
 
@@ -100,6 +102,15 @@ def _completed_awaitable() -> Awaitable[None]:
 
 
 _DONE = _completed_awaitable()
+
+
+def _refill_budget() -> None:
+    global _budget
+    _budget = lowlevel.OP_BUDGET
+
+
+if speedups is None:
+    lowlevel.set_op_budget_refill(_refill_budget)  # each runtime starts with a full budget
 
 
 async def _preempt_point() -> None:
@@ -502,7 +513,7 @@ class Chan(Generic[T]):
 
 
 if not TYPE_CHECKING and speedups is not None:
-    # The C implementation of this class (gosim/_speedups.c), same contract.
+    # The C implementation of this class (gosim/_speedups_chan.c.h), same contract.
     Chan = speedups.Chan
     _DONE = speedups.DONE
 

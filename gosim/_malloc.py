@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from gosim.lowlevel import Runtime, current_runtime
+from gosim.lowlevel import Runtime, RuntimeVar, current_runtime
 
 if TYPE_CHECKING:
     from gosim.mem import Heap
@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 DEFAULT_ARENA_BYTES: Final = 64 * 1024 * 1024  # pages are only resident once touched
 HEAP_PROCS: Final = 16
 
+_HEAP: RuntimeVar[Heap] = RuntimeVar("gosim.heap")  # set on first use
+
 
 def _heap_of(rt: Runtime) -> Heap:
-    heap = rt.heap
+    heap = _HEAP.get_in(rt)
     if heap is None:
         # Imported here: gosim.mem loads numba, which `import gosim` should not pay for.
         from gosim.mem import Heap  # noqa: PLC0415
 
         heap = Heap(DEFAULT_ARENA_BYTES, procs=max(HEAP_PROCS, len(rt.allp)))
-        rt.heap = heap
-    return heap  # type: ignore[no-any-return]
+        _HEAP.set_in(rt, heap)
+    return heap
 
 
 def heap() -> Heap:
@@ -41,9 +43,10 @@ def heap() -> Heap:
 def use_heap(h: Heap) -> None:
     """Make ``h`` the running runtime's heap; only before the first ``malloc``."""
     rt = current_runtime()
-    if rt.heap is not None and rt.heap is not h:
+    old = _HEAP.get_in(rt)
+    if old is not None and old is not h:
         raise RuntimeError("use_heap: this runtime already allocated from another heap")
-    rt.heap = h
+    _HEAP.set_in(rt, h)
 
 
 def malloc(n: int, *, noscan: bool = True) -> int:

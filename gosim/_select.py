@@ -30,8 +30,9 @@ once: a second ``await`` raises RuntimeError, and one dropped unawaited warns
 select was a generator-based coroutine whose second ``await`` gave None.)
 
 This module's functions are the reference implementation. When the C accelerator is
-built, ``select``, ``recv`` and ``send`` are their twins in ``gosim/_speedups.c`` (same
-rules, same draws from the rng, same queues); keep the two in step.
+built, ``select``, ``recv`` and ``send`` are their twins in
+``gosim/_speedups_select.c.h`` (same rules, same draws from the rng, same queues); keep
+the two in step.
 ``tests/gosim/test_select_paths.py`` runs both on the same programs and compares them.
 """
 

@@ -1,7 +1,7 @@
 /* gosim._speedups: the scheduler's, channels' and waiters' hot paths in C.
  *
- * The pure-Python implementation (gosim/_core/: _state.py, _g.py, _runq.py, _schedule.py,
- * _timers.py, _sysmon.py, _wait.py; gosim/_chan.py, gosim/_select.py) is the reference and
+ * The pure-Python implementation (gosim/_core/: _state.py, _g.py, _runq.py, _runtime.py,
+ * _schedule.py, _timers.py, _wait.py; gosim/_chan.py, gosim/_select.py) is the reference and
  * the fallback: this module is optional, and GOSIM_PURE_PYTHON=1 turns it off. Both are
  * tested by the same suite. The module is one extension in parts, each a file included
  * here in dependency order (a part uses only what the parts above it define):
@@ -14,8 +14,9 @@
  *   _speedups_timers.c.h   TimerBase (_timers.Timer), TimerHeapBase (_timers.TimerHeap) and
  *                          the heap's push and discard;
  *   _speedups_sched.c.h    RuntimeBase: runqput, goready, the free G list, goexit0, the
- *                          driver's inner loop _burst (_schedule.Scheduler._python_burst),
- *                          addtimer/deltimer; the Done and Trap awaitables; go (newproc);
+ *                          driver's inner loop _burst (_schedule._python_burst);
+ *                          TimersBase (_timers.Timers: add, delete); the Done and Trap
+ *                          awaitables; go (newproc);
  *   _speedups_chan.c.h     Chan (gosim/_chan.py's Chan) and ChanOp, the awaitable a
  *                          receive or a parking send returns;
  *   _speedups_select.c.h   SelectOp (Go's selectgo, gosim/_select.py) and the recv()/send()
@@ -25,7 +26,7 @@
  *                          _schedule._clock_reader).
  *
  * The types, by part: State, GBase, PBase, Sudog | TimerBase, TimerHeapBase | RuntimeBase,
- * Done, Trap | Chan, ChanOp | SelectOp | WaiterBase, WaitOp, ParkingLotBase |
+ * TimersBase, Done, Trap | Chan, ChanOp | SelectOp | WaiterBase, WaitOp, ParkingLotBase |
  * MonotonicClock. The module's functions: configure, reset_budget (here), trap, go
  * (sched), select, recv, send, configure_select (select), configure_wait (wait). This
  * file keeps what binds the parts: configure() and reset_budget(), the module's function
@@ -174,7 +175,7 @@ PyInit__speedups(void)
     INTERN(str_compact, "_compact");
     INTERN(str_appendleft, "appendleft");
     INTERN(str_inject, "inject");
-    PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType,
+    PyTypeObject *types[] = {&StateType, &GBaseType, &PBaseType, &RuntimeBaseType, &TimersBaseType,
                              &DoneType, &TrapType, &ChanType, &ChanOpType, &SudogType,
                              &SelectOpType, &TimerBaseType, &TimerHeapBaseType,
                              &MonotonicClockType, &WaiterBaseType, &WaitOpType};
@@ -234,6 +235,7 @@ PyInit__speedups(void)
         PyModule_AddObjectRef(m, "GBase", (PyObject *)&GBaseType) < 0 ||
         PyModule_AddObjectRef(m, "PBase", (PyObject *)&PBaseType) < 0 ||
         PyModule_AddObjectRef(m, "RuntimeBase", (PyObject *)&RuntimeBaseType) < 0 ||
+        PyModule_AddObjectRef(m, "TimersBase", (PyObject *)&TimersBaseType) < 0 ||
         PyModule_AddObjectRef(m, "Chan", (PyObject *)&ChanType) < 0 ||
         PyModule_AddObjectRef(m, "ChanOp", (PyObject *)&ChanOpType) < 0 ||
         PyModule_AddObjectRef(m, "Sudog", (PyObject *)&SudogType) < 0 ||

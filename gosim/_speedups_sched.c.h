@@ -1,17 +1,19 @@
 /* gosim/_speedups_sched.c.h: the runtime record, the run queues and the driver's inner
- * loop, twins of gosim/_core/_runq.py (RunQueues) and _schedule.py (Scheduler):
+ * loop, twins of gosim/_core/_runtime.py (Runtime) and _schedule.py (the driver):
  *
  *   RuntimeBase       the fields the hot paths touch (curg, curp, trace, rng, allg,
- *                     call_boxes, gfree, nswitch, goidgen, the timer counts,
- *                     main_goexited), subclassed by gosim._core._runq.RunQueues, the
- *                     base of Runtime (_runq._RuntimeFields is the pure-Python twin);
+ *                     call_boxes, gfree, timers, nswitch, goidgen, main_goexited),
+ *                     subclassed by gosim._core._runtime.Runtime
+ *                     (_runq._RuntimeFields is the pure-Python twin);
  *   casgstatus        _g.casgstatus (legal edges checked under GOSIM_DEBUG);
  *   runqput, goready  Runtime.runqput, Runtime.goready;
  *   gfput_spill, gfget_refill, goexit0  Runtime._gfput_spill, gfget, goexit0;
- *   RtBase._burst     Scheduler._python_burst: run the Gs of one P until the burst ends
+ *   RtBase._burst     _schedule._python_burst: run the Gs of one P until the burst ends
  *                     or something needs the Python driver (burst_result says what);
- *   RtBase.addtimer/deltimer  Sysmon._addtimer_py/_deltimer_py (the heap is
- *                     _speedups_timers.c.h's);
+ *   TimersBase        rt.timers: the armed count and sequence, add/delete, the twins
+ *                     of _timers.Timers._add_py/_delete_py (the heap is
+ *                     _speedups_timers.c.h's); RuntimeBase.timers is a plain member
+ *                     (one specialized load from Python), checked where C reads it;
  *   Done              the finished awaitable (DONE), _chan._completed_awaitable's twin;
  *   Trap              `await trap(what)`, _state._trap_py's twin;
  *   go                Runtime.newproc for a native coroutine without a trace.
@@ -29,12 +31,15 @@ typedef struct {
     PyObject_HEAD
     PyObject *curg, *curp, *trace, *allg, *call_boxes, *gfree;
     PyObject *rng; /* the runtime's random.Random: select's pollorder draws from it */
+    /* rt.timers, a TimersBase (or NULL before Runtime.__init__ sets it): a plain member,
+     * so that Python's rt.timers is one specialized slot load; C checks it on use. */
+    PyObject *timers;
     Py_ssize_t nswitch, goidgen;
-    Py_ssize_t timerseq, ntimers; /* the last timer entry's number; armed timers */
     char main_goexited;
 } RtObject;
 
 static PyTypeObject RuntimeBaseType;
+static PyTypeObject TimersBaseType;
 
 static PyObject *
 RtBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -66,6 +71,7 @@ RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
     Py_VISIT(rt->allg);
     Py_VISIT(rt->call_boxes);
     Py_VISIT(rt->gfree);
+    Py_VISIT(rt->timers);
     return 0;
 }
 
@@ -77,6 +83,7 @@ RtBase_clear(RtObject *rt)
     Py_SETREF(rt->curp, Py_NewRef(Py_None));
     Py_SETREF(rt->trace, Py_NewRef(Py_None));
     Py_SETREF(rt->rng, Py_NewRef(Py_None));
+    Py_CLEAR(rt->timers);
     return 0;
 }
 
@@ -92,6 +99,7 @@ RtBase_dealloc(RtObject *rt)
     Py_CLEAR(rt->allg);
     Py_CLEAR(rt->call_boxes);
     Py_CLEAR(rt->gfree);
+    Py_CLEAR(rt->timers);
     tp->tp_free((PyObject *)rt);
 }
 
@@ -404,67 +412,7 @@ RtBase_goready(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* Sysmon._addtimer_py's twin: arm t at ``when`` on the current P's heap. */
-/* Arm t at when on the current P's heap: 0, or -1 with an error. */
-static int
-rt_addtimer(RtObject *rt, TimerObject *t, double when)
-{
-    TimerHeapObject *h = timer_heap_of(rt->curp);
-    if (h == NULL)
-        return -1;
-    if (t->p != Py_None && t->armed) {
-        TimerHeapObject *old = timer_heap_of(t->p);
-        if (old == NULL || timer_heap_discard(old, t) < 0)
-            return -1;
-        rt->ntimers--;
-    }
-    rt->timerseq++;
-    t->when = when;
-    Py_SETREF(t->p, Py_NewRef(rt->curp));
-    if (timer_heap_push(h, t, when, rt->timerseq) < 0)
-        return -1;
-    rt->ntimers++;
-    return 0;
-}
-
-static PyObject *
-RtBase_addtimer(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyObject_TypeCheck(args[0], &TimerBaseType)) {
-        PyErr_SetString(PyExc_TypeError, "addtimer(timer, when)");
-        return NULL;
-    }
-    double when = PyFloat_AsDouble(args[1]);
-    if (when == -1.0 && PyErr_Occurred())
-        return NULL;
-    if (rt_addtimer(rt, (TimerObject *)args[0], when) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* Sysmon._deltimer_py's twin: disarm t; True when it was armed. */
-static PyObject *
-RtBase_deltimer(RtObject *rt, PyObject *arg)
-{
-    if (!PyObject_TypeCheck(arg, &TimerBaseType)) {
-        PyErr_SetString(PyExc_TypeError, "deltimer(timer)");
-        return NULL;
-    }
-    TimerObject *t = (TimerObject *)arg;
-    if (t->p == Py_None || !t->armed)
-        Py_RETURN_FALSE;
-    TimerHeapObject *h = timer_heap_of(t->p);
-    if (h == NULL || timer_heap_discard(h, t) < 0)
-        return NULL;
-    rt->ntimers--;
-    Py_RETURN_TRUE;
-}
-
 static PyMethodDef RtBase_methods[] = {
-    {"addtimer", (PyCFunction)(void (*)(void))RtBase_addtimer, METH_FASTCALL,
-     "Arm the timer at when on the current P's heap (Go's addtimer / modtimer)."},
-    {"deltimer", (PyCFunction)RtBase_deltimer, METH_O,
-     "Disarm the timer; True when it was armed (it had not fired and was not stopped)."},
     {"_burst", (PyCFunction)(void (*)(void))RtBase_burst, METH_FASTCALL,
      "The driver's inner loop in C; see Runtime._schedule."},
     {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL,
@@ -494,8 +442,7 @@ static PyGetSetDef RtBase_getset[] = {
 static PyMemberDef RtBase_members[] = {
     {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
     {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
-    {"timerseq", T_PYSSIZET, offsetof(RtObject, timerseq), 0, "the last timer entry's number"},
-    {"ntimers", T_PYSSIZET, offsetof(RtObject, ntimers), 0, "armed timers over all Ps"},
+    {"timers", T_OBJECT_EX, offsetof(RtObject, timers), 0, "the runtime's Timers"},
     {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
     {NULL},
 };
@@ -513,6 +460,157 @@ static PyTypeObject RuntimeBaseType = {
     .tp_members = RtBase_members,
     .tp_getset = RtBase_getset,
     .tp_methods = RtBase_methods,
+};
+
+/* ------------------------------------------------------------- TimersBase */
+
+/* rt.timers: the runtime's timer counts and Go's addtimer/deltimer over the per-P heaps
+ * (_timers.Timers, whose _add_py/_delete_py are the reference). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rt; /* the RuntimeBase it belongs to (type-checked when set) */
+    Py_ssize_t seq, narmed; /* the last heap entry's number; armed timers over all Ps */
+} TimersObject;
+
+static PyObject *
+TimersBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    TimersObject *ts = (TimersObject *)type->tp_alloc(type, 0);
+    if (ts == NULL)
+        return NULL;
+    ts->rt = Py_NewRef(Py_None);
+    return (PyObject *)ts;
+}
+
+static int
+TimersBase_traverse(TimersObject *ts, visitproc visit, void *arg)
+{
+    Py_VISIT(ts->rt);
+    return 0;
+}
+
+static int
+TimersBase_clear(TimersObject *ts)
+{
+    Py_SETREF(ts->rt, Py_NewRef(Py_None));
+    return 0;
+}
+
+static void
+TimersBase_dealloc(TimersObject *ts)
+{
+    PyTypeObject *tp = Py_TYPE(ts);
+    PyObject_GC_UnTrack(ts);
+    Py_CLEAR(ts->rt);
+    tp->tp_free((PyObject *)ts);
+}
+
+/* The runtime's Timers, checked (its field is a plain member). */
+static inline TimersObject *
+rt_timers(RtObject *rt)
+{
+    if (rt->timers == NULL || !PyObject_TypeCheck(rt->timers, &TimersBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "a runtime's timers must be a Timers");
+        return NULL;
+    }
+    return (TimersObject *)rt->timers;
+}
+
+/* Timers._add_py's twin: arm t at when on the current P's heap. 0, or -1 with an error. */
+static int
+timers_add(TimersObject *ts, TimerObject *t, double when)
+{
+    if (ts->rt == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "gosim: Timers without a runtime");
+        return -1;
+    }
+    PyObject *curp = ((RtObject *)ts->rt)->curp;
+    TimerHeapObject *h = timer_heap_of(curp);
+    if (h == NULL)
+        return -1;
+    if (t->p != Py_None && t->armed) {
+        TimerHeapObject *old = timer_heap_of(t->p);
+        if (old == NULL || timer_heap_discard(old, t) < 0)
+            return -1;
+        ts->narmed--;
+    }
+    ts->seq++;
+    t->when = when;
+    Py_SETREF(t->p, Py_NewRef(curp));
+    if (timer_heap_push(h, t, when, ts->seq) < 0)
+        return -1;
+    ts->narmed++;
+    return 0;
+}
+
+static PyObject *
+TimersBase_add(TimersObject *ts, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], &TimerBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "add(timer, when)");
+        return NULL;
+    }
+    double when = PyFloat_AsDouble(args[1]);
+    if (when == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (timers_add(ts, (TimerObject *)args[0], when) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Timers._delete_py's twin: disarm t; True when it was armed. */
+static PyObject *
+TimersBase_delete(TimersObject *ts, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &TimerBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "delete(timer)");
+        return NULL;
+    }
+    TimerObject *t = (TimerObject *)arg;
+    if (t->p == Py_None || !t->armed)
+        Py_RETURN_FALSE;
+    TimerHeapObject *h = timer_heap_of(t->p);
+    if (h == NULL || timer_heap_discard(h, t) < 0)
+        return NULL;
+    ts->narmed--;
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef TimersBase_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))TimersBase_add, METH_FASTCALL,
+     "Arm the timer at when on the current P's heap (Go's addtimer / modtimer)."},
+    {"delete", (PyCFunction)TimersBase_delete, METH_O,
+     "Disarm the timer; True when it was armed (it had not fired and was not stopped)."},
+    {NULL},
+};
+
+RECORD_FIELD(TimersBase, TimersObject, rt, PyObject_TypeCheck(value, &RuntimeBaseType),
+             "a Runtime")
+
+static PyGetSetDef TimersBase_getset[] = {
+    RECORD_GETSET(TimersBase, rt, "the runtime these timers belong to"),
+    {NULL},
+};
+
+static PyMemberDef TimersBase_members[] = {
+    {"seq", T_PYSSIZET, offsetof(TimersObject, seq), 0, "the last heap entry's number"},
+    {"narmed", T_PYSSIZET, offsetof(TimersObject, narmed), 0, "armed timers over all Ps"},
+    {NULL},
+};
+
+static PyTypeObject TimersBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gosim._speedups.TimersBase",
+    .tp_basicsize = sizeof(TimersObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A runtime's timer counts and addtimer/deltimer (see gosim._core._timers.Timers).",
+    .tp_new = TimersBase_new,
+    .tp_dealloc = (destructor)TimersBase_dealloc,
+    .tp_traverse = (traverseproc)TimersBase_traverse,
+    .tp_clear = (inquiry)TimersBase_clear,
+    .tp_members = TimersBase_members,
+    .tp_getset = TimersBase_getset,
+    .tp_methods = TimersBase_methods,
 };
 
 /* ------------------------------------------------------------- Done awaitable */

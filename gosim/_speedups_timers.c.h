@@ -7,21 +7,21 @@
  *
  * Invariant shared with the Python: the heap is a list of (when, seq, timer) tuples
  * ordered as heapq orders them, so the Python code that pops, cleans and rebuilds it
- * (checktimers, procresize) works on either. A timer is armed exactly when a live heap
- * entry carries its seq; a disarmed timer's entry is stale, skipped when it reaches the
- * top, and the heap is compacted when stale entries outnumber live ones by more than 64
- * (timer_heap_discard). Arming and disarming through the runtime (RtBase.addtimer and
- * deltimer) are in _speedups_sched.c.h, since they need the runtime record.
+ * (Timers.check, Timers.move) works on either. A timer is armed exactly when a live
+ * heap entry carries its seq; a disarmed timer's entry is stale, skipped when it reaches
+ * the top, and the heap is compacted when stale entries outnumber live ones by more than
+ * 64 (timer_heap_discard). Arming and disarming through the runtime (TimersBase.add and
+ * delete, rt.timers) are in _speedups_sched.c.h, since they need the runtime record.
  */
 
 /* ------------------------------------------------------------------ timers */
 
 /* A runtime timer's fields (gosim._core._timers.Timer) and a P's timer heap
  * (TimerHeap), so that arming and disarming -- a context's deadline, a sleep, an RPC
- * call's timeout, several times a request on a server -- is one C call: RtBase.addtimer
- * and RtBase.deltimer, the twins of Sysmon's _addtimer_py and _deltimer_py. The heap is
- * the same list of (when, seq, timer) tuples, sifted as heapq sifts, so the Python code
- * that pops, cleans and rebuilds it (checktimers, procresize) works on either. */
+ * call's timeout, several times a request on a server -- is one C call: TimersBase.add
+ * and TimersBase.delete, the twins of Timers._add_py and _delete_py. The heap is the
+ * same list of (when, seq, timer) tuples, sifted as heapq sifts, so the Python code
+ * that pops, cleans and rebuilds it (Timers.check, Timers.move) works on either. */
 
 typedef struct {
     PyObject_HEAD

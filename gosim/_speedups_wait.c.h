@@ -157,9 +157,15 @@ waiter_decide(WaiterObject *w, int state, PyObject *value)
     if (w->timer != NULL && PyObject_TypeCheck(w->timer, &TimerBaseType)) {
         TimerObject *t = (TimerObject *)w->timer;
         if (t->armed && w->rt != NULL) {
-            PyObject *r = PyObject_TypeCheck(w->rt, &RuntimeBaseType)
-                              ? RtBase_deltimer((RtObject *)w->rt, w->timer)
-                              : PyObject_CallMethod(w->rt, "deltimer", "O", w->timer);
+            TimersObject *ts = PyObject_TypeCheck(w->rt, &RuntimeBaseType)
+                                   ? rt_timers((RtObject *)w->rt)
+                                   : NULL;
+            if (ts == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_TypeError, "Waiter: its runtime must be a Runtime");
+                return -1;
+            }
+            PyObject *r = TimersBase_delete(ts, w->timer);
             if (r == NULL)
                 return -1;
             Py_DECREF(r);
@@ -456,7 +462,8 @@ static PyObject *timer_class, *WAIT_TIMEOUT_DEFAULT, *WaitTimeout, *waiter_expir
 static int
 waiter_arm(WaiterObject *w, RtObject *rt, double when)
 {
-    return rt_addtimer(rt, (TimerObject *)w->timer, when);
+    TimersObject *ts = rt_timers(rt);
+    return ts == NULL ? -1 : timers_add(ts, (TimerObject *)w->timer, when);
 }
 
 /* _wait.py's _expire: a waiter's deadline timer fired (on the driver). */
@@ -512,15 +519,16 @@ waiter_expire(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* Waiter.set_deadline(when, expired=TIMEOUT, recheck=None) */
-static PyObject *
-WaiterBase_set_deadline(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs,
-                        PyObject *kwnames)
+/* The arguments of a METH_FASTCALL | METH_KEYWORDS call with up to three parameters,
+ * the first required: each given one (by position or by name) into its slot, the others
+ * left at the defaults the caller put there. 0, or -1 (no error set: the caller words
+ * its TypeError) for too many, an unknown name or a missing first one. */
+static int
+parse_args3(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+            const char *const names[3], PyObject *slots[3])
 {
-    PyObject *slots[3] = {NULL, WAIT_TIMEOUT_DEFAULT, Py_None};
-    static const char *names[3] = {"when", "expired", "recheck"};
-    if (nargs > 3 || nargs < 1 - (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0))
-        goto bad;
+    if (nargs > 3)
+        return -1;
     for (Py_ssize_t i = 0; i < nargs; i++)
         slots[i] = args[i];
     if (kwnames != NULL) {
@@ -533,10 +541,20 @@ WaiterBase_set_deadline(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs
                     found = 1;
                 }
             if (!found)
-                goto bad;
+                return -1;
         }
     }
-    if (slots[0] == NULL)
+    return slots[0] == NULL ? -1 : 0;
+}
+
+/* Waiter.set_deadline(when, expired=TIMEOUT, recheck=None) */
+static PyObject *
+WaiterBase_set_deadline(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames)
+{
+    PyObject *slots[3] = {NULL, WAIT_TIMEOUT_DEFAULT, Py_None};
+    static const char *const names[3] = {"when", "expired", "recheck"};
+    if (parse_args3(args, nargs, kwnames, names, slots) < 0)
         goto bad;
     if (timer_class == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "gosim._speedups: configure_wait was not called");
@@ -556,7 +574,8 @@ WaiterBase_set_deadline(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs
     if (when == Py_HUGE_VAL) {
         if (w->timer != NULL && PyObject_TypeCheck(w->timer, &TimerBaseType) &&
             ((TimerObject *)w->timer)->armed) {
-            PyObject *r = RtBase_deltimer(rt, w->timer);
+            TimersObject *ts = rt_timers(rt);
+            PyObject *r = ts == NULL ? NULL : TimersBase_delete(ts, w->timer);
             if (r == NULL)
                 return NULL;
             Py_DECREF(r);
@@ -633,25 +652,8 @@ static PyObject *
 PLot_park(PyObject *lot, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *slots[3] = {NULL, Py_None, Py_False};
-    static const char *names[3] = {"reason", "data", "front"};
-    if (nargs > 3)
-        goto bad;
-    for (Py_ssize_t i = 0; i < nargs; i++)
-        slots[i] = args[i];
-    if (kwnames != NULL) {
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-            int found = 0;
-            for (int i = 0; i < 3; i++)
-                if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0 && i >= nargs) {
-                    slots[i] = args[nargs + k];
-                    found = 1;
-                }
-            if (!found)
-                goto bad;
-        }
-    }
-    if (slots[0] == NULL)
+    static const char *const names[3] = {"reason", "data", "front"};
+    if (parse_args3(args, nargs, kwnames, names, slots) < 0)
         goto bad;
     if (waiter_class == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "gosim._speedups: configure_wait was not called");

@@ -31,9 +31,12 @@ implement the runtime's mechanisms and cannot afford a function call per operati
 readies at the tail of the global queue instead, for a netpoller's ``poll(to_global=True)``),
 :func:`trap` with the traps
 :data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
-the driver), :data:`OP_BUDGET` (operations between preemption checks) and
+the driver), :data:`OP_BUDGET` (operations between preemption checks),
+:func:`set_op_budget_refill` (how each runtime's start refills the pure-Python
+channels' countdown) and
 :data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
-``Runtime`` and ``NetPoller``.
+``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
+(trio's ``RunVar``): the heap and the simulated network do.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from gosim._core._runtime import Runtime as Runtime
 # The goroutine-facing runtime API, which ``gosim`` re-exports (listed here so that the
 # package, too, reaches the core through this one door).
 from gosim._core._runtime import RuntimeHandle as RuntimeHandle
+from gosim._core._runtime import RuntimeVar as RuntimeVar
 from gosim._core._runtime import go as go
 from gosim._core._runtime import goexit as goexit
 from gosim._core._runtime import goid as goid
@@ -79,9 +83,10 @@ from gosim._core._state import PREEMPT as PREEMPT
 from gosim._core._state import _state as state
 from gosim._core._state import _trap as trap
 from gosim._core._state import current_runtime as current_runtime
+from gosim._core._state import set_op_budget_refill as set_op_budget_refill
+from gosim._core._stats import SchedStatistics as SchedStatistics
 from gosim._core._syscall import syscall as syscall
 from gosim._core._syscall import trio_call as trio_call
-from gosim._core._sysmon import SchedStatistics as SchedStatistics
 from gosim._core._timers import Timer as RuntimeTimer
 from gosim._core._trace import Trace as Trace
 from gosim._core._wait import ParkingLot as ParkingLot
@@ -148,7 +153,7 @@ def add_timer(t: RuntimeTimer, when: float) -> None:
     rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
-    rt.addtimer(t, when)
+    rt.timers.add(t, when)
 
 
 def del_timer(t: RuntimeTimer) -> bool:
@@ -156,7 +161,7 @@ def del_timer(t: RuntimeTimer) -> bool:
     rt = state.rt
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
-    return rt.deltimer(t)
+    return rt.timers.delete(t)
 
 
 __all__ = [
@@ -175,6 +180,7 @@ __all__ = [
     "ParkingLotStatistics",
     "Runtime",
     "RuntimeTimer",
+    "RuntimeVar",
     "Sudog",
     "WaitCancelled",
     "WaitReason",
@@ -191,6 +197,7 @@ __all__ = [
     "ready",
     "reproducible",
     "set_netpoller",
+    "set_op_budget_refill",
     "speedups",
     "state",
     "trap",

@@ -93,20 +93,20 @@ class Timer:
         self._rt = rt
         self.c: Chan[float] = _TimerChan(1)
         self._t = _RTimer(_send_time, self.c, chan=self.c)
-        rt.addtimer(self._t, rt.now() + max(d, 0.0))
+        rt.timers.add(self._t, rt.now() + max(d, 0.0))
 
     def _drain(self) -> bool:
         return self.c._clear_buf() > 0
 
     def stop(self) -> bool:
         """Stop the timer; True if it was pending (a fired, unreceived value counts)."""
-        active = self._rt.deltimer(self._t)
+        active = self._rt.timers.delete(self._t)
         return self._drain() or active
 
     def reset(self, d: float) -> bool:
         """Re-arm for ``d`` seconds from now; True if the timer was pending before."""
         pending = self.stop()
-        self._rt.addtimer(self._t, self._rt.now() + max(d, 0.0))
+        self._rt.timers.add(self._t, self._rt.now() + max(d, 0.0))
         return pending
 
 
@@ -125,11 +125,11 @@ class Ticker:
         self._rt = rt
         self.c: Chan[float] = _TimerChan(1)
         self._t = _RTimer(_send_time, self.c, period=d, chan=self.c)
-        rt.addtimer(self._t, rt.now() + d)
+        rt.timers.add(self._t, rt.now() + d)
 
     def stop(self) -> None:
         """Stop ticking; no tick from before the call is received afterwards."""
-        self._rt.deltimer(self._t)
+        self._rt.timers.delete(self._t)
         self.c._clear_buf()
 
     def reset(self, d: float) -> None:
@@ -138,7 +138,7 @@ class Ticker:
             raise ValueError("non-positive interval for Ticker.Reset")
         self.stop()
         self._t.period = d
-        self._rt.addtimer(self._t, self._rt.now() + d)
+        self._rt.timers.add(self._t, self._rt.now() + d)
 
 
 def after(d: float) -> Chan[float]:
@@ -172,16 +172,16 @@ class FuncTimer:
         rt = current_runtime()
         self._rt = rt
         self._t = _RTimer(_start_func, (fn, args))
-        rt.addtimer(self._t, rt.now() + max(d, 0.0))
+        rt.timers.add(self._t, rt.now() + max(d, 0.0))
 
     def stop(self) -> bool:
         """True when this stopped the call; False when it already started or was stopped."""
-        return self._rt.deltimer(self._t)
+        return self._rt.timers.delete(self._t)
 
     def reset(self, d: float) -> bool:
         """Re-arm to start the call ``d`` seconds from now; True if it was still pending."""
-        pending = self._rt.deltimer(self._t)
-        self._rt.addtimer(self._t, self._rt.now() + max(d, 0.0))
+        pending = self._rt.timers.delete(self._t)
+        self._rt.timers.add(self._t, self._rt.now() + max(d, 0.0))
         return pending
 
 

@@ -19,7 +19,7 @@ transitions tabled in :data:`TRANSITIONS`. With ``GOSIM_DEBUG=1`` in the environ
 ``casgstatus`` does, and an illegal one raises :class:`RuntimeInternalError` through
 ``throw``: assignments from Python go through a checking ``status`` property of
 :class:`G`, and the C accelerator checks its own writes (``casgstatus`` in
-``gosim/_speedups.c``). Off, ``status`` is the plain slot: the check costs nothing.
+``gosim/_speedups_sched.c.h``). Off, ``status`` is the plain slot: the check costs nothing.
 ``tests/gosim/test_g.py`` shows a bad transition caught on both paths.
 
 G records avoid reference cycles once the goroutine is dead: the scheduler clears

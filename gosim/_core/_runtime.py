@@ -9,21 +9,27 @@ M  the thing that runs a P. Under the GIL the Ms that run Go code are logical: o
    task, the *driver*, interleaves the Ps round-robin on the trio thread. Blocking
    calls (:func:`syscall`) run on real OS threads from trio's thread pool.
 
-The runtime's rooms
--------------------
-One :class:`Runtime` is built up from a chain of classes, each in its own module and
-each owning one part of the state:
+The runtime and what it holds
+----------------------------
+One :class:`Runtime` object (this module) holds the scheduler's state: the Ps and run
+queues, the goroutines, the driver's state, and its methods are Go's ``runqput`` (the
+one way onto a P), ``goready``, ``newproc``, the free Gs and ``goexit0``, preemption
+and ``procresize``. The parts with state of their own are objects it holds:
 
-``_state``     the per-thread ``_state.rt``, the traps a goroutine yields, the sizes the
-               C accelerator is configured with;
-``_runq``      Ps and run queues: ``runqput`` (the one way onto a P), ``goready``,
-               ``newproc``, the free Gs and ``goexit0`` (class ``RunQueues``);
-``_sysmon``    timers, preemption, statistics, schedtrace, procresize (``Sysmon``);
-``_syscall``   syscalls on threads and trio calls (``Syscalls``);
-``_schedule``  the driver: schedule/findrunnable, idling, exits, panics, deadlock
-               (``Scheduler``);
-``_runtime``   this module: ``Runtime``, ``run``, ``open_runtime`` and its handle, and
-               the goroutine-facing functions (``go``, ``gosched``, ``statistics``...).
+``rt.timers``    :class:`~._timers.Timers`: the armed-timer count and Go's
+                 ``addtimer``/``deltimer``/``checkTimers`` over the per-P heaps;
+``rt.syscalls``  :class:`~._syscall.Syscalls`: syscalls on threads, trio calls, the
+                 thread limiter and the virtual clock's hold;
+``rt.stats``     :class:`~._stats.Stats`: the counters behind ``gosim.statistics``
+                 and the ``SCHED`` line;
+``rt.runvars``   the values of the layers above (the heap, the simulated network),
+                 each under its typed :class:`RuntimeVar`.
+
+The driver is :mod:`._schedule`'s functions over a runtime (Go's ``schedule``,
+``findRunnable``, idling, exits, panics, deadlock); :mod:`._runq` has the P record,
+:mod:`._state` the per-thread ``_state.rt``, the traps and the sizes the C accelerator
+is configured with. This module also has ``run``, ``open_runtime`` and its handle, and
+the goroutine-facing functions (``go``, ``gosched``, ``statistics``...).
 
 ``_dump`` words crash output as Go does. Upper layers (channels, select, time, sync,
 net) reach all this through :mod:`gosim.lowlevel` only.
@@ -42,40 +48,468 @@ from __future__ import annotations
 import gc
 import math
 import os
+import random
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import IO, TYPE_CHECKING, Any, Final, TypeVar
+from types import CoroutineType as _CoroutineType
+from typing import IO, TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import trio
 
+from gosim._core import _g, _schedule
 from gosim._core._accel import speedups
-from gosim._core._dump import describe_fn
-from gosim._core._exceptions import NotInRuntime
-from gosim._core._g import RUNNABLE
-from gosim._core._runq import DEFAULT_MAX_THREADS
-from gosim._core._schedule import Scheduler
-from gosim._core._state import GOSCHED, PREEMPT, _CallBox, _Goexit, _state, _trap, current_runtime
-from gosim._core._sysmon import SchedStatistics
+from gosim._core._dump import describe_fn, goroutine_dump
+from gosim._core._exceptions import NotInRuntime, throw
+from gosim._core._g import DEAD, RUNNABLE, WAITING, G
+from gosim._core._netpoll import NetPoller
+from gosim._core._runq import (
+    ACTIVE_SPIN,
+    DEFAULT_MAX_THREADS,
+    P,
+    _burst_available,
+    _RuntimeFields,
+)
+from gosim._core._state import (
+    GFREE_LOCAL_MAX,
+    GOSCHED,
+    OP_BUDGET,
+    PREEMPT,
+    RUNQ_SIZE,
+    _CallBox,
+    _Goexit,
+    _state,
+    _trap,
+    current_runtime,
+)
+from gosim._core._stats import SchedStatistics, Stats
+from gosim._core._syscall import Syscalls
+from gosim._core._timers import Timers
 from gosim._core._trace import Trace
 
 T = TypeVar("T")
 
 GC_YOUNG_THRESHOLD: Final = 10_000  # run() paces CPython's young GC like this (see run)
+TIME_SLICE: Final = 0.010  # forcePreemptNS: 10 ms
+DET_SLICE_OPS: Final = 10_000  # deterministic mode: operations that make one slice
 
 
-class Runtime(Scheduler):
-    """One scheduler instance: its Ps, global queue, timers, counters and driver task.
+class Runtime(_RuntimeFields):
+    """One scheduler instance: its Ps and run queues, the driver's state, and the parts
+    it holds (``timers``, ``syscalls``, ``stats``).
 
     Made by :func:`open_runtime` (and :func:`gosim.run`); user code reaches it through
     the module functions (``go``, ``statistics``...) or through ``rt.call`` from trio.
     """
 
-    def _init_room(self) -> None:
-        super()._init_room()
-        self.heap: Any = None  # a gosim.mem.Heap once gosim.malloc is first used
-        # Per-runtime state of layers above the core (the simulated network, say),
-        # keyed by the layer's module name.
-        self.extensions: dict[str, Any] = {}
+    #: The runtime's clock in seconds: trio's clock (virtual under ``virtual_time``)
+    #: once the driver runs. The clock's own function, not a method that calls it:
+    #: ``rt.now()`` is read a few times per network request, and a method's frame
+    #: doubled the cost of each read.
+    now: Callable[[], float]
+
+    def __init__(
+        self,
+        procs: int,
+        seed: int | None,
+        trace: Trace | None,
+        deterministic: bool,
+        max_threads: int = DEFAULT_MAX_THREADS,
+    ) -> None:
+        if procs < 1:
+            raise ValueError(f"procs must be at least 1, got {procs}")
+        self.rng = random.Random(seed)
+        self.deterministic = deterministic
+        self.trace = trace
+        # Run queues (Go's sched and allp).
+        self.allp: list[P] = [P(i) for i in range(procs)]
+        self.globrunq: deque[G] = deque()
+        self.gfree: list[G] = []  # global dead-G list (Go's sched.gFree)
+        self.allg: dict[int, G] = {}  # live goroutines by goid (Go's allgs)
+        self.goidgen = 0
+        self.curg: G | None = None
+        self.curp: P = self.allp[0]
+        self.injectq: list[G] = []  # Gs readied from trio tasks, drained by the driver
+        # Goroutines whose outcome a caller awaits (main under run, rt.call), by goid.
+        self.call_boxes: dict[int, _CallBox] = {}
+        self.main_goexited = False
+        self.nswitch = 0  # the driver's tick: context switches so far
+        # The parts with state of their own.
+        self.timers = Timers(self)
+        self.syscalls = Syscalls(self, max_threads)
+        self.stats = Stats(self)
+        # Per-runtime values of the layers above the core (the heap, the simulated
+        # network), each under its own typed RuntimeVar.
+        self.runvars: dict[RuntimeVar[Any], Any] = {}
+        # Preemption (preempt_check): the switch and the start of the slice it measures.
+        self.check_switch = -1
+        self.check_time = 0.0
+        self.check_ops = 0
+        # The driver (gosim._core._schedule).
+        self._clock_now: Callable[[], float] = time.perf_counter
+        self.now = self._clock_now
+        self.netpoller: NetPoller | None = None
+        # While the driver idles in trio: the cancel scope that anything readying a G
+        # from outside (inject, shutdown) cancels to wake it.
+        self.idle_scope: trio.CancelScope | None = None
+        self.last_trio_yield = 0.0
+        self.stopped = False
+        self.failure: BaseException | None = None
+        self.main_g: G | None = None
+        self.open_mode = True  # False under gosim.run: main's return ends the runtime
+        #: Under ``gosim.run(virtual_time=True)``: the MockClock's ``jump``, which the
+        #: driver calls itself when no other trio task can act (see _schedule._idle).
+        self.virtual_jump: Callable[[float], None] | None = None
+        if _burst_available:
+            # An instance of a subclass of a C type gets from CPython 3.11 a dictionary
+            # whose keys are shared with its class (a split table), which the
+            # interpreter's attribute caches cannot read: every ``rt.x`` took the
+            # generic lookup, ten times the cost of a cached one (the driver reads a
+            # dozen per turn). A dictionary of its own is read through a cached hint.
+            self.__dict__ = dict(self.__dict__)
+
+    # ------------------------------------------------------------------ driver
+
+    async def drive(self) -> None:
+        """The driver task: Go's schedule loop over all Ps until the runtime stops."""
+        await _schedule.drive(self)
+
+    def close_all(self) -> None:
+        """Close every live goroutine's coroutine so its ``finally`` blocks run."""
+        _schedule.close_all(self)
+
+    def goroutine_dump(self) -> str:
+        """Go's crash-dump listing: one stanza per goroutine with its state."""
+        return goroutine_dump(self.allg.values())
+
+    # -------------------------------------------------------------- run queues
+
+    def runqput(self, p: P, g: G, next_: bool) -> None:
+        """Put g on p's local queue (``runnext`` when ``next_``). Executed only for the current P.
+
+        A kicked-out ``runnext`` goes to the tail; a full queue moves half of itself and g
+        to the global queue (``runqputslow``). The one copy in Python of Go's ``runqput``:
+        ``goready`` and ``newproc`` put through it; ``runqput`` in ``gosim/_speedups_sched.c.h``
+        is its C twin.
+        """
+        if next_:
+            old = p.runnext
+            p.runnext = g
+            if old is None:
+                return
+            g = old
+        q = p.runq
+        if len(q) < RUNQ_SIZE:
+            q.append(g)
+            return
+        # runqputslow: move half of the local queue, then g, to the global queue.
+        half = len(q) // 2
+        popleft = q.popleft
+        batch = [popleft() for _ in range(half)]
+        batch.append(g)
+        self.globrunq.extend(batch)
+
+    def runqget(self, p: P) -> G | None:
+        """Go's ``runqget``: p's ``runnext``, else the head of its local queue, else None.
+
+        The driver's hot loop (``_schedule.schedule``, ``_python_burst``, the C
+        ``_burst``) writes these few lines out rather than pay a call per switch.
+        """
+        g = p.runnext
+        if g is not None:
+            p.runnext = None
+            return g
+        if p.runq:
+            return p.runq.popleft()
+        return None
+
+    def globrunqget(self, p: P, maximum: int) -> G | None:
+        """Take a batch from the global queue: one to run, the rest to p's local queue."""
+        gq = self.globrunq
+        n = min(len(gq), len(gq) // len(self.allp) + 1, RUNQ_SIZE // 2)
+        if maximum > 0:
+            n = min(n, maximum)
+        if n == 0:
+            return None
+        popleft = gq.popleft
+        g = popleft()
+        if n > 1:
+            p.runq.extend([popleft() for _ in range(n - 1)])
+        return g
+
+    def runqsteal(self, thief: P, victim: P, steal_runnext: bool) -> G | None:
+        """Steal half (rounded up) of victim's local queue into thief's; return one to run."""
+        vq = victim.runq
+        n = len(vq) - len(vq) // 2
+        if n == 0:
+            if not steal_runnext or victim.runnext is None:
+                return None
+            g = victim.runnext
+            victim.runnext = None
+            self.stats.nsteals += 1
+            self.stats.nstolen += 1
+            if self.trace is not None:
+                self.trace.emit(self, "steal", thief.id, g.goid, victim.id, 1)
+            return g
+        stolen = [vq.popleft() for _ in range(n)]
+        stats = self.stats
+        stats.nsteals += 1
+        stats.nstolen += n
+        if self.trace is not None:
+            self.trace.emit(self, "steal", thief.id, stolen[-1].goid, victim.id, n)
+        g = stolen.pop()
+        thief.runq.extend(stolen)
+        return g
+
+    def goready(self, g: G, param: Any) -> None:
+        """Make a waiting g runnable on the current P's ``runnext``, handing it ``param``.
+
+        Go's ``goready``: ``runqput(p, g, next=True)``, so a woken partner runs next.
+        """
+        g.param = param
+        g.status = RUNNABLE
+        p = self.curp
+        if self.trace is not None:
+            self.trace.emit(self, "ready", p.id, g.goid, 0, 0)
+        self.runqput(p, g, True)
+
+    if _burst_available:
+        # The C twin (trace events included) where built: the netpoller readies a
+        # goroutine per I/O event through here.
+        goready = _RuntimeFields.goready  # type: ignore[attr-defined]
+
+    def globready(self, g: G, param: Any) -> None:
+        """Make a waiting g runnable at the tail of the global queue, handing it ``param``.
+
+        Go's ``injectglist`` from sysmon, which has no P: goroutines whose I/O became
+        ready while every P was busy queue behind the ones already waiting there, in
+        order. Readying them onto the current P instead would let each new I/O event
+        pass goroutines that a full local queue had spilled to the global queue, which
+        gets one turn in FAIRNESS_TICKS while the local queue has work: under sustained
+        load those would wait for seconds.
+        """
+        g.param = param
+        g.status = RUNNABLE
+        if self.trace is not None:
+            self.trace.emit(self, "ready", self.curp.id, g.goid, 0, 0)
+        self.globrunq.append(g)
+
+    if _g.DEBUG and not TYPE_CHECKING:
+        # GOSIM_DEBUG: the preconditions Go throws on, checked around the one runqput
+        # and goready (the C twins check the same in C).
+        _runqput_unchecked = runqput
+
+        def runqput(self, p: P, g: G, next_: bool) -> None:
+            if g.status != RUNNABLE:
+                raise throw(f"runqput: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._runqput_unchecked(p, g, next_)
+
+        _goready_unchecked = goready
+
+        def goready(self, g: G, param: Any) -> None:
+            if g.status != WAITING:
+                raise throw(f"goready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._goready_unchecked(g, param)
+
+        _globready_unchecked = globready
+
+        def globready(self, g: G, param: Any) -> None:
+            if g.status != WAITING:
+                raise throw(f"globready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
+            self._globready_unchecked(g, param)
+
+    def can_spin(self, iteration: int) -> bool:
+        """Go's ``sync_runtime_canSpin``: may a lock spin (yield) once more before parking?
+
+        Only when it can pay off: fewer than ``ACTIVE_SPIN`` spins so far, more than one
+        P, other Ps running, and nothing queued on the caller's own P.
+        """
+        if iteration >= ACTIVE_SPIN or len(self.allp) <= 1:
+            return False
+        p = self.curp
+        if p.runnext is not None or p.runq:
+            return False
+        # "Other Ps running": with one driver thread, another P runs when it has work of
+        # its own or can take some from the global queue.
+        return bool(self.globrunq) or any(q is not p and q.has_work() for q in self.allp)
+
+    def inject(self, g: G, param: Any) -> None:
+        """Ready g from outside the driver (a trio task): queue it and wake the driver."""
+        g.param = param
+        self.injectq.append(g)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the driver if it is idling in trio (safe to call from any trio task)."""
+        scope = self.idle_scope
+        if scope is not None:
+            scope.cancel()
+
+    def _drain_inject(self) -> None:
+        # exitsyscall: prefer the G's old P if it is idle, else the global queue.
+        q = self.injectq
+        self.injectq = []
+        for g in q:
+            if g.status != RUNNABLE:  # rt.call's new G is runnable already
+                g.status = RUNNABLE
+            old = g.p
+            if old is not None and old in self.allp and not old.has_work():
+                old.runnext = g
+            else:
+                self.globrunq.append(g)
+
+    # -------------------------------------------------------------- newproc
+
+    def newproc(
+        self,
+        fn: Callable[..., Coroutine[Any, Any, Any]],
+        args: tuple[Any, ...],
+        parent: int,
+        coro: Any = None,
+    ) -> G:
+        """Create a goroutine running fn(*args) and put it in the current P's runnext.
+
+        ``coro``, when given, is ``fn(*args)`` already called (by ``go``). ``go`` in
+        ``gosim/_speedups_sched.c.h`` is the C twin of ``go`` and this function.
+        """
+        if coro is None:
+            coro = fn(*args)
+        if type(coro) is not _CoroutineType and not isinstance(coro, Coroutine):
+            if hasattr(coro, "close"):
+                coro.close()
+            raise TypeError(
+                f"go: {describe_fn(fn)} must be an async function (returning a coroutine), "
+                f"got {type(coro).__name__}"
+            )
+        p = self.curp
+        g = self.gfget(p)
+        self.goidgen = goid = self.goidgen + 1
+        g.goid = goid
+        g.coro = coro
+        g.parent = parent
+        curg = self.curg
+        g.creator = curg.coro if curg is not None else None
+        g.status = RUNNABLE
+        self.allg[goid] = g
+        if self.trace is not None:
+            self.trace.emit(self, "go", p.id, goid, parent, 0)
+        self.runqput(p, g, True)
+        return g
+
+    def gfget(self, p: P) -> G:
+        """A dead G from p's free list (refilled from the global list), or a new one."""
+        if p.gfree:
+            return p.gfree.pop()
+        if self.gfree:
+            n = min(len(self.gfree), GFREE_LOCAL_MAX // 2)
+            for _ in range(n):
+                p.gfree.append(self.gfree.pop())
+            return p.gfree.pop()
+        return G()
+
+    def goexit0(self, g: G, p: P) -> None:
+        """Retire g: drop it from allg, clear its references, put it on p's free list.
+
+        The one copy in Python (the driver's loop calls it); ``goexit0`` in
+        ``gosim/_speedups_sched.c.h`` is the C twin.
+        """
+        g.status = DEAD
+        g.coro = None
+        g.param = None
+        g.elem = None
+        g.fn = None
+        g.p = None
+        del self.allg[g.goid]
+        if self.trace is not None:
+            self.trace.emit(self, "exit", p.id, g.goid, 0, 0)
+        p.gfree.append(g)
+        if len(p.gfree) >= GFREE_LOCAL_MAX:
+            self._gfput_spill(p)
+
+    def _gfput_spill(self, p: P) -> None:
+        """gfput: p's free list is long; move half to the global list for other Ps."""
+        lst = p.gfree
+        half = len(lst) // 2
+        self.gfree.extend(lst[half:])
+        del lst[half:]
+
+    # ------------------------------------------------------------ preemption
+
+    def preempt_check(self) -> bool:
+        """Called when an op budget runs out: has the running G used up its slice?
+
+        Preemption is cooperative, as in Go before 1.14: gosim operations that complete
+        at once count down a small budget, and at zero this asks whether the running G
+        has held its P for longer than the 10 ms slice (deterministic mode counts
+        operations instead of reading a clock). Go's ``sysmon`` ``retake``.
+        """
+        if self.check_switch != self.nswitch:
+            self.check_switch = self.nswitch
+            self.check_ops = 0
+            if not self.deterministic:
+                self.check_time = time.perf_counter()
+            return False
+        if self.deterministic:
+            self.check_ops += OP_BUDGET
+            return self.check_ops >= DET_SLICE_OPS
+        return time.perf_counter() - self.check_time >= TIME_SLICE
+
+    # --------------------------------------------------------------- procresize
+
+    def procresize(self, n: int) -> int:
+        """Change the number of Ps to n; return the old number (Go's procresize)."""
+        if n < 1:
+            raise ValueError(f"gomaxprocs: n must be at least 1, got {n}")
+        old = len(self.allp)
+        if n > old:
+            self.allp.extend(P(i) for i in range(old, n))
+        elif n < old:
+            for p in self.allp[n:]:
+                # Destroyed Ps give their work, timers and free Gs to the survivors.
+                if p.runnext is not None:
+                    self.globrunq.append(p.runnext)
+                    p.runnext = None
+                self.globrunq.extend(p.runq)
+                p.runq.clear()
+                self.gfree.extend(p.gfree)
+                p.gfree.clear()
+                self.timers.move(p, self.allp[0])
+            del self.allp[n:]
+            if self.curp.id >= n:
+                self.curp = self.allp[0]
+        return old
+
+
+class RuntimeVar(Generic[T]):
+    """A value per runtime, as trio's ``RunVar`` is one per run: the layers above the
+    core keep their per-runtime state (the heap, the simulated network) under one,
+    typed, instead of in fields of the runtime.
+
+    ``get`` answers the running runtime's value, or None while it has none; ``set``
+    sets it. Outside a runtime both raise :class:`NotInRuntime`. ``get_in`` and
+    ``set_in`` do the same on a runtime at hand.
+    """
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def get(self) -> T | None:
+        return current_runtime().runvars.get(self)
+
+    def set(self, value: T) -> None:
+        current_runtime().runvars[self] = value
+
+    def get_in(self, rt: Runtime) -> T | None:
+        return rt.runvars.get(self)
+
+    def set_in(self, rt: Runtime, value: T) -> None:
+        rt.runvars[self] = value
+
+    def __repr__(self) -> str:
+        return f"<RuntimeVar name={self._name!r}>"
 
 
 @asynccontextmanager
@@ -99,7 +533,7 @@ async def open_runtime(
     handle = RuntimeHandle(rt)
     try:
         async with trio.open_nursery() as nursery:
-            rt.nursery = nursery
+            rt.syscalls.nursery = nursery
             nursery.start_soon(handle._drive_and_notify)
             try:
                 yield handle
@@ -230,7 +664,7 @@ def run(
         if clock is not None:
             rt.virtual_jump = clock.jump
         if schedtrace:
-            rt.schedtrace_interval = schedtrace
+            rt.stats.schedtrace_interval = schedtrace
         box = _CallBox()
         g = rt.gfget(rt.allp[0])
         rt.goidgen = 1
@@ -243,7 +677,7 @@ def run(
         rt.allp[0].runnext = g
         try:
             async with trio.open_nursery() as nursery:
-                rt.nursery = nursery
+                rt.syscalls.nursery = nursery
                 try:
                     await rt.drive()
                 finally:
@@ -288,7 +722,7 @@ def go(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
 
 
 if not TYPE_CHECKING and speedups is not None:
-    go = speedups.go  # the same newproc in C (gosim/_speedups.c), same contract
+    go = speedups.go  # the same newproc in C (gosim/_speedups_sched.c.h), same contract
 
 
 async def gosched() -> None:
@@ -337,7 +771,7 @@ def statistics() -> SchedStatistics:
 
     Named as trio's ``statistics()`` methods are, across gosim.
     """
-    return current_runtime().statistics()
+    return current_runtime().stats.snapshot()
 
 
 def schedtrace(interval: float | None, file: IO[str] | None = None) -> None:
@@ -347,16 +781,17 @@ def schedtrace(interval: float | None, file: IO[str] | None = None) -> None:
     deadlock. Lines go to ``file`` (default stderr).
     """
     rt = current_runtime()
+    stats = rt.stats
     if not interval:
-        rt.schedtrace_interval = 0.0
-        rt.schedtrace_next = math.inf
+        stats.schedtrace_interval = 0.0
+        stats.schedtrace_next = math.inf
         return
     if interval < 0:
         raise ValueError(f"schedtrace: interval must be positive, got {interval}")
-    rt.schedtrace_interval = interval
-    rt.schedtrace_file = file
-    rt.schedtrace_next = rt.now()
-    rt._maybe_schedtrace(rt.schedtrace_next)
+    stats.schedtrace_interval = interval
+    stats.schedtrace_file = file
+    stats.schedtrace_next = rt.now()
+    stats.maybe_schedtrace(stats.schedtrace_next)
 
 
 async def preempt_point() -> None:

@@ -85,6 +85,29 @@ if speedups is not None:
     )
 
 
+def _no_budget_to_refill() -> None:
+    """Until the pure-Python channels register their refill (``gosim._chan``)."""
+
+
+# The channel and select fast paths' op budget is one countdown per process, not per
+# runtime (see gosim._chan), so the driver refills it when a runtime starts: what an
+# earlier runtime left of it must not move where a seeded run checks for preemption.
+_op_budget_refill: Callable[[], None] = (
+    _no_budget_to_refill if speedups is None else speedups.reset_budget
+)
+
+
+def set_op_budget_refill(refill: Callable[[], None]) -> None:
+    """Install the pure-Python channels' budget refill (the C twin's is built in)."""
+    global _op_budget_refill
+    _op_budget_refill = refill
+
+
+def refill_op_budget() -> None:
+    """Refill the op budget to ``OP_BUDGET``; called once as each runtime starts."""
+    _op_budget_refill()
+
+
 def current_runtime() -> Runtime:
     """The runtime running the calling goroutine; :class:`NotInRuntime` outside one."""
     rt = _state.rt

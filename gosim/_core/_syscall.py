@@ -6,7 +6,8 @@
 program while the goroutine waits. Either comes back through ``inject``, which the
 driver drains: the G prefers its old P if that is idle (``exitsyscall``), else the
 global queue. In deterministic mode both run inline on the driver, so a seed gives the
-same schedule.
+same schedule. A runtime holds one :class:`Syscalls` (``rt.syscalls``): the calls in
+flight, the thread limiter and the virtual clock's hold.
 
 Virtual time without a seed: a syscall runs on a thread for real time, and trio's
 ``MockClock`` would jump ahead while the driver waits for it, firing timers "before" a
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import outcome
 import trio
@@ -26,9 +27,11 @@ import trio
 from gosim._core import _g
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._g import RUNNABLE, SYSCALL, WAITING, G
-from gosim._core._runq import P
 from gosim._core._state import _state, _trap
-from gosim._core._sysmon import Sysmon
+
+if TYPE_CHECKING:
+    from gosim._core._runq import P
+    from gosim._core._runtime import Runtime
 
 T = TypeVar("T")
 
@@ -49,33 +52,54 @@ class _TrioCallTrap:
         self.args = args
 
 
-class Syscalls(Sysmon):
-    """The syscalls and trio calls of one runtime, and their threads."""
+class Syscalls:
+    """The syscalls and trio calls of one runtime (``rt.syscalls``) and their threads.
 
-    def _init_room(self) -> None:
-        super()._init_room()
+    Invariant: ``nexternal`` counts the syscalls and trio calls in flight on trio tasks
+    (the driver's wake sources besides timers and I/O); ``inline_call`` is the
+    deterministic trio call the driver awaits after the current burst, if any.
+    """
+
+    __slots__ = (
+        "clock_holds",
+        "held_autojump",
+        "inline_call",
+        "nexternal",
+        "nthreads_busy",
+        "nursery",
+        "rt",
+        "thread_limiter",
+    )
+
+    def __init__(self, rt: Runtime, max_threads: int) -> None:
+        self.rt = rt
         self.inline_call: tuple[G, P, _TrioCallTrap] | None = None
         self.nexternal = 0  # syscalls and trio calls in flight: wake sources
+        self.nthreads_busy = 0
         self.clock_holds = 0  # syscalls holding a virtual clock's autojump
         self.held_autojump = 0.0  # its threshold before the first of them
-        self.thread_limiter = trio.CapacityLimiter(self.max_threads)
+        self.thread_limiter = trio.CapacityLimiter(max_threads)
+        #: The trio nursery the calls run in (the runtime's, set as it starts).
         self.nursery: trio.Nursery | None = None
 
-    def _entersyscall(self, g: G, p: P, trap: _SyscallTrap) -> None:
+    def enter(self, g: G, p: P, trap: _SyscallTrap) -> None:
+        """Go's ``entersyscall``: run the trap's call on a thread; g waits for it."""
+        rt = self.rt
+        stats = rt.stats
         g.status = SYSCALL
         g.p = p  # exitsyscall (_drain_inject) hands g back to this P if it is idle then
-        self.nsyscalls += 1
-        if p.has_work() or self.globrunq:
+        stats.nsyscalls += 1
+        if p.has_work() or rt.globrunq:
             # handoffp: this P has work, so it goes to another M while g's M blocks.
-            self.nhandoffs += 1
-        if self.trace is not None:
-            self.trace.emit(self, "syscall", p.id, g.goid, 0, 0)
-        if self.deterministic:
+            stats.nhandoffs += 1
+        if rt.trace is not None:
+            rt.trace.emit(rt, "syscall", p.id, g.goid, 0, 0)
+        if rt.deterministic:
             # Reproducible: the call runs inline and g takes its P back at once.
             res = outcome.capture(trap.fn, *trap.args)
             g.status = RUNNABLE
             g.param = res
-            self.runqput(p, g, True)
+            rt.runqput(p, g, True)
             return
         self.nexternal += 1
         assert self.nursery is not None
@@ -97,7 +121,7 @@ class Syscalls(Sysmon):
             self.nexternal -= 1
             if held:
                 self._release_virtual_clock()
-        self.inject(g, res)
+        self.rt.inject(g, res)
 
     def _hold_virtual_clock(self) -> bool:
         """Stop a virtual clock's autojump while this syscall runs (see the module
@@ -118,12 +142,14 @@ class Syscalls(Sysmon):
             clock: Any = trio.lowlevel.current_clock()
             clock.autojump_threshold = self.held_autojump
 
-    def _start_trio_call(self, g: G, p: P, trap: _TrioCallTrap) -> None:
+    def start_trio_call(self, g: G, p: P, trap: _TrioCallTrap) -> None:
+        """Run the trap's trio call in a task of the runtime's nursery; g waits for it."""
+        rt = self.rt
         g.status = WAITING
         g.waitreason = _g.WAIT_TRIO_CALL
         g.p = p  # like a syscall: back to this P when it is idle
-        self.ntriocalls += 1
-        if self.deterministic:
+        rt.stats.ntriocalls += 1
+        if rt.deterministic:
             # Reproducible: the driver awaits the call itself before stepping anyone else.
             self.inline_call = (g, p, trap)
             return
@@ -131,19 +157,21 @@ class Syscalls(Sysmon):
         assert self.nursery is not None
         self.nursery.start_soon(self._run_trio_call, g, trap.fn, trap.args)
 
-    async def _run_inline_call(self) -> None:
+    async def run_inline_call(self) -> None:
+        """Await the deterministic trio call (``inline_call``) on the driver itself."""
         assert self.inline_call is not None
+        rt = self.rt
         g, p, trap = self.inline_call
         self.inline_call = None
         _state.rt = None
         try:
             res = await outcome.acapture(trap.fn, *trap.args)
         finally:
-            _state.rt = self  # type: ignore[assignment]  # self is the Runtime this room is part of
+            _state.rt = rt
         g.status = RUNNABLE
         g.param = res
-        self.curp = p
-        self.runqput(p, g, True)
+        rt.curp = p
+        rt.runqput(p, g, True)
 
     async def _run_trio_call(
         self, g: G, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
@@ -152,7 +180,7 @@ class Syscalls(Sysmon):
             res = await outcome.acapture(fn, *args)
         finally:
             self.nexternal -= 1
-        self.inject(g, res)
+        self.rt.inject(g, res)
 
 
 async def syscall(fn: Callable[..., T], *args: Any) -> T:

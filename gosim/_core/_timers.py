@@ -1,4 +1,4 @@
-"""Runtime timers and the per-P timer heap (Go's ``time.go`` timers, simplified).
+"""Runtime timers, the per-P timer heap and the runtime's timers (Go's ``time.go``).
 
 A :class:`Timer` is armed at most once at a time on one P's :class:`TimerHeap`. When it
 expires the driver calls ``timer.fire(now)`` on that P: sleeping goroutines are readied,
@@ -10,6 +10,12 @@ number it was pushed with and an entry whose number no longer matches its timer'
 stale and skipped when it reaches the top (Go's ``timerModifiedLater`` / ``timerDeleted``
 idea). The heap is rebuilt when stale entries outnumber live ones, so a timer reset
 millions of times (an idle timeout, say) cannot grow it without bound.
+
+A runtime holds one :class:`Timers` (``rt.timers``): the count of armed timers over all
+its Ps (a wake source for the driver) and the sequence numbers, and the ways to arm,
+disarm and run them. Its ``add``/``delete`` are in C where the accelerator is built
+(``TimersBase`` in ``gosim/_speedups_sched.c.h``); ``_add_py``/``_delete_py`` are the
+reference and the pure path.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gosim._core._accel import speedups
+
+if TYPE_CHECKING:
+    from gosim._core._runq import P
+    from gosim._core._runtime import Runtime
 
 if TYPE_CHECKING or speedups is None:
 
@@ -57,16 +67,32 @@ if TYPE_CHECKING or speedups is None:
         heap: list[tuple[float, int, Timer]]
         nlive: int
 
+    class _TimersFields:
+        """A runtime's timer counts (the C accelerator's ``TimersBase`` has the same)."""
+
+        __slots__ = ("narmed", "rt", "seq")
+
+        rt: Runtime
+        seq: int  # the last heap entry's number
+        narmed: int  # armed timers over all Ps: wake sources
+
+        if TYPE_CHECKING:
+            # TimersBase's twins of Timers._add_py / _delete_py.
+            def add(self, t: Timer, when: float) -> None: ...
+
+            def delete(self, t: Timer) -> bool: ...
+
 else:
     _TimerFields = speedups.TimerBase
     _TimerHeapFields = speedups.TimerHeapBase
+    _TimersFields = speedups.TimersBase
 
 
 class Timer(_TimerFields):
     """One runtime timer: ``f(arg, now)`` runs on the driver when it fires.
 
     ``Timer(f, arg, period=0.0, chan=None)``; armed and disarmed by the runtime's
-    ``addtimer``/``deltimer`` (in C where the accelerator is built)."""
+    ``rt.timers.add``/``delete`` (:class:`Timers`; in C where the accelerator is built)."""
 
     __slots__ = ()
 
@@ -77,8 +103,8 @@ class Timer(_TimerFields):
 class TimerHeap(_TimerHeapFields):
     """A min-heap of (when, seq, timer) with lazy deletion; see the module docstring.
 
-    ``push`` and ``discard`` are the reference of what the C ``addtimer`` and
-    ``deltimer`` do to the heap (heapq's sift, the same rebuild rule)."""
+    ``push`` and ``discard`` are the reference of what the C ``TimersBase.add`` and
+    ``delete`` do to the heap (heapq's sift, the same rebuild rule)."""
 
     __slots__ = ()
 
@@ -162,3 +188,89 @@ class TimerHeap(_TimerHeapFields):
             t.armed = False
             out.append(t)
         return out
+
+
+class Timers(_TimersFields):
+    """The timers of one runtime (``rt.timers``): Go's ``addtimer``, ``deltimer`` and
+    ``checkTimers`` over the per-P heaps, and the count of armed timers.
+
+    Invariant: ``narmed`` is the sum of the Ps' heaps' ``nlive``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.seq = 0
+        self.narmed = 0
+
+    def _add_py(self, t: Timer, when: float) -> None:
+        """Arm t at ``when`` on the current P's heap (Go's addtimer / modtimer)."""
+        if t.p is not None and t.armed:
+            t.p.timers.discard(t)
+            self.narmed -= 1
+        self.seq += 1
+        t.when = when
+        p = self.rt.curp
+        t.p = p
+        p.timers.push(t, when, self.seq)
+        self.narmed += 1
+
+    def _delete_py(self, t: Timer) -> bool:
+        """Disarm t; True when it was armed (it had not fired and was not stopped)."""
+        if t.p is None or not t.armed:
+            return False
+        t.p.timers.discard(t)
+        self.narmed -= 1
+        return True
+
+    # The C twins where built (a context's deadline, a sleep, an RPC call's timeout arm
+    # and disarm one each); the methods above are the reference and the pure path.
+    if speedups is None:
+        add = _add_py
+        delete = _delete_py
+
+    def check(self, now: float) -> None:
+        """Run every expired timer of every P, on that P (Go's checkTimers)."""
+        rt = self.rt
+        stats = rt.stats
+        trace = rt.trace
+        saved_p, saved_g = rt.curp, rt.curg
+        rt.curg = None
+        try:
+            for p in rt.allp:
+                heap = p.timers
+                while True:
+                    t = heap.pop_expired(now)
+                    if t is None:
+                        break
+                    self.narmed -= 1
+                    stats.ntimersfired += 1
+                    rt.curp = p
+                    if trace is not None:
+                        trace.emit(rt, "timer", p.id, 0, 0, 0)
+                    if t.period > 0:
+                        # A ticker: next tick one period after the one missed most recently.
+                        missed = max(0, math.floor((now - t.when) / t.period))
+                        self.seq += 1
+                        t.when += t.period * (missed + 1)
+                        heap.push(t, t.when, self.seq)
+                        self.narmed += 1
+                    t.fire(now)
+        finally:
+            rt.curp, rt.curg = saved_p, saved_g
+
+    def earliest(self) -> float:
+        """When the earliest armed timer of any P fires, or infinity."""
+        return min((p.timers.earliest() for p in self.rt.allp), default=math.inf)
+
+    def can_wake(self) -> bool:
+        """Whether some armed timer can wake a goroutine (see ``TimerHeap.can_wake``)."""
+        return any(p.timers.can_wake() for p in self.rt.allp)
+
+    def move(self, src: P, dst: P) -> None:
+        """Move every armed timer of ``src`` (a P being destroyed) to ``dst``'s heap."""
+        for t in src.timers.drain():
+            self.seq += 1
+            t.p = dst
+            dst.timers.push(t, t.when, self.seq)

@@ -133,7 +133,7 @@ if TYPE_CHECKING or speedups is None:
             t = self._timer
             if t is not None:
                 if t.armed:
-                    self._rt.deltimer(t)
+                    self._rt.timers.delete(t)
                 # Its (waiter, expired, recheck) refers back to the waiter: dropped, so
                 # a settled waiter is freed by its last reference, not by the collector.
                 t.arg = None
@@ -178,13 +178,13 @@ if TYPE_CHECKING or speedups is None:
             t = self._timer
             if when == math.inf:
                 if t is not None and t.armed:
-                    rt.deltimer(t)
+                    rt.timers.delete(t)
                 return
             if t is None:
                 t = self._timer = Timer(_expire, (self, expired, recheck))
             else:
                 t.arg = (self, expired, recheck)
-            rt.addtimer(t, when)
+            rt.timers.add(t, when)
 
         # ------------------------------------------------------------- consuming
 
@@ -274,7 +274,7 @@ class Waiter(_WaiterBase):
             raise RuntimeError("Waiter.reset: it is being waited on")
         t = self._timer
         if t is not None and t.armed:
-            self._rt.deltimer(t)
+            self._rt.timers.delete(t)
         self._state = _PENDING
         self._value = None
         self._callback = None
@@ -290,7 +290,7 @@ def _expire(arg: tuple[Waiter, Any, Callable[[], float] | None], now: float) -> 
         when = recheck()
         if when > now:  # the deadline moved on meanwhile: wait on
             if when != math.inf:
-                w._rt.addtimer(w._timer, when)
+                w._rt.timers.add(w._timer, when)
             return
     if expired is TIMEOUT:
         w._decide(_ERROR, WaitTimeout("the wait's deadline passed"))

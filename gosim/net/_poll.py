@@ -124,14 +124,14 @@ class PollDesc:
         for m in mode:
             timer = self.rtimer if m == "r" else self.wtimer
             if timer is not None:
-                rt.deltimer(timer)
+                rt.timers.delete(timer)
             if m == "r":
                 self.rdeadline = when
             else:
                 self.wdeadline = when
             if when:
                 timer = RuntimeTimer(_deadline_fired, (self, "rg" if m == "r" else "wg"))
-                rt.addtimer(timer, when)
+                rt.timers.add(timer, when)
                 if m == "r":
                     self.rtimer = timer
                 else:
@@ -145,7 +145,7 @@ class PollDesc:
         rt = lowlevel.current_runtime()
         for timer in (self.rtimer, self.wtimer):
             if timer is not None:
-                rt.deltimer(timer)
+                rt.timers.delete(timer)
         self._wake("rg", CLOSED)
         self._wake("wg", CLOSED)
         self.poller.unregister(self)

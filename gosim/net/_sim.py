@@ -45,7 +45,7 @@ from ._net import (
     read_full,
 )
 
-_EXT_KEY = "gosim.net.sim"
+_NETWORK: lowlevel.RuntimeVar[SimNetwork] = lowlevel.RuntimeVar("gosim.net.sim")
 _IO_WAIT = WaitReason.IO_WAIT
 
 
@@ -95,20 +95,19 @@ class SimNetwork:
 
 def use_sim_network(network: SimNetwork) -> None:
     """Install ``network`` as the running runtime's simulated network (before first use)."""
-    ext = lowlevel.current_runtime().extensions
-    if _EXT_KEY in ext and ext[_EXT_KEY] is not network:
+    old = _NETWORK.get()
+    if old is not None and old is not network:
         raise RuntimeError("use_sim_network: this runtime already uses another simulated network")
-    ext[_EXT_KEY] = network
+    _NETWORK.set(network)
 
 
 def sim_network() -> SimNetwork:
     """The runtime's simulated network; a default one seeded from the runtime's generator."""
     rt = lowlevel.current_runtime()
-    net = rt.extensions.get(_EXT_KEY)
+    net = _NETWORK.get_in(rt)
     if net is None:
         net = SimNetwork(seed=rt.rng.getrandbits(64))
-        rt.extensions[_EXT_KEY] = net
-    assert isinstance(net, SimNetwork)
+        _NETWORK.set_in(rt, net)
     return net
 
 
@@ -239,7 +238,7 @@ class SimConn:
         at = max(at, self._out.last_arrival)  # segments never overtake each other
         self._out.last_arrival = at
         self._out.timers += 1
-        rt.addtimer(RuntimeTimer(_deliver, (net, self._id, self._out, payload)), at)
+        rt.timers.add(RuntimeTimer(_deliver, (net, self._id, self._out, payload)), at)
         net.record(now, "send", self._id, len(payload))
         return len(payload)
 
@@ -251,7 +250,7 @@ class SimConn:
 
     def _schedule_eof(self) -> None:
         rt = lowlevel.current_runtime()
-        rt.addtimer(
+        rt.timers.add(
             RuntimeTimer(_deliver, (self._net, self._id, self._out, None)), self._out.last_arrival
         )
 

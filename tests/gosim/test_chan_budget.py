@@ -5,10 +5,11 @@ of one countdown shared by channels and select, inside a runtime or not; at zero
 runtime's ``preempt_check`` is asked whether the running goroutine used up its slice.
 An operation that raises, parks, or is a ``try_`` spends nothing. Each path is a copy
 written out by hand for speed (``send``, ``recv``, ``recv2``, ``__anext__`` in
-gosim/_chan.py, ``select`` in gosim/_select.py, and their twins in gosim/_speedups.c),
-so each is driven here on its own: any window of exactly ``3 * OP_BUDGET`` operations
-that spend must ask ``preempt_check`` exactly three times, whatever the countdown stood
-at when the window opened. The suite runs this file on the C path and with
+gosim/_chan.py, ``select`` in gosim/_select.py, and their twins in
+gosim/_speedups_chan.c.h and gosim/_speedups_select.c.h), so each is driven here on its
+own: any window of exactly ``3 * OP_BUDGET`` operations that spend must ask
+``preempt_check`` exactly three times, whatever the countdown stood at when the window
+opened. Each runtime starts with a full countdown. The suite runs this file on the C path and with
 ``GOSIM_PURE_PYTHON=1``, so the two implementations are held to the same rule.
 """
 
@@ -241,9 +242,10 @@ def test_what_raises_or_tries_spends_nothing() -> None:
     assert gosim.run(main, procs=1) == 0
 
 
-def test_operations_outside_a_runtime_spend_too() -> None:
-    # The countdown is one process-wide counter: what a channel does outside a runtime
-    # moves it too, so the first check inside the next runtime comes that much sooner.
+def test_a_runtime_starts_with_a_full_budget_after_operations_outside_one() -> None:
+    # The countdown is one process-wide counter, which a channel outside a runtime
+    # spends too; the next runtime refills it as it starts, so its first check comes
+    # after exactly OP_BUDGET operations whatever happened before.
     async def drain_to_a_check() -> None:
         calls = _counting_checks()
         ch = _filled(2 * B)
@@ -270,7 +272,7 @@ def test_operations_outside_a_runtime_spend_too() -> None:
     rounds = B // 8
     gosim.run(drain_to_a_check, procs=1)
     trio.run(outside, Chan(1), rounds)
-    assert gosim.run(ops_to_first_check, procs=1) == B - 4 * rounds
+    assert gosim.run(ops_to_first_check, procs=1) == B
 
 
 def test_a_send_awaited_after_a_receiver_came_hands_it_the_value() -> None:
@@ -302,3 +304,50 @@ def test_a_send_awaited_after_room_was_made_fills_the_buffer() -> None:
         return [first, await ch.recv()]
 
     assert gosim.run(main, procs=1) == [0, 2]
+
+
+def _seeded_spinners(trace: gosim.Trace) -> list[tuple[str, int]]:
+    """Two goroutines on one P that never park, each doing 12,000 buffered sends and
+    receives: which one runs when is decided by deterministic preemption alone (a
+    count of spent budget), so the order of their log entries shows where the op
+    budget stood when the runtime started."""
+    log: list[tuple[str, int]] = []
+
+    async def spinner(name: str, done: Chan[None]) -> None:
+        ch: Chan[int] = Chan(1)
+        for i in range(12_000):
+            await ch.send(i)
+            await ch.recv()
+            if not log or log[-1][0] != name:
+                log.append((name, i))  # where the other one was preempted
+        await done.send(None)
+
+    async def main() -> None:
+        done: Chan[None] = Chan()
+        go(spinner, "a", done)
+        go(spinner, "b", done)
+        await done.recv()
+        await done.recv()
+
+    gosim.run(main, procs=1, seed=7, virtual_time=True, trace=trace)
+    return log
+
+
+def test_a_runtime_starts_with_a_full_budget() -> None:
+    """Two seeded runs in one process take the same schedule, whatever an unrelated
+    runtime before them left of the budget (it is refilled as each runtime starts)."""
+
+    async def unrelated(n: int) -> None:
+        ch: Chan[int] = Chan(1)
+        for i in range(n):
+            await ch.send(i)
+            await ch.recv()
+
+    gosim.run(unrelated, B // 3)
+    first_trace, second_trace = gosim.Trace(), gosim.Trace()
+    first = _seeded_spinners(first_trace)
+    gosim.run(unrelated, B // 5)
+    second = _seeded_spinners(second_trace)
+    assert len(first) > 2  # preemption interleaved them
+    assert first == second
+    assert first_trace.to_bytes() == second_trace.to_bytes()

@@ -619,3 +619,24 @@ def test_a_goroutine_returning_from_a_syscall_goes_back_to_its_idle_p() -> None:
     for seed in range(5):
         before, after = syscall_then_run_ps(seed)
         assert after == before
+
+
+def test_a_runtime_var_holds_one_value_per_runtime() -> None:
+    var: gosim.lowlevel.RuntimeVar[list[int]] = gosim.lowlevel.RuntimeVar("test.var")
+
+    async def main(n: int) -> tuple[list[int] | None, list[int] | None]:
+        before = var.get()
+        var.set([n])
+
+        async def child(done: Chan[list[int] | None]) -> None:
+            await done.send(var.get())  # every goroutine of the runtime sees it
+
+        done: Chan[list[int] | None] = Chan()
+        go(child, done)
+        return before, await done.recv()
+
+    assert gosim.run(main, 1) == (None, [1])
+    assert gosim.run(main, 2) == (None, [2])  # a new runtime starts without it
+    with pytest.raises(gosim.NotInRuntime):
+        var.get()
+    assert repr(var) == "<RuntimeVar name='test.var'>"

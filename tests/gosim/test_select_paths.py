@@ -1,4 +1,4 @@
-"""``select`` on both paths: the C ``SelectOp`` (gosim/_speedups.c) and the pure-Python
+"""``select`` on both paths: the C ``SelectOp`` (gosim/_speedups_select.c.h) and the pure-Python
 reference (``gosim._select.py_select``) must choose the same cases, leave the same queue
 states and raise the same errors; neither may leak a reference or a queued Sudog.
 

@@ -1,4 +1,4 @@
-"""The runtime's timer heap: the C addtimer/deltimer against the Python reference.
+"""The runtime's timer heap: the C ``Timers.add``/``delete`` against the Python reference.
 
 Both twins run the same random arms, re-arms, disarms and expiries (on either P) on
 two runtimes; the heaps must stay the same list of (when, seq) entries, the timers'
@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from gosim._core._accel import speedups
 from gosim._core._runtime import Runtime
-from gosim._core._sysmon import Sysmon
-from gosim._core._timers import Timer
+from gosim._core._timers import Timer, Timers
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="the C accelerator is not built or GOSIM_PURE_PYTHON=1"
@@ -41,22 +40,22 @@ class _Side:
 
     def add(self, i: int, when: float) -> None:
         if self.c:
-            self.rt.addtimer(self.timers[i], when)
+            self.rt.timers.add(self.timers[i], when)
         else:
-            Sysmon._addtimer_py(self.rt, self.timers[i], when)
+            Timers._add_py(self.rt.timers, self.timers[i], when)
 
     def delete(self, i: int) -> bool:
         if self.c:
-            return self.rt.deltimer(self.timers[i])
-        return Sysmon._deltimer_py(self.rt, self.timers[i])
+            return self.rt.timers.delete(self.timers[i])
+        return Timers._delete_py(self.rt.timers, self.timers[i])
 
     def state(self) -> Any:
         return (
             [[(w, s, t.arg) for w, s, t in p.timers.heap] for p in self.rt.allp],
             [p.timers.nlive for p in self.rt.allp],
             [(t.armed, t.seq, t.when, None if t.p is None else t.p.id) for t in self.timers],
-            self.rt.timerseq,
-            self.rt.ntimers,
+            self.rt.timers.seq,
+            self.rt.timers.narmed,
             self.fired,
         )
 
@@ -74,7 +73,7 @@ def test_c_timer_heap_matches_the_python_reference(ops: list[tuple[str, int, int
             elif op == "del":
                 results.append(side.delete(i))
             elif op == "expire":
-                side.rt.checktimers(w / 10)
+                side.rt.timers.check(w / 10)
                 results.append(None)
             else:  # the timers of the other P from now on
                 side.rt.curp = side.rt.allp[w % 2]
@@ -96,11 +95,11 @@ def test_many_stale_entries_rebuild_the_heap_on_either_twin() -> None:
 def test_c_twins_refuse_what_is_not_a_timer_or_a_heap() -> None:
     rt = Runtime(1, 1, None, deterministic=True)
     with pytest.raises(TypeError):
-        rt.addtimer(object(), 1.0)
+        rt.timers.add(object(), 1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        rt.deltimer(object())
+        rt.timers.delete(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        rt.addtimer(Timer(lambda a, now: None, None), "soon")
+        rt.timers.add(Timer(lambda a, now: None, None), "soon")  # type: ignore[arg-type]
     rt.curp.timers = []  # a P whose heap was replaced by something else
     with pytest.raises(TypeError, match="TimerHeap"):
-        rt.addtimer(Timer(lambda a, now: None, None), 1.0)
+        rt.timers.add(Timer(lambda a, now: None, None), 1.0)

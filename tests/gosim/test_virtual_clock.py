@@ -16,7 +16,7 @@ import trio
 
 import gosim
 from gosim import go
-from gosim._core._schedule import Scheduler
+from gosim._core._runtime import Runtime
 
 
 def _counting_sleep_forever(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -62,7 +62,7 @@ def test_same_schedule_as_trio_autojump(monkeypatch: pytest.MonkeyPatch) -> None
     # The driver without a clock of its own to jump: every idle waits in trio, whose
     # MockClock autojumps to the same deadline.
     monkeypatch.setattr(
-        Scheduler, "virtual_jump", property(lambda s: None, lambda s, v: None), raising=False
+        Runtime, "virtual_jump", property(lambda s: None, lambda s, v: None), raising=False
     )
     count = _counting_sleep_forever(monkeypatch)
     slow = gosim.run(_sleepers, 50, procs=2, seed=5, virtual_time=True)

@@ -55,7 +55,7 @@ def test_a_settle_before_the_wait_is_kept_and_the_wait_returns_at_once() -> None
         start = gosim.now()
         got = await race(w, start + 10.0, EXPIRED)
         # no timer was left behind: the runtime has nothing to wake for
-        return got, gosim.now() - start, lowlevel.current_runtime().ntimers
+        return got, gosim.now() - start, lowlevel.current_runtime().timers.narmed
 
     assert vrun(main) == ("early", 0.0, 0)
 
@@ -78,17 +78,17 @@ def test_a_settled_wait_leaves_no_armed_timer_and_no_deadline_arms_none() -> Non
         w = Waiter()
 
         async def settler() -> None:
-            armed.append(lowlevel.current_runtime().ntimers)
+            armed.append(lowlevel.current_runtime().timers.narmed)
             w.settle(1)
 
         armed: list[int] = []
         go(settler)
         await race(w, gosim.now() + 60.0, EXPIRED)
-        after = lowlevel.current_runtime().ntimers
+        after = lowlevel.current_runtime().timers.narmed
         w2 = Waiter()
 
         async def settler2() -> None:
-            armed.append(lowlevel.current_runtime().ntimers)
+            armed.append(lowlevel.current_runtime().timers.narmed)
             w2.settle(2)
 
         go(settler2)
@@ -109,7 +109,7 @@ def test_a_cancelled_wait_settles_it_so_nothing_wakes_a_goroutine_that_left() ->
             coro.throw(KeyboardInterrupt())
         except KeyboardInterrupt:
             pass
-        return w.done(), w.settle("after"), str(lowlevel.current_runtime().ntimers)
+        return w.done(), w.settle("after"), str(lowlevel.current_runtime().timers.narmed)
 
     assert vrun(main) == (True, False, "0")
 
@@ -210,6 +210,6 @@ def test_await_done_left_by_an_exception_ignores_its_late_done() -> None:
         # cancelled by the leaving wait: the late done did not settle it
         with pytest.raises(lowlevel.WaitCancelled):
             waiter.result()
-        return waiter.done(), lowlevel.current_runtime().ntimers
+        return waiter.done(), lowlevel.current_runtime().timers.narmed
 
     assert vrun(main) == (True, 0)
