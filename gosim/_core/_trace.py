@@ -9,7 +9,7 @@ runs, when it first appears.
 
 :meth:`Trace.to_chrome_json` exports the Chrome trace format, openable in Perfetto or
 ``chrome://tracing``: the runtime is one process (named by ``process``), each goroutine
-a track of its own named by its function (``G7 netframe._server.Server._read_connection``),
+a track of its own named by its function (``G7 netframe._drivers._read_connection``),
 its runs slices on it, labelled with the P they ran on; events of no goroutine (timers)
 go on a ``runtime`` track. :meth:`Trace.merge_chrome_json` puts the traces of several
 processes in one file, one Perfetto process each; with ``wall_clock=True`` their times
