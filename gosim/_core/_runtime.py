@@ -647,8 +647,8 @@ def run(
     While it runs, CPython's young-generation GC threshold is raised to at least
     ``gc_young_threshold`` (restored afterwards; None leaves the GC alone). Goroutines
     are GC-tracked objects born in bulk, and the default threshold of 700 made the
-    cyclic collector half the cost of spawning 100,000 of them (measured when this default was chosen);
-    cycles are still collected, just in larger batches, as Go's GOGC paces its GC.
+    cyclic collector half the cost of spawning 100,000 of them when this default was
+    chosen; cycles are still collected, just in larger batches, as Go's GOGC paces its GC.
     """
     nprocs = _resolve_procs(procs)
     clock = None
