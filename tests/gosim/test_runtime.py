@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import gosim
+import gosim.lowlevel
 from gosim import Chan, go, recv, select
 
 
@@ -640,3 +641,14 @@ def test_a_runtime_var_holds_one_value_per_runtime() -> None:
     with pytest.raises(gosim.NotInRuntime):
         var.get()
     assert repr(var) == "<RuntimeVar name='test.var'>"
+
+
+def test_the_runtime_keeps_few_enough_instance_attributes_for_a_shared_key_dict() -> None:
+    """CPython 3.11 stops sharing an instance dict's keys past 30 attributes, and every
+    read of a runtime field then becomes a hashed lookup (the pure-Python scheduler paid
+    2-5% for it): hot fields are slots, and the rest must stay few."""
+
+    async def main() -> int:
+        return len(vars(gosim.lowlevel.current_runtime()))
+
+    assert gosim.run(main) <= 30
