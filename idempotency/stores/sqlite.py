@@ -467,7 +467,8 @@ class SQLiteStore(OneStepStore):
         caused (a constraint, a bug) rather than the store (busy, I/O).
 
         Records are read up front into a working set, every operation is decided by the
-        pure functions of ``_record`` against it, and the changed records are written
+        pure functions of ``_record`` against it (the record-only ones by ``_decide``,
+        a C call for a whole run of them), and the changed records are written
         back with one ``executemany`` per kind of write at the end (before a sweep,
         which deletes by SQL): a few statements per batch rather than two per
         operation. User SQL (effects, ``transact``) never touches these tables, so it

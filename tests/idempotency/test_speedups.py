@@ -387,7 +387,8 @@ def test_decide_matches_the_reference(
             ws[rk] = None  # read and absent; ("d", "a") not read: a missing key
     got = []
     for decide in (speedups.decide, sqlite_store._py_decide):
-        ops, ws_, dirty = _ops_of(spec), dict(ws), {("x", "y"): None}
+        ops, ws_ = _ops_of(spec), dict(ws)
+        dirty: dict[tuple[str, str], Record | None] = {("x", "y"): None}
         answer = decide(ops, start, ws_, dirty, now, fence)
         got.append((answer, [type(x) for x in answer], _seen(ops), ws_, dirty))
     assert got[0] == got[1]
