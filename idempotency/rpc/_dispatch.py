@@ -214,6 +214,24 @@ def _build(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call
         raise ApplicationError(exc.code, exc.message, exc.data) from exc
 
 
+def _build_or_await(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call) -> Any:
+    """A two-step method's handler: its return value as :func:`_build` makes it, or
+    for an awaitable (an async method's coroutine) a coroutine awaiting it, where an
+    RPCError raised becomes the same final ApplicationError. A plain method's call
+    then costs no coroutine; ``Idempotency.run`` awaits what needs it."""
+    result = _build(spec, params, ctx, call)
+    if spec.is_async or _needs_await(result):
+        return _awaited(result)
+    return result
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    try:
+        return await result
+    except RPCError as exc:  # as in _build
+        raise ApplicationError(exc.code, exc.message, exc.data) from exc
+
+
 def _idempotency_error(exc: BaseException) -> tuple[int, str, Any]:
     """The status an idempotency failure (or a method's exception) is answered with."""
     name = type(exc).__name__
@@ -518,23 +536,12 @@ class Dispatcher:
         idem = self.idempotency
         assert idem is not None and meta.key is not None
         msgid, params = msg.msgid, msg.params
-        build = functools.partial(_build, spec, params, ctx)
-
-        async def handler(call: Call) -> Any:
-            result = build(call)
-            if spec.is_async or _needs_await(result):
-                try:
-                    result = await result
-                except RPCError as exc:  # as in build
-                    raise ApplicationError(exc.code, exc.message, exc.data) from exc
-            return result
-
         try:
             outcome = await idem.run(
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, params),
-                handler=handler,
+                handler=functools.partial(_build_or_await, spec, params, ctx),
                 # A wait for another execution of the key ends with ctx, or else at the
                 # deadline.
                 timeout=(

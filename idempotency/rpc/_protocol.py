@@ -476,7 +476,6 @@ def _call_meta(value: Any, msgid: int) -> CallMeta | None:
         raise RemoteProtocolError(
             f"request metadata must be a map, not {type(value).__name__}", msgid
         )
-    meta = CallMeta()
     key = value.get("key")
     if key is not None:
         if type(key) is not str:
@@ -487,29 +486,24 @@ def _call_meta(value: Any, msgid: int) -> CallMeta | None:
                 f"{MAX_KEY_LENGTH} allowed",
                 msgid,
             )
-        meta.key = key
     caller = value.get("caller")
     if caller is not None:
         if type(caller) is not str:
             raise RemoteProtocolError("request metadata 'caller' must be a string", msgid)
-        if len(caller.encode("utf-8")) > MAX_CALLER_LENGTH:
+        # An ASCII caller's length is its UTF-8 length: no encoding to count it.
+        if (len(caller) if caller.isascii() else len(caller.encode("utf-8"))) > MAX_CALLER_LENGTH:
             raise RemoteProtocolError(
                 f"request metadata 'caller' is longer than {MAX_CALLER_LENGTH} bytes", msgid
             )
-        meta.caller = caller
     timeout = value.get("timeout")
-    if timeout is not None:
-        if type(timeout) is not int or timeout < 0:
-            raise RemoteProtocolError(
-                "request metadata 'timeout' must be a non-negative integer (milliseconds)",
-                msgid,
-            )
-        meta.timeout_ms = timeout
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise RemoteProtocolError(
+            "request metadata 'timeout' must be a non-negative integer (milliseconds)", msgid
+        )
     attempt = value.get("attempt", 1)
     if type(attempt) is not int or not 1 <= attempt <= MAX_MSGID:
         raise RemoteProtocolError("request metadata 'attempt' must be a positive integer", msgid)
-    meta.attempt = attempt
-    return meta
+    return CallMeta(key, caller, timeout, attempt)
 
 
 def parse(obj: Any) -> Message:

@@ -62,7 +62,15 @@ from redis.retry import Retry
 
 from .._errors import CorruptedRecord, InProgress, InvalidResult, StaleClaim, StoreUnavailable
 from .._keys import FINGERPRINT_SIZE
-from .._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
+from .._record import (
+    COMPLETED,
+    IN_PROGRESS,
+    ClaimKind,
+    ClaimResult,
+    Record,
+    _new_claim_result,
+    _new_record,
+)
 from ._batch import GroupCommitter, Op, raise_when_awaited
 from ._contract import (
     Completion,
@@ -656,17 +664,21 @@ class RedisStore(Store):
             raise self._corrupt(op, f"fields s={reply[2]!r} f={reply[3]!r} x={reply[4]!r}")
         kind = op.kind
         caller, key = op.args[0], op.args[1]
+        # Records and results of the common answers are built with every field given
+        # (tuple.__new__): a named tuple's own constructor is a Python function, about
+        # 3,000 instructions a call (see _record).
         if kind == _CLAIM:
             fp = op.args[2]
             fence, x = reply[1], _seconds(reply[2])
             if code == 0:
-                return ClaimResult(ClaimKind.CLAIMED, Record(IN_PROGRESS, fp, fence, x))
+                rec = _new_record(Record, (IN_PROGRESS, fp, fence, x, True, None))
+                return _new_claim_result(ClaimResult, (ClaimKind.CLAIMED, rec))
             if code == 1:
-                return ClaimResult(
-                    ClaimKind.REPLAY, Record(COMPLETED, fp, fence, x, bool(reply[3]), reply[4])
-                )
+                rec = _new_record(Record, (COMPLETED, fp, fence, x, bool(reply[3]), reply[4]))
+                return _new_claim_result(ClaimResult, (ClaimKind.REPLAY, rec))
             if code == 2:
-                return ClaimResult(ClaimKind.BUSY, Record(IN_PROGRESS, fp, fence, x))
+                rec = _new_record(Record, (IN_PROGRESS, fp, fence, x, True, None))
+                return _new_claim_result(ClaimResult, (ClaimKind.BUSY, rec))
             stored = reply[4]
             if type(stored) is not bytes or len(stored) != FINGERPRINT_SIZE:
                 raise self._corrupt(op, f"fingerprint is not {FINGERPRINT_SIZE} bytes")
@@ -682,7 +694,9 @@ class RedisStore(Store):
                 limit = op.args[3].max_result_bytes
                 raise InvalidResult(f"result encodes to {reply[1]} bytes; the limit is {limit}")
             payload = reply[3] if kind == _EFFECT else op.args[3].payload
-            return Record(COMPLETED, reply[4], fence, _seconds(reply[1]), bool(reply[2]), payload)
+            return _new_record(
+                Record, (COMPLETED, reply[4], fence, _seconds(reply[1]), bool(reply[2]), payload)
+            )
         if kind == _RELEASE:
             return code == 0
         if kind == _RENEW:

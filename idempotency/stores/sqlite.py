@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+from .._accel import speedups as _speedups
 from .._errors import (
     ApplicationError,
     CorruptedRecord,
@@ -409,7 +410,7 @@ class SQLiteStore(OneStepStore):
         index search per key (``MULTI-INDEX OR``); a row-value ``IN (VALUES ...)``
         scans the table instead.
         """
-        wanted = list({(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED})
+        wanted = _batch_keys(ops)
         ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
         for i in range(0, len(wanted), _LOAD_SIZES[-1]):
             chunk = wanted[i : i + _LOAD_SIZES[-1]]
@@ -420,13 +421,15 @@ class SQLiteStore(OneStepStore):
             size = _LOAD_SIZE_OF[len(chunk)]
             params = [part for rk in chunk for part in rk]
             params += chunk[-1] * (size - len(chunk))
-            for row in conn.execute(_LOAD_SQL[size], params):
-                caller, key = row[0], row[1]
-                try:
-                    ws[caller, key] = self._decode(row[2:], caller, key)
-                except CorruptedRecord as exc:
-                    ws[caller, key] = exc
+            _decode_into(conn.execute(_LOAD_SQL[size], params), ws, self._decode_row)
         return ws
+
+    def _decode_row(self, row: tuple[Any, ...]) -> Record | CorruptedRecord:
+        """A read row's record, or the error saying how it is damaged."""
+        try:
+            return self._decode(row[2:], row[0], row[1])  # type: ignore[return-value]
+        except CorruptedRecord as exc:
+            return exc
 
     def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction: without an fsync when they are all claims
@@ -464,7 +467,8 @@ class SQLiteStore(OneStepStore):
         caused (a constraint, a bug) rather than the store (busy, I/O).
 
         Records are read up front into a working set, every operation is decided by the
-        pure functions of ``_record`` against it, and the changed records are written
+        pure functions of ``_record`` against it (the record-only ones by ``_decide``,
+        a C call for a whole run of them), and the changed records are written
         back with one ``executemany`` per kind of write at the end (before a sweep,
         which deletes by SQL): a few statements per batch rather than two per
         operation. User SQL (effects, ``transact``) never touches these tables, so it
@@ -493,31 +497,26 @@ class SQLiteStore(OneStepStore):
             fence, ceiling = fence0, ceiling0
             ws = self._load(conn, ops)
             dirty: dict[tuple[str, str], Record | None] = {}
-            for op in ops:
+            i, n = 0, len(ops)
+            while True:
+                # The record-only operations (claims, completions without an effect)
+                # a run at a time; _decide stops at any other.
+                i, fence = _decide(ops, i, ws, dirty, now, fence)
+                if i == n:
+                    break
+                op = ops[i]
+                i += 1
                 kind = op.kind
                 try:
-                    if kind == _CLAIM:
-                        caller, key, fp, lease = op.args
-                        rk = (caller, key)
-                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
-                        if res.kind is ClaimKind.CLAIMED:
-                            fence += 1
-                            ws[rk] = dirty[rk] = res.record
-                        op.result = res
-                    elif kind == _COMPLETE:
+                    if kind == _COMPLETE:
                         caller, key, f, c = op.args
                         rk = (caller, key)
                         rec = _current(ws, rk)
-                        if c.effect is None:
-                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
-                            ws[rk] = dirty[rk] = done
-                            op.result = done
-                        else:
-                            applied = self._effect_and_record(
-                                conn, op, caller, key, f, c, rec, now, careful
-                            )
-                            if applied is not None:
-                                ws[rk] = dirty[rk] = applied
+                        applied = self._effect_and_record(
+                            conn, op, caller, key, f, c, rec, now, careful
+                        )
+                        if applied is not None:
+                            ws[rk] = dirty[rk] = applied
                     elif kind == _CLAIM_COMPLETE:
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
@@ -529,19 +528,11 @@ class SQLiteStore(OneStepStore):
                             # at all when the effect fails): no in-progress row, ever.
                             fence += 1
                             call.fence = fence
-                            if c.effect is None:  # a value or a final error: the record
-                                done = complete(
-                                    res.record, fence, c.ok, c.payload, now, c.ttl, caller, key
-                                )
-                                ws[rk] = dirty[rk] = done
-                                op.result = done
-                            else:
-                                rec = res.record
-                                applied = self._effect_and_record(
-                                    conn, op, caller, key, fence, c, rec, now, careful, True
-                                )
-                                if applied is not None:
-                                    ws[rk] = dirty[rk] = applied
+                            applied = self._effect_and_record(
+                                conn, op, caller, key, fence, c, res.record, now, careful, True
+                            )
+                            if applied is not None:
+                                ws[rk] = dirty[rk] = applied
                     elif kind == _RELEASE:
                         caller, key, f = op.args
                         rk = (caller, key)
@@ -656,16 +647,7 @@ class SQLiteStore(OneStepStore):
         """Write the changed records of the working set back."""
         if not dirty:
             return
-        completed = []
-        in_progress = []
-        deleted = []
-        for rk, rec in dirty.items():
-            if rec is None:
-                deleted.append(rk)
-            elif rec.payload is None:
-                in_progress.append(_in_progress_row(rk, rec))
-            else:
-                completed.append(_completed_row(rk, rec))
+        completed, in_progress, deleted = _rows(dirty)
         if completed:
             conn.executemany(_UPSERT, completed)
         if in_progress:
@@ -817,26 +799,133 @@ def _bad_step(
     return bad or bad_completion(store, caller, key, completion)
 
 
+# ------------------------------------------------- a batch's record work, per operation
+#
+# The pure-Python reference of what the committer thread does per operation of a batch,
+# apart from SQL: the keys it reads, the rows read back as records, the decisions of the
+# record-only operations, the rows written back. With idempotency._speedups built these
+# names are rebound to its C twins (at the end of this module), which answer the common
+# cases and hand every other to the functions here, so behaviour is defined here;
+# tests/idempotency/test_speedups.py compares the two.
+
+
+def _batch_keys(ops: list[Op]) -> list[tuple[str, str]]:
+    """The distinct keys the keyed operations of ``ops`` touch, first seen first."""
+    return list(dict.fromkeys([(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED]))
+
+
+def _decode_into(
+    rows: Any,
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    decode_row: Callable[[tuple[Any, ...]], Record | CorruptedRecord],
+) -> None:
+    """Put every row read (``(caller, key, *record columns)``) into the working set as
+    ``decode_row`` makes it: its record, or the error saying how it is damaged."""
+    for row in rows:
+        ws[row[0], row[1]] = decode_row(row)
+
+
+def _decide_one(
+    op: Op,
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    dirty: dict[tuple[str, str], Record | None],
+    now: float,
+    fence: int,
+) -> int | None:
+    """Apply ``op`` to the working set if it is a record-only operation (a claim, or a
+    completion or claim_and_complete without an effect): set its result or its own
+    error, note the records it changed in ``dirty``, and return the store's last fencing
+    token after it. None, with nothing done, for any other operation."""
+    kind = op.kind
+    try:
+        if (kind == _COMPLETE and op.args[3].effect is not None) or (
+            kind == _CLAIM_COMPLETE and op.args[5].effect is not None
+        ):
+            return None
+    except Exception:
+        return None  # not a completion: the batch's loop says what is wrong with it
+    if kind not in (_CLAIM, _COMPLETE, _CLAIM_COMPLETE):
+        return None
+    try:
+        if kind == _CLAIM:
+            caller, key, fp, lease = op.args
+            rk = (caller, key)
+            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            if res.kind is ClaimKind.CLAIMED:
+                fence += 1
+                ws[rk] = dirty[rk] = res.record
+            op.result = res
+        elif kind == _COMPLETE:
+            caller, key, f, c = op.args
+            rk = (caller, key)
+            done = complete(_current(ws, rk), f, c.ok, c.payload, now, c.ttl, caller, key)
+            ws[rk] = dirty[rk] = done
+            op.result = done
+        else:
+            caller, key, fp, lease, call, c = op.args
+            rk = (caller, key)
+            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            if res.kind is not ClaimKind.CLAIMED:
+                op.result = res  # a replay, a mismatch, busy: nothing written
+            else:
+                # The claim is written only as the completed record: no in-progress
+                # row, ever.
+                fence += 1
+                call.fence = fence
+                done = complete(res.record, fence, c.ok, c.payload, now, c.ttl, caller, key)
+                ws[rk] = dirty[rk] = done
+                op.result = done
+    except Exception as exc:
+        # This operation's alone (a stale completion, a corrupted row, an argument a
+        # store caller got wrong): it changed nothing of the working set.
+        op.error = exc
+    return fence
+
+
+def _decide(
+    ops: list[Op],
+    start: int,
+    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    dirty: dict[tuple[str, str], Record | None],
+    now: float,
+    fence: int,
+) -> tuple[int, int]:
+    """Apply the operations of ``ops`` from ``start`` on, in order, while they are
+    record-only (:func:`_decide_one`); return the index of the first that is not (or
+    ``len(ops)``) and the store's last fencing token."""
+    n = len(ops)
+    while start < n:
+        after = _decide_one(ops[start], ws, dirty, now, fence)
+        if after is None:
+            break
+        fence = after
+        start += 1
+    return start, fence
+
+
 # Parameters are given as types sqlite3 binds without adapting (see _UPSERT_IN_PROGRESS):
 # blobs as bytearray (a copy of a few dozen bytes costs far less than the failed lookup
 # that exact bytes pay) and the ok flag as an int (bool is not exactly int).
-def _completed_row(
-    rk: tuple[str, str], rec: Record
-) -> tuple[str, str, int, bytearray, int, float, int, bytearray]:
-    assert rec.payload is not None
-    return (
-        rk[0], rk[1], rec.state, bytearray(rec.fingerprint), rec.fence, rec.expires_at,
-        1 if rec.ok else 0, bytearray(rec.payload),
-    )  # fmt: skip
-
-
-def _in_progress_row(
-    rk: tuple[str, str], rec: Record
-) -> tuple[str, str, int, bytearray, int, float, int]:
-    return (
-        rk[0], rk[1], rec.state, bytearray(rec.fingerprint), rec.fence, rec.expires_at,
-        1 if rec.ok else 0,
-    )  # fmt: skip
+def _rows(
+    dirty: dict[tuple[str, str], Record | None],
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[str, str]]]:
+    """The parameters of the working set's writes: completed records' rows (for
+    ``_UPSERT``), in-progress records' rows (``_UPSERT_IN_PROGRESS``) and the keys of
+    deleted records (``_DELETE``), each in the order of ``dirty``."""
+    completed: list[tuple[Any, ...]] = []
+    in_progress: list[tuple[Any, ...]] = []
+    deleted: list[tuple[str, str]] = []
+    for rk, rec in dirty.items():
+        if rec is None:
+            deleted.append(rk)
+            continue
+        fp, ok = bytearray(rec.fingerprint), 1 if rec.ok else 0
+        if rec.payload is None:
+            in_progress.append((rk[0], rk[1], rec.state, fp, rec.fence, rec.expires_at, ok))
+        else:
+            payload = bytearray(rec.payload)
+            completed.append((rk[0], rk[1], rec.state, fp, rec.fence, rec.expires_at, ok, payload))
+    return completed, in_progress, deleted
 
 
 def _current(
@@ -857,3 +946,24 @@ def _nothing_written(conn: sqlite3.Connection, changes: int) -> None:
 
 def _rollback_to(conn: sqlite3.Connection | sqlite3.Cursor) -> None:
     conn.execute("ROLLBACK TO idempotency_effect")
+
+
+# The C twins of the batch's record work (idempotency/_speedups.c), when built: they
+# answer the common cases and call the functions above, kept as the reference, for the
+# rest.
+_py_batch_keys: Final = _batch_keys
+_py_decode_into: Final = _decode_into
+_py_decide: Final = _decide
+_py_rows: Final = _rows
+if _speedups is not None:
+    _speedups.configure_sqlite(
+        decide_one=_decide_one,
+        keyed=_KEYED,
+        claim=_CLAIM,
+        complete=_COMPLETE,
+        claim_complete=_CLAIM_COMPLETE,
+    )
+    _batch_keys = _speedups.batch_keys
+    _decode_into = _speedups.decode_into
+    _decide = _speedups.decide
+    _rows = _speedups.rows

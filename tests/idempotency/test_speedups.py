@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import types
 from typing import Any
 
@@ -19,9 +20,11 @@ from hypothesis import strategies as st
 
 from idempotency import _keys, _record
 from idempotency._accel import speedups
-from idempotency._errors import InvalidRequest
+from idempotency._errors import CorruptedRecord, InvalidRequest
 from idempotency._record import COMPLETED, IN_PROGRESS, Record
 from idempotency.stores import _contract, memory
+from idempotency.stores import sqlite as sqlite_store
+from idempotency.stores._batch import Op
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -280,6 +283,17 @@ def test_the_twins_leak_nothing() -> None:
                 table.complete("c", key, got.record.fence, completion)
             outcome_of(table.complete, "c", key, -1, completion)  # stale: reference
             speedups.sha256_ni(b"abc" * (i % 40))
+            ops = [
+                Op(sqlite_store._CLAIM, ("c", key, fp, 5.0)),
+                Op(sqlite_store._COMPLETE, ("c", key, i + 1, completion)),
+                Op(sqlite_store._COMPLETE, ("c", key, -1, completion)),  # stale: reference
+                Op(sqlite_store._RELEASE, ("c", key, 1)),
+            ]
+            ws: dict[Any, Any] = dict.fromkeys(speedups.batch_keys(ops))
+            dirty: dict[Any, Any] = {}
+            speedups.decode_into([("c", key, 1, fp, 1, 1.0, 1, None)], ws, lambda row: None)
+            speedups.decide(ops, 0, ws, dirty, 2.0, i)
+            speedups.rows(dirty)
 
     work(500)  # caches warm (the prefix cache, hypothesis-free)
     gc.collect()
@@ -293,3 +307,140 @@ def test_the_twins_leak_nothing() -> None:
         tracemalloc.stop()
     assert sys.getrefcount(fp) == refs
     assert live < 64 * 1024, f"{live} bytes still live after the calls"
+
+
+# ----------------------------------------------------- SQLiteStore's batch record work
+
+
+class _Call:
+    """What claim_and_complete is given as ``call``: its fence is set when it claims."""
+
+    def __init__(self) -> None:
+        self.fence = 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Call) and other.fence == self.fence
+
+    def __hash__(self) -> int:
+        return 0
+
+
+_KEYS = [("c", "a"), ("c", "b"), ("d", "a")]
+_CC = sqlite_store._CLAIM_COMPLETE
+completions = st.builds(
+    lambda ok, payload, effect, ttl: _contract.new_completion(
+        _contract.Completion, (ok, payload, effect, ttl, 1 << 20)
+    ),
+    st.booleans(),
+    st.sampled_from([b"", b"\x01"]),
+    st.sampled_from([None, None, None, sqlite_store.SQLiteEffect(lambda conn: 1)]),
+    st.sampled_from([10.0, 0.5, 3, math.inf]),
+)
+batch_ops = st.lists(
+    st.one_of(
+        st.builds(lambda rk, fp, lease: (sqlite_store._CLAIM, (*rk, fp, lease)),
+                  st.sampled_from(_KEYS), st.sampled_from(FINGERPRINTS),
+                  st.sampled_from([5.0, 0.5, 3, 1e-300, math.inf])),
+        st.builds(lambda rk, fence, c: (sqlite_store._COMPLETE, (*rk, fence, c)),
+                  st.sampled_from(_KEYS), st.integers(0, 6), completions),
+        st.builds(lambda rk, fp, lease, c: (_CC, (*rk, fp, lease, "call", c)),
+                  st.sampled_from(_KEYS), st.sampled_from(FINGERPRINTS),
+                  st.sampled_from([5.0, 3, math.inf]), completions),
+        st.builds(lambda rk, fence: (sqlite_store._RELEASE, (*rk, fence)),
+                  st.sampled_from(_KEYS), st.integers(0, 6)),
+        st.just((sqlite_store._SWEEP, ())),
+        st.builds(lambda rk: (sqlite_store._CLAIM, rk), st.sampled_from(_KEYS)),  # short args
+        st.builds(lambda rk: (sqlite_store._CLAIM, (*rk, b"fp", 1.0)), st.just(("c", "zz"))),
+    ),
+    max_size=12,
+)  # fmt: skip
+working_sets = st.dictionaries(
+    st.sampled_from(_KEYS), st.one_of(records, st.just(CorruptedRecord("damaged"))), max_size=3
+)
+
+
+def _ops_of(spec: list[tuple[int, tuple[Any, ...]]]) -> list[Op]:
+    return [Op(kind, tuple(_Call() if a == "call" else a for a in args)) for kind, args in spec]
+
+
+def _seen(ops: list[Op]) -> list[Any]:
+    """What the operations were left with, comparable between twins."""
+    out = []
+    for op in ops:
+        err = None if op.error is None else (type(op.error), str(op.error))
+        calls = [a.fence for a in op.args if isinstance(a, _Call)]
+        out.append((op.result, type(op.result), err, calls))
+    return out
+
+
+@settings(max_examples=400)
+@given(batch_ops, working_sets, st.integers(0, 3), times, st.integers(0, 5))
+def test_decide_matches_the_reference(
+    spec: list[tuple[int, tuple[Any, ...]]],
+    ws: dict[tuple[str, str], Any],
+    start: int,
+    now: float,
+    fence: int,
+) -> None:
+    for rk in _KEYS:
+        if rk not in ws and rk != ("d", "a"):
+            ws[rk] = None  # read and absent; ("d", "a") not read: a missing key
+    got = []
+    for decide in (speedups.decide, sqlite_store._py_decide):
+        ops, ws_ = _ops_of(spec), dict(ws)
+        dirty: dict[tuple[str, str], Record | None] = {("x", "y"): None}
+        answer = decide(ops, start, ws_, dirty, now, fence)
+        got.append((answer, [type(x) for x in answer], _seen(ops), ws_, dirty))
+    assert got[0] == got[1]
+
+
+@settings(max_examples=200)
+@given(batch_ops)
+def test_batch_keys_match_the_reference(spec: list[tuple[int, tuple[Any, ...]]]) -> None:
+    spec = [s for s in spec if len(s[1]) >= 2 or s[0] == sqlite_store._SWEEP]
+    ops = _ops_of(spec)
+    assert speedups.batch_keys(ops) == sqlite_store._py_batch_keys(ops)
+
+
+row_values = st.tuples(
+    st.sampled_from([1, 2, 3, "1", None]),
+    st.sampled_from([b"\x01" * 32, b"\x01" * 31, "x" * 32, None]),
+    st.sampled_from([1, 7, 0, -1, 1 << 70, 2.0, None]),
+    st.sampled_from([5.0, 3, -1.5, "soon", None]),
+    st.sampled_from([0, 1, 2, True, None]),
+    st.sampled_from([None, b"", b"\x01", "text"]),
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(st.sampled_from(_KEYS), row_values), max_size=6))
+def test_decode_into_matches_the_reference(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[tuple[str, str], tuple[Any, ...]]]
+) -> None:
+    store = sqlite_store.SQLiteStore(tmp_path_factory.mktemp("db") / "r.db")
+    try:
+        got = []
+        for decode_into in (speedups.decode_into, sqlite_store._py_decode_into):
+            ws: dict[Any, Any] = dict.fromkeys(_KEYS)
+            decode_into([(*rk, *row) for rk, row in rows], ws, store._decode_row)
+            got.append(
+                {
+                    rk: (type(v), str(v))
+                    if isinstance(v, Exception)
+                    else (type(v), v, None if v is None else [type(x) for x in v])
+                    for rk, v in ws.items()
+                }
+            )
+        assert got[0] == got[1]
+    finally:
+        store.close()
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(_KEYS), st.one_of(st.none(), records), max_size=3))
+def test_rows_match_the_reference(dirty: dict[tuple[str, str], Any]) -> None:
+    c_rows, py_rows = speedups.rows(dirty), sqlite_store._py_rows(dirty)
+    assert c_rows == py_rows
+    for c_list, py_list in zip(c_rows, py_rows, strict=True):
+        for c_row, py_row in zip(c_list, py_list, strict=True):
+            assert [type(x) for x in c_row] == [type(x) for x in py_row]
