@@ -16,6 +16,10 @@
  *       its first max_message_size bytes (refused once that many have arrived) stop the
  *       cutter for good: `error` says why (`too_large` for the last), the objects
  *       before it are returned, and feed returns nothing after.
+ *   cutter(fd) -> bool and take(): the same cut of the bytes received from a socket,
+ *       for RawConn.read (see MsgpackCutter_call), so that a receive and its cut are
+ *       one C call, as FrameReader's; `eof` once the peer ended the stream;
+ *       read_size (an optional last argument, 256 KiB) bounds one receive.
  *   buffered: bytes received and not yet returned (the start of an object).
  *   error, too_large: see feed.
  * The scan resumes where the previous feed stopped (its state is the open containers'
@@ -36,17 +40,27 @@ typedef struct {
     Py_ssize_t *stack;  /* the enclosing levels' objects left (max_depth entries) */
     PyObject *error;    /* None, or why the cutter stopped */
     int too_large;
+    /* The receiving form (cutter(fd)): */
+    PyObject *ready;    /* objects cut and not yet taken (a list, or NULL) */
+    Py_ssize_t read_size;
+    char eof;           /* the peer ended the stream */
+    char drained;       /* the last receive was short: the next call waits first */
 } MsgpackCutter;
 
 static PyObject *
 MsgpackCutter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    Py_ssize_t v[7];
+    Py_ssize_t v[7], read_size = 256 * 1024;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "MsgpackCutter takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "nnnnnnn", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])) {
+    if (!PyArg_ParseTuple(args, "nnnnnnn|n", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                          &read_size)) {
+        return NULL;
+    }
+    if (read_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "MsgpackCutter: read_size must be positive");
         return NULL;
     }
     for (int i = 0; i < 7; i++) {
@@ -66,6 +80,7 @@ MsgpackCutter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->max_map = v[4];
     self->max_ext = v[5];
     self->max_depth = v[6];
+    self->read_size = read_size;
     self->items = 1;
     self->stack = PyMem_Malloc((size_t)v[6] * sizeof(Py_ssize_t));
     if (self->stack == NULL) {
@@ -83,6 +98,7 @@ MsgpackCutter_dealloc(MsgpackCutter *self)
     PyMem_Free(self->buf);
     PyMem_Free(self->stack);
     Py_XDECREF(self->error);
+    Py_XDECREF(self->ready);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -322,6 +338,34 @@ cutter_keep(MsgpackCutter *self, const unsigned char *data, Py_ssize_t n, Py_ssi
     return 0;
 }
 
+/* Cut the objects of data[0:n] (buf, or the caller's bytes when nothing is buffered;
+ * `pos` of them scanned) into `out`, and keep the rest: 0, or -1 with an exception. */
+static int
+cutter_cut(MsgpackCutter *self, const unsigned char *data, Py_ssize_t n, Py_ssize_t pos,
+           PyObject *out)
+{
+    Py_ssize_t start = 0;
+    while (start < n) {
+        Py_ssize_t at = pos - start;
+        int got = cutter_scan(self, data + start, n - start, &at);
+        pos = start + at;
+        if (got == -2) {
+            return -1;
+        }
+        if (got != 1) {
+            break;
+        }
+        PyObject *msg = PyBytes_FromStringAndSize((const char *)data + start, pos - start);
+        if (msg == NULL || PyList_Append(out, msg) < 0) {
+            Py_XDECREF(msg);
+            return -1;
+        }
+        Py_DECREF(msg);
+        start = pos;
+    }
+    return cutter_keep(self, data + start, n - start, pos - start);
+}
+
 static PyObject *
 MsgpackCutter_feed(MsgpackCutter *self, PyObject *arg)
 {
@@ -334,56 +378,119 @@ MsgpackCutter_feed(MsgpackCutter *self, PyObject *arg)
         PyBuffer_Release(&view);
         return out;
     }
-    const unsigned char *data;
-    Py_ssize_t n, pos;
+    int failed;
     if (self->len == 0) {
         /* Nothing buffered: cut the new bytes where they are, keep only the rest. */
-        data = view.buf;
-        n = view.len;
-        pos = 0;
+        failed = cutter_cut(self, view.buf, view.len, 0, out);
     }
     else {
         /* Append to the object already started; its scan resumes where it stopped. */
-        Py_ssize_t old = self->len, scanned = self->pos;
-        if (cutter_reserve(self, old + view.len) < 0) {
-            goto fail;
+        Py_ssize_t old = self->len;
+        failed = cutter_reserve(self, old + view.len);
+        if (!failed) {
+            memcpy(self->buf + old, view.buf, (size_t)view.len);
+            failed = cutter_cut(self, self->buf, old + view.len, self->pos, out);
         }
-        memcpy(self->buf + old, view.buf, (size_t)view.len);
-        data = self->buf;
-        n = old + view.len;
-        pos = scanned;
-    }
-    Py_ssize_t start = 0;
-    for (;;) {
-        Py_ssize_t at = pos - start;
-        int got = cutter_scan(self, data + start, n - start, &at);
-        pos = start + at;
-        if (got == -2) {
-            goto fail;
-        }
-        if (got != 1) {
-            break;
-        }
-        PyObject *msg = PyBytes_FromStringAndSize((const char *)data + start, pos - start);
-        if (msg == NULL || PyList_Append(out, msg) < 0) {
-            Py_XDECREF(msg);
-            goto fail;
-        }
-        Py_DECREF(msg);
-        start = pos;
-        if (start == n) {
-            break;
-        }
-    }
-    if (cutter_keep(self, data + start, n - start, pos - start) < 0) {
-        goto fail;
     }
     PyBuffer_Release(&view);
+    if (failed) {
+        Py_DECREF(out);
+        return NULL;
+    }
     return out;
-fail:
-    PyBuffer_Release(&view);
-    Py_XDECREF(out);
-    return NULL;
+}
+
+/* cutter(fd) -> bool, RawConn.read's contract: one receive from the socket and its
+ * cut, into the objects take() returns. True after a receive (objects cut or not), at
+ * the end of the stream, or when objects or the cutter's `error` wait for the caller;
+ * False when the socket has nothing (EAGAIN, or the last receive drained it): wait for
+ * input and call again.
+ * A receive goes into the bytes of the object already started, or, with none, into
+ * netframe's receive scratch, whose bytes past the last whole object are kept. */
+static PyObject *
+MsgpackCutter_call(MsgpackCutter *self, PyObject *args, PyObject *kwds)
+{
+    int fd;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "MsgpackCutter(fd) takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "i", &fd)) {
+        return NULL;
+    }
+    if (self->ready == NULL && (self->ready = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    for (;;) {
+        if (self->eof || self->error != Py_None || PyList_GET_SIZE(self->ready)) {
+            Py_RETURN_TRUE;
+        }
+        if (self->drained) {
+            self->drained = 0;
+            Py_RETURN_FALSE;
+        }
+        unsigned char *into;
+        Py_ssize_t want = self->read_size, old = self->len;
+        if (old) {
+            if (cutter_reserve(self, old + want) < 0) {
+                return NULL;
+            }
+            into = self->buf + old;
+        }
+        else {
+            if (ensure_scratch(want) < 0) {
+                return NULL;
+            }
+            into = scratch;
+        }
+        ssize_t got = recv(fd, into, (size_t)want, 0);
+        if (got < 0) {
+            if (errno == EINTR) {
+                if (PyErr_CheckSignals() < 0) {
+                    return NULL;
+                }
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                Py_RETURN_FALSE;
+            }
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        if (got == 0) {
+            self->eof = 1;
+            Py_RETURN_TRUE;
+        }
+        if (got < want) {
+            self->drained = 1;
+        }
+        int failed = old ? cutter_cut(self, self->buf, old + got, self->pos, self->ready)
+                         : cutter_cut(self, scratch, got, 0, self->ready);
+        if (failed) {
+            return NULL;
+        }
+        /* Back to the caller after every receive, whole objects or not: it keeps the
+         * read deadline of an object begun (a peer trickling one byte at a time is
+         * seen receive by receive, as with Conn.read). */
+        Py_RETURN_TRUE;
+    }
+}
+
+static PyObject *
+MsgpackCutter_take(MsgpackCutter *self, PyObject *unused)
+{
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) {
+        return NULL;
+    }
+    PyObject *out = self->ready;
+    self->ready = fresh;
+    return out != NULL ? out : PyList_New(0);
+}
+
+static PyObject *
+MsgpackCutter_get_eof(MsgpackCutter *self, void *closure)
+{
+    return PyBool_FromLong(self->eof);
 }
 
 static PyObject *
@@ -408,6 +515,8 @@ MsgpackCutter_get_too_large(MsgpackCutter *self, void *closure)
 static PyMethodDef MsgpackCutter_methods[] = {
     {"feed", (PyCFunction)MsgpackCutter_feed, METH_O,
      "Buffer bytes; return the top-level msgpack objects now complete, each as bytes."},
+    {"take", (PyCFunction)MsgpackCutter_take, METH_NOARGS,
+     "The objects cut by cutter(fd) since the last take, in order."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -417,6 +526,8 @@ static PyGetSetDef MsgpackCutter_getset[] = {
     {"error", (getter)MsgpackCutter_get_error, NULL, "None, or why the cutter stopped.", NULL},
     {"too_large", (getter)MsgpackCutter_get_too_large, NULL,
      "Whether it stopped on an object longer than max_message_size.", NULL},
+    {"eof", (getter)MsgpackCutter_get_eof, NULL,
+     "Whether cutter(fd) met the end of the stream.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -428,6 +539,7 @@ static PyTypeObject MsgpackCutterType = {
     .tp_doc = "Cuts a plain msgpack stream into its top-level objects (see the file's "
               "comment).",
     .tp_new = MsgpackCutter_new,
+    .tp_call = (ternaryfunc)MsgpackCutter_call,
     .tp_methods = MsgpackCutter_methods,
     .tp_getset = MsgpackCutter_getset,
 };

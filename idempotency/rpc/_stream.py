@@ -194,6 +194,11 @@ class StreamLink:
             whole = self.read_timeout
             cutter = self.cutter
             on_message = self.on_message
+            # Where the cutter is C's and the connection has a RawConn, the reader
+            # receives through it: each wake is one C call that receives and cuts.
+            receiver = self._raw if hasattr(cutter, "take") else None
+            payloads: list[bytes]
+            data: bytes | bool
             # When the first byte of the message not yet whole arrived (None: no byte of
             # one is buffered): past it by read_timeout, the link ends (slowloris).
             started: float | None = None
@@ -214,7 +219,13 @@ class StreamLink:
                         self.conn.set_read_deadline(None if deadline == math.inf else deadline)
                         armed = deadline != math.inf
                 try:
-                    data = await self.conn.read(READ_SIZE)
+                    if receiver is not None:  # the receive and its cut, one C call
+                        await receiver.read(cutter)
+                        payloads = cutter.take()
+                        data = not cutter.eof
+                    else:
+                        data = await self.conn.read(READ_SIZE)
+                        payloads = cutter.feed(data)
                 except TimeoutError:
                     if started is not None and whole is not None and gosim.now() >= started + whole:
                         continue  # the message's deadline: the link ends above
@@ -226,7 +237,6 @@ class StreamLink:
                     if self.answer_after_eof:
                         await self._answer_after_eof()
                     return
-                payloads = cutter.feed(data)
                 replies: list[bytes] = []  # this receive's replies, owed, not yet queued
                 for payload in payloads:
                     # Over max_owed: take no more calls until replies are written.

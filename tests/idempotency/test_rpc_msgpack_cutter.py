@@ -9,6 +9,7 @@ the msgpack agreement tests run with whichever cutter the stream uses.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import msgpack
@@ -231,3 +232,28 @@ def test_the_message_bound_is_exact() -> None:
         assert (short.error is None) is (i < len(wire) - 2)  # refused at the bound
     assert got == [wire]
     assert short.too_large and short.error == f"message longer than {len(wire) - 1} bytes"
+
+
+@needs_c
+def test_the_receiving_form_cuts_as_feed_does() -> None:
+    """cutter(fd), RawConn.read's form: one receive a call, its whole objects for
+    take(), False when the socket has nothing (or the last receive drained it), and
+    the end of the stream seen."""
+    parts = [msgpack.packb([1, "x" * 40]), msgpack.packb({"a": [1, 2]}), msgpack.packb(7)]
+    wire = b"".join(parts)
+    a, b = socket.socketpair()
+    with a, b:
+        b.setblocking(False)
+        cutter = speedups.MsgpackCutter(1 << 20, 100, 100, 100, 100, 100, MAX_DEPTH, 16)
+        assert cutter(b.fileno()) is False
+        a.sendall(wire[:5])
+        assert cutter(b.fileno()) is True and cutter.take() == []
+        assert cutter.buffered == 5
+        assert cutter(b.fileno()) is False  # drained: wait first
+        a.sendall(wire[5:])
+        got: list[bytes] = []
+        while cutter(b.fileno()):  # receives of at most 16 bytes
+            got += cutter.take()
+        assert got == parts and cutter.buffered == 0
+        a.shutdown(socket.SHUT_WR)
+        assert cutter(b.fileno()) is True and cutter.eof
