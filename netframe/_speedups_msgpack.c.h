@@ -102,7 +102,8 @@ MsgpackCutter_dealloc(MsgpackCutter *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Stop the cutter for good with a message (printf-style): always NULL-free, returns -1. */
+/* Stop the cutter for good, `error` the message (printf-style): -1, or -2 with an
+ * exception set (the message could not be made). */
 static int
 cutter_fail(MsgpackCutter *self, int too_large, const char *format, ...)
 {

@@ -95,6 +95,9 @@ class StreamLink:
         self._handed = 0
         syscall_conn = getattr(conn, "syscall_conn", None)
         self._raw: Any = None if syscall_conn is None else syscall_conn()
+        self._out = b""  # the bytes _send_now is sending, and how many the socket took
+        self._sent = 0
+        self._write_out_bound = self._write_out
         self.messages_read = 0
         self.messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
@@ -257,7 +260,9 @@ class StreamLink:
                         replies = await self._queue_replies(replies)
                     await result
                 if replies:
-                    await self._queue_replies(replies)
+                    rest = self._reply_now(replies)
+                    if rest is not None:
+                        await self._hand_to_writer(rest)
                 if cutter.error is not None:  # after the messages cut before it
                     reason = f"protocol error from the peer: {cutter.error}"
                     return
@@ -278,40 +283,50 @@ class StreamLink:
         non-blocking send when nothing waits for the writer, what the socket does not
         take (or all of them, otherwise) as one item of the writer's queue; a link that
         has ended drops them. Returns a new, empty list."""
-        item: bytes | list[bytes] = replies
-        if self._raw is not None and not self._handed and not self.closed:
-            data = b"".join(replies)
-            try:
-                sent = self._send_now(data)
-            except OSError as exc:
-                self._end(f"connection broken: {exc}")
-                sent = 0
-            self._owed -= sent
-            if sent == len(data):
-                self.messages_written += len(replies)
-                return []
-            item = data[sent:]  # the writer sends the rest, under the write deadline
+        item = self._reply_now(replies)
+        if item is not None:
+            await self._hand_to_writer(item)
+        return []
+
+    def _reply_now(self, replies: list[bytes]) -> bytes | list[bytes] | None:
+        """:meth:`_queue_replies`'s send at once (no coroutine for the common case):
+        None when the socket took them all, else what must go to the writer."""
+        if self._raw is None or self._handed or self.closed:
+            return replies
+        data = b"".join(replies)
+        try:
+            sent = self._send_now(data)
+        except OSError as exc:
+            self._end(f"connection broken: {exc}")
+            sent = 0
+        self._owed -= sent
+        if sent == len(data):
+            self.messages_written += len(replies)
+            return None
+        return data[sent:]  # the writer sends the rest, under the write deadline
+
+    async def _hand_to_writer(self, item: bytes | list[bytes]) -> None:
         self._handed += 1
         try:
             await self._queue.send(item)
         except SendOnClosedChannel:  # the link ended: nobody to reach
             self._handed -= 1
             self._owed -= sum(map(len, item)) if isinstance(item, list) else len(item)
-        return []
 
     def _send_now(self, data: bytes) -> int:
         """One non-blocking send of ``data`` on the socket: the bytes it took."""
-        sent = 0
+        self._out = data
+        try:
+            self._raw.control(self._write_out_bound)  # made once: no closure per send
+            return self._sent
+        finally:
+            self._out = b""
 
-        def send(fd: int) -> None:
-            nonlocal sent
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                pass
-
-        self._raw.control(send)
-        return sent
+    def _write_out(self, fd: int) -> None:
+        try:
+            self._sent = os.write(fd, self._out)
+        except BlockingIOError:
+            self._sent = 0
 
     async def _wait_for_room(self) -> bool:
         """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
