@@ -14,7 +14,10 @@
  *                         (netframe/_conn.py's FramedConn runs it); send_data, one
  *                         session DATA frame sent at once (FramedConn._send_through's
  *                         twin), and set_closed_state, which hands both the session
- *                         state that may not send DATA.
+ *                         state that may not send DATA;
+ *   _speedups_msgpack.c.h MsgpackCutter, which cuts a plain msgpack stream into its
+ *                         top-level objects (idempotency.rpc's plain stream; its
+ *                         twin is in idempotency/rpc/_stream.py).
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the
@@ -30,6 +33,7 @@
 #include "_speedups_codec.c.h"
 #include "_speedups_io.c.h"
 #include "_speedups_server.c.h"
+#include "_speedups_msgpack.c.h"
 
 static PyMethodDef methods[] = {
     {"handle_each", (PyCFunction)(void (*)(void))handle_each, METH_FASTCALL,
@@ -62,7 +66,7 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&FrameReaderType) < 0 || PyType_Ready(&FrameWriterType) < 0 ||
-        PyType_Ready(&ExchangeType) < 0) {
+        PyType_Ready(&ExchangeType) < 0 || PyType_Ready(&MsgpackCutterType) < 0) {
         return NULL;
     }
     struct {
@@ -100,7 +104,7 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyModule_AddType(m, &FrameReaderType) < 0 || PyModule_AddType(m, &FrameWriterType) < 0 ||
-        PyModule_AddType(m, &ExchangeType) < 0 ||
+        PyModule_AddType(m, &ExchangeType) < 0 || PyModule_AddType(m, &MsgpackCutterType) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_READER", EXCHANGE_READER) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_PENDING", EXCHANGE_PENDING) < 0 ||
         PyModule_AddIntConstant(m, "EXCHANGE_WRITE_WAIT", EXCHANGE_WRITE_WAIT) < 0 ||

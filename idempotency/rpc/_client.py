@@ -637,8 +637,7 @@ class Client:
         link.stream = StreamLink(
             conn,
             self.limits,
-            lambda msg: self._on_message(link, msg),
-            lambda exc: None,
+            lambda payload: self._on_stream_payload(link, payload),
             lambda reason: self._drop_link(link, reason),
         )
         self._links.add(link)
@@ -693,6 +692,15 @@ class Client:
             # to a call, so no call on this link can be trusted to end.
             self._drop_link(link, f"undecodable message from the server: {exc}")
             return nc.close()
+        return self._on_message(link, msg)
+
+    def _on_stream_payload(self, link: _Link, payload: bytes) -> Any:
+        """A plain-stream link's message, on its reader goroutine: one that does not
+        decode is dropped (a stream that cannot be cut ends the link instead)."""
+        try:
+            msg = decode(payload, self.limits)
+        except RemoteProtocolError:
+            return None
         return self._on_message(link, msg)
 
     def _on_message(self, link: _Link, msg: Message) -> Any:

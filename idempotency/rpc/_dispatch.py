@@ -297,6 +297,9 @@ class Dispatcher:
         # Set once the server has said it starts no new work (a GOAWAY sent on the
         # framed transport, shutdown on the stream): every request is refused.
         self.refusing = False
+        #: The plain stream's handshake (a request for HELLO_METHOD): its answer, where
+        #: a connection's dispatcher speaks the handshake; None elsewhere (no method).
+        self.on_hello: Callable[[Request], bytes] | None = None
 
     def sibling(self, *, plain_errors: bool) -> Dispatcher:
         """A dispatcher with the same methods and counters, another error shape."""
@@ -452,8 +455,10 @@ class Dispatcher:
     def handle(self, msg: Request | Response | Notification) -> Any:
         """One decoded message: the response's bytes, None (no reply), or an awaitable."""
         if type(msg) is Request:
-            self._stats.calls += 1
             spec = self.methods.get(msg.method)
+            if spec is None and self.on_hello is not None and msg.method == HELLO_METHOD:
+                return self.on_hello(msg)  # the plain stream's handshake: not a call
+            self._stats.calls += 1
             if spec is None:
                 return self._error(msg.msgid, Status.UNIMPLEMENTED, f"no method {msg.method!r}")
             problem = spec.arity_error(len(msg.params))

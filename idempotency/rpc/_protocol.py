@@ -38,7 +38,9 @@ Every decode failure is a :class:`RemoteProtocolError` that says what was wrong,
 ``msgid`` set when the bad message was a request whose id could be read, so a server
 can answer that request with an ``INVALID_ARGUMENT`` error and keep the connection. A
 message that is not msgpack at all, or larger than the limit, loses the stream (plain
-transport) or only that frame (framed transport: the next frame starts clean).
+transport: where the next message starts is unknown) or only that frame (framed
+transport: the next frame starts clean); on the plain transport a message cut whole
+(its msgpack headers say where it ends) that does not decode loses only itself.
 Limits are constructor arguments with safe defaults (see :class:`Limits`), and maps
 accept only string or bytes keys (msgpack's ``strict_map_key``, against hash flooding).
 """
@@ -46,6 +48,7 @@ accept only string or bytes keys (msgpack's ``strict_map_key``, against hash flo
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -53,6 +56,7 @@ from typing import Any, Final
 import msgpack
 
 from netframe import NEED_DATA, NeedData
+from netframe._accel import speedups as _netframe_c
 
 __all__ = [
     "EXTENSION_VERSION",
@@ -624,7 +628,7 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
 
 # msgpack's first bytes that start a str, bin or ext, and how many bytes follow them
 # before the body: the length's, and ext's type byte (fixstr, 0xa0-0xbf, carries its
-# length in the first byte and is always within any limit: at most 31 bytes).
+# length in its first byte).
 _SIZED_HEADERS: Final[dict[int, tuple[str, int, int]]] = {
     0xC4: ("bin", 1, 0),
     0xC5: ("bin", 2, 0),
@@ -636,7 +640,8 @@ _SIZED_HEADERS: Final[dict[int, tuple[str, int, int]]] = {
     0xDA: ("str", 2, 0),
     0xDB: ("str", 4, 0),
 }
-# Scalars' total sizes, by first byte (fixints, nil, bools and fixstr are computed).
+# Scalars' total sizes, by first byte (fixints, nil, bools and fixstr are computed;
+# fixext, 0xd4-0xd8, too: their data is checked against max_ext_len).
 _FIXED_SIZES: Final[dict[int, int]] = {
     0xCA: 5,
     0xCB: 9,
@@ -648,101 +653,223 @@ _FIXED_SIZES: Final[dict[int, int]] = {
     0xD1: 3,
     0xD2: 5,
     0xD3: 9,
-    0xD4: 3,
-    0xD5: 4,
-    0xD6: 6,
-    0xD7: 10,
-    0xD8: 18,
 }
+#: msgpack's unpacker's bound on containers open at once (its stack).
+MAX_DEPTH: Final = 1024
 
 
-class _HeaderScan:
-    """Walks one msgpack object's headers as its bytes arrive, to refuse a str, bin or
-    ext whose announced length is over the limit at its header. msgpack's unpacker
-    refuses array and map headers at once, but waits for a whole str, bin or ext body
-    before it compares the length: a peer could make a stream decoder wait for
-    ``max_message_size`` bytes on a header that is already wrong.
+class PyMsgpackCutter:
+    """Cuts a plain msgpack stream into its top-level objects without decoding them:
+    the pure-Python twin of netframe's C ``MsgpackCutter`` (its comment in
+    ``netframe/_speedups_msgpack.c.h`` is the contract; the tests hold the two to the
+    same output).
 
-    Bodies are skipped without being looked at, so each byte of a message is looked
-    at once at most, however it is cut into receives. Only messages that do not
-    arrive whole in one receive are scanned (see StreamDecoder.next_message)."""
+    ``feed(data)`` returns the objects now complete, each as its own bytes. Headers
+    are checked as soon as they have arrived, before their bodies: a str, bin or ext
+    over its length limit, an array or map over its element limit, a container (even
+    empty) opened inside ``max_depth`` open ones, the byte 0xc1, or an object not
+    complete within its first ``max_message_size`` bytes stop the cutter for good
+    (``error`` says why, ``too_large`` for the last); the objects before it are
+    returned. The scan resumes where the last feed stopped, so each byte is looked at
+    once however the stream is cut; bodies are skipped unread.
+    """
 
-    __slots__ = ("_carry", "_items", "_limits", "_skip", "start")
+    __slots__ = (
+        "_buf",
+        "_items",
+        "_limits",
+        "_max_depth",
+        "_max_message",
+        "_pos",
+        "_skip",
+        "_stack",
+        "error",
+        "too_large",
+    )
 
-    def __init__(self, start: int, limits: Limits) -> None:
-        self.start = start  # the message's stream offset
+    def __init__(
+        self,
+        max_message_size: int,
+        max_str_len: int,
+        max_bin_len: int,
+        max_array_len: int,
+        max_map_len: int,
+        max_ext_len: int,
+        max_depth: int,
+    ) -> None:
+        limits = (max_message_size, max_str_len, max_bin_len, max_array_len, max_map_len)
+        if min(*limits, max_ext_len, max_depth) < 1:
+            raise ValueError("MsgpackCutter: every limit must be positive")
+        self._max_message = max_message_size
         self._limits = {
-            "str": limits.max_str_len,
-            "bin": limits.max_bin_len,
-            "ext": limits.max_ext_len,
+            "str": max_str_len,
+            "bin": max_bin_len,
+            "ext": max_ext_len,
+            "array": max_array_len,
+            "map": max_map_len,
         }
-        self._items = 1  # objects still to read, containers' elements included
+        self._max_depth = max_depth
+        self._buf = b""  # the object being cut, from its first byte
+        self._pos = 0  # bytes of it scanned
         self._skip = 0  # body bytes still to pass over
-        self._carry = b""  # a header cut by the end of what has arrived
+        self._items = 1  # objects left at the innermost open level
+        self._stack: list[int] = []  # the enclosing levels' objects left
+        self.error: str | None = None
+        self.too_large = False
 
-    def feed(self, data: bytes) -> None:
-        """Scan the message's next bytes; raise RemoteProtocolError (the stream is lost)
-        at a str, bin or ext header over its limit. Bytes past the object's end are
-        not looked at."""
-        if self._carry:
-            data = self._carry + data
-            self._carry = b""
-        i, n = 0, len(data)
-        items, skip = self._items, self._skip
-        while items:
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Buffer ``data``; return the top-level objects now complete, in order."""
+        out: list[bytes] = []
+        if self.error is not None or not data:
+            return out
+        buf = self._buf + bytes(data)
+        start = 0
+        while True:
+            if not self._scan(buf, start):
+                break
+            out.append(buf[start : self._pos])
+            start = self._pos
+            if start == len(buf):
+                break
+        self._buf = buf[start:]
+        self._pos -= start
+        return out
+
+    def _fail(self, text: str, too_large: bool = False) -> bool:
+        self.error = text
+        self.too_large = too_large
+        return False
+
+    def _scan(self, buf: bytes, start: int) -> bool:
+        """Scan the object at ``start`` from the saved state: True when it ended at
+        ``self._pos``; False when more bytes are needed or the cutter stopped."""
+        pos, skip, items, stack = self._pos, self._skip, self._items, self._stack
+        end = min(len(buf), start + self._max_message)
+        limits = self._limits
+        done = False
+        while True:
             if skip:
-                step = min(skip, n - i)
+                step = min(skip, end - pos)
+                pos += step
                 skip -= step
-                i += step
                 if skip:
                     break
-                continue
-            if i >= n:
-                break
-            b = data[i]
-            if b <= 0x7F or b >= 0xE0 or 0xC0 <= b <= 0xC3:  # fixint, nil, bool (c1 unused)
-                i += 1
                 items -= 1
-            elif b <= 0x8F:  # fixmap
-                i += 1
-                items += 2 * (b & 0x0F) - 1
-            elif b <= 0x9F:  # fixarray
-                i += 1
-                items += (b & 0x0F) - 1
-            elif b <= 0xBF:  # fixstr
-                i += 1
-                skip = b & 0x1F
-                items -= 1
-            elif b in _SIZED_HEADERS:
-                kind, width, extra = _SIZED_HEADERS[b]
-                if n - i < 1 + width:
-                    break  # the length has not all arrived
-                length = int.from_bytes(data[i + 1 : i + 1 + width], "big")
-                limit = self._limits[kind]
-                if length > limit:
-                    raise RemoteProtocolError(
-                        f"undecodable msgpack: {kind} of {length} bytes exceeds "
-                        f"max_{kind}_len({limit})",
-                        stream_lost=True,
-                    )
-                i += 1 + width
-                skip = length + extra
-                items -= 1
-            elif b in _FIXED_SIZES:
-                skip = _FIXED_SIZES[b]
-                items -= 1
-            elif b in (0xDC, 0xDD, 0xDE, 0xDF):  # array16/32, map16/32
-                width = 2 if b in (0xDC, 0xDE) else 4
-                if n - i < 1 + width:
+            else:
+                if pos >= end:
                     break
-                count = int.from_bytes(data[i + 1 : i + 1 + width], "big")
-                i += 1 + width
-                items += (2 * count if b >= 0xDE else count) - 1
-            else:  # not reached: every byte value is a msgpack type
-                items = 0
-        if items and not skip and i < n:
-            self._carry = data[i:]  # a header's first bytes
-        self._items, self._skip = items, skip
+                b = buf[pos]
+                have = end - pos
+                count = -1
+                if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+                    pos += 1
+                    items -= 1
+                elif b <= 0x9F:  # fixmap, fixarray
+                    kind, count = ("map" if b <= 0x8F else "array"), b & 0x0F
+                    pos += 1
+                elif b <= 0xBF:  # fixstr
+                    if b & 0x1F > limits["str"]:
+                        self._fail(
+                            f"undecodable msgpack: str of {b & 0x1F} bytes exceeds "
+                            f"max_str_len({limits['str']})"
+                        )
+                        break
+                    pos += 1
+                    skip = b & 0x1F
+                    if not skip:
+                        items -= 1
+                elif b == 0xC1:
+                    self._fail(f"undecodable msgpack: byte 0xc1 at offset {pos - start}")
+                    break
+                elif b in _SIZED_HEADERS:
+                    kind, width, extra = _SIZED_HEADERS[b]
+                    if have < 1 + width:
+                        break  # the length has not all arrived
+                    length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+                    if length > limits[kind]:
+                        self._fail(
+                            f"undecodable msgpack: {kind} of {length} bytes exceeds "
+                            f"max_{kind}_len({limits[kind]})"
+                        )
+                        break
+                    pos += 1 + width
+                    skip = length + extra
+                    if not skip:
+                        items -= 1
+                elif b in _FIXED_SIZES:
+                    skip = _FIXED_SIZES[b]
+                elif 0xD4 <= b <= 0xD8:  # fixext: 1, 2, 4, 8 or 16 data bytes
+                    size = 1 << (b - 0xD4)
+                    if size > limits["ext"]:
+                        self._fail(
+                            f"undecodable msgpack: ext of {size} bytes exceeds "
+                            f"max_ext_len({limits['ext']})"
+                        )
+                        break
+                    skip = 2 + size
+                else:  # array16/32, map16/32
+                    width = 2 if b in (0xDC, 0xDE) else 4
+                    if have < 1 + width:
+                        break  # the count has not all arrived
+                    kind = "map" if b >= 0xDE else "array"
+                    count = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+                    pos += 1 + width
+                if count >= 0:
+                    if count > limits[kind]:
+                        self._fail(
+                            f"undecodable msgpack: {kind} of {count} elements exceeds "
+                            f"max_{kind}_len({limits[kind]})"
+                        )
+                        break
+                    # msgpack's unpacker opens no container, empty or not, inside
+                    # max_depth open ones.
+                    if len(stack) >= self._max_depth:
+                        self._fail(
+                            f"undecodable msgpack: containers nested deeper than {self._max_depth}"
+                        )
+                        break
+                    items -= 1
+                    if count:
+                        stack.append(items)
+                        items = 2 * count if kind == "map" else count
+            while not items and stack:
+                items = stack.pop()
+            if not items:
+                done = True
+                break
+        if not done and self.error is None and len(buf) - start >= self._max_message:
+            self._fail(f"message longer than {self._max_message} bytes", too_large=True)
+        self._pos = pos
+        if done:
+            self._skip, self._items = 0, 1
+            stack.clear()
+        else:
+            self._skip, self._items = skip, items
+        return done
+
+
+#: The cutter the plain stream uses: netframe's C one where built (and not
+#: ``GOSIM_PURE_PYTHON=1``: netframe's loader decides), else its Python twin above.
+MsgpackCutter: Any = PyMsgpackCutter if _netframe_c is None else _netframe_c.MsgpackCutter
+
+
+def new_cutter(limits: Limits) -> Any:
+    """A :data:`MsgpackCutter` bounded as ``limits`` and msgpack's unpacker bound a
+    message (its stack depth too)."""
+    return MsgpackCutter(
+        limits.max_message_size,
+        limits.max_str_len,
+        limits.max_bin_len,
+        limits.max_array_len,
+        limits.max_map_len,
+        limits.max_ext_len,
+        MAX_DEPTH,
+    )
 
 
 class StreamDecoder:
@@ -750,110 +877,50 @@ class StreamDecoder:
 
     ``feed(bytes)`` buffers, ``next_message()`` returns a message or
     :data:`~netframe.NEED_DATA`; iterating yields messages until more data is needed.
-    At most ``limits.max_message_size`` bytes are buffered waiting for one message:
-    a longer message raises :class:`MessageTooLarge` once that much has arrived, not
-    after it has all been read. A str, bin, ext, array or map whose header announces
-    more than its limit raises as soon as the header has arrived, not after its body.
-    A message that parses as msgpack but is not a valid
-    message raises a :class:`RemoteProtocolError` and is consumed (the stream goes on);
-    undecodable msgpack raises with ``stream_lost`` set, and asking again raises the
-    same error.
+    The stream is cut into messages by a :data:`MsgpackCutter` before anything is
+    decoded. At most ``limits.max_message_size`` bytes are buffered waiting for one
+    message: a longer message raises :class:`MessageTooLarge` once that much has
+    arrived, not after it has all been read. A str, bin, ext, array or map whose header
+    announces more than its limit, containers nested deeper than msgpack's unpacker
+    takes, or a byte that is not msgpack raise as soon as that byte has arrived. These
+    lose the stream: they raise with ``stream_lost`` set, and asking again raises the
+    same error. A message cut whole that does not decode, or is not a valid message,
+    raises a :class:`RemoteProtocolError` and is consumed (the stream goes on: its
+    boundaries are known).
     """
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
-        self._unpacker = msgpack.Unpacker(
-            max_buffer_size=limits.max_message_size, **limits.unpack_options()
-        )
-        self._fed = 0  # stream offset: bytes handed to the unpacker so far
-        self._boundary = 0  # stream offset where the message being read starts
-        # Bytes fed but not yet handed to the unpacker. The unpacker parses containers
-        # as their elements arrive, so its buffer alone does not bound a message; the
-        # bound is kept here, by handing it no more than the limit past the boundary.
-        # (One receive may carry many small messages whose total exceeds the limit.)
-        self._pending: list[bytes] = []
+        self._cutter = new_cutter(limits)
+        self._ready: deque[bytes] = deque()  # messages cut, not yet returned
         self._failed: RemoteProtocolError | None = None
-        # A message that does not arrive whole in one go has its headers scanned
-        # (_HeaderScan) as its bytes reach the unpacker: the chunks handed to the
-        # unpacker since the scan's last look, each with its stream offset.
-        self._scan: _HeaderScan | None = None
-        self._unscanned: list[tuple[int, bytes]] = []
-        #: The bytes of the message last returned (or refused for its shape).
+        #: The bytes of the message last returned (or refused).
         self.last_size = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer bytes received; never raises a protocol error."""
         if data:
-            self._pending.append(bytes(data))
+            self._ready.extend(self._cutter.feed(data))
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as messages."""
-        return self._fed - self._boundary + sum(map(len, self._pending))
-
-    def _refill(self) -> bool:
-        """Move pending bytes into the unpacker, up to the limit past the boundary."""
-        room = self.limits.max_message_size - (self._fed - self._boundary)
-        moved = False
-        while self._pending and room > 0:
-            chunk = self._pending[0]
-            if len(chunk) <= room:
-                self._pending.pop(0)
-            else:
-                self._pending[0] = chunk[room:]
-                chunk = chunk[:room]
-            self._unpacker.feed(chunk)
-            self._unscanned.append((self._fed, chunk))
-            self._fed += len(chunk)
-            room -= len(chunk)
-            moved = True
-        return moved
+        return int(self._cutter.buffered) + sum(map(len, self._ready))
 
     def next_message(self) -> Message | NeedData:
         """The next message, or NEED_DATA; see the class docstring for errors."""
+        if self._ready:
+            payload = self._ready.popleft()
+            self.last_size = len(payload)
+            return decode(payload, self.limits)
         if self._failed is not None:
             raise self._failed
-        while True:
-            try:
-                obj = self._unpacker.unpack()
-            except msgpack.OutOfData:
-                self._scan_headers()
-                if self._refill():
-                    continue
-                if self._fed - self._boundary >= self.limits.max_message_size:
-                    self._failed = MessageTooLarge(
-                        f"message longer than {self.limits.max_message_size} bytes",
-                        stream_lost=True,
-                    )
-                    raise self._failed from None
-                return NEED_DATA
-            except (ValueError, msgpack.UnpackException) as exc:
-                self._failed = RemoteProtocolError(f"undecodable msgpack: {exc}", stream_lost=True)
-                raise self._failed from None
-            start, self._boundary = self._boundary, self._unpacker.tell()
-            self.last_size = self._boundary - start
-            return parse(obj)
-
-    def _scan_headers(self) -> None:
-        """The unpacker waits for more of the message at the boundary: scan the bytes it
-        has of it that the scan has not seen (a header over its limit raises now)."""
-        unscanned = self._unscanned
-        if not unscanned:
-            return
-        self._unscanned = []
-        boundary = self._boundary
-        scan = self._scan
-        if scan is None or scan.start != boundary:
-            scan = self._scan = _HeaderScan(boundary, self.limits)
-        try:
-            for offset, chunk in unscanned:
-                end = offset + len(chunk)
-                if end <= boundary:
-                    continue  # earlier messages' bytes
-                scan.feed(chunk if offset >= boundary else chunk[boundary - offset :])
-        except RemoteProtocolError as exc:
-            self._failed = exc
-            raise
+        error = self._cutter.error
+        if error is None:
+            return NEED_DATA
+        cls = MessageTooLarge if self._cutter.too_large else RemoteProtocolError
+        self._failed = cls(error, stream_lost=True)
+        raise self._failed
 
     def __iter__(self) -> Iterator[Message]:
         while True:

@@ -36,9 +36,9 @@ from ._protocol import (
     DEFAULT_LIMITS,
     HELLO_METHOD,
     Limits,
-    Message,
     RemoteProtocolError,
     Request,
+    decode,
     encode_response,
     hello_result,
 )
@@ -269,15 +269,17 @@ class _StreamServerConn:
         self.server = server
         self.in_flight = 0
         self.draining = False
-        # A plain peer's shapes until the peer's handshake says it speaks the extension.
-        self.dispatcher = server.stream_dispatcher
+        # A plain peer's shapes until the peer's handshake says it speaks the extension
+        # (then the server's framed dispatcher's): the connection's own sibling, whose
+        # handshake hook switches it.
+        self.dispatcher = server.stream_dispatcher.sibling(plain_errors=True)
+        self.dispatcher.on_hello = self._on_hello
         self._slots: Chan[None] = Chan(server.max_in_flight)
         server._stream_links.add(self)
         self.link = StreamLink(
             conn,
             server.limits,
             self._on_message,
-            self._on_bad,
             self._on_end,
             server.send_queue,
             idle_timeout=server.idle_timeout,
@@ -291,8 +293,11 @@ class _StreamServerConn:
     def _on_end(self, reason: str) -> None:
         self.server._stream_links.discard(self)
 
-    def _on_bad(self, exc: RemoteProtocolError) -> Any:
-        return self.dispatcher.bad_message(exc)  # the link queues a reply's bytes
+    def _on_hello(self, msg: Request) -> bytes:
+        # The peer speaks the extension: from now on it gets our error shape and the
+        # refusal mark (PROTOCOL.md, "The plain stream's handshake").
+        self.dispatcher.plain_errors = False
+        return encode_response(msg.msgid, None, hello_result())
 
     async def _reply(self, payload: bytes | None) -> None:
         if payload is None:
@@ -302,25 +307,30 @@ class _StreamServerConn:
         except ConnectionError:
             pass  # the peer is gone: the reply has nobody to reach
 
-    def _on_message(self, msg: Message) -> Any:
-        if type(msg) is Request:
-            if msg.method == HELLO_METHOD:
-                # The peer speaks the extension: from now on it gets our error shape
-                # and the refusal mark (PROTOCOL.md, "The plain stream's handshake").
-                self.dispatcher = self.server.dispatcher
-                return encode_response(msg.msgid, None, hello_result())
-            if self.draining:
-                return self.dispatcher.refuse(msg.msgid)
-        out = self.dispatcher.handle(msg)
+    def _on_message(self, payload: bytes) -> Any:
+        """One message's bytes, through the framed transport's dispatch."""
+        draining = self.draining
+        out = self._draining(payload) if draining else self.dispatcher.handle_payload(payload)
         if out is None or type(out) is bytes:
             return out  # the link queues a reply's bytes with the receive's others
-        if isinstance(out, bytes):
+        if isinstance(out, bytes | bytearray):
             return bytes(out)
-        return self._start(out)
+        return self._start(out, len(payload))
 
-    async def _start(self, awaitable: Any) -> None:
+    def _draining(self, payload: bytes) -> Any:
+        """After shutdown began: a request is refused (the handshake still answered),
+        anything else handled as usual."""
+        dispatcher = self.dispatcher
+        try:
+            msg = decode(payload, dispatcher.limits)
+        except RemoteProtocolError as exc:
+            return dispatcher.bad_message(exc)
+        if type(msg) is Request and msg.method != HELLO_METHOD:
+            return dispatcher.refuse(msg.msgid)
+        return dispatcher.handle(msg)
+
+    async def _start(self, awaitable: Any, size: int) -> None:
         # The call holds its request's bytes against max_owed_bytes while it runs.
-        size = self.link.decoder.last_size
         self.link.hold(size)
         await self._slots.send(None)  # blocks the reader at max_in_flight: backpressure
         self.in_flight += 1

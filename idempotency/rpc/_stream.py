@@ -1,7 +1,9 @@
 """The plain msgpack stream transport: msgpack-rpc with no length prefix (Neovim's).
 
-One :class:`StreamLink` per connection, for either role: a reader goroutine feeds the
-:class:`~idempotency.rpc.StreamDecoder` and hands each message to a callback; the
+One :class:`StreamLink` per connection, for either role: a reader goroutine cuts the
+stream into messages with a :data:`~idempotency.rpc._protocol.MsgpackCutter` (in C
+where built: no decoding) and hands each message's bytes to a callback, as netframe
+hands a frame's payload to the framed transport's handler; the
 replies the callbacks return for one receive leave together, sent by the reader itself
 with one non-blocking send when nothing waits for the writer; other writes (and what
 the socket did not take) go through a bounded queue to one writer goroutine that sends
@@ -31,9 +33,8 @@ from typing import Any, Protocol
 
 import gosim
 from gosim import Chan, SendOnClosedChannel, go
-from netframe import NEED_DATA
 
-from ._protocol import Limits, Message, RemoteProtocolError, StreamDecoder
+from ._protocol import Limits, new_cutter
 
 __all__ = ["StreamLink"]
 
@@ -55,21 +56,22 @@ class _Conn(Protocol):
 class StreamLink:
     """A msgpack-rpc peer over one byte stream.
 
-    ``on_message(msg)`` is called by the reader goroutine for every message, in order;
-    ``on_bad(exc)`` for a message that decoded but is not valid msgpack-rpc (the stream
-    goes on); ``on_end(reason)`` once, when the connection has ended for any reason.
-    Either callback returns None, an awaitable the reader awaits, or bytes: a reply
-    to send. The replies of one receive's messages are queued together once its
-    messages are handled (earlier, before the reader waits for anything), so the
-    calls one receive brings cost one hand-off to the writer and one write.
+    ``on_message(payload)`` is called by the reader goroutine with every message's
+    bytes (one whole msgpack object, not yet decoded: it decodes it, and answers what
+    does not decode), in order; ``on_end(reason)`` once, when the connection has ended
+    for any reason (bytes that cannot be cut into messages end it: see
+    :class:`~idempotency.rpc.StreamDecoder`). ``on_message`` returns None, an
+    awaitable the reader awaits, or bytes: a reply to send. The replies of one
+    receive's messages are queued together once its messages are handled (earlier,
+    before the reader waits for anything), so the calls one receive brings cost one
+    hand-off to the writer and one write.
     """
 
     def __init__(
         self,
         conn: _Conn,
         limits: Limits,
-        on_message: Callable[[Message], Any],
-        on_bad: Callable[[RemoteProtocolError], Any],
+        on_message: Callable[[bytes], Any],
         on_end: Callable[[str], None],
         send_queue: int = 1024,
         idle_timeout: float | None = None,
@@ -80,9 +82,8 @@ class StreamLink:
         max_owed: int | None = None,
     ) -> None:
         self.conn = conn
-        self.decoder = StreamDecoder(limits)
+        self.cutter = new_cutter(limits)
         self.on_message = on_message
-        self.on_bad = on_bad
         self.on_end = on_end
         self.closed = False
         self.reason = ""
@@ -94,6 +95,9 @@ class StreamLink:
         self._handed = 0
         syscall_conn = getattr(conn, "syscall_conn", None)
         self._raw: Any = None if syscall_conn is None else syscall_conn()
+        self._out = b""  # the bytes _send_now is sending, and how many the socket took
+        self._sent = 0
+        self._write_out_bound = self._write_out
         self.messages_read = 0
         self.messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
@@ -191,7 +195,13 @@ class StreamLink:
         try:
             idle = self.idle_timeout
             whole = self.read_timeout
-            decoder = self.decoder
+            cutter = self.cutter
+            on_message = self.on_message
+            # Where the cutter is C's and the connection has a RawConn, the reader
+            # receives through it: each wake is one C call that receives and cuts.
+            receiver = self._raw if hasattr(cutter, "take") else None
+            payloads: list[bytes]
+            data: bytes | bool
             # When the first byte of the message not yet whole arrived (None: no byte of
             # one is buffered): past it by read_timeout, the link ends (slowloris).
             started: float | None = None
@@ -200,18 +210,25 @@ class StreamLink:
                 if self._owed > self.max_owed:
                     await self._wait_for_room()
                     continue
-                now = gosim.now()
-                if started is not None and whole is not None and now >= started + whole:
-                    reason = f"message not received whole within {whole:g} s"
-                    return
-                deadline = math.inf if idle is None else now + idle
-                if started is not None and whole is not None:
-                    deadline = min(deadline, started + whole)
-                if deadline != math.inf or armed:
-                    self.conn.set_read_deadline(None if deadline == math.inf else deadline)
-                    armed = deadline != math.inf
+                if started is not None or idle is not None or armed:
+                    now = gosim.now()
+                    if started is not None and whole is not None and now >= started + whole:
+                        reason = f"message not received whole within {whole:g} s"
+                        return
+                    deadline = math.inf if idle is None else now + idle
+                    if started is not None and whole is not None:
+                        deadline = min(deadline, started + whole)
+                    if deadline != math.inf or armed:
+                        self.conn.set_read_deadline(None if deadline == math.inf else deadline)
+                        armed = deadline != math.inf
                 try:
-                    data = await self.conn.read(READ_SIZE)
+                    if receiver is not None:  # the receive and its cut, one C call
+                        await receiver.read(cutter)
+                        payloads = cutter.take()
+                        data = not cutter.eof
+                    else:
+                        data = await self.conn.read(READ_SIZE)
+                        payloads = cutter.feed(data)
                 except TimeoutError:
                     if started is not None and whole is not None and gosim.now() >= started + whole:
                         continue  # the message's deadline: the link ends above
@@ -223,30 +240,16 @@ class StreamLink:
                     if self.answer_after_eof:
                         await self._answer_after_eof()
                     return
-                decoder.feed(data)
-                completed = False
                 replies: list[bytes] = []  # this receive's replies, owed, not yet queued
-                while True:
+                for payload in payloads:
                     # Over max_owed: take no more calls until replies are written.
                     if self._owed > self.max_owed:
                         if replies:
                             replies = await self._queue_replies(replies)
                         if not await self._wait_for_room():
                             return
-                    try:
-                        msg = decoder.next_message()
-                    except RemoteProtocolError as exc:
-                        if exc.stream_lost:
-                            reason = f"protocol error from the peer: {exc}"
-                            return
-                        completed = True
-                        result = self.on_bad(exc)
-                    else:
-                        if msg is NEED_DATA:
-                            break
-                        completed = True
-                        self.messages_read += 1
-                        result = self.on_message(msg)
+                    self.messages_read += 1
+                    result = on_message(payload)
                     if result is None:
                         continue
                     if type(result) is bytes:
@@ -257,13 +260,18 @@ class StreamLink:
                         replies = await self._queue_replies(replies)
                     await result
                 if replies:
-                    await self._queue_replies(replies)
+                    rest = self._reply_now(replies)
+                    if rest is not None:
+                        await self._hand_to_writer(rest)
+                if cutter.error is not None:  # after the messages cut before it
+                    reason = f"protocol error from the peer: {cutter.error}"
+                    return
                 # The bytes left over started a message in this receive, or earlier
                 # when this receive completed none (time spent waiting on calls above
                 # is this side's, not the peer's: a message counts from here then).
-                if not decoder.buffered:
+                if not cutter.buffered:
                     started = None
-                elif completed or started is None:
+                elif payloads or started is None:
                     started = gosim.now()
         except OSError as exc:
             reason = f"connection broken: {exc}"
@@ -275,40 +283,50 @@ class StreamLink:
         non-blocking send when nothing waits for the writer, what the socket does not
         take (or all of them, otherwise) as one item of the writer's queue; a link that
         has ended drops them. Returns a new, empty list."""
-        item: bytes | list[bytes] = replies
-        if self._raw is not None and not self._handed and not self.closed:
-            data = b"".join(replies)
-            try:
-                sent = self._send_now(data)
-            except OSError as exc:
-                self._end(f"connection broken: {exc}")
-                sent = 0
-            self._owed -= sent
-            if sent == len(data):
-                self.messages_written += len(replies)
-                return []
-            item = data[sent:]  # the writer sends the rest, under the write deadline
+        item = self._reply_now(replies)
+        if item is not None:
+            await self._hand_to_writer(item)
+        return []
+
+    def _reply_now(self, replies: list[bytes]) -> bytes | list[bytes] | None:
+        """:meth:`_queue_replies`'s send at once (no coroutine for the common case):
+        None when the socket took them all, else what must go to the writer."""
+        if self._raw is None or self._handed or self.closed:
+            return replies
+        data = b"".join(replies)
+        try:
+            sent = self._send_now(data)
+        except OSError as exc:
+            self._end(f"connection broken: {exc}")
+            sent = 0
+        self._owed -= sent
+        if sent == len(data):
+            self.messages_written += len(replies)
+            return None
+        return data[sent:]  # the writer sends the rest, under the write deadline
+
+    async def _hand_to_writer(self, item: bytes | list[bytes]) -> None:
         self._handed += 1
         try:
             await self._queue.send(item)
         except SendOnClosedChannel:  # the link ended: nobody to reach
             self._handed -= 1
             self._owed -= sum(map(len, item)) if isinstance(item, list) else len(item)
-        return []
 
     def _send_now(self, data: bytes) -> int:
         """One non-blocking send of ``data`` on the socket: the bytes it took."""
-        sent = 0
+        self._out = data
+        try:
+            self._raw.control(self._write_out_bound)  # made once: no closure per send
+            return self._sent
+        finally:
+            self._out = b""
 
-        def send(fd: int) -> None:
-            nonlocal sent
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                pass
-
-        self._raw.control(send)
-        return sent
+    def _write_out(self, fd: int) -> None:
+        try:
+            self._sent = os.write(fd, self._out)
+        except BlockingIOError:
+            self._sent = 0
 
     async def _wait_for_room(self) -> bool:
         """Wait until the replies owed to the peer are back under ``max_owed`` bytes (the
