@@ -7,6 +7,8 @@ unsupported Python), the install goes on and the pure-Python code runs, which is
 reference implementation and is tested in CI too (GOSIM_PURE_PYTHON=1).
 """
 
+from glob import glob
+
 from setuptools import Extension, setup
 
 setup(
@@ -15,28 +17,16 @@ setup(
             "gosim._speedups",
             sources=["gosim/_speedups.c"],
             # The parts it includes, one per mechanism: a change to one rebuilds it.
-            depends=[
-                "gosim/_speedups_common.c.h",
-                "gosim/_speedups_records.c.h",
-                "gosim/_speedups_timers.c.h",
-                "gosim/_speedups_sched.c.h",
-                "gosim/_speedups_chan.c.h",
-                "gosim/_speedups_select.c.h",
-                "gosim/_speedups_wait.c.h",
-                "gosim/_speedups_clock.c.h",
-            ],
+            depends=sorted(glob("gosim/_speedups_*.c.h")),
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),
         Extension(
             "netframe._speedups",
             sources=["netframe/_speedups.c"],
-            # The three parts it includes (sans-IO, I/O, server): a change rebuilds it.
-            depends=[
-                "netframe/_speedups_codec.c.h",
-                "netframe/_speedups_io.c.h",
-                "netframe/_speedups_server.c.h",
-            ],
+            # The parts it includes (sans-IO, I/O, msgpack cutter, server): a change to
+            # one rebuilds it.
+            depends=sorted(glob("netframe/_speedups_*.c.h")),
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),
