@@ -89,7 +89,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
@@ -111,7 +111,6 @@ from .._record import (
     COMPLETED,
     IN_PROGRESS,
     ClaimKind,
-    ClaimResult,
     Record,
     claim,
     complete,
@@ -119,26 +118,22 @@ from .._record import (
     renew,
     state_at,
 )
-from ._batch import GroupCommitter, Op, raise_when_awaited
+from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
 from ._contract import (
     Completion,
     Effect,
-    OneStepStore,
     StoredRecord,
-    StoreStatistics,
-    bad_completion,
-    bad_duration,
     run_effect,
 )
 
 __all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 
-_CLAIM: Final = 0
-_COMPLETE: Final = 1
-_RELEASE: Final = 2
-_GET: Final = 3
-_CLAIM_COMPLETE: Final = 6
-_RENEW: Final = 7
+_CLAIM: Final = OpKind.CLAIM
+_COMPLETE: Final = OpKind.COMPLETE
+_RELEASE: Final = OpKind.RELEASE
+_GET: Final = OpKind.GET
+_CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
+_RENEW: Final = OpKind.RENEW
 _WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW})
 
 # SQLSTATEs of a transaction that failed through no fault of its own: run it again.
@@ -242,7 +237,7 @@ class _Pool:
             self._cond.notify_all()
 
 
-class PostgresStore(OneStepStore):
+class PostgresStore(BatchedOneStepStore):
     """Records in PostgreSQL at ``dsn`` (a ``postgresql://`` URL or a libpq conninfo
     string), under ``schema`` (see the module docstring).
 
@@ -266,6 +261,8 @@ class PostgresStore(OneStepStore):
     :class:`StoreUnavailable` when the server cannot be reached. One store object
     serves one gosim runtime at a time.
     """
+
+    _effect_type = PostgresEffect
 
     def __init__(
         self,
@@ -333,91 +330,8 @@ class PostgresStore(OneStepStore):
     def __repr__(self) -> str:
         return self._name
 
-    # ------------------------------------------------------------------ public API
-
-    def claim(
-        self, caller: str, key: str, fingerprint: bytes, lease: float
-    ) -> Coroutine[Any, Any, ClaimResult]:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
-
-    def complete(
-        self, caller: str, key: str, fence: int, completion: Completion
-    ) -> Coroutine[Any, Any, Record]:
-        bad = bad_completion(self, caller, key, completion) or _foreign(completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
-
-    def claim_and_complete(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-    ) -> Coroutine[Any, Any, ClaimResult | Record]:
-        bad = self._bad_step(caller, key, lease, completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
-        )
-
-    def claim_and_complete_later(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
-    ) -> None:
-        bad = self._bad_step(caller, key, lease, completion)
-        if bad is not None:
-            done(None, bad)
-            return
-        self._committer.submit_later(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
-        )
-
-    async def release(self, caller: str, key: str, fence: int) -> bool:
-        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
-
-    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
-        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
-            raise bad
-        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
-
-    async def get(self, caller: str, key: str) -> Record | None:
-        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
-
-    async def sweep(self) -> int:
-        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
-
-        return await gosim.syscall(self._sweep)
-
-    def now(self) -> float:
-        """The clock given to the store, else this machine's (an estimate of the
-        server's: used only to time waits, never to decide a record's state)."""
-        return self._clock() if self._clock is not None else time.time()
-
-    def statistics(self) -> StoreStatistics:
-        c = self._committer
-        return StoreStatistics(c.operations, c.batches, c.largest_batch)
-
-    def close(self) -> None:
-        with self._committer._thread_lock:  # not while a batch runs on its thread
-            self._pool.close()
-
-    def _bad_step(
-        self, caller: str, key: str, lease: float, completion: Completion
-    ) -> Exception | None:
-        bad = bad_duration(self, "claim", caller, key, "lease", lease)
-        return bad or bad_completion(self, caller, key, completion) or _foreign(completion)
+    def _close(self) -> None:
+        self._pool.close()
 
     # ------------------------------------------------------- on the syscall thread
 
@@ -798,16 +712,6 @@ class PostgresStore(OneStepStore):
 
     # ------------------------------------------------------------ operator's tools
 
-    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
-
-    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
-
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool
     ) -> StoredRecord | None:
@@ -940,13 +844,6 @@ def _statements(records: sql.Composed, seq: str) -> dict[str, sql.SQL | sql.Comp
             " WHERE expires_at <= %s ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))"
         ),
     }
-
-
-def _foreign(completion: Completion) -> TypeError | None:
-    effect = completion.effect
-    if effect is not None and not isinstance(effect, PostgresEffect):
-        return TypeError(f"PostgresStore cannot run a {type(effect).__name__}")
-    return None
 
 
 def _current(
