@@ -23,6 +23,9 @@ Protocol (one mechanism: the callback):
    clock: ``gosim.lowlevel.reproducible``) runs the batch through ``gosim.syscall``
    instead, inline on its driver. The thread ends after ``THREAD_IDLE`` seconds without
    a batch and is started again by the next one.
+   A store whose I/O parks goroutines on the netpoller itself (``PostgresStore``)
+   gives an async apply instead (``apply_async``): the leader awaits it, with no
+   thread and no wake-up byte.
 3. After the call returns -- the commit is durable -- the leader calls every
    operation's ``done``. Replies therefore leave only after their commit.
 4. The leader goes on while operations are pending, then ends. No goroutine lives
@@ -49,7 +52,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, Final
 
 import gosim
@@ -136,13 +139,28 @@ class GroupCommitter:
     ``apply_batch(ops)`` runs on an OS thread and must set ``op.result`` or ``op.error``
     for each op; a lock keeps batches one at a time even when a runtime was torn down
     while a batch was still running on its thread.
+
+    ``apply_async`` instead of ``apply_batch``: the async apply mode, for a store whose
+    I/O parks goroutines on the netpoller itself (``PostgresStore``): the leader
+    goroutine awaits ``apply_async(ops)`` (same duty: every op's result or error), with
+    no thread and no wake-up socket. Batches are one at a time there too: a runtime
+    has one leader.
     """
 
-    def __init__(self, apply_batch: Callable[[list[Op]], None], max_batch: int) -> None:
+    def __init__(
+        self,
+        apply_batch: Callable[[list[Op]], None] | None,
+        max_batch: int,
+        *,
+        apply_async: Callable[[list[Op]], Awaitable[None]] | None = None,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        if (apply_batch is None) == (apply_async is None):
+            raise ValueError("GroupCommitter: give apply_batch or apply_async, one of them")
         self.max_batch = max_batch
         self._apply_batch = apply_batch
+        self._apply_async = apply_async
         self._thread_lock = threading.Lock()
         self._pending: list[Op] = []
         # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
@@ -163,6 +181,7 @@ class GroupCommitter:
         self.largest_batch = 0
 
     def _run(self, batch: list[Op]) -> None:
+        assert self._apply_batch is not None
         with self._thread_lock:
             self._apply_batch(batch)
 
@@ -199,7 +218,7 @@ class GroupCommitter:
             # to another file while the thread writes to it).
             self._put((None, self._wake_w))
         self._wake = self._wake_w = None
-        if lowlevel.reproducible():
+        if self._apply_async is not None or lowlevel.reproducible():
             return
         r, w = socket.socketpair()
         self._wake = net.Conn(r, "unix")  # registered with this runtime's netpoller
@@ -265,7 +284,9 @@ class GroupCommitter:
         del pending[: len(batch)]
         try:
             wake = self._wake
-            if wake is None:  # a reproducible runtime
+            if self._apply_async is not None:
+                await self._apply_async(batch)
+            elif wake is None:  # a reproducible runtime
                 await gosim.syscall(self._run, batch)
             else:
                 box: list[Any] = [batch, None]

@@ -57,22 +57,27 @@ past ``lock_timeout``) fails the whole batch, with
 ``COMMIT`` was not acknowledged is promised (it may have committed: a retry then meets
 the claim, which lapses with its lease, or replays the completion).
 
-I/O: psycopg's blocking calls run off the scheduler, one batch at a time on an OS
-thread (``gosim.syscall``), as SQLite's do; connecting is one of them. Connections come
-from a bounded pool (``pool_size``; waiting for one gives up after ``pool_timeout``
-with :class:`StoreUnavailable`) shared by the batches, :meth:`sweep` and the
-operator's tools; a connection that failed is dropped, and one found dead before a
-batch was sent on it (it died while idle: a restart) is replaced at once. Not yet
-through gosim's netpoller: a batch holds an OS thread while it waits for the server
-(``._pgnet.NetpollConnection`` runs psycopg queries from a goroutine; the batches do
-not use it yet: ``PostgresEffect.fn`` is synchronous).
+I/O: through gosim's netpoller. The batch is applied by the goroutine that leads it
+(the committer's async mode), over psycopg's async API on a
+:class:`._pgnet.NetpollConnection`: each wait of psycopg's protocol generators parks
+that goroutine on the libpq socket, so a query holds no OS thread, and the pipeline's
+two round trips are two parks. Connecting blocks and goes through ``gosim.syscall``;
+so does every wait on a reproducible runtime (seeded or on a virtual clock). Only the
+constructor's one-off setup (the tables) uses a plain blocking connection, before any
+runtime. Connections come from a bounded pool (``pool_size``; a goroutine waiting for
+one parks, and gives up after ``pool_timeout`` with :class:`StoreUnavailable`) shared
+by the batches, :meth:`sweep` and the operator's tools; a connection that failed is
+dropped, and one found dead before a batch was sent on it (it died while idle: a
+restart) is replaced at once. A connection's settings (``synchronous_commit``,
+``lock_timeout``, ``search_path``) go in its startup packet.
 
 Exactly-once effects
 --------------------
-A handler returns ``PostgresEffect(fn)``; ``fn(conn)`` runs on the batch's connection
-inside its transaction and a savepoint of its own, after the fencing token is checked,
-and returns the call's result. The record is written in the same transaction: a crash
-at any instant leaves both or neither. A final ApplicationError raised by ``fn`` rolls
+A handler returns ``PostgresEffect(fn)``; ``await fn(conn)`` runs on the batch's
+connection (a ``psycopg.AsyncConnection``) inside its transaction and a savepoint of
+its own, after the fencing token is checked, and returns the call's result. The
+record is written in the same transaction: a crash at any instant leaves both or
+neither. A final ApplicationError raised by ``fn`` rolls
 its writes back and records the error. ``claim_and_complete`` (``one_step=True``)
 takes the claim in the same transaction too.
 
@@ -84,12 +89,11 @@ expired record in transactions of 1,000 rows, each as short, with the same rule.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
-import threading
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import psycopg
@@ -97,6 +101,9 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+
+import gosim
+from gosim.lowlevel import Waiter, WaitReason, WaitTimeout
 
 from .._errors import (
     ApplicationError,
@@ -125,6 +132,7 @@ from ._contract import (
     StoredRecord,
     run_effect,
 )
+from ._pgnet import NetpollConnection
 
 __all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 
@@ -139,6 +147,7 @@ _WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW
 # SQLSTATEs of a transaction that failed through no fault of its own: run it again.
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _SWEEP_STEP: Final = 512
+_POOL_WAIT: Final = WaitReason.SEMACQUIRE  # a goroutine waiting for a pool connection
 _SWEEP_CHUNK: Final = 1000
 
 # What _apply did with a batch (compared by identity).
@@ -154,13 +163,14 @@ _PIPELINED: Final[dict[str, Any]] = {"binary": True, "prepare": False}
 
 
 class PostgresEffect(Effect):
-    """An effect committed with its record: ``fn(conn)`` runs on the store's connection
-    (a ``psycopg.Connection``), inside the transaction and a savepoint of its own that
-    complete the record, and returns the call's result.
+    """An effect committed with its record: ``await fn(conn)`` runs on the store's
+    connection (a ``psycopg.AsyncConnection``: ``await conn.execute(...)``), inside the
+    transaction and a savepoint of its own that complete the record, and returns the
+    call's result. It runs in the goroutine that leads the batch; its queries park that
+    goroutine on gosim's netpoller, and the batch's other calls wait for it.
 
     ``fn`` must not commit, roll back or begin transactions, and must not keep
-    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
-    It must not write the store's own table (a batch's records are written at its end).
+    ``conn``. It must not write the store's own table (a batch's records are written at its end).
     It must act only through ``conn``: it may run more than once for one record, since
     a transaction rolled back and applied again (a key inserted by another process
     meanwhile, a deadlock, a serialization failure) runs its effects again, and only the
@@ -170,7 +180,7 @@ class PostgresEffect(Effect):
 
     __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[[psycopg.Connection[Any]], Any]) -> None:
+    def __init__(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]) -> None:
         self.fn = fn
 
 
@@ -179,62 +189,87 @@ class _Retry(Exception):
 
 
 class _Pool:
-    """At most ``size`` connections, made on demand; :meth:`get` waits ``timeout``
-    seconds for one to come back. Used only on the syscall threads."""
+    """At most ``size`` connections, made on demand; :meth:`get` parks the goroutine
+    up to ``timeout`` seconds for one to come back (a gosim Waiter with a deadline)."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+    def __init__(self, connect: Callable[[], Awaitable[NetpollConnection]], size: int) -> None:
         if size < 1:
             raise ValueError(f"pool_size must be at least 1, not {size}")
         self._connect = connect
         self._size = size
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle: list[NetpollConnection] = []
         self._open = 0
-        self._cond = threading.Condition()
+        # Goroutines waiting for a connection, oldest first: each Waiter is settled
+        # with a connection, or with None (a place freed: it connects).
+        self._waiters: collections.deque[Waiter] = collections.deque()
         self.closed = False
 
-    def get(self, timeout: float, name: str) -> psycopg.Connection[Any]:
-        with self._cond:
-            deadline = time.monotonic() + timeout
-            while not self._idle and self._open >= self._size:
-                if self.closed:
-                    raise StoreUnavailable(f"{name}: the store is closed")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StoreUnavailable(
-                        f"{name}: no connection of the pool ({self._size}) came free"
-                        f" within {timeout} s"
-                    )
-                self._cond.wait(left)
-            if self.closed:
-                raise StoreUnavailable(f"{name}: the store is closed")
-            if self._idle:
-                return self._idle.pop()
+    async def get(self, timeout: float, name: str) -> NetpollConnection:
+        if self.closed:
+            raise StoreUnavailable(f"{name}: the store is closed")
+        if self._idle:
+            return self._idle.pop()
+        if self._open < self._size:
             self._open += 1
+        else:
+            w = Waiter()
+            w.set_deadline(gosim.now() + timeout)
+            self._waiters.append(w)
+            try:
+                conn = await w.wait(_POOL_WAIT)
+            except WaitTimeout:
+                raise StoreUnavailable(
+                    f"{name}: no connection of the pool ({self._size}) came free within {timeout} s"
+                ) from None
+            finally:
+                if not w.done() or w in self._waiters:
+                    self._waiters.remove(w)
+            if conn is not None:
+                return conn  # type: ignore[no-any-return]
+            # None: a place freed for this goroutine (close fails the waiters instead)
         try:
-            return self._connect()  # outside the lock: connecting blocks
+            return await self._connect()
         except BaseException:
-            with self._cond:
-                self._open -= 1
-                self._cond.notify()
+            self._open -= 1
+            self._hand_on(None)
             raise
 
-    def put(self, conn: psycopg.Connection[Any], broken: bool = False) -> None:
-        with self._cond:
-            if broken or self.closed or conn.closed:
+    def put(self, conn: NetpollConnection, broken: bool = False) -> None:
+        if broken or self.closed or conn.closed:
+            self._open -= 1
+            _close_now(conn)
+            if not self.closed:
+                self._hand_on(None)
+        elif not self._hand_on(conn):
+            self._idle.append(conn)
+
+    def _hand_on(self, conn: NetpollConnection | None) -> bool:
+        """Give ``conn`` (None: a free place, which the waiter fills by connecting) to
+        the oldest goroutine still waiting; False when none waits."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if conn is None:
+                self._open += 1
+            if w.settle(conn):
+                return True
+            if conn is None:
                 self._open -= 1
-                conn.close()
-            else:
-                self._idle.append(conn)
-            self._cond.notify()
+        return False
 
     def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            for conn in self._idle:
-                conn.close()
-                self._open -= 1
-            self._idle.clear()
-            self._cond.notify_all()
+        self.closed = True
+        for conn in self._idle:
+            _close_now(conn)
+            self._open -= 1
+        self._idle.clear()
+        while self._waiters:
+            self._waiters.popleft().fail(StoreUnavailable("the store is closed"))
+
+
+def _close_now(conn: NetpollConnection) -> None:
+    """Close ``conn`` without waiting (libpq's socket is non-blocking)."""
+    conn.detach()
+    conn.pgconn.finish()
 
 
 class PostgresStore(BatchedOneStepStore):
@@ -293,7 +328,6 @@ class PostgresStore(BatchedOneStepStore):
         )
         self._name = f"PostgresStore({self.server!r}, schema={schema!r})"
         self._clock = clock
-        self._connect_timeout = connect_timeout
         self._pool_timeout = pool_timeout
         self._retries = retries
         if not lock_timeout > 0:
@@ -301,29 +335,38 @@ class PostgresStore(BatchedOneStepStore):
                 f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
-        self._application_name = application_name
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
         self._sql = _statements(self._records, self._fence_seq)
-        self._search_path = (
-            None
-            if schema == "public"
-            else sql.SQL("SET search_path TO {}, public").format(schema_id)
-        )
         self._pool = _Pool(self._connect, pool_size)
-        conn = self._pool.get(pool_timeout, self._name)
+        # Every connection's settings, in its startup packet: no round trip of their own.
+        self._params: dict[str, Any] = {
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "application_name": application_name,
+            "options": _options(
+                str(info.get("options") or ""),
+                {
+                    "synchronous_commit": "on",
+                    "lock_timeout": str(self._lock_timeout_ms),
+                    **({} if schema == "public" else {"search_path": f"{_quote(schema)},public"}),
+                },
+            ),
+        }
+        # Blocking, once, before any runtime: a plain psycopg connection of its own.
+        doing = "connecting"
         try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                for stmt in _schema(schema_id, self._records, self._fence_seq):
-                    conn.execute(stmt)
+            with psycopg.connect(dsn, autocommit=True, **self._params) as conn:
+                doing = "creating the tables"
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    for stmt in _schema(schema_id, self._records, self._fence_seq):
+                        conn.execute(stmt)
         except psycopg.Error as exc:
-            self._pool.put(conn, broken=True)
-            self._pool.close()
-            raise self._store_error(exc, "creating the tables") from exc
-        self._pool.put(conn)
-        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+            raise self._store_error(exc, doing) from exc
+        self._committer = GroupCommitter(
+            None, max_batch if group_commit else 1, apply_async=self._apply_batch
+        )
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
 
@@ -333,30 +376,16 @@ class PostgresStore(BatchedOneStepStore):
     def _close(self) -> None:
         self._pool.close()
 
-    # ------------------------------------------------------- on the syscall thread
+    # ------------------------------------------------ in the batch's leading goroutine
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        """A new connection of the pool (blocking: on a syscall thread, or in the
-        constructor): autocommit, so that the store's BEGIN and COMMIT are its own, and
-        ``synchronous_commit = on`` whatever the server's default."""
+    async def _connect(self) -> NetpollConnection:
+        """A new connection of the pool: autocommit, so that the store's BEGIN and
+        COMMIT are its own, and the settings of ``_params`` (``synchronous_commit =
+        on`` whatever the server's default). Connecting blocks: ``gosim.syscall``."""
         try:
-            conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=max(1, math.ceil(self._connect_timeout)),
-                application_name=self._application_name,
-            )
+            return await NetpollConnection.connect(self.dsn, **self._params)
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc
-        try:
-            conn.execute("SET synchronous_commit = on")
-            conn.execute(sql.SQL("SET lock_timeout = {}").format(self._lock_timeout_ms))
-            if self._search_path is not None:
-                conn.execute(self._search_path)
-        except psycopg.Error as exc:
-            conn.close()
-            raise self._store_error(exc, "setting up a connection") from exc
-        return conn
 
     def _store_error(self, exc: BaseException, doing: str) -> StoreUnavailable:
         state = getattr(exc, "sqlstate", None)
@@ -364,29 +393,29 @@ class PostgresStore(BatchedOneStepStore):
         text = str(exc).strip().replace("\n", " ")
         return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
 
-    def _now(self, cur: psycopg.Cursor[Any], claims: int) -> tuple[float, list[int]]:
+    async def _now(self, cur: psycopg.AsyncCursor[Any], claims: int) -> tuple[float, list[int]]:
         """The time and ``claims`` fencing tokens (ascending), from the server, read
         after the batch's row locks are held."""
-        cur.execute(self._sql["now"], (claims,))
-        row = cur.fetchone()
+        await cur.execute(self._sql["now"], (claims,))
+        row = await cur.fetchone()
         assert row is not None
         server_now, fences = row
         now = self._clock() if self._clock is not None else float(server_now)
         return now, sorted(fences)
 
-    def _apply_batch(self, ops: list[Op]) -> None:
+    async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
         meanwhile, or one transaction each when one of them may have failed it."""
         for attempt in range(self._retries + 1):
             try:
-                conn = self._pool.get(self._pool_timeout, self._name)
+                conn = await self._pool.get(self._pool_timeout, self._name)
             except StoreUnavailable as exc:
                 for op in ops:
                     op.result, op.error = None, exc
                 return
             broken = False
             try:
-                outcome = self._apply(conn, ops)
+                outcome = await self._apply(conn, ops)
             except BaseException:
                 broken = True
                 raise
@@ -412,7 +441,7 @@ class PostgresStore(BatchedOneStepStore):
                 op.result = op.error = None
             if outcome is _NEEDS_ALONE:
                 for op in ops:
-                    self._apply_batch([op])
+                    await self._apply_batch([op])
                 return
             # _RETRY: again, with the row inserted meanwhile now there to lock
             if attempt == self._retries:
@@ -423,7 +452,7 @@ class PostgresStore(BatchedOneStepStore):
                 for op in ops:
                     op.error = err
 
-    def _apply(self, conn: psycopg.Connection[Any], ops: list[Op]) -> str:
+    async def _apply(self, conn: NetpollConnection, ops: list[Op]) -> str:
         """Apply ``ops`` in order in one transaction; see the module docstring."""
         cur = conn.cursor()
         keys = sorted({(op.args[0], op.args[1]) for op in ops})
@@ -436,14 +465,14 @@ class PostgresStore(BatchedOneStepStore):
             # server runs them in order, so both are read once the locks are held).
             q = self._sql["lock"] if writes else self._sql["read"]
             timer = conn.cursor()
-            with conn.pipeline():
-                cur.execute("BEGIN", prepare=False)
-                cur.execute(q, (_dumps(keys),), **_PIPELINED)
+            async with conn.pipeline():
+                await cur.execute("BEGIN", prepare=False)
+                await cur.execute(q, (_dumps(keys),), **_PIPELINED)
                 if clock is None or claims:
-                    timer.execute(self._sql["now"], (claims,), **_PIPELINED)
+                    await timer.execute(self._sql["now"], (claims,), **_PIPELINED)
             reading = False
             ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
-            for row in cur.fetchall():
+            for row in await cur.fetchall():
                 caller, key = row[0], row[1]
                 try:
                     ws[caller, key] = self._decode(row[2:], caller, key)
@@ -451,7 +480,7 @@ class PostgresStore(BatchedOneStepStore):
                     ws[caller, key] = exc
             existed = {rk for rk, rec in ws.items() if rec is not None}
             if clock is None or claims:
-                row = timer.fetchone()
+                row = await timer.fetchone()
                 assert row is not None
                 now = clock() if clock is not None else row[0]
                 fences = sorted(row[1])
@@ -479,7 +508,7 @@ class PostgresStore(BatchedOneStepStore):
                             ws[rk] = dirty[rk] = done
                             op.result = done
                         else:
-                            applied = self._effect_and_record(conn, op, f, c, rec, now, False)
+                            applied = await self._effect_and_record(conn, op, f, c, rec, now, False)
                             if applied is not None:
                                 ws[rk] = dirty[rk] = applied
                     elif kind == _CLAIM_COMPLETE:
@@ -499,7 +528,7 @@ class PostgresStore(BatchedOneStepStore):
                                 ws[rk] = dirty[rk] = done
                                 op.result = done
                             else:
-                                applied = self._effect_and_record(
+                                applied = await self._effect_and_record(
                                     conn, op, fence, c, res.record, now, True
                                 )
                                 if applied is not None:
@@ -529,26 +558,26 @@ class PostgresStore(BatchedOneStepStore):
                     op.error = exc  # this operation's alone: it changed nothing
             # One round trip: the writes, a sweep step, COMMIT (skipped by the server
             # if a write failed: then the transaction is rolled back below).
-            with conn.pipeline():
+            async with conn.pipeline():
                 if dirty:
-                    self._flush(cur, dirty, existed)
+                    await self._flush(cur, dirty, existed)
                 if self._sweep_every > 0 and writes:
                     self._batches_to_sweep -= 1
                     if self._batches_to_sweep <= 0:
                         self._batches_to_sweep = self._sweep_every
-                        cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
-                cur.execute("COMMIT", prepare=False)
+                        await cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
+                await cur.execute("COMMIT", prepare=False)
         except _Retry:
-            _rollback(conn)
+            await _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
             if reading and (conn.closed or conn.broken):
                 # A connection of the pool that died while idle (the server restarted,
                 # the backend was terminated), or that died now: nothing of the batch
                 # has been written, let alone committed. Another connection.
-                conn.close()
+                _close_now(conn)
                 return _DEAD_CONN
-            _rollback(conn)
+            await _rollback(conn)
             if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
                 return _RETRY
             if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)) and not conn.closed:
@@ -565,21 +594,21 @@ class PostgresStore(BatchedOneStepStore):
             # Not an operation's own error (those are caught above): an argument that
             # broke the batch's shared code (one psycopg cannot send). Alone, it fails
             # by itself.
-            _rollback(conn)
+            await _rollback(conn)
             if len(ops) > 1:
                 return _NEEDS_ALONE
             ops[0].result, ops[0].error = None, exc
         except BaseException:
             # An interrupt raised in an effect: nothing of the batch may be committed.
-            _rollback(conn)
+            await _rollback(conn)
             for op in ops:
                 op.result = None
             raise
         return _APPLIED
 
-    def _flush(
+    async def _flush(
         self,
-        cur: psycopg.Cursor[Any],
+        cur: psycopg.AsyncCursor[Any],
         dirty: dict[tuple[str, str], Record | None],
         existed: set[tuple[str, str]],
     ) -> None:
@@ -600,15 +629,15 @@ class PostgresStore(BatchedOneStepStore):
                  repr(rec.expires_at), rec.ok, None if payload is None else payload.hex())
             )  # fmt: skip
         if deleted:
-            cur.execute(self._sql["delete"], (_dumps(deleted),), **_PIPELINED)
+            await cur.execute(self._sql["delete"], (_dumps(deleted),), **_PIPELINED)
         if updates:
-            cur.execute(self._sql["update"], (_dumps(updates),), **_PIPELINED)
+            await cur.execute(self._sql["update"], (_dumps(updates),), **_PIPELINED)
         if inserts:
-            cur.execute(self._sql["insert"], (_dumps(inserts),), **_PIPELINED)
+            await cur.execute(self._sql["insert"], (_dumps(inserts),), **_PIPELINED)
 
-    def _effect_and_record(
+    async def _effect_and_record(
         self,
-        conn: psycopg.Connection[Any],
+        conn: NetpollConnection,
         op: Op,
         fence: int,
         c: Completion,
@@ -624,26 +653,36 @@ class PostgresStore(BatchedOneStepStore):
         if not just_claimed:
             # A stale holder's effect must not run: check the claim first.
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        conn.execute("SAVEPOINT idempotency_effect")
-
-        def undo() -> None:
-            conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
-
+        await conn.execute("SAVEPOINT idempotency_effect")
         try:
-            ok, payload = run_effect(lambda: _checked(conn, effect.fn), c.max_result_bytes, undo)
+            # The effect is awaited here; run_effect then judges its outcome (a final
+            # ApplicationError asks for the savepoint's rollback: ``undone``).
+            outcome: list[Any] = [None, None]
+            try:
+                outcome[0] = await _checked(conn, effect.fn)
+            except Exception as exc:
+                outcome[1] = exc
+            undone: list[bool] = []
+            ok, payload = run_effect(
+                functools.partial(_outcome, outcome),
+                c.max_result_bytes,
+                lambda: undone.append(True),
+            )
+            if undone:
+                await conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
         except Exception as exc:
             if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
                 raise  # the connection is gone: the batch's failure
-            undo()
-            conn.execute("RELEASE SAVEPOINT idempotency_effect")
+            await conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
+            await conn.execute("RELEASE SAVEPOINT idempotency_effect")
             if getattr(exc, "sqlstate", None) in _RETRY_STATES:
                 raise _Retry from exc  # a deadlock, not the effect's fault: again
             if isinstance(exc, (IdempotencyError, ApplicationError)):
                 raise
             op.error = exc  # the effect's own failure: this call only
             return None
-        conn.execute("RELEASE SAVEPOINT idempotency_effect")
+        await conn.execute("RELEASE SAVEPOINT idempotency_effect")
         op.result = done
         return done
 
@@ -666,14 +705,14 @@ class PostgresStore(BatchedOneStepStore):
             raise CorruptedRecord(f"{where}: in progress with a payload")
         return Record(IN_PROGRESS, fp, fence, expires_at)
 
-    def _live_connection(self) -> psycopg.Connection[Any]:
+    async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
         operator's tools, which have no batch to retry): one that died while idle is
         dropped and another taken."""
         for _ in range(self._pool._size + 1):
-            conn = self._pool.get(self._pool_timeout, self._name)
+            conn = await self._pool.get(self._pool_timeout, self._name)
             try:
-                conn.execute("SELECT 1", prepare=False)
+                await conn.execute("SELECT 1", prepare=False)
             except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
                 if conn.closed or conn.broken:
@@ -685,22 +724,23 @@ class PostgresStore(BatchedOneStepStore):
             return conn
         raise StoreUnavailable(f"{self._name}: no live connection")
 
-    def _sweep(self) -> int:
+    async def sweep(self) -> int:
         """Delete every expired record, 1,000 at a time, each chunk its own short
         transaction; rows a writer holds are skipped (they are being written)."""
         deleted = 0
-        conn = self._live_connection()
+        conn = await self._live_connection()
         broken = True
         try:
             while True:
-                with conn.transaction():
+                async with conn.transaction():
                     if self._clock is not None:
                         now = self._clock()
                     else:
-                        row = conn.execute(self._sql["now"], (0,)).fetchone()
+                        row = await (await conn.execute(self._sql["now"], (0,))).fetchone()
                         assert row is not None
                         now = float(row[0])
-                    n = conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK)).rowcount
+                    cur = await conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK))
+                    n = cur.rowcount
                 deleted += n
                 if n < _SWEEP_CHUNK:
                     broken = False
@@ -712,19 +752,25 @@ class PostgresStore(BatchedOneStepStore):
 
     # ------------------------------------------------------------ operator's tools
 
-    def _inspect_or_forget(
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        return await self._inspect_or_forget_async(caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        return await self._inspect_or_forget_async(caller, key, True, force)
+
+    async def _inspect_or_forget_async(
         self, caller: str, key: str, delete: bool, force: bool
     ) -> StoredRecord | None:
         """``inspect`` (a plain read) or ``forget`` (the row locked, checked and deleted
         in one transaction, committed durably), on a connection of the pool."""
         doing = "forgetting a record" if delete else "reading a record"
-        conn = self._live_connection()
+        conn = await self._live_connection()
         broken = True
         try:
-            with conn.transaction():
+            async with conn.transaction():
                 q = self._sql["lock"] if delete else self._sql["read"]
-                row = conn.execute(q, (_dumps([(caller, key)]),)).fetchone()
-                now, _ = self._now(conn.cursor(), 0)
+                row = await (await conn.execute(q, (_dumps([(caller, key)]),))).fetchone()
+                now, _ = await self._now(conn.cursor(), 0)
                 held = None
                 if row is not None:
                     try:
@@ -737,7 +783,7 @@ class PostgresStore(BatchedOneStepStore):
                         if not force and held.state == "IN_PROGRESS":
                             broken = False
                             raise InProgress(caller, key)
-                        conn.execute(self._sql["delete"], (_dumps([(caller, key)]),))
+                        await conn.execute(self._sql["delete"], (_dumps([(caller, key)]),))
             broken = False
             return held
         except psycopg.Error as exc:
@@ -855,10 +901,13 @@ def _current(
     return rec
 
 
-def _checked(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], Any]) -> Any:
-    """``fn(conn)``, refusing a result when ``fn`` swallowed an error of its own SQL: its
-    transaction is then failed, and only rolling its savepoint back saves the batch."""
-    value = fn(conn)
+async def _checked(
+    conn: NetpollConnection, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]
+) -> Any:
+    """``await fn(conn)``, refusing a result when ``fn`` swallowed an error of its own
+    SQL: its transaction is then failed, and only rolling its savepoint back saves the
+    batch."""
+    value = await fn(conn)
     if conn.info.transaction_status == TransactionStatus.INERROR:
         raise RuntimeError(
             "PostgresEffect returned with its transaction failed (it caught an error of"
@@ -881,13 +930,29 @@ def _inserted_meanwhile(exc: psycopg.Error) -> bool:
     )
 
 
-def _rollback(conn: psycopg.Connection[Any]) -> None:
+async def _rollback(conn: NetpollConnection) -> None:
     """End the batch's transaction, if any, writing nothing; a connection this fails on
     is closed (the pool drops it)."""
     if conn.closed:
         return
     try:
         if conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.execute("ROLLBACK")
+            await conn.execute("ROLLBACK")
     except psycopg.Error:
-        conn.close()
+        _close_now(conn)
+
+
+def _outcome(outcome: list[Any]) -> Any:
+    """An awaited effect's outcome, given back to ``run_effect``: ``[value, error]``."""
+    if outcome[1] is not None:
+        raise outcome[1]
+    return outcome[0]
+
+
+def _options(given: str | None, settings: dict[str, str]) -> str:
+    """libpq's ``options`` (``-c name=value`` each; spaces and backslashes escaped),
+    after those of the connection string."""
+    ours = " ".join(
+        "-c " + f"{k}={v}".replace("\\", "\\\\").replace(" ", "\\ ") for k, v in settings.items()
+    )
+    return f"{given} {ours}" if given else ours
