@@ -147,6 +147,10 @@ _WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW
 # SQLSTATEs of a transaction that failed through no fault of its own: run it again.
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _SWEEP_STEP: Final = 512
+# An effect's savepoint (several statements: one round trip, the simple protocol).
+_SP_OPEN: Final = "SAVEPOINT idempotency_effect"
+_SP_NEXT: Final = "RELEASE SAVEPOINT idempotency_effect; SAVEPOINT idempotency_effect"
+_SP_UNDO: Final = "ROLLBACK TO SAVEPOINT idempotency_effect; RELEASE SAVEPOINT idempotency_effect"
 _POOL_WAIT: Final = WaitReason.SEMACQUIRE  # a goroutine waiting for a pool connection
 _SWEEP_CHUNK: Final = 1000
 
@@ -488,6 +492,7 @@ class PostgresStore(BatchedOneStepStore):
                 now, fences = clock(), []
             fence_at = 0
             dirty: dict[tuple[str, str], Record | None] = {}
+            savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
             for op in ops:
                 kind = op.kind
                 try:
@@ -508,7 +513,9 @@ class PostgresStore(BatchedOneStepStore):
                             ws[rk] = dirty[rk] = done
                             op.result = done
                         else:
-                            applied = await self._effect_and_record(conn, op, f, c, rec, now, False)
+                            applied = await self._effect_and_record(
+                                conn, op, f, c, rec, now, False, savepoint
+                            )
                             if applied is not None:
                                 ws[rk] = dirty[rk] = applied
                     elif kind == _CLAIM_COMPLETE:
@@ -529,7 +536,7 @@ class PostgresStore(BatchedOneStepStore):
                                 op.result = done
                             else:
                                 applied = await self._effect_and_record(
-                                    conn, op, fence, c, res.record, now, True
+                                    conn, op, fence, c, res.record, now, True, savepoint
                                 )
                                 if applied is not None:
                                     ws[rk] = dirty[rk] = applied
@@ -644,16 +651,23 @@ class PostgresStore(BatchedOneStepStore):
         rec: Record | None,
         now: float,
         just_claimed: bool,
+        savepoint: list[bool],
     ) -> Record | None:
         """Run claim ``fence``'s effect in a savepoint; return its completed record, or
-        None when it failed (nothing of it stays and ``op`` carries the error)."""
+        None when it failed (nothing of it stays and ``op`` carries the error).
+
+        Each statement here is a round trip that parks the batch's goroutine while the
+        transaction holds its row locks, so the savepoint of an effect that succeeded
+        is left open (``savepoint[0]``): the next effect's one statement releases it
+        and opens its own, and COMMIT releases the last."""
         caller, key = op.args[0], op.args[1]
         effect = c.effect
         assert isinstance(effect, PostgresEffect)  # checked before the batch
         if not just_claimed:
             # A stale holder's effect must not run: check the claim first.
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        await conn.execute("SAVEPOINT idempotency_effect")
+        await conn.execute(_SP_NEXT if savepoint[0] else _SP_OPEN)
+        savepoint[0] = True
         try:
             # The effect is awaited here; run_effect then judges its outcome (a final
             # ApplicationError asks for the savepoint's rollback: ``undone``).
@@ -674,15 +688,14 @@ class PostgresStore(BatchedOneStepStore):
         except Exception as exc:
             if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
                 raise  # the connection is gone: the batch's failure
-            await conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
-            await conn.execute("RELEASE SAVEPOINT idempotency_effect")
+            await conn.execute(_SP_UNDO)
+            savepoint[0] = False
             if getattr(exc, "sqlstate", None) in _RETRY_STATES:
                 raise _Retry from exc  # a deadlock, not the effect's fault: again
             if isinstance(exc, (IdempotencyError, ApplicationError)):
                 raise
             op.error = exc  # the effect's own failure: this call only
             return None
-        await conn.execute("RELEASE SAVEPOINT idempotency_effect")
         op.result = done
         return done
 
