@@ -16,7 +16,8 @@
 
     .venv/bin/python -m pytest benchmarks/bench_postgres.py --benchmark-json=pg.json
 
-The store's I/O runs on an OS thread a batch (``gosim.syscall``), as SQLite's does.
+The Postgres store's I/O parks the batch's goroutine on gosim's netpoller (psycopg's
+async API); SQLite's runs on an OS thread a batch.
 """
 
 from __future__ import annotations

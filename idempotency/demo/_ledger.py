@@ -422,11 +422,11 @@ def _postgres_methods(
             time.sleep(0.2)  # before serving: nothing else runs on this runtime yet
 
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
-        def apply(conn: Any) -> int:
+        async def apply(conn: Any) -> int:
             # One statement: the trigger moves the money, or refuses and the statement
             # fails whole (the store's savepoint then undoes it).
             try:
-                conn.execute(
+                await conn.execute(
                     "INSERT INTO transfers VALUES (%s, %s, %s, %s, %s, %s)",
                     (call.caller, call.key, src, dst, amount, call.fence),
                 )

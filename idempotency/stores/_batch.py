@@ -23,6 +23,9 @@ Protocol (one mechanism: the callback):
    clock: ``gosim.lowlevel.reproducible``) runs the batch through ``gosim.syscall``
    instead, inline on its driver. The thread ends after ``THREAD_IDLE`` seconds without
    a batch and is started again by the next one.
+   A store whose I/O parks goroutines on the netpoller itself (``PostgresStore``)
+   gives an async apply instead (``apply_async``): the leader awaits it, with no
+   thread and no wake-up byte.
 3. After the call returns -- the commit is durable -- the leader calls every
    operation's ``done``. Replies therefore leave only after their commit.
 4. The leader goes on while operations are pending, then ends. No goroutine lives
@@ -43,24 +46,60 @@ here a lone call commits at once and batching grows exactly with the load).
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any, Final
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ClassVar, Final
 
 import gosim
 from gosim import go, lowlevel, net
 from gosim.lowlevel import Waiter, WaitReason
 
 from .._accel import speedups as _speedups
+from .._record import ClaimResult, Record
+from ._contract import (
+    Completion,
+    Effect,
+    OneStepStore,
+    Store,
+    StoredRecord,
+    StoreStatistics,
+    bad_completion,
+    bad_duration,
+)
 
-__all__ = ["THREAD_IDLE", "GroupCommitter", "Op", "raise_when_awaited"]
+__all__ = [
+    "THREAD_IDLE",
+    "BatchedOneStepStore",
+    "BatchedStore",
+    "GroupCommitter",
+    "Op",
+    "OpKind",
+    "raise_when_awaited",
+]
 
 _COMMIT_WAIT: Final = WaitReason.COMMIT_WAIT
 
 THREAD_IDLE: Final = 5.0  # seconds without a batch before the committer's thread ends
+
+
+class OpKind(enum.IntEnum):
+    """What an :class:`Op` asks of its store's batch: one numbering for every store
+    (each applies the kinds its wrappers submit)."""
+
+    CLAIM = 0
+    COMPLETE = 1  # a completion, with its effect where the store runs it in the batch
+    RELEASE = 2
+    GET = 3
+    SWEEP = 4  # a whole sweep in the batch (SQLite: between batches on its one connection)
+    TRANSACT = 5  # SQLiteStore.transact
+    CLAIM_COMPLETE = 6  # claim_and_complete: a claim and its effect in one step
+    RENEW = 7
+    EFFECT = 8  # a completion with an effect the store runs apart (RedisStore's script)
 
 
 class Op(Waiter):
@@ -109,13 +148,28 @@ class GroupCommitter:
     ``apply_batch(ops)`` runs on an OS thread and must set ``op.result`` or ``op.error``
     for each op; a lock keeps batches one at a time even when a runtime was torn down
     while a batch was still running on its thread.
+
+    ``apply_async`` instead of ``apply_batch``: the async apply mode, for a store whose
+    I/O parks goroutines on the netpoller itself (``PostgresStore``): the leader
+    goroutine awaits ``apply_async(ops)`` (same duty: every op's result or error), with
+    no thread and no wake-up socket. Batches are one at a time there too: a runtime
+    has one leader.
     """
 
-    def __init__(self, apply_batch: Callable[[list[Op]], None], max_batch: int) -> None:
+    def __init__(
+        self,
+        apply_batch: Callable[[list[Op]], None] | None,
+        max_batch: int,
+        *,
+        apply_async: Callable[[list[Op]], Awaitable[None]] | None = None,
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        if (apply_batch is None) == (apply_async is None):
+            raise ValueError("GroupCommitter: give apply_batch or apply_async, one of them")
         self.max_batch = max_batch
         self._apply_batch = apply_batch
+        self._apply_async = apply_async
         self._thread_lock = threading.Lock()
         self._pending: list[Op] = []
         # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
@@ -136,6 +190,7 @@ class GroupCommitter:
         self.largest_batch = 0
 
     def _run(self, batch: list[Op]) -> None:
+        assert self._apply_batch is not None
         with self._thread_lock:
             self._apply_batch(batch)
 
@@ -172,7 +227,7 @@ class GroupCommitter:
             # to another file while the thread writes to it).
             self._put((None, self._wake_w))
         self._wake = self._wake_w = None
-        if lowlevel.reproducible():
+        if self._apply_async is not None or lowlevel.reproducible():
             return
         r, w = socket.socketpair()
         self._wake = net.Conn(r, "unix")  # registered with this runtime's netpoller
@@ -238,7 +293,9 @@ class GroupCommitter:
         del pending[: len(batch)]
         try:
             wake = self._wake
-            if wake is None:  # a reproducible runtime
+            if self._apply_async is not None:
+                await self._apply_async(batch)
+            elif wake is None:  # a reproducible runtime
                 await gosim.syscall(self._run, batch)
             else:
                 box: list[Any] = [batch, None]
@@ -295,6 +352,143 @@ class _WakeFd:
 
     def __del__(self) -> None:
         self.close()
+
+
+class BatchedStore(Store):
+    """A store whose operations go through a :class:`GroupCommitter`: the contract's
+    methods written once -- their argument checks (a refused argument fails its call
+    alone, at the await, before it joins a batch), the :class:`Op` each submits, the
+    statistics and the close -- so that a store holds only what differs: its
+    ``_apply_batch``, its ``_sweep`` and ``_inspect_or_forget`` (run off the scheduler
+    through ``gosim.syscall``) and ``_close``.
+
+    A subclass sets ``_committer`` and ``_clock`` (None: this machine's clock) in its
+    constructor, and ``_effect_type``: the :class:`Effect` it runs (another is refused
+    with TypeError). ``_effect_kind`` is the kind of a completion with an effect.
+    """
+
+    _effect_type: ClassVar[type[Effect]]
+    _effect_kind: ClassVar[OpKind] = OpKind.COMPLETE
+    _committer: GroupCommitter
+    _clock: Callable[[], float] | None
+
+    # claim and complete return the committer's coroutine rather than being coroutines
+    # themselves: awaiting them is the same, with one coroutine fewer an operation.
+    def claim(
+        self, caller: str, key: str, fingerprint: bytes, lease: float
+    ) -> Coroutine[Any, Any, ClaimResult]:
+        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+            return raise_when_awaited(bad)
+        return self._committer.submit(Op(OpKind.CLAIM, (caller, key, fingerprint, lease)))
+
+    def complete(
+        self, caller: str, key: str, fence: int, completion: Completion
+    ) -> Coroutine[Any, Any, Record]:
+        bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
+        if bad is not None:
+            return raise_when_awaited(bad)
+        kind = OpKind.COMPLETE if completion.effect is None else self._effect_kind
+        return self._committer.submit(Op(kind, (caller, key, fence, completion)))
+
+    async def release(self, caller: str, key: str, fence: int) -> bool:
+        return await self._committer.submit(Op(OpKind.RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
+
+    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
+        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
+            raise bad
+        return await self._committer.submit(Op(OpKind.RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
+
+    async def get(self, caller: str, key: str) -> Record | None:
+        return await self._committer.submit(Op(OpKind.GET, (caller, key)))  # type: ignore[no-any-return]
+
+    async def sweep(self) -> int:
+        return await gosim.syscall(self._sweep)
+
+    def now(self) -> float:
+        """The clock given to the store, else this machine's (for a store whose server
+        keeps the time, an estimate of it: used only to time waits, never to decide a
+        record's state)."""
+        return self._clock() if self._clock is not None else time.time()
+
+    def statistics(self) -> StoreStatistics:
+        c = self._committer
+        return StoreStatistics(c.operations, c.batches, c.largest_batch)
+
+    def close(self) -> None:
+        with self._committer._thread_lock:  # not while a batch runs on its thread
+            self._close()
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
+
+    def _foreign(self, completion: Completion) -> TypeError | None:
+        """The error for an effect of another store's kind (else None)."""
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, self._effect_type):
+            return TypeError(f"{type(self).__name__} cannot run a {type(effect).__name__}")
+        return None
+
+    def _sweep(self) -> int:
+        """Delete every expired record; how many (blocking: on a syscall thread)."""
+        raise NotImplementedError
+
+    def _inspect_or_forget(
+        self, caller: str, key: str, delete: bool, force: bool
+    ) -> StoredRecord | None:
+        """``inspect`` (``delete`` False) or ``forget`` (blocking: on a syscall thread)."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Release what the store holds (between batches)."""
+
+
+class BatchedOneStepStore(BatchedStore, OneStepStore):
+    """A :class:`BatchedStore` whose batch also applies ``claim_and_complete``
+    (:data:`OpKind.CLAIM_COMPLETE`): a claim and its effect in one transaction."""
+
+    def claim_and_complete_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
+    ) -> None:
+        bad = self._bad_step(caller, key, lease, completion)
+        if bad is not None:
+            done(None, bad)
+            return
+        self._committer.submit_later(
+            Op(OpKind.CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
+        )
+
+    def claim_and_complete(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+    ) -> Coroutine[Any, Any, ClaimResult | Record]:
+        bad = self._bad_step(caller, key, lease, completion)
+        if bad is not None:
+            return raise_when_awaited(bad)
+        return self._committer.submit(
+            Op(OpKind.CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
+        )
+
+    def _bad_step(
+        self, caller: str, key: str, lease: float, completion: Completion
+    ) -> Exception | None:
+        """claim_and_complete's arguments the store cannot take, named (else None)."""
+        bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        return bad or bad_completion(self, caller, key, completion) or self._foreign(completion)
 
 
 async def _reraise(exc: BaseException) -> None:

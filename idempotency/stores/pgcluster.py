@@ -15,6 +15,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from typing import Any
 
@@ -25,6 +26,37 @@ _BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
 PG_BIN: str | None = os.path.dirname(_BINS[0]) if _BINS else None
 #: When running as root, the clusters run as this system user (made on first use).
 PG_USER = "gosimpg"
+
+
+# The watchdog (``python -c``, argv: owner pid, postmaster pid): it waits on both
+# processes' pidfds (no polling, no pid reuse) and stops the postmaster if the owner
+# goes first.
+_WATCHDOG = r"""
+import os, select, signal, sys
+
+def pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+owner, postmaster = pidfd(int(sys.argv[1])), pidfd(int(sys.argv[2]))
+if postmaster is None:
+    sys.exit(0)
+if owner is not None:
+    poll = select.poll()
+    poll.register(owner, select.POLLIN)
+    poll.register(postmaster, select.POLLIN)
+    if any(fd == postmaster for fd, _ in poll.poll()):
+        sys.exit(0)  # the server stopped first: its owner stopped it
+for sig, wait in ((signal.SIGINT, 10), (signal.SIGQUIT, 10), (signal.SIGKILL, 10)):
+    try:
+        signal.pidfd_send_signal(postmaster, sig)
+    except ProcessLookupError:
+        sys.exit(0)
+    if select.select([postmaster], [], [], wait)[0]:
+        sys.exit(0)
+"""
 
 
 def free_port() -> int:
@@ -58,8 +90,9 @@ class PostgresCluster:
     before (it gets a new free port: the old one may be taken). As root, ``d`` is
     handed to the cluster's user, and its parent must let that user through (mode
     ``o+x``). Nothing runs until :meth:`start`; :meth:`stop` or :meth:`destroy` end it.
-    The server does not die with the process that started it (``pg_ctl`` detaches it):
-    whoever starts one stops it.
+    ``pg_ctl`` detaches the server from the process that starts it, so :meth:`start`
+    also starts a watchdog process that stops the server when its owner (the starting
+    process, unless told otherwise) ends without stopping it: killed, crashed.
     """
 
     def __init__(self, directory: str | None = None, *, existing: bool = False) -> None:
@@ -70,6 +103,7 @@ class PostgresCluster:
         self.data = os.path.join(self.dir, "data")
         self.port = free_port()
         self.running = False
+        self._watchdog: subprocess.Popen[bytes] | None = None
         if existing:
             if not os.path.isfile(os.path.join(self.data, "PG_VERSION")):
                 raise FileNotFoundError(f"{self.dir} holds no PostgreSQL cluster")
@@ -108,9 +142,25 @@ class PostgresCluster:
                 f"{tool} failed (status {done.returncode}): {last[-1] if last else ''}"
             )
 
-    def start(self) -> None:
+    def start(self, owner: int | None = None) -> None:
+        """Start the server, and its watchdog: once the process ``owner`` (default: this
+        one; 0: none) is gone, the watchdog stops the server (a fast shutdown, then
+        SIGQUIT and SIGKILL to the postmaster if it lingers, 10 s each) and ends; it
+        ends too when the server stops first."""
         self._run("pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "log"), "-w", "start")
         self.running = True
+        if owner != 0:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-c", _WATCHDOG, str(owner or os.getpid()),
+                 str(self.postmaster_pid())],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # not in the owner's group: a Ctrl-C spares it
+            )  # fmt: skip
+
+    def postmaster_pid(self) -> int:
+        """The running server's postmaster pid (``postmaster.pid``'s first line)."""
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            return int(f.readline())
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop``: ``fast`` rolls back open transactions and shuts down cleanly,
@@ -119,6 +169,13 @@ class PostgresCluster:
         if self.running:
             self._run("pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
             self.running = False
+            if self._watchdog is not None:  # it sees the postmaster go, and ends
+                try:
+                    self._watchdog.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._watchdog.kill()
+                    self._watchdog.wait()
+                self._watchdog = None
 
     def destroy(self) -> None:
         """Stop it at once and remove its directory."""

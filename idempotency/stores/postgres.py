@@ -57,22 +57,27 @@ past ``lock_timeout``) fails the whole batch, with
 ``COMMIT`` was not acknowledged is promised (it may have committed: a retry then meets
 the claim, which lapses with its lease, or replays the completion).
 
-I/O: psycopg's blocking calls run off the scheduler, one batch at a time on an OS
-thread (``gosim.syscall``), as SQLite's do; connecting is one of them. Connections come
-from a bounded pool (``pool_size``; waiting for one gives up after ``pool_timeout``
-with :class:`StoreUnavailable`) shared by the batches, :meth:`sweep` and the
-operator's tools; a connection that failed is dropped, and one found dead before a
-batch was sent on it (it died while idle: a restart) is replaced at once. Not yet
-through gosim's netpoller: a batch holds an OS thread while it waits for the server
-(``._pgnet.NetpollConnection`` runs psycopg queries from a goroutine; the batches do
-not use it yet: ``PostgresEffect.fn`` is synchronous).
+I/O: through gosim's netpoller. The batch is applied by the goroutine that leads it
+(the committer's async mode), over psycopg's async API on a
+:class:`._pgnet.NetpollConnection`: each wait of psycopg's protocol generators parks
+that goroutine on the libpq socket, so a query holds no OS thread, and the pipeline's
+two round trips are two parks. Connecting blocks and goes through ``gosim.syscall``;
+so does every wait on a reproducible runtime (seeded or on a virtual clock). Only the
+constructor's one-off setup (the tables) uses a plain blocking connection, before any
+runtime. Connections come from a bounded pool (``pool_size``; a goroutine waiting for
+one parks, and gives up after ``pool_timeout`` with :class:`StoreUnavailable`) shared
+by the batches, :meth:`sweep` and the operator's tools; a connection that failed is
+dropped, and one found dead before a batch was sent on it (it died while idle: a
+restart) is replaced at once. A connection's settings (``synchronous_commit``,
+``lock_timeout``, ``search_path``) go in its startup packet.
 
 Exactly-once effects
 --------------------
-A handler returns ``PostgresEffect(fn)``; ``fn(conn)`` runs on the batch's connection
-inside its transaction and a savepoint of its own, after the fencing token is checked,
-and returns the call's result. The record is written in the same transaction: a crash
-at any instant leaves both or neither. A final ApplicationError raised by ``fn`` rolls
+A handler returns ``PostgresEffect(fn)``; ``await fn(conn)`` runs on the batch's
+connection (a ``psycopg.AsyncConnection``) inside its transaction and a savepoint of
+its own, after the fencing token is checked, and returns the call's result. The
+record is written in the same transaction: a crash at any instant leaves both or
+neither. A final ApplicationError raised by ``fn`` rolls
 its writes back and records the error. ``claim_and_complete`` (``one_step=True``)
 takes the claim in the same transaction too.
 
@@ -84,12 +89,11 @@ expired record in transactions of 1,000 rows, each as short, with the same rule.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
-import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import psycopg
@@ -97,6 +101,9 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
+
+import gosim
+from gosim.lowlevel import Waiter, WaitReason, WaitTimeout
 
 from .._errors import (
     ApplicationError,
@@ -111,7 +118,6 @@ from .._record import (
     COMPLETED,
     IN_PROGRESS,
     ClaimKind,
-    ClaimResult,
     Record,
     claim,
     complete,
@@ -119,31 +125,33 @@ from .._record import (
     renew,
     state_at,
 )
-from ._batch import GroupCommitter, Op, raise_when_awaited
+from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
 from ._contract import (
     Completion,
     Effect,
-    OneStepStore,
     StoredRecord,
-    StoreStatistics,
-    bad_completion,
-    bad_duration,
     run_effect,
 )
+from ._pgnet import NetpollConnection
 
 __all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 
-_CLAIM: Final = 0
-_COMPLETE: Final = 1
-_RELEASE: Final = 2
-_GET: Final = 3
-_CLAIM_COMPLETE: Final = 6
-_RENEW: Final = 7
+_CLAIM: Final = OpKind.CLAIM
+_COMPLETE: Final = OpKind.COMPLETE
+_RELEASE: Final = OpKind.RELEASE
+_GET: Final = OpKind.GET
+_CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
+_RENEW: Final = OpKind.RENEW
 _WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW})
 
 # SQLSTATEs of a transaction that failed through no fault of its own: run it again.
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _SWEEP_STEP: Final = 512
+# An effect's savepoint (several statements: one round trip, the simple protocol).
+_SP_OPEN: Final = "SAVEPOINT idempotency_effect"
+_SP_NEXT: Final = "RELEASE SAVEPOINT idempotency_effect; SAVEPOINT idempotency_effect"
+_SP_UNDO: Final = "ROLLBACK TO SAVEPOINT idempotency_effect; RELEASE SAVEPOINT idempotency_effect"
+_POOL_WAIT: Final = WaitReason.SEMACQUIRE  # a goroutine waiting for a pool connection
 _SWEEP_CHUNK: Final = 1000
 
 # What _apply did with a batch (compared by identity).
@@ -159,13 +167,14 @@ _PIPELINED: Final[dict[str, Any]] = {"binary": True, "prepare": False}
 
 
 class PostgresEffect(Effect):
-    """An effect committed with its record: ``fn(conn)`` runs on the store's connection
-    (a ``psycopg.Connection``), inside the transaction and a savepoint of its own that
-    complete the record, and returns the call's result.
+    """An effect committed with its record: ``await fn(conn)`` runs on the store's
+    connection (a ``psycopg.AsyncConnection``: ``await conn.execute(...)``), inside the
+    transaction and a savepoint of its own that complete the record, and returns the
+    call's result. It runs in the goroutine that leads the batch; its queries park that
+    goroutine on gosim's netpoller, and the batch's other calls wait for it.
 
     ``fn`` must not commit, roll back or begin transactions, and must not keep
-    ``conn``. It runs on an OS thread (off the scheduler), so it must not call gosim.
-    It must not write the store's own table (a batch's records are written at its end).
+    ``conn``. It must not write the store's own table (a batch's records are written at its end).
     It must act only through ``conn``: it may run more than once for one record, since
     a transaction rolled back and applied again (a key inserted by another process
     meanwhile, a deadlock, a serialization failure) runs its effects again, and only the
@@ -175,7 +184,7 @@ class PostgresEffect(Effect):
 
     __slots__ = ("fn",)
 
-    def __init__(self, fn: Callable[[psycopg.Connection[Any]], Any]) -> None:
+    def __init__(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]) -> None:
         self.fn = fn
 
 
@@ -184,65 +193,90 @@ class _Retry(Exception):
 
 
 class _Pool:
-    """At most ``size`` connections, made on demand; :meth:`get` waits ``timeout``
-    seconds for one to come back. Used only on the syscall threads."""
+    """At most ``size`` connections, made on demand; :meth:`get` parks the goroutine
+    up to ``timeout`` seconds for one to come back (a gosim Waiter with a deadline)."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], size: int) -> None:
+    def __init__(self, connect: Callable[[], Awaitable[NetpollConnection]], size: int) -> None:
         if size < 1:
             raise ValueError(f"pool_size must be at least 1, not {size}")
         self._connect = connect
         self._size = size
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle: list[NetpollConnection] = []
         self._open = 0
-        self._cond = threading.Condition()
+        # Goroutines waiting for a connection, oldest first: each Waiter is settled
+        # with a connection, or with None (a place freed: it connects).
+        self._waiters: collections.deque[Waiter] = collections.deque()
         self.closed = False
 
-    def get(self, timeout: float, name: str) -> psycopg.Connection[Any]:
-        with self._cond:
-            deadline = time.monotonic() + timeout
-            while not self._idle and self._open >= self._size:
-                if self.closed:
-                    raise StoreUnavailable(f"{name}: the store is closed")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StoreUnavailable(
-                        f"{name}: no connection of the pool ({self._size}) came free"
-                        f" within {timeout} s"
-                    )
-                self._cond.wait(left)
-            if self.closed:
-                raise StoreUnavailable(f"{name}: the store is closed")
-            if self._idle:
-                return self._idle.pop()
+    async def get(self, timeout: float, name: str) -> NetpollConnection:
+        if self.closed:
+            raise StoreUnavailable(f"{name}: the store is closed")
+        if self._idle:
+            return self._idle.pop()
+        if self._open < self._size:
             self._open += 1
+        else:
+            w = Waiter()
+            w.set_deadline(gosim.now() + timeout)
+            self._waiters.append(w)
+            try:
+                conn = await w.wait(_POOL_WAIT)
+            except WaitTimeout:
+                raise StoreUnavailable(
+                    f"{name}: no connection of the pool ({self._size}) came free within {timeout} s"
+                ) from None
+            finally:
+                if not w.done() or w in self._waiters:
+                    self._waiters.remove(w)
+            if conn is not None:
+                return conn  # type: ignore[no-any-return]
+            # None: a place freed for this goroutine (close fails the waiters instead)
         try:
-            return self._connect()  # outside the lock: connecting blocks
+            return await self._connect()
         except BaseException:
-            with self._cond:
-                self._open -= 1
-                self._cond.notify()
+            self._open -= 1
+            self._hand_on(None)
             raise
 
-    def put(self, conn: psycopg.Connection[Any], broken: bool = False) -> None:
-        with self._cond:
-            if broken or self.closed or conn.closed:
+    def put(self, conn: NetpollConnection, broken: bool = False) -> None:
+        if broken or self.closed or conn.closed:
+            self._open -= 1
+            _close_now(conn)
+            if not self.closed:
+                self._hand_on(None)
+        elif not self._hand_on(conn):
+            self._idle.append(conn)
+
+    def _hand_on(self, conn: NetpollConnection | None) -> bool:
+        """Give ``conn`` (None: a free place, which the waiter fills by connecting) to
+        the oldest goroutine still waiting; False when none waits."""
+        while self._waiters:
+            w = self._waiters.popleft()
+            if conn is None:
+                self._open += 1
+            if w.settle(conn):
+                return True
+            if conn is None:
                 self._open -= 1
-                conn.close()
-            else:
-                self._idle.append(conn)
-            self._cond.notify()
+        return False
 
     def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            for conn in self._idle:
-                conn.close()
-                self._open -= 1
-            self._idle.clear()
-            self._cond.notify_all()
+        self.closed = True
+        for conn in self._idle:
+            _close_now(conn)
+            self._open -= 1
+        self._idle.clear()
+        while self._waiters:
+            self._waiters.popleft().fail(StoreUnavailable("the store is closed"))
 
 
-class PostgresStore(OneStepStore):
+def _close_now(conn: NetpollConnection) -> None:
+    """Close ``conn`` without waiting (libpq's socket is non-blocking)."""
+    conn.detach()
+    conn.pgconn.finish()
+
+
+class PostgresStore(BatchedOneStepStore):
     """Records in PostgreSQL at ``dsn`` (a ``postgresql://`` URL or a libpq conninfo
     string), under ``schema`` (see the module docstring).
 
@@ -266,6 +300,8 @@ class PostgresStore(OneStepStore):
     :class:`StoreUnavailable` when the server cannot be reached. One store object
     serves one gosim runtime at a time.
     """
+
+    _effect_type = PostgresEffect
 
     def __init__(
         self,
@@ -296,7 +332,6 @@ class PostgresStore(OneStepStore):
         )
         self._name = f"PostgresStore({self.server!r}, schema={schema!r})"
         self._clock = clock
-        self._connect_timeout = connect_timeout
         self._pool_timeout = pool_timeout
         self._retries = retries
         if not lock_timeout > 0:
@@ -304,145 +339,57 @@ class PostgresStore(OneStepStore):
                 f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
-        self._application_name = application_name
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
         self._sql = _statements(self._records, self._fence_seq)
-        self._search_path = (
-            None
-            if schema == "public"
-            else sql.SQL("SET search_path TO {}, public").format(schema_id)
-        )
         self._pool = _Pool(self._connect, pool_size)
-        conn = self._pool.get(pool_timeout, self._name)
+        # Every connection's settings, in its startup packet: no round trip of their own.
+        self._params: dict[str, Any] = {
+            "connect_timeout": max(1, math.ceil(connect_timeout)),
+            "application_name": application_name,
+            "options": _options(
+                str(info.get("options") or ""),
+                {
+                    "synchronous_commit": "on",
+                    "lock_timeout": str(self._lock_timeout_ms),
+                    **({} if schema == "public" else {"search_path": f"{_quote(schema)},public"}),
+                },
+            ),
+        }
+        # Blocking, once, before any runtime: a plain psycopg connection of its own.
+        doing = "connecting"
         try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                for stmt in _schema(schema_id, self._records, self._fence_seq):
-                    conn.execute(stmt)
+            with psycopg.connect(dsn, autocommit=True, **self._params) as conn:
+                doing = "creating the tables"
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    for stmt in _schema(schema_id, self._records, self._fence_seq):
+                        conn.execute(stmt)
         except psycopg.Error as exc:
-            self._pool.put(conn, broken=True)
-            self._pool.close()
-            raise self._store_error(exc, "creating the tables") from exc
-        self._pool.put(conn)
-        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+            raise self._store_error(exc, doing) from exc
+        self._committer = GroupCommitter(
+            None, max_batch if group_commit else 1, apply_async=self._apply_batch
+        )
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
 
     def __repr__(self) -> str:
         return self._name
 
-    # ------------------------------------------------------------------ public API
+    def _close(self) -> None:
+        self._pool.close()
 
-    def claim(
-        self, caller: str, key: str, fingerprint: bytes, lease: float
-    ) -> Coroutine[Any, Any, ClaimResult]:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
+    # ------------------------------------------------ in the batch's leading goroutine
 
-    def complete(
-        self, caller: str, key: str, fence: int, completion: Completion
-    ) -> Coroutine[Any, Any, Record]:
-        bad = bad_completion(self, caller, key, completion) or _foreign(completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
-
-    def claim_and_complete(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-    ) -> Coroutine[Any, Any, ClaimResult | Record]:
-        bad = self._bad_step(caller, key, lease, completion)
-        if bad is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
-        )
-
-    def claim_and_complete_later(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
-    ) -> None:
-        bad = self._bad_step(caller, key, lease, completion)
-        if bad is not None:
-            done(None, bad)
-            return
-        self._committer.submit_later(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
-        )
-
-    async def release(self, caller: str, key: str, fence: int) -> bool:
-        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
-
-    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
-        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
-            raise bad
-        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
-
-    async def get(self, caller: str, key: str) -> Record | None:
-        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
-
-    async def sweep(self) -> int:
-        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
-
-        return await gosim.syscall(self._sweep)
-
-    def now(self) -> float:
-        """The clock given to the store, else this machine's (an estimate of the
-        server's: used only to time waits, never to decide a record's state)."""
-        return self._clock() if self._clock is not None else time.time()
-
-    def statistics(self) -> StoreStatistics:
-        c = self._committer
-        return StoreStatistics(c.operations, c.batches, c.largest_batch)
-
-    def close(self) -> None:
-        with self._committer._thread_lock:  # not while a batch runs on its thread
-            self._pool.close()
-
-    def _bad_step(
-        self, caller: str, key: str, lease: float, completion: Completion
-    ) -> Exception | None:
-        bad = bad_duration(self, "claim", caller, key, "lease", lease)
-        return bad or bad_completion(self, caller, key, completion) or _foreign(completion)
-
-    # ------------------------------------------------------- on the syscall thread
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        """A new connection of the pool (blocking: on a syscall thread, or in the
-        constructor): autocommit, so that the store's BEGIN and COMMIT are its own, and
-        ``synchronous_commit = on`` whatever the server's default."""
+    async def _connect(self) -> NetpollConnection:
+        """A new connection of the pool: autocommit, so that the store's BEGIN and
+        COMMIT are its own, and the settings of ``_params`` (``synchronous_commit =
+        on`` whatever the server's default). Connecting blocks: ``gosim.syscall``."""
         try:
-            conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                connect_timeout=max(1, math.ceil(self._connect_timeout)),
-                application_name=self._application_name,
-            )
+            return await NetpollConnection.connect(self.dsn, **self._params)
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc
-        try:
-            conn.execute("SET synchronous_commit = on")
-            conn.execute(sql.SQL("SET lock_timeout = {}").format(self._lock_timeout_ms))
-            if self._search_path is not None:
-                conn.execute(self._search_path)
-        except psycopg.Error as exc:
-            conn.close()
-            raise self._store_error(exc, "setting up a connection") from exc
-        return conn
 
     def _store_error(self, exc: BaseException, doing: str) -> StoreUnavailable:
         state = getattr(exc, "sqlstate", None)
@@ -450,29 +397,29 @@ class PostgresStore(OneStepStore):
         text = str(exc).strip().replace("\n", " ")
         return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
 
-    def _now(self, cur: psycopg.Cursor[Any], claims: int) -> tuple[float, list[int]]:
+    async def _now(self, cur: psycopg.AsyncCursor[Any], claims: int) -> tuple[float, list[int]]:
         """The time and ``claims`` fencing tokens (ascending), from the server, read
         after the batch's row locks are held."""
-        cur.execute(self._sql["now"], (claims,))
-        row = cur.fetchone()
+        await cur.execute(self._sql["now"], (claims,))
+        row = await cur.fetchone()
         assert row is not None
         server_now, fences = row
         now = self._clock() if self._clock is not None else float(server_now)
         return now, sorted(fences)
 
-    def _apply_batch(self, ops: list[Op]) -> None:
+    async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
         meanwhile, or one transaction each when one of them may have failed it."""
         for attempt in range(self._retries + 1):
             try:
-                conn = self._pool.get(self._pool_timeout, self._name)
+                conn = await self._pool.get(self._pool_timeout, self._name)
             except StoreUnavailable as exc:
                 for op in ops:
                     op.result, op.error = None, exc
                 return
             broken = False
             try:
-                outcome = self._apply(conn, ops)
+                outcome = await self._apply(conn, ops)
             except BaseException:
                 broken = True
                 raise
@@ -498,7 +445,7 @@ class PostgresStore(OneStepStore):
                 op.result = op.error = None
             if outcome is _NEEDS_ALONE:
                 for op in ops:
-                    self._apply_batch([op])
+                    await self._apply_batch([op])
                 return
             # _RETRY: again, with the row inserted meanwhile now there to lock
             if attempt == self._retries:
@@ -509,7 +456,7 @@ class PostgresStore(OneStepStore):
                 for op in ops:
                     op.error = err
 
-    def _apply(self, conn: psycopg.Connection[Any], ops: list[Op]) -> str:
+    async def _apply(self, conn: NetpollConnection, ops: list[Op]) -> str:
         """Apply ``ops`` in order in one transaction; see the module docstring."""
         cur = conn.cursor()
         keys = sorted({(op.args[0], op.args[1]) for op in ops})
@@ -522,14 +469,14 @@ class PostgresStore(OneStepStore):
             # server runs them in order, so both are read once the locks are held).
             q = self._sql["lock"] if writes else self._sql["read"]
             timer = conn.cursor()
-            with conn.pipeline():
-                cur.execute("BEGIN", prepare=False)
-                cur.execute(q, (_dumps(keys),), **_PIPELINED)
+            async with conn.pipeline():
+                await cur.execute("BEGIN", prepare=False)
+                await cur.execute(q, (_dumps(keys),), **_PIPELINED)
                 if clock is None or claims:
-                    timer.execute(self._sql["now"], (claims,), **_PIPELINED)
+                    await timer.execute(self._sql["now"], (claims,), **_PIPELINED)
             reading = False
             ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
-            for row in cur.fetchall():
+            for row in await cur.fetchall():
                 caller, key = row[0], row[1]
                 try:
                     ws[caller, key] = self._decode(row[2:], caller, key)
@@ -537,7 +484,7 @@ class PostgresStore(OneStepStore):
                     ws[caller, key] = exc
             existed = {rk for rk, rec in ws.items() if rec is not None}
             if clock is None or claims:
-                row = timer.fetchone()
+                row = await timer.fetchone()
                 assert row is not None
                 now = clock() if clock is not None else row[0]
                 fences = sorted(row[1])
@@ -545,6 +492,7 @@ class PostgresStore(OneStepStore):
                 now, fences = clock(), []
             fence_at = 0
             dirty: dict[tuple[str, str], Record | None] = {}
+            savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
             for op in ops:
                 kind = op.kind
                 try:
@@ -565,7 +513,9 @@ class PostgresStore(OneStepStore):
                             ws[rk] = dirty[rk] = done
                             op.result = done
                         else:
-                            applied = self._effect_and_record(conn, op, f, c, rec, now, False)
+                            applied = await self._effect_and_record(
+                                conn, op, f, c, rec, now, False, savepoint
+                            )
                             if applied is not None:
                                 ws[rk] = dirty[rk] = applied
                     elif kind == _CLAIM_COMPLETE:
@@ -585,8 +535,8 @@ class PostgresStore(OneStepStore):
                                 ws[rk] = dirty[rk] = done
                                 op.result = done
                             else:
-                                applied = self._effect_and_record(
-                                    conn, op, fence, c, res.record, now, True
+                                applied = await self._effect_and_record(
+                                    conn, op, fence, c, res.record, now, True, savepoint
                                 )
                                 if applied is not None:
                                     ws[rk] = dirty[rk] = applied
@@ -615,26 +565,26 @@ class PostgresStore(OneStepStore):
                     op.error = exc  # this operation's alone: it changed nothing
             # One round trip: the writes, a sweep step, COMMIT (skipped by the server
             # if a write failed: then the transaction is rolled back below).
-            with conn.pipeline():
+            async with conn.pipeline():
                 if dirty:
-                    self._flush(cur, dirty, existed)
+                    await self._flush(cur, dirty, existed)
                 if self._sweep_every > 0 and writes:
                     self._batches_to_sweep -= 1
                     if self._batches_to_sweep <= 0:
                         self._batches_to_sweep = self._sweep_every
-                        cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
-                cur.execute("COMMIT", prepare=False)
+                        await cur.execute(self._sql["sweep"], (now, _SWEEP_STEP), **_PIPELINED)
+                await cur.execute("COMMIT", prepare=False)
         except _Retry:
-            _rollback(conn)
+            await _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
             if reading and (conn.closed or conn.broken):
                 # A connection of the pool that died while idle (the server restarted,
                 # the backend was terminated), or that died now: nothing of the batch
                 # has been written, let alone committed. Another connection.
-                conn.close()
+                _close_now(conn)
                 return _DEAD_CONN
-            _rollback(conn)
+            await _rollback(conn)
             if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
                 return _RETRY
             if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)) and not conn.closed:
@@ -651,21 +601,21 @@ class PostgresStore(OneStepStore):
             # Not an operation's own error (those are caught above): an argument that
             # broke the batch's shared code (one psycopg cannot send). Alone, it fails
             # by itself.
-            _rollback(conn)
+            await _rollback(conn)
             if len(ops) > 1:
                 return _NEEDS_ALONE
             ops[0].result, ops[0].error = None, exc
         except BaseException:
             # An interrupt raised in an effect: nothing of the batch may be committed.
-            _rollback(conn)
+            await _rollback(conn)
             for op in ops:
                 op.result = None
             raise
         return _APPLIED
 
-    def _flush(
+    async def _flush(
         self,
-        cur: psycopg.Cursor[Any],
+        cur: psycopg.AsyncCursor[Any],
         dirty: dict[tuple[str, str], Record | None],
         existed: set[tuple[str, str]],
     ) -> None:
@@ -686,50 +636,66 @@ class PostgresStore(OneStepStore):
                  repr(rec.expires_at), rec.ok, None if payload is None else payload.hex())
             )  # fmt: skip
         if deleted:
-            cur.execute(self._sql["delete"], (_dumps(deleted),), **_PIPELINED)
+            await cur.execute(self._sql["delete"], (_dumps(deleted),), **_PIPELINED)
         if updates:
-            cur.execute(self._sql["update"], (_dumps(updates),), **_PIPELINED)
+            await cur.execute(self._sql["update"], (_dumps(updates),), **_PIPELINED)
         if inserts:
-            cur.execute(self._sql["insert"], (_dumps(inserts),), **_PIPELINED)
+            await cur.execute(self._sql["insert"], (_dumps(inserts),), **_PIPELINED)
 
-    def _effect_and_record(
+    async def _effect_and_record(
         self,
-        conn: psycopg.Connection[Any],
+        conn: NetpollConnection,
         op: Op,
         fence: int,
         c: Completion,
         rec: Record | None,
         now: float,
         just_claimed: bool,
+        savepoint: list[bool],
     ) -> Record | None:
         """Run claim ``fence``'s effect in a savepoint; return its completed record, or
-        None when it failed (nothing of it stays and ``op`` carries the error)."""
+        None when it failed (nothing of it stays and ``op`` carries the error).
+
+        Each statement here is a round trip that parks the batch's goroutine while the
+        transaction holds its row locks, so the savepoint of an effect that succeeded
+        is left open (``savepoint[0]``): the next effect's one statement releases it
+        and opens its own, and COMMIT releases the last."""
         caller, key = op.args[0], op.args[1]
         effect = c.effect
         assert isinstance(effect, PostgresEffect)  # checked before the batch
         if not just_claimed:
             # A stale holder's effect must not run: check the claim first.
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        conn.execute("SAVEPOINT idempotency_effect")
-
-        def undo() -> None:
-            conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
-
+        await conn.execute(_SP_NEXT if savepoint[0] else _SP_OPEN)
+        savepoint[0] = True
         try:
-            ok, payload = run_effect(lambda: _checked(conn, effect.fn), c.max_result_bytes, undo)
+            # The effect is awaited here; run_effect then judges its outcome (a final
+            # ApplicationError asks for the savepoint's rollback: ``undone``).
+            outcome: list[Any] = [None, None]
+            try:
+                outcome[0] = await _checked(conn, effect.fn)
+            except Exception as exc:
+                outcome[1] = exc
+            undone: list[bool] = []
+            ok, payload = run_effect(
+                functools.partial(_outcome, outcome),
+                c.max_result_bytes,
+                lambda: undone.append(True),
+            )
+            if undone:
+                await conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
         except Exception as exc:
             if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
                 raise  # the connection is gone: the batch's failure
-            undo()
-            conn.execute("RELEASE SAVEPOINT idempotency_effect")
+            await conn.execute(_SP_UNDO)
+            savepoint[0] = False
             if getattr(exc, "sqlstate", None) in _RETRY_STATES:
                 raise _Retry from exc  # a deadlock, not the effect's fault: again
             if isinstance(exc, (IdempotencyError, ApplicationError)):
                 raise
             op.error = exc  # the effect's own failure: this call only
             return None
-        conn.execute("RELEASE SAVEPOINT idempotency_effect")
         op.result = done
         return done
 
@@ -752,14 +718,14 @@ class PostgresStore(OneStepStore):
             raise CorruptedRecord(f"{where}: in progress with a payload")
         return Record(IN_PROGRESS, fp, fence, expires_at)
 
-    def _live_connection(self) -> psycopg.Connection[Any]:
+    async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
         operator's tools, which have no batch to retry): one that died while idle is
         dropped and another taken."""
         for _ in range(self._pool._size + 1):
-            conn = self._pool.get(self._pool_timeout, self._name)
+            conn = await self._pool.get(self._pool_timeout, self._name)
             try:
-                conn.execute("SELECT 1", prepare=False)
+                await conn.execute("SELECT 1", prepare=False)
             except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
                 if conn.closed or conn.broken:
@@ -771,22 +737,23 @@ class PostgresStore(OneStepStore):
             return conn
         raise StoreUnavailable(f"{self._name}: no live connection")
 
-    def _sweep(self) -> int:
+    async def sweep(self) -> int:
         """Delete every expired record, 1,000 at a time, each chunk its own short
         transaction; rows a writer holds are skipped (they are being written)."""
         deleted = 0
-        conn = self._live_connection()
+        conn = await self._live_connection()
         broken = True
         try:
             while True:
-                with conn.transaction():
+                async with conn.transaction():
                     if self._clock is not None:
                         now = self._clock()
                     else:
-                        row = conn.execute(self._sql["now"], (0,)).fetchone()
+                        row = await (await conn.execute(self._sql["now"], (0,))).fetchone()
                         assert row is not None
                         now = float(row[0])
-                    n = conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK)).rowcount
+                    cur = await conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK))
+                    n = cur.rowcount
                 deleted += n
                 if n < _SWEEP_CHUNK:
                     broken = False
@@ -799,28 +766,24 @@ class PostgresStore(OneStepStore):
     # ------------------------------------------------------------ operator's tools
 
     async def inspect(self, caller: str, key: str) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+        return await self._inspect_or_forget_async(caller, key, False, False)
 
     async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
+        return await self._inspect_or_forget_async(caller, key, True, force)
 
-        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
-
-    def _inspect_or_forget(
+    async def _inspect_or_forget_async(
         self, caller: str, key: str, delete: bool, force: bool
     ) -> StoredRecord | None:
         """``inspect`` (a plain read) or ``forget`` (the row locked, checked and deleted
         in one transaction, committed durably), on a connection of the pool."""
         doing = "forgetting a record" if delete else "reading a record"
-        conn = self._live_connection()
+        conn = await self._live_connection()
         broken = True
         try:
-            with conn.transaction():
+            async with conn.transaction():
                 q = self._sql["lock"] if delete else self._sql["read"]
-                row = conn.execute(q, (_dumps([(caller, key)]),)).fetchone()
-                now, _ = self._now(conn.cursor(), 0)
+                row = await (await conn.execute(q, (_dumps([(caller, key)]),))).fetchone()
+                now, _ = await self._now(conn.cursor(), 0)
                 held = None
                 if row is not None:
                     try:
@@ -833,7 +796,7 @@ class PostgresStore(OneStepStore):
                         if not force and held.state == "IN_PROGRESS":
                             broken = False
                             raise InProgress(caller, key)
-                        conn.execute(self._sql["delete"], (_dumps([(caller, key)]),))
+                        await conn.execute(self._sql["delete"], (_dumps([(caller, key)]),))
             broken = False
             return held
         except psycopg.Error as exc:
@@ -942,13 +905,6 @@ def _statements(records: sql.Composed, seq: str) -> dict[str, sql.SQL | sql.Comp
     }
 
 
-def _foreign(completion: Completion) -> TypeError | None:
-    effect = completion.effect
-    if effect is not None and not isinstance(effect, PostgresEffect):
-        return TypeError(f"PostgresStore cannot run a {type(effect).__name__}")
-    return None
-
-
 def _current(
     ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
 ) -> Record | None:
@@ -958,10 +914,13 @@ def _current(
     return rec
 
 
-def _checked(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], Any]) -> Any:
-    """``fn(conn)``, refusing a result when ``fn`` swallowed an error of its own SQL: its
-    transaction is then failed, and only rolling its savepoint back saves the batch."""
-    value = fn(conn)
+async def _checked(
+    conn: NetpollConnection, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]
+) -> Any:
+    """``await fn(conn)``, refusing a result when ``fn`` swallowed an error of its own
+    SQL: its transaction is then failed, and only rolling its savepoint back saves the
+    batch."""
+    value = await fn(conn)
     if conn.info.transaction_status == TransactionStatus.INERROR:
         raise RuntimeError(
             "PostgresEffect returned with its transaction failed (it caught an error of"
@@ -984,13 +943,29 @@ def _inserted_meanwhile(exc: psycopg.Error) -> bool:
     )
 
 
-def _rollback(conn: psycopg.Connection[Any]) -> None:
+async def _rollback(conn: NetpollConnection) -> None:
     """End the batch's transaction, if any, writing nothing; a connection this fails on
     is closed (the pool drops it)."""
     if conn.closed:
         return
     try:
         if conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.execute("ROLLBACK")
+            await conn.execute("ROLLBACK")
     except psycopg.Error:
-        conn.close()
+        _close_now(conn)
+
+
+def _outcome(outcome: list[Any]) -> Any:
+    """An awaited effect's outcome, given back to ``run_effect``: ``[value, error]``."""
+    if outcome[1] is not None:
+        raise outcome[1]
+    return outcome[0]
+
+
+def _options(given: str | None, settings: dict[str, str]) -> str:
+    """libpq's ``options`` (``-c name=value`` each; spaces and backslashes escaped),
+    after those of the connection string."""
+    ours = " ".join(
+        "-c " + f"{k}={v}".replace("\\", "\\\\").replace(" ", "\\ ") for k, v in settings.items()
+    )
+    return f"{given} {ours}" if given else ours

@@ -51,8 +51,7 @@ from __future__ import annotations
 
 import math
 import threading
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgpack
@@ -71,15 +70,10 @@ from .._record import (
     _new_claim_result,
     _new_record,
 )
-from ._batch import GroupCommitter, Op, raise_when_awaited
+from ._batch import BatchedStore, GroupCommitter, Op, OpKind
 from ._contract import (
-    Completion,
     Effect,
-    Store,
     StoredRecord,
-    StoreStatistics,
-    bad_completion,
-    bad_duration,
 )
 
 __all__ = ["LuaEffect", "RedisStore"]
@@ -346,14 +340,17 @@ return reply
 """
 )
 
-_CLAIM: Final = 0
-_COMPLETE: Final = 1
-_RELEASE: Final = 2
-_GET: Final = 3
-_EFFECT: Final = 4
-_RENEW: Final = 5  # the batch script's kind 4
+_CLAIM: Final = OpKind.CLAIM
+_COMPLETE: Final = OpKind.COMPLETE
+_RELEASE: Final = OpKind.RELEASE
+_GET: Final = OpKind.GET
+_EFFECT: Final = OpKind.EFFECT  # a completion with a LuaEffect: a script of its own
+_RENEW: Final = OpKind.RENEW  # the batch script's kind 4
 _NEVER_MS: Final = 99_999_999_999_999  # the scripts' NEVER: an expiry that never comes
-_OP_NAMES: Final = ("claim", "completion", "release", "read", "completion", "renewal")
+_OP_NAMES: Final[dict[int, str]] = {
+    _CLAIM: "claim", _COMPLETE: "completion", _RELEASE: "release", _GET: "read",
+    _EFFECT: "completion", _RENEW: "renewal",
+}  # fmt: skip
 _KINDS: Final = (ClaimKind.CLAIMED, ClaimKind.REPLAY, ClaimKind.BUSY, ClaimKind.MISMATCH)
 _STALE_WHY: Final = {
     b"gone": "the record is gone (released or swept)",
@@ -422,12 +419,15 @@ class LuaEffect(Effect):
         self.args = list(args)
 
 
-class RedisStore(Store):
+class RedisStore(BatchedStore):
     """Records in Redis at ``url`` under ``prefix`` (see the module docstring).
 
     ``socket_timeout`` bounds each round trip; ``max_batch`` bounds a pipeline.
     ``clock``: None for the server's clock (the right choice for several processes).
     """
+
+    _effect_type = LuaEffect
+    _effect_kind = _EFFECT
 
     def __init__(
         self,
@@ -463,57 +463,8 @@ class RedisStore(Store):
 
     # ------------------------------------------------------------------ public API
 
-    # claim and complete return the committer's coroutine rather than being coroutines
-    # themselves: awaiting them is the same, with one coroutine fewer an operation.
-    def claim(
-        self, caller: str, key: str, fingerprint: bytes, lease: float
-    ) -> Coroutine[Any, Any, ClaimResult]:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
-
-    def complete(
-        self, caller: str, key: str, fence: int, completion: Completion
-    ) -> Coroutine[Any, Any, Record]:
-        if (bad := bad_completion(self, caller, key, completion)) is not None:
-            return raise_when_awaited(bad)
-        effect = completion.effect
-        if effect is not None:
-            if not isinstance(effect, LuaEffect):
-                return raise_when_awaited(
-                    TypeError(f"RedisStore cannot run a {type(effect).__name__}")
-                )
-            return self._committer.submit(Op(_EFFECT, (caller, key, fence, completion)))
-        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
-
-    async def release(self, caller: str, key: str, fence: int) -> bool:
-        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
-
-    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
-        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
-            raise bad
-        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
-
-    async def get(self, caller: str, key: str) -> Record | None:
-        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
-
-    async def sweep(self) -> int:
-        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
-
-        return await gosim.syscall(self._sweep)
-
-    def now(self) -> float:
-        """The clock given to the store, else this machine's (an estimate of the
-        server's: used only to time waits, never to decide a record's state)."""
-        return self._clock() if self._clock is not None else time.time()
-
-    def statistics(self) -> StoreStatistics:
-        c = self._committer
-        return StoreStatistics(c.operations, c.batches, c.largest_batch)
-
-    def close(self) -> None:
-        with self._committer._thread_lock:
-            self.client.close()
+    def _close(self) -> None:
+        self.client.close()
 
     # ------------------------------------------------------- on the syscall thread
 
@@ -557,7 +508,7 @@ class RedisStore(Store):
 
     def _bad_call(self, op: Op, exc: Exception) -> Exception:
         """The error of an operation that cannot be sent, naming its call."""
-        what = _OP_NAMES[op.kind] if 0 <= op.kind < len(_OP_NAMES) else f"operation {op.kind}"
+        what = _OP_NAMES.get(op.kind, f"operation {op.kind}")
         caller, key = op.args[0], op.args[1]
         err = TypeError(
             f"{self._name}: {what} of caller {caller!r}, key {key!r} cannot be sent:"
@@ -727,16 +678,6 @@ class RedisStore(Store):
         return deleted
 
     # ------------------------------------------------------------ operator's tools
-
-    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
-
-    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- only here: the batch path never needs it
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
 
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool

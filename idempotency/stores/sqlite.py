@@ -55,7 +55,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, Final
 
 from .._accel import speedups as _speedups
@@ -72,7 +72,6 @@ from .._record import (
     COMPLETED,
     IN_PROGRESS,
     ClaimKind,
-    ClaimResult,
     Record,
     claim,
     complete,
@@ -80,28 +79,24 @@ from .._record import (
     renew,
     state_at,
 )
-from ._batch import GroupCommitter, Op, raise_when_awaited
+from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
 from ._contract import (
     Completion,
     Effect,
-    OneStepStore,
     StoredRecord,
-    StoreStatistics,
-    bad_completion,
-    bad_duration,
     run_effect,
 )
 
 __all__ = ["SQLiteEffect", "SQLiteStore"]
 
-_CLAIM: Final = 0
-_COMPLETE: Final = 1
-_RELEASE: Final = 2
-_GET: Final = 3
-_SWEEP: Final = 4
-_TRANSACT: Final = 5
-_CLAIM_COMPLETE: Final = 6  # claim_and_complete: a claim and its effect in one step
-_RENEW: Final = 7
+_CLAIM: Final = OpKind.CLAIM
+_COMPLETE: Final = OpKind.COMPLETE
+_RELEASE: Final = OpKind.RELEASE
+_GET: Final = OpKind.GET
+_SWEEP: Final = OpKind.SWEEP
+_TRANSACT: Final = OpKind.TRANSACT
+_CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
+_RENEW: Final = OpKind.RENEW
 _KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
 
 _SCHEMA: Final = """
@@ -217,7 +212,7 @@ class _RedoCarefully(Exception):
     again with a savepoint around every effect."""
 
 
-class SQLiteStore(OneStepStore):
+class SQLiteStore(BatchedOneStepStore):
     """Records in one SQLite file, durable and shared by the processes of one machine.
 
     ``synchronous``: SQLite's setting; ``"FULL"`` (default) fsyncs every commit,
@@ -233,6 +228,9 @@ class SQLiteStore(OneStepStore):
     One store object serves one gosim runtime at a time. The connection is opened at
     construction; :meth:`close` closes it.
     """
+
+    _effect_type = SQLiteEffect
+    _clock: Callable[[], float]
 
     def __init__(
         self,
@@ -287,61 +285,8 @@ class SQLiteStore(OneStepStore):
 
     # ------------------------------------------------------------------ public API
 
-    # claim and complete return the committer's coroutine rather than being coroutines
-    # themselves: awaiting them is the same, with one coroutine fewer an operation.
-    def claim(
-        self, caller: str, key: str, fingerprint: bytes, lease: float
-    ) -> Coroutine[Any, Any, ClaimResult]:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
-            return raise_when_awaited(bad)
-        return self._committer.submit(Op(_CLAIM, (caller, key, fingerprint, lease)))
-
-    def complete(
-        self, caller: str, key: str, fence: int, completion: Completion
-    ) -> Coroutine[Any, Any, Record]:
-        if (bad := bad_completion(self, caller, key, completion)) is not None:
-            return raise_when_awaited(bad)
-        effect = completion.effect
-        if effect is not None and not isinstance(effect, SQLiteEffect):
-            return raise_when_awaited(
-                TypeError(f"SQLiteStore cannot run a {type(effect).__name__}")
-            )
-        return self._committer.submit(Op(_COMPLETE, (caller, key, fence, completion)))
-
-    def claim_and_complete_later(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
-    ) -> None:
-        bad = _bad_step(self, caller, key, lease, completion)
-        if bad is not None:
-            done(None, bad)
-            return
-        effect = completion.effect
-        if effect is not None and not isinstance(effect, SQLiteEffect):
-            done(None, TypeError(f"SQLiteStore cannot run a {type(effect).__name__}"))
-            return
-        self._committer.submit_later(
-            Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
-        )
-
-    async def release(self, caller: str, key: str, fence: int) -> bool:
-        return await self._committer.submit(Op(_RELEASE, (caller, key, fence)))  # type: ignore[no-any-return]
-
-    async def renew(self, caller: str, key: str, fence: int, lease: float) -> Record:
-        if (bad := bad_duration(self, "renewal", caller, key, "lease", lease)) is not None:
-            raise bad
-        return await self._committer.submit(Op(_RENEW, (caller, key, fence, lease)))  # type: ignore[no-any-return]
-
-    async def get(self, caller: str, key: str) -> Record | None:
-        return await self._committer.submit(Op(_GET, (caller, key)))  # type: ignore[no-any-return]
-
     async def sweep(self) -> int:
+        """Delete every expired record, in a batch of its own (a scan of the table)."""
         return await self._committer.submit(Op(_SWEEP, ()))  # type: ignore[no-any-return]
 
     async def transact(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -354,18 +299,10 @@ class SQLiteStore(OneStepStore):
         """
         return await self._committer.submit(Op(_TRANSACT, (fn,)))
 
-    def now(self) -> float:
-        return self._clock()
-
-    def statistics(self) -> StoreStatistics:
-        c = self._committer
-        return StoreStatistics(c.operations, c.batches, c.largest_batch)
-
-    def close(self) -> None:
-        with self._committer._thread_lock:  # not while a batch runs on its thread
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     # ------------------------------------------------------- on the syscall thread
 
@@ -735,16 +672,6 @@ class SQLiteStore(OneStepStore):
 
     # ------------------------------------------------------------ operator's tools
 
-    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
-
-    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
-        import gosim  # noqa: PLC0415 -- the operator's path only
-
-        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
-
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool
     ) -> StoredRecord | None:
@@ -789,14 +716,6 @@ class SQLiteStore(OneStepStore):
             return StoredRecord(caller, key, self._decode(row, caller, key), None, now)
         except CorruptedRecord as exc:
             return StoredRecord(caller, key, None, str(exc), now)
-
-
-def _bad_step(
-    store: SQLiteStore, caller: str, key: str, lease: float, completion: Completion
-) -> Exception | None:
-    """claim_and_complete's arguments the table cannot hold, named (else None)."""
-    bad = bad_duration(store, "claim", caller, key, "lease", lease)
-    return bad or bad_completion(store, caller, key, completion)
 
 
 # ------------------------------------------------- a batch's record work, per operation

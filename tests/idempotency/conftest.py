@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -311,15 +311,16 @@ def _redis_kit(server: RedisServer) -> StoreKit:
     )
 
 
-def _postgres_counter_fn(name: str, amount: int) -> Callable[[Any], int]:
-    def fn(conn: Any) -> int:
+def _postgres_counter_fn(name: str, amount: int) -> Callable[[Any], Awaitable[int]]:
+    async def fn(conn: Any) -> int:
         # search_path: the store's schema first, so the table is the store's own.
-        conn.execute("CREATE TABLE IF NOT EXISTS counters (name text PRIMARY KEY, n bigint)")
-        row = conn.execute(
+        await conn.execute("CREATE TABLE IF NOT EXISTS counters (name text PRIMARY KEY, n bigint)")
+        cur = await conn.execute(
             "INSERT INTO counters VALUES (%s, %s) ON CONFLICT (name)"
             " DO UPDATE SET n = counters.n + excluded.n RETURNING n",
             (name, amount),
-        ).fetchone()
+        )
+        row = await cur.fetchone()
         if amount < 0:  # written first: the refusal must roll the write back
             raise ApplicationError("negative", "amount must not be negative", amount)
         return int(row[0])
@@ -343,8 +344,8 @@ def _postgres_kit(server: PostgresServer) -> StoreKit:
         return PostgresStore(server.dsn, schema=f"t{time.monotonic_ns()}", clock=clock)
 
     def boom(store: Store, name: str) -> Effect:
-        def fn(conn: Any) -> int:
-            _postgres_counter_fn(name, 1000)(conn)
+        async def fn(conn: Any) -> int:
+            await _postgres_counter_fn(name, 1000)(conn)
             raise RuntimeError("boom")
 
         return PostgresEffect(fn)

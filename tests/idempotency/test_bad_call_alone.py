@@ -207,17 +207,24 @@ def _postgres_effects(store: Any) -> tuple[Any, Any, Any]:
             " DEFERRABLE INITIALLY DEFERRED)"
         )
 
-    def add(conn: Any) -> int:
-        conn.execute("INSERT INTO n VALUES (1)")
+    async def add(conn: Any) -> int:
+        await conn.execute("INSERT INTO n VALUES (1)")
         return 1
 
-    def orphan(conn: Any) -> int:
-        conn.execute("INSERT INTO child VALUES (42)")  # no parent 42: fails at COMMIT
+    async def orphan(conn: Any) -> int:
+        await conn.execute("INSERT INTO child VALUES (42)")  # no parent 42: fails at COMMIT
         return 1
 
-    def swallowed(conn: Any) -> int:
+    async def divide(conn: Any) -> int:
+        return 1 // 0
+
+    async def misspelt(conn: Any) -> int:
+        await conn.execute("SELEC 1")
+        return 1
+
+    async def swallowed(conn: Any) -> int:
         try:
-            conn.execute("SELECT 1 / 0")
+            await conn.execute("SELECT 1 / 0")
         except psycopg.errors.DivisionByZero:
             pass  # the transaction is failed all the same
         return 1
@@ -230,9 +237,8 @@ def _postgres_effects(store: Any) -> tuple[Any, Any, Any]:
 
     bad = [
         (PostgresEffect(orphan), psycopg.errors.ForeignKeyViolation, "child"),
-        (PostgresEffect(lambda conn: 1 // 0), ZeroDivisionError, "division"),
-        (PostgresEffect(lambda conn: conn.execute("SELEC 1")), psycopg.errors.SyntaxError,
-         "SELEC"),
+        (PostgresEffect(divide), ZeroDivisionError, "division"),
+        (PostgresEffect(misspelt), psycopg.errors.SyntaxError, "SELEC"),
         (PostgresEffect(swallowed), RuntimeError, "caught an error of its own SQL"),
     ]  # fmt: skip
     return (lambda: PostgresEffect(add)), read, bad

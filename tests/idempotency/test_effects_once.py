@@ -82,11 +82,11 @@ class Counter:
         if self.kind == "postgres":
             from idempotency import PostgresEffect  # noqa: PLC0415 -- needs psycopg
 
-            def pg(conn: Any) -> Any:
+            async def pg(conn: Any) -> Any:
                 if fail_before is not None:
                     raise fail_before
-                conn.execute("CREATE TABLE IF NOT EXISTS counter (n integer)")
-                conn.execute("INSERT INTO counter VALUES (1)")
+                await conn.execute("CREATE TABLE IF NOT EXISTS counter (n integer)")
+                await conn.execute("INSERT INTO counter VALUES (1)")
                 if fail_after is not None:
                     raise fail_after
                 return result

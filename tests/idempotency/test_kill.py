@@ -47,9 +47,9 @@ CHILD = textwrap.dedent(
         from idempotency import PostgresEffect, PostgresStore
         store = PostgresStore(where, schema=prefix, application_name=prefix)
         def effect(key):
-            def fn(conn):
-                conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
-                conn.execute("UPDATE totals SET n = n + 1")
+            async def fn(conn):
+                await conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+                await conn.execute("UPDATE totals SET n = n + 1")
                 return key
             return PostgresEffect(fn)
     else:
@@ -283,9 +283,9 @@ def test_sigkill_while_completing_postgres(
         mid_run += len(recorded) < N_KEYS
 
         def effect(key: str) -> PostgresEffect:
-            def fn(conn: Any) -> str:
-                conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
-                conn.execute("UPDATE totals SET n = n + 1")
+            async def fn(conn: Any) -> str:
+                await conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+                await conn.execute("UPDATE totals SET n = n + 1")
                 return key
 
             return PostgresEffect(fn)

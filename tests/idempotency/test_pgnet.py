@@ -40,7 +40,7 @@ def test_many_goroutines_wait_on_their_queries_at_once_without_threads(
                 cur = await conns[i].execute(
                     "SELECT pg_advisory_lock_shared(%s), %s::int", (LOCK, i)
                 )
-                row = cur.fetchone()
+                row = await cur.fetchone()
                 assert row is not None
                 results[i] = row[1]
             finally:
@@ -55,7 +55,7 @@ def test_many_goroutines_wait_on_their_queries_at_once_without_threads(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                 " AND query LIKE 'SELECT pg_advisory_lock_shared%%'"
             )
-            row = cur.fetchone()
+            row = await cur.fetchone()
             assert row is not None
             waiting = int(row[0])
             if waiting == n:
@@ -83,7 +83,7 @@ def test_errors_are_psycopgs_and_the_connection_goes_on(postgres_server: Any) ->
             except psycopg.errors.UndefinedTable as exc:
                 what = exc.sqlstate or ""
             cur = await c.execute("SELECT %s::text || 'x', repeat('y', 100000)", ("a",))
-            row = cur.fetchone()
+            row = await cur.fetchone()
             assert row is not None
             return what, [row[0], len(row[1])]
         finally:
@@ -100,7 +100,7 @@ def test_a_large_query_goes_out_whole(postgres_server: Any) -> None:
         c = await NetpollConnection.connect(postgres_server.dsn)
         try:
             cur = await c.execute("SELECT length(%s::text)", (big,))
-            row = cur.fetchone()
+            row = await cur.fetchone()
             assert row is not None
             return int(row[0])
         finally:
@@ -128,7 +128,7 @@ def test_a_backend_terminated_under_a_waiting_query_raises(postgres_server: Any)
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'victim' AND state = 'active'"
             )
-            if cur.fetchall():
+            if await cur.fetchall():
                 break
             await gosim.sleep(0.01)
         got = await outcome.recv()

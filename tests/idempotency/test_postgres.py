@@ -47,8 +47,8 @@ def _recorded(server: Any, schema: str) -> list[str]:
 
 
 def _insert(key: str) -> PostgresEffect:
-    def fn(conn: Any) -> str:
-        conn.execute("INSERT INTO applied VALUES (%s)", (key,))
+    async def fn(conn: Any) -> str:
+        await conn.execute("INSERT INTO applied VALUES (%s)", (key,))
         return key
 
     return PostgresEffect(fn)
@@ -87,12 +87,12 @@ def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
     def effect(call: Call) -> PostgresEffect:
         key = call.key
 
-        def fn(conn: Any) -> str:
-            conn.execute("INSERT INTO applied VALUES (%s)", (key,))
+        async def fn(conn: Any) -> str:
+            await conn.execute("INSERT INTO applied VALUES (%s)", (key,))
             if not terminated:
                 terminated.append(conn.info.backend_pid)
                 postgres_server.sql("SELECT pg_terminate_backend(%s)", (terminated[0],))
-            conn.execute("SELECT 1")
+            await conn.execute("SELECT 1")
             return key
 
         return PostgresEffect(fn)
@@ -167,8 +167,8 @@ def test_server_stopped_mid_effect_then_started(own_postgres: Any) -> None:
     def stopper(call: Call) -> PostgresEffect:
         runs.append(call.fence)
 
-        def fn(conn: Any) -> str:
-            conn.execute("INSERT INTO applied VALUES ('k')")
+        async def fn(conn: Any) -> str:
+            await conn.execute("INSERT INTO applied VALUES ('k')")
             if len(runs) == 1:
                 own_postgres.stop("immediate")  # the server dies in this transaction
             return "done"
@@ -216,9 +216,9 @@ SHARER = textwrap.dedent(
     store = PostgresStore(dsn, schema=schema)
 
     def effect(key):
-        def fn(conn):
-            conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
-            conn.execute("UPDATE totals SET n = n + 1")
+        async def fn(conn):
+            await conn.execute("INSERT INTO applied (key) VALUES (%s)", (key,))
+            await conn.execute("UPDATE totals SET n = n + 1")
             return key
         return PostgresEffect(fn)
 
@@ -327,7 +327,11 @@ def test_the_pool_is_bounded_and_its_wait_times_out(postgres_server: Any) -> Non
     store = PostgresStore(postgres_server.dsn, schema=schema, pool_size=1, pool_timeout=0.3)
 
     def slow(call: Call) -> PostgresEffect:
-        return PostgresEffect(lambda conn: conn.execute("SELECT pg_sleep(1.5)") and "slow")
+        async def fn(conn: Any) -> str:
+            await conn.execute("SELECT pg_sleep(1.5)")
+            return "slow"
+
+        return PostgresEffect(fn)
 
     async def main() -> None:
         idem = Idempotency(store)
@@ -398,7 +402,7 @@ def test_a_key_inserted_meanwhile_by_another_process_reruns_the_batch(
     runs: list[int] = []
 
     def effect(call: Call) -> PostgresEffect:
-        def fn(conn: Any) -> str:
+        async def fn(conn: Any) -> str:
             runs.append(call.fence)
             if len(runs) == 1:  # the rival commits its claim now
                 postgres_server.sql(
