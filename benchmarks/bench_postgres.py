@@ -11,30 +11,70 @@
   CPU time (user + system: the application server's) per call, and for Postgres
   ``extra_info['database_cpu_us_per_call']`` the cluster's processes' CPU per call
   (from ``/proc``). The issue asks for the server's within 1.5x SQLite's.
+* ``demo``: the ledger demo's server processes (``python -m idempotency.demo server``,
+  as ``--store postgres --servers N`` starts them: one port, ``SO_REUSEPORT``) over one
+  cluster, driven by the Go load generator's transfers (100 connections, a key per
+  call); the servers' CPU per transfer from ``/proc``, all of them summed. The issue
+  asks for 2 servers' no higher than 1 server's.
 
 ``extra_info['calls_per_s']`` is the figure. Reproduce::
 
     .venv/bin/python -m pytest benchmarks/bench_postgres.py --benchmark-json=pg.json
 
-The Postgres store's I/O parks the batch's goroutine on gosim's netpoller (psycopg's
-async API); SQLite's runs on an OS thread a batch.
+The functions here are the rounds of ``python -m benchmarks --only postgres`` too
+(``benchmarks/suites.py``). The Postgres store's I/O parks the batch's goroutine on
+gosim's netpoller (psycopg's async API); SQLite's runs on an OS thread a batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import gosim
+from benchmarks.procs import Server, gc_settings_env, go_build, run_json
 from idempotency import Call, Idempotency, SQLiteStore
 from idempotency.stores import Store
+from idempotency.stores.pgcluster import PG_BIN, PostgresCluster
 
 GOROUTINES = 100
+#: The ledger's accounts in the demo's rounds (as the rpc suite's demo row).
+ACCOUNTS = 100
+
+
+def missing() -> str | None:
+    """Why the PostgreSQL rounds cannot run here (None: they can)."""
+    if PG_BIN is None:
+        return "PostgreSQL is not installed (.ci/run installs it with apt)"
+    try:
+        import psycopg  # noqa: F401, PLC0415
+    except ImportError:
+        return "PostgresStore needs psycopg 3 (pip install -e '.[postgres]')"
+    return None
+
+
+@contextlib.contextmanager
+def cluster() -> Iterator[PostgresCluster]:
+    """A throwaway cluster of this process's own (``idempotency.stores.pgcluster``), stopped
+    and removed at the end (its watchdog stops it if this process dies first)."""
+    why = missing()
+    if why is not None:
+        raise RuntimeError(why)
+    server = PostgresCluster()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.destroy()
 
 
 async def _trivial(call: Call) -> int:
@@ -62,27 +102,10 @@ async def _load(store: Store, n: int, tag: str) -> float:
     return time.perf_counter() - t0
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    try:
-        from tests.idempotency.conftest import PG_BIN, PostgresServer  # noqa: PLC0415
-    except ImportError as exc:
-        pytest.skip(f"needs the tests' PostgreSQL fixture and psycopg: {exc}")
-    if PG_BIN is None:
-        pytest.skip("PostgreSQL is not installed (.ci/run installs it with apt)")
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.destroy()
-
-
-def _cluster_cpu(server: Any) -> float:
+def cluster_cpu(server: PostgresCluster) -> float:
     """CPU seconds (user + system) of every process of the cluster so far: the
-    postmaster's children, found through ``/proc``."""
-    with open(os.path.join(server.data, "postmaster.pid")) as f:
-        postmaster = int(f.readline())
+    postmaster and its children, found through ``/proc``."""
+    postmaster = server.postmaster_pid()
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in os.listdir("/proc"):
@@ -98,50 +121,130 @@ def _cluster_cpu(server: Any) -> float:
     return total
 
 
-def _postgres_run(server: Any, n: int, group: bool) -> tuple[float, float, float]:
-    """Calls/s, this process's CPU us a call, the cluster's CPU us a call."""
+def postgres_round(server: PostgresCluster, n: int, group: bool) -> tuple[float, float, float]:
+    """``n`` calls through a fresh ``PostgresStore`` (a schema of its own) on ``server``,
+    with group commit or one transaction per store operation: calls/s, this process's CPU
+    us a call, the cluster's CPU us a call."""
     from idempotency import PostgresStore  # noqa: PLC0415 -- needs psycopg
 
     store = PostgresStore(
         server.dsn, schema=f"b{time.monotonic_ns()}", group_commit=group, sweep_every=0
     )
-    cpu0, db0 = time.process_time(), _cluster_cpu(server)
+    cpu0, db0 = time.process_time(), cluster_cpu(server)
     seconds = gosim.run(_load, store, n, "pg")
-    cpu, db = time.process_time() - cpu0, _cluster_cpu(server) - db0
+    cpu, db = time.process_time() - cpu0, cluster_cpu(server) - db0
     store.close()
     return n / seconds, cpu / n * 1e6, db / n * 1e6
 
 
+def sqlite_round(directory: str, n: int) -> tuple[float, float]:
+    """The same load through a fresh durable ``SQLiteStore`` (WAL, ``synchronous=FULL``,
+    group commit) in ``directory``: calls/s and this process's CPU us a call."""
+    path = os.path.join(directory, f"s{time.monotonic_ns()}.db")
+    store = SQLiteStore(path)
+    cpu0 = time.process_time()
+    seconds = gosim.run(_load, store, n, "s")
+    cpu = time.process_time() - cpu0
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + suffix)
+    return n / seconds, cpu / n * 1e6
+
+
+def _drained(srv: Server) -> threading.Thread:
+    """Read the demo server's stdout (a line of counters every half second) as it comes,
+    so that a long round never fills the pipe and stalls the server."""
+    assert srv.proc.stdout is not None
+    out = srv.proc.stdout
+    reader = threading.Thread(target=lambda: [None for _ in out], daemon=True)
+    reader.start()
+    return reader
+
+
+def demo_round(
+    server: PostgresCluster, go_rpc: Path, servers: int, calls: int, env: dict[str, str]
+) -> dict[str, float]:
+    """The ledger demo over ``server``: a fresh ledger of ACCOUNTS accounts under a schema
+    of its own, ``servers`` demo server processes on one port (``SO_REUSEPORT`` when
+    more than one, as ``python -m idempotency.demo --servers N`` runs them), then the Go
+    load generator's transfers: 100 connections, ``calls`` keyed transfers each, every
+    reply checked. Transfers/s, the servers' CPU us per transfer (``/proc``, all summed)
+    and the cluster's."""
+    from idempotency.demo._ledger import LedgerSpec, create_ledger  # noqa: PLC0415
+
+    spec = LedgerSpec("postgres", url=server.dsn, prefix=f"bench_demo_{time.monotonic_ns()}")
+    create_ledger(spec, ACCOUNTS)
+    cmd = [sys.executable, "-m", "idempotency.demo", "server", *spec.args(),
+           "--heartbeat", "10", "--max-connections", "1000"]  # fmt: skip
+    reuse = ["--reuse-port"] if servers > 1 else []
+    started: list[tuple[Server, threading.Thread]] = []
+    try:
+        for i in range(servers):
+            addr = "127.0.0.1:0" if i == 0 else started[0][0].addr
+            srv = Server([*cmd, "--addr", addr, *reuse], env=env)
+            started.append((srv, _drained(srv)))
+        before, db0 = sum(s.cpu_seconds() for s, _ in started), cluster_cpu(server)
+        load = [str(go_rpc), "rr", "-addr", started[0][0].addr, "-calls", str(calls), "-key",
+                "-transfer", str(ACCOUNTS)]  # fmt: skip
+        r = run_json(load, env)
+        cpu = sum(s.cpu_seconds() for s, _ in started) - before
+        db = cluster_cpu(server) - db0
+        dead = [s.stderr_tail() for s, _ in started if s.proc.poll() is not None]
+    finally:
+        for srv, reader in started:
+            if srv.proc.poll() is None:
+                srv.proc.kill()  # our own child, by its PID
+            srv.proc.wait(timeout=30)
+            reader.join(timeout=10)
+            srv.stop()
+        server.sql(f'DROP SCHEMA IF EXISTS "{spec.prefix}" CASCADE')
+    if dead:
+        raise RuntimeError(f"a demo server died during the round: {dead[0]}")
+    want = 100 * calls
+    if r["calls"] != want:
+        raise AssertionError(f"{r['calls']} transfers answered, want {want}")
+    return {
+        "calls_per_s": r["calls_per_s"],
+        "server_cpu_us_per_call": cpu * 1e6 / want,
+        "database_cpu_us_per_call": db * 1e6 / want,
+    }
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresCluster]:
+    why = missing()
+    if why is not None:
+        pytest.skip(why)
+    with cluster() as server:
+        yield server
+
+
 @pytest.mark.parametrize("mode", ["group", "per-call"])
-def bench_postgres_group_commit(benchmark: Any, cluster: Any, mode: str) -> None:
+def bench_postgres_group_commit(benchmark: Any, pg: PostgresCluster, mode: str) -> None:
     n = 400 if benchmark.disabled else (4000 if mode == "group" else 1000)
     benchmark.group = "idem-postgres"
     rates: list[float] = []
 
     def once() -> None:
-        rates.append(_postgres_run(cluster, n, mode == "group")[0])
+        rates.append(postgres_round(pg, n, mode == "group")[0])
 
     benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
     benchmark.extra_info["calls_per_s"] = sorted(rates)[len(rates) // 2]
 
 
 @pytest.mark.parametrize("store", ["postgres", "sqlite"])
-def bench_server_cpu_per_call(benchmark: Any, cluster: Any, store: str) -> None:
+def bench_server_cpu_per_call(benchmark: Any, pg: PostgresCluster, store: str) -> None:
     n = 400 if benchmark.disabled else 4000
     benchmark.group = "idem-postgres-cpu"
     rows: list[tuple[float, float, float]] = []
 
     def once() -> None:
         if store == "postgres":
-            rows.append(_postgres_run(cluster, n, True))
+            rows.append(postgres_round(pg, n, True))
             return
         with tempfile.TemporaryDirectory(prefix="bench-pg-") as directory:
-            sqlite = SQLiteStore(os.path.join(directory, "s.db"))
-            cpu0 = time.process_time()
-            seconds = gosim.run(_load, sqlite, n, "s")
-            cpu = time.process_time() - cpu0
-            sqlite.close()
-        rows.append((n / seconds, cpu / n * 1e6, 0.0))
+            rows.append((*sqlite_round(directory, n), 0.0))
 
     benchmark.pedantic(once, rounds=1 if benchmark.disabled else 3, iterations=1)
     rate, cpu, db = sorted(rows)[len(rows) // 2]
@@ -149,3 +252,28 @@ def bench_server_cpu_per_call(benchmark: Any, cluster: Any, store: str) -> None:
     benchmark.extra_info["server_cpu_us_per_call"] = cpu
     if store == "postgres":
         benchmark.extra_info["database_cpu_us_per_call"] = db
+
+
+@pytest.fixture(scope="module")
+def go_rpc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from benchmarks.procs import find_go  # noqa: PLC0415
+
+    if find_go() is None:
+        pytest.skip("Go toolchain not installed (CI installs golang-go)")
+    return go_build("rpc", tmp_path_factory.mktemp("gorpc") / "rpc")
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def bench_demo_servers(benchmark: Any, pg: PostgresCluster, go_rpc: Path, servers: int) -> None:
+    """The ledger demo's servers over one Postgres: server CPU per transfer, all summed."""
+    calls = 5 if benchmark.disabled else 100
+    benchmark.group = "idem-postgres-demo"
+    env = {**os.environ, **gc_settings_env()}
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(demo_round(pg, go_rpc, servers, calls, env)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0

@@ -372,8 +372,10 @@ SERVERS = _ServerPool()
 
 
 def cleanup() -> None:
-    """Stop every server still running and remove this run's scratch directory."""
+    """Stop every server and cluster still running and remove this run's scratch
+    directory."""
     SERVERS.stop_all()
+    PG_CLUSTER.stop()
     SCRATCH.cleanup()
 
 
@@ -665,6 +667,93 @@ def idempotency_rows(quick: bool) -> list[Row]:
     ]  # fmt: skip
 
 
+# ========================================================================== postgres
+
+
+class _Cluster:
+    """The postgres suite's throwaway PostgreSQL cluster: started by the first peer that
+    needs it (a peer's ``open``: nothing starts while the rows are built), shared by
+    every row, stopped and removed when the suite ends."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._cluster: Any = None
+
+    def get(self) -> Any:
+        if self._cluster is None:
+            from benchmarks import bench_postgres as bp  # noqa: PLC0415 -- needs psycopg
+
+            why = bp.missing()
+            if why is not None:
+                raise RuntimeError(f"skipped: {why}")
+            self._cluster = self._stack.enter_context(bp.cluster())
+        return self._cluster
+
+    def stop(self) -> None:
+        self._cluster = None
+        self._stack.close()
+
+
+PG_CLUSTER = _Cluster()
+
+# Issue 32's figures, each ratio taken within a round (the targets in brackets).
+PG_GROUP = "postgres group commit"
+PG_PER_CALL = "postgres txn per call"
+PG_RATIOS = [
+    Ratio("group commit over a transaction per call, calls/s (target 8x)", PG_GROUP,
+          PG_PER_CALL),
+    Ratio("server CPU per call, PostgresStore over SQLiteStore (target 1.5x)", PG_GROUP,
+          "sqlite FULL", "server_cpu_ns"),
+]  # fmt: skip
+DEMO_RATIOS = [
+    Ratio("2 servers over 1, server CPU per transfer (target 1x: no higher)", "2 servers",
+          "1 server", "server_cpu_ns"),
+    Ratio("2 servers over 1, the cluster's CPU per transfer", "2 servers", "1 server",
+          "database_cpu_ns"),
+]  # fmt: skip
+
+
+def postgres_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_postgres as bp  # noqa: PLC0415
+
+    group, per_call, demo_calls = (400, 200, 5) if quick else (4_000, 500, 100)
+
+    def opened() -> None:
+        PG_CLUSTER.get()
+
+    def pg(group_commit: bool, n: int) -> Peer:
+        def measure() -> Sample:
+            rate, cpu, db = bp.postgres_round(PG_CLUSTER.get(), n, group_commit)
+            return _value(rate, server_cpu_ns=cpu * 1e3, database_cpu_ns=db * 1e3)
+
+        return Peer(PG_GROUP if group_commit else PG_PER_CALL, measure, open=opened)
+
+    def sqlite() -> Sample:
+        rate, cpu = bp.sqlite_round(str(SCRATCH.dir), group)
+        return _value(rate, server_cpu_ns=cpu * 1e3)
+
+    def demo(servers: int) -> Peer:
+        def measure() -> Sample:
+            r = bp.demo_round(PG_CLUSTER.get(), SCRATCH.go("rpc"), servers, demo_calls,
+                              _net_env())  # fmt: skip
+            return _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3,
+                          database_cpu_ns=r["database_cpu_us_per_call"] * 1e3)  # fmt: skip
+
+        return Peer("1 server" if servers == 1 else f"{servers} servers", measure, open=opened)
+
+    return [
+        Row("100 goroutines, distinct keys, durable PostgreSQL and SQLite", "calls/s",
+            "higher", [pg(True, group), pg(False, per_call), Peer("sqlite FULL", sqlite)],
+            warmup=1, ratios=PG_RATIOS,
+            extras={"server_cpu_ns": "ns of server CPU per call (the application's process)",
+                    "database_cpu_ns": "ns of the cluster's CPU per call (all its processes)"}),
+        Row("the ledger demo's transfers over PostgreSQL, 100 connections", "transfers/s",
+            "higher", [demo(1), demo(2)], ratios=DEMO_RATIOS,
+            extras={"server_cpu_ns": "ns of server CPU per transfer (all server processes)",
+                    "database_cpu_ns": "ns of the cluster's CPU per transfer"}),
+    ]  # fmt: skip
+
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
@@ -678,5 +767,7 @@ SUITES: dict[str, Suite] = {
         Suite("rpc", "msgpack-rpc, server and client processes", rpc_rows, reference="go",
               finish=SERVERS.stop_all),
         Suite("idempotency", "Idempotent calls through each store", idempotency_rows),
+        Suite("postgres", "PostgresStore beside SQLiteStore, and the demo's servers over it",
+              postgres_rows, finish=PG_CLUSTER.stop),
     )
 }  # fmt: skip
