@@ -343,7 +343,9 @@ NOTES: dict[tuple[str, str], str] = {
     ("postgres", "extra:server_cpu_ns"): (
         "Server CPU per call is the application's side: psycopg's Python per round trip "
         "(its protocol work is libpq's, in C), the batch's statements built and their rows "
-        "read in Python, the goroutines' resumes; the kernel counts it in 10 ms ticks."
+        "read in Python, the goroutines' resumes. The in-process rows read this "
+        "process's CPU clock; the demo's servers are read from `/proc`, which the kernel "
+        "counts in 10 ms ticks over runs of seconds."
     ),
     ("postgres", "extra:database_cpu_ns"): (
         "The cluster's own CPU, beside the server's: every backend's parse, plan and "

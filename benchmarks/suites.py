@@ -59,6 +59,9 @@ class _Scratch:
     def cleanup(self) -> None:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+        # a later suite of the same process (a test) gets a directory of its own
+        self._dir = None
+        self._built = {}
 
 
 SCRATCH = _Scratch()

@@ -190,3 +190,27 @@ def test_relative_compare_cancels_a_load_that_moved_every_peer() -> None:
     flagged = [c for c in harness.compare(old, slower, relative=True) if c.regression]
     assert [c.peer for c in flagged] == ["slow"]
     assert flagged[0].worse_by == pytest.approx(0.5)
+
+
+def test_postgres_rows_without_postgresql_say_why_and_the_sqlite_peer_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No PostgreSQL on the machine: every peer that needs the cluster is recorded as
+    skipped with the reason (the report lists it), and the SQLite peer beside them runs."""
+    from benchmarks import bench_postgres  # noqa: PLC0415
+
+    monkeypatch.setattr(bench_postgres, "PG_BIN", None)
+    suite = suites.SUITES["postgres"]
+    try:
+        done = [harness.run_row(suite, row, 1, harness.Reporter()) for row in suite.rows(True)]
+    finally:
+        suites.cleanup()
+    failures = [f for row in done for f in row["failures"]]
+    assert sorted(f["peer"] for f in failures) == sorted(
+        [suites.PG_GROUP, suites.PG_PER_CALL, "1 server", "2 servers"]
+    )
+    for f in failures:
+        assert f["round"] == -1  # at the peer's open: nothing ran
+        assert "skipped: PostgreSQL is not installed" in f["error"], f["error"]
+    assert [r["peer"] for r in done[0]["rounds"]] == ["sqlite FULL"]
+    assert done[0]["rounds"][0]["value"] > 0 and done[0]["rounds"][0]["server_cpu_ns"] > 0
