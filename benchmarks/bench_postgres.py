@@ -29,6 +29,7 @@ gosim's netpoller (psycopg's async API); SQLite's runs on an OS thread a batch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -152,14 +153,34 @@ def sqlite_round(directory: str, n: int) -> tuple[float, float]:
     return n / seconds, cpu / n * 1e6
 
 
-def _drained(srv: Server) -> threading.Thread:
-    """Read the demo server's stdout (a line of counters every half second) as it comes,
-    so that a long round never fills the pipe and stalls the server."""
-    assert srv.proc.stdout is not None
-    out = srv.proc.stdout
-    reader = threading.Thread(target=lambda: [None for _ in out], daemon=True)
-    reader.start()
-    return reader
+class _Counters:
+    """Reads a demo server's stdout as it comes (a JSON line of its counters every half
+    second: so a long round never fills the pipe and stalls the server), keeping the
+    latest line's store counters and when it came."""
+
+    def __init__(self, srv: Server) -> None:
+        assert srv.proc.stdout is not None
+        self._out = srv.proc.stdout
+        self._cond = threading.Condition()
+        self.latest: dict[str, Any] = {}
+        self.at = 0.0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self._out:
+            with contextlib.suppress(ValueError, AttributeError):
+                counters = json.loads(line)["server"]
+                with self._cond:
+                    self.latest, self.at = counters, time.monotonic()
+                    self._cond.notify_all()
+
+    def after(self, moment: float, timeout: float = 2.0) -> dict[str, Any]:
+        """The first counters printed after ``moment`` (the latest when none came in
+        ``timeout`` seconds)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.at > moment, timeout)
+            return dict(self.latest)
 
 
 def demo_round(
@@ -169,8 +190,9 @@ def demo_round(
     of its own, ``servers`` demo server processes on one port (``SO_REUSEPORT`` when
     more than one, as ``python -m idempotency.demo --servers N`` runs them), then the Go
     load generator's transfers: 100 connections, ``calls`` keyed transfers each, every
-    reply checked. Transfers/s, the servers' CPU us per transfer (``/proc``, all summed)
-    and the cluster's."""
+    reply checked. Transfers/s, the servers' CPU us per transfer (``/proc``, all summed),
+    the cluster's, and the store operations per commit (the servers' own counters, as
+    the demo reports them)."""
     from idempotency.demo._ledger import LedgerSpec, create_ledger  # noqa: PLC0415
 
     spec = LedgerSpec("postgres", url=server.dsn, prefix=f"bench_demo_{time.monotonic_ns()}")
@@ -178,25 +200,28 @@ def demo_round(
     cmd = [sys.executable, "-m", "idempotency.demo", "server", *spec.args(),
            "--heartbeat", "10", "--max-connections", "1000"]  # fmt: skip
     reuse = ["--reuse-port"] if servers > 1 else []
-    started: list[tuple[Server, threading.Thread]] = []
+    started: list[tuple[Server, _Counters]] = []
     try:
         for i in range(servers):
             addr = "127.0.0.1:0" if i == 0 else started[0][0].addr
             srv = Server([*cmd, "--addr", addr, *reuse], env=env)
-            started.append((srv, _drained(srv)))
+            started.append((srv, _Counters(srv)))
         before, db0 = sum(s.cpu_seconds() for s, _ in started), cluster_cpu(server)
         load = [str(go_rpc), "rr", "-addr", started[0][0].addr, "-calls", str(calls), "-key",
                 "-transfer", str(ACCOUNTS)]  # fmt: skip
         r = run_json(load, env)
         cpu = sum(s.cpu_seconds() for s, _ in started) - before
         db = cluster_cpu(server) - db0
+        ended = time.monotonic()
+        # the servers' own counters since they started: the round's store work alone
+        counters = [c.after(ended) for _, c in started]
         dead = [s.stderr_tail() for s, _ in started if s.proc.poll() is not None]
     finally:
         for srv, reader in started:
             if srv.proc.poll() is None:
                 srv.proc.kill()  # our own child, by its PID
             srv.proc.wait(timeout=30)
-            reader.join(timeout=10)
+            reader.thread.join(timeout=10)
             srv.stop()
         server.sql(f'DROP SCHEMA IF EXISTS "{spec.prefix}" CASCADE')
     if dead:
@@ -204,10 +229,13 @@ def demo_round(
     want = 100 * calls
     if r["calls"] != want:
         raise AssertionError(f"{r['calls']} transfers answered, want {want}")
+    ops = sum(c.get("store_ops", 0) for c in counters)
+    batches = sum(c.get("store_batches", 0) for c in counters)
     return {
         "calls_per_s": r["calls_per_s"],
         "server_cpu_us_per_call": cpu * 1e6 / want,
         "database_cpu_us_per_call": db * 1e6 / want,
+        "store_ops_per_commit": ops / batches if batches else 0.0,
     }
 
 

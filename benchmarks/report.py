@@ -352,6 +352,11 @@ NOTES: dict[tuple[str, str], str] = {
         "execute per statement, the WAL writer and the checkpointer, which a SQLite store "
         "pays inside the application's process instead."
     ),
+    ("postgres", "extra:ops_per_commit"): (
+        "Store operations per commit, from the servers' own counters (the figure the demo "
+        "reports): how many transfers shared a transaction and its WAL flush. Split over "
+        "two servers, the same connections make two smaller batches in place of one."
+    ),
     ("postgres", "ratios:100 goroutines, distinct keys, durable PostgreSQL and SQLite"): (
         "Both ratios are taken within each round, where the peers met the same load; the "
         "targets are issue 32's. The CPU ratio sets the application's CPU with PostgreSQL "

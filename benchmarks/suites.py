@@ -740,7 +740,8 @@ def postgres_rows(quick: bool) -> list[Row]:
             r = bp.demo_round(PG_CLUSTER.get(), SCRATCH.go("rpc"), servers, demo_calls,
                               _net_env())  # fmt: skip
             return _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3,
-                          database_cpu_ns=r["database_cpu_us_per_call"] * 1e3)  # fmt: skip
+                          database_cpu_ns=r["database_cpu_us_per_call"] * 1e3,
+                          ops_per_commit=r["store_ops_per_commit"])  # fmt: skip
 
         return Peer("1 server" if servers == 1 else f"{servers} servers", measure, open=opened)
 
@@ -753,7 +754,8 @@ def postgres_rows(quick: bool) -> list[Row]:
         Row("the ledger demo's transfers over PostgreSQL, 100 connections", "transfers/s",
             "higher", [demo(1), demo(2)], ratios=DEMO_RATIOS,
             extras={"server_cpu_ns": "ns of server CPU per transfer (all server processes)",
-                    "database_cpu_ns": "ns of the cluster's CPU per transfer"}),
+                    "database_cpu_ns": "ns of the cluster's CPU per transfer",
+                    "ops_per_commit": "store operations per commit (all servers)"}),
     ]  # fmt: skip
 
 
