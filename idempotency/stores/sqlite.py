@@ -64,7 +64,6 @@ from .._errors import (
     CorruptedRecord,
     IdempotencyError,
     InProgress,
-    StaleClaim,
     StoreUnavailable,
 )
 from .._keys import FINGERPRINT_SIZE
@@ -75,11 +74,16 @@ from .._record import (
     Record,
     claim,
     complete,
-    release,
-    renew,
-    state_at,
 )
-from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
+from ._batch import (
+    BatchedOneStepStore,
+    GroupCommitter,
+    Op,
+    OpKind,
+    WorkingSet,
+    apply_plain,
+    current,
+)
 from ._contract import (
     Completion,
     Effect,
@@ -98,6 +102,7 @@ _TRANSACT: Final = OpKind.TRANSACT
 _CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
 _RENEW: Final = OpKind.RENEW
 _KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
+_PLAIN: Final = frozenset({_RELEASE, _GET, _RENEW})  # apply_plain's
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -348,7 +353,7 @@ class SQLiteStore(BatchedOneStepStore):
         scans the table instead.
         """
         wanted = _batch_keys(ops)
-        ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
+        ws: WorkingSet = dict.fromkeys(wanted)
         for i in range(0, len(wanted), _LOAD_SIZES[-1]):
             chunk = wanted[i : i + _LOAD_SIZES[-1]]
             # One of a few fixed sizes, the last key repeated to fill it (a row is read
@@ -448,7 +453,7 @@ class SQLiteStore(BatchedOneStepStore):
                     if kind == _COMPLETE:
                         caller, key, f, c = op.args
                         rk = (caller, key)
-                        rec = _current(ws, rk)
+                        rec = current(ws, rk)
                         applied = self._effect_and_record(
                             conn, op, caller, key, f, c, rec, now, careful
                         )
@@ -457,7 +462,7 @@ class SQLiteStore(BatchedOneStepStore):
                     elif kind == _CLAIM_COMPLETE:
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
-                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        res = claim(current(ws, rk), fp, now, lease, fence + 1)
                         if res.kind is not ClaimKind.CLAIMED:
                             op.result = res  # a replay, a mismatch, busy: nothing written
                         else:
@@ -470,25 +475,8 @@ class SQLiteStore(BatchedOneStepStore):
                             )
                             if applied is not None:
                                 ws[rk] = dirty[rk] = applied
-                    elif kind == _RELEASE:
-                        caller, key, f = op.args
-                        rk = (caller, key)
-                        try:
-                            release(_current(ws, rk), f, now, caller, key)
-                        except StaleClaim:
-                            op.result = False
-                        else:
-                            ws[rk] = dirty[rk] = None
-                            op.result = True
-                    elif kind == _GET:
-                        rec = _current(ws, (op.args[0], op.args[1]))
-                        op.result = rec if state_at(rec, now) else None
-                    elif kind == _RENEW:
-                        caller, key, f, lease = op.args
-                        rk = (caller, key)
-                        done = renew(_current(ws, rk), f, now, lease, caller, key)
-                        ws[rk] = dirty[rk] = done
-                        op.result = done
+                    elif kind in _PLAIN:
+                        apply_plain(op, ws, dirty, now)
                     elif kind == _SWEEP:
                         self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
@@ -735,7 +723,7 @@ def _batch_keys(ops: list[Op]) -> list[tuple[str, str]]:
 
 def _decode_into(
     rows: Any,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     decode_row: Callable[[tuple[Any, ...]], Record | CorruptedRecord],
 ) -> None:
     """Put every row read (``(caller, key, *record columns)``) into the working set as
@@ -746,7 +734,7 @@ def _decode_into(
 
 def _decide_one(
     op: Op,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     dirty: dict[tuple[str, str], Record | None],
     now: float,
     fence: int,
@@ -769,7 +757,7 @@ def _decide_one(
         if kind == _CLAIM:
             caller, key, fp, lease = op.args
             rk = (caller, key)
-            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            res = claim(current(ws, rk), fp, now, lease, fence + 1)
             if res.kind is ClaimKind.CLAIMED:
                 fence += 1
                 ws[rk] = dirty[rk] = res.record
@@ -777,13 +765,13 @@ def _decide_one(
         elif kind == _COMPLETE:
             caller, key, f, c = op.args
             rk = (caller, key)
-            done = complete(_current(ws, rk), f, c.ok, c.payload, now, c.ttl, caller, key)
+            done = complete(current(ws, rk), f, c.ok, c.payload, now, c.ttl, caller, key)
             ws[rk] = dirty[rk] = done
             op.result = done
         else:
             caller, key, fp, lease, call, c = op.args
             rk = (caller, key)
-            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            res = claim(current(ws, rk), fp, now, lease, fence + 1)
             if res.kind is not ClaimKind.CLAIMED:
                 op.result = res  # a replay, a mismatch, busy: nothing written
             else:
@@ -804,7 +792,7 @@ def _decide_one(
 def _decide(
     ops: list[Op],
     start: int,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     dirty: dict[tuple[str, str], Record | None],
     now: float,
     fence: int,
@@ -845,15 +833,6 @@ def _rows(
             payload = bytearray(rec.payload)
             completed.append((rk[0], rk[1], rec.state, fp, rec.fence, rec.expires_at, ok, payload))
     return completed, in_progress, deleted
-
-
-def _current(
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
-) -> Record | None:
-    rec = ws[rk]
-    if isinstance(rec, CorruptedRecord):
-        raise rec
-    return rec
 
 
 def _nothing_written(conn: sqlite3.Connection, changes: int) -> None:
