@@ -112,14 +112,12 @@ from .._errors import (
     InProgress,
     StoreUnavailable,
 )
-from .._keys import FINGERPRINT_SIZE
 from .._record import (
-    COMPLETED,
-    IN_PROGRESS,
     ClaimKind,
     Record,
     claim,
     complete,
+    decode_record,
 )
 from ._batch import (
     BatchedOneStepStore,
@@ -687,23 +685,7 @@ class PostgresStore(BatchedOneStepStore):
         return done
 
     def _decode(self, row: tuple[Any, ...], caller: str, key: str) -> Record:
-        state, fp, fence, expires_at, ok, payload = row
-        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
-        if state not in (IN_PROGRESS, COMPLETED):
-            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
-        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
-            raise CorruptedRecord(
-                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
-            )
-        if fence < 1:
-            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
-        if state == COMPLETED:
-            if type(payload) is not bytes:
-                raise CorruptedRecord(f"{where}: completed without a payload: {payload!r:.80}")
-            return Record(COMPLETED, fp, fence, expires_at, ok, payload)
-        if payload is not None:
-            raise CorruptedRecord(f"{where}: in progress with a payload")
-        return Record(IN_PROGRESS, fp, fence, expires_at)
+        return decode_record(row, self._name, caller, key)
 
     async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the

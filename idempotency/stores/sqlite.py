@@ -66,14 +66,12 @@ from .._errors import (
     InProgress,
     StoreUnavailable,
 )
-from .._keys import FINGERPRINT_SIZE
 from .._record import (
-    COMPLETED,
-    IN_PROGRESS,
     ClaimKind,
     Record,
     claim,
     complete,
+    decode_record,
 )
 from ._batch import (
     BatchedOneStepStore,
@@ -318,29 +316,7 @@ class SQLiteStore(BatchedOneStepStore):
         return StoreUnavailable(f"{self._name}: {doing}: {text}")
 
     def _decode(self, row: tuple[Any, ...] | None, caller: str, key: str) -> Record | None:
-        if row is None:
-            return None
-        state, fp, fence, expires_at, ok, payload = row
-        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
-        if state not in (IN_PROGRESS, COMPLETED):
-            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
-        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
-            raise CorruptedRecord(
-                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
-            )
-        if type(fence) is not int or fence < 1:
-            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
-        if type(expires_at) not in (float, int):
-            raise CorruptedRecord(f"{where}: expires_at {expires_at!r} is not a number")
-        if ok not in (0, 1):
-            raise CorruptedRecord(f"{where}: ok {ok!r} is not 0 or 1")
-        if state == COMPLETED:
-            if type(payload) is not bytes:
-                raise CorruptedRecord(f"{where}: completed without a payload blob: {payload!r:.80}")
-            return Record(COMPLETED, fp, fence, float(expires_at), bool(ok), payload)
-        if payload is not None:
-            raise CorruptedRecord(f"{where}: in progress with a payload")
-        return Record(IN_PROGRESS, fp, fence, float(expires_at))
+        return None if row is None else decode_record(row, self._name, caller, key)
 
     def _load(
         self, conn: sqlite3.Connection, ops: list[Op]
