@@ -191,6 +191,8 @@ class Chan(Generic[T]):
         second ``await`` raises RuntimeError, as for a coroutine.
         """
         global _budget
+        # try_send's hand-off and buffering, written out rather than called (a call per
+        # send on the pure path); test_chan_budget.py drives this copy on its own.
         if self._closed:
             raise SendOnClosedChannel("send on closed channel")
         rq = self._recvq
@@ -283,6 +285,10 @@ class Chan(Generic[T]):
 
         The awaitable is awaited once: a second ``await`` raises RuntimeError.
         """
+        # The fast paths below (a buffered item, a parked sender, closed) are copied in
+        # __anext__, written out rather than called: a call costs a frame per receive
+        # on the pure path. Both spend the op budget by the one rule
+        # tests/gosim/test_chan_budget.py drives each copy through.
         global _budget
         buf = self._buf
         if buf:
@@ -467,6 +473,9 @@ class Chan(Generic[T]):
         recv's fast paths are written out again here rather than awaited through
         ``recv2``: a coroutine frame per item is most of the cost of a buffered item.
         """
+        # A copy of recv's fast paths (but closed ends the loop), then of recv2's park:
+        # change them together; tests/gosim/test_chan_budget.py holds every copy to the
+        # one op-budget rule.
         global _budget
         buf = self._buf
         if buf:

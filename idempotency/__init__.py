@@ -122,16 +122,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # RedisStore needs redis-py (the ``redis`` extra): imported only when asked for.
-    if name in ("RedisStore", "LuaEffect"):
-        from .stores import redis  # noqa: PLC0415
+    # RedisStore needs redis-py (the ``redis`` extra), PostgresStore psycopg 3 (the
+    # ``postgres`` extra): idempotency.stores imports each only when asked for.
+    if name in ("RedisStore", "LuaEffect", "PostgresStore", "PostgresEffect"):
+        from . import stores  # noqa: PLC0415
 
-        return getattr(redis, name)
-    # PostgresStore needs psycopg 3 (the ``postgres`` extra), likewise.
-    if name in ("PostgresStore", "PostgresEffect"):
-        from .stores import postgres  # noqa: PLC0415
-
-        return getattr(postgres, name)
+        return getattr(stores, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

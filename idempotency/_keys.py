@@ -88,23 +88,7 @@ def validate_key(key: object) -> str:
     characters."""
     if type(key) is str and 0 < len(key) <= MAX_KEY_LENGTH and key.isascii() and key.isprintable():
         return key
-    if not isinstance(key, str):
-        raise InvalidKey(f"idempotency key must be a str, not {type(key).__name__}")
-    # The subclass's own __len__, isprintable or __iter__ are not to be trusted.
-    key = str.__str__(key)
-    if not key:
-        raise InvalidKey("idempotency key is empty")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidKey(
-            f"idempotency key is {len(key)} characters long; at most {MAX_KEY_LENGTH} are allowed"
-        )
-    for i, c in enumerate(key):
-        if not (c.isascii() and c.isprintable()):
-            raise InvalidKey(
-                f"idempotency key {key[:40]!r} contains {c!r} at index {i}: "
-                "only printable ASCII (space to '~') is allowed"
-            )
-    return key
+    return _checked_text(key, "idempotency key", True)
 
 
 def validate_caller(caller: object) -> str:
@@ -113,19 +97,31 @@ def validate_caller(caller: object) -> str:
     its characters."""
     if type(caller) is str and 0 < len(caller) <= MAX_KEY_LENGTH and caller.isprintable():
         return caller
-    if not isinstance(caller, str):
-        raise InvalidKey(f"caller must be a str, not {type(caller).__name__}")
-    caller = str.__str__(caller)
-    if not caller:
-        raise InvalidKey("caller is empty")
-    if len(caller) > MAX_KEY_LENGTH:
+    return _checked_text(caller, "caller", False)
+
+
+def _checked_text(value: object, what: str, ascii_only: bool) -> str:
+    """The slow path of validate_key (``ascii_only``) and validate_caller: a str
+    subclass, or a value that fails, with the InvalidKey that says why."""
+    if not isinstance(value, str):
+        raise InvalidKey(f"{what} must be a str, not {type(value).__name__}")
+    # The subclass's own __len__, isprintable or __iter__ are not to be trusted.
+    value = str.__str__(value)
+    if not value:
+        raise InvalidKey(f"{what} is empty")
+    if len(value) > MAX_KEY_LENGTH:
         raise InvalidKey(
-            f"caller is {len(caller)} characters long; at most {MAX_KEY_LENGTH} are allowed"
+            f"{what} is {len(value)} characters long; at most {MAX_KEY_LENGTH} are allowed"
         )
-    for c in caller:
+    for i, c in enumerate(value):
+        if ascii_only and not (c.isascii() and c.isprintable()):
+            raise InvalidKey(
+                f"{what} {value[:40]!r} contains {c!r} at index {i}: "
+                "only printable ASCII (space to '~') is allowed"
+            )
         if not c.isprintable():
-            raise InvalidKey(f"caller {caller[:40]!r} contains the unprintable {c!r}")
-    return caller
+            raise InvalidKey(f"{what} {value[:40]!r} contains the unprintable {c!r}")
+    return value
 
 
 def _first(item: tuple[bytes, Any, Any]) -> bytes:

@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from ._accel import speedups as _speedups
-from ._errors import StaleClaim
+from ._errors import CorruptedRecord, StaleClaim
+from ._keys import FINGERPRINT_SIZE
 
 __all__ = [
     "ABSENT",
@@ -242,6 +243,31 @@ def renew(
     held = _check_holder(record, fence, now, caller, key)
     expires = max(held.expires_at, now + lease)
     return _new_record(Record, (IN_PROGRESS, held.fingerprint, fence, expires, True, None))
+
+
+def decode_record(row: tuple[Any, ...], store: str, caller: str, key: str) -> Record:
+    """The record a store's row ``(state, fingerprint, fence, expires_at, ok, payload)``
+    holds, checked: CorruptedRecord (naming ``store``, ``caller`` and ``key``) for a
+    row no store writes, so a damaged row is never taken for a record."""
+    state, fp, fence, expires_at, ok, payload = row
+    where = f"{store}: record (caller={caller!r}, key={key!r})"
+    if state not in (IN_PROGRESS, COMPLETED):
+        raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
+    if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
+        raise CorruptedRecord(f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}")
+    if type(fence) is not int or fence < 1:
+        raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
+    if type(expires_at) not in (float, int):
+        raise CorruptedRecord(f"{where}: expires_at {expires_at!r} is not a number")
+    if ok not in (0, 1):
+        raise CorruptedRecord(f"{where}: ok {ok!r} is not 0 or 1")
+    if state == COMPLETED:
+        if type(payload) is not bytes:
+            raise CorruptedRecord(f"{where}: completed without a payload: {payload!r:.80}")
+        return Record(COMPLETED, fp, fence, float(expires_at), bool(ok), payload)
+    if payload is not None:
+        raise CorruptedRecord(f"{where}: in progress with a payload")
+    return Record(IN_PROGRESS, fp, fence, float(expires_at))
 
 
 # The C twins of claim() and complete() (idempotency/_speedups.c), when built: they

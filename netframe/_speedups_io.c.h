@@ -38,6 +38,34 @@ ensure_scratch(Py_ssize_t size)
     return 0;
 }
 
+/* A failed recv() or send(), by errno: 1 to try again (EINTR, once the signal
+ * handlers have run), 0 for an empty or full socket buffer (wait, then call again),
+ * -1 with the error set. The reader and the writer share it. */
+static inline int
+io_failed(void)
+{
+    if (errno == EINTR) {
+        return PyErr_CheckSignals() < 0 ? -1 : 1;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return 0;
+    }
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+}
+
+/* The one argument of reader(fd) and writer(fd), a file descriptor, into *fd: 0, or -1
+ * with the error set. */
+static inline int
+fd_argument(PyObject *args, PyObject *kwds, const char *type_name, int *fd)
+{
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_Format(PyExc_TypeError, "%s(fd) takes no keywords", type_name);
+        return -1;
+    }
+    return PyArg_ParseTuple(args, "i", fd) ? 0 : -1;
+}
+
 typedef struct {
     PyObject_HEAD
     ScanParams params;
@@ -186,17 +214,11 @@ reader_receive(FrameReader *self, int fd)
         }
         ssize_t got = recv(fd, into, (size_t)want, 0);
         if (got < 0) {
-            if (errno == EINTR) {
-                if (PyErr_CheckSignals() < 0) {
-                    return -1;
-                }
-                continue;
+            int again = io_failed();
+            if (again <= 0) {
+                return again;
             }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                return 0;
-            }
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
+            continue;
         }
         if (got == 0) {
             self->eof = 1;
@@ -273,11 +295,7 @@ static PyObject *
 FrameReader_call(FrameReader *self, PyObject *args, PyObject *kwds)
 {
     int fd;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "FrameReader(fd) takes no keywords");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "i", &fd)) {
+    if (fd_argument(args, kwds, "FrameReader", &fd) < 0) {
         return NULL;
     }
     int got = reader_receive(self, fd);
@@ -347,33 +365,19 @@ FrameReader_get_carried(FrameReader *self, void *closure)
     return PyLong_FromSsize_t(n);
 }
 
-static PyObject *
-FrameReader_get_bytes_received(FrameReader *self, void *closure)
-{
-    return PyLong_FromUnsignedLongLong(self->bytes_received);
-}
-
-static PyObject *
-FrameReader_get_eof(FrameReader *self, void *closure)
-{
-    return PyBool_FromLong(self->eof);
-}
-
-static PyObject *
-FrameReader_get_handback(FrameReader *self, void *closure)
-{
-    return PyBool_FromLong(self->handback);
-}
-
 static PyGetSetDef FrameReader_getset[] = {
     {"carried", (getter)FrameReader_get_carried, NULL,
      "Bytes of an incomplete frame held for the next receive.", NULL},
-    {"bytes_received", (getter)FrameReader_get_bytes_received, NULL,
-     "Bytes received by this reader in all.", NULL},
-    {"eof", (getter)FrameReader_get_eof, NULL, "The peer ended the stream.", NULL},
-    {"handback", (getter)FrameReader_get_handback, NULL,
+    {NULL},
+};
+
+static PyMemberDef FrameReader_members[] = {
+    {"bytes_received", T_ULONGLONG, offsetof(FrameReader, bytes_received), READONLY,
+     "Bytes received by this reader in all."},
+    {"eof", T_BOOL, offsetof(FrameReader, eof), READONLY, "The peer ended the stream."},
+    {"handback", T_BOOL, offsetof(FrameReader, handback), READONLY,
      "The carried bytes start an invalid header: take_carry() them into the general "
-     "decoder, which raises the error.", NULL},
+     "decoder, which raises the error."},
     {NULL},
 };
 
@@ -395,6 +399,7 @@ static PyTypeObject FrameReaderType = {
     .tp_doc = "Receive and cut frames from a non-blocking socket: reader(fd) -> bool.",
     .tp_methods = FrameReader_methods,
     .tp_getset = FrameReader_getset,
+    .tp_members = FrameReader_members,
     .tp_new = FrameReader_new,
 };
 
@@ -537,17 +542,11 @@ writer_send(FrameWriter *self, int fd)
         ssize_t sent = send(fd, self->buf + self->pos, (size_t)(self->len - self->pos),
                             MSG_NOSIGNAL);
         if (sent < 0) {
-            if (errno == EINTR) {
-                if (PyErr_CheckSignals() < 0) {
-                    return -1;
-                }
-                continue;
+            int again = io_failed();
+            if (again <= 0) {
+                return again;
             }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                return 0;
-            }
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
+            continue;
         }
         self->pos += sent;
         self->bytes_sent += (unsigned long long)sent;
@@ -559,11 +558,7 @@ static PyObject *
 FrameWriter_call(FrameWriter *self, PyObject *args, PyObject *kwds)
 {
     int fd;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "FrameWriter(fd) takes no keywords");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "i", &fd)) {
+    if (fd_argument(args, kwds, "FrameWriter", &fd) < 0) {
         return NULL;
     }
     int sent = writer_send(self, fd);
@@ -586,15 +581,14 @@ FrameWriter_get_pending(FrameWriter *self, void *closure)
     return PyLong_FromSsize_t(self->len - self->pos);
 }
 
-static PyObject *
-FrameWriter_get_bytes_sent(FrameWriter *self, void *closure)
-{
-    return PyLong_FromUnsignedLongLong(self->bytes_sent);
-}
-
 static PyGetSetDef FrameWriter_getset[] = {
     {"pending", (getter)FrameWriter_get_pending, NULL, "Loaded bytes not yet sent.", NULL},
-    {"bytes_sent", (getter)FrameWriter_get_bytes_sent, NULL, "Bytes sent in all.", NULL},
+    {NULL},
+};
+
+static PyMemberDef FrameWriter_members[] = {
+    {"bytes_sent", T_ULONGLONG, offsetof(FrameWriter, bytes_sent), READONLY,
+     "Bytes sent in all."},
     {NULL},
 };
 
@@ -616,5 +610,6 @@ static PyTypeObject FrameWriterType = {
     .tp_doc = "Encode frames and send them on a non-blocking socket: writer(fd) -> bool.",
     .tp_methods = FrameWriter_methods,
     .tp_getset = FrameWriter_getset,
+    .tp_members = FrameWriter_members,
     .tp_new = FrameWriter_new,
 };

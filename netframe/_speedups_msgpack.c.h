@@ -446,16 +446,14 @@ MsgpackCutter_call(MsgpackCutter *self, PyObject *args, PyObject *kwds)
         }
         ssize_t got = recv(fd, into, (size_t)want, 0);
         if (got < 0) {
-            if (errno == EINTR) {
-                if (PyErr_CheckSignals() < 0) {
-                    return NULL;
-                }
-                continue;
+            int again = io_failed();
+            if (again < 0) {
+                return NULL;
             }
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (again == 0) {
                 Py_RETURN_FALSE;
             }
-            return PyErr_SetFromErrno(PyExc_OSError);
+            continue;
         }
         if (got == 0) {
             self->eof = 1;

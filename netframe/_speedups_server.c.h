@@ -1020,42 +1020,15 @@ Exchange_take_errors(Exchange *self, PyObject *unused)
     return PyLong_FromSsize_t(errors);
 }
 
-static PyObject *
-Exchange_get_state(Exchange *self, void *closure)
-{
-    return PyLong_FromLong(self->state);
-}
-
-static PyObject *
-Exchange_get_errors(Exchange *self, void *closure)
-{
-    return PyLong_FromSsize_t(self->errors);
-}
-
-static PyObject *
-Exchange_get_frames_in(Exchange *self, void *closure)
-{
-    return PyLong_FromUnsignedLongLong(self->frames_in);
-}
-
-static PyObject *
-Exchange_get_frames_out(Exchange *self, void *closure)
-{
-    return PyLong_FromUnsignedLongLong(self->frames_out);
-}
-
-static PyObject *
-Exchange_get_writes(Exchange *self, void *closure)
-{
-    return PyLong_FromUnsignedLongLong(self->writes);
-}
-
-static PyGetSetDef Exchange_getset[] = {
-    {"state", (getter)Exchange_get_state, NULL, "Why the last call returned True.", NULL},
-    {"errors", (getter)Exchange_get_errors, NULL, "Handler failures not yet taken.", NULL},
-    {"frames_in", (getter)Exchange_get_frames_in, NULL, "Frames taken from the reader.", NULL},
-    {"frames_out", (getter)Exchange_get_frames_out, NULL, "Replies encoded for sending.", NULL},
-    {"writes", (getter)Exchange_get_writes, NULL, "Sends of encoded replies.", NULL},
+static PyMemberDef Exchange_members[] = {
+    {"state", T_INT, offsetof(Exchange, state), READONLY, "Why the last call returned True."},
+    {"errors", T_PYSSIZET, offsetof(Exchange, errors), READONLY,
+     "Handler failures not yet taken."},
+    {"frames_in", T_ULONGLONG, offsetof(Exchange, frames_in), READONLY,
+     "Frames taken from the reader."},
+    {"frames_out", T_ULONGLONG, offsetof(Exchange, frames_out), READONLY,
+     "Replies encoded for sending."},
+    {"writes", T_ULONGLONG, offsetof(Exchange, writes), READONLY, "Sends of encoded replies."},
     {NULL},
 };
 
@@ -1086,6 +1059,6 @@ static PyTypeObject ExchangeType = {
     .tp_traverse = (traverseproc)Exchange_traverse,
     .tp_clear = (inquiry)Exchange_clear,
     .tp_methods = Exchange_methods,
-    .tp_getset = Exchange_getset,
+    .tp_members = Exchange_members,
     .tp_new = Exchange_new,
 };

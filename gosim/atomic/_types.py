@@ -62,52 +62,18 @@ def _as_int64(value: int) -> int:
     return value - _TWO_64 if value > _INT64_MAX else value
 
 
-_A = TypeVar("_A", bound="_AtomicInteger | Bool")
-
-
-def _over_cell(cls: type[_A], dtype: np.dtype[Any], cell: npt.NDArray[Any], index: int) -> _A:
-    """``cls.at``: an atomic over ``cell[index]``, after checking the cell can hold one.
-
-    TypeError if ``cell`` is not a 1-D, aligned, writeable array of ``dtype``; IndexError
-    if ``index`` is out of range. The current value is kept.
-    """
-    if not isinstance(cell, np.ndarray) or cell.ndim != 1 or cell.dtype != dtype:
-        raise TypeError(f"{cls.__name__}.at needs a 1-D {dtype} array")
-    if not (cell.flags.aligned and cell.flags.writeable):
-        raise TypeError(f"{cls.__name__}.at needs an aligned, writeable array")
-    if not 0 <= index < cell.shape[0]:
-        raise IndexError("atomic: index out of range")
-    obj = cls.__new__(cls)
-    obj._cell = cell
-    obj._index = int(index)
-    return obj
-
-
-class _AtomicInteger:
-    """A ``width``-bit integer cell with Go's atomic operations, all sequentially
-    consistent. Arithmetic wraps modulo ``2**width`` (two's complement)."""
+class _Cell:
+    """An atomic over one cell of a 1-D numpy array of ``dtype``: its own, or one shared
+    with ``nogil`` kernels (:meth:`at`)."""
 
     __slots__ = ("_cell", "_index")
 
-    # Set by each subclass: the cell's numpy dtype, and the value range it represents.
     dtype: ClassVar[np.dtype[Any]]
-    min_value: ClassVar[int]
-    max_value: ClassVar[int]
-    bits: ClassVar[int]
-    # add() accepts deltas in [_delta_min, _delta_limit): either reading of `bits` bits.
-    _delta_min: ClassVar[int]
-    _delta_limit: ClassVar[int]
 
     # Invariant: _cell is a 1-D, aligned, writeable array of dtype `dtype` and
     # 0 <= _index < len(_cell); only atomic operations touch _cell[_index].
     _cell: npt.NDArray[Any]
     _index: int
-
-    def __init__(self, value: int = 0) -> None:
-        self._cell = np.zeros(1, dtype=self.dtype)
-        self._index = 0
-        if value:
-            self.store(value)
 
     @classmethod
     def at(cls, cell: npt.NDArray[Any], index: int = 0) -> Self:
@@ -116,7 +82,17 @@ class _AtomicInteger:
         Raises TypeError if ``cell`` is not a 1-D, aligned, writeable array of this type's
         dtype, and IndexError if ``index`` is out of range. The current value is kept.
         """
-        return _over_cell(cls, cls.dtype, cell, index)
+        dtype = cls.dtype
+        if not isinstance(cell, np.ndarray) or cell.ndim != 1 or cell.dtype != dtype:
+            raise TypeError(f"{cls.__name__}.at needs a 1-D {dtype} array")
+        if not (cell.flags.aligned and cell.flags.writeable):
+            raise TypeError(f"{cls.__name__}.at needs an aligned, writeable array")
+        if not 0 <= index < cell.shape[0]:
+            raise IndexError("atomic: index out of range")
+        obj = cls.__new__(cls)
+        obj._cell = cell
+        obj._index = int(index)
+        return obj
 
     @property
     def cell(self) -> npt.NDArray[Any]:
@@ -127,6 +103,35 @@ class _AtomicInteger:
     def index(self) -> int:
         """Position of the value in :attr:`cell`."""
         return self._index
+
+
+class _AtomicInteger(_Cell):
+    """A ``width``-bit integer cell with Go's atomic operations, all sequentially
+    consistent. Arithmetic wraps modulo ``2**width`` (two's complement)."""
+
+    __slots__ = ()
+
+    # Each subclass sets the cell's numpy dtype; the rest follows from it.
+    min_value: ClassVar[int]
+    max_value: ClassVar[int]
+    bits: ClassVar[int]
+    # add() accepts deltas in [_delta_min, _delta_limit): either reading of `bits` bits.
+    _delta_min: ClassVar[int]
+    _delta_limit: ClassVar[int]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        info = np.iinfo(cls.dtype)
+        cls.bits = info.bits
+        cls.min_value, cls.max_value = int(info.min), int(info.max)
+        cls._delta_min = -(1 << (info.bits - 1))
+        cls._delta_limit = 1 << info.bits
+
+    def __init__(self, value: int = 0) -> None:
+        self._cell = np.zeros(1, dtype=self.dtype)
+        self._index = 0
+        if value:
+            self.store(value)
 
     def _checked(self, value: int) -> int:
         if not self.min_value <= value <= self.max_value:
@@ -186,11 +191,6 @@ class Int32(_AtomicInteger):
 
     __slots__ = ()
     dtype = np.dtype(np.int32)
-    bits = 32
-    _delta_min = -(1 << 31)
-    _delta_limit = 1 << 32
-    min_value = -(1 << 31)
-    max_value = (1 << 31) - 1
 
 
 class Int64(_AtomicInteger):
@@ -198,11 +198,6 @@ class Int64(_AtomicInteger):
 
     __slots__ = ()
     dtype = np.dtype(np.int64)
-    bits = 64
-    _delta_min = -(1 << 63)
-    _delta_limit = 1 << 64
-    min_value = -(1 << 63)
-    max_value = (1 << 63) - 1
 
 
 class Uint32(_AtomicInteger):
@@ -210,11 +205,6 @@ class Uint32(_AtomicInteger):
 
     __slots__ = ()
     dtype = np.dtype(np.uint32)
-    bits = 32
-    _delta_min = -(1 << 31)
-    _delta_limit = 1 << 32
-    min_value = 0
-    max_value = (1 << 32) - 1
 
 
 class Uint64(_AtomicInteger):
@@ -222,52 +212,26 @@ class Uint64(_AtomicInteger):
 
     __slots__ = ()
     dtype = np.dtype(np.uint64)
-    bits = 64
-    _delta_min = -(1 << 63)
-    _delta_limit = 1 << 64
-    min_value = 0
-    max_value = (1 << 64) - 1
 
 
-class Bool:
+class Bool(_Cell):
     """Go's ``atomic.Bool``: a boolean in a ``uint32`` cell holding 0 or 1, as Go's is.
 
     Values given to :meth:`store`, :meth:`swap` and :meth:`compare_and_swap` are
     converted with ``bool()``. Kernels see the cell as a 0/1 ``uint32``.
     """
 
-    __slots__ = ("_cell", "_index")
+    __slots__ = ()
 
     dtype: ClassVar[np.dtype[Any]] = np.dtype(np.uint32)
 
     # Invariant: _cell[_index] is 0 or 1 whenever it is only touched through this API.
-    _cell: npt.NDArray[Any]
-    _index: int
 
     def __init__(self, value: bool = False) -> None:
         self._cell = np.zeros(1, dtype=self.dtype)
         self._index = 0
         if value:
             self.store(True)
-
-    @classmethod
-    def at(cls, cell: npt.NDArray[Any], index: int = 0) -> Self:
-        """A Bool over an existing ``uint32`` cell ``cell[index]`` (shared with kernels).
-
-        TypeError if ``cell`` is not a 1-D, aligned, writeable ``uint32`` array;
-        IndexError if ``index`` is out of range.
-        """
-        return _over_cell(cls, cls.dtype, cell, index)
-
-    @property
-    def cell(self) -> npt.NDArray[Any]:
-        """The ``uint32`` array holding the flag."""
-        return self._cell
-
-    @property
-    def index(self) -> int:
-        """Position of the flag in :attr:`cell`."""
-        return self._index
 
     def load(self) -> bool:
         """Return the value (Go's ``Load``)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._protocol import ErrorInfo, Status
+from ._protocol import ErrorInfo, Status, type_name_of
 
 __all__ = ["CallTimeout", "RPCError", "Unavailable"]
 
@@ -53,11 +53,7 @@ class RPCError(Exception):
 
     @property
     def type_name(self) -> str | None:
-        if isinstance(self.data, dict):
-            name = self.data.get("type")
-            if isinstance(name, str):
-                return name
-        return None
+        return type_name_of(self.data)
 
     @classmethod
     def from_info(cls, info: ErrorInfo) -> RPCError:

@@ -317,11 +317,17 @@ class ErrorInfo:
     @property
     def type_name(self) -> str | None:
         """The remote exception's type name, when the peer sent one (ours do)."""
-        if isinstance(self.data, dict):
-            name = self.data.get("type")
-            if isinstance(name, str):
-                return name
-        return None
+        return type_name_of(self.data)
+
+
+def type_name_of(data: Any) -> str | None:
+    """The remote exception's type name in an error's ``data`` (our servers send
+    ``{"type": name, ...}``), else None."""
+    if isinstance(data, dict):
+        name = data.get("type")
+        if isinstance(name, str):
+            return name
+    return None
 
 
 # ------------------------------------------------------------------------ encoding

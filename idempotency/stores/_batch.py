@@ -60,7 +60,8 @@ from gosim import go, lowlevel, net
 from gosim.lowlevel import Waiter, WaitReason
 
 from .._accel import speedups as _speedups
-from .._record import ClaimResult, Record
+from .._errors import CorruptedRecord, StaleClaim
+from .._record import ClaimResult, Record, release, renew, state_at
 from ._contract import (
     Completion,
     Effect,
@@ -79,6 +80,9 @@ __all__ = [
     "GroupCommitter",
     "Op",
     "OpKind",
+    "WorkingSet",
+    "apply_plain",
+    "current",
     "raise_when_awaited",
 ]
 
@@ -134,6 +138,48 @@ class Op(Waiter):
 if _speedups is not None and _speedups.configure_op(Op):
     setattr(Op, "__new__", staticmethod(_speedups.op_new))  # noqa: B010
     delattr(Op, "__init__")
+
+
+WorkingSet = dict[tuple[str, str], Record | CorruptedRecord | None]
+"""A batch's records by (caller, key), as its rows were read: a record, None (no row),
+or the error saying how the row is damaged."""
+
+
+def current(ws: WorkingSet, rk: tuple[str, str]) -> Record | None:
+    """The working set's record of ``rk``; raises the CorruptedRecord its row was."""
+    rec = ws[rk]
+    if isinstance(rec, CorruptedRecord):
+        raise rec
+    return rec
+
+
+def apply_plain(
+    op: Op, ws: WorkingSet, dirty: dict[tuple[str, str], Record | None], now: float
+) -> None:
+    """Apply a RELEASE, GET or RENEW ``op`` to the working set, as every batched store
+    does: set its result, note a changed record in ``dirty``; raises the operation's own
+    error (a stale renewal, a damaged row) with the working set unchanged."""
+    kind = op.kind
+    if kind == OpKind.GET:
+        rec = current(ws, (op.args[0], op.args[1]))
+        op.result = rec if state_at(rec, now) else None
+    elif kind == OpKind.RELEASE:
+        caller, key, f = op.args
+        rk = (caller, key)
+        try:
+            release(current(ws, rk), f, now, caller, key)
+        except StaleClaim:
+            op.result = False
+        else:
+            ws[rk] = dirty[rk] = None
+            op.result = True
+    else:
+        assert kind == OpKind.RENEW, kind
+        caller, key, f, lease = op.args
+        rk = (caller, key)
+        done = renew(current(ws, rk), f, now, lease, caller, key)
+        ws[rk] = dirty[rk] = done
+        op.result = done
 
 
 def _call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) -> None:

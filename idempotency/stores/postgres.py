@@ -110,22 +110,24 @@ from .._errors import (
     CorruptedRecord,
     IdempotencyError,
     InProgress,
-    StaleClaim,
     StoreUnavailable,
 )
-from .._keys import FINGERPRINT_SIZE
 from .._record import (
-    COMPLETED,
-    IN_PROGRESS,
     ClaimKind,
     Record,
     claim,
     complete,
-    release,
-    renew,
-    state_at,
+    decode_record,
 )
-from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
+from ._batch import (
+    BatchedOneStepStore,
+    GroupCommitter,
+    Op,
+    OpKind,
+    WorkingSet,
+    apply_plain,
+    current,
+)
 from ._contract import (
     Completion,
     Effect,
@@ -475,7 +477,7 @@ class PostgresStore(BatchedOneStepStore):
                 if clock is None or claims:
                     await timer.execute(self._sql["now"], (claims,), **_PIPELINED)
             reading = False
-            ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(keys)
+            ws: WorkingSet = dict.fromkeys(keys)
             for row in await cur.fetchall():
                 caller, key = row[0], row[1]
                 try:
@@ -499,7 +501,7 @@ class PostgresStore(BatchedOneStepStore):
                     if kind == _CLAIM:
                         caller, key, fp, lease = op.args
                         rk = (caller, key)
-                        res = claim(_current(ws, rk), fp, now, lease, fences[fence_at])
+                        res = claim(current(ws, rk), fp, now, lease, fences[fence_at])
                         if res.kind is ClaimKind.CLAIMED:
                             fence_at += 1
                             ws[rk] = dirty[rk] = res.record
@@ -507,7 +509,7 @@ class PostgresStore(BatchedOneStepStore):
                     elif kind == _COMPLETE:
                         caller, key, f, c = op.args
                         rk = (caller, key)
-                        rec = _current(ws, rk)
+                        rec = current(ws, rk)
                         if c.effect is None:
                             done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
                             ws[rk] = dirty[rk] = done
@@ -522,7 +524,7 @@ class PostgresStore(BatchedOneStepStore):
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
                         fence = fences[fence_at]
-                        res = claim(_current(ws, rk), fp, now, lease, fence)
+                        res = claim(current(ws, rk), fp, now, lease, fence)
                         if res.kind is not ClaimKind.CLAIMED:
                             op.result = res  # a replay, a mismatch, busy: nothing written
                         else:
@@ -540,25 +542,8 @@ class PostgresStore(BatchedOneStepStore):
                                 )
                                 if applied is not None:
                                     ws[rk] = dirty[rk] = applied
-                    elif kind == _RELEASE:
-                        caller, key, f = op.args
-                        rk = (caller, key)
-                        try:
-                            release(_current(ws, rk), f, now, caller, key)
-                        except StaleClaim:
-                            op.result = False
-                        else:
-                            ws[rk] = dirty[rk] = None
-                            op.result = True
-                    elif kind == _GET:
-                        rec = _current(ws, (op.args[0], op.args[1]))
-                        op.result = rec if state_at(rec, now) else None
-                    else:  # _RENEW
-                        caller, key, f, lease = op.args
-                        rk = (caller, key)
-                        done = renew(_current(ws, rk), f, now, lease, caller, key)
-                        ws[rk] = dirty[rk] = done
-                        op.result = done
+                    else:  # RELEASE, GET, RENEW
+                        apply_plain(op, ws, dirty, now)
                 except (_Retry, psycopg.Error):
                     raise  # the batch's, not this operation's
                 except Exception as exc:
@@ -700,23 +685,7 @@ class PostgresStore(BatchedOneStepStore):
         return done
 
     def _decode(self, row: tuple[Any, ...], caller: str, key: str) -> Record:
-        state, fp, fence, expires_at, ok, payload = row
-        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
-        if state not in (IN_PROGRESS, COMPLETED):
-            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
-        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
-            raise CorruptedRecord(
-                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
-            )
-        if fence < 1:
-            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
-        if state == COMPLETED:
-            if type(payload) is not bytes:
-                raise CorruptedRecord(f"{where}: completed without a payload: {payload!r:.80}")
-            return Record(COMPLETED, fp, fence, expires_at, ok, payload)
-        if payload is not None:
-            raise CorruptedRecord(f"{where}: in progress with a payload")
-        return Record(IN_PROGRESS, fp, fence, expires_at)
+        return decode_record(row, self._name, caller, key)
 
     async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
@@ -903,15 +872,6 @@ def _statements(records: sql.Composed, seq: str) -> dict[str, sql.SQL | sql.Comp
             " WHERE expires_at <= %s ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))"
         ),
     }
-
-
-def _current(
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
-) -> Record | None:
-    rec = ws[rk]
-    if isinstance(rec, CorruptedRecord):
-        raise rec
-    return rec
 
 
 async def _checked(

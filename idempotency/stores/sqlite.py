@@ -64,22 +64,24 @@ from .._errors import (
     CorruptedRecord,
     IdempotencyError,
     InProgress,
-    StaleClaim,
     StoreUnavailable,
 )
-from .._keys import FINGERPRINT_SIZE
 from .._record import (
-    COMPLETED,
-    IN_PROGRESS,
     ClaimKind,
     Record,
     claim,
     complete,
-    release,
-    renew,
-    state_at,
+    decode_record,
 )
-from ._batch import BatchedOneStepStore, GroupCommitter, Op, OpKind
+from ._batch import (
+    BatchedOneStepStore,
+    GroupCommitter,
+    Op,
+    OpKind,
+    WorkingSet,
+    apply_plain,
+    current,
+)
 from ._contract import (
     Completion,
     Effect,
@@ -98,6 +100,7 @@ _TRANSACT: Final = OpKind.TRANSACT
 _CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
 _RENEW: Final = OpKind.RENEW
 _KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
+_PLAIN: Final = frozenset({_RELEASE, _GET, _RENEW})  # apply_plain's
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
@@ -313,29 +316,7 @@ class SQLiteStore(BatchedOneStepStore):
         return StoreUnavailable(f"{self._name}: {doing}: {text}")
 
     def _decode(self, row: tuple[Any, ...] | None, caller: str, key: str) -> Record | None:
-        if row is None:
-            return None
-        state, fp, fence, expires_at, ok, payload = row
-        where = f"{self._name}: record (caller={caller!r}, key={key!r})"
-        if state not in (IN_PROGRESS, COMPLETED):
-            raise CorruptedRecord(f"{where}: state {state!r} is not 1 or 2")
-        if type(fp) is not bytes or len(fp) != FINGERPRINT_SIZE:
-            raise CorruptedRecord(
-                f"{where}: fingerprint is not {FINGERPRINT_SIZE} bytes: {fp!r:.80}"
-            )
-        if type(fence) is not int or fence < 1:
-            raise CorruptedRecord(f"{where}: fence {fence!r} is not a positive integer")
-        if type(expires_at) not in (float, int):
-            raise CorruptedRecord(f"{where}: expires_at {expires_at!r} is not a number")
-        if ok not in (0, 1):
-            raise CorruptedRecord(f"{where}: ok {ok!r} is not 0 or 1")
-        if state == COMPLETED:
-            if type(payload) is not bytes:
-                raise CorruptedRecord(f"{where}: completed without a payload blob: {payload!r:.80}")
-            return Record(COMPLETED, fp, fence, float(expires_at), bool(ok), payload)
-        if payload is not None:
-            raise CorruptedRecord(f"{where}: in progress with a payload")
-        return Record(IN_PROGRESS, fp, fence, float(expires_at))
+        return None if row is None else decode_record(row, self._name, caller, key)
 
     def _load(
         self, conn: sqlite3.Connection, ops: list[Op]
@@ -348,7 +329,7 @@ class SQLiteStore(BatchedOneStepStore):
         scans the table instead.
         """
         wanted = _batch_keys(ops)
-        ws: dict[tuple[str, str], Record | CorruptedRecord | None] = dict.fromkeys(wanted)
+        ws: WorkingSet = dict.fromkeys(wanted)
         for i in range(0, len(wanted), _LOAD_SIZES[-1]):
             chunk = wanted[i : i + _LOAD_SIZES[-1]]
             # One of a few fixed sizes, the last key repeated to fill it (a row is read
@@ -448,7 +429,7 @@ class SQLiteStore(BatchedOneStepStore):
                     if kind == _COMPLETE:
                         caller, key, f, c = op.args
                         rk = (caller, key)
-                        rec = _current(ws, rk)
+                        rec = current(ws, rk)
                         applied = self._effect_and_record(
                             conn, op, caller, key, f, c, rec, now, careful
                         )
@@ -457,7 +438,7 @@ class SQLiteStore(BatchedOneStepStore):
                     elif kind == _CLAIM_COMPLETE:
                         caller, key, fp, lease, call, c = op.args
                         rk = (caller, key)
-                        res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+                        res = claim(current(ws, rk), fp, now, lease, fence + 1)
                         if res.kind is not ClaimKind.CLAIMED:
                             op.result = res  # a replay, a mismatch, busy: nothing written
                         else:
@@ -470,25 +451,8 @@ class SQLiteStore(BatchedOneStepStore):
                             )
                             if applied is not None:
                                 ws[rk] = dirty[rk] = applied
-                    elif kind == _RELEASE:
-                        caller, key, f = op.args
-                        rk = (caller, key)
-                        try:
-                            release(_current(ws, rk), f, now, caller, key)
-                        except StaleClaim:
-                            op.result = False
-                        else:
-                            ws[rk] = dirty[rk] = None
-                            op.result = True
-                    elif kind == _GET:
-                        rec = _current(ws, (op.args[0], op.args[1]))
-                        op.result = rec if state_at(rec, now) else None
-                    elif kind == _RENEW:
-                        caller, key, f, lease = op.args
-                        rk = (caller, key)
-                        done = renew(_current(ws, rk), f, now, lease, caller, key)
-                        ws[rk] = dirty[rk] = done
-                        op.result = done
+                    elif kind in _PLAIN:
+                        apply_plain(op, ws, dirty, now)
                     elif kind == _SWEEP:
                         self._flush(conn, dirty)
                         op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
@@ -735,7 +699,7 @@ def _batch_keys(ops: list[Op]) -> list[tuple[str, str]]:
 
 def _decode_into(
     rows: Any,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     decode_row: Callable[[tuple[Any, ...]], Record | CorruptedRecord],
 ) -> None:
     """Put every row read (``(caller, key, *record columns)``) into the working set as
@@ -746,7 +710,7 @@ def _decode_into(
 
 def _decide_one(
     op: Op,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     dirty: dict[tuple[str, str], Record | None],
     now: float,
     fence: int,
@@ -769,7 +733,7 @@ def _decide_one(
         if kind == _CLAIM:
             caller, key, fp, lease = op.args
             rk = (caller, key)
-            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            res = claim(current(ws, rk), fp, now, lease, fence + 1)
             if res.kind is ClaimKind.CLAIMED:
                 fence += 1
                 ws[rk] = dirty[rk] = res.record
@@ -777,13 +741,13 @@ def _decide_one(
         elif kind == _COMPLETE:
             caller, key, f, c = op.args
             rk = (caller, key)
-            done = complete(_current(ws, rk), f, c.ok, c.payload, now, c.ttl, caller, key)
+            done = complete(current(ws, rk), f, c.ok, c.payload, now, c.ttl, caller, key)
             ws[rk] = dirty[rk] = done
             op.result = done
         else:
             caller, key, fp, lease, call, c = op.args
             rk = (caller, key)
-            res = claim(_current(ws, rk), fp, now, lease, fence + 1)
+            res = claim(current(ws, rk), fp, now, lease, fence + 1)
             if res.kind is not ClaimKind.CLAIMED:
                 op.result = res  # a replay, a mismatch, busy: nothing written
             else:
@@ -804,7 +768,7 @@ def _decide_one(
 def _decide(
     ops: list[Op],
     start: int,
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None],
+    ws: WorkingSet,
     dirty: dict[tuple[str, str], Record | None],
     now: float,
     fence: int,
@@ -845,15 +809,6 @@ def _rows(
             payload = bytearray(rec.payload)
             completed.append((rk[0], rk[1], rec.state, fp, rec.fence, rec.expires_at, ok, payload))
     return completed, in_progress, deleted
-
-
-def _current(
-    ws: dict[tuple[str, str], Record | CorruptedRecord | None], rk: tuple[str, str]
-) -> Record | None:
-    rec = ws[rk]
-    if isinstance(rec, CorruptedRecord):
-        raise rec
-    return rec
 
 
 def _nothing_written(conn: sqlite3.Connection, changes: int) -> None:
