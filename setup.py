@@ -33,6 +33,8 @@ setup(
         Extension(
             "idempotency._speedups",
             sources=["idempotency/_speedups.c"],
+            # Its parts (record, keys, memory, batch): a change to one rebuilds it.
+            depends=sorted(glob("idempotency/_speedups_*.c.h")),
             optional=True,
             extra_compile_args=["-O2", "-std=c11"],
         ),

@@ -201,7 +201,7 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
     return digest
 
 
-# The C twin (idempotency/_speedups.c), when built: arguments of scalars in lists and
+# The C twin (idempotency/_speedups_keys.c.h), when built: arguments of scalars in lists and
 # tuples (no map) whose operation's prefix is cached; the function above, kept as the
 # reference, serves every other request and says what is wrong with a bad one.
 _py_fingerprint: Final = fingerprint

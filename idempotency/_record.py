@@ -270,7 +270,7 @@ def decode_record(row: tuple[Any, ...], store: str, caller: str, key: str) -> Re
     return Record(IN_PROGRESS, fp, fence, float(expires_at))
 
 
-# The C twins of claim() and complete() (idempotency/_speedups.c), when built: they
+# The C twins of claim() and complete() (idempotency/_speedups_record.c.h), when built: they
 # answer the common cases and call the functions above, kept as the reference, for the
 # rest (a refused completion among them, so its errors are these).
 _py_claim: Final = claim

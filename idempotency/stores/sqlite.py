@@ -822,7 +822,7 @@ def _rollback_to(conn: sqlite3.Connection | sqlite3.Cursor) -> None:
     conn.execute("ROLLBACK TO idempotency_effect")
 
 
-# The C twins of the batch's record work (idempotency/_speedups.c), when built: they
+# The C twins of the batch's record work (idempotency/_speedups_batch.c.h), when built: they
 # answer the common cases and call the functions above, kept as the reference, for the
 # rest.
 _py_batch_keys: Final = _batch_keys
