@@ -34,6 +34,14 @@ key is waited for as above). :meth:`Idempotency.run_later` is that step's one
 mechanism, a callback the store's batch calls once the commit returned; ``run`` with
 ``one_step=True`` is a wait on it.
 
+The two steps have one mechanism too, on every store of the package: call-backs. On a
+``SynchronousStore`` (memory) the claim, a handler that returns at once and the record
+run in the caller's frame; on a ``CallbackStore`` (the batched stores) the handler runs
+in the claim's callback and ``done`` in the record's, so the call waits on no
+goroutine. Only what must wait gets one: a busy key, a handler's awaitable, a release.
+``run`` is the wait on it; a store with only the ``Store`` contract's coroutines (an
+application's own) is awaited step by step instead.
+
 Guarantees: the handler runs at most once per *live claim*, and a claim stays live while
 its holder lives (renewed; it lapses when the holder has been dead or cut off from the
 store for a lease); a key's outcome, once
@@ -79,6 +87,7 @@ from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_re
 from ._record import ClaimKind, ClaimResult, Record
 from ._waiter import await_done
 from .stores import (
+    CallbackStore,
     Completion,
     Effect,
     OneStepStore,
@@ -203,6 +212,9 @@ class Idempotency:
         self._store = store
         # A store whose operations never wait is called without a coroutine per operation.
         self._sync_store = store if isinstance(store, SynchronousStore) else None
+        # A store whose claims and completions call back (the batched stores): a call
+        # whose handler returns at once waits on no goroutine.
+        self._callback_store = store if isinstance(store, CallbackStore) else None
         # A store that claims and completes in one transaction (run(..., one_step=True)).
         self._one_step_store = store if isinstance(store, OneStepStore) else None
         self.ttl = ttl
@@ -285,12 +297,15 @@ class Idempotency:
                 timeout,
                 ctx,
             )
+        if self._sync_store is not None or self._callback_store is not None:
+            # The wait on the two-step callback mechanism (_two_step): on a store whose
+            # operations never wait, a plain handler's call is over before it returns.
+            return await await_done(  # type: ignore[no-any-return]
+                self._two_step, caller, key, operation, args, fp, handler,
+                self.wait if wait is None else wait, timeout, ctx, one_step,
+            )  # fmt: skip
         store = self._store
-        sync = self._sync_store
-        if sync is not None:
-            res = sync.claim_sync(caller, key, fp, self.lease)
-        else:
-            res = await store.claim(caller, key, fp, self.lease)
+        res = await store.claim(caller, key, fp, self.lease)
         if res.kind is not _CLAIMED:
             if res.kind is _REPLAY:
                 rec = res.record
@@ -334,10 +349,7 @@ class Idempotency:
             await self._release(caller, key, fence)
             raise
         try:
-            if sync is not None:
-                rec = sync.complete_sync(caller, key, fence, completion)
-            else:
-                rec = await store.complete(caller, key, fence, completion)
+            rec = await store.complete(caller, key, fence, completion)
         except StaleClaim:
             raise
         except Exception:
@@ -365,32 +377,267 @@ class Idempotency:
         wait: bool | None = None,
         timeout: float | None = None,
         ctx: context.Context | None = None,
+        one_step: bool = True,
     ) -> None:
-        """:meth:`run` with ``one_step=True``, without waiting for it: once it is over,
-        ``done(outcome, None)`` or ``done(None, error)`` is called, by a goroutine of the
-        runtime, with what ``run`` would have returned or raised.
+        """:meth:`run`, without waiting for it: once it is over, ``done(outcome, None)``
+        or ``done(None, error)`` is called with what ``run`` would have returned or
+        raised, by a goroutine of the runtime -- possibly the caller, before
+        ``run_later`` returns.
 
-        The key and the request are checked now, in the caller, and on a OneStepStore
-        the handler runs now too: what they raise, ``run_later`` raises, and ``done``
-        is then never called; otherwise it is called exactly once. On a OneStepStore no
-        goroutine waits for the commit: the store calls back from its batch (a busy
-        key, which must be waited for, gets a goroutine then). On other stores ``run``
-        runs in a goroutine of its own, the handler with it, and what the handler
-        raises goes to ``done``. ``done`` must not block and should not raise (an
-        exception from it is a panic).
+        The key and the request are checked now, in the caller: what that raises,
+        ``run_later`` raises, and ``done`` is then never called; otherwise it is called
+        exactly once. With ``one_step`` (the default) on a OneStepStore the handler
+        runs now too (what it raises, ``run_later`` raises), and no goroutine waits for
+        the commit: the store calls back from its batch (a busy key, which must be
+        waited for, gets a goroutine then). Two-step (``one_step=False``, or any call
+        on a store that cannot take one step) on a SynchronousStore: the claim is
+        taken now and a handler that returns at once runs now, its outcome recorded
+        before ``run_later`` returns; a busy key, a handler's awaitable, or a failure
+        that must release the claim gets a goroutine for the rest, and the handler's
+        exceptions go to ``done``. On other stores ``run`` runs in a goroutine of its
+        own, the handler with it. ``done`` must not block and should not raise (an
+        exception from it is a panic, or ``run_later``'s when called in the caller).
         """
         caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        if self._one_step_store is None:
+        wait = self.wait if wait is None else wait
+        if one_step and self._one_step_store is not None:
+            self._one_step(caller, key, operation, args, fp, handler, wait, timeout, ctx, done)
+        elif self._sync_store is not None or self._callback_store is not None:
+            self._two_step(
+                caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done
+            )
+        else:
             step = self.run(
                 caller=caller, key=key, request=request, handler=handler, wait=wait,
-                timeout=timeout, ctx=ctx, one_step=True,
+                timeout=timeout, ctx=ctx, one_step=one_step,
             )  # fmt: skip
             go(deliver, step, done)
+
+    def _two_step(
+        self,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        one_step: bool,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """The one mechanism of a two-step call on a SynchronousStore or a
+        CallbackStore (``run`` waits on it, ``run_later`` calls it): the claim, then in
+        its callback the handler, then the record, then ``done`` -- in the caller's
+        frame on a store that never waits, else in the callbacks of the store's
+        batches; a goroutine only for what must wait (a busy key, an awaitable
+        handler, a release)."""
+        sync = self._sync_store
+        if sync is not None:
+            res = sync.claim_sync(caller, key, fp, self.lease)
+            self._on_claim(
+                caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done,
+                res, None,
+            )  # fmt: skip
             return
-        self._one_step(
-            caller, key, operation, args, fp, handler, self.wait if wait is None else wait,
-            timeout, ctx, done,
+        store = self._callback_store
+        assert store is not None
+        store.claim_later(
+            caller, key, fp, self.lease,
+            functools.partial(
+                self._on_claim, caller, key, operation, args, fp, handler, wait, timeout, ctx,
+                one_step, done,
+            ),
         )  # fmt: skip
+
+    def _on_claim(
+        self,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        one_step: bool,
+        done: Callable[[Outcome | None, BaseException | None], None],
+        res: ClaimResult | None,
+        error: BaseException | None,
+    ) -> None:
+        """A two-step call's claim is over: run the call on, or report."""
+        if error is not None:
+            done(None, error)
+            return
+        assert res is not None
+        kind = res.kind
+        if kind is _CLAIMED:
+            self._claimed(
+                res.record.fence, caller, key, operation, args, handler, ctx, one_step, done
+            )
+        elif kind is _REPLAY:
+            rec = res.record
+            assert rec.payload is not None
+            done(Outcome(rec.ok, rec.payload, True, rec.fence), None)
+        else:
+            rest = self._two_step_rest(
+                res, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step
+            )
+            go(deliver, rest, done)
+
+    async def _two_step_rest(
+        self,
+        res: ClaimResult,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        one_step: bool,
+    ) -> Outcome:
+        """A two-step call whose claim found the key busy or live for another request:
+        settle it (waiting), then, claimed, the rest of the call."""
+        settled = await self._settle(res, caller, key, fp, wait, timeout, ctx)
+        if type(settled) is Outcome:
+            return settled
+        fence = settled.record.fence  # type: ignore[union-attr]
+        return await await_done(  # type: ignore[no-any-return]
+            self._claimed, fence, caller, key, operation, args, handler, ctx, one_step
+        )
+
+    def _claimed(
+        self,
+        fence: int,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        handler: Handler,
+        ctx: context.Context | None,
+        one_step: bool,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """Claim ``fence`` is held: run the handler and record its outcome, now when it
+        returns at once."""
+        rk = (caller, key)
+        self._holders[rk] = fence
+        if self._keeper is not False and self._keeper is not lowlevel.current_runtime():
+            self._start_keeper()
+        try:
+            result = handler(Call(caller, key, operation, args, fence, ctx))
+            if hasattr(result, "__await__"):
+                if one_step:
+                    _refuse_awaitable(result)  # the same promise on every store
+                go(deliver, self._awaited(result, caller, key, fence), done)
+                return
+            completion = self._completion(result)
+        except Exception as exc:
+            failure = self._failure(exc)
+            if not isinstance(failure, Completion):
+                go(deliver, self._release_raising(failure, caller, key, fence), done)
+                return
+            completion = failure
+        self._complete(caller, key, fence, completion, done)
+
+    def _completion(self, result: Any) -> Completion:
+        """A handler's return value as the completion that records it (InvalidResult
+        when it cannot be encoded within ``max_result_bytes``)."""
+        max_bytes = self.max_result_bytes
+        if isinstance(result, Effect):
+            return new_completion(Completion, (True, None, result, self.ttl, max_bytes))
+        payload = encode_result(result, max_bytes)
+        return new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
+
+    async def _awaited(self, result: Awaitable[Any], caller: str, key: str, fence: int) -> Outcome:
+        """A two-step handler's awaitable, awaited (in a goroutine), then recorded."""
+        try:
+            completion = self._completion(await result)
+        except Exception as exc:
+            failure = self._failure(exc)
+            if not isinstance(failure, Completion):
+                await self._release(caller, key, fence)
+                raise failure  # noqa: B904 -- the handler's own exception, or what it made
+            completion = failure
+        return await await_done(self._complete, caller, key, fence, completion)  # type: ignore[no-any-return]
+
+    def _failure(self, exc: Exception) -> Completion | Exception:
+        """What the handler's ``exc`` makes of its call: the completion recording a final
+        ApplicationError, or the exception to raise once the claim is released (a
+        retryable error, any other exception, or InvalidResult for an error too big)."""
+        if isinstance(exc, ApplicationError) and not exc.retryable:
+            max_bytes = self.max_result_bytes
+            try:
+                payload = encode_error(exc, max_bytes)
+            except InvalidResult as invalid:
+                return invalid
+            return Completion(False, payload, None, self.ttl, max_bytes)
+        return exc
+
+    def _complete(
+        self,
+        caller: str,
+        key: str,
+        fence: int,
+        completion: Completion,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """Record the outcome of claim ``fence``, then report it to ``done``."""
+        sync = self._sync_store
+        if sync is not None:
+            try:
+                rec = sync.complete_sync(caller, key, fence, completion)
+            except Exception as exc:
+                self._completed(caller, key, fence, done, None, exc)
+                return
+            self._completed(caller, key, fence, done, rec, None)
+            return
+        store = self._callback_store
+        assert store is not None
+        store.complete_later(
+            caller, key, fence, completion,
+            functools.partial(self._completed, caller, key, fence, done),
+        )  # fmt: skip
+
+    def _completed(
+        self,
+        caller: str,
+        key: str,
+        fence: int,
+        done: Callable[[Outcome | None, BaseException | None], None],
+        rec: Record | None,
+        error: BaseException | None,
+    ) -> None:
+        """The record of claim ``fence`` is over: the outcome to ``done``; a failure
+        other than StaleClaim releases the claim first (in a goroutine)."""
+        rk = (caller, key)
+        if error is not None:
+            if isinstance(error, StaleClaim) or not isinstance(error, Exception):
+                self._finish(rk, fence)
+                done(None, error)
+            else:
+                # The effect failed or could not be recorded, or the store failed:
+                # nothing was recorded; free the key so a retry need not wait for the
+                # lease.
+                go(deliver, self._release_raising(error, caller, key, fence), done)
+            return
+        # _finish, inlined: this runs on every call.
+        holders = self._holders
+        if holders.get(rk) == fence:
+            del holders[rk]
+        if self._waiters:
+            self._wake(rk)
+        assert rec is not None and rec.payload is not None
+        done(Outcome(rec.ok, rec.payload, False, fence), None)
+
+    async def _release_raising(self, exc: Exception, caller: str, key: str, fence: int) -> Any:
+        await self._release(caller, key, fence)
+        raise exc
 
     def _one_step(
         self,

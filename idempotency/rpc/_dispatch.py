@@ -16,10 +16,14 @@ How a request is answered, fast to slow
    its late outcome is dropped.
 4. A keyed call to a one-step idempotent method (no wait but its commit: a
    ``pass_context`` method's context only tells it its deadline), with a timeout or
-   not: its effect is built in the caller's frame and ``handle`` returns a
-   :class:`netframe.Later` that the store's batch settles once the commit returns
-   (``Idempotency.run_later``): no goroutine waits for it. Its reply is
-   ``DEADLINE_EXCEEDED`` when the deadline has passed by the time its commit returns.
+   not, or to a two-step one without a timeout: ``handle`` returns a
+   :class:`netframe.Later` that ``Idempotency.run_later`` settles (a one-step
+   method's effect is built in the caller's frame, and the store's batch settles it
+   once the commit returns: no goroutine waits for it), or the reply's bytes when the
+   call was over before ``run_later`` returned (a two-step call on a store whose
+   operations never wait). A one-step reply is ``DEADLINE_EXCEEDED`` when the
+   deadline has passed by the time its commit returns; a two-step call with a
+   timeout runs as in 3.
 
 Arguments are checked against the method's signature before it runs, from counts taken
 once at registration (``inspect.signature().bind`` per call costs more than the rest of
@@ -467,11 +471,9 @@ class Dispatcher:
             meta = msg.meta
             if spec.idempotent:
                 if meta is not None and meta.key is not None:
-                    if spec.one_step:
-                        return self._one_step_later(spec, msg, meta)
-                    if meta.timeout_ms is not None:
-                        return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
-                    return self._idempotent_reply(spec, msg, meta, _BACKGROUND, math.inf)
+                    if meta.timeout_ms is None or spec.one_step:
+                        return self._keyed_later(spec, msg, meta)
+                    return self._call_with_deadline(self._idempotent_reply, spec, msg, meta)
                 if not spec.key_optional:
                     return self._error(
                         msg.msgid,
@@ -575,13 +577,16 @@ class Dispatcher:
         self._count_error(Status.UNKNOWN)
         return encode_response_payloads(msgid, outcome.payload, None, outcome.replayed)
 
-    def _one_step_later(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes | Later:
-        """A one-step method's call, with no goroutine of its own: its effect is built
-        now, and the store's batch calls back with the outcome, which settles the
-        returned :class:`netframe.Later` (``Idempotency.run_later``).
+    def _keyed_later(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes | Later:
+        """A keyed call to a one-step method (with a timeout or not), or to a two-step
+        method without a timeout, with no goroutine of its own where the store needs
+        none (``Idempotency.run_later``): a one-step method's effect is built now and
+        the store's batch calls back with the outcome, which settles the returned
+        :class:`netframe.Later`; a two-step call on a store that never waits is over
+        before ``run_later`` returns, and its reply's bytes are returned.
 
-        Such a call has nothing to cancel once it starts: its commit goes on to its end
-        either way (its outcome is recorded, and a retry replays it). So a deadline
+        A one-step call has nothing to cancel once it starts: its commit goes on to its
+        end either way (its outcome is recorded, and a retry replays it). So a deadline
         needs no race: the reply is DEADLINE_EXCEEDED when the deadline has passed by
         the time the commit returns, the call's reply otherwise. A wait for another
         execution of the key still ends at the deadline. Only a store that stalls past
@@ -604,23 +609,29 @@ class Dispatcher:
         idem = self.idempotency
         assert idem is not None and meta.key is not None
         later = Later()
+        one_step = spec.one_step
         try:
             idem.run_later(
-                functools.partial(self._one_step_replied, later, msgid, deadline, cancel),
+                functools.partial(self._keyed_replied, later, msgid, deadline, cancel),
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, msg.params),
-                handler=functools.partial(_build, spec, msg.params, ctx),
+                handler=functools.partial(
+                    _build if one_step else _build_or_await, spec, msg.params, ctx
+                ),
                 timeout=timeout,
+                one_step=one_step,
             )
         except Exception as exc:
             if cancel is not None:
                 cancel()
             code, message, data = _idempotency_error(exc)
             return self._error(msgid, code, message, data)
+        if later.done():  # answered in this frame: its bytes, sent with this pass's
+            return later.result()  # type: ignore[no-any-return]
         return later
 
-    def _one_step_replied(
+    def _keyed_replied(
         self,
         later: Later,
         msgid: int,
@@ -629,7 +640,7 @@ class Dispatcher:
         outcome: Outcome | None,
         error: BaseException | None,
     ) -> None:
-        """The store's callback for a one-step call: settle its reply."""
+        """``run_later``'s callback for a keyed call: settle its reply."""
         if cancel is not None:
             cancel()  # the context given to a pass_context method, over with its call
         if deadline != math.inf and gosim.now() >= deadline:

@@ -12,6 +12,7 @@ For ``Idempotency`` and for authors of a store, the contract's two helpers are h
 
 from typing import TYPE_CHECKING, Any
 
+from ._contract import CallbackStore as CallbackStore
 from ._contract import Completion as Completion
 from ._contract import Effect as Effect
 from ._contract import OneStepStore as OneStepStore
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .redis import RedisStore as RedisStore
 
 __all__ = [
+    "CallbackStore",
     "Completion",
     "Effect",
     "LuaEffect",

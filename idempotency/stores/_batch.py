@@ -63,10 +63,10 @@ from .._accel import speedups as _speedups
 from .._errors import CorruptedRecord, StaleClaim
 from .._record import ClaimResult, Record, release, renew, state_at
 from ._contract import (
+    CallbackStore,
     Completion,
     Effect,
     OneStepStore,
-    Store,
     StoredRecord,
     StoreStatistics,
     bad_completion,
@@ -400,7 +400,7 @@ class _WakeFd:
         self.close()
 
 
-class BatchedStore(Store):
+class BatchedStore(CallbackStore):
     """A store whose operations go through a :class:`GroupCommitter`: the contract's
     methods written once -- their argument checks (a refused argument fails its call
     alone, at the await, before it joins a batch), the :class:`Op` each submits, the
@@ -418,8 +418,36 @@ class BatchedStore(Store):
     _committer: GroupCommitter
     _clock: Callable[[], float] | None
 
-    # claim and complete return the committer's coroutine rather than being coroutines
-    # themselves: awaiting them is the same, with one coroutine fewer an operation.
+    def claim_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        done: Callable[[ClaimResult | None, BaseException | None], None],
+    ) -> None:
+        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+            done(None, bad)
+            return
+        self._committer.submit_later(Op(OpKind.CLAIM, (caller, key, fingerprint, lease)), done)
+
+    def complete_later(
+        self,
+        caller: str,
+        key: str,
+        fence: int,
+        completion: Completion,
+        done: Callable[[Record | None, BaseException | None], None],
+    ) -> None:
+        bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
+        if bad is not None:
+            done(None, bad)
+            return
+        kind = OpKind.COMPLETE if completion.effect is None else self._effect_kind
+        self._committer.submit_later(Op(kind, (caller, key, fence, completion)), done)
+
+    # claim and complete, the waits on the same Op (a Waiter), return the committer's
+    # coroutine rather than being coroutines themselves: one coroutine fewer an operation.
     def claim(
         self, caller: str, key: str, fingerprint: bytes, lease: float
     ) -> Coroutine[Any, Any, ClaimResult]:

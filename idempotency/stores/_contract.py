@@ -61,6 +61,7 @@ from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
 from .._waiter import await_done
 
 __all__ = [
+    "CallbackStore",
     "Completion",
     "Effect",
     "Store",
@@ -280,6 +281,40 @@ class SynchronousStore(Store):
     @abc.abstractmethod
     def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
         """:meth:`complete` as a plain call."""
+
+
+class CallbackStore(Store):
+    """A store whose claims and completions are call-back operations (the batched
+    stores: SQLite, Redis, Postgres): :meth:`claim_later` and :meth:`complete_later`
+    are the one mechanism, and :meth:`claim` and :meth:`complete` the waits on it.
+    ``Idempotency`` calls them with the rest of its call as the callback, so a call
+    whose handler returns at once waits on no goroutine: the store's batch runs it on.
+    """
+
+    @abc.abstractmethod
+    def claim_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        done: Callable[[ClaimResult | None, BaseException | None], None],
+    ) -> None:
+        """:meth:`claim` without waiting: ``done(result, None)`` or ``done(None,
+        error)`` is called once it is over, by a goroutine of the runtime (possibly
+        the caller, before this returns, for a refused argument). ``done`` must not
+        block."""
+
+    @abc.abstractmethod
+    def complete_later(
+        self,
+        caller: str,
+        key: str,
+        fence: int,
+        completion: Completion,
+        done: Callable[[Record | None, BaseException | None], None],
+    ) -> None:
+        """:meth:`complete` without waiting, as :meth:`claim_later`."""
 
 
 class OneStepStore(Store):

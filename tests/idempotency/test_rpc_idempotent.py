@@ -265,7 +265,8 @@ def test_call_ctx_carries_the_deadline_except_for_one_step_methods() -> None:
         now = gosim.now()
         for i, (method, timeout_ms) in enumerate([("one", 500), ("one", None), ("two", 500)]):
             payload = encode_request(i, method, [], CallMeta(f"k{i}", "me", timeout_ms, 1))
-            msg = decode(await srv.dispatcher.handle_payload(payload))
+            reply = srv.dispatcher.handle_payload(payload)  # bytes when answered at once
+            msg = decode(reply if type(reply) is bytes else await reply)
             assert isinstance(msg, Response) and msg.result == method
         return [(what, d if d is None else (round(d[0] - now, 6), d[1])) for what, d in seen]
 
@@ -280,9 +281,9 @@ def test_call_ctx_carries_the_deadline_except_for_one_step_methods() -> None:
 def test_a_one_step_pass_context_method_takes_the_call_back_path_with_its_deadline(
     on_sqlite: bool, tmp_path: Path
 ) -> None:
-    # Every one-step call takes the dispatcher's one path (a Later its store's batch
-    # settles): a pass_context method is handed a context carrying the call's deadline
-    # (the background context without one), runs once, and its duplicate replays.
+    # Every one-step call takes the dispatcher's one path (run_later): a pass_context
+    # method is handed a context carrying the call's deadline (the background context
+    # without one), runs once, and its duplicate replays.
     from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
     from netframe import Later  # noqa: PLC0415
 
@@ -302,8 +303,13 @@ def test_a_one_step_pass_context_method_takes_the_call_back_path_with_its_deadli
         for i, (key, x, timeout_ms) in enumerate([("a", 1, 500), ("b", 2, None), ("a", 1, 500)]):
             payload = encode_request(i, "stamp", [x], CallMeta(key, "me", timeout_ms, 1))
             reply = srv.dispatcher.handle_payload(payload)
-            assert isinstance(reply, Later)  # the call-back path, as every one-step call
-            msg = decode(await reply)
+            # The call-back path, as every keyed call without a race: a Later that the
+            # store's batch settles, or on a store that never waits the reply at once.
+            if on_sqlite:
+                assert isinstance(reply, Later)
+                reply = await reply
+            assert type(reply) is bytes
+            msg = decode(reply)
             assert isinstance(msg, Response)
             got.append((msg.result, msg.replayed))
         store.close()
@@ -369,3 +375,57 @@ def test_a_one_step_call_past_its_deadline_is_answered_so_and_its_commit_stands(
     assert counts == (1, 1)
     with sqlite3.connect(db) as conn:
         assert dict(conn.execute("SELECT id, bal FROM acct")) == {"a": 86, "b": 14}
+
+
+@pytest.mark.parametrize("on_sqlite", [False, True])
+def test_a_two_step_keyed_call_takes_the_call_back_path(on_sqlite: bool, tmp_path: Path) -> None:
+    # A keyed call to a plain two-step method without a timeout waits on no goroutine:
+    # on a store that never waits it is answered in the dispatcher's frame (bytes), on
+    # a batched store the batches' callbacks run it on and settle a Later. The handler
+    # runs once per key; the same key replays; a retryable error releases the claim,
+    # so the key's retry runs the handler again; a final one is recorded and replayed.
+    from idempotency import ApplicationError  # noqa: PLC0415
+    from idempotency.rpc._protocol import CallMeta, Response, decode, encode_request  # noqa: PLC0415
+    from netframe import Later  # noqa: PLC0415
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        store = SQLiteStore(tmp_path / "r.db") if on_sqlite else MemoryStore()
+        srv = Server(idempotency=Idempotency(store), heartbeat_interval=None)
+        ran: list[Any] = []
+
+        def double(x: int) -> int:
+            ran.append(x)
+            if x == 3 and ran.count(3) == 1:
+                raise ApplicationError("UNAVAILABLE", "try again", retryable=True)
+            if x == 4:
+                raise ApplicationError("NOPE", "four is final")
+            return x * 2
+
+        srv.add_method(double, "double", idempotent=True)
+        got = []
+        calls = [("a", 1), ("b", 2), ("a", 1), ("c", 3), ("c", 3), ("d", 4), ("d", 4)]
+        for i, (key, x) in enumerate(calls):
+            payload = encode_request(i, "double", [x], CallMeta(key, "me", None, 1))
+            reply = srv.dispatcher.handle_payload(payload)
+            # On memory only a release (the retryable error) needs a goroutine.
+            assert isinstance(reply, Later) == (on_sqlite or i == 3)
+            if isinstance(reply, Later):
+                reply = await reply
+            assert type(reply) is bytes
+            msg = decode(reply)
+            assert isinstance(msg, Response)
+            got.append((msg.result, msg.error is not None, msg.replayed))
+        store.close()
+        return ran, got
+
+    ran, got = gosim.run(main, procs=1, seed=1, virtual_time=not on_sqlite)
+    assert ran == [1, 2, 3, 3, 4]
+    assert got == [
+        (2, False, False),
+        (4, False, False),
+        (2, False, True),
+        (None, True, False),
+        (6, False, False),
+        (None, True, False),
+        (None, True, True),
+    ]
