@@ -365,7 +365,10 @@ class GroupCommitter:
                     o.settle(o.result)
                 else:
                     o.fail(o.error)
-            except Exception as bug:  # a bug in a callback: after the others
+            except BaseException as bug:
+                # A callback's bug, or a handler's BaseException (a two-step call runs its
+                # handler in the claim's callback): raised after the others have their
+                # results, never instead of them.
                 failed.append(bug)
         for error in failed:
             go(_reraise, error)
