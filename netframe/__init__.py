@@ -59,6 +59,9 @@ from ._exceptions import FrameTooLarge as FrameTooLarge
 from ._exceptions import LocalFrameError as LocalFrameError
 from ._exceptions import PayloadTooLarge as PayloadTooLarge
 from ._exceptions import RemoteFrameError as RemoteFrameError
+from ._msgpack import MAX_DEPTH as MAX_MSGPACK_DEPTH
+from ._msgpack import MsgpackCutter as MsgpackCutter
+from ._msgpack import PyMsgpackCutter as PyMsgpackCutter
 from ._session import CLOSED as CLOSED
 from ._session import GOAWAY_BOTH as GOAWAY_BOTH
 from ._session import GOAWAY_RECEIVED as GOAWAY_RECEIVED
@@ -84,6 +87,7 @@ __all__ = [
     "GOAWAY_BOTH",
     "GOAWAY_RECEIVED",
     "GOAWAY_SENT",
+    "MAX_MSGPACK_DEPTH",
     "NEED_DATA",
     "OPEN",
     "BusyError",
@@ -106,11 +110,13 @@ __all__ = [
     "Listener",
     "LocalFrameError",
     "LocalSessionError",
+    "MsgpackCutter",
     "NeedData",
     "OffsetBuffer",
     "PayloadTooLarge",
     "Ping",
     "Pong",
+    "PyMsgpackCutter",
     "RemoteFrameError",
     "RemoteSessionError",
     "Server",
@@ -174,13 +180,20 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'netframe' has no attribute {name!r}")
 
 
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+
+
 def _fixup_module_metadata() -> None:
     # Tracebacks and reprs say netframe.FrameDecoder, not netframe._codec.FrameDecoder.
     for name in __all__:
         if name in _CONN_NAMES:
             continue
         obj = globals()[name]
-        if isinstance(obj, type) and obj.__module__.startswith("netframe._"):
+        if (
+            isinstance(obj, type)
+            and obj.__module__.startswith("netframe._")
+            and not obj.__flags__ & _IMMUTABLE_TYPE  # a C type keeps the name it was built with
+        ):
             obj.__module__ = "netframe"
 
 
