@@ -275,6 +275,12 @@ class Idempotency:
         this path promises for outside effects anyway, and fences never go back), and
         the completion's fsync, shared by its batch, makes it durable.
 
+        The call goes on without its caller: on the project's stores the claim, the
+        handler and the record are steps of the store's batches (a plain handler runs
+        in the claim's callback, an async one in a goroutine of its own), so a caller
+        that leaves this wait (cancelled) leaves the call to run to its record, which a
+        retry with the same key replays or waits for.
+
         Returns the :class:`Outcome` (``replayed`` tells a replay). Raises
         :class:`InvalidKey`, :class:`InvalidRequest`, :class:`KeyReused`,
         :class:`InProgress` (busy and ``wait`` is False, or ``timeout`` passed while
