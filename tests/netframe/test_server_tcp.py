@@ -31,7 +31,9 @@ def test_session_server_and_clients_over_tcp() -> None:
         done: Chan[int] = Chan(50)
 
         async def client(k: int) -> None:
-            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0)
+            c = netframe.Client(
+                lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0, heartbeat_timeout=4.0
+            )
             await c.connect()
             ok = 0
             for i in range(10):
@@ -79,14 +81,18 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
         ln = net.listen("tcp", "127.0.0.1:0")
         # Two thousand sessions share one driver thread here (both ends in this process):
         # a one-second interval keeps the heartbeat load (about 4,000 frames/s) well
-        # within what it can serve, so a timeout would mean a real bug.
-        server = netframe.Server(echo, heartbeat_interval=1.0)
+        # within what it can serve, so a timeout would mean a real bug. A peer is dead
+        # after 4 s without a frame (not the default two intervals), so that a loaded
+        # machine's pause of a second or two is not taken for one.
+        server = netframe.Server(echo, heartbeat_interval=1.0, heartbeat_timeout=4.0)
         go(server.serve, ln)
         done: Chan[int] = Chan(n)
         gate: Chan[None] = Chan()
 
         async def client(k: int) -> None:
-            c = netframe.Client(lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0)
+            c = netframe.Client(
+                lambda: net.dial("tcp", ln.addr()), heartbeat_interval=1.0, heartbeat_timeout=4.0
+            )
             await c.connect()
             await gate.recv()  # all connected at once before anyone talks
             ok = 0
@@ -94,7 +100,8 @@ def test_a_thousand_concurrent_tcp_connections_with_heartbeats() -> None:
                 await c.send(b"%d/%d" % (k, i))
                 ok += await c.recv() == b"%d/%d" % (k, i)
                 if i == 0:
-                    await gosim.sleep(2.5)  # quiet for over two intervals: heartbeats carry it
+                    # Quiet for longer than the timeout: only heartbeats keep it alive.
+                    await gosim.sleep(5.0)
             await c.close()
             await done.send(ok)
 
