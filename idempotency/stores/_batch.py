@@ -67,7 +67,6 @@ from ._contract import (
     Completion,
     Effect,
     OneStepStore,
-    StoredRecord,
     StoreStatistics,
     bad_completion,
     bad_duration,
@@ -408,8 +407,8 @@ class BatchedStore(CallbackStore):
     methods written once -- their argument checks (a refused argument fails its call
     alone, at the await, before it joins a batch), the :class:`Op` each submits, the
     statistics and the close -- so that a store holds only what differs: its
-    ``_apply_batch``, its ``_sweep`` and ``_inspect_or_forget`` (run off the scheduler
-    through ``gosim.syscall``) and ``_close``.
+    ``_apply_batch`` (or ``apply_async``), ``sweep``, ``_close``, and the operator's
+    ``inspect`` and ``forget`` where it has them.
 
     A subclass sets ``_committer`` and ``_clock`` (None: this machine's clock) in its
     constructor, and ``_effect_type``: the :class:`Effect` it runs (another is refused
@@ -478,9 +477,6 @@ class BatchedStore(CallbackStore):
     async def get(self, caller: str, key: str) -> Record | None:
         return await self._committer.submit(Op(OpKind.GET, (caller, key)))  # type: ignore[no-any-return]
 
-    async def sweep(self) -> int:
-        return await gosim.syscall(self._sweep)
-
     def now(self) -> float:
         """The clock given to the store, else this machine's (for a store whose server
         keeps the time, an estimate of it: used only to time waits, never to decide a
@@ -495,28 +491,12 @@ class BatchedStore(CallbackStore):
         with self._committer._thread_lock:  # not while a batch runs on its thread
             self._close()
 
-    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
-        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
-
-    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
-        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
-
     def _foreign(self, completion: Completion) -> TypeError | None:
         """The error for an effect of another store's kind (else None)."""
         effect = completion.effect
         if effect is not None and not isinstance(effect, self._effect_type):
             return TypeError(f"{type(self).__name__} cannot run a {type(effect).__name__}")
         return None
-
-    def _sweep(self) -> int:
-        """Delete every expired record; how many (blocking: on a syscall thread)."""
-        raise NotImplementedError
-
-    def _inspect_or_forget(
-        self, caller: str, key: str, delete: bool, force: bool
-    ) -> StoredRecord | None:
-        """``inspect`` (``delete`` False) or ``forget`` (blocking: on a syscall thread)."""
-        raise NotImplementedError
 
     def _close(self) -> None:
         """Release what the store holds (between batches)."""

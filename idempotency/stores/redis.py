@@ -59,6 +59,8 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+import gosim
+
 from .._errors import CorruptedRecord, InProgress, InvalidResult, StaleClaim, StoreUnavailable
 from .._keys import FINGERPRINT_SIZE
 from .._record import (
@@ -666,6 +668,9 @@ class RedisStore(BatchedStore):
             return Record(COMPLETED, fp, fence, _seconds(x), bool(ok), payload)
         return Record(IN_PROGRESS, fp, fence, _seconds(x))
 
+    async def sweep(self) -> int:
+        return await gosim.syscall(self._sweep)
+
     def _sweep(self) -> int:
         now = self._now_arg()
         deleted = 0
@@ -678,6 +683,12 @@ class RedisStore(BatchedStore):
         return deleted
 
     # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
 
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool

@@ -58,6 +58,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+import gosim
+
 from .._accel import speedups as _speedups
 from .._errors import (
     ApplicationError,
@@ -635,6 +637,12 @@ class SQLiteStore(BatchedOneStepStore):
         op.result = value
 
     # ------------------------------------------------------------ operator's tools
+
+    async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
+
+    async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
 
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool
