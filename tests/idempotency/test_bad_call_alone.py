@@ -29,6 +29,8 @@ from idempotency._keys import fingerprint
 from idempotency.stores import Completion, Store
 from idempotency.stores._batch import Op
 
+from ._concurrently import gather
+
 GOOD = 8
 
 
@@ -54,26 +56,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-async def _gather(calls: list[Any]) -> list[Any]:
-    """Start every call (an awaitable factory) as its own goroutine at once; return
-    what each returned or raised, in order."""
-    results: list[Any] = [None] * len(calls)
-    done: gosim.Chan[None] = gosim.Chan(len(calls))
-
-    async def one(i: int) -> None:
-        try:
-            results[i] = await calls[i]()
-        except Exception as exc:
-            results[i] = exc
-        await done.send(None)
-
-    for i in range(len(calls)):
-        gosim.go(one, i)
-    for _ in calls:
-        await done.recv()
-    return results
-
-
 def _in_one_runtime(main: Any) -> None:
     """One runtime per test: a MemoryStore's clock is its runtime's."""
     gosim.run(main, procs=1)
@@ -91,7 +73,7 @@ def test_infinite_and_finite_ttls_share_a_batch(store: Store) -> None:
     calls = [call(forever if i % 2 else daily, f"k{i}") for i in range(10)]
 
     async def main() -> None:
-        results = await _gather(calls)
+        results = await gather(calls)
         assert [r.value for r in results] == [f"k{i}" for i in range(10)], results
         if not isinstance(store, MemoryStore):
             assert store.statistics().largest_batch >= 10  # one batch: else it proves nothing
@@ -278,7 +260,7 @@ def test_a_bad_call_fails_alone_and_its_batch_mates_complete(store: Store) -> No
             expect.append((CorruptedRecord, "does not hold a hash"))
 
     async def main() -> None:
-        results = await _gather(calls)
+        results = await gather(calls)
         goods = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
         assert len(goods) == GOOD and all(not r.replayed for r in goods), results

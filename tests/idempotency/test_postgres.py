@@ -22,6 +22,8 @@ from idempotency._keys import fingerprint
 from idempotency._record import ClaimKind
 from idempotency.stores import Completion
 
+from ._concurrently import gather
+
 psycopg = pytest.importorskip("psycopg", reason="PostgresStore needs psycopg 3")
 
 from idempotency import PostgresEffect, PostgresStore  # noqa: E402
@@ -54,26 +56,6 @@ def _insert(key: str) -> PostgresEffect:
     return PostgresEffect(fn)
 
 
-async def _gather(calls: list[Any]) -> list[Any]:
-    """Run every call (an awaitable factory) in a goroutine of its own, at once; what
-    each returned or raised, in order."""
-    results: list[Any] = [None] * len(calls)
-    done: gosim.Chan[None] = gosim.Chan(len(calls))
-
-    async def one(i: int) -> None:
-        try:
-            results[i] = await calls[i]()
-        except Exception as exc:
-            results[i] = exc
-        await done.send(None)
-
-    for i in range(len(calls)):
-        gosim.go(one, i)
-    for _ in calls:
-        await done.recv()
-    return results
-
-
 def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
     """The first effect of a batch has its backend terminated (``pg_terminate_backend``)
     while its transaction is open: every call of the batch fails with StoreUnavailable
@@ -104,7 +86,7 @@ def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
         return lambda: idem.run(caller="c", key=key, request=("op", [key]), handler=effect)
 
     async def first() -> list[Any]:
-        return await _gather([run(k) for k in keys])
+        return await gather([run(k) for k in keys])
 
     results = gosim.run(first, procs=1)
     failed = [r for r in results if isinstance(r, StoreUnavailable)]
@@ -119,7 +101,7 @@ def test_backend_terminated_mid_transaction(postgres_server: Any) -> None:
     assert _applied(postgres_server, schema) == sorted(done) == _recorded(postgres_server, schema)
 
     async def again() -> list[Any]:
-        return await _gather([run(k) for k in keys])
+        return await gather([run(k) for k in keys])
 
     outcomes = gosim.run(again, procs=1)
     assert all(not isinstance(o, Exception) for o in outcomes), outcomes
