@@ -168,6 +168,11 @@ _DEAD_CONN: Final = "nothing sent: the connection was found dead at BEGIN"
 _PIPELINED: Final[dict[str, Any]] = {"binary": True, "prepare": False}
 
 
+#: How long data the store sent may stay unacknowledged by the server's machine before
+#: the connection fails (libpq's ``tcp_user_timeout``, in milliseconds).
+_TCP_USER_TIMEOUT_MS: Final = 30_000
+
+
 class PostgresEffect(Effect):
     """An effect committed with its record: ``await fn(conn)`` runs on the store's
     connection (a ``psycopg.AsyncConnection``: ``await conn.execute(...)``), inside the
@@ -350,6 +355,14 @@ class PostgresStore(BatchedOneStepStore):
         self._params: dict[str, Any] = {
             "connect_timeout": max(1, math.ceil(connect_timeout)),
             "application_name": application_name,
+            # A server whose machine is gone or cut off must not hold a batch's wait
+            # forever: TCP keep-alives find a silent peer, and unacknowledged data
+            # fails the connection after 30 s (StoreUnavailable, the pool replaces it).
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": _TCP_USER_TIMEOUT_MS,
             "options": _options(
                 str(info.get("options") or ""),
                 {

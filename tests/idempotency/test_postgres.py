@@ -333,6 +333,33 @@ def test_the_pool_is_bounded_and_its_wait_times_out(postgres_server: Any) -> Non
     store.close()
 
 
+def test_a_store_connection_fails_on_a_silent_server_within_a_bound(postgres_server: Any) -> None:
+    """A batch waits on its connection's socket: the socket the store's connections use
+    has TCP keep-alives on and a user timeout, so a server machine that vanishes (no
+    reset, no answer) fails the connection, and so the batch, instead of holding it
+    forever."""
+    store = PostgresStore(postgres_server.dsn, schema=_schema("keepalive"))
+
+    async def main() -> tuple[int, int, int]:
+        await store.get("c", "k")  # a connection made and back in the pool
+        conn = store._pool._idle[0]
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            return (
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+                sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            )
+        finally:
+            sock.close()
+
+    keepalive, user_timeout, idle = gosim.run(main)
+    store.close()
+    assert keepalive == 1
+    assert user_timeout == 30_000
+    assert idle == 10
+
+
 def test_fences_rise_across_stores_of_one_database(postgres_server: Any) -> None:
     """Two stores (two processes' worth of connections) on one schema: tokens come
     from the database's sequence, so each claim's is above every earlier one's."""
