@@ -104,6 +104,15 @@ _RENEW: Final = OpKind.RENEW
 _KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
 _PLAIN: Final = frozenset({_RELEASE, _GET, _RENEW})  # apply_plain's
 
+# The records are a rowid table, its primary key a unique index on (caller, key): rows
+# are appended in the order their keys were first claimed, so a batch's claims and, a
+# batch later, their completions rewrite a few of the table's newest pages, and only the
+# claim touches a page of the index (a random one: keys are random). In a table
+# clustered on the key (WITHOUT ROWID, the layout of files made before this one) the
+# claim and the completion each rewrite a random leaf, so every call put two pages into
+# the WAL. Measured with 50 claims and 50 completions a transaction over 100,000 rows:
+# 12.4 -> 11.7 us of user and 14.1 -> 8.3 us of system CPU a call (WAL writes, fsync).
+# Files of the older layout keep working as they are.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
     caller      TEXT    NOT NULL,
@@ -115,7 +124,7 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
     ok          INTEGER NOT NULL,  -- completed: 1 value, 0 final error
     payload     BLOB,              -- completed: msgpack outcome; NULL in progress
     PRIMARY KEY (caller, key)
-) WITHOUT ROWID;
+);
 CREATE TABLE IF NOT EXISTS idempotency_meta (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -151,9 +160,19 @@ _UPSERT_IN_PROGRESS: Final = _UPSERT.replace("?, ?)", "?, NULL)", 1)
 _DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
 _SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
+# The automatic sweep's walk: in rowid order (the table's own, no index), or in key order
+# in a file of the older layout, which has no rowid.
 _SWEEP_SCAN: Final = (
+    "SELECT caller, key, expires_at, rowid FROM idempotency_records"
+    " WHERE rowid > ? ORDER BY rowid LIMIT ?"
+)
+_SWEEP_SCAN_BY_KEY: Final = (
     "SELECT caller, key, expires_at FROM idempotency_records"
     " WHERE (caller, key) > (?, ?) ORDER BY caller, key LIMIT ?"
+)
+_CLUSTERED_ON_KEY: Final = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_records'"
+    " AND upper(sql) LIKE '%WITHOUT ROWID%'"
 )
 _READ_FENCE: Final = (
     "SELECT (SELECT value FROM idempotency_meta WHERE name = 'fence'),"
@@ -226,7 +245,7 @@ class SQLiteStore(BatchedOneStepStore):
     it is several times slower under concurrency). ``max_batch`` bounds a transaction.
     ``busy_timeout``: how long to wait for another process's write lock before
     :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file. Every
-    ``sweep_every`` batches (0: never) the next 512 records in key order are checked
+    ``sweep_every`` batches (0: never) the next 512 records in table order are checked
     and the expired ones deleted, in the batch's transaction; :meth:`sweep` deletes all
     of them at once (a scan of the table).
 
@@ -263,6 +282,7 @@ class SQLiteStore(BatchedOneStepStore):
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
             conn.executescript(_SCHEMA)
+            clustered_on_key = conn.execute(_CLUSTERED_ON_KEY).fetchone() is not None
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(_SKIP_TO_CEILING)
             conn.execute("COMMIT")
@@ -283,7 +303,11 @@ class SQLiteStore(BatchedOneStepStore):
         self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
-        self._sweep_cursor = ("", "")  # the automatic sweep resumes after this key
+        # A file of the older layout (see _SCHEMA) has no rowid to walk: its sweep walks
+        # the key.
+        self._clustered_on_key = clustered_on_key
+        # The automatic sweep resumes after this rowid (or key).
+        self._sweep_cursor: Any = ("", "") if clustered_on_key else 0
 
     def __repr__(self) -> str:
         return self._name
@@ -534,16 +558,22 @@ class SQLiteStore(BatchedOneStepStore):
         return _APPLIED
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
-        """Retention without a sweeper: look at the next 512 records in key order and
-        delete the expired ones, wrapping around at the end of the table. Walking the
-        primary key costs no index on ``expires_at``, which would cost every write
-        (measured: a third of a call's SQLite time); the whole table is visited once
-        per ``rows / 512 * sweep_every`` batches."""
-        rows = conn.execute(_SWEEP_SCAN, (*self._sweep_cursor, _SWEEP_STEP)).fetchall()
-        expired = [(c, k) for c, k, x in rows if x <= now]
+        """Retention without a sweeper: look at the next 512 records in rowid order (key
+        order in a file of the older layout) and delete the expired ones, wrapping
+        around at the end of the table. Walking the table's own order costs no index
+        on ``expires_at``, which would cost every write (measured: a third of a call's
+        SQLite time); the whole table is visited once per ``rows / 512 * sweep_every``
+        batches."""
+        if self._clustered_on_key:
+            rows = conn.execute(_SWEEP_SCAN_BY_KEY, (*self._sweep_cursor, _SWEEP_STEP)).fetchall()
+            resume: Any = rows[-1][:2] if len(rows) == _SWEEP_STEP else ("", "")
+        else:
+            rows = conn.execute(_SWEEP_SCAN, (self._sweep_cursor, _SWEEP_STEP)).fetchall()
+            resume = rows[-1][3] if len(rows) == _SWEEP_STEP else 0
+        expired = [(row[0], row[1]) for row in rows if row[2] <= now]
         if expired:
             conn.executemany(_DELETE, expired)
-        self._sweep_cursor = rows[-1][:2] if len(rows) == _SWEEP_STEP else ("", "")
+        self._sweep_cursor = resume
 
     @staticmethod
     def _flush(conn: sqlite3.Connection, dirty: dict[tuple[str, str], Record | None]) -> None:

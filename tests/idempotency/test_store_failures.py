@@ -371,11 +371,31 @@ def test_sqlite_sweeps_expired_records_as_it_goes(tmp_path: Path) -> None:
     store.close()
 
 
-def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path) -> None:
+# The records table of files made before the rowid layout: clustered on the key.
+_CLUSTERED_ON_KEY_SCHEMA = """
+CREATE TABLE idempotency_records (
+    caller TEXT NOT NULL, key TEXT NOT NULL, state INTEGER NOT NULL,
+    fingerprint BLOB NOT NULL, fence INTEGER NOT NULL, expires_at REAL NOT NULL,
+    ok INTEGER NOT NULL, payload BLOB, PRIMARY KEY (caller, key)
+) WITHOUT ROWID;
+"""
+
+
+def _table_sql(path: Path) -> str:
+    rows = _read(path, "SELECT sql FROM sqlite_master WHERE name = 'idempotency_records'")
+    return str(rows[0][0])
+
+
+@pytest.mark.parametrize("layout", ["rowid", "clustered-on-key"])
+def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path, layout: str) -> None:
     path = tmp_path / "w.db"
     now = [1_700_000_000.0]
+    if layout == "clustered-on-key":
+        with sqlite3.connect(path) as conn:
+            conn.executescript(_CLUSTERED_ON_KEY_SCHEMA)
     store = SQLiteStore(path, clock=lambda: now[0], sweep_every=1)
     store.close()
+    assert ("WITHOUT ROWID" in _table_sql(path)) == (layout == "clustered-on-key")
     with sqlite3.connect(path) as conn:  # 1,200 expired records and one live one
         conn.executemany(
             "INSERT INTO idempotency_records VALUES ('c', ?, 2, zeroblob(32), ?, ?, 1, x'01')",
@@ -398,6 +418,37 @@ def test_sqlite_automatic_sweep_walks_the_whole_table(tmp_path: Path) -> None:
     grun(reads, 2)
     assert _read(path, "SELECT key FROM idempotency_records") == [("k0600x",)]
     store.close()
+
+
+def test_sqlite_file_of_the_older_layout_keeps_its_records_and_layout(tmp_path: Path) -> None:
+    """A file whose records table is clustered on the key (the layout before the rowid
+    one) opens as it is: its records replay, new calls claim and complete in it."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_CLUSTERED_ON_KEY_SCHEMA)
+    store = SQLiteStore(path)
+    runs: list[str] = []
+
+    def handler(call: Any) -> str:
+        runs.append(call.key)
+        return f"did {call.key}"
+
+    async def calls() -> list[Any]:
+        idem = Idempotency(store)
+        return [
+            await idem.run(caller="c", key=k, request=("op", [k]), handler=handler)
+            for k in ("a", "b", "a")
+        ]
+
+    first = grun(calls)
+    assert [o.value for o in first] == ["did a", "did b", "did a"]
+    assert [o.replayed for o in first] == [False, False, True]
+    store.close()
+    store = SQLiteStore(path)
+    again = grun(calls)
+    assert all(o.replayed for o in again) and runs == ["a", "b"]
+    store.close()
+    assert "WITHOUT ROWID" in _table_sql(path)
 
 
 def test_claim_batches_skip_the_fsync_but_fences_never_go_back(tmp_path: Path) -> None:

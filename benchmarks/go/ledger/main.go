@@ -102,7 +102,7 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
     ok          INTEGER NOT NULL,
     payload     BLOB,
     PRIMARY KEY (caller, key)
-) WITHOUT ROWID;
+);
 CREATE TABLE IF NOT EXISTS idempotency_meta (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
