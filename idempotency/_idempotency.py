@@ -383,7 +383,7 @@ class Idempotency:
         wait: bool | None = None,
         timeout: float | None = None,
         ctx: context.Context | None = None,
-        one_step: bool = True,
+        one_step: bool = False,
     ) -> None:
         """:meth:`run`, without waiting for it: once it is over, ``done(outcome, None)``
         or ``done(None, error)`` is called with what ``run`` would have returned or
@@ -392,10 +392,10 @@ class Idempotency:
 
         The key and the request are checked now, in the caller: what that raises,
         ``run_later`` raises, and ``done`` is then never called; otherwise it is called
-        exactly once. With ``one_step`` (the default) on a OneStepStore the handler
-        runs now too (what it raises, ``run_later`` raises), and no goroutine waits for
+        exactly once. ``one_step`` is :meth:`run`'s promise, with ``run``'s default
+        (False). With ``one_step=True`` on a OneStepStore the handler runs now too (what it raises, ``run_later`` raises), and no goroutine waits for
         the commit: the store calls back from its batch (a busy key, which must be
-        waited for, gets a goroutine then). Two-step (``one_step=False``, or any call
+        waited for, gets a goroutine then). Two-step (the default, or any call
         on a store that cannot take one step) on a SynchronousStore: the claim is
         taken now and a handler that returns at once runs now, its outcome recorded
         before ``run_later`` returns; a busy key, a handler's awaitable, or a failure

@@ -1,4 +1,4 @@
-"""Idempotency.run_later: run(..., one_step=True) with a callback instead of a waiting
+"""Idempotency.run_later: run(...) with a callback instead of a waiting
 goroutine. Whatever path a call takes (a commit, a replay, a reused key, a key busy with
 a two-step holder, a store that cannot do one step), ``done`` gets what ``run`` would
 have returned or raised, exactly once; what the key, request and handler raise at once
@@ -79,7 +79,10 @@ def test_run_later_commits_replays_and_refuses(tmp_path: Path) -> None:
         idem = Idempotency(store)
 
         def later(tag: str, key: str, args: list[Any]) -> None:
-            idem.run_later(res.done(tag), caller="c", key=key, request=("add", args), handler=_add)
+            idem.run_later(
+                res.done(tag), caller="c", key=key, request=("add", args), handler=_add,
+                one_step=True,
+            )  # fmt: skip
 
         later("first", "k1", ["a", 5])
         await res.wait(1)
@@ -95,7 +98,10 @@ def test_run_later_commits_replays_and_refuses(tmp_path: Path) -> None:
             raise ApplicationError("busy", "later", retryable=True)
 
         with pytest.raises(ApplicationError, match="later"):
-            idem.run_later(res.done("busy"), caller="c", key="k3", request=("x", []), handler=busy)
+            idem.run_later(
+                res.done("busy"), caller="c", key="k3", request=("x", []), handler=busy,
+                one_step=True,
+            )  # fmt: skip
         await gosim.sleep(0.05)
 
     gosim.run(main, procs=2)
@@ -140,8 +146,9 @@ def test_run_later_waits_for_a_two_step_holder_then_replays(tmp_path: Path) -> N
         go(hold)
         await gosim.sleep(0.05)  # the holder has claimed the key
         idem.run_later(
-            res.done("dup"), caller="c", key="k", request=("add", ["b", 3]), handler=_add
-        )
+            res.done("dup"), caller="c", key="k", request=("add", ["b", 3]), handler=_add,
+            one_step=True,
+        )  # fmt: skip
         await gosim.sleep(0.1)
         early = list(res.calls.get("dup", []))  # nothing yet: the key is busy
         await go_on.send(None)
@@ -165,19 +172,24 @@ def test_run_later_on_a_store_without_one_step_runs_run_in_a_goroutine() -> None
     async def main() -> None:
         idem = Idempotency(MemoryStore())
         idem.run_later(
-            res.done("one"), caller="c", key="k", request=("x", [1]), handler=lambda c: 7
-        )
+            res.done("one"), caller="c", key="k", request=("x", [1]), handler=lambda c: 7,
+            one_step=True,
+        )  # fmt: skip
         await res.wait(1)
         idem.run_later(
-            res.done("two"), caller="c", key="k", request=("x", [1]), handler=lambda c: 8
-        )
+            res.done("two"), caller="c", key="k", request=("x", [1]), handler=lambda c: 8,
+            one_step=True,
+        )  # fmt: skip
         await res.wait(1)
 
         def busy(call: Call) -> Any:
             raise ApplicationError("busy", "later", retryable=True)
 
         # Here the handler runs in the goroutine, with run: what it raises goes to done.
-        idem.run_later(res.done("busy"), caller="c", key="k2", request=("x", []), handler=busy)
+        idem.run_later(
+            res.done("busy"), caller="c", key="k2", request=("x", []), handler=busy,
+            one_step=True,
+        )  # fmt: skip
         await res.wait(1)
 
     gosim.run(main, procs=2)
@@ -208,7 +220,7 @@ def test_concurrent_run_later_applies_each_key_once(
         async def start(i: int, k: int) -> None:
             idem.run_later(
                 res.done(str(i)), caller="c", key=f"k{k}", request=("add", [f"n{k}", 1]),
-                handler=_add,
+                handler=_add, one_step=True,
             )  # fmt: skip
 
         for i, k in enumerate(keys):
@@ -254,3 +266,34 @@ def test_claim_and_complete_is_a_wait_on_the_call_back_form(tmp_path: Path) -> N
     first, second = heard
     assert first.payload == b"\xa1v" and first.fence == call.fence > 0
     assert second.kind.name == "MISMATCH"
+
+
+def test_run_later_takes_two_steps_unless_told_otherwise(tmp_path: Path) -> None:
+    """As ``run``: without ``one_step=True`` the claim comes first, so a handler may
+    await (a one-step call refuses an awaitable), and a duplicate started while the
+    handler runs waits for its outcome instead of running the handler again."""
+    store = SQLiteStore(tmp_path / "d.db")
+    res = Results()
+    runs: list[str] = []
+
+    async def main() -> None:
+        idem = Idempotency(store)
+        go_on: Chan[None] = Chan()
+
+        async def awaits(call: Call) -> str:
+            runs.append(call.key)
+            await go_on.recv()
+            return "done"
+
+        for tag in ("first", "duplicate"):
+            idem.run_later(res.done(tag), caller="c", key="k", request=("x", []), handler=awaits)
+            await gosim.sleep(0.05)
+        await go_on.send(None)
+        await res.wait(2)
+
+    gosim.run(main, procs=2)
+    store.close()
+    assert runs == ["k"]
+    [(first, e1)], [(dup, e2)] = res.calls["first"], res.calls["duplicate"]
+    assert e1 is None and e2 is None and first is not None and dup is not None
+    assert (first.value, first.replayed, dup.value, dup.replayed) == ("done", False, "done", True)
