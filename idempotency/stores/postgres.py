@@ -71,6 +71,21 @@ dropped, and one found dead before a batch was sent on it (it died while idle: a
 restart) is replaced at once. A connection's settings (``synchronous_commit``,
 ``lock_timeout``, ``search_path``) go in its startup packet.
 
+A server that stays connected but does not answer -- its backend stopped or wedged, a
+link that drops packets -- must not hold the calls forever (TCP keep-alives are
+answered by the server's kernel, and ``tcp_user_timeout`` covers only a machine that
+vanished). So each transaction of the store (a batch with its effects, a sweep's
+chunk, an operator's read) has a deadline, ``batch_timeout`` seconds after it starts,
+on its connection: a netpoller deadline, which is a runtime timer. A wait still parked
+when it passes closes the connection mid-protocol (psycopg's state is then cut short,
+so it is never used again; the pool makes another), and the calls of the batch fail
+with :class:`StoreUnavailable` naming the server and ``batch_timeout``. The batch is
+not applied again: its ``COMMIT``, if it was sent, may still commit once the server
+moves. Its calls were not acknowledged, and the row locks keep each effect once: a
+retry of one of its keys waits for the row the stalled transaction holds (until that
+ends, or ``lock_timeout``), then replays the completion it committed, or meets the
+claim it left (which lapses with its lease) and claims anew.
+
 Exactly-once effects
 --------------------
 A handler returns ``PostgresEffect(fn)``; ``await fn(conn)`` runs on the batch's
@@ -246,6 +261,7 @@ class _Pool:
             raise
 
     def put(self, conn: NetpollConnection, broken: bool = False) -> None:
+        conn.deadline = None  # its user's: an idle connection waits for nothing
         if broken or self.closed or conn.closed:
             self._open -= 1
             _close_now(conn)
@@ -295,6 +311,10 @@ class PostgresStore(BatchedOneStepStore):
     meanwhile, before :class:`StoreUnavailable`. ``lock_timeout``: how long a batch
     waits for a row another transaction holds (a slow effect of another process)
     before its calls fail with :class:`StoreUnavailable` (SQLSTATE ``55P03``).
+    ``batch_timeout``: how long one transaction of the store (a batch with its
+    effects' SQL, a sweep's chunk, an operator's read) may wait for the server in all
+    before its connection is given up (see the module docstring); it should exceed
+    ``lock_timeout`` plus the longest effect's SQL, which it includes.
     ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
     connections (name the service).
     ``clock``: None for the server's clock (the right choice with several processes); a
@@ -322,6 +342,7 @@ class PostgresStore(BatchedOneStepStore):
         connect_timeout: float = 10.0,
         retries: int = 8,
         lock_timeout: float = 30.0,
+        batch_timeout: float = 60.0,
         application_name: str = "idempotency",
         clock: Callable[[], float] | None = None,
         sweep_every: int = 64,
@@ -346,6 +367,15 @@ class PostgresStore(BatchedOneStepStore):
                 f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
+        if (
+            isinstance(batch_timeout, bool)
+            or not isinstance(batch_timeout, (int, float))
+            or not 0 < batch_timeout < math.inf
+        ):
+            raise ValueError(
+                f"batch_timeout must be a positive, finite number of seconds, not {batch_timeout!r}"
+            )
+        self._batch_timeout = float(batch_timeout)
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
@@ -406,7 +436,15 @@ class PostgresStore(BatchedOneStepStore):
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc
 
-    def _store_error(self, exc: BaseException, doing: str) -> StoreUnavailable:
+    def _store_error(
+        self, exc: BaseException, doing: str, conn: NetpollConnection | None = None
+    ) -> StoreUnavailable:
+        if conn is not None and conn.timed_out:
+            return StoreUnavailable(
+                f"{self._name}: {doing}: no answer from the server within batch_timeout ="
+                f" {self._batch_timeout:g} s (a backend stopped or wedged, a link dropping"
+                " packets); the connection was closed, and what it had sent may still commit"
+            )
         state = getattr(exc, "sqlstate", None)
         code = f"SQLSTATE {state}" if state else type(exc).__name__
         text = str(exc).strip().replace("\n", " ")
@@ -433,6 +471,7 @@ class PostgresStore(BatchedOneStepStore):
                     op.result, op.error = None, exc
                 return
             broken = False
+            conn.deadline = gosim.now() + self._batch_timeout
             try:
                 outcome = await self._apply(conn, ops)
             except BaseException:
@@ -576,6 +615,14 @@ class PostgresStore(BatchedOneStepStore):
             await _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
+            if conn.timed_out:
+                # The server did not answer in time: the connection is closed, and the
+                # batch is not applied again (its COMMIT, if sent, may yet commit; the
+                # calls were not acknowledged, so a retry replays it or claims anew).
+                err = self._store_error(exc, "applying a batch", conn)
+                for op in ops:
+                    op.result, op.error = None, err
+                return _APPLIED
             if reading and (conn.closed or conn.broken):
                 # A connection of the pool that died while idle (the server restarted,
                 # the backend was terminated), or that died now: nothing of the batch
@@ -702,17 +749,18 @@ class PostgresStore(BatchedOneStepStore):
 
     async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
-        operator's tools, which have no batch to retry): one that died while idle is
-        dropped and another taken."""
+        operator's tools, which have no batch to retry), its deadline set for the
+        caller's transaction: one that died while idle is dropped and another taken."""
         for _ in range(self._pool._size + 1):
             conn = await self._pool.get(self._pool_timeout, self._name)
+            conn.deadline = gosim.now() + self._batch_timeout
             try:
                 await conn.execute("SELECT 1", prepare=False)
             except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
-                if conn.closed or conn.broken:
+                if (conn.closed or conn.broken) and not conn.timed_out:
                     continue  # died while idle
-                raise self._store_error(exc, "checking a connection") from exc
+                raise self._store_error(exc, "checking a connection", conn) from exc
             except BaseException:
                 self._pool.put(conn, broken=True)
                 raise
@@ -727,6 +775,7 @@ class PostgresStore(BatchedOneStepStore):
         broken = True
         try:
             while True:
+                conn.deadline = gosim.now() + self._batch_timeout  # a chunk's transaction
                 async with conn.transaction():
                     if self._clock is not None:
                         now = self._clock()
@@ -741,7 +790,7 @@ class PostgresStore(BatchedOneStepStore):
                     broken = False
                     return deleted
         except psycopg.Error as exc:
-            raise self._store_error(exc, "sweeping") from exc
+            raise self._store_error(exc, "sweeping", conn) from exc
         finally:
             self._pool.put(conn, broken)
 
@@ -782,7 +831,7 @@ class PostgresStore(BatchedOneStepStore):
             broken = False
             return held
         except psycopg.Error as exc:
-            raise self._store_error(exc, doing) from exc
+            raise self._store_error(exc, doing, conn) from exc
         finally:
             self._pool.put(conn, broken)
 

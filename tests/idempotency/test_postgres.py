@@ -5,8 +5,10 @@ waits for a writer, the pool's bound, and errors that name the server and SQLSTA
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -358,6 +360,108 @@ def test_a_store_connection_fails_on_a_silent_server_within_a_bound(postgres_ser
     assert keepalive == 1
     assert user_timeout == 30_000
     assert idle == 10
+
+
+def _add_one(stopped: list[int], backends: list[int]) -> Any:
+    """A handler whose effect adds one to the counter ``t`` (table ``counters``); the
+    first time, it then stops its own backend (SIGSTOP), so the batch's COMMIT meets a
+    server that is connected but does not answer."""
+
+    def handler(call: Call) -> PostgresEffect:
+        async def fn(conn: Any) -> int:
+            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+            backends.append(row[0])
+            cur = await conn.execute(
+                "INSERT INTO counters VALUES ('t', 1)"
+                " ON CONFLICT (name) DO UPDATE SET n = counters.n + 1 RETURNING n"
+            )
+            n = (await cur.fetchone())[0]
+            if not stopped:
+                stopped.append(row[0])
+                os.kill(row[0], signal.SIGSTOP)
+            return int(n)
+
+        return PostgresEffect(fn)
+
+    return handler
+
+
+def test_a_stopped_backend_fails_the_batch_at_its_deadline_and_effects_stay_once(
+    postgres_server: Any,
+) -> None:
+    """The backend of the store's connection is stopped (SIGSTOP: the server's kernel
+    still acknowledges and keeps the connection, so no TCP timeout ends it) while a
+    batch waits for its COMMIT. The call fails with StoreUnavailable naming the server
+    and ``batch_timeout`` (not held forever); the connection is closed, not pooled.
+    Once the backend runs again (SIGCONT) the store serves calls on a new connection,
+    and a retry of the same key meets what the stalled COMMIT did: the effect ran once."""
+    schema = _schema("stall")
+    store = PostgresStore(postgres_server.dsn, schema=schema, batch_timeout=3.0)
+    postgres_server.sql(f"CREATE TABLE {schema}.counters (name text PRIMARY KEY, n bigint)")
+    stopped: list[int] = []
+    backends: list[int] = []
+    idem = Idempotency(store, lease=1.0)
+    handler = _add_one(stopped, backends)
+
+    async def call(key: str) -> Any:
+        return await idem.run(caller="c", key=key, request=("add", []), handler=handler)
+
+    async def stalled() -> tuple[Any, float]:
+        out: gosim.Chan[Any] = gosim.Chan(1)
+        start = gosim.now()
+
+        async def caller() -> None:
+            try:
+                await out.send(await call("k"))
+            except Exception as exc:
+                await out.send(exc)
+
+        gosim.go(caller)
+        # Bounded: without a deadline of its own the call would wait forever.
+        i, got, _ = await gosim.select(gosim.recv(out), gosim.recv(gosim.after(20.0)))
+        return (got if i == 0 else "still waiting after 20 s"), gosim.now() - start
+
+    try:
+        failed, took = gosim.run(stalled)
+        assert stopped, "the effect never ran"
+        assert isinstance(failed, StoreUnavailable), failed
+        assert re.search(
+            SERVER + r".*no answer from the server within batch_timeout = 3 s", str(failed)
+        )
+        assert took >= 3.0
+        assert all(c.info.backend_pid != stopped[0] for c in store._pool._idle)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    # The stalled backend reads the rest of the batch (its COMMIT) and then the end of
+    # the connection; wait until it is gone (bounded).
+    for _ in range(3000):
+        if not postgres_server.sql("SELECT 1 FROM pg_stat_activity WHERE pid = %s", stopped):
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the stalled backend did not end")
+
+    async def after() -> tuple[Any, Any]:
+        return await call("other"), await call("k")
+
+    other, retried = gosim.run(after)
+    assert backends[1] != stopped[0]  # served on a new connection
+    # The stalled backend had the batch's COMMIT in its socket before the connection's
+    # end: it committed once it ran again, and the retry replays that completion.
+    assert retried.replayed and retried.value == 1 and len(backends) == 2
+    assert other.value == 2
+    counter = postgres_server.sql(f"SELECT n FROM {schema}.counters WHERE name = 't'")
+    assert counter == [(2,)], counter  # each key's effect once
+    rows = postgres_server.sql(f"SELECT key, state FROM {schema}.idempotency_records ORDER BY key")
+    assert rows == [("k", 2), ("other", 2)]
+    store.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "5", True, None])
+def test_batch_timeout_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"batch_timeout must be a positive, finite number"):
+        PostgresStore("postgresql://postgres@127.0.0.1:1/postgres", batch_timeout=bad)
 
 
 def test_fences_rise_across_stores_of_one_database(postgres_server: Any) -> None:
