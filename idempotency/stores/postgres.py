@@ -86,6 +86,24 @@ retry of one of its keys waits for the row the stalled transaction holds (until 
 ends, or ``lock_timeout``), then replays the completion it committed, or meets the
 claim it left (which lapses with its lease) and claims anew.
 
+Runtimes
+--------
+On an ordinary runtime the store's waits park goroutines on the netpoller. On a seeded
+runtime (``gosim.run(seed=...)``) each wait goes through ``gosim.syscall``, which runs
+inline on the driver: the server's timing cannot reorder goroutines, so a seed gives
+the same schedule (the server's answers -- fencing tokens, its clock -- are its own).
+On a virtual clock (``virtual_time=True``) the waits go through ``gosim.syscall`` too,
+which holds the clock: a batch takes no virtual time. The server's clock, which judges
+leases and retention by default, does not follow the virtual one, though: a caller
+that sleeps virtual seconds for a lease to lapse would see it never lapse, and the
+same program would decide differently under real and virtual time. So on a virtual
+clock the store refuses every operation (``RuntimeError``, saying why) unless it was
+given a ``clock``, which then judges time: a function of the runtime's clock
+(``clock=lambda: base + gosim.now()``) makes leases lapse in simulated time.
+``batch_timeout`` stays real time: each wait is bounded by what is left of it on the
+runtime's clock, which a virtual clock holds still while the server is waited for (so
+there each wait may take all of it).
+
 Exactly-once effects
 --------------------
 A handler returns ``PostgresEffect(fn)``; ``await fn(conn)`` runs on the batch's
@@ -118,6 +136,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 import gosim
+from gosim import lowlevel
 from gosim.lowlevel import Waiter, WaitReason, WaitTimeout
 
 from .._errors import (
@@ -318,7 +337,8 @@ class PostgresStore(BatchedOneStepStore):
     ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
     connections (name the service).
     ``clock``: None for the server's clock (the right choice with several processes); a
-    function replaces it (tests).
+    function replaces it (tests; a runtime on a virtual clock needs one: see "Runtimes"
+    in the module docstring, and :class:`RuntimeError` without it).
     ``sweep_every``: every that many batches (0: never) a batch also deletes up to 512
     expired records.
 
@@ -436,6 +456,19 @@ class PostgresStore(BatchedOneStepStore):
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc
 
+    def _refused(self) -> RuntimeError | None:
+        """Why the running runtime cannot use the store (see "Runtimes" in the module
+        docstring), or None."""
+        if self._clock is None and lowlevel.virtual_clock():
+            return RuntimeError(
+                f"{self._name}: refused on a virtual clock: leases and retention are"
+                " judged by the database server's clock, which virtual time does not move"
+                " (a lease would not lapse in simulated time); give the store a clock that"
+                " follows the runtime's (clock=lambda: base + gosim.now()), or run on a"
+                " real clock"
+            )
+        return None
+
     def _store_error(
         self, exc: BaseException, doing: str, conn: NetpollConnection | None = None
     ) -> StoreUnavailable:
@@ -463,6 +496,10 @@ class PostgresStore(BatchedOneStepStore):
     async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
         meanwhile, or one transaction each when one of them may have failed it."""
+        if refused := self._refused():
+            for op in ops:
+                op.result, op.error = None, refused
+            return
         for attempt in range(self._retries + 1):
             try:
                 conn = await self._pool.get(self._pool_timeout, self._name)
@@ -751,6 +788,8 @@ class PostgresStore(BatchedOneStepStore):
         """A connection of the pool checked with a round trip (for the sweep and the
         operator's tools, which have no batch to retry), its deadline set for the
         caller's transaction: one that died while idle is dropped and another taken."""
+        if refused := self._refused():
+            raise refused
         for _ in range(self._pool._size + 1):
             conn = await self._pool.get(self._pool_timeout, self._name)
             conn.deadline = gosim.now() + self._batch_timeout
