@@ -211,8 +211,11 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
                 if ready := self._ready_now(_RW):
                     return ready
         finally:
-            if deadline is not None or wait == _RW:
-                gconn.set_read_deadline(None)
+            # Only the deadline set above (a park arms at most one timer).
+            if wait == _R:
+                if deadline is not None:
+                    gconn.set_read_deadline(None)
+            elif deadline is not None or wait == _RW:
                 gconn.set_write_deadline(None)
 
 
