@@ -477,6 +477,44 @@ def test_a_stopped_backend_fails_the_batch_at_its_deadline_and_effects_stay_once
     store.close()
 
 
+def test_an_operators_read_on_a_stopped_backend_fails_at_the_deadline(
+    postgres_server: Any,
+) -> None:
+    """The backend of the pool's idle connection is stopped: an operator's read (which
+    checks its connection with a round trip first) fails with StoreUnavailable naming
+    the server and ``batch_timeout`` instead of waiting forever, and that connection
+    leaves the pool; once the backend runs again, reads go through."""
+    store = PostgresStore(postgres_server.dsn, schema=_schema("opstall"), batch_timeout=1.0)
+
+    async def warm() -> int:
+        await store.get("c", "k")  # a connection made and back in the pool
+        return int(store._pool._idle[0].info.backend_pid)
+
+    pid = gosim.run(warm)
+    stopped = [pid]
+    watchdog = threading.Timer(30.0, _resume, (stopped,))  # a regression fails, not hangs
+
+    async def read() -> Any:
+        try:
+            return await store.inspect("c", "k")
+        except StoreUnavailable as exc:
+            return exc
+
+    os.kill(pid, signal.SIGSTOP)
+    watchdog.start()
+    try:
+        failed = gosim.run(read)
+        assert isinstance(failed, StoreUnavailable), failed
+        stall = r".*checking a connection: no answer from the server within batch_timeout = 1 s"
+        assert re.search(SERVER + stall, str(failed)), failed
+        assert all(c.info.backend_pid != pid for c in store._pool._idle)
+    finally:
+        watchdog.cancel()
+        _resume(stopped)
+    assert gosim.run(read) is None  # no record, read on a new connection
+    store.close()
+
+
 def test_a_seeded_runtime_gives_the_same_schedule_with_the_store(postgres_server: Any) -> None:
     """On a seeded runtime the store's waits run inline on the driver (gosim.syscall),
     so the server's timing cannot reorder goroutines: two runs with one seed finish
