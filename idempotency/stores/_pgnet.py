@@ -19,7 +19,8 @@ Blocking paths, through ``gosim.syscall``: connecting (libpq's connect with its 
 authentication steps, and psycopg's wait for it). On a reproducible runtime (seeded, or
 on a virtual clock: ``gosim.lowlevel.reproducible``) every wait goes through
 ``gosim.syscall`` too (psycopg's blocking ``wait``, inline on the driver there), since
-the netpoller's timing would make a run depend on the server's.
+the netpoller's timing would make a run depend on the server's; the connection's
+deadline then bounds that wait as its timeout.
 """
 
 from __future__ import annotations
