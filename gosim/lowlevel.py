@@ -143,9 +143,16 @@ def reproducible() -> bool:
     virtual clock (which jumps ahead while the driver waits for I/O). A layer that hands
     work to a thread of its own and is woken through the netpoller uses :func:`syscall`
     instead while this is True."""
-    rt = current_runtime()
+    return current_runtime().deterministic or virtual_clock()
+
+
+def virtual_clock() -> bool:
+    """Whether the running runtime's clock is virtual (``virtual_time=True``, or trio's
+    ``MockClock``): it moves only by jumps, when nothing can run (a syscall in flight
+    holds it), so it says nothing of how long a real peer takes to answer."""
+    current_runtime()  # raises NotInRuntime
     # trio's MockClock (virtual_time) is the clock with an autojump.
-    return rt.deterministic or hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
+    return hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
 
 
 def add_timer(t: RuntimeTimer, when: float) -> None:
@@ -201,4 +208,5 @@ __all__ = [
     "speedups",
     "state",
     "trap",
+    "virtual_clock",
 ]

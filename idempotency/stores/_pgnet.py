@@ -19,7 +19,8 @@ Blocking paths, through ``gosim.syscall``: connecting (libpq's connect with its 
 authentication steps, and psycopg's wait for it). On a reproducible runtime (seeded, or
 on a virtual clock: ``gosim.lowlevel.reproducible``) every wait goes through
 ``gosim.syscall`` too (psycopg's blocking ``wait``, inline on the driver there), since
-the netpoller's timing would make a run depend on the server's.
+the netpoller's timing would make a run depend on the server's; the connection's
+deadline then bounds that wait as its timeout.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conni
 import gosim
 from gosim import lowlevel, net
 
-__all__ = ["NetpollConnection"]
+__all__ = ["NetpollConnection", "ServerStalled"]
 
 _R: Final = 1  # psycopg.waiting.Wait.R / Ready.R
 _W: Final = 2
@@ -48,6 +49,13 @@ _POLL_OUT: Final = select.POLLOUT | select.POLLHUP | select.POLLERR | select.POL
 _BAD: Final = psycopg.pq.ConnStatus.BAD
 
 
+class ServerStalled(psycopg.OperationalError):
+    """The server did not answer before the connection's :attr:`~NetpollConnection.deadline`
+    (a backend stopped or wedged, a link that drops packets): the connection was closed
+    mid-protocol and is never used again. What was sent on it may still take effect
+    (the server may read a ``COMMIT`` after the connection ended)."""
+
+
 class NetpollConnection(psycopg.AsyncConnection[Any]):
     """A ``psycopg.AsyncConnection`` whose waits park the calling goroutine on gosim's
     netpoller (see the module docstring): use psycopg's async API from a goroutine
@@ -56,7 +64,10 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
 
     One goroutine uses it at a time. It serves the runtime it last waited in: used from
     a later runtime it registers its socket with that one's netpoller. A lost
-    connection raises psycopg's ``OperationalError``, as psycopg's own calls do.
+    connection raises psycopg's ``OperationalError``, as psycopg's own calls do. A
+    server that stays connected but does not answer is bounded by :attr:`deadline`
+    (a netpoller deadline, which is a runtime timer): a wait still parked then closes
+    the connection and raises :class:`ServerStalled`.
     """
 
     _gconn: net.Conn | None = None
@@ -64,6 +75,11 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
     _rt: Any = None
     _blocking = False
     _poll: Any = None
+    #: A time of the runtime's clock (``gosim.now()``) bounding every wait of the
+    #: connection, or None; its user sets it (a store: per transaction).
+    deadline: float | None = None
+    #: Whether a wait outlived :attr:`deadline` (the connection is then closed).
+    timed_out = False
 
     @classmethod
     async def connect(
@@ -80,18 +96,48 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
     async def wait(
         self, gen: Generator[Any, Any, Any], interval: float = 0.0, timeout: float | None = None
     ) -> Any:
-        """Drive psycopg's generator ``gen`` to its end (see the module docstring)."""
+        """Drive psycopg's generator ``gen`` to its end (see the module docstring).
+
+        ``timeout`` is psycopg's own, for this wait (``psycopg.errors._WaitTimeout``
+        when it passes, the connection left as it is). :attr:`deadline` bounds every
+        wait of the connection: when it passes the connection is closed mid-protocol
+        (see :class:`ServerStalled`)."""
         if self._rt is not lowlevel.current_runtime():
             self._attach()
-        if self._blocking:
-            return await gosim.syscall(waiting.wait, gen, self.pgconn.socket, 0.1, timeout)
+        own = self.deadline
         deadline = None if timeout is None else gosim.now() + timeout
+        mine = own is not None and (deadline is None or own <= deadline)
+        if mine:
+            deadline = own
         try:
+            if self._blocking:
+                left = None if deadline is None else max(0.0, deadline - gosim.now())
+                return await gosim.syscall(waiting.wait, gen, self.pgconn.socket, 0.1, left)
             w = next(gen)
             while True:
                 w = gen.send(await self._ready(int(w), deadline))
         except StopIteration as stop:
             return stop.value
+        except (net.DeadlineExceeded, psycopg.errors._WaitTimeout):
+            if mine:
+                self._abandon(gen)
+                raise ServerStalled(
+                    "no answer from the server before the connection's deadline"
+                ) from None
+            raise psycopg.errors._WaitTimeout("timed out waiting for the server") from None
+
+    def _abandon(self, gen: Generator[Any, Any, Any]) -> None:
+        """Give the connection up mid-protocol: close it (so it can never be used
+        again, and the server sees it end) and stop psycopg's generator."""
+        self.timed_out = True
+        self.detach()
+        self.pgconn.finish()
+        try:
+            # Its cleanup may try to talk to the closed connection (a pipeline's
+            # ``finally`` fetches results): whatever it raises is moot now.
+            gen.close()
+        except Exception:
+            pass
 
     async def close(self) -> None:
         """Forget the socket on the netpoller, then close the connection (libpq's
@@ -138,7 +184,8 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
         return ready & wait
 
     async def _ready(self, wait: int, deadline: float | None) -> int:
-        """Park until the socket is ready for some of ``wait``; what it is ready for."""
+        """Park until the socket is ready for some of ``wait``; what it is ready for.
+        ``net.DeadlineExceeded`` once ``deadline`` (the runtime's clock) passes."""
         if ready := self._ready_now(wait):
             return ready
         gconn = self._gconn
@@ -164,11 +211,12 @@ class NetpollConnection(psycopg.AsyncConnection[Any]):
                         raise
                 if ready := self._ready_now(_RW):
                     return ready
-        except net.DeadlineExceeded:
-            raise psycopg.errors.OperationalError("timed out waiting for the server") from None
         finally:
-            if deadline is not None or wait == _RW:
-                gconn.set_read_deadline(None)
+            # Only the deadline set above (a park arms at most one timer).
+            if wait == _R:
+                if deadline is not None:
+                    gconn.set_read_deadline(None)
+            elif deadline is not None or wait == _RW:
                 gconn.set_write_deadline(None)
 
 

@@ -71,6 +71,39 @@ dropped, and one found dead before a batch was sent on it (it died while idle: a
 restart) is replaced at once. A connection's settings (``synchronous_commit``,
 ``lock_timeout``, ``search_path``) go in its startup packet.
 
+A server that stays connected but does not answer -- its backend stopped or wedged, a
+link that drops packets -- must not hold the calls forever (TCP keep-alives are
+answered by the server's kernel, and ``tcp_user_timeout`` covers only a machine that
+vanished). So each transaction of the store (a batch with its effects, a sweep's
+chunk, an operator's read) has a deadline, ``batch_timeout`` seconds after it starts,
+on its connection: a netpoller deadline, which is a runtime timer. A wait still parked
+when it passes closes the connection mid-protocol (psycopg's state is then cut short,
+so it is never used again; the pool makes another), and the calls of the batch fail
+with :class:`StoreUnavailable` naming the server and ``batch_timeout``. The batch is
+not applied again: its ``COMMIT``, if it was sent, may still commit once the server
+moves. Its calls were not acknowledged, and the row locks keep each effect once: a
+retry of one of its keys waits for the row the stalled transaction holds (until that
+ends, or ``lock_timeout``), then replays the completion it committed, or meets the
+claim it left (which lapses with its lease) and claims anew.
+
+Runtimes
+--------
+On an ordinary runtime the store's waits park goroutines on the netpoller. On a seeded
+runtime (``gosim.run(seed=...)``) each wait goes through ``gosim.syscall``, which runs
+inline on the driver: the server's timing cannot reorder goroutines, so a seed gives
+the same schedule (the server's answers -- fencing tokens, its clock -- are its own).
+On a virtual clock (``virtual_time=True``) the waits go through ``gosim.syscall`` too,
+which holds the clock: a batch takes no virtual time. The server's clock, which judges
+leases and retention by default, does not follow the virtual one, though: a caller
+that sleeps virtual seconds for a lease to lapse would see it never lapse, and the
+same program would decide differently under real and virtual time. So on a virtual
+clock the store refuses every operation (``RuntimeError``, saying why) unless it was
+given a ``clock``, which then judges time: a function of the runtime's clock
+(``clock=lambda: base + gosim.now()``) makes leases lapse in simulated time.
+``batch_timeout`` stays real time: each wait is bounded by what is left of it on the
+runtime's clock, which a virtual clock holds still while the server is waited for (so
+there each wait may take all of it).
+
 Exactly-once effects
 --------------------
 A handler returns ``PostgresEffect(fn)``; ``await fn(conn)`` runs on the batch's
@@ -103,6 +136,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 import gosim
+from gosim import lowlevel
 from gosim.lowlevel import Waiter, WaitReason, WaitTimeout
 
 from .._errors import (
@@ -246,6 +280,7 @@ class _Pool:
             raise
 
     def put(self, conn: NetpollConnection, broken: bool = False) -> None:
+        conn.deadline = None  # its user's: an idle connection waits for nothing
         if broken or self.closed or conn.closed:
             self._open -= 1
             _close_now(conn)
@@ -295,10 +330,15 @@ class PostgresStore(BatchedOneStepStore):
     meanwhile, before :class:`StoreUnavailable`. ``lock_timeout``: how long a batch
     waits for a row another transaction holds (a slow effect of another process)
     before its calls fail with :class:`StoreUnavailable` (SQLSTATE ``55P03``).
+    ``batch_timeout``: how long one transaction of the store (a batch with its
+    effects' SQL, a sweep's chunk, an operator's read) may wait for the server in all
+    before its connection is given up (see the module docstring); it should exceed
+    ``lock_timeout`` plus the longest effect's SQL, which it includes.
     ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
     connections (name the service).
     ``clock``: None for the server's clock (the right choice with several processes); a
-    function replaces it (tests).
+    function replaces it (tests; a runtime on a virtual clock needs one: see "Runtimes"
+    in the module docstring, and :class:`RuntimeError` without it).
     ``sweep_every``: every that many batches (0: never) a batch also deletes up to 512
     expired records.
 
@@ -322,6 +362,7 @@ class PostgresStore(BatchedOneStepStore):
         connect_timeout: float = 10.0,
         retries: int = 8,
         lock_timeout: float = 30.0,
+        batch_timeout: float = 60.0,
         application_name: str = "idempotency",
         clock: Callable[[], float] | None = None,
         sweep_every: int = 64,
@@ -346,6 +387,15 @@ class PostgresStore(BatchedOneStepStore):
                 f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
+        if (
+            isinstance(batch_timeout, bool)
+            or not isinstance(batch_timeout, (int, float))
+            or not 0 < batch_timeout < math.inf
+        ):
+            raise ValueError(
+                f"batch_timeout must be a positive, finite number of seconds, not {batch_timeout!r}"
+            )
+        self._batch_timeout = float(batch_timeout)
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
@@ -406,7 +456,28 @@ class PostgresStore(BatchedOneStepStore):
         except psycopg.Error as exc:
             raise self._store_error(exc, "connecting") from exc
 
-    def _store_error(self, exc: BaseException, doing: str) -> StoreUnavailable:
+    def _refused(self) -> RuntimeError | None:
+        """Why the running runtime cannot use the store (see "Runtimes" in the module
+        docstring), or None."""
+        if self._clock is None and lowlevel.virtual_clock():
+            return RuntimeError(
+                f"{self._name}: refused on a virtual clock: leases and retention are"
+                " judged by the database server's clock, which virtual time does not move"
+                " (a lease would not lapse in simulated time); give the store a clock that"
+                " follows the runtime's (clock=lambda: base + gosim.now()), or run on a"
+                " real clock"
+            )
+        return None
+
+    def _store_error(
+        self, exc: BaseException, doing: str, conn: NetpollConnection | None = None
+    ) -> StoreUnavailable:
+        if conn is not None and conn.timed_out:
+            return StoreUnavailable(
+                f"{self._name}: {doing}: no answer from the server within batch_timeout ="
+                f" {self._batch_timeout:g} s (a backend stopped or wedged, a link dropping"
+                " packets); the connection was closed, and what it had sent may still commit"
+            )
         state = getattr(exc, "sqlstate", None)
         code = f"SQLSTATE {state}" if state else type(exc).__name__
         text = str(exc).strip().replace("\n", " ")
@@ -425,6 +496,10 @@ class PostgresStore(BatchedOneStepStore):
     async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
         meanwhile, or one transaction each when one of them may have failed it."""
+        if refused := self._refused():
+            for op in ops:
+                op.result, op.error = None, refused
+            return
         for attempt in range(self._retries + 1):
             try:
                 conn = await self._pool.get(self._pool_timeout, self._name)
@@ -433,6 +508,7 @@ class PostgresStore(BatchedOneStepStore):
                     op.result, op.error = None, exc
                 return
             broken = False
+            conn.deadline = gosim.now() + self._batch_timeout
             try:
                 outcome = await self._apply(conn, ops)
             except BaseException:
@@ -576,6 +652,14 @@ class PostgresStore(BatchedOneStepStore):
             await _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
+            if conn.timed_out:
+                # The server did not answer in time: the connection is closed, and the
+                # batch is not applied again (its COMMIT, if sent, may yet commit; the
+                # calls were not acknowledged, so a retry replays it or claims anew).
+                err = self._store_error(exc, "applying a batch", conn)
+                for op in ops:
+                    op.result, op.error = None, err
+                return _APPLIED
             if reading and (conn.closed or conn.broken):
                 # A connection of the pool that died while idle (the server restarted,
                 # the backend was terminated), or that died now: nothing of the batch
@@ -702,17 +786,20 @@ class PostgresStore(BatchedOneStepStore):
 
     async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
-        operator's tools, which have no batch to retry): one that died while idle is
-        dropped and another taken."""
+        operator's tools, which have no batch to retry), its deadline set for the
+        caller's transaction: one that died while idle is dropped and another taken."""
+        if refused := self._refused():
+            raise refused
         for _ in range(self._pool._size + 1):
             conn = await self._pool.get(self._pool_timeout, self._name)
+            conn.deadline = gosim.now() + self._batch_timeout
             try:
                 await conn.execute("SELECT 1", prepare=False)
             except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
-                if conn.closed or conn.broken:
+                if (conn.closed or conn.broken) and not conn.timed_out:
                     continue  # died while idle
-                raise self._store_error(exc, "checking a connection") from exc
+                raise self._store_error(exc, "checking a connection", conn) from exc
             except BaseException:
                 self._pool.put(conn, broken=True)
                 raise
@@ -727,6 +814,7 @@ class PostgresStore(BatchedOneStepStore):
         broken = True
         try:
             while True:
+                conn.deadline = gosim.now() + self._batch_timeout  # a chunk's transaction
                 async with conn.transaction():
                     if self._clock is not None:
                         now = self._clock()
@@ -741,7 +829,7 @@ class PostgresStore(BatchedOneStepStore):
                     broken = False
                     return deleted
         except psycopg.Error as exc:
-            raise self._store_error(exc, "sweeping") from exc
+            raise self._store_error(exc, "sweeping", conn) from exc
         finally:
             self._pool.put(conn, broken)
 
@@ -782,7 +870,7 @@ class PostgresStore(BatchedOneStepStore):
             broken = False
             return held
         except psycopg.Error as exc:
-            raise self._store_error(exc, doing) from exc
+            raise self._store_error(exc, doing, conn) from exc
         finally:
             self._pool.put(conn, broken)
 

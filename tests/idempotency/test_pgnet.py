@@ -14,7 +14,7 @@ from gosim import go, sync
 
 psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install .[postgres])")
 
-from idempotency.stores._pgnet import NetpollConnection  # noqa: E402
+from idempotency.stores._pgnet import NetpollConnection, ServerStalled  # noqa: E402
 
 LOCK = 0x5EED
 
@@ -139,3 +139,25 @@ def test_a_backend_terminated_under_a_waiting_query_raises(postgres_server: Any)
         return got
 
     assert gosim.run(main) in ("OperationalError", "AdminShutdown")
+
+
+def test_a_wait_past_the_connections_deadline_closes_it(postgres_server: Any) -> None:
+    """A query the server does not answer before the connection's ``deadline``: the
+    wait ends with ServerStalled and the connection is closed (its protocol was cut
+    short, so it is never used again); another connection is unaffected."""
+
+    async def main() -> tuple[bool, bool, bool, int]:
+        c = await NetpollConnection.connect(postgres_server.dsn)
+        other = await NetpollConnection.connect(postgres_server.dsn)
+        c.deadline = gosim.now() + 0.3
+        try:
+            with pytest.raises(ServerStalled):
+                await c.execute("SELECT pg_sleep(30)")
+            row = await (await other.execute("SELECT 7")).fetchone()
+            assert row is not None
+            return c.timed_out, c.closed, other.closed, int(row[0])
+        finally:
+            await c.close()
+            await other.close()
+
+    assert gosim.run(main) == (True, True, False, 7)

@@ -5,18 +5,22 @@ waits for a writer, the pool's bound, and errors that name the server and SQLSTA
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
 import pytest
 
 import gosim
+from gosim import sync
 from idempotency import Call, Idempotency, StoreUnavailable
 from idempotency._keys import fingerprint
 from idempotency._record import ClaimKind
@@ -358,6 +362,252 @@ def test_a_store_connection_fails_on_a_silent_server_within_a_bound(postgres_ser
     assert keepalive == 1
     assert user_timeout == 30_000
     assert idle == 10
+
+
+def _add_one(stopped: list[int], backends: list[int]) -> Any:
+    """A handler whose effect adds one to the counter ``t`` (table ``counters``); the
+    first time, it then stops its own backend (SIGSTOP), so the batch's COMMIT meets a
+    server that is connected but does not answer."""
+
+    def handler(call: Call) -> PostgresEffect:
+        async def fn(conn: Any) -> int:
+            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+            backends.append(row[0])
+            cur = await conn.execute(
+                "INSERT INTO counters VALUES ('t', 1)"
+                " ON CONFLICT (name) DO UPDATE SET n = counters.n + 1 RETURNING n"
+            )
+            n = (await cur.fetchone())[0]
+            if not stopped:
+                stopped.append(row[0])
+                os.kill(row[0], signal.SIGSTOP)
+            return int(n)
+
+        return PostgresEffect(fn)
+
+    return handler
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+# The runtimes a store serves: the netpoller's; a seeded one (waits inline on the
+# driver, through gosim.syscall); a seeded one on a virtual clock (the store then needs
+# a clock of the runtime's).
+RUNTIMES = {
+    "netpoller": {},
+    "seeded": {"seed": 1},
+    "virtual": {"seed": 1, "virtual_time": True},
+}
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_a_stopped_backend_fails_the_batch_at_its_deadline_and_effects_stay_once(
+    postgres_server: Any, runtime: str
+) -> None:
+    """The backend of the store's connection is stopped (SIGSTOP: the server's kernel
+    still acknowledges and keeps the connection, so no TCP timeout ends it) while a
+    batch waits for its COMMIT. The call fails with StoreUnavailable naming the server
+    and ``batch_timeout`` (not held forever); the connection is closed, not pooled.
+    Once the backend runs again (SIGCONT) the store serves calls on a new connection,
+    and a retry of the same key meets what the stalled COMMIT did: the effect ran once."""
+    schema = _schema("stall")
+    clock = (lambda: 1_700_000_000.0 + gosim.now()) if runtime == "virtual" else None
+    store = PostgresStore(postgres_server.dsn, schema=schema, batch_timeout=2.0, clock=clock)
+    postgres_server.sql(f"CREATE TABLE {schema}.counters (name text PRIMARY KEY, n bigint)")
+    stopped: list[int] = []
+    backends: list[int] = []
+    idem = Idempotency(store, lease=1.0)
+    handler = _add_one(stopped, backends)
+
+    async def call(key: str) -> Any:
+        return await idem.run(caller="c", key=key, request=("add", []), handler=handler)
+
+    async def stalled() -> Any:
+        try:
+            return await call("k")
+        except Exception as exc:
+            return exc
+
+    # Without a deadline of its own the call would wait forever (on a seeded runtime
+    # the driver itself waits): resumed after 30 s, it would then succeed, and fail
+    # the test instead of hanging it.
+    watchdog = threading.Timer(30.0, _resume, (stopped,))
+    watchdog.start()
+    try:
+        start = time.monotonic()
+        failed = gosim.run(stalled, **RUNTIMES[runtime])
+        took = time.monotonic() - start
+        assert stopped, "the effect never ran"
+        assert isinstance(failed, StoreUnavailable), failed
+        stall = r".*no answer from the server within batch_timeout = 2 s"
+        assert re.search(SERVER + stall, str(failed)), failed
+        assert 2.0 <= took < 30.0
+        assert all(c.info.backend_pid != stopped[0] for c in store._pool._idle)
+    finally:
+        watchdog.cancel()
+        _resume(stopped)
+    # The stalled backend reads the rest of the batch (its COMMIT) and then the end of
+    # the connection; wait until it is gone (bounded).
+    for _ in range(3000):
+        if not postgres_server.sql("SELECT 1 FROM pg_stat_activity WHERE pid = %s", stopped):
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("the stalled backend did not end")
+
+    async def after() -> tuple[Any, Any]:
+        return await call("other"), await call("k")
+
+    other, retried = gosim.run(after, **RUNTIMES[runtime])
+    assert backends[1] != stopped[0]  # served on a new connection
+    # The stalled backend had the batch's COMMIT in its socket before the connection's
+    # end: it committed once it ran again, and the retry replays that completion.
+    assert retried.replayed and retried.value == 1 and len(backends) == 2
+    assert other.value == 2
+    counter = postgres_server.sql(f"SELECT n FROM {schema}.counters WHERE name = 't'")
+    assert counter == [(2,)], counter  # each key's effect once
+    rows = postgres_server.sql(f"SELECT key, state FROM {schema}.idempotency_records ORDER BY key")
+    assert rows == [("k", 2), ("other", 2)]
+    store.close()
+
+
+def test_an_operators_read_on_a_stopped_backend_fails_at_the_deadline(
+    postgres_server: Any,
+) -> None:
+    """The backend of the pool's idle connection is stopped: an operator's read (which
+    checks its connection with a round trip first) fails with StoreUnavailable naming
+    the server and ``batch_timeout`` instead of waiting forever, and that connection
+    leaves the pool; once the backend runs again, reads go through."""
+    store = PostgresStore(postgres_server.dsn, schema=_schema("opstall"), batch_timeout=1.0)
+
+    async def warm() -> int:
+        await store.get("c", "k")  # a connection made and back in the pool
+        return int(store._pool._idle[0].info.backend_pid)
+
+    pid = gosim.run(warm)
+    stopped = [pid]
+    watchdog = threading.Timer(30.0, _resume, (stopped,))  # a regression fails, not hangs
+
+    async def read() -> Any:
+        try:
+            return await store.inspect("c", "k")
+        except StoreUnavailable as exc:
+            return exc
+
+    os.kill(pid, signal.SIGSTOP)
+    watchdog.start()
+    try:
+        failed = gosim.run(read)
+        assert isinstance(failed, StoreUnavailable), failed
+        stall = r".*checking a connection: no answer from the server within batch_timeout = 1 s"
+        assert re.search(SERVER + stall, str(failed)), failed
+        assert all(c.info.backend_pid != pid for c in store._pool._idle)
+    finally:
+        watchdog.cancel()
+        _resume(stopped)
+    assert gosim.run(read) is None  # no record, read on a new connection
+    store.close()
+
+
+def test_a_seeded_runtime_gives_the_same_schedule_with_the_store(postgres_server: Any) -> None:
+    """On a seeded runtime the store's waits run inline on the driver (gosim.syscall),
+    so the server's timing cannot reorder goroutines: two runs with one seed finish
+    their calls in the same order and make the same batches."""
+    schema = _schema("seeded")
+    store = PostgresStore(postgres_server.dsn, schema=schema)
+    postgres_server.sql(f"CREATE TABLE {schema}.counters (name text PRIMARY KEY, n bigint)")
+    handler = _add_one([0], [])  # not stopping: ``stopped`` is not empty
+
+    async def main(run: int) -> list[str]:
+        idem = Idempotency(store)
+        order: list[str] = []
+        wg = sync.WaitGroup()
+
+        async def one(i: int) -> None:
+            try:
+                key = f"r{run}k{i}"
+                await idem.run(caller="c", key=key, request=("add", [i]), handler=handler)
+                order.append(f"k{i}")
+                await gosim.gosched()
+                await store.get("c", key)
+                order.append(f"get{i}")
+            finally:
+                wg.done()
+
+        for i in range(12):
+            wg.add(1)
+            gosim.go(one, i)
+        await wg.wait()
+        return order
+
+    runs = []
+    for run in range(2):
+        before = store.statistics()
+        order = gosim.run(main, run, procs=2, seed=11)
+        after = store.statistics()
+        runs.append((order, after.operations - before.operations, after.batches - before.batches))
+    assert runs[0] == runs[1]
+    assert sorted(runs[0][0]) == sorted([f"{w}{i}" for w in ("k", "get") for i in range(12)])
+    assert postgres_server.sql(f"SELECT n FROM {schema}.counters") == [(24,)]
+    store.close()
+
+
+def test_a_virtual_clock_needs_the_stores_clock(postgres_server: Any) -> None:
+    """On a virtual clock the server's clock (which judges leases by default) does not
+    move with the runtime's: a caller waiting virtual seconds for a dead holder's lease
+    to lapse would never see it lapse. The store refuses such a runtime, saying why;
+    given a clock of the runtime's, it serves it, and the lease lapses in simulated
+    time."""
+    schema = _schema("virtual")
+    fp = fingerprint("op", [])
+
+    def handler(call: Call) -> PostgresEffect:
+        async def fn(conn: Any) -> str:
+            return "ran"
+
+        return PostgresEffect(fn)
+
+    async def take_over(store: PostgresStore) -> tuple[Any, float]:
+        await store.claim("c", "k", fp, 1.0)  # a holder that dies
+        start = gosim.now()
+        out = await Idempotency(store, lease=1.0).run(
+            caller="c", key="k", request=("op", []), handler=handler, timeout=30
+        )
+        return out, gosim.now() - start
+
+    plain = PostgresStore(postgres_server.dsn, schema=schema)
+
+    async def refused() -> None:
+        why = r"refused on a virtual clock: leases and retention are judged by the database"
+        with pytest.raises(RuntimeError, match=SERVER + ".*" + why):
+            await take_over(plain)
+        with pytest.raises(RuntimeError, match=why):
+            await plain.inspect("c", "k")
+        with pytest.raises(RuntimeError, match=why):
+            await plain.sweep()
+
+    gosim.run(refused, virtual_time=True)
+    assert postgres_server.sql(f"SELECT count(*) FROM {schema}.idempotency_records") == [(0,)]
+    plain.close()
+    timed = PostgresStore(
+        postgres_server.dsn, schema=schema, clock=lambda: 1_700_000_000.0 + gosim.now()
+    )
+    out, waited = gosim.run(take_over, timed, seed=2, virtual_time=True)
+    assert out.value == "ran" and not out.replayed
+    assert 1.0 <= waited < 30  # simulated seconds: the lease lapsed in virtual time
+    timed.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "5", True, None])
+def test_batch_timeout_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"batch_timeout must be a positive, finite number"):
+        PostgresStore("postgresql://postgres@127.0.0.1:1/postgres", batch_timeout=bad)
 
 
 def test_fences_rise_across_stores_of_one_database(postgres_server: Any) -> None:
