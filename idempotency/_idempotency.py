@@ -393,14 +393,16 @@ class Idempotency:
         The key and the request are checked now, in the caller: what that raises,
         ``run_later`` raises, and ``done`` is then never called; otherwise it is called
         exactly once. ``one_step`` is :meth:`run`'s promise, with ``run``'s default
-        (False). With ``one_step=True`` on a OneStepStore the handler runs now too (what it raises, ``run_later`` raises), and no goroutine waits for
-        the commit: the store calls back from its batch (a busy key, which must be
-        waited for, gets a goroutine then). Two-step (the default, or any call
-        on a store that cannot take one step) on a SynchronousStore: the claim is
-        taken now and a handler that returns at once runs now, its outcome recorded
-        before ``run_later`` returns; a busy key, a handler's awaitable, or a failure
-        that must release the claim gets a goroutine for the rest, and the handler's
-        exceptions go to ``done``. On other stores ``run`` runs in a goroutine of its
+        (False). With ``one_step=True`` on a OneStepStore the handler runs now too
+        (what it raises, ``run_later`` raises), and no goroutine waits for the commit:
+        the store calls back from its batch (a busy key, which must be waited for, gets
+        a goroutine then). Two-step (the default, or any call on a store that cannot
+        take one step) on a SynchronousStore: the claim is taken now and a handler that
+        returns at once runs now, its outcome recorded before ``run_later`` returns; on
+        a CallbackStore the claim's batch calls back, the handler runs there and the
+        record's batch calls back with the outcome; a busy key, a handler's awaitable,
+        or a failure that must release the claim gets a goroutine for the rest, and the
+        handler's exceptions go to ``done``. On other stores ``run`` runs in a goroutine of its
         own, the handler with it. ``done`` must not block and should not raise (an
         exception from it is a panic, or ``run_later``'s when called in the caller).
         """

@@ -465,9 +465,11 @@ class Dispatcher:
             self._stats.calls += 1
             if spec is None:
                 return self._error(msg.msgid, Status.UNIMPLEMENTED, f"no method {msg.method!r}")
-            problem = spec.arity_error(len(msg.params))
-            if problem is not None:
-                return self._error(msg.msgid, Status.INVALID_ARGUMENT, problem)
+            n = len(msg.params)
+            if n < spec.min_args or n > spec.max_fast:  # arity_error says why
+                problem = spec.arity_error(n)
+                if problem is not None:
+                    return self._error(msg.msgid, Status.INVALID_ARGUMENT, problem)
             meta = msg.meta
             if spec.idempotent:
                 if meta is not None and meta.key is not None:

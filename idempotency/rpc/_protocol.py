@@ -390,9 +390,11 @@ def encode_response_payloads(
     """A response whose error or result is already msgpack (a recorded outcome's bytes):
     spliced in as they are, so a replay is byte-identical to the first reply's result.
     A missing part is nil."""
-    _check_msgid(msgid)
+    if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
+        _check_msgid(msgid)  # raises, saying why
     head = b"\x95\x01" if replayed else b"\x94\x01"
-    body = head + _pack(msgid) + (error or b"\xc0") + (result or b"\xc0")
+    # A uint32 always packs: no _pack frame to turn an error into LocalProtocolError.
+    body = head + _packer_pack(msgid) + (error or b"\xc0") + (result or b"\xc0")
     return body + _REPLAYED_META if replayed else body
 
 
@@ -534,7 +536,9 @@ def parse(obj: Any) -> Message:
         msgid = obj[1]
         if type(msgid) is not int or not 0 <= msgid <= MAX_MSGID:
             raise RemoteProtocolError(f"request msgid must be a uint32, not {msgid!r}"[:200])
-        method = _method(obj[2], "request", msgid)
+        method = obj[2]
+        if type(method) is not str:
+            method = _method(method, "request", msgid)
         params = obj[3]
         if type(params) is not list:
             raise RemoteProtocolError(

@@ -105,6 +105,11 @@ class OpKind(enum.IntEnum):
     EFFECT = 8  # a completion with an effect the store runs apart (RedisStore's script)
 
 
+# Enum members as module constants: a global read, not a class attribute lookup, per call.
+_CLAIM: Final = OpKind.CLAIM
+_COMPLETE: Final = OpKind.COMPLETE
+
+
 class Op(Waiter):
     """One store operation in flight: what to do, and once done its result or error.
 
@@ -247,7 +252,10 @@ class GroupCommitter:
         of a goroutine of its own, once the batch's other operations have their
         results."""
         op.on_settle(_call_done, done)
-        self._enqueue(op)
+        if self._leading and self._rt is lowlevel.current_runtime():
+            self._pending.append(op)  # _enqueue's common case, without its frame
+        else:
+            self._enqueue(op)
 
     def _enqueue(self, op: Op) -> None:
         """Queue ``op`` for the next batch, starting a leader if none runs."""
@@ -428,10 +436,12 @@ class BatchedStore(CallbackStore):
         lease: float,
         done: Callable[[ClaimResult | None, BaseException | None], None],
     ) -> None:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
-            done(None, bad)
-            return
-        self._committer.submit_later(Op(OpKind.CLAIM, (caller, key, fingerprint, lease)), done)
+        if not ((type(lease) is float or type(lease) is int) and lease > 0):  # bad_duration's
+            bad = bad_duration(self, "claim", caller, key, "lease", lease)
+            if bad is not None:
+                done(None, bad)
+                return
+        self._committer.submit_later(Op(_CLAIM, (caller, key, fingerprint, lease)), done)
 
     def complete_later(
         self,
@@ -441,11 +451,19 @@ class BatchedStore(CallbackStore):
         completion: Completion,
         done: Callable[[Record | None, BaseException | None], None],
     ) -> None:
-        bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
-        if bad is not None:
-            done(None, bad)
-            return
-        kind = OpKind.COMPLETE if completion.effect is None else self._effect_kind
+        ttl = completion.ttl
+        if not (
+            # bad_completion's and _foreign's common answer, without their frames
+            completion.effect is None
+            and type(completion.payload) is bytes
+            and (type(ttl) is float or type(ttl) is int)
+            and ttl > 0
+        ):
+            bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
+            if bad is not None:
+                done(None, bad)
+                return
+        kind = _COMPLETE if completion.effect is None else self._effect_kind
         self._committer.submit_later(Op(kind, (caller, key, fence, completion)), done)
 
     # claim and complete, the waits on the same Op (a Waiter), return the committer's
