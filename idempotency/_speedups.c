@@ -13,7 +13,9 @@
  *   batch_keys, decode_into, decide, rows
  *                       idempotency/stores/sqlite.py's record work of a batch on the
  *                       committer's thread: the keys read, the rows decoded, the
- *                       claims and completions decided, the rows written back.
+ *                       claims and completions decided, the rows written back;
+ *   parse_request       idempotency/rpc/_protocol.py's parse(), for a well-formed
+ *                       request (the RPC server's every call).
  *
  * Every case the fast path does not cover is handed to the Python reference (configured
  * once by idempotency/_accel.py): a refused completion, an effect to run, a request that
@@ -25,7 +27,8 @@
  * This file holds the shared declarations, the configure functions and the module; the
  * twins are in its parts, by mechanism: _speedups_record.c.h (claim, complete),
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
- * _speedups_batch.c.h (op_new and SQLiteStore's batch work).
+ * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
+ * (parse_request).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -51,7 +54,14 @@ static PyObject *py_claim_step;     /* memory._claim_step(table, caller, key, fp
 static PyObject *py_complete_step;  /* memory._complete_step(table, caller, key, fence, c) */
 static PyObject *str_digest;
 /* Each module hands over its part when it imports (configure_record, _keys, _memory). */
-enum { RECORD_PART = 1, KEYS_PART = 2, MEMORY_PART = 4, SQLITE_PART = 8, OP_PART = 16 };
+enum {
+    RECORD_PART = 1,
+    KEYS_PART = 2,
+    MEMORY_PART = 4,
+    SQLITE_PART = 8,
+    OP_PART = 16,
+    RPC_PART = 32,
+};
 static int configured;
 
 #define FIELD(rec, i) PyTuple_GET_ITEM((rec), (i))
@@ -297,6 +307,9 @@ configure_sqlite(PyObject *module, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+/* The RPC request's parse uses slot_offset, above. */
+#include "_speedups_rpc.c.h"
+
 static PyMethodDef methods[] = {
     {"configure_op", (PyCFunction)configure_op, METH_O,
      "Hand over the group commit's Op class; whether op_new may construct it."},
@@ -326,6 +339,10 @@ static PyMethodDef methods[] = {
      "complete(record, fence, ok, payload, now, ttl, caller, key) -> Record (_record.complete)."},
     {"fingerprint", (PyCFunction)(void (*)(void))fingerprint, METH_FASTCALL | METH_KEYWORDS,
      "fingerprint(operation, args, max_bytes) -> bytes (_keys.fingerprint)."},
+    {"configure_rpc", (PyCFunction)(void (*)(void))configure_rpc, METH_VARARGS | METH_KEYWORDS,
+     "Hand over rpc._protocol's Request and CallMeta classes and its limits."},
+    {"parse_request", (PyCFunction)parse_request, METH_O,
+     "parse_request(obj) -> the Request rpc._protocol.parse(obj) makes, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -79,6 +79,7 @@ from ._protocol import (
     encode_response_payloads,
     parse,
 )
+from ._protocol import parse_request as _parse_request
 
 __all__ = ["Dispatcher", "MethodSpec", "ServerStatistics"]
 
@@ -444,7 +445,11 @@ class Dispatcher:
                         return self._response(msgid, result)  # says why it cannot encode
             if obj is not _UNDECODED:
                 # Decoded as decode() would (a payload this small cannot pass the
-                # limits): only its shape is left to check, not the bytes again.
+                # limits): only its shape is left to check, not the bytes again (a
+                # well-formed request in one C call where it is built).
+                request = None if _parse_request is None else _parse_request(obj)
+                if request is not None:
+                    return self.handle(request)
                 try:
                     msg = parse(obj)
                 except RemoteProtocolError as exc:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -57,6 +57,8 @@ import msgpack
 
 from netframe import MAX_MSGPACK_DEPTH as MAX_DEPTH
 from netframe import NEED_DATA, MsgpackCutter, NeedData
+
+from .._accel import speedups as _speedups
 
 __all__ = [
     "EXTENSION_VERSION",
@@ -394,7 +396,7 @@ def encode_response_payloads(
         _check_msgid(msgid)  # raises, saying why
     head = b"\x95\x01" if replayed else b"\x94\x01"
     # A uint32 always packs: no _pack frame to turn an error into LocalProtocolError.
-    body = head + _packer_pack(msgid) + (error or b"\xc0") + (result or b"\xc0")
+    body: bytes = head + _packer_pack(msgid) + (error or b"\xc0") + (result or b"\xc0")
     return body + _REPLAYED_META if replayed else body
 
 
@@ -578,6 +580,21 @@ def parse(obj: Any) -> Message:
             )
         return Notification(method, params)
     raise RemoteProtocolError(f"unknown message type {kind!r}"[:200])
+
+
+# parse()'s common answer in one C call, where idempotency's accelerator is built: a
+# well-formed request's Request (with its CallMeta), or None for everything else, which
+# parse() then reads and, when it is wrong, says why (parse stays the reference).
+parse_request: Callable[[Any], Request | None] | None = None
+if _speedups is not None:
+    _speedups.configure_rpc(
+        request=Request,
+        call_meta=CallMeta,
+        max_key_length=MAX_KEY_LENGTH,
+        max_caller_length=MAX_CALLER_LENGTH,
+        max_msgid=MAX_MSGID,
+    )
+    parse_request = _speedups.parse_request
 
 
 def _text(value: Any) -> str:

@@ -15,7 +15,7 @@ import types
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from idempotency import _keys, _record
@@ -444,3 +444,132 @@ def test_rows_match_the_reference(dirty: dict[tuple[str, str], Any]) -> None:
     for c_list, py_list in zip(c_rows, py_rows, strict=True):
         for c_row, py_row in zip(c_list, py_list, strict=True):
             assert [type(x) for x in c_row] == [type(x) for x in py_row]
+
+
+# --------------------------------------------------------------- the RPC request's parse
+
+# Requests near every edge parse() checks, most of them well formed: the kinds, msgids
+# and attempts at the uint32 bounds, bools where ints go, a raw (bytes) method name, keys
+# and callers at and past their lengths, a non-ASCII caller, negative and huge
+# timeouts, nil fields; and some messages that are no request at all.
+_EDGE_INTS = st.sampled_from([0, 1, 2, -1, 2**32 - 1, 2**32, 2**64, -(2**64), True, False])
+
+
+def _mostly(good: st.SearchStrategy[Any], other: st.SearchStrategy[Any]) -> Any:
+    """``good`` three times in four: the fast path must see many requests it takes."""
+    return st.one_of(good, good, good, other)
+
+
+_uint32 = st.one_of(st.integers(0, 2**32 - 1), st.sampled_from([0, 1, 2**32 - 1]))
+_scalars = st.one_of(
+    st.none(), _EDGE_INTS, st.integers(), st.floats(allow_nan=False), st.text(max_size=3),
+    st.binary(max_size=3),
+)  # fmt: skip
+_texts = _mostly(
+    st.one_of(st.sampled_from(["k", "k" * 255, "c" * 255]), st.text("ab-", max_size=4)),
+    st.sampled_from(["é", "ü" * 128, "k" * 256, "c" * 256, "", None, b"k", 1, True]),
+)
+_meta_values = {
+    "key": _texts,
+    "caller": _texts,
+    "timeout": _mostly(
+        st.integers(0, 10**6), st.sampled_from([None, 1.5, "1", -1, True, 2**70, -(2**70)])
+    ),
+    "attempt": _mostly(_uint32.filter(bool), st.sampled_from([None, 0, 2**32, 1.0, "1", True])),
+}
+_metas = _mostly(
+    st.fixed_dictionaries({}, optional=_meta_values),
+    st.one_of(
+        st.fixed_dictionaries({}, optional={**_meta_values, "other": _scalars, b"key": _scalars}),
+        st.sampled_from([None, [], "meta", 1]),
+    ),
+)
+_requests = st.tuples(
+    _mostly(st.just(0), _EDGE_INTS),
+    _mostly(_uint32, _EDGE_INTS),
+    _mostly(st.sampled_from(["echo", "", "é"]), st.sampled_from([b"echo", b"\xff", None, 1])),
+    _mostly(st.lists(_scalars, max_size=3), st.sampled_from([(), None, "p"])),
+)
+_messages = st.one_of(
+    _requests.map(list),
+    st.tuples(_requests, _metas).map(lambda rm: [*rm[0], rm[1]]),
+    st.tuples(_requests, _metas).map(lambda rm: [*rm[0], rm[1]]),
+    st.tuples(_requests, _metas, _scalars).map(lambda rm: [*rm[0], rm[1], rm[2]]),
+    st.lists(_scalars, max_size=6),
+    _scalars,
+    _requests,  # a tuple: no list, no request
+)
+
+
+# Well-formed requests whose metadata carries the edges: the fast path's own ground.
+_keyed_requests = st.tuples(
+    _uint32, st.sampled_from(["echo", "", "é"]), st.lists(_scalars, max_size=3),
+    st.fixed_dictionaries({}, optional=_meta_values),
+).map(lambda r: [0, *r])  # fmt: skip
+
+
+@settings(max_examples=1500)
+@given(st.one_of(_messages, _keyed_requests))
+@example([0, 1, "m", [], {"attempt": 0}])
+@example([0, 1, "m", [], {"attempt": 2**32}])
+@example([0, 1, "m", [], {"attempt": 2**32 - 1}])
+@example([0, 1, "m", [], {"attempt": True}])
+@example([0, 1, "m", [], {"attempt": None}])
+@example([0, 1, "m", [], {"key": "k" * 256}])
+@example([0, 1, "m", [], {"key": "k" * 255}])
+@example([0, 1, "m", [], {"key": b"k"}])
+@example([0, 1, "m", [], {"caller": "é"}])
+@example([0, 1, "m", [], {"caller": "c" * 256}])
+@example([0, 1, "m", [], {"timeout": -1}])
+@example([0, 1, "m", [], {"timeout": 2**70}])
+@example([0, 1, "m", [], {"timeout": -(2**70)}])
+@example([0, 1, "m", [], {"timeout": True}])
+@example([0, 1, "m", [], {"timeout": 0}])
+@example([True, 1, "m", []])
+@example([0, True, "m", []])
+@example([0, 2**32, "m", []])
+@example([0, 1, b"m", []])
+@example([0, 1, "m", ()])
+def test_parse_request_matches_the_reference(obj: Any) -> None:
+    """parse_request answers a request exactly as parse() does (the same Request, its
+    fields the same objects' types), or None, and then only where parse() refuses the
+    message or it is no request, or parse() must read the method name or the caller."""
+    from idempotency.rpc import _protocol  # noqa: PLC0415
+
+    fast = speedups.parse_request(obj)
+    reference = outcome_of(_protocol.parse, obj)
+    if fast is None:
+        if reference[0] == "value" and reference[1][0] is _protocol.Request:
+            msg = reference[1][1]
+            # Left to parse(): a raw (bytes) method name, a caller that is not ASCII.
+            raw_method = type(obj[2]) is bytes
+            caller = msg.meta.caller if msg.meta is not None else None
+            assert raw_method or (caller is not None and not caller.isascii()), obj
+        return
+    assert reference[0] == "value", (obj, reference)
+    msg = reference[1][1]
+    assert type(fast) is _protocol.Request and fast == msg
+    assert [type(x) for x in (fast.msgid, fast.method, fast.params)] == [
+        type(x) for x in (msg.msgid, msg.method, msg.params)
+    ]
+    if msg.meta is None:
+        assert fast.meta is None
+    else:
+        assert type(fast.meta) is _protocol.CallMeta
+        assert (fast.meta.key, fast.meta.caller, fast.meta.timeout_ms, fast.meta.attempt) == (
+            msg.meta.key, msg.meta.caller, msg.meta.timeout_ms, msg.meta.attempt,
+        )  # fmt: skip
+
+
+def test_parse_request_answers_the_common_requests() -> None:
+    """The fast path is taken, not only allowed: a plain call and a keyed call with
+    every metadata field."""
+    from idempotency.rpc import _protocol  # noqa: PLC0415
+
+    plain = speedups.parse_request([0, 7, "echo", [1, "a"]])
+    assert plain == _protocol.Request(7, "echo", [1, "a"], None)
+    wire = {"key": "k-1", "caller": "svc", "timeout": 5000, "attempt": 2}
+    keyed = speedups.parse_request([0, 2**32 - 1, "transfer", [1, 2, 3], wire])
+    meta = _protocol.CallMeta("k-1", "svc", 5000, 2)
+    assert keyed == _protocol.Request(2**32 - 1, "transfer", [1, 2, 3], meta)
+    assert speedups.parse_request([0, 1, "m", [], None]) == _protocol.Request(1, "m", [], None)
