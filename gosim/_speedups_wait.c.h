@@ -254,6 +254,57 @@ WaiterBase_decide(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* on_settle(fn, arg=None): fn(arg, waiter) at the settle, or now if it is settled. */
+static PyObject *
+WaiterBase_on_settle(WaiterObject *w, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "on_settle(fn, arg=None)");
+        return NULL;
+    }
+    PyObject *fn = args[0], *arg = nargs > 1 ? args[1] : Py_None;
+    if (w->state != W_PENDING) {
+        PyObject *r = PyObject_CallFunctionObjArgs(fn, arg, (PyObject *)w, NULL);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    if (w->g != NULL || w->callback != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Waiter has one consumer: it has one already");
+        return NULL;
+    }
+    w->callback = PyTuple_Pack(2, fn, arg);
+    if (w->callback == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+WaiterBase_done(WaiterObject *w, PyObject *unused)
+{
+    return PyBool_FromLong(w->state != W_PENDING);
+}
+
+static PyObject *
+WaiterBase_result(WaiterObject *w, PyObject *unused)
+{
+    if (w->state == W_VALUE)
+        return Py_NewRef(w->value ? w->value : Py_None);
+    if (w->state == W_ERROR) {
+        PyObject *exc = w->value ? w->value : Py_None;
+        if (PyExceptionInstance_Check(exc))
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        else if (PyExceptionClass_Check(exc)) /* as `raise cls` */
+            PyErr_SetNone(exc);
+        else
+            PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+        return NULL;
+    }
+    PyErr_SetString(PyExc_RuntimeError, "the Waiter is not settled yet");
+    return NULL;
+}
+
 /* The awaitable Waiter.wait returns: park once (unless settled already), then the
  * outcome. Invariant: g is set exactly while its goroutine is parked on the waiter. */
 typedef struct {
@@ -629,6 +680,12 @@ static PyMethodDef WaiterBase_methods[] = {
     {"set_deadline", (PyCFunction)(void (*)(void))WaiterBase_set_deadline,
      METH_FASTCALL | METH_KEYWORDS,
      "Arm the deadline's runtime timer at when (math.inf: disarm it)."},
+    {"on_settle", (PyCFunction)(void (*)(void))WaiterBase_on_settle, METH_FASTCALL,
+     "Call fn(arg, waiter) at the settle (at once if it is settled): a consumer that is "
+     "no goroutine."},
+    {"done", (PyCFunction)WaiterBase_done, METH_NOARGS, "Whether the outcome is decided."},
+    {"result", (PyCFunction)WaiterBase_result, METH_NOARGS,
+     "The decided value, or raise the decided error; RuntimeError while pending."},
     {NULL},
 };
 

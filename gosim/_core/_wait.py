@@ -56,7 +56,7 @@ import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Self
 
 from gosim._core._accel import speedups
 from gosim._core._exceptions import NotInRuntime, WaitCancelled, WaitTimeout
@@ -107,6 +107,29 @@ if TYPE_CHECKING or speedups is None:
             self._rt: Any = None  # the runtime of the wait or the deadline
 
         # ------------------------------------------------------------- settling
+
+        def on_settle(self, fn: Callable[[Any, Self], None], arg: Any = None) -> None:
+            """Call ``fn(arg, waiter)`` at the settle (at once if it is settled): a consumer
+            that is no goroutine. ``fn`` runs where the settle runs; it must not block, and
+            what it raises goes to the settler. One consumer, as for :meth:`wait`."""
+            if self._state:
+                fn(arg, self)
+                return
+            if self._g is not None or self._callback is not None:
+                raise RuntimeError("a Waiter has one consumer: it has one already")
+            self._callback = (fn, arg)
+
+        def done(self) -> bool:
+            """Whether the outcome is decided."""
+            return self._state != _PENDING
+
+        def result(self) -> Any:
+            """The decided value, or raise the decided error; RuntimeError while pending."""
+            if self._state == _VALUE:
+                return self._value
+            if self._state == _ERROR:
+                raise self._value
+            raise RuntimeError("the Waiter is not settled yet")
 
         def settle(self, value: Any = None) -> bool:
             """Decide the outcome: ``value``. True if this call decided it, False (and
@@ -227,7 +250,8 @@ class Waiter(_WaiterBase):
     ``Waiter(data=None)``: ``data`` is the waker's to read (a lock's waiter keeps when it
     started waiting, a semaphore's how many units it wants), as Go's ``sudog`` carries
     ``elem``. ``settle``, ``fail``, ``set_deadline`` and ``wait`` are ``_WaiterBase``'s
-    (in C where the accelerator is built).
+    (in C where the accelerator is built), and so are ``on_settle``, ``done`` and
+    ``result``.
     """
 
     __slots__ = ()
@@ -243,29 +267,6 @@ class Waiter(_WaiterBase):
         units), False means the grant came first and is the caller's to give back.
         """
         return self.fail(WaitCancelled(_CANCELLED))
-
-    def on_settle(self, fn: Callable[[Any, Waiter], None], arg: Any = None) -> None:
-        """Call ``fn(arg, waiter)`` at the settle (at once if it is settled): a consumer
-        that is no goroutine. ``fn`` runs where the settle runs; it must not block, and
-        what it raises goes to the settler. One consumer, as for :meth:`wait`."""
-        if self._state:
-            fn(arg, self)
-            return
-        if self._g is not None or self._callback is not None:
-            raise RuntimeError("a Waiter has one consumer: it has one already")
-        self._callback = (fn, arg)
-
-    def done(self) -> bool:
-        """Whether the outcome is decided."""
-        return self._state != _PENDING
-
-    def result(self) -> Any:
-        """The decided value, or raise the decided error; RuntimeError while pending."""
-        if self._state == _VALUE:
-            return self._value
-        if self._state == _ERROR:
-            raise self._value
-        raise RuntimeError("the Waiter is not settled yet")
 
     def reset(self) -> None:
         """Make the waiter pending again for another wait, keeping its timer object
