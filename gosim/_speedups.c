@@ -122,10 +122,23 @@ reset_budget(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* current_runtime(): _state.current_runtime's twin, from the thread's current_rt. */
+static PyObject *
+current_runtime_impl(PyObject *module, PyObject *unused)
+{
+    if (current_rt == NULL) {
+        PyErr_SetString(NotInRuntime, "not inside a gosim goroutine");
+        return NULL;
+    }
+    return Py_NewRef(current_rt);
+}
+
 static PyMethodDef module_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Hand the module gosim's traps, errors and constants (done once by gosim._core)."},
     {"reset_budget", reset_budget, METH_NOARGS, "Refill the preemption budget."},
+    {"current_runtime", current_runtime_impl, METH_NOARGS,
+     "The runtime running the calling goroutine; NotInRuntime outside one."},
     {"trap", trap_impl, METH_O, "trap(what): await it to yield what to the driver once."},
     {"go", (PyCFunction)(void (*)(void))go_impl, METH_FASTCALL,
      "Start fn(*args) as a new goroutine in the current P's runnext."},

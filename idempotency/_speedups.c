@@ -9,7 +9,8 @@
  *                       (an operation name and lists of scalars, nested or not);
  *   MemoryTable         idempotency/stores/memory.py's _MemoryTable (MemoryStore's
  *                       records, fence counter and its claim and complete steps);
- *   op_new              idempotency/stores/_batch.py's Op constructor;
+ *   op_new, call_done   idempotency/stores/_batch.py's Op constructor and the
+ *                       callback that hands a settled Op's outcome on;
  *   batch_keys, decode_into, decide, rows
  *                       idempotency/stores/sqlite.py's record work of a batch on the
  *                       committer's thread: the keys read, the rows decoded, the
@@ -315,6 +316,8 @@ static PyMethodDef methods[] = {
      "Hand over the group commit's Op class; whether op_new may construct it."},
     {"op_new", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL | METH_KEYWORDS,
      "op_new(cls, kind, args) -> a new Op (stores._batch.Op's constructor)."},
+    {"call_done", (PyCFunction)(void (*)(void))call_done, METH_FASTCALL,
+     "call_done(done, op): done(op.result, op.error) (stores._batch._call_done)."},
     {"configure_sqlite", (PyCFunction)(void (*)(void))configure_sqlite,
      METH_VARARGS | METH_KEYWORDS, "Hand over SQLiteStore's reference step."},
     {"batch_keys", (PyCFunction)batch_keys, METH_O,

@@ -192,6 +192,10 @@ def _call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) ->
     done(op.result, op.error)
 
 
+if _speedups is not None:  # its C twin: no Python frame between a settle and ``done``
+    _call_done = _speedups.call_done
+
+
 class GroupCommitter:
     """Runs operations in batches through ``apply_batch`` (see the module docstring).
 

@@ -573,3 +573,22 @@ def test_parse_request_answers_the_common_requests() -> None:
     meta = _protocol.CallMeta("k-1", "svc", 5000, 2)
     assert keyed == _protocol.Request(2**32 - 1, "transfer", [1, 2, 3], meta)
     assert speedups.parse_request([0, 1, "m", [], None]) == _protocol.Request(1, "m", [], None)
+
+
+def test_call_done_hands_on_an_ops_outcome() -> None:
+    """The C twin of _batch._call_done: done(op.result, op.error), for an Op only."""
+    from idempotency.stores import _batch  # noqa: PLC0415
+
+    assert _batch._call_done is speedups.call_done
+    got: list[tuple[Any, Any]] = []
+    op = Op(0, ("c", "k"))
+    op.result, op.error = "value", None
+    speedups.call_done(lambda r, e: got.append((r, e)), op)
+    failed = Op(1, ())
+    failed.error = ValueError("no")
+    speedups.call_done(lambda r, e: got.append((r, e)), failed)
+    assert got[0] == ("value", None) and got[1][0] is None and got[1][1] is failed.error
+    with pytest.raises(TypeError, match="not an Op"):
+        speedups.call_done(lambda r, e: None, object())
+    with pytest.raises(ZeroDivisionError):  # what done raises goes to the settler
+        speedups.call_done(lambda r, e: 1 / 0, op)
