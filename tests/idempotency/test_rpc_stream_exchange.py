@@ -17,10 +17,13 @@ import time
 from typing import Any
 
 import msgpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hs
 
 import gosim
 from gosim import Chan, go, net
 from idempotency.rpc import Server
+from idempotency.rpc import _stream as stream_module
 from idempotency.rpc._stream import StreamLink
 from netframe import _conn as conn_module
 
@@ -78,6 +81,8 @@ class _Replies:
         self.got: list[Any] = []
 
     async def take(self, n: int) -> list[Any]:
+        """The next ``n`` replies; a reply missing fails the test (a read deadline)."""
+        self.conn.set_read_deadline(gosim.now() + BOUND)
         while len(self.got) < n:
             data = await self.conn.read(65536)
             assert data, f"the server closed the stream after {self.got}"
@@ -302,6 +307,7 @@ def test_a_malformed_message_after_good_ones_ends_the_link_after_their_replies()
         link = await _link_of(srv)
         await conn.write(wire)
         got += await replies.take(2)
+        conn.set_read_deadline(gosim.now() + BOUND)
         rest = await conn.read(65536)  # then the end of the stream
         await _until(lambda: link.closed, "the link ended")
         conn.close()
@@ -329,6 +335,7 @@ def test_a_peer_that_shuts_its_write_side_after_its_calls_gets_every_reply() -> 
         got = await replies.take(2)
         await gate.send(None)
         got += await replies.take(1)
+        conn.set_read_deadline(gosim.now() + BOUND)
         rest = await conn.read(65536)
         conn.close()
         await srv.shutdown(grace=1.0)
@@ -359,3 +366,82 @@ def test_with_an_idle_timeout_the_python_reader_serves() -> None:
         return counts
 
     assert gosim.run(main) == (5, 0)
+
+
+# ------------------------------------------- the C loop against the Python reader
+
+KINDS = hs.sampled_from(["sync", "async", "note", "bad", "big"])
+
+
+def _message(kind: str, msgid: int) -> bytes:
+    shape: list[Any] = {
+        "sync": [0, msgid, "echo", [msgid]],
+        "async": [0, msgid, "aecho", [msgid]],
+        "note": [2, "echo", [msgid]],
+        "bad": [0, msgid, 7, []],
+        "big": [0, msgid, "echo", ["q" * 3000]],  # over the small owed bound below
+    }[kind]
+    return bytes(msgpack.packb(shape))
+
+
+def _serve_stream(chunks: list[bytes], answers: int, tail: bytes) -> tuple[Any, ...]:
+    """The chunks sent one by one, then ``tail`` (the end of the stream, or a byte
+    that is not msgpack first); the replies read until ``answers`` and the end."""
+
+    async def main() -> tuple[Any, ...]:
+        srv, _ = _server(max_owed_bytes=4096)
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        conn = await net.dial("tcp", ln.addr())
+        replies = _Replies(conn)
+        for chunk in chunks:
+            await conn.write(chunk)
+            await gosim.sleep(0)  # the server may take this chunk as a receive of its own
+        link = await _link_of(srv)
+        got = await replies.take(answers)
+        if tail:
+            await conn.write(tail)
+        else:
+            conn.close_write()
+        conn.set_read_deadline(gosim.now() + BOUND)
+        rest = await conn.read(65536)
+        await _until(lambda: link.closed, "the link ended")
+        conn.close()
+        await srv.shutdown(grace=1.0)
+        ln.close()
+        return got, rest, link.reason, link.messages_read, link.messages_written
+
+    return gosim.run(main)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hs.lists(KINDS, min_size=1, max_size=25), hs.data(), hs.booleans())
+def test_the_c_loop_answers_any_stream_as_the_python_reader(
+    kinds: list[str], data: hs.DataObject, malformed: bool
+) -> None:
+    wire = b"".join(_message(kind, i) for i, kind in enumerate(kinds))
+    cuts = sorted(data.draw(hs.sets(hs.integers(1, max(1, len(wire) - 1))), label="cuts"))
+    chunks = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True) if a < b]
+    answers = sum(kind != "note" for kind in kinds)
+    tail = b"\xc1" if malformed else b""
+    outcomes = [_serve_stream(chunks, answers, tail)]
+    if C_LOOP:
+        saved = stream_module.__dict__["_Exchange"]
+        stream_module.__dict__["_Exchange"] = None  # the Python reader alone, here
+        try:
+            outcomes.append(_serve_stream(chunks, answers, tail))
+        finally:
+            stream_module.__dict__["_Exchange"] = saved
+    for got, rest, reason, read, written in outcomes:
+        assert sorted(int(r[1]) for r in got) == [i for i, k in enumerate(kinds) if k != "note"]
+        plain = [int(r[1]) for r in got if kinds[int(r[1])] != "async"]
+        assert plain == sorted(plain)  # the reader's own replies keep the request order
+        assert rest == b""
+        assert read == len(kinds)
+        assert written == answers
+        if malformed:
+            assert reason.startswith("protocol error from the peer: undecodable msgpack")
+        else:
+            assert reason == "peer closed the connection"
+    # Byte for byte the same replies, whichever reader served.
+    assert all(sorted(map(repr, o[0])) == sorted(map(repr, outcomes[0][0])) for o in outcomes)
