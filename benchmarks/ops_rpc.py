@@ -17,6 +17,8 @@ payload) for the RPC layer's own cost. Workloads:
 * ``rpc-pipe16``: 16 calls sent at once, their 16 replies read, again;
 * ``rpc-stream-rr``: ``rpc-rr`` over the plain msgpack stream (``serve_stream``: no
   length prefix, msgpack-rpc's own wire);
+* ``aio-stream-rr``: the same client against aio-msgpack-rpc's server (asyncio, the
+  plain stream) in this process, the peer ``rpc-stream-rr`` is measured against;
 * ``rpc-keyed-sqlite`` / ``rpc-keyed-memory``: ``echo`` idempotent, every call with a
   key of its own, through a durable ``SQLiteStore`` (a fresh file) or a ``MemoryStore``;
   100 calls sent at once, their replies read, again (the group commit needs concurrent
@@ -219,6 +221,35 @@ def client_side(n: int) -> None:
     print(f"rpc-client-ledger: {calls} calls, {elapsed / calls * 1e6:.2f} us each (wall clock)")
 
 
+def aio_server(n: int) -> None:
+    """``aio-stream-rr``: aio-msgpack-rpc serves ``echo`` to the stream client."""
+    import asyncio  # noqa: PLC0415
+
+    from aio_msgpack_rpc import Server as AioServer  # noqa: PLC0415
+
+    class Handler:
+        def echo(self, *args: object) -> list[object]:
+            return list(args)
+
+    async def main() -> float:
+        srv = await asyncio.start_server(AioServer(Handler()), "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        started = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "stream-client", str(port), str(n)
+        )
+        code = await proc.wait()
+        elapsed = time.perf_counter() - started
+        if code:
+            raise SystemExit(f"client failed with {code}")
+        srv.close()
+        await srv.wait_closed()
+        return elapsed
+
+    elapsed = asyncio.run(main())
+    print(f"aio-stream-rr: {n} calls, {elapsed / n * 1e6:.2f} us each (client wall clock)")
+
+
 def server(workload: str, n: int) -> None:
     import tempfile  # noqa: PLC0415
 
@@ -307,6 +338,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "client":
         mode = sys.argv[5] if len(sys.argv) > 5 else "0"
         client(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), mode == "1", mode == "2")
+    elif sys.argv[1] == "aio-stream-rr":
+        aio_server(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
     elif sys.argv[1] == "rpc-client-ledger":
         client_side(int(sys.argv[2]) if len(sys.argv) > 2 else 2000)
     else:

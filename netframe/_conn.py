@@ -90,6 +90,8 @@ __all__ = [
 
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
 _FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
+#: The C Exchange; FramedConn.exchange makes its framed modes, idempotency.rpc's
+#: StreamLink its frameless one (a plain msgpack stream).
 _Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
 #: send_data(fc, session, payload, clock) -> bool: one session DATA frame sent at once
 #: where FramedConn would send it at once (netframe/_speedups_server.c.h), else False.
@@ -97,7 +99,7 @@ _send_data: Any = None if _c_speedups is None else _c_speedups.send_data
 if _c_speedups is not None:
     _c_speedups.set_closed_state(CLOSED)
 #: Why the C Exchange stopped (netframe/_speedups_server.c.h defines them; unused where
-#: it is not built, since FramedConn.exchange then returns None).
+#: it is not built, since FramedConn.exchange then returns None and StreamLink makes none).
 EXCHANGE_READER: int = getattr(_c_speedups, "EXCHANGE_READER", -1)  # end of stream, hand-back
 EXCHANGE_PENDING: int = getattr(_c_speedups, "EXCHANGE_PENDING", -1)  # a handler to await
 EXCHANGE_WRITE_WAIT: int = getattr(_c_speedups, "EXCHANGE_WRITE_WAIT", -1)  # a send to finish

@@ -10,14 +10,17 @@
  *                         drop_none), twins of code in netframe/_handlers.py; Exchange,
  *                         the whole loop of a raw one-at-a-time connection, of a
  *                         session connection with concurrent handlers or of a client
- *                         with on_data, with the EXCHANGE_* reasons it stops for
- *                         (netframe/_conn.py's FramedConn runs it); send_data, one
+ *                         with on_data, or of a plain msgpack stream (its
+ *                         frameless mode, with a MsgpackCutter: idempotency.rpc's
+ *                         StreamLink runs it), with the EXCHANGE_* reasons it stops
+ *                         for (netframe/_conn.py's FramedConn runs it); send_data, one
  *                         session DATA frame sent at once (FramedConn._send_through's
  *                         twin), and set_closed_state, which hands both the session
  *                         state that may not send DATA;
  *   _speedups_msgpack.c.h MsgpackCutter, which cuts a plain msgpack stream into its
  *                         top-level objects (idempotency.rpc's plain stream; its
- *                         twin is in idempotency/rpc/_stream.py).
+ *                         twin is netframe/_msgpack.py's PyMsgpackCutter); included
+ *                         before the server part, whose Exchange receives through it.
  *
  * netframe/_accel.py loads it (or not: GOSIM_PURE_PYTHON=1) for every module. The parts
  * are included here, not compiled apart, so their static helpers stay private to the
@@ -33,8 +36,8 @@
 
 #include "_speedups_codec.c.h"
 #include "_speedups_io.c.h"
-#include "_speedups_server.c.h"
 #include "_speedups_msgpack.c.h"
+#include "_speedups_server.c.h"
 
 static PyMethodDef methods[] = {
     {"handle_each", (PyCFunction)(void (*)(void))handle_each, METH_FASTCALL,
@@ -93,6 +96,8 @@ PyInit__speedups(void)
         {&frames_written_name, "_frames_written"},
         {&writes_name, "_writes"},
         {&unsent_to_writer_name, "_unsent_to_writer"},
+        {&owed_name, "_owed"},
+        {&handed_name, "_handed"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);

@@ -407,57 +407,48 @@ MsgpackCutter_feed(MsgpackCutter *self, PyObject *arg)
  * False when the socket has nothing (EAGAIN, or the last receive drained it): wait for
  * input and call again.
  * A receive goes into the bytes of the object already started, or, with none, into
- * netframe's receive scratch, whose bytes past the last whole object are kept. */
-static PyObject *
-MsgpackCutter_call(MsgpackCutter *self, PyObject *args, PyObject *kwds)
+ * netframe's receive scratch, whose bytes past the last whole object are kept.
+ * cutter_receive is its body, for C callers too (the Exchange's frameless mode): 1
+ * (True), 0 (False), -1 (an exception is set). */
+static int
+cutter_receive(MsgpackCutter *self, int fd)
 {
-    int fd;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "MsgpackCutter(fd) takes no keywords");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "i", &fd)) {
-        return NULL;
-    }
     if (self->ready == NULL && (self->ready = PyList_New(0)) == NULL) {
-        return NULL;
+        return -1;
     }
     for (;;) {
         if (self->eof || self->error != Py_None || PyList_GET_SIZE(self->ready)) {
-            Py_RETURN_TRUE;
+            return 1;
         }
         if (self->drained) {
             self->drained = 0;
-            Py_RETURN_FALSE;
+            return 0;
         }
         unsigned char *into;
         Py_ssize_t want = self->read_size, old = self->len;
         if (old) {
             if (cutter_reserve(self, old + want) < 0) {
-                return NULL;
+                return -1;
             }
             into = self->buf + old;
         }
         else {
             if (ensure_scratch(want) < 0) {
-                return NULL;
+                return -1;
             }
             into = scratch;
         }
         ssize_t got = recv(fd, into, (size_t)want, 0);
         if (got < 0) {
             int again = io_failed();
-            if (again < 0) {
-                return NULL;
-            }
-            if (again == 0) {
-                Py_RETURN_FALSE;
+            if (again <= 0) {
+                return again;
             }
             continue;
         }
         if (got == 0) {
             self->eof = 1;
-            Py_RETURN_TRUE;
+            return 1;
         }
         if (got < want) {
             self->drained = 1;
@@ -465,13 +456,27 @@ MsgpackCutter_call(MsgpackCutter *self, PyObject *args, PyObject *kwds)
         int failed = old ? cutter_cut(self, self->buf, old + got, self->pos, self->ready)
                          : cutter_cut(self, scratch, got, 0, self->ready);
         if (failed) {
-            return NULL;
+            return -1;
         }
         /* Back to the caller after every receive, whole objects or not: it keeps the
          * read deadline of an object begun (a peer trickling one byte at a time is
          * seen receive by receive, as with Conn.read). */
-        Py_RETURN_TRUE;
+        return 1;
     }
+}
+
+static PyObject *
+MsgpackCutter_call(MsgpackCutter *self, PyObject *args, PyObject *kwds)
+{
+    int fd;
+    if (fd_argument(args, kwds, "MsgpackCutter", &fd) < 0) {
+        return NULL;
+    }
+    int got = cutter_receive(self, fd);
+    if (got < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(got);
 }
 
 static PyObject *

@@ -212,6 +212,37 @@ handle_each(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *                        until it owes less (FramedConn.wait_owed), as the Python
  *                        reader does before each receive (FramedConn.read_frames).
  * The caller then calls again; every state but GENERAL resumes where it stopped.
+ *
+ * Frameless mode: Exchange(cutter, None, handler, owner, max_owed), for a plain msgpack
+ * stream (idempotency/rpc/_stream.py: StreamLink._reader drives it, and is its twin and
+ * its general path). The reader is a MsgpackCutter (cutter_receive: one receive and
+ * its cut) instead of a FrameReader, and a reply is the handler's bytes sent as they
+ * are, with no header. As StreamLink._reader does: every message of a receive goes to
+ * handler(message) in order (counted in frames_in before the call); before each one,
+ * and before each receive, with max_owed >= 0, owner._owed plus the replies gathered
+ * and not yet sent must not exceed max_owed; the receive's replies (results that are
+ * exactly bytes; None adds nothing) leave together with one non-blocking send,
+ * StreamLink._reply_now's, when nothing waits for the link's writer goroutine
+ * (owner._handed is 0); frames_out counts the replies of sends taken whole, writes
+ * the sends. The handler's exceptions propagate (the message that raised is done).
+ * It hands back to its caller, with these states:
+ *   EXCHANGE_READER:       before a receive, the cutter is not at a message boundary:
+ *                          the end of the stream (cutter.eof), its error, or bytes of
+ *                          a message not yet whole (cutter.buffered), whose deadline
+ *                          the caller keeps; every message cut before was handled and
+ *                          its reply sent;
+ *   EXCHANGE_PENDING:      a result that is neither bytes nor None (an awaitable, a
+ *                          netframe.Later): take_replies() (the replies before it, to
+ *                          send first), take_pending(), then resume(None);
+ *   EXCHANGE_OWED:         over max_owed: take_replies(), send them, wait for room;
+ *   EXCHANGE_WRITE_GENERAL: the receive's replies were not sent (the writer goroutine
+ *                          has items, or the send failed): take_replies() for the
+ *                          caller's own send (StreamLink._reply_now);
+ *   EXCHANGE_WRITE_HANDOFF: the socket took part of them: take_unsent(), the rest's
+ *                          bytes, for the writer goroutine;
+ *   EXCHANGE_CLOSED:       owner.closed after a receive's messages (a handler closed
+ *                          the link): its replies are dropped.
+ * Every state resumes where it stopped.
  */
 enum {
     EXCHANGE_READER = 1,
@@ -252,6 +283,10 @@ typedef struct {
     Py_ssize_t in_flight;   /* owner.in_flight at the part's start, plus pendings since */
     PyObject *now;          /* the clock's reading for the receive being handled */
     Py_ssize_t max_owed;    /* no receive while fc owes more bytes than this (-1: none) */
+    /* Frameless mode (cutter != NULL; reader and writer NULL): */
+    MsgpackCutter *cutter;
+    Py_ssize_t gathered;    /* bytes of `replies`, owed and not yet sent */
+    PyObject *unsent;       /* what the socket did not take of the last send (or NULL) */
 } Exchange;
 
 static PyObject *closed_name;
@@ -260,9 +295,44 @@ static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_na
     *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
     *backlog_name, *queued_bytes_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
     *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
+/* Attribute names of the frameless mode's owner (a StreamLink). */
+static PyObject *owed_name, *handed_name;
 /* SessionState.CLOSED, the state that may not send DATA, for send_data and the session
  * Exchange (set_closed_state, at netframe/_conn.py's import). */
 static PyObject *closed_state_obj;
+
+/* Exchange(cutter, None, handler, owner, max_owed): the frameless mode's constructor. */
+static PyObject *
+exchange_new_frameless(PyTypeObject *type, PyObject *args)
+{
+    PyObject *cutter, *none, *handler, *owner;
+    Py_ssize_t max_owed;
+    if (!PyArg_ParseTuple(args, "O!OOOn", &MsgpackCutterType, &cutter, &none, &handler, &owner,
+                          &max_owed)) {
+        return NULL;
+    }
+    if (none != Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        "Exchange: the frameless mode takes (cutter, None, handler, owner, "
+                        "max_owed)");
+        return NULL;
+    }
+    Exchange *self = (Exchange *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->replies = PyList_New(0);
+    if (self->replies == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->cutter = (MsgpackCutter *)Py_NewRef(cutter);
+    self->handler = Py_NewRef(handler);
+    self->owner = Py_NewRef(owner);
+    self->limit = PY_SSIZE_T_MAX;
+    self->max_owed = max_owed;
+    return (PyObject *)self;
+}
 
 static PyObject *
 Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -274,6 +344,9 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Exchange takes positional arguments only");
         return NULL;
+    }
+    if (PyTuple_GET_SIZE(args) >= 1 && Py_IS_TYPE(PyTuple_GET_ITEM(args, 0), &MsgpackCutterType)) {
+        return exchange_new_frameless(type, args);
     }
     if (!PyArg_ParseTuple(args, "O!O!OnO|OOOnOn", &FrameReaderType, &reader, &FrameWriterType,
                           &writer, &handler, &limit, &owner, &session, &clock, &fc,
@@ -338,6 +411,8 @@ Exchange_traverse(Exchange *self, visitproc visit, void *arg)
     Py_VISIT(self->fc);
     Py_VISIT(self->start_pending);
     Py_VISIT(self->now);
+    Py_VISIT(self->cutter);
+    Py_VISIT(self->unsent);
     return 0;
 }
 
@@ -356,6 +431,8 @@ Exchange_clear(Exchange *self)
     Py_CLEAR(self->fc);
     Py_CLEAR(self->start_pending);
     Py_CLEAR(self->now);
+    Py_CLEAR(self->cutter);
+    Py_CLEAR(self->unsent);
     return 0;
 }
 
@@ -836,6 +913,173 @@ exchange_session(Exchange *self, int fd)
     }
 }
 
+/* Whether owner._owed plus the replies gathered exceeds max_owed (frameless mode): 1,
+ * 0, or -1 with an exception set. */
+static int
+frameless_owes_too_much(Exchange *self)
+{
+    Py_ssize_t owed;
+    if (get_ssize(self->owner, owed_name, &owed) < 0) {
+        return -1;
+    }
+    return owed + self->gathered > self->max_owed;
+}
+
+/* Send a receive's replies as StreamLink._reply_now sends them: one non-blocking send
+ * when nothing waits for the link's writer goroutine. 1: all sent; a state to stop
+ * with: WRITE_GENERAL (the writer has items, or the send failed: the caller's own send
+ * meets the error and ends the link as it does) or WRITE_HANDOFF (the socket took
+ * part: self->unsent holds the rest); -1 with an exception set. */
+static int
+frameless_flush(Exchange *self, int fd)
+{
+    Py_ssize_t handed;
+    if (get_ssize(self->owner, handed_name, &handed) < 0) {
+        return -1;
+    }
+    if (handed) {
+        return EXCHANGE_WRITE_GENERAL;
+    }
+    PyObject *replies = self->replies;
+    Py_ssize_t count = PyList_GET_SIZE(replies);
+    PyObject *data;
+    if (count == 1) {
+        data = Py_NewRef(PyList_GET_ITEM(replies, 0));
+    }
+    else {
+        data = PyBytes_FromStringAndSize(NULL, self->gathered);
+        if (data == NULL) {
+            return -1;
+        }
+        char *w = PyBytes_AS_STRING(data);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *item = PyList_GET_ITEM(replies, i);
+            memcpy(w, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item));
+            w += PyBytes_GET_SIZE(item);
+        }
+    }
+    Py_ssize_t len = PyBytes_GET_SIZE(data);
+    ssize_t sent;
+    for (;;) {
+        sent = send(fd, PyBytes_AS_STRING(data), (size_t)len, MSG_NOSIGNAL);
+        if (sent >= 0) {
+            break;
+        }
+        int again = io_failed();
+        if (again > 0) {
+            continue; /* EINTR, the signal handlers run */
+        }
+        if (again == 0) {
+            sent = 0; /* the socket is full: the writer goroutine sends it all */
+            break;
+        }
+        Py_DECREF(data);
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) {
+            return -1; /* a signal handler's exception */
+        }
+        PyErr_Clear();
+        return EXCHANGE_WRITE_GENERAL;
+    }
+    self->writes++;
+    if (sent < len) {
+        PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + sent, len - sent);
+        Py_DECREF(data);
+        if (rest == NULL) {
+            return -1;
+        }
+        self->unsent = rest;
+    }
+    else {
+        Py_DECREF(data);
+        self->frames_out += (unsigned long long)count;
+    }
+    if (PyList_SetSlice(replies, 0, count, NULL) < 0) {
+        return -1;
+    }
+    self->gathered = 0;
+    return sent < len ? EXCHANGE_WRITE_HANDOFF : 1;
+}
+
+/* Exchange_call in frameless mode (see Exchange above). */
+static PyObject *
+exchange_frameless(Exchange *self, int fd)
+{
+    MsgpackCutter *cutter = self->cutter;
+    for (;;) {
+        if (self->frames == NULL) {
+            /* At a message boundary, with nothing gathered: receive, or hand back. */
+            if (cutter->eof || cutter->error != Py_None || cutter->len) {
+                return exchange_stop(self, EXCHANGE_READER);
+            }
+            if (self->max_owed >= 0) {
+                int over = frameless_owes_too_much(self);
+                if (over) {
+                    return over < 0 ? NULL : exchange_stop(self, EXCHANGE_OWED);
+                }
+            }
+            int got = cutter_receive(cutter, fd);
+            if (got <= 0) {
+                return got < 0 ? NULL : Py_NewRef(Py_False);
+            }
+            if (!PyList_GET_SIZE(cutter->ready)) {
+                continue; /* no message whole: the end, an error or a part (above) */
+            }
+            PyObject *fresh = PyList_New(0);
+            if (fresh == NULL) {
+                return NULL;
+            }
+            self->frames = cutter->ready;
+            cutter->ready = fresh;
+            self->index = 0;
+        }
+        while (self->index < PyList_GET_SIZE(self->frames)) {
+            if (self->max_owed >= 0) {
+                int over = frameless_owes_too_much(self);
+                if (over) {
+                    return over < 0 ? NULL : exchange_stop(self, EXCHANGE_OWED);
+                }
+            }
+            PyObject *message = Py_NewRef(PyList_GET_ITEM(self->frames, self->index));
+            self->frames_in++;
+            PyObject *result = PyObject_CallOneArg(self->handler, message);
+            Py_DECREF(message);
+            if (result == NULL) {
+                self->index++; /* as the Python reader: the message that raised is done */
+                return NULL;
+            }
+            if (result == Py_None) {
+                Py_DECREF(result);
+            }
+            else if (PyBytes_CheckExact(result)) {
+                int failed = PyList_Append(self->replies, result);
+                self->gathered += PyBytes_GET_SIZE(result);
+                Py_DECREF(result);
+                if (failed) {
+                    return NULL;
+                }
+            }
+            else {
+                self->pending = result;
+                self->suspended = 0;
+                return exchange_stop(self, EXCHANGE_PENDING);
+            }
+            self->index++;
+        }
+        Py_CLEAR(self->frames);
+        int closed = exchange_owner_closed(self);
+        if (closed) {
+            self->gathered = 0;
+            return closed < 0 ? NULL : exchange_stop(self, EXCHANGE_CLOSED);
+        }
+        if (PyList_GET_SIZE(self->replies)) {
+            int flushed = frameless_flush(self, fd);
+            if (flushed != 1) {
+                return flushed < 0 ? NULL : exchange_stop(self, flushed);
+            }
+        }
+    }
+}
+
 static PyObject *
 Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
 {
@@ -854,6 +1098,16 @@ Exchange_call(Exchange *self, PyObject *args, PyObject *kwds)
     if (self->pending != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Exchange: a pending handler is not resumed");
         return NULL;
+    }
+    if (self->cutter != NULL) {
+        int taken = self->unsent == NULL &&
+                    !((self->state == EXCHANGE_OWED || self->state == EXCHANGE_WRITE_GENERAL) &&
+                      PyList_GET_SIZE(self->replies));
+        if (!taken) {
+            PyErr_SetString(PyExc_RuntimeError, "Exchange: replies handed back are not taken");
+            return NULL;
+        }
+        return exchange_frameless(self, fd);
     }
     if (self->session != NULL) {
         return exchange_session(self, fd);
@@ -952,6 +1206,8 @@ Exchange_release(Exchange *self, PyObject *unused)
     Py_CLEAR(self->fc);
     Py_CLEAR(self->start_pending);
     Py_CLEAR(self->now);
+    Py_CLEAR(self->unsent);
+    self->gathered = 0;
     if (self->replies != NULL &&
         PyList_SetSlice(self->replies, 0, PyList_GET_SIZE(self->replies), NULL) < 0) {
         return NULL;
@@ -978,8 +1234,17 @@ Exchange_resume(Exchange *self, PyObject *reply)
         PyErr_SetString(PyExc_RuntimeError, "Exchange: no handler to resume");
         return NULL;
     }
-    if (reply != Py_None && PyList_Append(self->replies, reply) < 0) {
-        return NULL;
+    if (reply != Py_None) {
+        if (self->cutter != NULL && !PyBytes_CheckExact(reply)) {
+            PyErr_SetString(PyExc_TypeError, "Exchange: a frameless reply must be bytes");
+            return NULL;
+        }
+        if (PyList_Append(self->replies, reply) < 0) {
+            return NULL;
+        }
+        if (self->cutter != NULL) {
+            self->gathered += PyBytes_GET_SIZE(reply);
+        }
     }
     self->index++;
     Py_RETURN_NONE;
@@ -1009,7 +1274,16 @@ Exchange_take_replies(Exchange *self, PyObject *unused)
     }
     PyObject *out = self->replies;
     self->replies = fresh;
+    self->gathered = 0;
     return out;  /* counted by the general path that sends them */
+}
+
+static PyObject *
+Exchange_take_unsent(Exchange *self, PyObject *unused)
+{
+    PyObject *out = self->unsent;
+    self->unsent = NULL;
+    return out != NULL ? out : PyBytes_FromStringAndSize(NULL, 0);
 }
 
 static PyObject *
@@ -1025,9 +1299,9 @@ static PyMemberDef Exchange_members[] = {
     {"errors", T_PYSSIZET, offsetof(Exchange, errors), READONLY,
      "Handler failures not yet taken."},
     {"frames_in", T_ULONGLONG, offsetof(Exchange, frames_in), READONLY,
-     "Frames taken from the reader."},
+     "Frames taken from the reader (frameless: messages handed to the handler)."},
     {"frames_out", T_ULONGLONG, offsetof(Exchange, frames_out), READONLY,
-     "Replies encoded for sending."},
+     "Replies encoded for sending (frameless: replies of sends taken whole)."},
     {"writes", T_ULONGLONG, offsetof(Exchange, writes), READONLY, "Sends of encoded replies."},
     {NULL},
 };
@@ -1045,6 +1319,8 @@ static PyMethodDef Exchange_methods[] = {
      "The receive's frames from the first one the session loop leaves (GENERAL)."},
     {"take_errors", (PyCFunction)Exchange_take_errors, METH_NOARGS,
      "Handler failures counted since the last take."},
+    {"take_unsent", (PyCFunction)Exchange_take_unsent, METH_NOARGS,
+     "The frameless mode's bytes the socket did not take (WRITE_HANDOFF)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,16 @@ whatever has queued in one gathered write (replies made one at a time leave in
 batches, and a peer that stops reading makes :meth:`StreamLink.send` block instead of
 growing memory).
 
+Where netframe's C accelerator is built and no ``idle_timeout`` is set, the reader
+runs netframe's C ``Exchange`` loop in its frameless mode (the framed transport's loop,
+netframe/_speedups_server.c.h): it receives, cuts, calls the callback and sends the
+replies as this reader does, with no Python frame per receive, and hands back to the
+Python loop here (the general path, and the whole reader under
+``GOSIM_PURE_PYTHON=1``) for what it does not do: an awaitable result, a message not
+yet whole (its read deadline), the owed-bytes bound, a send the socket did not take
+whole or while the writer has items, a cutter's error, the end of the stream, a closed
+link. :attr:`StreamLink.exchanged` counts the messages it handled.
+
 This transport has no heartbeats or goaway (the stream has no room for them): a dead
 peer is noticed by the kernel (reset, keepalive) or by the caller's timeouts, and a
 server closes a connection that sent nothing for its ``idle_timeout`` while no call of
@@ -33,6 +43,14 @@ from typing import Any, Protocol
 
 import gosim
 from gosim import Chan, SendOnClosedChannel, go
+from netframe._conn import (
+    EXCHANGE_CLOSED,
+    EXCHANGE_OWED,
+    EXCHANGE_PENDING,
+    EXCHANGE_WRITE_GENERAL,
+    EXCHANGE_WRITE_HANDOFF,
+    _Exchange,
+)
 
 from ._protocol import Limits, new_cutter
 
@@ -98,8 +116,8 @@ class StreamLink:
         self._out = b""  # the bytes _send_now is sending, and how many the socket took
         self._sent = 0
         self._write_out_bound = self._write_out
-        self.messages_read = 0
-        self.messages_written = 0
+        self._messages_read = 0
+        self._messages_written = 0
         # Read deadlines, renewed before every read: past one with nothing received
         # and ``busy()`` False (no call of this connection running), the link ends.
         self.idle_timeout = idle_timeout
@@ -120,6 +138,15 @@ class StreamLink:
         self.answer_after_eof = answer_after_eof
         self._quiet: Chan[None] = Chan(1)
         self._writer_done: Chan[None] = Chan()
+        # The reader's C loop (netframe's Exchange in its frameless mode): where the
+        # cutter is C's, the connection has a RawConn and no idle deadline is to be
+        # renewed before each receive, it receives, cuts, calls on_message and sends
+        # the replies, handing back to _reader for the rest.
+        self._exchange: Any = None
+        fast = self._raw is not None and hasattr(self.cutter, "take")
+        if _Exchange is not None and fast and idle_timeout is None:
+            owed = -1 if max_owed is None else max_owed
+            self._exchange = _Exchange(self.cutter, None, on_message, self, owed)
         go(self._reader)
         go(self._writer)
 
@@ -164,6 +191,26 @@ class StreamLink:
         self._quiet.try_send(None)
 
     @property
+    def messages_read(self) -> int:
+        """Messages handed to ``on_message``."""
+        ex = self._exchange
+        return self._messages_read + (ex.frames_in if ex is not None else 0)
+
+    @property
+    def messages_written(self) -> int:
+        """Messages written (the replies of one send that the socket took only part of
+        count as one, when the writer has written the rest)."""
+        ex = self._exchange
+        return self._messages_written + (ex.frames_out if ex is not None else 0)
+
+    @property
+    def exchanged(self) -> int:
+        """Messages of :attr:`messages_read` that the reader's C loop handled (0 where
+        it is not used: the pure-Python build, an ``idle_timeout``)."""
+        ex = self._exchange
+        return 0 if ex is None else int(ex.frames_in)
+
+    @property
     def queued(self) -> int:
         """Messages queued and not yet handed to the connection."""
         return len(self._queue)
@@ -206,6 +253,7 @@ class StreamLink:
             # one is buffered): past it by read_timeout, the link ends (slowloris).
             started: float | None = None
             armed = False  # a read deadline is set on the connection
+            ex = self._exchange
             while not self.closed:
                 if self._owed > self.max_owed:
                     await self._wait_for_room()
@@ -221,6 +269,21 @@ class StreamLink:
                     if deadline != math.inf or armed:
                         self.conn.set_read_deadline(None if deadline == math.inf else deadline)
                         armed = deadline != math.inf
+                if ex is not None and started is None:  # at a message boundary: C's
+                    stop = await self._exchange_once(ex, receiver)
+                    if stop is None:
+                        continue
+                    if stop == "closed":
+                        return
+                    if cutter.eof:
+                        if self.answer_after_eof:
+                            await self._answer_after_eof()
+                        return
+                    if cutter.error is not None:
+                        reason = f"protocol error from the peer: {cutter.error}"
+                        return
+                    started = gosim.now()  # a message begun: its deadline, in Python
+                    continue
                 try:
                     if receiver is not None:  # the receive and its cut, one C call
                         await receiver.read(cutter)
@@ -248,7 +311,7 @@ class StreamLink:
                             replies = await self._queue_replies(replies)
                         if not await self._wait_for_room():
                             return
-                    self.messages_read += 1
+                    self._messages_read += 1
                     result = on_message(payload)
                     if result is None:
                         continue
@@ -277,6 +340,44 @@ class StreamLink:
             reason = f"connection broken: {exc}"
         finally:
             self._end(reason)
+            if self._exchange is not None:
+                self._exchange.release()  # it held this link: no cycle left
+
+    async def _exchange_once(self, ex: Any, raw: Any) -> str | None:
+        """Run the C loop until it hands back, and do what it handed back as the Python
+        loop below does it: None to run it again; "closed" when the link has ended;
+        "reader" when the cutter is not at a message boundary (the end of the stream,
+        its error, or a message begun: the Python loop's)."""
+        await raw.read(ex)
+        state: int = ex.state
+        if state == EXCHANGE_PENDING:  # an awaitable: the replies before it go first
+            replies = ex.take_replies()
+            if replies:
+                self._owed += sum(map(len, replies))
+                await self._queue_replies(replies)
+            pending, _ = ex.take_pending()
+            await pending
+            ex.resume(None)
+        elif state == EXCHANGE_OWED:  # over max_owed: no more calls until room
+            replies = ex.take_replies()
+            if replies:
+                self._owed += sum(map(len, replies))
+                await self._queue_replies(replies)
+            if not await self._wait_for_room():
+                return "closed"
+        elif state == EXCHANGE_WRITE_GENERAL:  # the writer has items, or the send failed
+            replies = ex.take_replies()
+            self._owed += sum(map(len, replies))
+            await self._queue_replies(replies)
+        elif state == EXCHANGE_WRITE_HANDOFF:  # the socket took part: the writer sends the rest
+            rest = ex.take_unsent()
+            self._owed += len(rest)
+            await self._hand_to_writer(rest)
+        elif state == EXCHANGE_CLOSED:
+            return "closed"
+        else:
+            return "reader"
+        return None
 
     async def _queue_replies(self, replies: list[bytes]) -> list[bytes]:
         """Send the reader's replies (already counted owed): at once with one
@@ -301,7 +402,7 @@ class StreamLink:
             sent = 0
         self._owed -= sent
         if sent == len(data):
-            self.messages_written += len(replies)
+            self._messages_written += len(replies)
             return None
         return data[sent:]  # the writer sends the rest, under the write deadline
 
@@ -368,7 +469,7 @@ class StreamLink:
                 data = b"".join(batch)
                 await self._write(data, deadline)
                 self._handed -= items
-                self.messages_written += len(batch)
+                self._messages_written += len(batch)
                 self._owed -= len(data)
                 self._room.try_send(None)
         except TimeoutError:
