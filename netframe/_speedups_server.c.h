@@ -302,6 +302,22 @@ static PyObject *owed_name, *handed_name;
 static PyObject *closed_state_obj;
 
 /* Exchange(cutter, None, handler, owner, max_owed): the frameless mode's constructor. */
+/* An Exchange with nothing taken on yet but its (empty) list of replies. */
+static Exchange *
+exchange_alloc(PyTypeObject *type)
+{
+    Exchange *self = (Exchange *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->replies = PyList_New(0);
+    if (self->replies == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return self;
+}
+
 static PyObject *
 exchange_new_frameless(PyTypeObject *type, PyObject *args)
 {
@@ -317,13 +333,8 @@ exchange_new_frameless(PyTypeObject *type, PyObject *args)
                         "max_owed)");
         return NULL;
     }
-    Exchange *self = (Exchange *)type->tp_alloc(type, 0);
+    Exchange *self = exchange_alloc(type);
     if (self == NULL) {
-        return NULL;
-    }
-    self->replies = PyList_New(0);
-    if (self->replies == NULL) {
-        Py_DECREF(self);
         return NULL;
     }
     self->cutter = (MsgpackCutter *)Py_NewRef(cutter);
@@ -363,13 +374,8 @@ Exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                         "(at least 1) and start_pending");
         return NULL;
     }
-    Exchange *self = (Exchange *)type->tp_alloc(type, 0);
+    Exchange *self = exchange_alloc(type);
     if (self == NULL) {
-        return NULL;
-    }
-    self->replies = PyList_New(0);
-    if (self->replies == NULL) {
-        Py_DECREF(self);
         return NULL;
     }
     Py_INCREF(reader);
