@@ -301,7 +301,6 @@ static PyObject *owed_name, *handed_name;
  * Exchange (set_closed_state, at netframe/_conn.py's import). */
 static PyObject *closed_state_obj;
 
-/* Exchange(cutter, None, handler, owner, max_owed): the frameless mode's constructor. */
 /* An Exchange with nothing taken on yet but its (empty) list of replies. */
 static Exchange *
 exchange_alloc(PyTypeObject *type)
@@ -318,6 +317,7 @@ exchange_alloc(PyTypeObject *type)
     return self;
 }
 
+/* Exchange(cutter, None, handler, owner, max_owed): the frameless mode's constructor. */
 static PyObject *
 exchange_new_frameless(PyTypeObject *type, PyObject *args)
 {

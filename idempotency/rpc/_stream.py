@@ -43,13 +43,13 @@ from typing import Any, Protocol
 
 import gosim
 from gosim import Chan, SendOnClosedChannel, go
-from netframe._conn import (
+from netframe.lowlevel import (
     EXCHANGE_CLOSED,
     EXCHANGE_OWED,
     EXCHANGE_PENDING,
     EXCHANGE_WRITE_GENERAL,
     EXCHANGE_WRITE_HANDOFF,
-    _Exchange,
+    message_exchange,
 )
 
 from ._protocol import Limits, new_cutter
@@ -144,9 +144,8 @@ class StreamLink:
         # the replies, handing back to _reader for the rest.
         self._exchange: Any = None
         fast = self._raw is not None and hasattr(self.cutter, "take")
-        if _Exchange is not None and fast and idle_timeout is None:
-            owed = -1 if max_owed is None else max_owed
-            self._exchange = _Exchange(self.cutter, None, on_message, self, owed)
+        if fast and idle_timeout is None:
+            self._exchange = message_exchange(self.cutter, on_message, self, max_owed)
         go(self._reader)
         go(self._writer)
 

@@ -426,12 +426,12 @@ def test_the_c_loop_answers_any_stream_as_the_python_reader(
     tail = b"\xc1" if malformed else b""
     outcomes = [_serve_stream(chunks, answers, tail)]
     if C_LOOP:
-        saved = stream_module.__dict__["_Exchange"]
-        stream_module.__dict__["_Exchange"] = None  # the Python reader alone, here
+        saved = stream_module.__dict__["message_exchange"]
+        stream_module.__dict__["message_exchange"] = lambda *a: None  # the Python reader alone
         try:
             outcomes.append(_serve_stream(chunks, answers, tail))
         finally:
-            stream_module.__dict__["_Exchange"] = saved
+            stream_module.__dict__["message_exchange"] = saved
     for got, rest, reason, read, written in outcomes:
         assert sorted(int(r[1]) for r in got) == [i for i, k in enumerate(kinds) if k != "note"]
         plain = [int(r[1]) for r in got if kinds[int(r[1])] != "async"]
