@@ -69,6 +69,8 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._record import (
+    COMPLETED,
+    IN_PROGRESS,
     ClaimKind,
     Record,
     claim,
@@ -158,6 +160,17 @@ _UPSERT: Final = (
 # cleared, about 2,000 instructions) where an int, float, str or bytearray costs none.
 _UPSERT_IN_PROGRESS: Final = _UPSERT.replace("?, ?)", "?, NULL)", 1)
 _DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
+# A completion of a claim this store granted, without reading its row first: the row is
+# written only where it is still what complete() accepts and decode_record() reads (the
+# live in-progress record of that fence and fingerprint). The updated row count tells
+# whether every one was; if not, they are rolled back and read and decided as usual.
+_COMPLETE_HELD: Final = (
+    f"UPDATE idempotency_records SET state = {int(COMPLETED)}, expires_at = ?, ok = ?,"
+    " payload = ? WHERE caller = ? AND key = ? AND fence = ? AND fingerprint = ?"
+    f" AND state = {int(IN_PROGRESS)} AND typeof(expires_at) IN ('real', 'integer')"
+    " AND expires_at > ? AND ok IN (0, 1) AND payload IS NULL"
+)
+_HELD_MAX: Final = 65536  # claims remembered (an optimisation only: forgotten past it)
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
 _SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
 # The automatic sweep's walk: in rowid order (the table's own, no index), or in key order
@@ -306,6 +319,10 @@ class SQLiteStore(BatchedOneStepStore):
         # A file of the older layout (see _SCHEMA) has no rowid to walk: its sweep walks
         # the key.
         self._clustered_on_key = clustered_on_key
+        # The claims this store granted and has not seen completed: (caller, key) ->
+        # (fence, fingerprint). Their completion needs no read of the row
+        # (_COMPLETE_HELD); on the committer's thread only.
+        self._held: dict[tuple[str, str], tuple[int, bytes]] = {}
         # The automatic sweep resumes after this rowid (or key).
         self._sweep_cursor: Any = ("", "") if clustered_on_key else 0
 
@@ -439,16 +456,19 @@ class SQLiteStore(BatchedOneStepStore):
         try:
             fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
             fence, ceiling = fence0, ceiling0
-            ws = self._load(conn, ops)
+            # Completions of claims this store holds skip the read (_complete_held).
+            held = self._split_held(ops) if self._held else None
+            work = ops if held is None else held[1]
+            ws = self._load(conn, work)
             dirty: dict[tuple[str, str], Record | None] = {}
-            i, n = 0, len(ops)
+            i, n = 0, len(work)
             while True:
                 # The record-only operations (claims, completions without an effect)
                 # a run at a time; _decide stops at any other.
-                i, fence = _decide(ops, i, ws, dirty, now, fence)
+                i, fence = _decide(work, i, ws, dirty, now, fence)
                 if i == n:
                     break
-                op = ops[i]
+                op = work[i]
                 i += 1
                 kind = op.kind
                 try:
@@ -492,6 +512,8 @@ class SQLiteStore(BatchedOneStepStore):
                     # working set, and its batch-mates go on.
                     op.error = exc
             self._flush(conn, dirty)
+            if held is not None:
+                self._complete_held(conn, held[0], now, fence)
             if self._sweep_every > 0:
                 self._batches_to_sweep -= 1
                 if self._batches_to_sweep <= 0:
@@ -507,6 +529,7 @@ class SQLiteStore(BatchedOneStepStore):
             if ceiling != ceiling0:
                 conn.execute(_WRITE_CEILING, (ceiling,))
             conn.execute("COMMIT")
+            self._note_held(ops)
         except _RedoCarefully:
             try:
                 conn.execute("ROLLBACK")
@@ -556,6 +579,78 @@ class SQLiteStore(BatchedOneStepStore):
                 op.result = None
             raise
         return _APPLIED
+
+    def _split_held(self, ops: list[Op]) -> tuple[list[Op], list[Op]] | None:
+        """The batch's completions of claims this store holds whose key no other
+        operation of the batch touches (their order among the rest cannot matter), and
+        the rest; None when there are none."""
+        held = self._held
+        mine: list[Op] = []
+        rest: list[Op] = []
+        others: set[tuple[str, str]] = set()
+        for op in ops:
+            if op.kind == _COMPLETE:
+                caller, key, f, c = op.args
+                h = held.get((caller, key))
+                if h is not None and h[0] == f and c.effect is None:
+                    mine.append(op)
+                    continue
+            if op.kind in _KEYED:
+                others.add((op.args[0], op.args[1]))
+            rest.append(op)
+        if not mine:
+            return None
+        seen: set[tuple[str, str]] = set()
+        for op in mine:
+            rk = (op.args[0], op.args[1])
+            if rk in others or rk in seen:
+                return None  # rare: the usual path keeps the batch's order for all
+            seen.add(rk)
+        return mine, rest
+
+    def _complete_held(
+        self, conn: sqlite3.Connection, ops: list[Op], now: float, fence: int
+    ) -> None:
+        """Complete claims this store holds with one conditional write each, no read;
+        if any row is no longer the live claim, none is written this way and all are
+        read and decided as usual (so a stale claim fails as complete() says)."""
+        held = self._held
+        params = []
+        for op in ops:
+            caller, key, f, c = op.args
+            params.append(
+                (
+                    now + c.ttl, 1 if c.ok else 0, bytearray(c.payload), caller, key, f,
+                    bytearray(held[caller, key][1]), now,
+                )
+            )  # fmt: skip
+        conn.execute("SAVEPOINT idempotency_held")
+        if conn.executemany(_COMPLETE_HELD, params).rowcount == len(ops):
+            conn.execute("RELEASE idempotency_held")
+            for op in ops:
+                caller, key, f, c = op.args
+                op.result = Record(COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
+            return
+        conn.execute("ROLLBACK TO idempotency_held")
+        conn.execute("RELEASE idempotency_held")
+        ws = self._load(conn, ops)
+        dirty: dict[tuple[str, str], Record | None] = {}
+        _decide(ops, 0, ws, dirty, now, fence)
+        self._flush(conn, dirty)
+
+    def _note_held(self, ops: list[Op]) -> None:
+        """After a commit: remember the claims it granted, forget the ones it ended."""
+        held = self._held
+        for op in ops:
+            kind = op.kind
+            if kind == _CLAIM:
+                res = op.result
+                if op.error is None and res is not None and res.kind is ClaimKind.CLAIMED:
+                    if len(held) >= _HELD_MAX:
+                        held.clear()
+                    held[op.args[0], op.args[1]] = (res.record.fence, res.record.fingerprint)
+            elif held and kind in (_COMPLETE, _RELEASE):
+                held.pop((op.args[0], op.args[1]), None)
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
         """Retention without a sweeper: look at the next 512 records in rowid order (key

@@ -632,3 +632,77 @@ def test_effects_in_shared_batches_keep_exactly_the_writes_of_those_that_succeed
     scripts = [c[0] for c in calls]
     outcomes, _, _ = _run_scripts(path, scripts, [c[1] for c in calls], [c[2] for c in calls])
     _check_outcomes(path, scripts, outcomes)
+
+
+def _statements(store: SQLiteStore) -> list[str]:
+    """Every SQL statement the store's connection runs from now on (its committer's)."""
+    seen: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(seen.append)
+    return seen
+
+
+def test_sqlite_completes_its_own_claims_without_reading_their_rows(tmp_path: Path) -> None:
+    """A completion of a claim this store granted is one conditional write: no read of
+    the row, and the record it answers is what complete() makes."""
+    from idempotency.stores._contract import Completion  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "h.db")
+    fp = b"\x07" * 32
+
+    async def calls() -> tuple[Any, list[str], Any]:
+        claimed = [await store.claim("c", f"k{i}", fp, 60.0) for i in range(3)]
+        seen = _statements(store)
+        done = [
+            await store.complete(
+                "c", f"k{i}", r.record.fence, Completion(True, b"\x01", None, 60.0, 9)
+            )
+            for i, r in enumerate(claimed)
+        ]
+        during = list(seen)  # the completions' statements alone
+        return done, during, await store.get("c", "k1")
+
+    done, seen, stored = grun(calls)
+    store.close()
+    reads = [q for q in seen if q.lstrip().upper().startswith("SELECT") and "caller = " in q]
+    writes = [q for q in seen if "fingerprint = " in q and q.startswith("UPDATE")]
+    assert reads == [] and len(writes) == 3
+    assert [(r.state, r.fingerprint, r.ok, r.payload) for r in done] == [(2, fp, True, b"\x01")] * 3
+    assert stored == done[1]
+
+
+def test_sqlite_a_held_claim_that_went_stale_fails_as_complete_says(tmp_path: Path) -> None:
+    """The conditional write finds the row changed (another store on the file took the
+    key over after the lease; a row damaged meanwhile): nothing is written that way, and
+    the completion is read and decided as usual: StaleClaim, CorruptedRecord."""
+    from idempotency import StaleClaim  # noqa: PLC0415
+    from idempotency.stores._contract import Completion  # noqa: PLC0415
+
+    path = tmp_path / "s.db"
+    now = [1_700_000_000.0]
+    mine = SQLiteStore(path, clock=lambda: now[0])
+    other = SQLiteStore(path, clock=lambda: now[0])
+    fp = b"\x07" * 32
+    c = Completion(True, b"\x01", None, 60.0, 9)
+
+    async def calls() -> list[Any]:
+        took = await mine.claim("c", "k", fp, 1.0)
+        dmg = await mine.claim("c", "d", fp, 60.0)
+        now[0] += 2.0  # mine's lease on k lapsed: the other store takes the key over
+        over = await other.claim("c", "k", fp, 60.0)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE idempotency_records SET expires_at = 'soon' WHERE key = 'd'")
+        got: list[Any] = [over.record.fence > took.record.fence]
+        for key, res in (("k", took), ("d", dmg)):
+            try:
+                got.append(await mine.complete("c", key, res.record.fence, c))
+            except Exception as exc:
+                got.append(type(exc))
+        got.append(await other.complete("c", "k", over.record.fence, c))
+        return got
+
+    newer, stale, damaged, theirs = grun(calls)
+    mine.close()
+    other.close()
+    assert newer and stale is StaleClaim and damaged is CorruptedRecord
+    assert theirs.state == 2 and theirs.payload == b"\x01"
