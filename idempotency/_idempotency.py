@@ -67,6 +67,7 @@ from typing import Any, Final, TypeAlias
 import gosim
 from gosim import Chan, context, go, lowlevel, recv, select
 
+from ._accel import speedups as _speedups
 from ._errors import (
     ApplicationError,
     InProgress,
@@ -83,7 +84,8 @@ from ._keys import (
     validate_caller,
     validate_key,
 )
-from ._outcome import DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
+from ._outcome import _NOT_DECODED, DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
+from ._outcome import _packb as _outcome_packb
 from ._record import ClaimKind, ClaimResult, Record
 from ._waiter import await_done
 from .stores import (
@@ -453,9 +455,9 @@ class Idempotency:
         assert store is not None
         store.claim_later(
             caller, key, fp, self.lease,
-            functools.partial(
-                self._on_claim, caller, key, operation, args, fp, handler, wait, timeout, ctx,
-                one_step, done,
+            _continuation(
+                self, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step,
+                done,
             ),
         )  # fmt: skip
 
@@ -539,6 +541,24 @@ class Idempotency:
             self._start_keeper()
         try:
             result = handler(Call(caller, key, operation, args, fence, ctx))
+        except Exception as exc:
+            self._handler_failed(exc, caller, key, fence, done)
+            return
+        self._handler_returned(result, caller, key, fence, one_step, done)
+
+    def _handler_returned(
+        self,
+        result: Any,
+        caller: str,
+        key: str,
+        fence: int,
+        one_step: bool,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """The handler of claim ``fence`` returned ``result``: record it (an awaitable
+        awaited first, in a goroutine), or fail the call as :meth:`_handler_failed`
+        says when it cannot be recorded."""
+        try:
             if hasattr(result, "__await__"):
                 if one_step:
                     _refuse_awaitable(result)  # the same promise on every store
@@ -546,12 +566,26 @@ class Idempotency:
                 return
             completion = self._completion(result)
         except Exception as exc:
-            failure = self._failure(exc)
-            if not isinstance(failure, Completion):
-                go(deliver, self._release_raising(failure, caller, key, fence), done)
-                return
-            completion = failure
+            self._handler_failed(exc, caller, key, fence, done)
+            return
         self._complete(caller, key, fence, completion, done)
+
+    def _handler_failed(
+        self,
+        exc: Exception,
+        caller: str,
+        key: str,
+        fence: int,
+        done: Callable[[Outcome | None, BaseException | None], None],
+    ) -> None:
+        """The handler of claim ``fence`` raised ``exc`` (or its result cannot be
+        recorded): record a final ApplicationError, or release the claim and hand the
+        exception to ``done``."""
+        failure = self._failure(exc)
+        if not isinstance(failure, Completion):
+            go(deliver, self._release_raising(failure, caller, key, fence), done)
+            return
+        self._complete(caller, key, fence, failure, done)
 
     def _completion(self, result: Any) -> Completion:
         """A handler's return value as the completion that records it (InvalidResult
@@ -871,3 +905,44 @@ class Idempotency:
             finally:
                 timer.stop()
             res = await self._store.claim(caller, key, fp, self.lease)
+
+
+def _py_continuation(
+    idem: Idempotency,
+    caller: str,
+    key: str,
+    operation: str,
+    args: Any,
+    fp: bytes,
+    handler: Handler,
+    wait: bool,
+    timeout: float | None,
+    ctx: context.Context | None,
+    one_step: bool,
+    done: Callable[[Outcome | None, BaseException | None], None],
+) -> Callable[[ClaimResult | None, BaseException | None], None]:
+    """A two-step call's continuation on a CallbackStore, given to ``claim_later`` as
+    its ``done``: :meth:`Idempotency._on_claim` for this call (and from there the
+    handler, ``complete_later`` with :meth:`Idempotency._completed`, and ``done``).
+
+    The reference of its C twin, ``_speedups.TwoStepCall``: one object that is called
+    twice, with the claim's answer and then with the record's, and runs the common case
+    between them (claimed; a handler returning a plain value at once; the record
+    written) without a Python frame, handing every other case to these methods."""
+    return functools.partial(
+        idem._on_claim, caller, key, operation, args, fp, handler, wait, timeout, ctx,
+        one_step, done,
+    )  # fmt: skip
+
+
+_continuation: Callable[..., Callable[[ClaimResult | None, BaseException | None], None]]
+_continuation = _py_continuation
+if _speedups is not None and _speedups.configure_two_step(
+    call=Call,
+    outcome=Outcome,
+    completion=Completion,
+    pack=_outcome_packb,
+    not_decoded=_NOT_DECODED,
+    current_runtime=lowlevel.current_runtime,
+):
+    _continuation = _speedups.TwoStepCall

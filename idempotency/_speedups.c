@@ -16,7 +16,10 @@
  *                       committer's thread: the keys read, the rows decoded, the
  *                       claims and completions decided, the rows written back;
  *   parse_request       idempotency/rpc/_protocol.py's parse(), for a well-formed
- *                       request (the RPC server's every call).
+ *                       request (the RPC server's every call);
+ *   TwoStepCall         idempotency/_idempotency.py's _py_continuation: a two-step
+ *                       call's way from its claim's answer through its handler to its
+ *                       record's answer, on a CallbackStore.
  *
  * Every case the fast path does not cover is handed to the Python reference (configured
  * once by idempotency/_accel.py): a refused completion, an effect to run, a request that
@@ -29,7 +32,7 @@
  * twins are in its parts, by mechanism: _speedups_record.c.h (claim, complete),
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
  * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
- * (parse_request).
+ * (parse_request), _speedups_twostep.c.h (TwoStepCall).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -62,6 +65,7 @@ enum {
     SQLITE_PART = 8,
     OP_PART = 16,
     RPC_PART = 32,
+    TWO_STEP_PART = 64,
 };
 static int configured;
 
@@ -308,10 +312,14 @@ configure_sqlite(PyObject *module, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
-/* The RPC request's parse uses slot_offset, above. */
+/* The RPC request's parse and the two-step continuation use slot_offset and take,
+ * above. */
 #include "_speedups_rpc.c.h"
+#include "_speedups_twostep.c.h"
 
 static PyMethodDef methods[] = {
+    {"configure_two_step", (PyCFunction)(void (*)(void))configure_two_step,
+     METH_VARARGS | METH_KEYWORDS, "Configure TwoStepCall (idempotency._idempotency)."},
     {"configure_op", (PyCFunction)configure_op, METH_O,
      "Hand over the group commit's Op class; whether op_new may construct it."},
     {"op_new", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL | METH_KEYWORDS,
@@ -360,7 +368,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&MemoryTableType) < 0) {
+    if (PyType_Ready(&MemoryTableType) < 0 || PyType_Ready(&TwoStepCallType) < 0) {
         return NULL;
     }
 #ifdef HAVE_SHA_NI_BUILD
@@ -377,7 +385,8 @@ PyInit__speedups(void)
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddType(m, &MemoryTableType) < 0) {
+    if (PyModule_AddType(m, &MemoryTableType) < 0
+        || PyModule_AddType(m, &TwoStepCallType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
