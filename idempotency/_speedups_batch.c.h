@@ -33,7 +33,10 @@ op_set(PyObject *op, Py_ssize_t off, PyObject *value)
     Py_XDECREF(old);
 }
 
-/* The kind of an exact Op whose slots are set, or -1 (the reference handles it). */
+/* The kind of an exact Op whose slots are set, or -1 (the reference handles it). The
+ * stores' kinds are OpKind members: an int subclass, whose value PyLong_AsLong reads as
+ * the reference's comparisons do (an exact-int check sent every operation to the
+ * reference). */
 static long
 op_kind(PyObject *op)
 {
@@ -41,7 +44,7 @@ op_kind(PyObject *op)
         return -1;
     }
     PyObject *kind = OP_SLOT(op, op_kind_off);
-    if (kind == NULL || !PyLong_CheckExact(kind)) {
+    if (kind == NULL || !PyLong_Check(kind)) {
         return -1;
     }
     long k = PyLong_AsLong(kind);

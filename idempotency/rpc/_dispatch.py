@@ -205,8 +205,15 @@ _BACKGROUND: Final = context.background()
 _RPC_REPLY: Final = WaitReason.RPC_REPLY  # the race of a method against its deadline
 
 
-def _build(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call) -> Any:
-    """The method's return value, at once: a one_step method's whole call."""
+def _run_method(
+    spec: MethodSpec, params: list[Any], ctx: context.Context, two_step: bool, call: Call
+) -> Any:
+    """An idempotent method's handler: its return value, where an RPCError raised
+    becomes the final ApplicationError of the method's chosen status. A one-step
+    method's value is its whole call. For a two-step method, an awaitable (an async
+    method's coroutine) comes back as a coroutine awaiting it, where an RPCError raised
+    becomes the same ApplicationError; a plain method's call then costs no coroutine,
+    and ``Idempotency.run`` awaits what needs it."""
     if spec.pass_call:
         args: Any = (call, *params)
     elif spec.pass_context:
@@ -214,26 +221,21 @@ def _build(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call
     else:
         args = params
     try:
-        return spec.fn(*args)
+        result = spec.fn(*args)
     except RPCError as exc:  # a method's chosen status: final, recorded
         raise ApplicationError(exc.code, exc.message, exc.data) from exc
-
-
-def _build_or_await(spec: MethodSpec, params: list[Any], ctx: context.Context, call: Call) -> Any:
-    """A two-step method's handler: its return value as :func:`_build` makes it, or
-    for an awaitable (an async method's coroutine) a coroutine awaiting it, where an
-    RPCError raised becomes the same final ApplicationError. A plain method's call
-    then costs no coroutine; ``Idempotency.run`` awaits what needs it."""
-    result = _build(spec, params, ctx, call)
-    if spec.is_async or _needs_await(result):
-        return _awaited(result)
+    if two_step:
+        # _needs_await's answer for a type it has seen, without its frame
+        known = _AWAITABLE_BY_TYPE.get(type(result))
+        if spec.is_async or known or (known is None and _needs_await(result)):
+            return _awaited(result)
     return result
 
 
 async def _awaited(result: Awaitable[Any]) -> Any:
     try:
         return await result
-    except RPCError as exc:  # as in _build
+    except RPCError as exc:  # as in _run_method
         raise ApplicationError(exc.code, exc.message, exc.data) from exc
 
 
@@ -555,7 +557,7 @@ class Dispatcher:
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, params),
-                handler=functools.partial(_build_or_await, spec, params, ctx),
+                handler=functools.partial(_run_method, spec, params, ctx, True),
                 # A wait for another execution of the key ends with ctx, or else at the
                 # deadline.
                 timeout=(
@@ -623,9 +625,7 @@ class Dispatcher:
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, msg.params),
-                handler=functools.partial(
-                    _build if one_step else _build_or_await, spec, msg.params, ctx
-                ),
+                handler=functools.partial(_run_method, spec, msg.params, ctx, not one_step),
                 timeout=timeout,
                 one_step=one_step,
             )
@@ -658,7 +658,10 @@ class Dispatcher:
             reply = self._error(msgid, code, message, data)
         else:
             assert outcome is not None
-            reply = self._outcome_reply(msgid, outcome)
+            if outcome.ok and not outcome.replayed:  # _outcome_reply's common case
+                reply = encode_response_payloads(msgid, None, outcome.payload, False)
+            else:
+                reply = self._outcome_reply(msgid, outcome)
         later.reply(reply)
 
     async def _call_with_deadline(

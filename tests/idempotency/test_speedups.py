@@ -24,7 +24,7 @@ from idempotency._errors import CorruptedRecord, InvalidRequest
 from idempotency._record import COMPLETED, IN_PROGRESS, Record
 from idempotency.stores import _contract, memory
 from idempotency.stores import sqlite as sqlite_store
-from idempotency.stores._batch import Op
+from idempotency.stores._batch import Op, OpKind
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -392,6 +392,45 @@ def test_decide_matches_the_reference(
         answer = decide(ops, start, ws_, dirty, now, fence)
         got.append((answer, [type(x) for x in answer], _seen(ops), ws_, dirty))
     assert got[0] == got[1]
+
+
+def test_decide_answers_the_stores_own_operations_itself(monkeypatch: Any) -> None:
+    """The operations a store submits (their kinds OpKind members, an int subclass) take
+    the C path: none is handed to the reference. (An exact-int check on the kind once
+    sent every one of them there, with the same answers, so only this notices.)"""
+    handed: list[Any] = []
+
+    def spy(op: Op, *rest: Any) -> Any:
+        handed.append(op.kind)
+        return sqlite_store._decide_one(op, *rest)
+
+    def configure(decide_one: Any) -> None:
+        speedups.configure_sqlite(
+            decide_one=decide_one,
+            keyed=sqlite_store._KEYED,
+            claim=sqlite_store._CLAIM,
+            complete=sqlite_store._COMPLETE,
+            claim_complete=sqlite_store._CLAIM_COMPLETE,
+        )
+
+    fp = FINGERPRINTS[0]
+    completion = _contract.new_completion(_contract.Completion, (True, b"\x01", None, 10.0, 64))
+    held = Record(IN_PROGRESS, fp, 7, 100.0, None, None)
+    ops = [
+        Op(sqlite_store._CLAIM, ("c", "new", fp, 5.0)),
+        Op(sqlite_store._COMPLETE, ("c", "held", 7, completion)),
+        Op(sqlite_store._CLAIM_COMPLETE, ("c", "one", fp, 5.0, _Call(), completion)),
+    ]
+    assert all(type(op.kind) is OpKind for op in ops)
+    ws: dict[Any, Any] = {("c", "new"): None, ("c", "held"): held, ("c", "one"): None}
+    configure(spy)
+    try:
+        answer = speedups.decide(ops, 0, ws, {}, 1.0, 10)
+    finally:
+        configure(sqlite_store._decide_one)
+    assert handed == []
+    assert answer == (3, 12)
+    assert [op.error for op in ops] == [None, None, None]
 
 
 @settings(max_examples=200)

@@ -25,7 +25,7 @@ import gosim
 from idempotency import ApplicationError, Idempotency, StaleClaim, StoreUnavailable, _idempotency
 from idempotency._accel import speedups
 from idempotency._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
-from idempotency.stores import CallbackStore, Completion, StoreStatistics
+from idempotency.stores import CallbackStore, Completion, Effect, StoreStatistics
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -88,7 +88,9 @@ class ScriptedStore(CallbackStore):
         elif how == "down":
             self._answer(done, None, StoreUnavailable("the store went down"))
         else:
-            rec = Record(COMPLETED, FP, fence, 1e9, completion.ok, completion.payload)
+            # An effect's result stands in for what the effect would have returned.
+            payload = b"\xa6effect" if completion.payload is None else completion.payload
+            rec = Record(COMPLETED, FP, fence, 1e9, completion.ok, payload)
             self._answer(done, rec, None)
 
     async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
@@ -118,6 +120,13 @@ class OddValue(list[Any]):
     """Encodable, but not of an exact plain type: the reference records it."""
 
 
+class ListEffect(list[Any], Effect):
+    """An effect msgpack would encode as a list: recorded as an effect, not a value."""
+
+
+LIST_EFFECT = ListEffect([1, 2])
+
+
 async def _coroutine_value() -> Any:
     return [1, "awaited"]
 
@@ -142,6 +151,8 @@ def _returns(kind: str) -> Any:
         return OddValue([1, 2])
     if kind == "awaitable":
         return _coroutine_value()
+    if kind == "effect":
+        return LIST_EFFECT
     return {
         "none": None,
         "int": 12,
@@ -158,7 +169,7 @@ def _returns(kind: str) -> Any:
 HANDLER_KINDS = [
     "none", "int", "bool", "float", "str", "bytes", "list", "tuple", "dict", "too-big",
     "at-limit", "over-limit", "unencodable", "odd", "awaitable", "app-error",
-    "retryable-error", "value-error",
+    "retryable-error", "value-error", "effect",
 ]  # fmt: skip
 
 
@@ -215,6 +226,7 @@ def run_script(
 @example("claimed", "record", False, "awaitable", True)
 @example("claimed", "down", True, "app-error", False)
 @example("claimed", "record", True, "value-error", False)
+@example("claimed", "record", False, "effect", False)
 def test_the_c_continuation_does_what_the_reference_does(
     claim: str, complete: str, now: bool, handler_kind: str, one_step: bool
 ) -> None:
