@@ -452,23 +452,16 @@ class Idempotency:
         frame on a store that never waits, else in the callbacks of the store's
         batches; a goroutine only for what must wait (a busy key, an awaitable
         handler, a release)."""
+        go_on = _continuation(
+            self, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done
+        )
         sync = self._sync_store
         if sync is not None:
-            res = sync.claim_sync(caller, key, fp, self.lease)
-            self._on_claim(
-                caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done,
-                res, None,
-            )  # fmt: skip
+            go_on(sync.claim_sync(caller, key, fp, self.lease), None)
             return
         store = self._callback_store
         assert store is not None
-        store.claim_later(
-            caller, key, fp, self.lease,
-            _continuation(
-                self, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step,
-                done,
-            ),
-        )  # fmt: skip
+        store.claim_later(caller, key, fp, self.lease, go_on)
 
     def _on_claim(
         self,
@@ -930,14 +923,16 @@ def _py_continuation(
     one_step: bool,
     done: Callable[[Outcome | None, BaseException | None], None],
 ) -> Callable[[ClaimResult | None, BaseException | None], None]:
-    """A two-step call's continuation on a CallbackStore, given to ``claim_later`` as
-    its ``done``: :meth:`Idempotency._on_claim` for this call (and from there the
-    handler, ``complete_later`` with :meth:`Idempotency._completed`, and ``done``).
+    """A two-step call's continuation, called with its claim's answer (``claim_later``'s
+    callback, or called with ``claim_sync``'s): :meth:`Idempotency._on_claim` for this
+    call, and from there the handler, the record (:meth:`Idempotency._complete`) and
+    ``done``.
 
     The reference of its C twin, ``_speedups.TwoStepCall``: one object that is called
-    twice, with the claim's answer and then with the record's, and runs the common case
-    between them (claimed; a handler returning a plain value at once; the record
-    written) without a Python frame, handing every other case to these methods."""
+    with the claim's answer and then (as ``complete_later``'s callback, or by itself
+    after ``complete_sync``) with the record's, and runs the common case between them
+    (claimed; a handler returning a plain value at once; the record written) without a
+    Python frame, handing every other case to these methods."""
     return functools.partial(
         idem._on_claim, caller, key, operation, args, fp, handler, wait, timeout, ctx,
         one_step, done,

@@ -1,12 +1,13 @@
 /*
  * idempotency/_speedups_twostep.c.h: TwoStepCall, the twin of a two-step call's
- * continuation on a CallbackStore (idempotency/_idempotency.py: _py_continuation and
+ * continuation (idempotency/_idempotency.py: _py_continuation and
  * the Idempotency methods it leads through: _on_claim, _claimed, _handler_returned,
  * _completion, _complete and _completed).
  *
- * One object a call, given to the store's claim_later as its done and then to its
- * complete_later as their done: called first with the claim's answer, then with the
- * record's. It runs the common case between them without a Python frame of its own: the
+ * One object a call, called first with the claim's answer, then with the record's: on
+ * a CallbackStore it is claim_later's and complete_later's callback; on a
+ * SynchronousStore _two_step calls it with claim_sync's answer and it records with
+ * complete_sync. It runs the common case between them without a Python frame of its own: the
  * claim granted; the handler's value a plain one (an exact None, bool, int, float, str,
  * bytes, list, tuple or dict) whose encoding fits max_result_bytes; its completion
  * handed to complete_later; the record written, the holder forgotten, this process's
@@ -32,7 +33,7 @@ static PyObject *py_current_runtime;  /* gosim.lowlevel.current_runtime */
 static PyObject *str__holders, *str__keeper, *str__waiters, *str__wake, *str__start_keeper,
     *str__callback_store, *str_complete_later, *str_ttl, *str_max_result_bytes,
     *str__on_claim, *str__handler_returned, *str__handler_failed, *str__completed,
-    *str__complete;
+    *str__complete, *str__sync_store, *str_complete_sync;
 
 /* The fields, in _py_continuation's order, then the fence once claimed. */
 enum {
@@ -125,6 +126,61 @@ plain_completion(PyObject *idem, PyObject *result)
     return new_tuple_of((PyObject *)CompletionType, COMPLETION_SIZE, items);
 }
 
+static PyObject *on_completed(TwoStepCall *self, PyObject *rec, PyObject *error);
+
+/* Idempotency._complete: record ``completion`` -- on a SynchronousStore now, the answer
+ * handed on as _completed would; on a CallbackStore with this object as the callback. */
+static PyObject *
+record(TwoStepCall *self, PyObject *completion)
+{
+    PyObject **f = self->f;
+    PyObject *idem = f[F_IDEM];
+    PyObject *sync = PyObject_GetAttr(idem, str__sync_store);
+    if (sync == NULL) {
+        return NULL;
+    }
+    if (sync != Py_None) {
+        PyObject *argv[5] = {sync, f[F_CALLER], f[F_KEY], f[F_FENCE], completion};
+        PyObject *rec = hand_over(str_complete_sync, argv, 5);
+        Py_DECREF(sync);
+        if (rec != NULL) {
+            PyObject *r = on_completed(self, rec, Py_None);
+            Py_DECREF(rec);
+            return r;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return NULL;  /* as the reference's ``except Exception``: it goes on up */
+        }
+        PyObject *exc = take_error();
+        if (exc == NULL) {
+            return NULL;
+        }
+        PyObject *argv2[7] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE], Py_None, exc};
+        PyObject *r = hand_over(str__completed, argv2, 7);
+        Py_DECREF(exc);
+        return r;
+    }
+    Py_DECREF(sync);
+    PyObject *store = PyObject_GetAttr(idem, str__callback_store);
+    PyObject *r;
+    if (store == NULL) {
+        r = NULL;
+    }
+    else if (store == Py_None) {  /* neither kind: the reference says what it does */
+        PyObject *argv[6] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], completion, f[F_DONE]};
+        r = hand_over(str__complete, argv, 6);
+    }
+    else {
+        /* Its answer may come before complete_later returns. */
+        self->phase = TS_COMPLETING;
+        PyObject *argv[6] = {store, f[F_CALLER], f[F_KEY], f[F_FENCE], completion,
+                             (PyObject *)self};
+        r = hand_over(str_complete_later, argv, 6);
+    }
+    Py_XDECREF(store);
+    return r;
+}
+
 /* Idempotency._claimed, for the claim f[F_FENCE]: hold it, run the handler, record. */
 static PyObject *
 claimed(TwoStepCall *self)
@@ -177,17 +233,13 @@ claimed(TwoStepCall *self)
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             return NULL;  /* as the reference's ``except Exception``: it goes on up */
         }
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb != NULL) {
-            PyException_SetTraceback(value, tb);
+        PyObject *exc = take_error();
+        if (exc == NULL) {
+            return NULL;
         }
-        PyObject *argv[6] = {idem, value, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE]};
+        PyObject *argv[6] = {idem, exc, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE]};
         PyObject *r = hand_over(str__handler_failed, argv, 6);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
+        Py_DECREF(exc);
         return r;
     }
     if (!is_plain_value(result)) {
@@ -202,23 +254,7 @@ claimed(TwoStepCall *self)
         return r;
     }
     Py_DECREF(result);
-    PyObject *store = PyObject_GetAttr(idem, str__callback_store);
-    PyObject *r;
-    if (store == NULL) {
-        r = NULL;
-    }
-    else if (store == Py_None) {  /* not made by _two_step: the reference records it */
-        PyObject *argv[6] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], completion, f[F_DONE]};
-        r = hand_over(str__complete, argv, 6);
-    }
-    else {
-        /* Its answer may come before complete_later returns. */
-        self->phase = TS_COMPLETING;
-        PyObject *argv[6] = {store, f[F_CALLER], f[F_KEY], f[F_FENCE], completion,
-                             (PyObject *)self};
-        r = hand_over(str_complete_later, argv, 6);
-    }
-    Py_XDECREF(store);
+    PyObject *r = record(self, completion);
     Py_DECREF(completion);
     return r;
 }
@@ -422,12 +458,12 @@ static PyObject **const twostep_strings[] = {
     &str__holders, &str__keeper, &str__waiters, &str__wake, &str__start_keeper,
     &str__callback_store, &str_complete_later, &str_ttl, &str_max_result_bytes,
     &str__on_claim, &str__handler_returned, &str__handler_failed, &str__completed,
-    &str__complete,
+    &str__complete, &str__sync_store, &str_complete_sync,
 };
 static const char *const twostep_string_values[] = {
     "_holders", "_keeper", "_waiters", "_wake", "_start_keeper", "_callback_store",
     "complete_later", "ttl", "max_result_bytes", "_on_claim", "_handler_returned",
-    "_handler_failed", "_completed", "_complete",
+    "_handler_failed", "_completed", "_complete", "_sync_store", "complete_sync",
 };
 
 /* configure_two_step(call, outcome, completion, pack, not_decoded, current_runtime) ->

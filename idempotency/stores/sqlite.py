@@ -52,6 +52,7 @@ no claim behind.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sqlite3
 import time
@@ -73,6 +74,7 @@ from .._record import (
     IN_PROGRESS,
     ClaimKind,
     Record,
+    _new_record,
     claim,
     complete,
     decode_record,
@@ -202,6 +204,7 @@ _SKIP_TO_CEILING: Final = (
 FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
 # Batches of these only commit without fsync (a renewal, like a claim, answers no one).
 _LIGHT: Final = frozenset({_CLAIM, _GET, _RENEW})
+_kind_of: Final = operator.attrgetter("kind")
 # What _apply did with a batch (compared by identity).
 _APPLIED: Final = "applied"
 _NEEDS_DURABLE: Final = "rolled back: needs tokens past the ceiling"
@@ -396,7 +399,8 @@ class SQLiteStore(BatchedOneStepStore):
         """Apply ``ops`` in one transaction: without an fsync when they are all claims
         and reads, unless their tokens would pass the reserved ceiling (then again,
         durably)."""
-        durable = any(op.kind not in _LIGHT for op in ops)
+        # Whether any operation is not light, without a Python frame per operation.
+        durable = not _LIGHT.issuperset(map(_kind_of, ops))
         careful = False
         while True:
             outcome = self._apply(ops, durable, careful)
@@ -629,7 +633,9 @@ class SQLiteStore(BatchedOneStepStore):
             conn.execute("RELEASE idempotency_held")
             for op in ops:
                 caller, key, f, c = op.args
-                op.result = Record(COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
+                op.result = _new_record(
+                    Record, (COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
+                )
             return
         conn.execute("ROLLBACK TO idempotency_held")
         conn.execute("RELEASE idempotency_held")

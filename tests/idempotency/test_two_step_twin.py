@@ -2,12 +2,13 @@
 Python reference (``_idempotency._py_continuation`` and the Idempotency methods it leads
 through).
 
-A scripted CallbackStore answers the claim and the record as hypothesis draws them (now,
-in the caller's frame, or later, from a goroutine); the handler returns or raises what is
-drawn. The same script runs through each continuation on a seeded runtime, and
-everything observable must be the same: what the store was asked (the completion's every
-field), what the handler was given, what ``done`` got (the outcome's every slot, or the
-error), the claims still held, and the store's releases.
+A scripted store answers the claim and the record as hypothesis draws them (a
+CallbackStore now, in the caller's frame, or later, from a goroutine; or a
+SynchronousStore); the handler returns or raises what is drawn. The same script runs
+through each continuation on a seeded runtime, and everything observable must be the
+same: what the store was asked (the completion's every field), what the handler was
+given, what ``done`` got (the outcome's every slot, or the error) or what the call
+raised, the claims still held, and the store's releases.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ import gosim
 from idempotency import ApplicationError, Idempotency, StaleClaim, StoreUnavailable, _idempotency
 from idempotency._accel import speedups
 from idempotency._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
-from idempotency.stores import CallbackStore, Completion, Effect, StoreStatistics
+from idempotency.stores import (
+    CallbackStore,
+    Completion,
+    Effect,
+    Store,
+    StoreStatistics,
+    SynchronousStore,
+)
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -35,7 +43,7 @@ FP = b"\x07" * 32
 OTHER_FP = b"\x08" * 32
 
 
-class ScriptedStore(CallbackStore):
+class Script(Store):
     """Answers as its script says, and writes down everything it is asked."""
 
     def __init__(self, claim: str, complete: str, now: bool) -> None:
@@ -55,14 +63,13 @@ class ScriptedStore(CallbackStore):
 
         gosim.go(later)
 
-    def claim_later(
-        self, caller: str, key: str, fingerprint: bytes, lease: float, done: Any
-    ) -> None:
+    def _claim_answer(
+        self, caller: str, key: str, fingerprint: bytes, lease: float
+    ) -> tuple[ClaimResult | None, BaseException | None]:
         self.log.append(("claim", caller, key, fingerprint, lease))
         how = self.claim_answer
         if how == "error":
-            self._answer(done, None, StoreUnavailable("the store is down"))
-            return
+            return None, StoreUnavailable("the store is down")
         if how == "claimed":
             rec = Record(IN_PROGRESS, fingerprint, 41, 1e9, None, None)
             res = ClaimResult(ClaimKind.CLAIMED, rec)
@@ -75,23 +82,21 @@ class ScriptedStore(CallbackStore):
         else:
             rec = Record(COMPLETED, OTHER_FP, 38, 1e9, True, b"\xa3old")
             res = ClaimResult(ClaimKind.MISMATCH, rec)
-        self._answer(done, res, None)
+        return res, None
 
-    def complete_later(
-        self, caller: str, key: str, fence: int, completion: Completion, done: Any
-    ) -> None:
+    def _complete_answer(
+        self, caller: str, key: str, fence: int, completion: Completion
+    ) -> tuple[Record | None, BaseException | None]:
         fields = tuple((type(x).__name__, x) for x in completion)
         self.log.append(("complete", caller, key, fence, type(completion).__name__, fields))
         how = self.complete_answer
         if how == "stale":
-            self._answer(done, None, StaleClaim(caller, key, fence, "taken over"))
-        elif how == "down":
-            self._answer(done, None, StoreUnavailable("the store went down"))
-        else:
-            # An effect's result stands in for what the effect would have returned.
-            payload = b"\xa6effect" if completion.payload is None else completion.payload
-            rec = Record(COMPLETED, FP, fence, 1e9, completion.ok, payload)
-            self._answer(done, rec, None)
+            return None, StaleClaim(caller, key, fence, "taken over")
+        if how == "down":
+            return None, StoreUnavailable("the store went down")
+        # An effect's result stands in for what the effect would have returned.
+        payload = b"\xa6effect" if completion.payload is None else completion.payload
+        return Record(COMPLETED, FP, fence, 1e9, completion.ok, payload), None
 
     async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
         raise AssertionError("a two-step call on a CallbackStore claims through claim_later")
@@ -114,6 +119,40 @@ class ScriptedStore(CallbackStore):
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(0, 0, 0)
+
+
+class ScriptedStore(Script, CallbackStore):
+    """The script on a store whose operations call back (the batched stores' kind): now,
+    in the caller's frame, or later, from a goroutine."""
+
+    def claim_later(
+        self, caller: str, key: str, fingerprint: bytes, lease: float, done: Any
+    ) -> None:
+        self._answer(done, *self._claim_answer(caller, key, fingerprint, lease))
+
+    def complete_later(
+        self, caller: str, key: str, fence: int, completion: Completion, done: Any
+    ) -> None:
+        self._answer(done, *self._complete_answer(caller, key, fence, completion))
+
+
+class ScriptedSyncStore(Script, SynchronousStore):
+    """The same script on a store whose operations answer at once (MemoryStore's kind):
+    its answers are returned or raised."""
+
+    def claim_sync(self, caller: str, key: str, fingerprint: bytes, lease: float) -> ClaimResult:
+        res, error = self._claim_answer(caller, key, fingerprint, lease)
+        if error is not None:
+            raise error
+        assert res is not None
+        return res
+
+    def complete_sync(self, caller: str, key: str, fence: int, completion: Completion) -> Record:
+        rec, error = self._complete_answer(caller, key, fence, completion)
+        if error is not None:
+            raise error
+        assert rec is not None
+        return rec
 
 
 class OddValue(list[Any]):
@@ -182,10 +221,17 @@ def _describe(outcome: Any, error: BaseException | None) -> Any:
 
 
 def run_script(
-    continuation: Any, claim: str, complete: str, now: bool, handler_kind: str, one_step: bool
+    continuation: Any,
+    claim: str,
+    complete: str,
+    now: bool,
+    handler_kind: str,
+    one_step: bool,
+    sync: bool = False,
 ) -> Any:
-    """Everything observable of one two-step call through ``continuation``."""
-    store = ScriptedStore(claim, complete, now)
+    """Everything observable of one two-step call through ``continuation`` (``sync``: on
+    a SynchronousStore, where ``now`` means nothing)."""
+    store = (ScriptedSyncStore if sync else ScriptedStore)(claim, complete, now)
     idem = Idempotency(store, max_result_bytes=200, wait=False)
     idem._keeper = False  # the scripted store cannot renew: no keep-alive goroutine
     seen: list[Any] = []
@@ -196,10 +242,13 @@ def run_script(
         return _returns(handler_kind)
 
     async def main() -> None:
-        idem._two_step(
-            "caller", "key", "op", [1, 2], FP, handler, False, None, None, one_step,
-            lambda outcome, error: results.append(_describe(outcome, error)),
-        )  # fmt: skip
+        try:
+            idem._two_step(
+                "caller", "key", "op", [1, 2], FP, handler, False, None, None, one_step,
+                lambda outcome, error: results.append(_describe(outcome, error)),
+            )  # fmt: skip
+        except Exception as exc:  # a SynchronousStore's failed claim: the caller's
+            results.append(("raised", type(exc).__name__, str(exc)))
         for _ in range(20):
             await gosim.gosched()
 
@@ -219,21 +268,26 @@ def run_script(
     st.booleans(),
     st.sampled_from(HANDLER_KINDS),
     st.booleans(),
+    st.booleans(),
 )
-@example("claimed", "record", False, "list", False)
-@example("claimed", "record", True, "too-big", False)
-@example("claimed", "stale", False, "int", False)
-@example("claimed", "record", False, "awaitable", True)
-@example("claimed", "down", True, "app-error", False)
-@example("claimed", "record", True, "value-error", False)
-@example("claimed", "record", False, "effect", False)
+@example("claimed", "record", False, "list", False, False)
+@example("claimed", "record", True, "too-big", False, False)
+@example("claimed", "stale", False, "int", False, False)
+@example("claimed", "record", False, "awaitable", True, False)
+@example("claimed", "down", True, "app-error", False, False)
+@example("claimed", "record", True, "value-error", False, False)
+@example("claimed", "record", False, "effect", False, False)
+@example("claimed", "record", False, "list", False, True)
+@example("claimed", "down", False, "int", False, True)
+@example("claimed", "record", False, "value-error", False, True)
 def test_the_c_continuation_does_what_the_reference_does(
-    claim: str, complete: str, now: bool, handler_kind: str, one_step: bool
+    claim: str, complete: str, now: bool, handler_kind: str, one_step: bool, sync: bool
 ) -> None:
-    fast = run_script(speedups.TwoStepCall, claim, complete, now, handler_kind, one_step)
-    ref = run_script(_idempotency._py_continuation, claim, complete, now, handler_kind, one_step)
+    script = (claim, complete, now, handler_kind, one_step, sync)
+    fast = run_script(speedups.TwoStepCall, *script)
+    ref = run_script(_idempotency._py_continuation, *script)
     assert fast == ref
-    assert fast[2], "done was called"  # every script ends within the rounds given
+    assert len(fast[2]) == 1, "done was called once, or the call raised"
 
 
 def test_the_c_continuation_is_in_place() -> None:
@@ -267,12 +321,13 @@ def test_the_c_continuation_leaks_nothing() -> None:
     """Its fast path and each hand-over, many times: nothing is left live and no
     reference count creeps."""
     kinds = [("record", "list"), ("record", "value-error"), ("stale", "int"),
-             ("record", "too-big"), ("record", "app-error")]  # fmt: skip
+             ("record", "too-big"), ("record", "app-error"), ("down", "int")]  # fmt: skip
 
     def work(n: int) -> None:
         for i in range(n):
             complete, handler_kind = kinds[i % len(kinds)]
-            run_script(speedups.TwoStepCall, "claimed", complete, True, handler_kind, False)
+            sync = i % 2 == 1
+            run_script(speedups.TwoStepCall, "claimed", complete, True, handler_kind, False, sync)
 
     work(50)
     gc.collect()
