@@ -538,10 +538,24 @@ class BatchedOneStepStore(BatchedStore, OneStepStore):
         completion: Completion,
         done: Callable[[ClaimResult | Record | None, BaseException | None], None],
     ) -> None:
-        bad = self._bad_step(caller, key, lease, completion)
-        if bad is not None:
-            done(None, bad)
-            return
+        ttl = completion.ttl
+        effect = completion.effect
+        if not (
+            # _bad_step's common answer, without its four frames
+            (type(lease) is float or type(lease) is int)
+            and lease > 0
+            and (type(ttl) is float or type(ttl) is int)
+            and ttl > 0
+            and (
+                type(completion.payload) is bytes
+                if effect is None
+                else isinstance(effect, self._effect_type)
+            )
+        ):
+            bad = self._bad_step(caller, key, lease, completion)
+            if bad is not None:
+                done(None, bad)
+                return
         self._committer.submit_later(
             Op(OpKind.CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
         )

@@ -268,6 +268,58 @@ def test_claim_and_complete_is_a_wait_on_the_call_back_form(tmp_path: Path) -> N
     assert second.kind.name == "MISMATCH"
 
 
+def test_claim_and_complete_later_refuses_what_claim_and_complete_refuses(
+    tmp_path: Path,
+) -> None:
+    """Each argument the one-step operation cannot take is refused at once through
+    ``done``, with the error the awaiting form raises (its checks are inlined on the
+    callback form); what it can take, an effect of its own store's kind included, is
+    applied."""
+    from idempotency.stores import Completion, MemoryEffect, SQLiteEffect  # noqa: PLC0415
+
+    store = SQLiteStore(tmp_path / "d.db")
+    ok = Completion(True, b"\xa1v", None, 60.0, 1000)
+    cases: list[tuple[float, Completion]] = [
+        (-1.0, ok),
+        (float("nan"), ok),
+        ("5", ok),  # type: ignore[list-item]
+        (5.0, ok._replace(ttl=0.0)),
+        (5.0, ok._replace(ttl="60")),
+        (5.0, ok._replace(payload="v")),
+        (5.0, ok._replace(payload=None, effect=MemoryEffect(lambda: 1))),
+        (5.0, ok),
+        (5, ok._replace(payload=None, effect=SQLiteEffect(lambda conn: 7))),
+    ]
+    later: list[Any] = []
+    awaited: list[Any] = []
+
+    async def main() -> None:
+        for i, (lease, c) in enumerate(cases):
+            call = Call("c", f"k{i}", "x", [], 0, None)
+            got: list[Any] = []
+            store.claim_and_complete_later(
+                "c", f"k{i}", b"f" * 32, lease, call, c, lambda r, e, got=got: got.append((r, e))
+            )
+            for _ in range(1000):  # a refusal answers now, an applied one after its batch
+                if got:
+                    break
+                await gosim.sleep(0.005)
+            [(r, e)] = got
+            later.append(("error", type(e), str(e)) if e is not None else ("ok", r.payload))
+            try:
+                rec = await store.claim_and_complete("c", f"j{i}", b"f" * 32, lease, call, c)
+            except Exception as exc:
+                awaited.append(("error", type(exc), str(exc).replace(f"'j{i}'", f"'k{i}'")))
+            else:
+                awaited.append(("ok", rec.payload))
+
+    gosim.run(main, procs=2)
+    store.close()
+    assert later == awaited
+    assert [x[0] for x in later] == ["error"] * 7 + ["ok"] * 2
+    assert later[-1] == ("ok", b"\x07")
+
+
 def test_run_later_takes_two_steps_unless_told_otherwise(tmp_path: Path) -> None:
     """As ``run``: without ``one_step=True`` the claim comes first, so a handler may
     await (a one-step call refuses an awaitable), and a duplicate started while the
