@@ -5,6 +5,7 @@
     python -m idempotency inspect STORE-URL CALLER KEY [--json]
     python -m idempotency forget  STORE-URL CALLER KEY [--force]
     python -m idempotency sweep   STORE-URL
+    python -m idempotency migrate STORE-URL
 
 ``inspect`` prints what is stored for a key (state, fingerprint, fence, lease or
 retention deadline, a summary of the outcome), an expired or damaged record included,
@@ -12,7 +13,11 @@ and changes nothing. ``forget`` deletes the record, so the key is new again: a
 completed, expired or damaged record (:class:`~idempotency.CorruptedRecord`) at once, a
 live in-progress one only with ``--force`` (its holder may still be running: the request
 may then run twice, and the holder's own completion is refused as stale). ``sweep``
-deletes every expired record now.
+deletes every expired record now. ``migrate`` moves the records of a SQLiteStore file of
+the older layout (its table clustered on the key) into the current one, in one
+transaction, while other processes may use the file (see ``SQLiteStore.migrate``); it
+says so and changes nothing when the file has the current layout, and refuses other
+stores (usage error).
 
 STORE-URL names the store:
 
@@ -257,6 +262,18 @@ async def _sweep(store: Store, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _migrate(store: Store, a: argparse.Namespace) -> int:
+    from .stores.sqlite import SQLiteStore  # noqa: PLC0415 -- a SQLite file's command
+
+    assert isinstance(store, SQLiteStore)  # main() refuses the other stores
+    n = await store.migrate()
+    if n is None:
+        print("the records already have the current layout: nothing to do")
+    else:
+        print(f"moved {n} record{'' if n == 1 else 's'} into the current layout")
+    return EXIT_OK
+
+
 def _error(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr)
 
@@ -264,7 +281,8 @@ def _error(message: str) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Inspect, forget or sweep the idempotency records of a store.",
+        description="Inspect, forget or sweep the idempotency records of a store, or migrate a "
+        "SQLite file to the current table layout.",
         epilog="STORE-URL: sqlite:///ABSOLUTE/PATH, sqlite:RELATIVE/PATH, or "
         "redis://HOST:PORT/DB?prefix=P (default prefix 'idempotency:'). Exit status: 0 "
         "done, 1 nothing stored for the key, 2 usage error, 3 forget refused (in "
@@ -289,6 +307,9 @@ def _parser() -> argparse.ArgumentParser:
             )
     s = sub.add_parser("sweep", help="delete every expired record now")
     s.add_argument("store", metavar="STORE-URL")
+    text = "move a SQLite file's records into the current table layout (one transaction)"
+    m = sub.add_parser("migrate", help=text, description=text)
+    m.add_argument("store", metavar="STORE-URL")
     return p
 
 
@@ -296,6 +317,7 @@ _COMMANDS: Final[dict[str, Callable[[Store, argparse.Namespace], Coroutine[Any, 
     "inspect": _inspect,
     "forget": _forget,
     "sweep": _sweep,
+    "migrate": _migrate,
 }
 
 
@@ -303,9 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; return the exit status (see the module docstring)."""
     a = _parser().parse_args(argv)  # exits 2 on a usage error, as argparse does
     try:
-        if a.command != "sweep":
+        if a.command in ("inspect", "forget"):
             a.caller = validate_caller(a.caller)
             a.key = validate_key(a.key)
+        if a.command == "migrate" and urllib.parse.urlsplit(a.store).scheme.lower() != "sqlite":
+            raise UsageError("migrate applies to SQLiteStore files (sqlite:///PATH) only")
         store = open_store(a.store)
     except (UsageError, InvalidKey) as exc:
         _error(str(exc))

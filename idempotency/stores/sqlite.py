@@ -116,8 +116,9 @@ _PLAIN: Final = frozenset({_RELEASE, _GET, _RENEW})  # apply_plain's
 # claim and the completion each rewrite a random leaf, so every call put two pages into
 # the WAL. Measured with 50 claims and 50 completions a transaction over 100,000 rows:
 # 12.4 -> 11.7 us of user and 14.1 -> 8.3 us of system CPU a call (WAL writes, fsync).
-# Files of the older layout keep working as they are.
-_SCHEMA: Final = """
+# Files of the older layout keep working as they are; SQLiteStore.migrate (``python -m
+# idempotency migrate``) moves one into this layout.
+_RECORDS_TABLE: Final = """
 CREATE TABLE IF NOT EXISTS idempotency_records (
     caller      TEXT    NOT NULL,
     key         TEXT    NOT NULL,
@@ -129,6 +130,10 @@ CREATE TABLE IF NOT EXISTS idempotency_records (
     payload     BLOB,              -- completed: msgpack outcome; NULL in progress
     PRIMARY KEY (caller, key)
 );
+"""
+_SCHEMA: Final = (
+    _RECORDS_TABLE
+    + """
 CREATE TABLE IF NOT EXISTS idempotency_meta (
     name  TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -136,6 +141,18 @@ CREATE TABLE IF NOT EXISTS idempotency_meta (
 INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
 INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0);
 """
+)
+# SQLiteStore.migrate: the records copied as they are into a table of the current layout,
+# which then takes the old one's place (in one transaction).
+_MIGRATING: Final = "idempotency_records_migrating"
+_MIGRATE: Final = (
+    _RECORDS_TABLE.replace("IF NOT EXISTS idempotency_records", _MIGRATING),
+    f"INSERT INTO {_MIGRATING} (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
+    " SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
+    " FROM idempotency_records ORDER BY expires_at",
+    "DROP TABLE idempotency_records",
+    f"ALTER TABLE {_MIGRATING} RENAME TO idempotency_records",
+)
 
 _SELECT_MANY: Final = (
     "SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
@@ -347,6 +364,53 @@ class SQLiteStore(BatchedOneStepStore):
         The rules of :class:`SQLiteEffect` apply to ``fn``.
         """
         return await self._committer.submit(Op(_TRANSACT, (fn,)))
+
+    async def migrate(self) -> int | None:
+        """Move the records of a file of the older layout (the table clustered on the
+        key, ``WITHOUT ROWID``) into the current one, as they are, in one durable
+        transaction; return how many were moved, or None (and change nothing) when the
+        file has the current layout already.
+
+        Safe while other processes use the file: the transaction takes SQLite's write
+        lock (waiting up to the busy timeout), readers go on reading the old table until
+        it commits, and a process killed meanwhile leaves the file as it was. Stores
+        open elsewhere go on working on the new table (their automatic sweep walks it
+        in key order until they are reopened)."""
+        return await gosim.syscall(self._migrate)
+
+    def _migrate(self) -> int | None:
+        """``migrate``, on the syscall thread, between two batches (the committer's
+        lock) on the store's connection."""
+        with self._committer._thread_lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreUnavailable(f"{self._name}: the store is closed")
+            try:
+                if self._sync_now != self._sync_durable:  # only between transactions
+                    conn.execute(f"PRAGMA synchronous={self._sync_durable}")
+                    self._sync_now = self._sync_durable
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    moved = None
+                    if conn.execute(_CLUSTERED_ON_KEY).fetchone() is not None:
+                        create, copy, drop, rename = _MIGRATE
+                        conn.execute(create)
+                        moved = conn.execute(copy).rowcount
+                        conn.execute(drop)
+                        conn.execute(rename)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        try:
+                            conn.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass  # the next transaction's BEGIN says what is wrong
+                    raise
+            except sqlite3.Error as exc:
+                raise self._store_error(exc, "moving the records into the current layout") from exc
+            self._clustered_on_key = False
+            self._sweep_cursor = 0
+            return moved
 
     def _close(self) -> None:
         if self._conn is not None:

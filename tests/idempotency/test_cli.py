@@ -254,7 +254,7 @@ def test_usage_and_help() -> None:
     assert r.returncode == 2 and "usage: python -m idempotency" in r.stderr
     r = cli("--help")
     assert r.returncode == 0
-    for words in ("inspect", "forget", "sweep", "Exit status", "3 forget refused"):
+    for words in ("inspect", "forget", "sweep", "migrate", "Exit status", "3 forget refused"):
         assert words in r.stdout, words
     assert cli("inspect", "sqlite:x.db", "c").returncode == 2  # a missing KEY
 
