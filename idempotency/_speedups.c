@@ -15,6 +15,9 @@
  *                       idempotency/stores/sqlite.py's record work of a batch on the
  *                       committer's thread: the keys read, the rows decoded, the
  *                       claims and completions decided, the rows written back;
+ *   split_held, held_params, held_records, note_held
+ *                       the same module's completions of the claims the store
+ *                       granted itself (written without a read) and its record of them;
  *   parse_request       idempotency/rpc/_protocol.py's parse(), for a well-formed
  *                       request (the RPC server's every call);
  *   TwoStepCall         idempotency/_idempotency.py's _py_continuation: a two-step
@@ -66,6 +69,7 @@ enum {
     OP_PART = 16,
     RPC_PART = 32,
     TWO_STEP_PART = 64,
+    HELD_PART = 128,
 };
 static int configured;
 
@@ -312,12 +316,49 @@ configure_sqlite(PyObject *module, PyObject *args, PyObject *kwds)
     Py_RETURN_NONE;
 }
 
+/* configure_held(split_held, held_params, held_records, note_held, release, held_max):
+ * sqlite's references for the held-claims twins, its RELEASE kind and _HELD_MAX. */
+static PyObject *
+configure_held(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"split_held", "held_params", "held_records", "note_held",
+                             "release", "held_max", NULL};
+    PyObject *refs[4];
+    long release;
+    Py_ssize_t held_max;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOln", kwlist, &refs[0], &refs[1],
+                                     &refs[2], &refs[3], &release, &held_max)) {
+        return NULL;
+    }
+    if (check_configured(SQLITE_PART) < 0) {
+        return NULL;
+    }
+    take(&py_split_held, refs[0]);
+    take(&py_held_params, refs[1]);
+    take(&py_held_records, refs[2]);
+    take(&py_note_held, refs[3]);
+    KIND_RELEASE = release;
+    HELD_MAX = held_max;
+    configured |= HELD_PART;
+    Py_RETURN_NONE;
+}
+
 /* The RPC request's parse and the two-step continuation use slot_offset and take,
  * above. */
 #include "_speedups_rpc.c.h"
 #include "_speedups_twostep.c.h"
 
 static PyMethodDef methods[] = {
+    {"configure_held", (PyCFunction)(void (*)(void))configure_held, METH_VARARGS | METH_KEYWORDS,
+     "Configure the held-claims twins (stores.sqlite)."},
+    {"split_held", (PyCFunction)(void (*)(void))split_held, METH_FASTCALL,
+     "sqlite._split_held's twin."},
+    {"held_params", (PyCFunction)(void (*)(void))held_params, METH_FASTCALL,
+     "sqlite._held_params's twin."},
+    {"held_records", (PyCFunction)(void (*)(void))held_records, METH_FASTCALL,
+     "sqlite._held_records's twin."},
+    {"note_held", (PyCFunction)(void (*)(void))note_held, METH_FASTCALL,
+     "sqlite._note_held's twin."},
     {"configure_two_step", (PyCFunction)(void (*)(void))configure_two_step,
      METH_VARARGS | METH_KEYWORDS, "Configure TwoStepCall (idempotency._idempotency)."},
     {"configure_op", (PyCFunction)configure_op, METH_O,

@@ -558,3 +558,381 @@ fail:
     }
     return NULL;
 }
+
+/* ------------------------------------------------------------------ held claims */
+
+/* The twins of idempotency/stores/sqlite.py's _split_held, _held_params, _held_records
+ * and _note_held: the completions of claims the store granted itself, written without
+ * reading their rows, and the record of those claims kept between batches. Each looks
+ * at the whole batch first and hands the whole call to its reference, before changing
+ * anything, when an operation is not of the common shape (an exact Op of an int kind
+ * with an exact tuple of arguments, a Completion-shaped tuple, a held entry of
+ * (fence, fingerprint)), so that every error is the reference's own. */
+static PyObject *py_split_held, *py_held_params, *py_held_records, *py_note_held;
+static long KIND_RELEASE;
+static Py_ssize_t HELD_MAX;
+
+/* op's arguments: an exact tuple of ``n`` items (at least ``n`` when ``at_least``). */
+static PyObject *
+op_args_of(PyObject *op, Py_ssize_t n, int at_least)
+{
+    PyObject *args = OP_SLOT(op, op_args_off);
+    if (args == NULL || !PyTuple_CheckExact(args)) {
+        return NULL;
+    }
+    Py_ssize_t size = PyTuple_GET_SIZE(args);
+    return (at_least ? size >= n : size == n) ? args : NULL;
+}
+
+/* A completion's arguments (caller, key, fence, completion) of the common shape. */
+static PyObject *
+completion_args(PyObject *op)
+{
+    PyObject *args = op_args_of(op, 4, 0);
+    if (args == NULL) {
+        return NULL;
+    }
+    PyObject *c = PyTuple_GET_ITEM(args, 3);
+    return PyTuple_Check(c) && PyTuple_GET_SIZE(c) == COMPLETION_SIZE ? args : NULL;
+}
+
+static PyObject *
+key_of(PyObject *args)
+{
+    return PyTuple_Pack(2, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1));
+}
+
+static PyObject *
+to_reference(PyObject *ref, PyObject *const *args, Py_ssize_t nargs)
+{
+    return PyObject_Vectorcall(ref, args, (size_t)nargs, NULL);
+}
+
+/* split_held(ops, held): sqlite._split_held. */
+static PyObject *
+split_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_configured(SQLITE_PART | HELD_PART) < 0) {
+        return NULL;
+    }
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        return nargs == 2 ? to_reference(py_split_held, args, nargs)
+                          : (PyErr_SetString(PyExc_TypeError, "split_held(ops, held)"), NULL);
+    }
+    PyObject *ops = args[0], *held = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(ops);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the shapes first */
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        long kind = op_kind(op);
+        int keyed = kind < 0 ? -1 : PySet_Contains(keyed_kinds, OP_SLOT(op, op_kind_off));
+        if (keyed < 0 || (kind == KIND_COMPLETE && completion_args(op) == NULL)
+            || (keyed && op_args_of(op, 2, 1) == NULL)) {
+            PyErr_Clear();
+            return to_reference(py_split_held, args, nargs);
+        }
+    }
+    PyObject *mine = PyList_New(0), *rest = PyList_New(0), *others = PySet_New(NULL);
+    PyObject *seen = NULL, *result = NULL;
+    if (mine == NULL || rest == NULL || others == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        long kind = op_kind(op);
+        PyObject *a = OP_SLOT(op, op_args_off);
+        if (kind == KIND_COMPLETE) {
+            PyObject *rk = key_of(a);
+            if (rk == NULL) {
+                goto done;
+            }
+            PyObject *h = PyDict_GetItemWithError(held, rk);  /* borrowed */
+            Py_DECREF(rk);
+            if (h == NULL && PyErr_Occurred()) {
+                goto done;
+            }
+            if (h != NULL) {
+                if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) < 1) {
+                    Py_CLEAR(mine);  /* not what the store keeps: the reference says */
+                    result = to_reference(py_split_held, args, nargs);
+                    goto done;
+                }
+                Py_INCREF(h);
+                int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(h, 0),
+                                                    PyTuple_GET_ITEM(a, 2), Py_EQ);
+                Py_DECREF(h);
+                if (same < 0) {
+                    goto done;
+                }
+                PyObject *c = PyTuple_GET_ITEM(a, 3);
+                if (same && PyTuple_GET_ITEM(c, COMPLETION_EFFECT) == Py_None) {
+                    if (PyList_Append(mine, op) < 0) {
+                        goto done;
+                    }
+                    continue;
+                }
+            }
+        }
+        if (PySet_Contains(keyed_kinds, OP_SLOT(op, op_kind_off)) > 0) {
+            PyObject *rk = key_of(a);
+            int err = rk == NULL ? -1 : PySet_Add(others, rk);
+            Py_XDECREF(rk);
+            if (err < 0) {
+                goto done;
+            }
+        }
+        if (PyList_Append(rest, op) < 0) {
+            goto done;
+        }
+    }
+    if (PyList_GET_SIZE(mine) == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if ((seen = PySet_New(NULL)) == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(mine); i++) {
+        PyObject *rk = key_of(OP_SLOT(PyList_GET_ITEM(mine, i), op_args_off));
+        if (rk == NULL) {
+            goto done;
+        }
+        int clash = PySet_Contains(others, rk);
+        if (clash == 0) {
+            clash = PySet_Contains(seen, rk);
+        }
+        if (clash == 0) {
+            clash = PySet_Add(seen, rk) < 0 ? -1 : 0;
+        }
+        Py_DECREF(rk);
+        if (clash != 0) {
+            result = clash < 0 ? NULL : Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, mine, rest);
+done:
+    Py_XDECREF(mine);
+    Py_XDECREF(rest);
+    Py_XDECREF(others);
+    Py_XDECREF(seen);
+    return result;
+}
+
+/* The held entry and completion of each of ``ops`` in the common shape, or -1 (the
+ * reference's case; no error set) / -2 (an error). */
+static int
+held_shapes(PyObject *ops, PyObject *held, PyObject *now)
+{
+    if (!PyList_CheckExact(ops) || !PyDict_CheckExact(held) || !PyFloat_CheckExact(now)) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        PyObject *a = Py_TYPE(op) == OpType ? completion_args(op) : NULL;
+        if (a == NULL) {
+            return -1;
+        }
+        PyObject *c = PyTuple_GET_ITEM(a, 3);
+        if (!PyFloat_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_TTL))
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD))
+            || !PyBool_Check(PyTuple_GET_ITEM(c, COMPLETION_OK))) {
+            return -1;
+        }
+        PyObject *rk = key_of(a);
+        if (rk == NULL) {
+            return -2;
+        }
+        PyObject *h = PyDict_GetItemWithError(held, rk);
+        Py_DECREF(rk);
+        if (h == NULL) {
+            return PyErr_Occurred() ? -2 : -1;  /* the reference raises its KeyError */
+        }
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 1))) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* held[(caller, key)][1], borrowed (held_shapes checked it is there). */
+static PyObject *
+held_fingerprint(PyObject *held, PyObject *a)
+{
+    PyObject *rk = key_of(a);
+    if (rk == NULL) {
+        return NULL;
+    }
+    PyObject *h = PyDict_GetItemWithError(held, rk);
+    Py_DECREF(rk);
+    return h == NULL ? NULL : PyTuple_GET_ITEM(h, 1);
+}
+
+/* held_params(ops, held, now): sqlite._held_params. */
+static PyObject *
+held_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_configured(SQLITE_PART | HELD_PART) < 0) {
+        return NULL;
+    }
+    int shape = nargs == 3 ? held_shapes(args[0], args[1], args[2]) : -1;
+    if (shape == -2) {
+        return NULL;
+    }
+    if (shape < 0) {
+        return to_reference(py_held_params, args, nargs);
+    }
+    PyObject *ops = args[0], *held = args[1], *now = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(ops);
+    PyObject *params = PyList_New(n);
+    if (params == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = OP_SLOT(PyList_GET_ITEM(ops, i), op_args_off);
+        PyObject *c = PyTuple_GET_ITEM(a, 3);
+        PyObject *fp = held_fingerprint(held, a);
+        PyObject *items[8] = {
+            PyFloat_FromDouble(PyFloat_AS_DOUBLE(now)
+                               + PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(c, COMPLETION_TTL))),
+            Py_NewRef(PyTuple_GET_ITEM(c, COMPLETION_OK) == Py_True ? ONE : ZERO),
+            blob(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD)),
+            Py_NewRef(PyTuple_GET_ITEM(a, 0)),
+            Py_NewRef(PyTuple_GET_ITEM(a, 1)),
+            Py_NewRef(PyTuple_GET_ITEM(a, 2)),
+            fp == NULL ? NULL : blob(fp),
+            Py_NewRef(now),
+        };
+        PyObject *row = NULL;
+        if (items[0] != NULL && items[2] != NULL && items[6] != NULL) {
+            row = PyTuple_New(8);
+        }
+        if (row == NULL) {
+            for (int k = 0; k < 8; k++) {
+                Py_XDECREF(items[k]);
+            }
+            Py_DECREF(params);
+            return NULL;
+        }
+        for (int k = 0; k < 8; k++) {
+            PyTuple_SET_ITEM(row, k, items[k]);
+        }
+        PyList_SET_ITEM(params, i, row);
+    }
+    return params;
+}
+
+/* held_records(ops, held, now): sqlite._held_records. */
+static PyObject *
+held_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_configured(RECORD_PART | SQLITE_PART | HELD_PART) < 0) {
+        return NULL;
+    }
+    int shape = nargs == 3 ? held_shapes(args[0], args[1], args[2]) : -1;
+    if (shape == -2) {
+        return NULL;
+    }
+    if (shape < 0) {
+        return to_reference(py_held_records, args, nargs);
+    }
+    PyObject *ops = args[0], *held = args[1], *now = args[2];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        PyObject *a = OP_SLOT(op, op_args_off);
+        PyObject *c = PyTuple_GET_ITEM(a, 3);
+        PyObject *fp = held_fingerprint(held, a);
+        PyObject *expires = fp == NULL ? NULL
+            : PyFloat_FromDouble(PyFloat_AS_DOUBLE(now)
+                                 + PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(c, COMPLETION_TTL)));
+        if (expires == NULL) {
+            return NULL;
+        }
+        PyObject *items[REC_SIZE] = {
+            Py_NewRef(ST_COMPLETED), Py_NewRef(fp), Py_NewRef(PyTuple_GET_ITEM(a, 2)), expires,
+            Py_NewRef(PyTuple_GET_ITEM(c, COMPLETION_OK)),
+            Py_NewRef(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD)),
+        };
+        PyObject *rec = new_tuple_of(RecordType, REC_SIZE, items);
+        if (rec == NULL) {
+            return NULL;
+        }
+        op_set(op, op_result_off, rec);
+        Py_DECREF(rec);
+    }
+    Py_RETURN_NONE;
+}
+
+/* note_held(ops, held): sqlite._note_held. */
+static PyObject *
+note_held(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_configured(RECORD_PART | SQLITE_PART | HELD_PART) < 0) {
+        return NULL;
+    }
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        return to_reference(py_note_held, args, nargs);
+    }
+    PyObject *ops = args[0], *held = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(ops);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* the shapes first */
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        long kind = op_kind(op);
+        if (kind < 0) {
+            return to_reference(py_note_held, args, nargs);
+        }
+        if (kind != KIND_CLAIM && kind != KIND_COMPLETE && kind != KIND_RELEASE) {
+            continue;
+        }
+        if (op_args_of(op, 2, 1) == NULL) {
+            return to_reference(py_note_held, args, nargs);
+        }
+        PyObject *res = OP_SLOT(op, op_result_off), *err = OP_SLOT(op, op_error_off);
+        if (kind == KIND_CLAIM && err == Py_None && res != NULL && res != Py_None
+            && !(Py_IS_TYPE(res, (PyTypeObject *)ClaimResultType) && PyTuple_GET_SIZE(res) == 2
+                 && is_record(PyTuple_GET_ITEM(res, 1)))) {
+            return to_reference(py_note_held, args, nargs);
+        }
+        if (res == NULL || err == NULL) {
+            return to_reference(py_note_held, args, nargs);
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        long kind = op_kind(op);
+        PyObject *a = OP_SLOT(op, op_args_off);
+        if (kind == KIND_CLAIM) {
+            PyObject *res = OP_SLOT(op, op_result_off);
+            if (OP_SLOT(op, op_error_off) != Py_None || res == Py_None
+                || PyTuple_GET_ITEM(res, 0) != K_CLAIMED) {
+                continue;
+            }
+            PyObject *rec = PyTuple_GET_ITEM(res, 1);
+            if (PyDict_GET_SIZE(held) >= HELD_MAX) {
+                PyDict_Clear(held);
+            }
+            PyObject *rk = key_of(a);
+            PyObject *entry = rk == NULL ? NULL
+                : PyTuple_Pack(2, FIELD(rec, REC_FENCE), FIELD(rec, REC_FINGERPRINT));
+            int err = entry == NULL ? -1 : PyDict_SetItem(held, rk, entry);
+            Py_XDECREF(rk);
+            Py_XDECREF(entry);
+            if (err < 0) {
+                return NULL;
+            }
+        }
+        else if (PyDict_GET_SIZE(held) > 0 && (kind == KIND_COMPLETE || kind == KIND_RELEASE)) {
+            PyObject *rk = key_of(a);
+            if (rk == NULL) {
+                return NULL;
+            }
+            int in = PyDict_Contains(held, rk);
+            int err = in < 0 ? -1 : in ? PyDict_DelItem(held, rk) : 0;
+            Py_DECREF(rk);
+            if (err < 0) {
+                return NULL;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}

@@ -525,7 +525,7 @@ class SQLiteStore(BatchedOneStepStore):
             fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
             fence, ceiling = fence0, ceiling0
             # Completions of claims this store holds skip the read (_complete_held).
-            held = self._split_held(ops) if self._held else None
+            held = _split_held(ops, self._held) if self._held else None
             work = ops if held is None else held[1]
             ws = self._load(conn, work)
             dirty: dict[tuple[str, str], Record | None] = {}
@@ -597,7 +597,7 @@ class SQLiteStore(BatchedOneStepStore):
             if ceiling != ceiling0:
                 conn.execute(_WRITE_CEILING, (ceiling,))
             conn.execute("COMMIT")
-            self._note_held(ops)
+            _note_held(ops, self._held)
         except _RedoCarefully:
             try:
                 conn.execute("ROLLBACK")
@@ -648,34 +648,6 @@ class SQLiteStore(BatchedOneStepStore):
             raise
         return _APPLIED
 
-    def _split_held(self, ops: list[Op]) -> tuple[list[Op], list[Op]] | None:
-        """The batch's completions of claims this store holds whose key no other
-        operation of the batch touches (their order among the rest cannot matter), and
-        the rest; None when there are none."""
-        held = self._held
-        mine: list[Op] = []
-        rest: list[Op] = []
-        others: set[tuple[str, str]] = set()
-        for op in ops:
-            if op.kind == _COMPLETE:
-                caller, key, f, c = op.args
-                h = held.get((caller, key))
-                if h is not None and h[0] == f and c.effect is None:
-                    mine.append(op)
-                    continue
-            if op.kind in _KEYED:
-                others.add((op.args[0], op.args[1]))
-            rest.append(op)
-        if not mine:
-            return None
-        seen: set[tuple[str, str]] = set()
-        for op in mine:
-            rk = (op.args[0], op.args[1])
-            if rk in others or rk in seen:
-                return None  # rare: the usual path keeps the batch's order for all
-            seen.add(rk)
-        return mine, rest
-
     def _complete_held(
         self, conn: sqlite3.Connection, ops: list[Op], now: float, fence: int
     ) -> None:
@@ -683,23 +655,10 @@ class SQLiteStore(BatchedOneStepStore):
         if any row is no longer the live claim, none is written this way and all are
         read and decided as usual (so a stale claim fails as complete() says)."""
         held = self._held
-        params = []
-        for op in ops:
-            caller, key, f, c = op.args
-            params.append(
-                (
-                    now + c.ttl, 1 if c.ok else 0, bytearray(c.payload), caller, key, f,
-                    bytearray(held[caller, key][1]), now,
-                )
-            )  # fmt: skip
         conn.execute("SAVEPOINT idempotency_held")
-        if conn.executemany(_COMPLETE_HELD, params).rowcount == len(ops):
+        if conn.executemany(_COMPLETE_HELD, _held_params(ops, held, now)).rowcount == len(ops):
             conn.execute("RELEASE idempotency_held")
-            for op in ops:
-                caller, key, f, c = op.args
-                op.result = _new_record(
-                    Record, (COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
-                )
+            _held_records(ops, held, now)
             return
         conn.execute("ROLLBACK TO idempotency_held")
         conn.execute("RELEASE idempotency_held")
@@ -707,20 +666,6 @@ class SQLiteStore(BatchedOneStepStore):
         dirty: dict[tuple[str, str], Record | None] = {}
         _decide(ops, 0, ws, dirty, now, fence)
         self._flush(conn, dirty)
-
-    def _note_held(self, ops: list[Op]) -> None:
-        """After a commit: remember the claims it granted, forget the ones it ended."""
-        held = self._held
-        for op in ops:
-            kind = op.kind
-            if kind == _CLAIM:
-                res = op.result
-                if op.error is None and res is not None and res.kind is ClaimKind.CLAIMED:
-                    if len(held) >= _HELD_MAX:
-                        held.clear()
-                    held[op.args[0], op.args[1]] = (res.record.fence, res.record.fingerprint)
-            elif held and kind in (_COMPLETE, _RELEASE):
-                held.pop((op.args[0], op.args[1]), None)
 
     def _sweep_step(self, conn: sqlite3.Connection, now: float) -> None:
         """Retention without a sweeper: look at the next 512 records in rowid order (key
@@ -895,6 +840,76 @@ class SQLiteStore(BatchedOneStepStore):
 # tests/idempotency/test_speedups.py compares the two.
 
 
+# The claims this store granted and has not seen end, by key: (fence, fingerprint).
+HeldClaims = dict[tuple[str, str], tuple[int, bytes]]
+
+
+def _split_held(ops: list[Op], held: HeldClaims) -> tuple[list[Op], list[Op]] | None:
+    """The batch's completions of claims this store holds whose key no other operation
+    of the batch touches (their order among the rest cannot matter), and the rest; None
+    when there are none."""
+    mine: list[Op] = []
+    rest: list[Op] = []
+    others: set[tuple[str, str]] = set()
+    for op in ops:
+        if op.kind == _COMPLETE:
+            caller, key, f, c = op.args
+            h = held.get((caller, key))
+            if h is not None and h[0] == f and c.effect is None:
+                mine.append(op)
+                continue
+        if op.kind in _KEYED:
+            others.add((op.args[0], op.args[1]))
+        rest.append(op)
+    if not mine:
+        return None
+    seen: set[tuple[str, str]] = set()
+    for op in mine:
+        rk = (op.args[0], op.args[1])
+        if rk in others or rk in seen:
+            return None  # rare: the usual path keeps the batch's order for all
+        seen.add(rk)
+    return mine, rest
+
+
+def _held_params(ops: list[Op], held: HeldClaims, now: float) -> list[tuple[Any, ...]]:
+    """The parameters of _COMPLETE_HELD for each of ``ops`` (completions of held
+    claims, as _split_held picked them)."""
+    params = []
+    for op in ops:
+        caller, key, f, c = op.args
+        params.append(
+            (
+                now + c.ttl, 1 if c.ok else 0, bytearray(c.payload), caller, key, f,
+                bytearray(held[caller, key][1]), now,
+            )
+        )  # fmt: skip
+    return params
+
+
+def _held_records(ops: list[Op], held: HeldClaims, now: float) -> None:
+    """Each of ``ops``'s result: the completed record _COMPLETE_HELD wrote for it."""
+    for op in ops:
+        caller, key, f, c = op.args
+        op.result = _new_record(
+            Record, (COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
+        )
+
+
+def _note_held(ops: list[Op], held: HeldClaims) -> None:
+    """After a commit: remember the claims it granted, forget the ones it ended."""
+    for op in ops:
+        kind = op.kind
+        if kind == _CLAIM:
+            res = op.result
+            if op.error is None and res is not None and res.kind is ClaimKind.CLAIMED:
+                if len(held) >= _HELD_MAX:
+                    held.clear()
+                held[op.args[0], op.args[1]] = (res.record.fence, res.record.fingerprint)
+        elif held and kind in (_COMPLETE, _RELEASE):
+            held.pop((op.args[0], op.args[1]), None)
+
+
 def _batch_keys(ops: list[Op]) -> list[tuple[str, str]]:
     """The distinct keys the keyed operations of ``ops`` touch, first seen first."""
     return list(dict.fromkeys([(op.args[0], op.args[1]) for op in ops if op.kind in _KEYED]))
@@ -1032,6 +1047,10 @@ _py_batch_keys: Final = _batch_keys
 _py_decode_into: Final = _decode_into
 _py_decide: Final = _decide
 _py_rows: Final = _rows
+_py_split_held: Final = _split_held
+_py_held_params: Final = _held_params
+_py_held_records: Final = _held_records
+_py_note_held: Final = _note_held
 if _speedups is not None:
     _speedups.configure_sqlite(
         decide_one=_decide_one,
@@ -1044,3 +1063,15 @@ if _speedups is not None:
     _decode_into = _speedups.decode_into
     _decide = _speedups.decide
     _rows = _speedups.rows
+    _speedups.configure_held(
+        split_held=_split_held,
+        held_params=_held_params,
+        held_records=_held_records,
+        note_held=_note_held,
+        release=_RELEASE,
+        held_max=_HELD_MAX,
+    )
+    _split_held = _speedups.split_held
+    _held_params = _speedups.held_params
+    _held_records = _speedups.held_records
+    _note_held = _speedups.note_held

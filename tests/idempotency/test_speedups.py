@@ -485,6 +485,164 @@ def test_rows_match_the_reference(dirty: dict[tuple[str, str], Any]) -> None:
             assert [type(x) for x in c_row] == [type(x) for x in py_row]
 
 
+# ------------------------------------------------- SQLiteStore's held claims, its twins
+
+_CLAIMED_RESULT = _record.ClaimResult(
+    _record.ClaimKind.CLAIMED, Record(IN_PROGRESS, FINGERPRINTS[0], 4, 9.0, None, None)
+)
+_REPLAY_RESULT = _record.ClaimResult(
+    _record.ClaimKind.REPLAY, Record(COMPLETED, FINGERPRINTS[1], 3, 9.0, True, b"\x01")
+)
+# What the store keeps of a held claim, and some things it never keeps.
+held_entries = st.one_of(
+    st.tuples(st.integers(0, 6), st.sampled_from(FINGERPRINTS)),
+    st.sampled_from([(2,), (2, "not bytes"), [2, FINGERPRINTS[0]]]),
+)
+held_maps = st.dictionaries(st.sampled_from(_KEYS), held_entries, max_size=4)
+held_ops = st.lists(
+    st.one_of(
+        batch_ops.flatmap(lambda spec: st.just(spec[0]) if spec else st.nothing()),
+        st.builds(lambda rk, fence, c: (sqlite_store._COMPLETE, (*rk, fence, c)),
+                  st.sampled_from(_KEYS), st.integers(0, 6), completions),
+        st.builds(lambda rk: (sqlite_store._COMPLETE, (*rk, 1)), st.sampled_from(_KEYS)),
+        st.builds(lambda rk: (sqlite_store._GET, rk), st.sampled_from(_KEYS)),
+    ),
+    max_size=10,
+)  # fmt: skip
+op_outcomes = st.lists(
+    st.sampled_from([(None, None), (_CLAIMED_RESULT, None), (_REPLAY_RESULT, None),
+                     (_CLAIMED_RESULT, ValueError("x")), ("odd", None)]),
+    min_size=10, max_size=10,
+)  # fmt: skip
+
+
+def _held_ops(spec: list[tuple[int, tuple[Any, ...]]], outcomes: list[Any]) -> list[Op]:
+    ops = _ops_of(spec)
+    for op, (result, error) in zip(ops, outcomes, strict=False):
+        op.result, op.error = result, error
+    return ops
+
+
+_EFFECT_COMPLETION = _contract.new_completion(
+    _contract.Completion, (True, None, sqlite_store.SQLiteEffect(lambda conn: 1), 10.0, 64)
+)
+_PLAIN_COMPLETION = _contract.new_completion(_contract.Completion, (True, b"v", None, 10.0, 64))
+
+
+@settings(max_examples=400)
+@given(held_ops, held_maps)
+@example([(sqlite_store._COMPLETE, ("c", "a", 2, _EFFECT_COMPLETION))], {("c", "a"): (2, b"f")})
+@example(
+    [(sqlite_store._COMPLETE, ("c", "a", 2, _PLAIN_COMPLETION)), (sqlite_store._GET, ("c", "a"))],
+    {("c", "a"): (2, b"f")},
+)
+@example(
+    [
+        (sqlite_store._COMPLETE, ("c", "a", 2, _PLAIN_COMPLETION)),
+        (sqlite_store._COMPLETE, ("c", "a", 2, _PLAIN_COMPLETION)),
+    ],
+    {("c", "a"): (2, b"f")},
+)
+def test_split_held_matches_the_reference(
+    spec: list[tuple[int, tuple[Any, ...]]], held: dict[Any, Any]
+) -> None:
+    got = []
+    for split in (speedups.split_held, sqlite_store._py_split_held):
+        ops = _ops_of(spec)
+        answer = outcome_of(split, ops, dict(held))
+        if answer[0] == "value" and answer[1][1] is not None:  # the ops by position
+            mine, rest = answer[1][1]
+            answer = ("value", ([ops.index(o) for o in mine], [ops.index(o) for o in rest]))
+        got.append(answer)
+    assert got[0] == got[1]
+
+
+@settings(max_examples=400)
+@given(held_ops, held_maps, st.sampled_from([1.5, 0.0, 7]))
+def test_held_params_and_records_match_the_reference(
+    spec: list[tuple[int, tuple[Any, ...]]], held: dict[Any, Any], now: float
+) -> None:
+    for twin, ref in [
+        (speedups.held_params, sqlite_store._py_held_params),
+        (speedups.held_records, sqlite_store._py_held_records),
+    ]:
+        got = []
+        for fn in (twin, ref):
+            ops = _ops_of(spec)
+            answer = outcome_of(fn, ops, dict(held), now)
+            if answer[0] == "value" and isinstance(answer[1][1], list):
+                answer = ("value", [[(type(x), x) for x in row] for row in answer[1][1]])
+            got.append((answer, _seen(ops)))
+        assert got[0] == got[1]
+
+
+@settings(max_examples=400)
+@given(held_ops, op_outcomes, held_maps, st.sampled_from([1, 2, 100]))
+def test_note_held_matches_the_reference(
+    spec: list[tuple[int, tuple[Any, ...]]],
+    outcomes: list[Any],
+    held: dict[Any, Any],
+    held_max: int,
+) -> None:
+    got = []
+    for note in (speedups.note_held, sqlite_store._py_note_held):
+        monkey = pytest.MonkeyPatch()
+        monkey.setattr(sqlite_store, "_HELD_MAX", held_max)
+        _configure_held(held_max)
+        try:
+            h = dict(held)
+            answer = outcome_of(note, _held_ops(spec, outcomes), h)
+        finally:
+            monkey.undo()
+            _configure_held(sqlite_store._HELD_MAX)
+        got.append((answer, h))
+    assert got[0] == got[1]
+
+
+def _configure_held(held_max: int) -> None:
+    speedups.configure_held(
+        split_held=sqlite_store._py_split_held,
+        held_params=sqlite_store._py_held_params,
+        held_records=sqlite_store._py_held_records,
+        note_held=sqlite_store._py_note_held,
+        release=sqlite_store._RELEASE,
+        held_max=held_max,
+    )
+
+
+def test_the_held_twins_answer_the_stores_own_batches_themselves() -> None:
+    """A batch as the store forms it takes the C paths: no reference is called."""
+    handed: list[str] = []
+
+    def spy(name: str) -> Any:
+        ref = getattr(sqlite_store, f"_py_{name}")
+        return lambda *a: handed.append(name) or ref(*a)
+
+    fp = FINGERPRINTS[0]
+    completion = _contract.new_completion(_contract.Completion, (True, b"\x01", None, 10.0, 64))
+    claim = Op(sqlite_store._CLAIM, ("c", "new", fp, 5.0))
+    claim.result = _CLAIMED_RESULT
+    ops = [claim, Op(sqlite_store._COMPLETE, ("c", "held", 7, completion))]
+    held = {("c", "held"): (7, fp)}
+    speedups.configure_held(
+        split_held=spy("split_held"), held_params=spy("held_params"),
+        held_records=spy("held_records"), note_held=spy("note_held"),
+        release=sqlite_store._RELEASE, held_max=sqlite_store._HELD_MAX,
+    )  # fmt: skip
+    try:
+        mine, rest = speedups.split_held(ops, held)
+        assert (mine, rest) == ([ops[1]], [ops[0]])
+        [row] = speedups.held_params(mine, held, 2.0)
+        assert row[0] == 12.0 and row[3:6] == ("c", "held", 7) and row[6] == bytearray(fp)
+        speedups.held_records(mine, held, 2.0)
+        assert ops[1].result == Record(COMPLETED, fp, 7, 12.0, True, b"\x01")
+        speedups.note_held(ops, held)
+        assert held == {("c", "new"): (4, FINGERPRINTS[0])}
+    finally:
+        _configure_held(sqlite_store._HELD_MAX)
+    assert handed == []
+
+
 # --------------------------------------------------------------- the RPC request's parse
 
 # Requests near every edge parse() checks, most of them well formed: the kinds, msgids
