@@ -294,6 +294,20 @@ def test_the_twins_leak_nothing() -> None:
             speedups.decode_into([("c", key, 1, fp, 1, 1.0, 1, None)], ws, lambda row: None)
             speedups.decide(ops, 0, ws, dirty, 2.0, i)
             speedups.rows(dirty)
+            # The held-claim steps: the common batch, then shapes that go to the reference.
+            held = {("c", key): (i + 1, fp), ("c", "x"): (1, fp)}
+            done = Op(sqlite_store._COMPLETE, ("c", key, i + 1, completion))
+            claimed = Op(sqlite_store._CLAIM, ("c", "new", fp, 5.0))
+            claimed.result = _CLAIMED_RESULT
+            batch = [claimed, done, Op(sqlite_store._RELEASE, ("c", "x", 1))]
+            mine, _ = speedups.split_held(batch, held)
+            speedups.held_params(mine, held, 2.0)
+            speedups.held_records(mine, held, 2.0)
+            speedups.note_held(batch, held)
+            outcome_of(speedups.held_params, mine, {}, 2.0)  # a KeyError: the reference
+            bad = [Op(sqlite_store._COMPLETE, ("c", key))]
+            outcome_of(speedups.split_held, bad, held)  # the reference's ValueError
+            speedups.note_held([Op("odd", ("c", key))], held)  # the reference
 
     work(500)  # caches warm (the prefix cache, hypothesis-free)
     gc.collect()
