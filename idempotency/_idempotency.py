@@ -412,15 +412,6 @@ class Idempotency:
         wait = self.wait if wait is None else wait
         if one_step and self._one_step_store is not None:
             self._one_step(caller, key, operation, args, fp, handler, wait, timeout, ctx, done)
-        elif (store := self._callback_store) is not None and self._sync_store is None:
-            # _two_step's way on a CallbackStore, without its frame
-            store.claim_later(
-                caller, key, fp, self.lease,
-                _continuation(
-                    self, caller, key, operation, args, fp, handler, wait, timeout, ctx,
-                    one_step, done,
-                ),
-            )  # fmt: skip
         elif self._sync_store is not None or self._callback_store is not None:
             self._two_step(
                 caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done

@@ -143,7 +143,9 @@ INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0)
 """
 )
 # SQLiteStore.migrate: the records copied as they are into a table of the current layout,
-# which then takes the old one's place (in one transaction).
+# which then takes the old one's place (in one transaction). Copied in order of expiry, so
+# that the automatic sweep, which walks the new table in rowid order, finds the records
+# that expire together side by side.
 _MIGRATING: Final = "idempotency_records_migrating"
 _MIGRATE: Final = (
     _RECORDS_TABLE.replace("IF NOT EXISTS idempotency_records", _MIGRATING),
