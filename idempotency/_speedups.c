@@ -22,7 +22,9 @@
  *                       request (the RPC server's every call);
  *   TwoStepCall         idempotency/_idempotency.py's _py_continuation: a two-step
  *                       call's way from its claim's answer through its handler to its
- *                       record's answer, on a CallbackStore.
+ *                       record's answer, on a CallbackStore;
+ *   KeyedReply          idempotency/rpc/_dispatch.py's _py_keyed_reply: a keyed RPC
+ *                       call's reply, built from its outcome and handed to its Later.
  *
  * Every case the fast path does not cover is handed to the Python reference (configured
  * once by idempotency/_accel.py): a refused completion, an effect to run, a request that
@@ -35,7 +37,8 @@
  * twins are in its parts, by mechanism: _speedups_record.c.h (claim, complete),
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
  * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
- * (parse_request), _speedups_twostep.c.h (TwoStepCall).
+ * (parse_request), _speedups_twostep.c.h (TwoStepCall), _speedups_reply.c.h
+ * (KeyedReply).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -347,6 +350,7 @@ configure_held(PyObject *module, PyObject *args, PyObject *kwds)
  * above. */
 #include "_speedups_rpc.c.h"
 #include "_speedups_twostep.c.h"
+#include "_speedups_reply.c.h"
 
 static PyMethodDef methods[] = {
     {"configure_held", (PyCFunction)(void (*)(void))configure_held, METH_VARARGS | METH_KEYWORDS,
@@ -409,7 +413,8 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&MemoryTableType) < 0 || PyType_Ready(&TwoStepCallType) < 0) {
+    if (PyType_Ready(&MemoryTableType) < 0 || PyType_Ready(&TwoStepCallType) < 0
+        || PyType_Ready(&KeyedReplyType) < 0) {
         return NULL;
     }
 #ifdef HAVE_SHA_NI_BUILD
@@ -427,7 +432,8 @@ PyInit__speedups(void)
         return NULL;
     }
     if (PyModule_AddType(m, &MemoryTableType) < 0
-        || PyModule_AddType(m, &TwoStepCallType) < 0) {
+        || PyModule_AddType(m, &TwoStepCallType) < 0
+        || PyModule_AddType(m, &KeyedReplyType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -47,6 +47,7 @@ from gosim import context, go
 from gosim.lowlevel import Waiter, WaitReason
 from netframe import Later
 
+from .._accel import speedups as _speedups
 from .._errors import (
     ApplicationError,
     CorruptedRecord,
@@ -203,6 +204,20 @@ def _needs_await(result: Any) -> bool:
 
 _BACKGROUND: Final = context.background()
 _RPC_REPLY: Final = WaitReason.RPC_REPLY  # the race of a method against its deadline
+
+
+def _py_keyed_reply(
+    replied: Callable[..., None], later: Later, msgid: int
+) -> Callable[[Outcome | None, BaseException | None], None]:
+    """``run_later``'s callback for a keyed call with no deadline and no context to
+    cancel: ``replied`` (the dispatcher's ``_keyed_replied``) with its call's Later and
+    msgid. The reference of the C twin ``KeyedReply``, which answers the common outcome
+    (recorded now, a value) without a Python frame and hands every other to
+    ``replied``."""
+    return functools.partial(replied, later, msgid, math.inf, None)
+
+
+_keyed_reply: Final = _py_keyed_reply if _speedups is None else _speedups.KeyedReply
 
 
 def _run_method(
@@ -621,7 +636,9 @@ class Dispatcher:
         one_step = spec.one_step
         try:
             idem.run_later(
-                functools.partial(self._keyed_replied, later, msgid, deadline, cancel),
+                _keyed_reply(self._keyed_replied, later, msgid)
+                if deadline == math.inf and cancel is None
+                else functools.partial(self._keyed_replied, later, msgid, deadline, cancel),
                 caller=meta.caller or ANONYMOUS_CALLER,
                 key=meta.key,
                 request=(spec.name, msg.params),
