@@ -73,6 +73,7 @@ from .._record import (
     COMPLETED,
     IN_PROGRESS,
     ClaimKind,
+    ClaimResult,
     Record,
     _new_record,
     claim,
@@ -191,6 +192,16 @@ _COMPLETE_HELD: Final = (
     f" AND state = {int(IN_PROGRESS)} AND typeof(expires_at) IN ('real', 'integer')"
     " AND expires_at > ? AND ok IN (0, 1) AND payload IS NULL"
 )
+# A claim of a key that has no row (every first call of a key), written without reading
+# it first: OR IGNORE leaves a key that has a row as it is, and the row count then tells
+# whether every claim of the batch found its key new (SQLiteStore._claim_new_keys).
+_CLAIM_NEW: Final = (
+    "INSERT OR IGNORE INTO idempotency_records"
+    " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, NULL)"
+)
+_DELETE_NEW: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ? AND fence = ?"
+_NEW_CLAIMS_WAIT_MAX: Final = 64  # batches read first after misses in a row, at most
 _HELD_MAX: Final = 65536  # claims remembered (an optimisation only: forgotten past it)
 _SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
 _SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
@@ -223,6 +234,7 @@ _SKIP_TO_CEILING: Final = (
 FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
 # Batches of these only commit without fsync (a renewal, like a claim, answers no one).
 _LIGHT: Final = frozenset({_CLAIM, _GET, _RENEW})
+_ONLY_CLAIMS: Final = frozenset({_CLAIM})
 _kind_of: Final = operator.attrgetter("kind")
 # What _apply did with a batch (compared by identity).
 _APPLIED: Final = "applied"
@@ -345,6 +357,10 @@ class SQLiteStore(BatchedOneStepStore):
         # (fence, fingerprint). Their completion needs no read of the row
         # (_COMPLETE_HELD); on the committer's thread only.
         self._held: dict[tuple[str, str], tuple[int, bytes]] = {}
+        # Batches left to read before claims are tried unread again (_claim_new_keys),
+        # and the wait after the next miss; on the committer's thread only.
+        self._new_claims_wait = 0
+        self._new_claims_backoff = 0
         # The automatic sweep resumes after this rowid (or key).
         self._sweep_cursor: Any = ("", "") if clustered_on_key else 0
 
@@ -503,7 +519,10 @@ class SQLiteStore(BatchedOneStepStore):
         back with one ``executemany`` per kind of write at the end (before a sweep,
         which deletes by SQL): a few statements per batch rather than two per
         operation. User SQL (effects, ``transact``) never touches these tables, so it
-        needs no flush before it.
+        needs no flush before it. Two kinds of operation skip the read when their rows
+        are as expected: completions of claims this store granted (``_complete_held``)
+        and, in a batch of nothing but claims, claims of keys that have no row
+        (``_claim_new_keys``); a row not as expected sends them down the usual path.
         """
         conn = self._conn
         if conn is None:
@@ -529,6 +548,13 @@ class SQLiteStore(BatchedOneStepStore):
             # Completions of claims this store holds skip the read (_complete_held).
             held = _split_held(ops, self._held) if self._held else None
             work = ops if held is None else held[1]
+            if self._new_claims_wait:
+                self._new_claims_wait -= 1
+            elif _ONLY_CLAIMS.issuperset(map(_kind_of, work)) and work:
+                after = self._claim_new_keys(conn, work, now, fence)
+                if after is not None:
+                    fence = after
+                    work = []
             ws = self._load(conn, work)
             dirty: dict[tuple[str, str], Record | None] = {}
             i, n = 0, len(work)
@@ -649,6 +675,35 @@ class SQLiteStore(BatchedOneStepStore):
                 op.result = None
             raise
         return _APPLIED
+
+    def _claim_new_keys(
+        self, conn: sqlite3.Connection, ops: list[Op], now: float, fence: int
+    ) -> int | None:
+        """Claims (``ops``, nothing else) of keys that have no row, written without
+        a read: each claim is decided as it would be against no record, and the rows
+        are inserted where the key still has none (``_CLAIM_NEW``). If every one was,
+        the claims are granted and the store's last fencing token is returned; if not
+        (a retry, a duplicate in the batch, a record expired but not swept), the rows
+        inserted are deleted and None is returned: the batch is read and decided as
+        usual, and the next few batches read first (a backoff doubling to
+        ``_NEW_CLAIMS_WAIT_MAX``)."""
+        try:
+            params, results = _new_claim_rows(ops, now, fence)
+        except Exception:
+            return None  # an argument the usual path says what is wrong with
+        # Not in a savepoint: SQLite copies every page a savepoint's statements change
+        # into a statement journal, which for a batch's random index pages spills to a
+        # temporary file (a third more writes a call). The rows inserted are told apart
+        # by their tokens instead, which no other row can have.
+        if conn.executemany(_CLAIM_NEW, params).rowcount == len(ops):
+            for op, res in zip(ops, results, strict=True):
+                op.result = res
+            self._new_claims_backoff = 0
+            return fence + len(ops)
+        conn.executemany(_DELETE_NEW, [(row[0], row[1], row[4]) for row in params])
+        self._new_claims_backoff = min(2 * self._new_claims_backoff or 1, _NEW_CLAIMS_WAIT_MAX)
+        self._new_claims_wait = self._new_claims_backoff
+        return None
 
     def _complete_held(
         self, conn: sqlite3.Connection, ops: list[Op], now: float, fence: int
@@ -896,6 +951,26 @@ def _held_records(ops: list[Op], held: HeldClaims, now: float) -> None:
         op.result = _new_record(
             Record, (COMPLETED, held[caller, key][1], f, now + c.ttl, c.ok, c.payload)
         )
+
+
+def _new_claim_rows(
+    ops: list[Op], now: float, fence: int
+) -> tuple[list[tuple[Any, ...]], list[ClaimResult]]:
+    """For claims (``ops``) of keys that have no record: the parameters of
+    ``_CLAIM_NEW`` for each, and its result, each decided against no record with the
+    store's next fencing tokens in order (as _decide_one would decide them)."""
+    params: list[tuple[Any, ...]] = []
+    results: list[ClaimResult] = []
+    for op in ops:
+        caller, key, fp, lease = op.args
+        fence += 1
+        res = claim(None, fp, now, lease, fence)
+        rec = res.record
+        params.append(
+            (caller, key, rec.state, bytearray(rec.fingerprint), fence, rec.expires_at, 1)
+        )
+        results.append(res)
+    return params, results
 
 
 def _note_held(ops: list[Op], held: HeldClaims) -> None:
