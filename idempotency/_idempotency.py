@@ -930,8 +930,30 @@ def _py_continuation(
     )  # fmt: skip
 
 
+def _py_run_later(
+    idem: Idempotency,
+    done: Callable[[Outcome | None, BaseException | None], None],
+    caller: str,
+    key: str,
+    request: tuple[str, Any],
+    handler: Handler,
+    timeout: float | None,
+    one_step: bool,
+) -> None:
+    """:meth:`Idempotency.run_later` with positional arguments (``wait`` and ``ctx``
+    their defaults): how the RPC server starts a keyed call. The reference of the C twin
+    ``_speedups.run_later``, which takes the common case (a two-step call on a
+    CallbackStore, a plain key and caller, a request that is a pair) through
+    ``_checked`` and ``_two_step`` without their frames, and hands every other here."""
+    idem.run_later(
+        done, caller=caller, key=key, request=request, handler=handler, timeout=timeout,
+        one_step=one_step,
+    )  # fmt: skip
+
+
 _continuation: Callable[..., Callable[[ClaimResult | None, BaseException | None], None]]
 _continuation = _py_continuation
+run_later: Callable[..., None] = _py_run_later
 if _speedups is not None and _speedups.configure_two_step(
     call=Call,
     outcome=Outcome,
@@ -939,5 +961,8 @@ if _speedups is not None and _speedups.configure_two_step(
     pack=_outcome_packb,
     not_decoded=_NOT_DECODED,
     current_runtime=lowlevel.current_runtime,
+    run_later=_py_run_later,
+    max_key_length=MAX_KEY_LENGTH,
 ):
     _continuation = _speedups.TwoStepCall
+    run_later = _speedups.run_later

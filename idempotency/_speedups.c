@@ -22,7 +22,9 @@
  *                       request (the RPC server's every call);
  *   TwoStepCall         idempotency/_idempotency.py's _py_continuation: a two-step
  *                       call's way from its claim's answer through its handler to its
- *                       record's answer, on a CallbackStore;
+ *                       record's answer, on a CallbackStore, and run_later, its
+ *                       start (_py_run_later: the key checked, the request
+ *                       fingerprinted, the claim asked for);
  *   KeyedReply          idempotency/rpc/_dispatch.py's _py_keyed_reply: a keyed RPC
  *                       call's reply, built from its outcome and handed to its Later.
  *
@@ -397,6 +399,9 @@ static PyMethodDef methods[] = {
      "fingerprint(operation, args, max_bytes) -> bytes (_keys.fingerprint)."},
     {"configure_rpc", (PyCFunction)(void (*)(void))configure_rpc, METH_VARARGS | METH_KEYWORDS,
      "Hand over rpc._protocol's Request and CallMeta classes and its limits."},
+    {"run_later", (PyCFunction)(void (*)(void))run_later, METH_FASTCALL,
+     "run_later(idem, done, caller, key, request, handler, timeout, one_step): "
+     "_idempotency._py_run_later."},
     {"parse_request", (PyCFunction)parse_request, METH_O,
      "parse_request(obj) -> the Request rpc._protocol.parse(obj) makes, or None."},
     {NULL, NULL, 0, NULL},

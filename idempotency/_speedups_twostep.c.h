@@ -33,7 +33,10 @@ static PyObject *py_current_runtime;  /* gosim.lowlevel.current_runtime */
 static PyObject *str__holders, *str__keeper, *str__waiters, *str__wake, *str__start_keeper,
     *str__callback_store, *str_complete_later, *str_ttl, *str_max_result_bytes,
     *str__on_claim, *str__handler_returned, *str__handler_failed, *str__completed,
-    *str__complete, *str__sync_store, *str_complete_sync;
+    *str__complete, *str__sync_store, *str_complete_sync, *str_max_args_bytes, *str_wait,
+    *str_lease, *str_claim_later, *str_claim_sync, *str__one_step_store, *str__one_step;
+static PyObject *py_run_later;  /* _idempotency._py_run_later, run_later's reference */
+static Py_ssize_t max_key_length;  /* _keys.MAX_KEY_LENGTH */
 
 /* The fields, in _py_continuation's order, then the fence once claimed. */
 enum {
@@ -458,25 +461,30 @@ static PyObject **const twostep_strings[] = {
     &str__holders, &str__keeper, &str__waiters, &str__wake, &str__start_keeper,
     &str__callback_store, &str_complete_later, &str_ttl, &str_max_result_bytes,
     &str__on_claim, &str__handler_returned, &str__handler_failed, &str__completed,
-    &str__complete, &str__sync_store, &str_complete_sync,
+    &str__complete, &str__sync_store, &str_complete_sync, &str_max_args_bytes, &str_wait,
+    &str_lease, &str_claim_later, &str_claim_sync, &str__one_step_store, &str__one_step,
 };
 static const char *const twostep_string_values[] = {
     "_holders", "_keeper", "_waiters", "_wake", "_start_keeper", "_callback_store",
     "complete_later", "ttl", "max_result_bytes", "_on_claim", "_handler_returned",
     "_handler_failed", "_completed", "_complete", "_sync_store", "complete_sync",
+    "max_args_bytes", "wait", "lease", "claim_later", "claim_sync", "_one_step_store",
+    "_one_step",
 };
 
-/* configure_two_step(call, outcome, completion, pack, not_decoded, current_runtime) ->
- * whether TwoStepCall may stand for _py_continuation. */
+/* configure_two_step(call, outcome, completion, pack, not_decoded, current_runtime,
+ * run_later, max_key_length) -> whether TwoStepCall may stand for _py_continuation (and
+ * run_later for _py_run_later). */
 static PyObject *
 configure_two_step(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"call", "outcome", "completion", "pack", "not_decoded",
-                             "current_runtime", NULL};
-    PyObject *call, *outcome, *completion, *pack, *nd, *current_runtime;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOO", kwlist, &call, &outcome,
+                             "current_runtime", "run_later", "max_key_length", NULL};
+    PyObject *call, *outcome, *completion, *pack, *nd, *current_runtime, *run_later;
+    Py_ssize_t max_key;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOOn", kwlist, &call, &outcome,
                                      &PyType_Type, &completion, &pack, &nd,
-                                     &current_runtime)) {
+                                     &current_runtime, &run_later, &max_key)) {
         return NULL;
     }
     const char *const call_names[CALL_SLOTS] = {"caller", "key", "operation", "args",
@@ -507,6 +515,122 @@ configure_two_step(PyObject *module, PyObject *args, PyObject *kwds)
     take(&py_pack_result, pack);
     take(&not_decoded, nd);
     take(&py_current_runtime, current_runtime);
+    take(&py_run_later, run_later);
+    max_key_length = max_key;
     configured |= TWO_STEP_PART;
     Py_RETURN_TRUE;
+}
+
+/* A key or caller _checked passes as it is: an exact str of 1 to max_key_length
+ * printable ASCII characters (a non-ASCII caller goes to the reference, which says). */
+static int
+plain_name(PyObject *s)
+{
+    if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s)) {
+        return 0;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (n < 1 || n > max_key_length) {
+        return 0;
+    }
+    const Py_UCS1 *c = PyUnicode_1BYTE_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (c[i] < 0x20 || c[i] > 0x7e) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* run_later(idem, done, caller, key, request, handler, timeout, one_step): the twin of
+ * _py_run_later (Idempotency.run_later with wait and ctx left to their defaults). Its
+ * common case -- the key and the caller plain, the request a pair, one_step a bool, and
+ * a store that takes the call without a goroutine -- is run_later's way through
+ * _checked without its frame, then: one step on a OneStepStore, _one_step; else
+ * _two_step's, without its frame: the continuation (TwoStepCall), and the store's
+ * claim_sync (the continuation called with its answer) or claim_later. Every other case
+ * is the reference's. */
+static PyObject *
+run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_configured(RECORD_PART | KEYS_PART | TWO_STEP_PART) < 0) {
+        return NULL;
+    }
+    if (nargs != 8 || (args[7] != Py_False && args[7] != Py_True) || !plain_name(args[2])
+        || !plain_name(args[3]) || !PyTuple_CheckExact(args[4])
+        || PyTuple_GET_SIZE(args[4]) != 2) {
+        return PyObject_Vectorcall(py_run_later, args, (size_t)nargs, NULL);
+    }
+    PyObject *idem = args[0], *done = args[1], *caller = args[2], *key = args[3];
+    PyObject *operation = PyTuple_GET_ITEM(args[4], 0), *params = PyTuple_GET_ITEM(args[4], 1);
+    /* One step on a OneStepStore (_one_step); else a SynchronousStore, which _two_step
+     * takes first, or a CallbackStore. */
+    int one_step = 0, sync = 0;
+    PyObject *store = NULL;
+    if (args[7] == Py_True) {
+        store = PyObject_GetAttr(idem, str__one_step_store);
+        one_step = store != Py_None;
+    }
+    if (!one_step) {
+        Py_XDECREF(store);
+        store = PyObject_GetAttr(idem, str__sync_store);
+        sync = store != Py_None;
+        if (store != NULL && !sync) {
+            Py_DECREF(store);
+            store = PyObject_GetAttr(idem, str__callback_store);
+        }
+    }
+    if (store == NULL) {
+        return NULL;
+    }
+    if (store == Py_None) {
+        Py_DECREF(store);
+        return PyObject_Vectorcall(py_run_later, args, (size_t)nargs, NULL);
+    }
+    PyObject *fp = NULL, *wait = NULL, *lease = NULL, *go_on = NULL, *r = NULL;
+    PyObject *max_args = PyObject_GetAttr(idem, str_max_args_bytes);
+    if (max_args == NULL) {
+        goto done;
+    }
+    PyObject *fargs[3] = {operation, params, max_args};
+    fp = fingerprint(module, fargs, 3, NULL);  /* raises what _checked would */
+    Py_DECREF(max_args);
+    if (fp == NULL || (wait = PyObject_GetAttr(idem, str_wait)) == NULL) {
+        goto done;
+    }
+    if (one_step) {
+        PyObject *oargs[11] = {idem, caller, key, operation, params, fp, args[5], wait,
+                               args[6], Py_None, done};
+        r = PyObject_VectorcallMethod(str__one_step, oargs, 11, NULL);
+        goto done;
+    }
+    if ((lease = PyObject_GetAttr(idem, str_lease)) == NULL) {
+        goto done;
+    }
+    PyObject *cargs[F_GIVEN] = {idem, caller, key, operation, params, fp, args[5], wait,
+                                args[6], Py_None, args[7], done};
+    go_on = twostep_vectorcall_new((PyObject *)&TwoStepCallType, cargs, F_GIVEN, NULL);
+    if (go_on == NULL) {
+        goto done;
+    }
+    if (sync) {
+        PyObject *sargs[5] = {store, caller, key, fp, lease};
+        PyObject *res = PyObject_VectorcallMethod(str_claim_sync, sargs, 5, NULL);
+        if (res != NULL) {
+            PyObject *gargs[2] = {res, Py_None};
+            r = PyObject_Vectorcall(go_on, gargs, 2, NULL);
+            Py_DECREF(res);
+        }
+    }
+    else {
+        PyObject *largs[6] = {store, caller, key, fp, lease, go_on};
+        r = PyObject_VectorcallMethod(str_claim_later, largs, 6, NULL);
+    }
+done:
+    Py_DECREF(store);
+    Py_XDECREF(fp);
+    Py_XDECREF(wait);
+    Py_XDECREF(lease);
+    Py_XDECREF(go_on);
+    return r;
 }

@@ -60,6 +60,7 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._idempotency import Call, Idempotency
+from .._idempotency import run_later as _run_later
 from .._outcome import Outcome
 from ._errors import RPCError
 from ._protocol import (
@@ -635,16 +636,17 @@ class Dispatcher:
         later = Later()
         one_step = spec.one_step
         try:
-            idem.run_later(
+            _run_later(  # idem.run_later(done, caller=..., key=..., ...), positionally
+                idem,
                 _keyed_reply(self._keyed_replied, later, msgid)
                 if deadline == math.inf and cancel is None
                 else functools.partial(self._keyed_replied, later, msgid, deadline, cancel),
-                caller=meta.caller or ANONYMOUS_CALLER,
-                key=meta.key,
-                request=(spec.name, msg.params),
-                handler=functools.partial(_run_method, spec, msg.params, ctx, not one_step),
-                timeout=timeout,
-                one_step=one_step,
+                meta.caller or ANONYMOUS_CALLER,
+                meta.key,
+                (spec.name, msg.params),
+                functools.partial(_run_method, spec, msg.params, ctx, not one_step),
+                timeout,
+                one_step,
             )
         except Exception as exc:
             if cancel is not None:

@@ -9,12 +9,17 @@ through each continuation on a seeded runtime, and everything observable must be
 same: what the store was asked (the completion's every field), what the handler was
 given, what ``done`` got (the outcome's every slot, or the error) or what the call
 raised, the claims still held, and the store's releases.
+
+The start of a call (``_speedups.run_later`` against ``_idempotency._py_run_later``) is
+compared the same way over keys, callers and requests good and bad, on every kind of
+store, with busy keys waited for or not.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+import tempfile
 import tracemalloc
 from typing import Any
 
@@ -25,11 +30,14 @@ from hypothesis import strategies as st
 import gosim
 from idempotency import ApplicationError, Idempotency, StaleClaim, StoreUnavailable, _idempotency
 from idempotency._accel import speedups
+from idempotency._keys import fingerprint
 from idempotency._record import COMPLETED, IN_PROGRESS, ClaimKind, ClaimResult, Record
 from idempotency.stores import (
     CallbackStore,
     Completion,
     Effect,
+    MemoryStore,
+    SQLiteStore,
     Store,
     StoreStatistics,
     SynchronousStore,
@@ -340,4 +348,225 @@ def test_the_c_continuation_leaks_nothing() -> None:
     finally:
         tracemalloc.stop()
     assert sys.getrefcount(FP) == refs
+    assert live < 256 * 1024, f"{live} bytes still live after the calls"
+
+
+# The start of a call: _speedups.run_later against _idempotency._py_run_later.
+
+
+class KeySubclass(str):
+    pass
+
+
+KEYS = ["key", " ", "~", "k" * 255, "k" * 256, "", "kéy", "k\x00", "k\x1f", "k\x7f", "k\n"]
+KEYS += [KeySubclass("key"), 5]
+CALLERS = ["caller", "cällér", "c\t", KeySubclass("caller"), None, "c" * 256]
+REQUESTS = [
+    ("op", [1, 2]),
+    ("op", (1, "a", [2.5])),
+    ["op", [1, 2]],
+    ("op", [1, 2], 3),
+    ("op", ["x" * 300]),  # past max_args_bytes
+    ("op", [object()]),  # not encodable
+    (5, [1]),
+    ("op", {"a": 1}),
+]
+
+
+class AwaitingClaim:
+    """The awaiting claim the scripted stores refuse, answered by the script: a wait
+    for a busy key claims again with it (and a store of neither kind, every call)."""
+
+    async def claim(self, caller: str, key: str, fingerprint: bytes, lease: float) -> Any:
+        res, error = self._claim_answer(caller, key, fingerprint, lease)  # type: ignore[attr-defined]
+        if error is not None:
+            raise error
+        return res
+
+
+class CallbackStart(AwaitingClaim, ScriptedStore):
+    pass
+
+
+class SyncStart(AwaitingClaim, ScriptedSyncStore):
+    pass
+
+
+class NeitherStart(AwaitingClaim, Script):
+    pass
+
+
+def run_start(
+    start: Any,
+    store_kind: str,
+    caller: Any,
+    key: Any,
+    request: Any,
+    one_step: bool,
+    timeout: float | None,
+    claim: str = "claimed",
+    wait: bool = False,
+    handler_kind: str = "list",
+) -> Any:
+    """Everything observable of one call started by ``start`` (the types of what the
+    store was given included), in virtual time: a wait for a busy key ends at its
+    timeout, or is still waiting at the end."""
+    store: Store
+    files = tempfile.TemporaryDirectory()
+    if store_kind in ("memory", "sqlite"):
+        # SQLiteStore is a OneStepStore (one_step=True takes one step), MemoryStore not.
+        store = MemoryStore() if store_kind == "memory" else SQLiteStore(f"{files.name}/r.db")
+        if claim == "busy":  # held by another execution of the same request
+
+            async def hold() -> None:
+                fp = fingerprint(request[0], request[1], 200)
+                await store.claim(caller, key, fp, 60.0)
+
+            try:
+                gosim.run(hold, procs=1, seed=3, virtual_time=True)
+            except Exception:
+                pass  # a request or key the store refuses: nothing held
+    elif store_kind == "sync":
+        store = SyncStart(claim, "record", True)
+    elif store_kind == "neither":
+        store = NeitherStart(claim, "record", True)
+    else:
+        store = CallbackStart(claim, "record", store_kind == "now")
+    idem = Idempotency(store, max_args_bytes=200, wait=wait)
+    idem._keeper = False
+    seen: list[Any] = []
+    results: list[Any] = []
+
+    def handler(call: Any) -> Any:
+        seen.append([(n, getattr(call, n)) for n in type(call).__slots__])
+        return _returns(handler_kind)
+
+    async def main() -> None:
+        try:
+            start(
+                idem, lambda outcome, error: results.append(_describe(outcome, error)),
+                caller, key, request, handler, timeout, one_step,
+            )  # fmt: skip
+        except Exception as exc:
+            results.append(("raised", type(exc).__name__, str(exc)))
+        for _ in range(20):
+            await gosim.gosched()
+        await gosim.sleep(10)
+
+    gosim.run(main, procs=1, seed=3, virtual_time=True)
+    log = [tuple((type(x).__name__, x) for x in entry) for entry in getattr(store, "log", [])]
+    if isinstance(store, (MemoryStore, SQLiteStore)):  # asked: one step, or two
+        log = [store.statistics()]
+        store.close()
+    files.cleanup()
+    return log, seen, results, sorted(idem._holders.items())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["now", "later", "sync", "neither", "memory", "sqlite"]),
+    st.sampled_from(CALLERS),
+    st.sampled_from(KEYS),
+    st.sampled_from(REQUESTS),
+    st.sampled_from([False, False, True]),
+    st.sampled_from([None, 2.5]),
+    st.sampled_from(["claimed", "claimed", "busy"]),
+    st.booleans(),
+    st.sampled_from(["list", "awaitable"]),
+)
+@example("now", "caller", "key", ("op", [1, 2]), False, None, "claimed", False, "list")
+@example("sync", "caller", "key", ("op", [1, 2]), False, None, "claimed", False, "list")
+@example("later", "caller", "k" * 255, ("op", (1, "a", [2.5])), False, 2.5, "busy", True, "list")
+@example("now", "caller", "key", ("op", [1]), True, None, "claimed", False, "awaitable")
+@example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "list")
+@example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "awaitable")
+@example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "value-error")
+def test_the_c_start_does_what_the_reference_does(
+    store_kind: str,
+    caller: Any,
+    key: Any,
+    request: Any,
+    one_step: bool,
+    timeout: Any,
+    claim: str,
+    wait: bool,
+    handler_kind: str,
+) -> None:
+    script = (store_kind, caller, key, request, one_step, timeout, claim, wait, handler_kind)
+    fast = run_start(speedups.run_later, *script)
+    assert fast == run_start(_idempotency._py_run_later, *script)
+    assert len(fast[2]) <= 1, "done was called once at most, or the start raised"
+
+
+@pytest.mark.parametrize("one_step", [False, True, 0, 1])
+@pytest.mark.parametrize("store_kind", ["now", "later", "sync", "neither", "memory", "sqlite"])
+@pytest.mark.parametrize(
+    ("caller", "key", "request_"),
+    [("caller", "key", request) for request in REQUESTS]
+    + [("caller", key, ("op", [1])) for key in KEYS]
+    + [(caller, "key", ("op", [1])) for caller in CALLERS],
+)
+def test_the_c_start_answers_each_argument_as_the_reference(
+    store_kind: str, caller: Any, key: Any, request_: Any, one_step: bool
+) -> None:
+    """Each key, caller and request of the lists above with the others plain."""
+    script = (store_kind, caller, key, request_, one_step, None)
+    assert run_start(speedups.run_later, *script) == run_start(_idempotency._py_run_later, *script)
+
+
+@pytest.mark.parametrize(("wait", "timeout"), [(True, None), (True, 2.5), (False, None)])
+@pytest.mark.parametrize(("store_kind", "one_step"), [("now", False), ("sqlite", True)])
+def test_the_c_start_waits_for_a_busy_key_as_the_reference(
+    wait: bool, timeout: Any, store_kind: str, one_step: bool
+) -> None:
+    script = (store_kind, "caller", "key", ("op", [1]), one_step, timeout, "busy", wait)
+    fast = run_start(speedups.run_later, *script)
+    assert fast == run_start(_idempotency._py_run_later, *script)
+    # Still waiting; timed out; or told at once that the key is in progress.
+    assert [r[:2] for r in fast[2]] == (
+        [] if timeout is None and wait else [("error", "InProgress")]
+    )
+
+
+def test_the_c_start_takes_the_common_case_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain key and caller and a pair, on either kind of store: the reference (and
+    so Idempotency.run_later) is never called."""
+    assert _idempotency.run_later is speedups.run_later
+    monkeypatch.setattr(Idempotency, "run_later", None)  # calling it would raise
+    for store_kind in ("now", "later", "sync"):
+        log, _, results, _ = run_start(
+            speedups.run_later, store_kind, "caller", "key", ("op", [1]), False, None
+        )
+        assert [entry[0][1] for entry in log] == ["claim", "complete"]
+        assert results[0][0] == "outcome"
+    for store_kind, one_step in [("memory", False), ("sqlite", False), ("sqlite", True)]:
+        _, seen, results, _ = run_start(
+            speedups.run_later, store_kind, "caller", "key", ("op", [1]), one_step, None
+        )
+        assert len(seen) == 1
+        assert results[0][0] == "outcome"
+
+
+def test_the_c_start_leaks_nothing() -> None:
+    request = ("op", [1])
+    cases = [("now", "key", request), ("sync", "key", request), ("now", "", request),
+             ("now", "key", ("op", ["x" * 300]))]  # fmt: skip
+
+    def work(n: int) -> None:
+        for i in range(n):
+            store_kind, key, request = cases[i % len(cases)]
+            run_start(speedups.run_later, store_kind, "caller", key, request, False, None)
+
+    work(50)
+    gc.collect()
+    refs = sys.getrefcount(request)
+    tracemalloc.start()
+    try:
+        work(300)
+        gc.collect()
+        live = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    now_refs = sys.getrefcount(request)
+    assert now_refs == refs
     assert live < 256 * 1024, f"{live} bytes still live after the calls"
