@@ -2,9 +2,10 @@
 
 It holds twins of the per-call steps of ``Idempotency.run``: the record table's
 ``claim`` and ``complete`` (``_record``), ``fingerprint`` (``_keys``), MemoryStore's
-table (``stores.memory``), the group commit's ``Op`` (``stores._batch``), SQLiteStore's
-record work of a batch and its held claims (``stores.sqlite``), the RPC server's parse of
-a request (``rpc._protocol``), a two-step call's start and continuation (``_idempotency``) and a
+table (``stores.memory``), the group commit's ``Op`` and the batched stores'
+``claim_later`` and ``complete_later`` (``stores._batch``), SQLiteStore's record work of
+a batch and its held claims (``stores.sqlite``), the RPC server's parse of a request
+(``rpc._protocol``), a two-step call's start and continuation (``_idempotency``) and a
 keyed call's reply (``rpc._dispatch``). Each module hands its own part over when it
 imports and keeps the Python code as the reference, which the C code calls for every
 case it does not cover.

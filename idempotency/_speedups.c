@@ -25,6 +25,9 @@
  *                       record's answer, on a CallbackStore, and run_later, its
  *                       start (_py_run_later: the key checked, the request
  *                       fingerprinted, the claim asked for);
+ *   claim_later, complete_later
+ *                       idempotency/stores/_batch.py's BatchedStore methods: an
+ *                       operation's Op built and handed to the group commit;
  *   KeyedReply          idempotency/rpc/_dispatch.py's _py_keyed_reply: a keyed RPC
  *                       call's reply, built from its outcome and handed to its Later.
  *
@@ -39,8 +42,8 @@
  * twins are in its parts, by mechanism: _speedups_record.c.h (claim, complete),
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
  * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
- * (parse_request), _speedups_twostep.c.h (TwoStepCall), _speedups_reply.c.h
- * (KeyedReply).
+ * (parse_request), _speedups_twostep.c.h (TwoStepCall, run_later), _speedups_reply.c.h
+ * (KeyedReply), _speedups_submit.c.h (claim_later, complete_later).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -75,6 +78,7 @@ enum {
     RPC_PART = 32,
     TWO_STEP_PART = 64,
     HELD_PART = 128,
+    SUBMIT_PART = 256,
 };
 static int configured;
 
@@ -353,6 +357,7 @@ configure_held(PyObject *module, PyObject *args, PyObject *kwds)
 #include "_speedups_rpc.c.h"
 #include "_speedups_twostep.c.h"
 #include "_speedups_reply.c.h"
+#include "_speedups_submit.c.h"
 
 static PyMethodDef methods[] = {
     {"configure_held", (PyCFunction)(void (*)(void))configure_held, METH_VARARGS | METH_KEYWORDS,
@@ -402,6 +407,18 @@ static PyMethodDef methods[] = {
     {"run_later", (PyCFunction)(void (*)(void))run_later, METH_FASTCALL,
      "run_later(idem, done, caller, key, request, handler, timeout, one_step): "
      "_idempotency._py_run_later."},
+    {"configure_submit", (PyCFunction)(void (*)(void))configure_submit,
+     METH_VARARGS | METH_KEYWORDS, "Hand BatchedStore's callback forms to claim_later, "
+     "complete_later."},
+    {"claim_later", (PyCFunction)(void (*)(void))submit_claim_later,
+     METH_FASTCALL | METH_KEYWORDS,
+     "claim_later(store, caller, key, fingerprint, lease, done): BatchedStore.claim_later."},
+    {"complete_later", (PyCFunction)(void (*)(void))submit_complete_later,
+     METH_FASTCALL | METH_KEYWORDS,
+     "complete_later(store, caller, key, fence, completion, done): "
+     "BatchedStore.complete_later."},
+    {"as_method", (PyCFunction)as_method, METH_O,
+     "as_method(function): the function bound as a method of the class it is set on."},
     {"parse_request", (PyCFunction)parse_request, METH_O,
      "parse_request(obj) -> the Request rpc._protocol.parse(obj) makes, or None."},
     {NULL, NULL, 0, NULL},

@@ -524,6 +524,24 @@ class BatchedStore(CallbackStore):
         """Release what the store holds (between batches)."""
 
 
+# claim_later and complete_later in one C call each where the accelerator is built: the
+# twins of the methods above (their common case: the argument check, the Op,
+# submit_later's common case), which stay the reference and take every other case.
+_py_claim_later: Final = BatchedStore.claim_later
+_py_complete_later: Final = BatchedStore.complete_later
+if _speedups is not None and _speedups.configure_submit(
+    claim_later=_py_claim_later,
+    complete_later=_py_complete_later,
+    claim=_CLAIM,
+    complete=_COMPLETE,
+    completion=Completion,
+    call_done=_call_done,
+    current_runtime=lowlevel.current_runtime,
+):
+    setattr(BatchedStore, "claim_later", _speedups.as_method(_speedups.claim_later))  # noqa: B010
+    setattr(BatchedStore, "complete_later", _speedups.as_method(_speedups.complete_later))  # noqa: B010
+
+
 class BatchedOneStepStore(BatchedStore, OneStepStore):
     """A :class:`BatchedStore` whose batch also applies ``claim_and_complete``
     (:data:`OpKind.CLAIM_COMPLETE`): a claim and its effect in one transaction."""

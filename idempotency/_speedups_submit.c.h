@@ -1,0 +1,187 @@
+/*
+ * idempotency/_speedups_submit.c.h: claim_later and complete_later, the twins of
+ * idempotency/stores/_batch.py's BatchedStore.claim_later and complete_later (the
+ * callback forms of the batched stores' claim and complete).
+ *
+ * Their common case -- a lease, or a completion without an effect whose payload is
+ * bytes and whose ttl is a positive number, as the Python methods' inline checks accept
+ * them -- is the Op built and handed to the store's GroupCommitter as submit_later
+ * does: the Op's callback set, then appended to the pending batch when a leader of
+ * this runtime runs, else given to _enqueue. Every other case (an argument to refuse,
+ * an effect, a call of another shape) is the Python method's, which stays the
+ * reference.
+ *
+ * The functions are installed as BatchedStore's methods through as_method (an
+ * instancemethod, which binds as a Python function does).
+ *
+ * A part of idempotency/_speedups.c, included after _speedups_batch.c.h (Op); not a
+ * translation unit of its own.
+ */
+
+static PyObject *py_claim_later, *py_complete_later;  /* the references */
+static PyObject *claim_kind, *complete_kind;          /* OpKind.CLAIM, OpKind.COMPLETE */
+static PyObject *py_call_done;                        /* _batch._call_done */
+static PyObject *py_submit_runtime;                   /* gosim.lowlevel.current_runtime */
+static PyTypeObject *SubmitCompletionType;            /* _contract.Completion */
+static PyObject *str__committer, *str_on_settle, *str__leading, *str__rt, *str__pending,
+    *str__enqueue;
+
+/* configure_submit(claim_later, complete_later, claim, complete, completion, call_done,
+ * current_runtime) -> whether claim_later and complete_later may stand for
+ * BatchedStore's. */
+static PyObject *
+configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"claim_later", "complete_later", "claim", "complete",
+                             "completion", "call_done", "current_runtime", NULL};
+    PyObject *claim_later, *complete_later, *claim, *complete, *completion, *done, *rt;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!OO", kwlist, &claim_later,
+                                     &complete_later, &claim, &complete, &PyType_Type,
+                                     &completion, &done, &rt)) {
+        return NULL;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)completion, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "configure_submit: Completion is a tuple");
+        return NULL;
+    }
+    PyObject **strings[] = {&str__committer, &str_on_settle, &str__leading, &str__rt,
+                            &str__pending, &str__enqueue};
+    const char *values[] = {"_committer", "on_settle", "_leading", "_rt", "_pending",
+                            "_enqueue"};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        if (*strings[i] == NULL && (*strings[i] = PyUnicode_InternFromString(values[i])) == NULL) {
+            return NULL;
+        }
+    }
+    take(&py_claim_later, claim_later);
+    take(&py_complete_later, complete_later);
+    take(&claim_kind, claim);
+    take(&complete_kind, complete);
+    take(&py_call_done, done);
+    take(&py_submit_runtime, rt);
+    Py_XSETREF(SubmitCompletionType, (PyTypeObject *)Py_NewRef(completion));
+    configured |= SUBMIT_PART;
+    Py_RETURN_TRUE;
+}
+
+/* A positive exact float or int, as the inline checks accept a lease or a ttl. */
+static int
+positive_number(PyObject *v)
+{
+    if (PyFloat_CheckExact(v)) {
+        return PyFloat_AS_DOUBLE(v) > 0;
+    }
+    return PyLong_CheckExact(v) && PyObject_RichCompareBool(v, ZERO, Py_GT) == 1;
+}
+
+/* GroupCommitter.submit_later(op, done) for the store's committer. */
+static PyObject *
+submit_op(PyObject *store, PyObject *kind, PyObject *op_args, PyObject *done)
+{
+    PyObject *committer = PyObject_GetAttr(store, str__committer);
+    if (committer == NULL) {
+        return NULL;
+    }
+    PyObject *r = NULL, *leading = NULL, *rt = NULL, *now = NULL, *pending = NULL;
+    PyObject *op = op_base_new(OpType, empty_tuple, NULL);
+    if (op == NULL) {
+        goto done;
+    }
+    op_set(op, op_kind_off, kind);
+    op_set(op, op_args_off, op_args);
+    op_set(op, op_result_off, Py_None);
+    op_set(op, op_error_off, Py_None);
+    PyObject *sargs[3] = {op, py_call_done, done};
+    PyObject *set = PyObject_VectorcallMethod(str_on_settle, sargs, 3, NULL);
+    if (set == NULL) {
+        goto done;
+    }
+    Py_DECREF(set);
+    if ((leading = PyObject_GetAttr(committer, str__leading)) == NULL) {
+        goto done;
+    }
+    int lead = PyObject_IsTrue(leading);
+    if (lead < 0) {
+        goto done;
+    }
+    if (lead) {
+        if ((rt = PyObject_GetAttr(committer, str__rt)) == NULL
+            || (now = PyObject_CallNoArgs(py_submit_runtime)) == NULL) {
+            goto done;
+        }
+        lead = rt == now;
+    }
+    if (lead && (pending = PyObject_GetAttr(committer, str__pending)) == NULL) {
+        goto done;
+    }
+    if (lead && PyList_CheckExact(pending)) {  /* _enqueue's common case, without its frame */
+        if (PyList_Append(pending, op) == 0) {
+            r = Py_NewRef(Py_None);
+        }
+    }
+    else {
+        r = PyObject_CallMethodOneArg(committer, str__enqueue, op);
+    }
+done:
+    Py_DECREF(committer);
+    Py_XDECREF(op);
+    Py_XDECREF(leading);
+    Py_XDECREF(rt);
+    Py_XDECREF(now);
+    Py_XDECREF(pending);
+    return r;
+}
+
+/* claim_later(self, caller, key, fingerprint, lease, done): BatchedStore.claim_later. */
+static PyObject *
+submit_claim_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames)
+{
+    if (check_configured(OP_PART | SUBMIT_PART) < 0) {
+        return NULL;
+    }
+    if (nargs != 6 || kwnames != NULL || !positive_number(args[4])) {
+        return PyObject_Vectorcall(py_claim_later, args, (size_t)nargs, kwnames);
+    }
+    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], args[4]);
+    if (op_args == NULL) {
+        return NULL;
+    }
+    PyObject *r = submit_op(args[0], claim_kind, op_args, args[5]);
+    Py_DECREF(op_args);
+    return r;
+}
+
+/* complete_later(self, caller, key, fence, completion, done):
+ * BatchedStore.complete_later. */
+static PyObject *
+submit_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames)
+{
+    if (check_configured(OP_PART | SUBMIT_PART) < 0) {
+        return NULL;
+    }
+    PyObject *c = nargs == 6 ? args[4] : NULL;
+    if (c == NULL || kwnames != NULL || !Py_IS_TYPE(c, SubmitCompletionType)
+        || PyTuple_GET_SIZE(c) != COMPLETION_SIZE
+        || PyTuple_GET_ITEM(c, COMPLETION_EFFECT) != Py_None
+        || !PyBytes_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD))
+        || !positive_number(PyTuple_GET_ITEM(c, COMPLETION_TTL))) {
+        return PyObject_Vectorcall(py_complete_later, args, (size_t)nargs, kwnames);
+    }
+    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], c);
+    if (op_args == NULL) {
+        return NULL;
+    }
+    PyObject *r = submit_op(args[0], complete_kind, op_args, args[5]);
+    Py_DECREF(op_args);
+    return r;
+}
+
+/* as_method(function) -> an instancemethod: ``function`` bound as a method of the class
+ * it is set on, as a Python function is. */
+static PyObject *
+as_method(PyObject *module, PyObject *function)
+{
+    return PyInstanceMethod_New(function);
+}
