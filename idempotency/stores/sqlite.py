@@ -192,14 +192,21 @@ _COMPLETE_HELD: Final = (
     f" AND state = {int(IN_PROGRESS)} AND typeof(expires_at) IN ('real', 'integer')"
     " AND expires_at > ? AND ok IN (0, 1) AND payload IS NULL"
 )
-# A claim of a key that has no row (every first call of a key), written without reading
-# it first: OR IGNORE leaves a key that has a row as it is, and the row count then tells
-# whether every claim of the batch found its key new (SQLiteStore._claim_new_keys).
+# Claims of keys that have no row (every first call of a key), written without reading
+# them first: OR IGNORE leaves a key that has a row as it is, and the row count then tells
+# whether every claim of the batch found its key new (SQLiteStore._claim_new_keys). Many
+# rows a statement, of a few sizes (each kept prepared): one step, and one release of
+# the GIL, for a run of claims, where a statement a row took one each. OR IGNORE never
+# stops a statement halfway, so SQLite keeps no statement journal for it.
 _CLAIM_NEW: Final = (
     "INSERT OR IGNORE INTO idempotency_records"
-    " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, NULL)"
+    " (caller, key, state, fingerprint, fence, expires_at, ok, payload) VALUES "
 )
+_NEW_ROW: Final = 7  # parameters a row
+_NEW_ROWS_SIZES: Final = (64, 32, 16, 8, 4, 2, 1)
+_CLAIM_NEW_ROWS: Final = {
+    n: _CLAIM_NEW + ", ".join(["(?, ?, ?, ?, ?, ?, ?, NULL)"] * n) for n in _NEW_ROWS_SIZES
+}
 _DELETE_NEW: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ? AND fence = ?"
 _NEW_CLAIMS_WAIT_MAX: Final = 64  # batches read first after misses in a row, at most
 _HELD_MAX: Final = 65536  # claims remembered (an optimisation only: forgotten past it)
@@ -695,12 +702,20 @@ class SQLiteStore(BatchedOneStepStore):
         # into a statement journal, which for a batch's random index pages spills to a
         # temporary file (a third more writes a call). The rows inserted are told apart
         # by their tokens instead, which no other row can have.
-        if conn.executemany(_CLAIM_NEW, params).rowcount == len(ops):
+        inserted = 0
+        for start, size in _chunks(len(ops)):
+            rows = params[start * _NEW_ROW : (start + size) * _NEW_ROW]
+            inserted += conn.execute(_CLAIM_NEW_ROWS[size], rows).rowcount
+        if inserted == len(ops):
             for op, res in zip(ops, results, strict=True):
                 op.result = res
             self._new_claims_backoff = 0
             return fence + len(ops)
-        conn.executemany(_DELETE_NEW, [(row[0], row[1], row[4]) for row in params])
+        r = _NEW_ROW
+        conn.executemany(
+            _DELETE_NEW,
+            [(params[i], params[i + 1], params[i + 4]) for i in range(0, len(params), r)],
+        )
         self._new_claims_backoff = min(2 * self._new_claims_backoff or 1, _NEW_CLAIMS_WAIT_MAX)
         self._new_claims_wait = self._new_claims_backoff
         return None
@@ -953,24 +968,33 @@ def _held_records(ops: list[Op], held: HeldClaims, now: float) -> None:
         )
 
 
-def _new_claim_rows(
-    ops: list[Op], now: float, fence: int
-) -> tuple[list[tuple[Any, ...]], list[ClaimResult]]:
-    """For claims (``ops``) of keys that have no record: the parameters of
-    ``_CLAIM_NEW`` for each, and its result, each decided against no record with the
-    store's next fencing tokens in order (as _decide_one would decide them)."""
-    params: list[tuple[Any, ...]] = []
+def _new_claim_rows(ops: list[Op], now: float, fence: int) -> tuple[list[Any], list[ClaimResult]]:
+    """For claims (``ops``) of keys that have no record: the parameters of their
+    ``_CLAIM_NEW`` rows, one after the other, and each claim's result, each decided
+    against no record with the store's next fencing tokens in order (as _decide_one
+    would decide them)."""
+    params: list[Any] = []
     results: list[ClaimResult] = []
     for op in ops:
         caller, key, fp, lease = op.args
         fence += 1
         res = claim(None, fp, now, lease, fence)
         rec = res.record
-        params.append(
-            (caller, key, rec.state, bytearray(rec.fingerprint), fence, rec.expires_at, 1)
-        )
+        params += (caller, key, rec.state, bytearray(rec.fingerprint), fence, rec.expires_at, 1)
         results.append(res)
     return params, results
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    """``n`` rows as (start, size) runs of the sizes of ``_CLAIM_NEW_ROWS``, largest
+    first."""
+    runs = []
+    start = 0
+    for size in _NEW_ROWS_SIZES:
+        while n - start >= size:
+            runs.append((start, size))
+            start += size
+    return runs
 
 
 def _note_held(ops: list[Op], held: HeldClaims) -> None:

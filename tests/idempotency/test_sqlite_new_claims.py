@@ -25,6 +25,7 @@ from idempotency.stores.sqlite import (
     _CLAIM_NEW,
     _GET,
     _NEW_CLAIMS_WAIT_MAX,
+    _NEW_ROWS_SIZES,
     _RELEASE,
     _RENEW,
 )
@@ -212,3 +213,30 @@ def test_the_insert_is_what_the_row_count_can_tell() -> None:
     # OR IGNORE: a key that has a row is left alone and not counted.
     assert _CLAIM_NEW.startswith("INSERT OR IGNORE INTO idempotency_records")
     assert "ON CONFLICT" not in _CLAIM_NEW
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 63, 64, 65, 127, 129, 200])
+def test_batches_of_every_size_are_written_whole(tmp_path: Path, n: int) -> None:
+    """Runs of rows a statement, of a few sizes: every claim written, in order, with a
+    statement of one of the sizes (kept prepared), however many there are."""
+    unread, read = pair(tmp_path)
+    batch = [claim(f"n-{i}", FP if i % 3 else OTHER_FP, 10.0 + i) for i in range(n)]
+    assert unread.apply(batch) == read.apply(batch)
+    assert unread.unread()
+    assert unread.rows() == read.rows()
+    assert unread.fence() == read.fence() == 10 + n
+    inserts = [sql for sql in unread.statements if sql.startswith("INSERT OR IGNORE")]
+    sizes = [sql.count("NULL)") for sql in inserts]
+    assert sum(sizes) == n
+    assert set(sizes) <= set(_NEW_ROWS_SIZES)
+    assert sizes == sorted(sizes, reverse=True)  # largest first: few statements
+    if n in (129, 200):
+        assert sizes == {129: [64, 64, 1], 200: [64, 64, 64, 8]}[n]
+
+
+def test_a_miss_in_a_large_batch_deletes_every_row_it_inserted(tmp_path: Path) -> None:
+    unread, read = pair(tmp_path)
+    batch = [claim(f"n-{i}") for i in range(70)] + [claim("done")]
+    assert unread.apply(batch) == read.apply(batch)
+    assert not unread.unread()
+    assert unread.rows() == read.rows()
