@@ -942,9 +942,10 @@ def _py_run_later(
 ) -> None:
     """:meth:`Idempotency.run_later` with positional arguments (``wait`` and ``ctx``
     their defaults): how the RPC server starts a keyed call. The reference of the C twin
-    ``_speedups.run_later``, which takes the common case (a two-step call on a
-    CallbackStore, a plain key and caller, a request that is a pair) through
-    ``_checked`` and ``_two_step`` without their frames, and hands every other here."""
+    ``_speedups.run_later``, which takes the common case (a plain key and caller, a
+    request that is a pair, ``one_step`` a bool, a store that takes the call without a
+    goroutine) through ``_checked`` and on to ``_one_step`` or ``_two_step``'s steps
+    without their frames, and hands every other here."""
     idem.run_later(
         done, caller=caller, key=key, request=request, handler=handler, timeout=timeout,
         one_step=one_step,
