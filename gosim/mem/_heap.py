@@ -301,12 +301,16 @@ class Heap:
 
     def _surely_fits(self, size: int, n: int) -> bool:
         """True when fresh pages alone could hold ``n`` more small objects of ``size``,
-        so a batch cannot fail and needs no snapshot."""
+        so a batch cannot fail and needs no snapshot. A span of several pages needs them
+        in one run: free pages enough in all are not enough when they are scattered, so
+        the spans must fit in the longest free run (where, at worst, all of them go)."""
         free_pages = int(self._meta[lay.H_NPAGES] - self._meta[lay.H_PAGES_INUSE])
         size = max(size, TINY_SIZE)
         c = CLASSES[_class_of(size)]
-        spans = -(-n // c.objects) + 1
-        return spans * c.npages <= free_pages
+        pages = (-(-n // c.objects) + 1) * c.npages
+        if pages > free_pages:
+            return False
+        return c.npages == 1 or pages <= int(pa_largest_run(self._meta))
 
     def malloc_many(self, size: int, n: int, p: int = 0, *, noscan: bool = True) -> Int64Array:
         """Allocate ``n`` objects of ``size`` bytes each from P ``p``; returns their

@@ -319,6 +319,24 @@ def test_exhaustion_small_batch_changes_nothing(size: int) -> None:
     assert h.read_mem_stats().HeapObjects == (1 if size < mem.TINY_SIZE else 0)
 
 
+def test_exhaustion_in_scattered_pages_changes_nothing() -> None:
+    """Free pages enough in all but scattered: a class of 7-page spans gets its first
+    span from the one 7-page run, then finds no other. The batch must be undone (it
+    was kept, 3 objects allocated, when the check that skips the snapshot counted free
+    pages without asking whether they run together)."""
+    h = mem.Heap(48 * PAGE, procs=2)
+    pages = h.malloc_many(PAGE, 48, noscan=False)  # a page each
+    h.free_many(np.concatenate([pages[:7], pages[8::2]]))  # a run of 7, then single pages
+    h.sweep()
+    before = counters(h)
+    meta_before = h._meta.copy()
+    with pytest.raises(mem.OutOfMemoryError, match="out of memory"):
+        h.malloc_many(18433, 6, noscan=False)  # 19072-byte slots, 3 to a 7-page span
+    assert counters(h) == before
+    assert (h._meta == meta_before).all()
+    assert len(h.malloc_many(18433, 3, noscan=False)) == 3  # the run is still there
+
+
 def test_exhaustion_single_and_large() -> None:
     h = mem.Heap(32 * PAGE)
     xs = h.malloc_many(40000, 6)  # 30 pages
