@@ -74,17 +74,19 @@ positive_number(PyObject *v)
     return PyLong_CheckExact(v) && PyObject_RichCompareBool(v, ZERO, Py_GT) == 1;
 }
 
-/* GroupCommitter.submit_later(op, done) for the store's committer. */
+/* A call (store, caller, key, x, y, done) of either method: the Op (kind, (caller, key,
+ * x, y)) handed to the store's committer as GroupCommitter.submit_later(op, done) does. */
 static PyObject *
-submit_op(PyObject *store, PyObject *kind, PyObject *op_args, PyObject *done)
+submit_op(PyObject *kind, PyObject *const *args)
 {
+    PyObject *store = args[0], *done = args[5];
     PyObject *committer = PyObject_GetAttr(store, str__committer);
     if (committer == NULL) {
         return NULL;
     }
-    PyObject *r = NULL, *leading = NULL, *rt = NULL, *now = NULL, *pending = NULL;
-    PyObject *op = op_base_new(OpType, empty_tuple, NULL);
-    if (op == NULL) {
+    PyObject *r = NULL, *leading = NULL, *rt = NULL, *now = NULL, *pending = NULL, *op = NULL;
+    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], args[4]);
+    if (op_args == NULL || (op = op_base_new(OpType, empty_tuple, NULL)) == NULL) {
         goto done;
     }
     op_set(op, op_kind_off, kind);
@@ -124,6 +126,7 @@ submit_op(PyObject *store, PyObject *kind, PyObject *op_args, PyObject *done)
     }
 done:
     Py_DECREF(committer);
+    Py_XDECREF(op_args);
     Py_XDECREF(op);
     Py_XDECREF(leading);
     Py_XDECREF(rt);
@@ -143,13 +146,7 @@ submit_claim_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     if (nargs != 6 || kwnames != NULL || !positive_number(args[4])) {
         return PyObject_Vectorcall(py_claim_later, args, (size_t)nargs, kwnames);
     }
-    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], args[4]);
-    if (op_args == NULL) {
-        return NULL;
-    }
-    PyObject *r = submit_op(args[0], claim_kind, op_args, args[5]);
-    Py_DECREF(op_args);
-    return r;
+    return submit_op(claim_kind, args);
 }
 
 /* complete_later(self, caller, key, fence, completion, done):
@@ -169,13 +166,7 @@ submit_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
         || !positive_number(PyTuple_GET_ITEM(c, COMPLETION_TTL))) {
         return PyObject_Vectorcall(py_complete_later, args, (size_t)nargs, kwnames);
     }
-    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], c);
-    if (op_args == NULL) {
-        return NULL;
-    }
-    PyObject *r = submit_op(args[0], complete_kind, op_args, args[5]);
-    Py_DECREF(op_args);
-    return r;
+    return submit_op(complete_kind, args);
 }
 
 /* as_method(function) -> an instancemethod: ``function`` bound as a method of the class

@@ -10,9 +10,6 @@ reach the reference at all.
 
 from __future__ import annotations
 
-import gc
-import sys
-import tracemalloc
 from typing import Any
 
 import msgpack
@@ -28,6 +25,8 @@ from idempotency.rpc import _dispatch
 from idempotency.rpc._dispatch import Dispatcher, _py_keyed_reply
 from idempotency.stores import MemoryStore
 from netframe import Later
+
+from ._leaks import leaks
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -216,21 +215,9 @@ def test_the_twin_leaks_nothing() -> None:
             except RuntimeError:
                 pass
 
-    work(300)
-    gc.collect()
-    refs = sys.getrefcount(payload)
-    tracemalloc.start()
-    try:
-        work(3000)
-        gc.collect()
-        live = tracemalloc.get_traced_memory()[0]
-        work(3000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - live
-    finally:
-        tracemalloc.stop()
-    assert sys.getrefcount(payload) == refs
-    assert grown < 20_000, grown
+    moved, live = leaks(work, payload, warm=300, runs=3000)
+    assert moved == [0]
+    assert live < 64 * 1024, f"{live} bytes still live after the calls"
 
 
 def test_the_reference_is_what_pure_python_runs() -> None:

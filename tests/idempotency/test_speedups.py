@@ -26,6 +26,8 @@ from idempotency.stores import _contract, memory
 from idempotency.stores import sqlite as sqlite_store
 from idempotency.stores._batch import Op, OpKind
 
+from ._leaks import leaks
+
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
 )
@@ -260,9 +262,6 @@ def test_sha256_block_boundaries() -> None:
 def test_the_twins_leak_nothing() -> None:
     """Every fast path and every hand-off to a reference, many times: no object is left
     behind (tracemalloc's live total does not grow) and no reference count creeps."""
-    import gc  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import tracemalloc  # noqa: PLC0415
 
     fp = FINGERPRINTS[0]
     completion = _contract.new_completion(_contract.Completion, (True, b"\x01", None, 10.0, 1024))
@@ -309,17 +308,8 @@ def test_the_twins_leak_nothing() -> None:
             outcome_of(speedups.split_held, bad, held)  # the reference's ValueError
             speedups.note_held([Op("odd", ("c", key))], held)  # the reference
 
-    work(500)  # caches warm (the prefix cache, hypothesis-free)
-    gc.collect()
-    refs = sys.getrefcount(fp)
-    tracemalloc.start()
-    try:
-        work(3000)
-        gc.collect()
-        live = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert sys.getrefcount(fp) == refs
+    moved, live = leaks(work, fp, warm=500, runs=3000)  # warm: the prefix cache
+    assert moved == [0]
     assert live < 64 * 1024, f"{live} bytes still live after the calls"
 
 

@@ -9,10 +9,7 @@ common case must not reach the references.
 
 from __future__ import annotations
 
-import gc
 import math
-import sys
-import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,8 @@ from idempotency._accel import speedups
 from idempotency.stores import Completion, SQLiteStore, _batch
 from idempotency.stores._contract import new_completion
 from idempotency.stores.sqlite import SQLiteEffect
+
+from ._leaks import leaks
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -240,17 +239,7 @@ def test_the_twins_leak_nothing(tmp_path: Path) -> None:
 
         gosim.run(main, procs=1)
 
-    work(100)
-    gc.collect()
-    refs = sys.getrefcount(done)
-    tracemalloc.start()
-    try:
-        work(600)
-        gc.collect()
-        live = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    now_refs = sys.getrefcount(done)
-    assert now_refs == refs
+    moved, live = leaks(work, FP, done, warm=100, runs=600)
+    assert moved == [0, 0]
     assert live < 512 * 1024, f"{live} bytes still live"
     store.close()

@@ -17,10 +17,7 @@ store, with busy keys waited for or not.
 
 from __future__ import annotations
 
-import gc
-import sys
 import tempfile
-import tracemalloc
 from typing import Any
 
 import pytest
@@ -42,6 +39,8 @@ from idempotency.stores import (
     StoreStatistics,
     SynchronousStore,
 )
+
+from ._leaks import leaks
 
 pytestmark = pytest.mark.skipif(
     speedups is None, reason="idempotency._speedups not in use (not built, or GOSIM_PURE_PYTHON=1)"
@@ -337,17 +336,8 @@ def test_the_c_continuation_leaks_nothing() -> None:
             sync = i % 2 == 1
             run_script(speedups.TwoStepCall, "claimed", complete, True, handler_kind, False, sync)
 
-    work(50)
-    gc.collect()
-    refs = sys.getrefcount(FP)
-    tracemalloc.start()
-    try:
-        work(300)
-        gc.collect()
-        live = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert sys.getrefcount(FP) == refs
+    moved, live = leaks(work, FP, warm=50, runs=300)
+    assert moved == [0]
     assert live < 256 * 1024, f"{live} bytes still live after the calls"
 
 
@@ -557,16 +547,6 @@ def test_the_c_start_leaks_nothing() -> None:
             store_kind, key, request = cases[i % len(cases)]
             run_start(speedups.run_later, store_kind, "caller", key, request, False, None)
 
-    work(50)
-    gc.collect()
-    refs = sys.getrefcount(request)
-    tracemalloc.start()
-    try:
-        work(300)
-        gc.collect()
-        live = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    now_refs = sys.getrefcount(request)
-    assert now_refs == refs
+    moved, live = leaks(work, request, warm=50, runs=300)
+    assert moved == [0]
     assert live < 256 * 1024, f"{live} bytes still live after the calls"
