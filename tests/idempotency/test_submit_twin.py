@@ -148,7 +148,9 @@ def test_each_odd_completion_as_the_reference(tmp_path: Path, done: Any) -> None
 def test_the_stores_calls_take_the_c_path(tmp_path: Path) -> None:
     """A store's own claim_later and complete_later are the twins, and the common case
     never reaches the references (spies in their place)."""
-    assert type(SQLiteStore.__dict__.get("claim_later", None)) is not type(run_calls)
+    for name in ("claim_later", "complete_later"):  # the twins, bound as methods
+        assert type(_batch.BatchedStore.__dict__[name]).__name__ == "instancemethod"
+        assert getattr(SQLiteStore, name) is _batch.BatchedStore.__dict__[name].__func__
     reached: list[str] = []
 
     def spy(name: str, ref: Any) -> Any:
