@@ -341,9 +341,10 @@ NOTES: dict[tuple[str, str], str] = {
         "with the load generator and the cluster, they share this machine's 2 cores."
     ),
     ("postgres", "extra:server_cpu_ns"): (
-        "Server CPU per call is the application's side: psycopg's Python per round trip "
-        "(its protocol work is libpq's, in C), the batch's statements built and their rows "
-        "read in Python, the goroutines' resumes. The in-process rows read this "
+        "Server CPU per call is the application's side: two round trips a batch, each "
+        "one message of the simple query protocol on libpq's connection (its protocol work "
+        "in C), the batch's statements built and their rows read in Python, the "
+        "goroutines' resumes. The in-process rows read this "
         "process's CPU clock; the demo's servers are read from `/proc`, which the kernel "
         "counts in 10 ms ticks over runs of seconds."
     ),
