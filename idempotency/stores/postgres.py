@@ -192,9 +192,10 @@ _WRITES: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _CLAIM_COMPLETE, _RENEW
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _SWEEP_STEP: Final = 512
 # An effect's savepoint (several statements: one round trip, the simple protocol).
-_SP_OPEN: Final = "SAVEPOINT idempotency_effect"
-_SP_NEXT: Final = "RELEASE SAVEPOINT idempotency_effect; SAVEPOINT idempotency_effect"
-_SP_UNDO: Final = "ROLLBACK TO SAVEPOINT idempotency_effect; RELEASE SAVEPOINT idempotency_effect"
+_SP_OPEN: Final = b"SAVEPOINT idempotency_effect"
+_SP_NEXT: Final = b"RELEASE SAVEPOINT idempotency_effect; SAVEPOINT idempotency_effect"
+_SP_BACK: Final = b"ROLLBACK TO SAVEPOINT idempotency_effect"
+_SP_UNDO: Final = _SP_BACK + b"; RELEASE SAVEPOINT idempotency_effect"
 _POOL_WAIT: Final = WaitReason.SEMACQUIRE  # a goroutine waiting for a pool connection
 _SWEEP_CHUNK: Final = 1000
 
@@ -764,7 +765,7 @@ class PostgresStore(BatchedOneStepStore):
         if not just_claimed:
             # A stale holder's effect must not run: check the claim first.
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        await conn.execute(_SP_NEXT if savepoint[0] else _SP_OPEN)
+        await _query(conn, _SP_NEXT if savepoint[0] else _SP_OPEN)
         savepoint[0] = True
         try:
             # The effect is awaited here; run_effect then judges its outcome (a final
@@ -781,12 +782,12 @@ class PostgresStore(BatchedOneStepStore):
                 lambda: undone.append(True),
             )
             if undone:
-                await conn.execute("ROLLBACK TO SAVEPOINT idempotency_effect")
+                await _query(conn, _SP_BACK)
             done = complete(rec, fence, ok, payload, now, c.ttl, caller, key)
         except Exception as exc:
             if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
                 raise  # the connection is gone: the batch's failure
-            await conn.execute(_SP_UNDO)
+            await _query(conn, _SP_UNDO)
             savepoint[0] = False
             if getattr(exc, "sqlstate", None) in _RETRY_STATES:
                 raise _Retry from exc  # a deadlock, not the effect's fault: again
@@ -1076,7 +1077,7 @@ async def _rollback(conn: NetpollConnection) -> None:
         return
     try:
         if conn.info.transaction_status != TransactionStatus.IDLE:
-            await conn.execute("ROLLBACK")
+            await _query(conn, b"ROLLBACK")
     except psycopg.Error:
         _close_now(conn)
 
