@@ -22,7 +22,7 @@ from idempotency.stores import SQLiteStore
 from idempotency.stores._batch import Op
 from idempotency.stores.sqlite import (
     _CLAIM,
-    _CLAIM_NEW,
+    _CLAIM_NEW_ROWS,
     _GET,
     _NEW_CLAIMS_WAIT_MAX,
     _NEW_ROWS_SIZES,
@@ -209,10 +209,19 @@ def test_a_claim_the_table_cannot_hold_fails_as_on_the_usual_path(tmp_path: Path
     assert unread.rows() == read.rows()
 
 
-def test_the_insert_is_what_the_row_count_can_tell() -> None:
-    # OR IGNORE: a key that has a row is left alone and not counted.
-    assert _CLAIM_NEW.startswith("INSERT OR IGNORE INTO idempotency_records")
-    assert "ON CONFLICT" not in _CLAIM_NEW
+def test_the_insert_leaves_a_key_with_a_row_alone_and_uncounted(tmp_path: Path) -> None:
+    """What the row count tells rests on the statement: a row of a key that already has
+    one is neither written nor counted, and the other rows of the statement are."""
+    path = tmp_path / "r.db"
+    SQLiteStore(str(path)).close()  # the store's own schema
+    db = sqlite3.connect(path)
+    held = ("c", "k1", 2, FP, 7, NOW + 500, 1, b"\xa2ok")
+    db.execute("INSERT INTO idempotency_records VALUES (?, ?, ?, ?, ?, ?, ?, ?)", held)
+    rows = ["c", "k1", 1, OTHER_FP, 8, NOW + 5, 1, "c", "k2", 1, FP, 9, NOW + 5, 1]  # two rows
+    assert db.execute(_CLAIM_NEW_ROWS[2], rows).rowcount == 1
+    got = db.execute("SELECT * FROM idempotency_records ORDER BY key").fetchall()
+    assert got == [held, ("c", "k2", 1, FP, 9, NOW + 5, 1, None)]
+    db.close()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 63, 64, 65, 127, 129, 200])
