@@ -260,14 +260,22 @@ class Heap:
         return q
 
     def _oom(self, size: int, n: int) -> OutOfMemoryError | RuntimeInternalError:
+        """Why an allocation failed: the heap's broken invariant if a kernel stopped on
+        one, else exhaustion, told with the heap's free pages as they are now."""
+        return self._broken() or self._exhausted(size, n)
+
+    def _broken(self) -> RuntimeInternalError | None:
+        """The invariant a kernel stopped on (Go's throw), not exhaustion; None if none."""
+        thrown = int(self._meta[lay.H_THROW])
+        if not thrown:
+            return None
+        return RuntimeInternalError(
+            f"fatal error: {lay.THROW_MESSAGES[thrown]} (gosim.mem heap; "
+            "the heap's counts and bitmaps disagree: a bug in gosim.mem)"
+        )
+
+    def _exhausted(self, size: int, n: int) -> OutOfMemoryError:
         meta = self._meta
-        thrown = int(meta[lay.H_THROW])
-        if thrown:
-            # A kernel stopped on a broken invariant, not on exhaustion (Go's throw).
-            return RuntimeInternalError(
-                f"fatal error: {lay.THROW_MESSAGES[thrown]} (gosim.mem heap; "
-                "the heap's counts and bitmaps disagree: a bug in gosim.mem)"
-            )
         free_pages = int(meta[lay.H_NPAGES] - meta[lay.H_PAGES_INUSE])
         what = f"{n} objects of {size} bytes" if n != 1 else f"{size} bytes"
         return OutOfMemoryError(
@@ -335,9 +343,9 @@ class Heap:
         got = int(malloc_batch(meta, bits, tiny, arena, p, size, bool(noscan), out))
         if got == n:
             return out
-        error = self._oom(size, n)  # before the rollback, which would clear H_THROW
-        if isinstance(error, RuntimeInternalError):
-            raise error  # a broken heap is not rolled back to a state that looked sound
+        broken = self._broken()  # before the rollback, which would clear H_THROW
+        if broken is not None:
+            raise broken  # a broken heap is not rolled back to a state that looked sound
         if large:
             for a in out[:got][::-1]:
                 unmalloc_large(meta, bits, int(a))
@@ -345,7 +353,7 @@ class Heap:
             meta[:] = snapshot[0]
             bits[:] = snapshot[1]
             tiny[:] = snapshot[2]
-        raise error
+        raise self._exhausted(size, n)  # told as the caller finds the heap: rolled back
 
     # ---- freeing ------------------------------------------------------------------------
 
