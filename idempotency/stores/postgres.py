@@ -44,6 +44,9 @@ statement, escaped by libpq (``PQescapeLiteral``); the rows come back as text, b
 hex (``bytea_output`` is set on the store's connections, with ``extra_float_digits``,
 so a float comes back as the value written). psycopg's cursors and pipeline mode would
 spend more CPU a batch than the batch's own work (twice the whole batch's, measured).
+Every statement of the store's own goes this way (the sweep's and the operator's tools'
+too, and an effect's savepoints), and every record it reads is decoded from that text
+by one function; only an effect's SQL uses psycopg's API, which is the effect's to use.
 
 Time and fencing come from the database, not from the servers: ``now`` is the server's
 ``clock_timestamp()`` read after the row locks are held (so it is never before the
@@ -64,10 +67,10 @@ past ``lock_timeout``) fails the whole batch, with
 the claim, which lapses with its lease, or replays the completion).
 
 I/O: through gosim's netpoller. The batch is applied by the goroutine that leads it
-(the committer's async mode), over psycopg's async API on a
-:class:`._pgnet.NetpollConnection`: each wait of psycopg's protocol generators parks
-that goroutine on the libpq socket, so a query holds no OS thread, and the pipeline's
-two round trips are two parks. Connecting blocks and goes through ``gosim.syscall``;
+(the committer's async mode), on a :class:`._pgnet.NetpollConnection`: each wait of
+psycopg's protocol generators (its C ones, for the store's own messages) parks that
+goroutine on the libpq socket, so a query holds no OS thread, and a batch's two round
+trips are two parks. Connecting blocks and goes through ``gosim.syscall``;
 so does every wait on a reproducible runtime (seeded or on a virtual clock). Only the
 constructor's one-off setup (the tables) uses a plain blocking connection, before any
 runtime. Connections come from a bounded pool (``pool_size``; a goroutine waiting for
@@ -75,7 +78,8 @@ one parks, and gives up after ``pool_timeout`` with :class:`StoreUnavailable`) s
 by the batches, :meth:`sweep` and the operator's tools; a connection that failed is
 dropped, and one found dead before a batch was sent on it (it died while idle: a
 restart) is replaced at once. A connection's settings (``synchronous_commit``,
-``lock_timeout``, ``search_path``) go in its startup packet.
+``lock_timeout``, ``search_path``, ``bytea_output``, ``extra_float_digits``) go in its
+startup packet.
 
 A server that stays connected but does not answer -- its backend stopped or wedged, a
 link that drops packets -- must not hold the calls forever (TCP keep-alives are
@@ -404,10 +408,10 @@ class PostgresStore(BatchedOneStepStore):
         schema_id = sql.Identifier(schema)
         self._records = sql.SQL("{}.idempotency_records").format(schema_id)
         self._fence_seq = f"{_quote(schema)}.idempotency_fence"
-        self._sql = _statements(self._records, self._fence_seq)
-        # The batch's statements as text split at their placeholders (see _fill).
+        # The store's statements as text split at their placeholders (see _fill).
         self._text = {
-            name: tuple(q.as_string().encode().split(b"%s")) for name, q in self._sql.items()
+            name: tuple(q.as_string().encode().split(b"%s"))
+            for name, q in _statements(self._records, self._fence_seq).items()
         }
         self._pool = _Pool(self._connect, pool_size)
         # Every connection's settings, in its startup packet: no round trip of their own.
@@ -495,15 +499,27 @@ class PostgresStore(BatchedOneStepStore):
         text = str(exc).strip().replace("\n", " ")
         return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
 
-    async def _now(self, cur: psycopg.AsyncCursor[Any]) -> float:
-        """The time (the store's clock, else the server's), read after the locks the
-        transaction holds."""
-        if self._clock is not None:
-            return self._clock()
-        await cur.execute(self._sql["now"], (0,))
-        row = await cur.fetchone()
-        assert row is not None
-        return float(row[0])
+    async def _begin(
+        self, conn: NetpollConnection, statement: bytes | None, claims: int = 0
+    ) -> tuple[psycopg.pq.abc.PGresult | None, float, list[int]]:
+        """One round trip: ``BEGIN``, ``statement`` (a read, whose result is returned),
+        then the time and ``claims`` fencing tokens (ascending), which the server reads
+        after the statement, so after its row locks. The time is the store's clock
+        when it has one (the server is then asked only for tokens)."""
+        clock = self._clock
+        query = [b"BEGIN"] if statement is None else [b"BEGIN;", statement]
+        timed = clock is None or claims > 0
+        if timed:
+            query += [b";", _fill(self._text["now"], b"%d" % claims)]
+        results = await _query(conn, b"".join(query))
+        read = None if statement is None else results[1]
+        if not timed:
+            assert clock is not None
+            return read, clock(), []
+        got = results[-1].get_value
+        now = clock() if clock is not None else float(got(0, 0) or b"nan")
+        fences = sorted(map(int, (got(0, 1) or b"").split(b","))) if claims else []
+        return read, now, fences
 
     async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
@@ -564,38 +580,17 @@ class PostgresStore(BatchedOneStepStore):
         keys = sorted({(op.args[0], op.args[1]) for op in ops})
         writes = any(op.kind in _WRITES for op in ops)
         claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
-        clock = self._clock
         text = self._text
         reading = True  # nothing of the batch written yet
         try:
-            # One round trip: BEGIN, the row locks, then the time and the tokens (the
-            # server runs them in order, so both are read once the locks are held).
+            # One round trip: BEGIN, the row locks, then the time and the tokens.
             escape = psycopg.pq.Escaping(conn.pgconn).escape_literal
-            timed = clock is None or claims > 0
-            query = [b"BEGIN;", _fill(text["lock" if writes else "read"], escape(_dumps(keys)))]
-            if timed:
-                query += [b";", _fill(text["now"], b"%d" % claims)]
-            results = await _query(conn, b"".join(query))
+            lock = _fill(text["lock" if writes else "read"], escape(_dumps(keys)))
+            rows, now, fences = await self._begin(conn, lock, claims)
             reading = False
             ws: WorkingSet = dict.fromkeys(keys)
-            encoding = conn.info.encoding
-            rows = results[1]
-            get = rows.get_value
-            for i in range(rows.ntuples):
-                caller = (get(i, 0) or b"").decode(encoding)  # the primary key: never NULL
-                key = (get(i, 1) or b"").decode(encoding)
-                try:
-                    ws[caller, key] = self._decode(_row_values(get, i), caller, key)
-                except CorruptedRecord as exc:
-                    ws[caller, key] = exc
+            ws.update(self._read_records(conn, rows))
             existed = {rk for rk, rec in ws.items() if rec is not None}
-            if timed:
-                got = results[2].get_value
-                now = clock() if clock is not None else float(got(0, 0) or b"nan")
-                fences = sorted(map(int, (got(0, 1) or b"").split(b","))) if claims else []
-            else:
-                assert clock is not None
-                now, fences = clock(), []
             fence_at = 0
             dirty: dict[tuple[str, str], Record | None] = {}
             savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
@@ -798,8 +793,24 @@ class PostgresStore(BatchedOneStepStore):
         op.result = done
         return done
 
-    def _decode(self, row: tuple[Any, ...], caller: str, key: str) -> Record:
-        return decode_record(row, self._name, caller, key)
+    def _read_records(
+        self, conn: NetpollConnection, rows: psycopg.pq.abc.PGresult | None
+    ) -> dict[tuple[str, str], Record | CorruptedRecord]:
+        """The records of a lock or read statement's text result, by (caller, key); a
+        row no store writes as the CorruptedRecord that says why."""
+        found: dict[tuple[str, str], Record | CorruptedRecord] = {}
+        if rows is None:
+            return found
+        encoding = conn.info.encoding
+        get = rows.get_value
+        for i in range(rows.ntuples):
+            caller = (get(i, 0) or b"").decode(encoding)  # the primary key: never NULL
+            key = (get(i, 1) or b"").decode(encoding)
+            try:
+                found[caller, key] = decode_record(_row_values(get, i), self._name, caller, key)
+            except CorruptedRecord as exc:
+                found[caller, key] = exc
+        return found
 
     async def _live_connection(self) -> NetpollConnection:
         """A connection of the pool checked with a round trip (for the sweep and the
@@ -811,7 +822,7 @@ class PostgresStore(BatchedOneStepStore):
             conn = await self._pool.get(self._pool_timeout, self._name)
             conn.deadline = gosim.now() + self._batch_timeout
             try:
-                await conn.execute("SELECT 1", prepare=False)
+                await _query(conn, b"SELECT 1")
             except psycopg.Error as exc:
                 self._pool.put(conn, broken=True)
                 if (conn.closed or conn.broken) and not conn.timed_out:
@@ -832,10 +843,9 @@ class PostgresStore(BatchedOneStepStore):
         try:
             while True:
                 conn.deadline = gosim.now() + self._batch_timeout  # a chunk's transaction
-                async with conn.transaction():
-                    now = await self._now(conn.cursor())
-                    cur = await conn.execute(self._sql["sweep"], (now, _SWEEP_CHUNK))
-                    n = cur.rowcount
+                _, now, _ = await self._begin(conn, None)
+                sweep = _fill(self._text["sweep"], _float(now), b"%d" % _SWEEP_CHUNK)
+                n = (await _query(conn, sweep + b";COMMIT"))[0].command_tuples or 0
                 deleted += n
                 if n < _SWEEP_CHUNK:
                     broken = False
@@ -862,23 +872,25 @@ class PostgresStore(BatchedOneStepStore):
         conn = await self._live_connection()
         broken = True
         try:
-            async with conn.transaction():
-                q = self._sql["lock"] if delete else self._sql["read"]
-                row = await (await conn.execute(q, (_json([(caller, key)]),))).fetchone()
-                now = await self._now(conn.cursor())
-                held = None
-                if row is not None:
-                    try:
-                        held = StoredRecord(
-                            caller, key, self._decode(row[2:], caller, key), None, now
-                        )
-                    except CorruptedRecord as exc:
-                        held = StoredRecord(caller, key, None, str(exc), now)
-                    if delete:
-                        if not force and held.state == "IN_PROGRESS":
-                            broken = False
-                            raise InProgress(caller, key)
-                        await conn.execute(self._sql["delete"], (_json([(caller, key)]),))
+            escape = psycopg.pq.Escaping(conn.pgconn).escape_literal
+            the_key = escape(_dumps([(caller, key)]))
+            read = _fill(self._text["lock" if delete else "read"], the_key)
+            rows, now, _ = await self._begin(conn, read)
+            found = self._read_records(conn, rows)
+            held = None
+            if (caller, key) in found:
+                rec = found[caller, key]
+                if isinstance(rec, CorruptedRecord):
+                    held = StoredRecord(caller, key, None, str(rec), now)
+                else:
+                    held = StoredRecord(caller, key, rec, None, now)
+                if delete:
+                    if not force and held.state == "IN_PROGRESS":
+                        await _query(conn, b"ROLLBACK")  # the row's lock, let go
+                        broken = False
+                        raise InProgress(caller, key)
+                    await _query(conn, _fill(self._text["delete"], the_key))
+            await _query(conn, b"COMMIT")
             broken = False
             return held
         except psycopg.Error as exc:
@@ -1005,10 +1017,7 @@ async def _checked(
 def _dumps(value: Any) -> bytes:
     """Compact JSON, ASCII (NUL and lone surrogates escaped: PostgreSQL then refuses
     them, and the operation that brought them fails alone)."""
-    return _json(value).encode()
-
-
-_json: Final = functools.partial(json.dumps, separators=(",", ":"))
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _fill(parts: tuple[bytes, ...], *literals: bytes) -> bytes:

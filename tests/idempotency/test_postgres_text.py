@@ -81,6 +81,11 @@ def _round_trip(store: PostgresStore, caller: str, keys: list[str], payloads: li
             assert g == want, (k, g)
             seen = await store.inspect(caller, k)
             assert seen is not None and seen.record == want and seen.key == k
+        # The operator's forget finds and deletes the very row.
+        gone = await store.forget(caller, keys[0])
+        assert gone is not None and gone.key == keys[0] and gone.record == got[0]
+        assert await store.get(caller, keys[0]) is None
+        assert await store.inspect(caller, keys[-1]) is not None or len(keys) == 1
 
     gosim.run(main)
 
