@@ -208,6 +208,10 @@ class GroupCommitter:
     goroutine awaits ``apply_async(ops)`` (same duty: every op's result or error), with
     no thread and no wake-up socket. Batches are one at a time there too: a runtime
     has one leader.
+
+    ``refused``: asked before every batch, in the leader goroutine; an exception it
+    returns fails every operation of the batch, which is not applied (a store that
+    cannot serve the running runtime: see :func:`refused_on_virtual_clock`).
     """
 
     def __init__(
@@ -216,6 +220,7 @@ class GroupCommitter:
         max_batch: int,
         *,
         apply_async: Callable[[list[Op]], Awaitable[None]] | None = None,
+        refused: Callable[[], BaseException | None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
@@ -224,6 +229,7 @@ class GroupCommitter:
         self.max_batch = max_batch
         self._apply_batch = apply_batch
         self._apply_async = apply_async
+        self._refused = refused
         self._thread_lock = threading.Lock()
         self._pending: list[Op] = []
         # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
@@ -350,7 +356,10 @@ class GroupCommitter:
         del pending[: len(batch)]
         try:
             wake = self._wake
-            if self._apply_async is not None:
+            if self._refused is not None and (refusal := self._refused()) is not None:
+                for o in batch:
+                    o.result, o.error = None, refusal
+            elif self._apply_async is not None:
                 await self._apply_async(batch)
             elif wake is None:  # a reproducible runtime
                 await gosim.syscall(self._run, batch)

@@ -55,6 +55,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gosim import lowlevel
+
 from .._errors import ApplicationError, InvalidResult
 from .._outcome import encode_error, encode_result, encode_unrecorded
 from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
@@ -372,3 +374,20 @@ async def deliver(step: Awaitable[Any], done: Callable[[Any, BaseException | Non
         done(None, exc)
         return
     done(result, None)
+
+
+def refused_on_virtual_clock(store: str, judge: str) -> RuntimeError | None:
+    """Why ``store``, whose leases and retention ``judge`` (a clock of the real world)
+    decides, cannot serve the running runtime, or None when it can: on a virtual clock
+    a lease would not lapse in simulated time, so the same program would decide
+    differently under real and virtual time. A store given a ``clock`` of its own is
+    never asked (that clock judges: ``clock=lambda: base + gosim.now()`` follows the
+    runtime's, virtual or not)."""
+    if not lowlevel.virtual_clock():
+        return None
+    return RuntimeError(
+        f"{store}: refused on a virtual clock: leases and retention are judged by"
+        f" {judge}, which virtual time does not move (a lease would not lapse in"
+        " simulated time); give the store a clock that follows the runtime's"
+        " (clock=lambda: base + gosim.now()), or run on a real clock"
+    )

@@ -148,7 +148,6 @@ from psycopg.generators import execute
 from psycopg.pq import TransactionStatus
 
 import gosim
-from gosim import lowlevel
 from gosim.lowlevel import Waiter, WaitReason, WaitTimeout
 
 from .._errors import (
@@ -178,6 +177,7 @@ from ._contract import (
     Completion,
     Effect,
     StoredRecord,
+    refused_on_virtual_clock,
     run_effect,
 )
 from ._pgnet import NetpollConnection
@@ -450,7 +450,10 @@ class PostgresStore(BatchedOneStepStore):
         except psycopg.Error as exc:
             raise self._store_error(exc, doing) from exc
         self._committer = GroupCommitter(
-            None, max_batch if group_commit else 1, apply_async=self._apply_batch
+            None,
+            max_batch if group_commit else 1,
+            apply_async=self._apply_batch,
+            refused=None if clock is not None else self._refused,
         )
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
@@ -474,16 +477,11 @@ class PostgresStore(BatchedOneStepStore):
 
     def _refused(self) -> RuntimeError | None:
         """Why the running runtime cannot use the store (see "Runtimes" in the module
-        docstring), or None."""
-        if self._clock is None and lowlevel.virtual_clock():
-            return RuntimeError(
-                f"{self._name}: refused on a virtual clock: leases and retention are"
-                " judged by the database server's clock, which virtual time does not move"
-                " (a lease would not lapse in simulated time); give the store a clock that"
-                " follows the runtime's (clock=lambda: base + gosim.now()), or run on a"
-                " real clock"
-            )
-        return None
+        docstring), or None: the batches' check (the committer asks it before each) and
+        the tools'."""
+        if self._clock is not None:
+            return None
+        return refused_on_virtual_clock(self._name, "the database server's clock")
 
     def _store_error(
         self, exc: BaseException, doing: str, conn: NetpollConnection | None = None
@@ -524,10 +522,6 @@ class PostgresStore(BatchedOneStepStore):
     async def _apply_batch(self, ops: list[Op]) -> None:
         """Apply ``ops`` in one transaction, again after a deadlock or a key inserted
         meanwhile, or one transaction each when one of them may have failed it."""
-        if refused := self._refused():
-            for op in ops:
-                op.result, op.error = None, refused
-            return
         for attempt in range(self._retries + 1):
             try:
                 conn = await self._pool.get(self._pool_timeout, self._name)

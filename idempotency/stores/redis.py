@@ -18,7 +18,11 @@ than the server's.
 
 Time: by default the scripts read the server's clock (``TIME``), one clock for every
 process. A ``clock`` given to the store is sent with each call instead (tests use it to
-move time by hand); the key's Redis TTL still runs on the server's clock.
+move time by hand); the key's Redis TTL still runs on the server's clock. On a runtime
+with a virtual clock, which the server's does not follow, a store without a ``clock``
+fails every operation with :class:`RuntimeError` saying why (a lease would not lapse in
+simulated time): give it one that follows the runtime's (``clock=lambda: base +
+gosim.now()``).
 
 Batching: concurrent calls' operations go through the same
 :class:`~._batch.GroupCommitter` as SQLite's group commit, off the scheduler on the
@@ -76,6 +80,7 @@ from ._batch import BatchedStore, GroupCommitter, Op, OpKind
 from ._contract import (
     Effect,
     StoredRecord,
+    refused_on_virtual_clock,
 )
 
 __all__ = ["LuaEffect", "RedisStore"]
@@ -425,7 +430,8 @@ class RedisStore(BatchedStore):
     """Records in Redis at ``url`` under ``prefix`` (see the module docstring).
 
     ``socket_timeout`` bounds each round trip; ``max_batch`` bounds a pipeline.
-    ``clock``: None for the server's clock (the right choice for several processes).
+    ``clock``: None for the server's clock (the right choice for several processes;
+    refused on a virtual clock, see the module docstring).
     """
 
     _effect_type = LuaEffect
@@ -454,7 +460,9 @@ class RedisStore(BatchedStore):
         self._fence_key = f"{prefix}fence"
         self._shas: dict[str, str] = {}  # script source -> SHA1 loaded in the server
         self._shas_lock = threading.Lock()
-        self._committer = GroupCommitter(self._apply_batch, max_batch)
+        self._committer = GroupCommitter(
+            self._apply_batch, max_batch, refused=None if clock is not None else self._refused
+        )
 
     def __repr__(self) -> str:
         return self._name
@@ -669,7 +677,16 @@ class RedisStore(BatchedStore):
         return Record(IN_PROGRESS, fp, fence, _seconds(x))
 
     async def sweep(self) -> int:
+        if refused := self._refused():
+            raise refused
         return await gosim.syscall(self._sweep)
+
+    def _refused(self) -> RuntimeError | None:
+        """Why the running runtime cannot use the store (the server's clock on a
+        virtual one), or None: the batches' check and the tools'."""
+        if self._clock is not None:
+            return None
+        return refused_on_virtual_clock(self._name, "the Redis server's clock (TIME)")
 
     def _sweep(self) -> int:
         now = self._now_arg()
@@ -685,9 +702,13 @@ class RedisStore(BatchedStore):
     # ------------------------------------------------------------ operator's tools
 
     async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        if refused := self._refused():
+            raise refused
         return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
 
     async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        if refused := self._refused():
+            raise refused
         return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
 
     def _inspect_or_forget(

@@ -93,6 +93,7 @@ from ._contract import (
     Completion,
     Effect,
     StoredRecord,
+    refused_on_virtual_clock,
     run_effect,
 )
 
@@ -298,7 +299,11 @@ class SQLiteStore(BatchedOneStepStore):
     ``group_commit=False`` gives every operation its own transaction (for comparison:
     it is several times slower under concurrency). ``max_batch`` bounds a transaction.
     ``busy_timeout``: how long to wait for another process's write lock before
-    :class:`StoreUnavailable`. ``clock``: Unix time, stored in the file. Every
+    :class:`StoreUnavailable`. ``clock``: the time leases and retention are judged by,
+    stored in the file; None (the default) is Unix time (``time.time``), which a
+    runtime on a virtual clock does not move, so there every operation fails with
+    :class:`RuntimeError` saying why (give the store a clock that follows the
+    runtime's: ``clock=lambda: base + gosim.now()``). Every
     ``sweep_every`` batches (0: never) the next 512 records in table order are checked
     and the expired ones deleted, in the batch's transaction; :meth:`sweep` deletes all
     of them at once (a scan of the table).
@@ -318,13 +323,14 @@ class SQLiteStore(BatchedOneStepStore):
         group_commit: bool = True,
         max_batch: int = 512,
         busy_timeout: float = 30.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         sweep_every: int = 64,
     ) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}, not {synchronous!r}")
         self.path = os.fspath(path)
-        self._clock = clock
+        self._clock = time.time if clock is None else clock
+        self._clock_given = clock is not None
         self._name = f"SQLiteStore({self.path!r})"
         try:
             conn = sqlite3.connect(
@@ -354,7 +360,11 @@ class SQLiteStore(BatchedOneStepStore):
         # The store's own per-call statements (an effect's savepoint, its record) go
         # through one cursor: Connection.execute makes and drops a cursor every call.
         self._cursor = conn.cursor()
-        self._committer = GroupCommitter(self._apply_batch, max_batch if group_commit else 1)
+        self._committer = GroupCommitter(
+            self._apply_batch,
+            max_batch if group_commit else 1,
+            refused=None if self._clock_given else self._refused,
+        )
         self._sweep_every = sweep_every
         self._batches_to_sweep = sweep_every
         # A file of the older layout (see _SCHEMA) has no rowid to walk: its sweep walks
@@ -851,10 +861,21 @@ class SQLiteStore(BatchedOneStepStore):
     # ------------------------------------------------------------ operator's tools
 
     async def inspect(self, caller: str, key: str) -> StoredRecord | None:
+        if refused := self._refused():
+            raise refused
         return await gosim.syscall(self._inspect_or_forget, caller, key, False, False)
 
     async def forget(self, caller: str, key: str, *, force: bool = False) -> StoredRecord | None:
+        if refused := self._refused():
+            raise refused
         return await gosim.syscall(self._inspect_or_forget, caller, key, True, force)
+
+    def _refused(self) -> RuntimeError | None:
+        """Why the running runtime cannot use the store (its default clock on a
+        virtual one), or None: the batches' check and the tools'."""
+        if self._clock_given:
+            return None
+        return refused_on_virtual_clock(self._name, "Unix time (the default clock)")
 
     def _inspect_or_forget(
         self, caller: str, key: str, delete: bool, force: bool
