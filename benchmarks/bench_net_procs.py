@@ -5,7 +5,8 @@ ceiling), netframe's ``Server`` in raw mode on gosim.net (``netframe``: a handle
 per frame, an async function; ``netframe-plain``: a plain function per frame;
 ``netframe-batch``: one ``handle_batch`` call per receive), a batched
 plain-trio server, an asyncio ``Protocol`` server and the same ``Protocol`` on uvloop
-(``benchmarks/net_peers.py``).
+(``benchmarks/net_peers.py``), and ``c-epoll``, an echo server in C with no interpreter
+(``benchmarks/c/echo_epoll.c``, built with the system's C compiler): the floor.
 Clients: the Go load generator, and netframe and trio clients for the "at both ends"
 rows. Each benchmark starts the server, runs one client process, checks every echo (the clients
 do) and records the client's figure in ``extra_info``; pytest-benchmark's own timing is
@@ -36,14 +37,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks.procs import Server, find_go, gc_settings_env, go_build, run_json
+from benchmarks.procs import Server, c_build, find_go, gc_settings_env, go_build, run_json
 
 HERE = Path(__file__).parent
 PEERS = HERE / "net_peers.py"
 HAVE_GO = find_go() is not None
 ENV = {**os.environ, "GOMAXPROCS": "1", **gc_settings_env()}
 GO_CLIENT_SERVERS = [
-    "go", "netframe", "netframe-plain", "netframe-batch", "trio", "asyncio", "uvloop"
+    "go", "c-epoll", "netframe", "netframe-plain", "netframe-batch", "trio", "asyncio", "uvloop"
 ]  # fmt: skip
 BIG_SERVERS = ["go", "netframe", "trio", "asyncio", "uvloop"]
 BOTH_ENDS = ["netframe", "trio", "asyncio", "uvloop"]  # server and client of one library
@@ -62,16 +63,26 @@ def go_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return go_net_binary(tmp_path_factory.mktemp("gonet") / "net")
 
 
-def server_cmd(kind: str, go_bin: Path | None) -> list[str]:
-    """The command line of echo server ``kind`` (``go`` needs the Go binary)."""
+@pytest.fixture(scope="module")
+def c_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C echo server (benchmarks/c/echo_epoll.c): the floor, no interpreter."""
+    return c_build("echo_epoll", tmp_path_factory.mktemp("cecho") / "echo_epoll")
+
+
+def server_cmd(kind: str, go_bin: Path | None, c_bin: Path | None = None) -> list[str]:
+    """The command line of echo server ``kind`` (``go`` needs the Go binary,
+    ``c-epoll`` the C one)."""
     if kind == "go":
         assert go_bin is not None
         return [str(go_bin), "server", "-addr", "127.0.0.1:0"]
+    if kind == "c-epoll":
+        assert c_bin is not None
+        return [str(c_bin), "127.0.0.1:0"]
     return [sys.executable, str(PEERS), "server", kind]
 
 
-def _server(kind: str, go_bin: Path | None) -> Iterator[Server]:
-    srv = Server(server_cmd(kind, go_bin), env=ENV)
+def _server(kind: str, go_bin: Path | None, c_bin: Path | None = None) -> Iterator[Server]:
+    srv = Server(server_cmd(kind, go_bin, c_bin), env=ENV)
     try:
         yield srv
     finally:
@@ -103,9 +114,9 @@ def _sizes(benchmark: Any) -> tuple[int, float, int]:
 
 @pytest.mark.benchmark(group="net-pipelined-64B")
 @pytest.mark.parametrize("server", GO_CLIENT_SERVERS)
-def bench_pipelined_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
+def bench_pipelined_go_client(benchmark: Any, go_binary: Path, c_binary: Path, server: str) -> None:
     n, _, _ = _sizes(benchmark)
-    for srv in _server(server, go_binary):
+    for srv in _server(server, go_binary, c_binary):
         r = _measure(benchmark, [str(go_binary), "pipelined", "-addr", srv.addr, "-n", str(n)])
         assert r["frames"] == n
 
@@ -122,9 +133,9 @@ def bench_pipelined_both_ends(benchmark: Any, peer: str) -> None:
 
 @pytest.mark.benchmark(group="net-rr-100conns")
 @pytest.mark.parametrize("server", GO_CLIENT_SERVERS)
-def bench_rr_go_client(benchmark: Any, go_binary: Path, server: str) -> None:
+def bench_rr_go_client(benchmark: Any, go_binary: Path, c_binary: Path, server: str) -> None:
     _, seconds, _ = _sizes(benchmark)
-    for srv in _server(server, go_binary):
+    for srv in _server(server, go_binary, c_binary):
         r = _measure(benchmark, [str(go_binary), "rr", "-addr", srv.addr, "-seconds", str(seconds)])
         assert r["requests"] > 0
 

@@ -212,6 +212,20 @@ def go_build(module: str, out: Path, *, test: bool = False) -> Path:
     return out
 
 
+def c_build(name: str, out: Path) -> Path:
+    """Build ``benchmarks/c/<name>.c`` into ``out`` with the system's C compiler
+    (``CC``, else ``cc``; the one that builds the C extensions), at ``-O2``."""
+    cc = os.environ.get("CC") or "cc"
+    src = HERE / "c" / f"{name}.c"
+    proc = subprocess.run(
+        [cc, "-O2", "-o", str(out), str(src)], capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cc} of benchmarks/c/{name}.c failed:\n{proc.stderr}")
+    return out
+
+
 @functools.cache
 def go_version() -> str:
     go = find_go()

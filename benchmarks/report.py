@@ -116,7 +116,10 @@ SUITE_TEXT: dict[str, str] = {
         "(`benchmarks/go/net`), netframe's server with an async handler per frame "
         "(`netframe`), a plain function per frame (`netframe-plain`) or one call per "
         "receive (`netframe-batch`), and plain trio, asyncio and uvloop servers that echo "
-        "each read's complete frames (`benchmarks/net_peers.py`). Every echo is checked. "
+        "each read's complete frames (`benchmarks/net_peers.py`); `c-epoll` is an echo "
+        "server in C with no interpreter (`benchmarks/c/echo_epoll.c`: one thread, "
+        "epoll, a `recv` and a `send` per ready connection), the floor: what the kernel "
+        "alone costs. Every echo is checked. "
         "Server CPU per frame or request is read from `/proc/<pid>/stat` around each run."
     ),
     "rpc": (
@@ -245,7 +248,15 @@ NOTES: dict[tuple[str, str], str] = {
         "Go's server included, and each Python server adds its own per-request Python "
         "work: a callback for the asyncio and uvloop `Protocol` servers, a goroutine's "
         "resume (a CPython coroutine) and the handler's call for netframe, a task switch "
-        "for trio."
+        "for trio. `c-epoll` makes the same system calls with nothing else: on loopback "
+        "most of a request's CPU is the kernel's (a `send` also runs the receiving "
+        "side's TCP work), so no server comes far under it."
+    ),
+    ("network", "ratios:request/response, 100 connections, Go client"): (
+        "Server CPU ratios taken within each round; the targets are issue 30's. "
+        "`c-epoll`'s rows say how much of a request is the kernel's alone: a target "
+        "below `c-epoll`'s own ratio asks for less than a server without an interpreter "
+        "spends."
     ),
     ("network", "1 MiB frames, Go client"): (
         "Large frames are received in place and sent with one `sendmsg`: the kernel's "

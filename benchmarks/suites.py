@@ -56,6 +56,13 @@ class _Scratch:
                 self._built[module] = procs.go_build(module, out, test=test)
             return self._built[module]
 
+    def c(self, name: str) -> Path:
+        with self._lock:
+            key = f"c:{name}"
+            if key not in self._built:
+                self._built[key] = procs.c_build(name, self.dir / name)
+            return self._built[key]
+
     def cleanup(self) -> None:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -415,6 +422,17 @@ def _served(name: str, cmd: Callable[[], list[str]], client: Callable[[str], lis
     return Peer(name, measure, open=peer.open)
 
 
+NET_RR_RATIOS = [
+    Ratio("netframe-plain over uvloop, server CPU per request (target 0.8x)",
+          "netframe-plain", "uvloop", "server_cpu_ns"),
+    Ratio("netframe-plain over go, server CPU per request (target 1.3x)",
+          "netframe-plain", "go", "server_cpu_ns"),
+    Ratio("c-epoll over uvloop, server CPU per request (no interpreter: the kernel's share)",
+          "c-epoll", "uvloop", "server_cpu_ns"),
+    Ratio("c-epoll over go, server CPU per request", "c-epoll", "go", "server_cpu_ns"),
+]  # fmt: skip
+
+
 def network_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_net_procs as bn  # noqa: PLC0415
 
@@ -425,7 +443,11 @@ def network_rows(quick: bool) -> list[Row]:
         return str(SCRATCH.go("net"))
 
     def cmd_for(kind: str) -> Callable[[], list[str]]:
-        return lambda: bn.server_cmd(kind, Path(go_net()) if kind == "go" else None)
+        return lambda: bn.server_cmd(
+            kind,
+            Path(go_net()) if kind == "go" else None,
+            SCRATCH.c("echo_epoll") if kind == "c-epoll" else None,
+        )
 
     def frames_are(k: int) -> Callable[[dict[str, Any]], None]:
         def check(r: dict[str, Any]) -> None:
@@ -478,6 +500,7 @@ def network_rows(quick: bool) -> list[Row]:
                 for k in bn.GO_CLIENT_SERVERS
             ],
             extras=cpu_request,
+            ratios=NET_RR_RATIOS,
         ),
         Row(
             "1 MiB frames, Go client",
