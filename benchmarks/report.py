@@ -314,6 +314,12 @@ NOTES: dict[tuple[str, str], str] = {
         "redis-server's own CPU per call, beside the server's: the Redis store's cost "
         "is split between two processes."
     ),
+    ("rpc", "ratios:100 connections, 1 call in flight each"): (
+        "Server CPU per call, the ratios taken within each round; the targets are issue "
+        "30's. The network section's `c-epoll` (a C echo server, no interpreter) is the "
+        "floor under all of them: 0.5x aio-msgpack-rpc's CPU a call leaves about 1 us "
+        "over it for msgpack, the dispatch and the handler."
+    ),
     ("rpc", "ratios:keyed calls, 100 connections (first calls)"): (
         "Server CPU ratios taken within each round (both servers met the same load); "
         "the targets are issue 30's."

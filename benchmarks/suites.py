@@ -562,6 +562,14 @@ KEYED_RATIOS = [
     Ratio("Go twin: durable over from memory", "go-ledger", "go-ledger-memory",
           "server_cpu_ns"),
 ]  # fmt: skip
+TRANSPORT_RATIOS = [
+    Ratio("framed echo over the Go msgpack-rpc server (target 1.5x)", "rpc", "go",
+          "server_cpu_ns"),
+    Ratio("framed echo over aio-msgpack-rpc (target 0.5x)", "rpc", "aio", "server_cpu_ns"),
+    Ratio("plain stream over framed (target 1.2x)", "rpc-stream", "rpc", "server_cpu_ns"),
+    Ratio("plain stream over aio-msgpack-rpc (target 0.6x)", "rpc-stream", "aio",
+          "server_cpu_ns"),
+]  # fmt: skip
 TRANSFER_RATIOS = [
     Ratio("the demo's transfer over the Go twin's", "demo", "go-ledger", "server_cpu_ns"),
 ]
@@ -630,7 +638,7 @@ def rpc_rows(quick: bool) -> list[Row]:
         Row("100 connections, 1 call in flight each", "calls/s", "higher", [
             _served(k, cmd_for(k), client("rr", k, "-seconds", seconds), "calls_per_s",
                     some_calls) for k in ("go", "rpc", "rpc-async", "rpc-stream", "aio")
-        ], extras=cpu),
+        ], extras=cpu, ratios=TRANSPORT_RATIOS),
         Row("1 connection, 16 calls in flight", "calls/s", "higher", [
             _served(k, cmd_for(k), client("inflight", k, "-conns", "1", "-depth", "16",
                                           "-seconds", seconds), "calls_per_s", some_calls)
