@@ -44,7 +44,7 @@ statement, escaped by libpq (``PQescapeLiteral``); the rows come back as text, b
 hex (``bytea_output`` is set on the store's connections, with ``extra_float_digits``,
 so a float comes back as the value written). psycopg's cursors and pipeline mode would
 spend more CPU a batch than the batch's own work (twice the whole batch's, measured).
-Every statement of the store's own goes this way (the sweep's and the operator's tools'
+Every statement the store sends on a runtime goes this way (the sweep's and the tools'
 too, and an effect's savepoints), and every record it reads is decoded from that text
 by one function; only an effect's SQL uses psycopg's API, which is the effect's to use.
 
@@ -514,9 +514,11 @@ class PostgresStore(BatchedOneStepStore):
         if not timed:
             assert clock is not None
             return read, clock(), []
-        got = results[-1].get_value
-        now = clock() if clock is not None else float(got(0, 0) or b"nan")
-        fences = sorted(map(int, (got(0, 1) or b"").split(b","))) if claims else []
+        server_now, tokens = results[-1].get_value(0, 0), results[-1].get_value(0, 1)
+        if server_now is None or tokens is None:  # the statement never gives NULL
+            raise psycopg.DataError(f"{self._name}: the server gave no time or tokens")
+        now = clock() if clock is not None else float(server_now)
+        fences = sorted(map(int, tokens.split(b","))) if claims else []
         return read, now, fences
 
     async def _apply_batch(self, ops: list[Op]) -> None:
