@@ -177,6 +177,7 @@ PyInit__speedups(void)
     INTERN(str_emit, "emit");
     INTERN(str_ready, "ready");
     INTERN(str_runqput, "runqput");
+    INTERN(str_wakep, "wakep");
     INTERN(str_preempt_check, "preempt_check");
     INTERN(str_random, "random");
     case_kind_obj[CASE_RECV] = PyLong_FromLong(CASE_RECV);

@@ -47,7 +47,7 @@ static PyObject *empty_str;
  * whether the running goroutine used up its slice (cooperative preemption). */
 static Py_ssize_t budget = 128;
 
-static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput,
+static PyObject *str_popleft, *str_append, *str_emit, *str_ready, *str_runqput, *str_wakep,
     *str_preempt_check, *str_gfput_spill, *str_remove, *str_compact;
 
 /* collections.deque and its popleft/append C functions, called directly on exact

@@ -2,7 +2,8 @@
  * loop, twins of gosim/_core/_runtime.py (Runtime) and _schedule.py (the driver):
  *
  *   RuntimeBase       the fields the hot paths touch (curg, curp, trace, rng, allg,
- *                     call_boxes, gfree, timers, nswitch, goidgen, main_goexited),
+ *                     call_boxes, gfree, pidle, timers, nswitch, goidgen, nmspinning,
+ *                     main_goexited),
  *                     subclassed by gosim._core._runtime.Runtime
  *                     (_runq._RuntimeFields is the pure-Python twin);
  *   casgstatus        _g.casgstatus (legal edges checked under GOSIM_DEBUG);
@@ -30,11 +31,13 @@
 typedef struct {
     PyObject_HEAD
     PyObject *curg, *curp, *trace, *allg, *call_boxes, *gfree;
+    PyObject *pidle; /* idle Ps (a list used as a stack): runqput wakes one for stealable work */
     PyObject *rng; /* the runtime's random.Random: select's pollorder draws from it */
     /* rt.timers, a TimersBase (or NULL before Runtime.__init__ sets it): a plain member,
      * so that Python's rt.timers is one specialized slot load; C checks it on use. */
     PyObject *timers;
     Py_ssize_t nswitch, goidgen;
+    Py_ssize_t nmspinning; /* spinning Ps (Go's sched.nmspinning) */
     char main_goexited;
 } RtObject;
 
@@ -54,7 +57,8 @@ RtBase_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     rt->allg = PyDict_New();
     rt->call_boxes = PyDict_New();
     rt->gfree = PyList_New(0);
-    if (rt->allg == NULL || rt->call_boxes == NULL || rt->gfree == NULL) {
+    rt->pidle = PyList_New(0);
+    if (rt->allg == NULL || rt->call_boxes == NULL || rt->gfree == NULL || rt->pidle == NULL) {
         Py_DECREF(rt);
         return NULL;
     }
@@ -71,6 +75,7 @@ RtBase_traverse(RtObject *rt, visitproc visit, void *arg)
     Py_VISIT(rt->allg);
     Py_VISIT(rt->call_boxes);
     Py_VISIT(rt->gfree);
+    Py_VISIT(rt->pidle);
     Py_VISIT(rt->timers);
     return 0;
 }
@@ -84,6 +89,9 @@ RtBase_clear(RtObject *rt)
     Py_SETREF(rt->trace, Py_NewRef(Py_None));
     Py_SETREF(rt->rng, Py_NewRef(Py_None));
     Py_CLEAR(rt->timers);
+    /* pidle holds Ps, which may hold Gs: emptied, not dropped (runqput reads its size) */
+    if (rt->pidle != NULL && PyList_SetSlice(rt->pidle, 0, PyList_GET_SIZE(rt->pidle), NULL) < 0)
+        PyErr_Clear();
     return 0;
 }
 
@@ -99,6 +107,7 @@ RtBase_dealloc(RtObject *rt)
     Py_CLEAR(rt->allg);
     Py_CLEAR(rt->call_boxes);
     Py_CLEAR(rt->gfree);
+    Py_CLEAR(rt->pidle);
     Py_CLEAR(rt->timers);
     tp->tp_free((PyObject *)rt);
 }
@@ -138,7 +147,8 @@ casgstatus(GObject *g, int new)
 /* Go's runqput, Runtime.runqput's twin: g goes to p's runnext when next (the G there
  * before is kicked to the local queue's tail), else to the tail; a full local queue
  * moves half of itself and g to the global queue (Runtime.runqput does that spill).
- * Takes a new reference to g. */
+ * A G that lands in the local queue can be stolen: with an idle P and none spinning,
+ * Runtime.wakep starts one. Takes a new reference to g. */
 static inline int
 runqput(RtObject *rt, PObject *p, PyObject *g, int next)
 {
@@ -158,6 +168,11 @@ runqput(RtObject *rt, PObject *p, PyObject *g, int next)
     int rc;
     if (Py_SIZE(p->runq) < RUNQ_SIZE) {
         rc = q_append(p->runq, g);
+        if (rc == 0 && rt->nmspinning == 0 && PyList_GET_SIZE(rt->pidle) > 0) {
+            PyObject *r = PyObject_CallMethodNoArgs((PyObject *)rt, str_wakep);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
     }
     else {
         PyObject *r = PyObject_CallMethodObjArgs((PyObject *)rt, str_runqput, (PyObject *)p, g,
@@ -427,6 +442,7 @@ RECORD_FIELD(RtBase, RtObject, rng, 1, "")
 RECORD_FIELD(RtBase, RtObject, allg, PyDict_CheckExact(value), "a dict")
 RECORD_FIELD(RtBase, RtObject, call_boxes, PyDict_CheckExact(value), "a dict")
 RECORD_FIELD(RtBase, RtObject, gfree, PyList_CheckExact(value), "a list")
+RECORD_FIELD(RtBase, RtObject, pidle, PyList_CheckExact(value), "a list")
 
 static PyGetSetDef RtBase_getset[] = {
     RECORD_GETSET(RtBase, curg, "the G being stepped, or None"),
@@ -436,12 +452,14 @@ static PyGetSetDef RtBase_getset[] = {
     RECORD_GETSET(RtBase, allg, "live goroutines by goid"),
     RECORD_GETSET(RtBase, call_boxes, "callers awaiting outcomes"),
     RECORD_GETSET(RtBase, gfree, "the global list of dead Gs"),
+    RECORD_GETSET(RtBase, pidle, "the idle Ps, a stack (Go's sched.pidle)"),
     {NULL},
 };
 
 static PyMemberDef RtBase_members[] = {
     {"nswitch", T_PYSSIZET, offsetof(RtObject, nswitch), 0, "context switches so far"},
     {"goidgen", T_PYSSIZET, offsetof(RtObject, goidgen), 0, "the last goid handed out"},
+    {"nmspinning", T_PYSSIZET, offsetof(RtObject, nmspinning), 0, "spinning Ps"},
     {"timers", T_OBJECT_EX, offsetof(RtObject, timers), 0, "the runtime's Timers"},
     {"main_goexited", T_BOOL, offsetof(RtObject, main_goexited), 0, "main called goexit"},
     {NULL},

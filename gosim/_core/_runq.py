@@ -60,7 +60,9 @@ if TYPE_CHECKING or speedups is None:
             "gfree",
             "goidgen",
             "main_goexited",
+            "nmspinning",
             "nswitch",
+            "pidle",
             "rng",
             "timers",
             "trace",
@@ -77,6 +79,8 @@ if TYPE_CHECKING or speedups is None:
         rng: random.Random
         main_goexited: bool
         gfree: list[G]  # global dead-G list (Go's sched.gFree)
+        pidle: list[P]  # idle Ps, a stack (Go's sched.pidle)
+        nmspinning: int  # spinning Ps (Go's sched.nmspinning): 0 or 1 here
 
         if TYPE_CHECKING:
             # RuntimeBase._burst (gosim/_speedups_sched.c.h); the pure-Python driver
@@ -91,12 +95,19 @@ else:
 
 
 class P(_PFields):
-    """A processor. Fields are touched only by the driver and by code running on this P."""
+    """A processor. Fields are touched only by the driver and by code running on this P.
 
-    __slots__ = ()
+    ``idle``: the P is on the runtime's ``pidle`` stack (Go's ``_Pidle``), holds no work
+    and gets no turns until something wakes it. ``spinning``: woken by ``wakep`` to look
+    for work to steal (Go's spinning M); it stops spinning when it finds some.
+    """
+
+    __slots__ = ("idle", "spinning")
 
     def __init__(self, pid: int) -> None:
         self.id = pid
+        self.idle = False
+        self.spinning = False
         # Invariant: runnext is not also in runq; len(runq) <= RUNQ_SIZE.
         self.runnext = None
         self.runq = deque()

@@ -34,9 +34,10 @@ the goroutine-facing functions (``go``, ``gosched``, ``statistics``...).
 ``_dump`` words crash output as Go does. Upper layers (channels, select, time, sync,
 net) reach all this through :mod:`gosim.lowlevel` only.
 
-Deterministic mode (``seed=``): the P rotation, steal victims and select choices come
-from one seeded ``random.Random``, syscalls and trio calls run inline on the driver,
-time is virtual (trio's ``MockClock``), so the same program takes the same schedule and
+Deterministic mode (``seed=``): steal victims and select choices come from one seeded
+``random.Random`` (the Ps take turns in the order they started looking for work),
+syscalls and trio calls run inline on the driver, time is virtual (trio's
+``MockClock``), so the same program at the same ``procs`` takes the same schedule and
 writes the same trace bytes on every run.
 
 Mirrors Go's ``proc.go`` (``newproc``, ``gosched``, ``goexit``, ``GOMAXPROCS``) and
@@ -124,6 +125,18 @@ class Runtime(_RuntimeFields):
         self.trace = trace
         # Run queues (Go's sched and allp).
         self.allp: list[P] = [P(i) for i in range(procs)]
+        # The Ps that hold an M, in the order the driver gives them turns; the others are
+        # idle on pidle, P1 on top (Go's procresize at start: only main's P runs).
+        self.running: deque[P] = deque(self.allp[:1])
+        self.pidle = []
+        for p in reversed(self.allp[1:]):
+            p.idle = True
+            self.pidle.append(p)
+        self.nmspinning = 0
+        # No later than the earliest armed timer on an idle P's heap (infinity when there
+        # is none): the driver checks the clock against it once a turn (schedule). Early
+        # is harmless: it is recomputed when reached.
+        self.pidle_when = math.inf
         self.globrunq: deque[G] = deque()
         self.gfree: list[G] = []  # global dead-G list (Go's sched.gFree)
         self.allg: dict[int, G] = {}  # live goroutines by goid (Go's allgs)
@@ -202,13 +215,18 @@ class Runtime(_RuntimeFields):
         q = p.runq
         if len(q) < RUNQ_SIZE:
             q.append(g)
-            return
-        # runqputslow: move half of the local queue, then g, to the global queue.
-        half = len(q) // 2
-        popleft = q.popleft
-        batch = [popleft() for _ in range(half)]
-        batch.append(g)
-        self.globrunq.extend(batch)
+        else:
+            # runqputslow: move half of the local queue, then g, to the global queue.
+            half = len(q) // 2
+            popleft = q.popleft
+            batch = [popleft() for _ in range(half)]
+            batch.append(g)
+            self.globrunq.extend(batch)
+        if self.pidle and not self.nmspinning:
+            # A G another P could take: wake one to steal it (Go's ready and newproc
+            # call wakep; a G only in runnext is never stolen here, so waking a P for
+            # it would only have it find nothing).
+            self.wakep()
 
     def runqget(self, p: P) -> G | None:
         """Go's ``runqget``: p's ``runnext``, else the head of its local queue, else None.
@@ -294,6 +312,8 @@ class Runtime(_RuntimeFields):
         if self.trace is not None:
             self.trace.emit(self, "ready", self.curp.id, g.goid, 0, 0)
         self.globrunq.append(g)
+        if self.pidle and not self.nmspinning:
+            self.wakep()  # injectglist starts an idle P for the work it queued
 
     if _g.DEBUG and not TYPE_CHECKING:
         # GOSIM_DEBUG: the preconditions Go throws on, checked around the one runqput
@@ -323,16 +343,66 @@ class Runtime(_RuntimeFields):
         """Go's ``sync_runtime_canSpin``: may a lock spin (yield) once more before parking?
 
         Only when it can pay off: fewer than ``ACTIVE_SPIN`` spins so far, more than one
-        P, other Ps running, and nothing queued on the caller's own P.
+        P, another P running (neither idle nor spinning: Go's ``gomaxprocs >
+        npidle + nmspinning + 1``), and nothing queued on the caller's own P.
         """
-        if iteration >= ACTIVE_SPIN or len(self.allp) <= 1:
+        nump = len(self.allp)
+        if iteration >= ACTIVE_SPIN or nump <= len(self.pidle) + self.nmspinning + 1:
             return False
         p = self.curp
-        if p.runnext is not None or p.runq:
-            return False
-        # "Other Ps running": with one driver thread, another P runs when it has work of
-        # its own or can take some from the global queue.
-        return bool(self.globrunq) or any(q is not p and q.has_work() for q in self.allp)
+        return p.runnext is None and not p.runq
+
+    # ---------------------------------------------------------------- idle Ps
+
+    def wakep(self) -> None:
+        """Go's ``wakep``: when no P is spinning, take an idle P and let it spin.
+
+        The woken P gets a turn after the running ones and looks for work
+        (``findrunnable``: the global queue, the netpoller, stealing); when it finds
+        some it stops spinning and wakes the next (``resetspinning``), when not it goes
+        back to ``pidle``. One spinning P at a time, as Go's ``nmspinning`` check keeps
+        it, so a burst of new work wakes the Ps one by one, each as the last one found
+        something.
+        """
+        if self.nmspinning or not self.pidle:
+            return
+        p = self.pidle.pop()
+        p.idle = False
+        p.spinning = True
+        self.nmspinning += 1
+        self.running.append(p)
+
+    def resetspinning(self, p: P) -> None:
+        """Go's ``resetspinning``: spinning p found work; wake another P if it was the
+        last one spinning, so work that is still queued gets taken."""
+        p.spinning = False
+        self.nmspinning -= 1
+        if not self.nmspinning and self.pidle:
+            self.wakep()
+
+    def pidleput(self, p: P) -> None:
+        """p found no work: it goes idle (Go's ``pidleput``, with ``stopm``). It gets no
+        turn until ``wakep``, a timer of its heap, or a goroutine coming back to it
+        (``_drain_inject``) takes it off ``pidle``."""
+        if _g.DEBUG and (p.runnext is not None or p.runq):
+            raise throw(f"pidleput: P {p.id} has work")
+        if p.spinning:
+            p.spinning = False
+            self.nmspinning -= 1
+        p.idle = True
+        self.pidle.append(p)
+        if p.timers.nlive:
+            # Its timers still fire on time, while the running Ps are busy (Go's M asleep
+            # in netpoll until the earliest timer).
+            self.pidle_when = min(self.pidle_when, p.timers.earliest())
+
+    def acquire_idle(self, p: P) -> None:
+        """Take the idle p off ``pidle`` and give it turns again, not spinning (Go's
+        ``pidlegetSpinning`` for a given P: exitsyscall's old P, a P whose timer
+        readied a goroutine on it)."""
+        self.pidle.remove(p)
+        p.idle = False
+        self.running.append(p)
 
     def inject(self, g: G, param: Any) -> None:
         """Ready g from outside the driver (a trio task): queue it and wake the driver."""
@@ -350,14 +420,20 @@ class Runtime(_RuntimeFields):
         # exitsyscall: prefer the G's old P if it is idle, else the global queue.
         q = self.injectq
         self.injectq = []
+        queued = False
         for g in q:
             if g.status != RUNNABLE:  # rt.call's new G is runnable already
                 g.status = RUNNABLE
             old = g.p
             if old is not None and old in self.allp and not old.has_work():
                 old.runnext = g
+                if old.idle:
+                    self.acquire_idle(old)
             else:
                 self.globrunq.append(g)
+                queued = True
+        if queued and self.pidle and not self.nmspinning:
+            self.wakep()
 
     # -------------------------------------------------------------- newproc
 
@@ -463,7 +539,11 @@ class Runtime(_RuntimeFields):
             raise ValueError(f"gomaxprocs: n must be at least 1, got {n}")
         old = len(self.allp)
         if n > old:
-            self.allp.extend(P(i) for i in range(old, n))
+            new = [P(i) for i in range(old, n)]
+            self.allp.extend(new)
+            for p in reversed(new):  # idle until woken, the lowest on top
+                p.idle = True
+                self.pidle.append(p)
         elif n < old:
             for p in self.allp[n:]:
                 # Destroyed Ps give their work, timers and free Gs to the survivors.
@@ -475,9 +555,26 @@ class Runtime(_RuntimeFields):
                 self.gfree.extend(p.gfree)
                 p.gfree.clear()
                 self.timers.move(p, self.allp[0])
+                if p.idle:
+                    self.pidle.remove(p)
+                elif p in self.running:
+                    self.running.remove(p)
+                if p.spinning:
+                    p.spinning = False
+                    self.nmspinning -= 1
+                p.idle = False
             del self.allp[n:]
+            first = self.allp[0]
+            if first.idle and first.timers.nlive:  # it took the destroyed Ps' timers
+                self.pidle_when = min(self.pidle_when, first.timers.earliest())
             if self.curp.id >= n:
+                # The caller's P is gone: it goes on on P0 (Go's procresize), which
+                # takes turns again if it was idle.
                 self.curp = self.allp[0]
+                if self.curp.idle:
+                    self.acquire_idle(self.curp)
+            if self.globrunq and self.pidle and not self.nmspinning:
+                self.wakep()
         return old
 
 
@@ -641,7 +738,8 @@ def run(
     ``finally`` blocks run). An exception escaping any goroutine stops the runtime and
     raises :class:`Panic`; when nothing can run, :class:`Deadlock`. ``procs`` defaults to
     the CPU count (Go's GOMAXPROCS). ``seed`` fixes every random choice; with
-    ``virtual_time=True`` time is virtual too, and the run is fully reproducible.
+    ``virtual_time=True`` time is virtual too, and the run is fully reproducible for
+    the same ``procs`` (give it explicitly to replay a seed on another machine).
     ``schedtrace`` prints Go's ``SCHED`` line to stderr every that many seconds.
 
     While it runs, CPython's young-generation GC threshold is raised to at least

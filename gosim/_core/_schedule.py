@@ -8,18 +8,24 @@ How a goroutine runs, fast to slow
    marks the G waiting. Whoever completes the operation later calls ``goready``
    (``Runtime.goready``), which puts the G in the current P's ``runnext`` (the previous
    ``runnext`` is kicked to the local queue tail), so a woken partner runs next, as in Go.
-3. The driver's loop is Go's ``schedule``: take the next P in turn, find a G for it
-   and step it with ``coro.send`` until it traps. The order a G is looked for in: every
+3. The driver's loop is Go's ``schedule``: take the next P that holds an M
+   (``rt.running``, in turn), find a G for it and step it with ``coro.send`` until it
+   traps, for a burst of up to 61 switches. The order a G is looked for in: every
    61st tick of the P the global queue first, then ``runnext``, the local queue, then
    ``findrunnable``: expired timers, which run, and when some did, the netpoller is
    polled right after them (its goroutines take ``runnext``, so I/O that is already
    there runs before a deadline's goroutine); then goroutines readied from outside,
    the global queue, the netpoller (polled without blocking), and last stealing half
-   of a random victim's local queue for a few rounds, never its ``runnext``, which the
-   victim runs on its next turn.
-4. When no P finds work the driver idles in trio until the earliest timer, I/O on the
-   netpoller, a syscall's or trio call's completion, or a new ``rt.call``. If none of
-   those can ever come, it stops with Go's deadlock error and a goroutine dump.
+   of a running victim's local queue, never its ``runnext``, which the victim runs on
+   its next turn.
+4. A P that finds nothing goes idle (``Runtime.pidleput``) and takes no turns: idle Ps
+   cost nothing. ``Runtime.wakep`` gives one a turn, spinning, when a G lands where it
+   could take it (a local queue's tail, the global queue) and no P spins already; a
+   timer of its heap that readies a goroutine there, or a goroutine back from a
+   syscall to it, takes it back too. When the last running P finds nothing the driver
+   idles in trio until the earliest timer, I/O on the netpoller, a syscall's or trio
+   call's completion, or a new ``rt.call``. If none of those can ever come, it stops
+   with Go's deadlock error and a goroutine dump.
 5. Every ``PERIODIC_MASK + 1`` switches the driver polls the netpoller (its goroutines
    to the global queue's tail, behind those already waiting), then runs expired timers
    and takes goroutines readied from outside, and at least every millisecond of real
@@ -73,7 +79,6 @@ if TYPE_CHECKING:
     from gosim._core._runtime import Runtime
 
 FAIRNESS_TICKS: Final = 61  # schedule checks the global queue first every 61st tick
-STEAL_ROUNDS: Final = 4  # Go's stealTries
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
 
 # What the C inner loop (RuntimeBase._burst) hands back to the driver.
@@ -115,24 +120,33 @@ def findrunnable(rt: Runtime, p: P) -> G | None:
         g = rt.runqget(p)
         if g is not None:
             return g
-    nump = len(rt.allp)
-    if nump > 1:
-        rng = rt.rng
-        for _ in range(STEAL_ROUNDS):
-            start = rng.randrange(nump)
-            for i in range(nump):
-                victim = rt.allp[(start + i) % nump]
-                if victim is p:
-                    continue
-                # Go steals a victim's runnext in the last round because the
-                # victim's M may be stuck running a long G. Here every P gets its
-                # turn within one rotation, so its runnext is about to run anyway:
-                # stealing it would only move goroutines off their P (a woken
-                # partner, a G back from a syscall) for nothing.
-                g = rt.runqsteal(p, victim, False)
-                if g is not None:
-                    return g
+    # Steal from the Ps that hold an M (p, whose turn this is, is not among them). Go's
+    # stealWork skips idle Ps too (idlepMask): their queues are empty. One round, from a
+    # random victim: Go tries stealTries (4) rounds because its victims run meanwhile;
+    # here nothing runs between two rounds, so a second would see the same queues. Go
+    # steals a victim's runnext in its last round because the victim's M may be stuck
+    # running a long G; here every running P gets its turn within one rotation, so its
+    # runnext is about to run anyway: stealing it would only move goroutines off their
+    # P (a woken partner, a G back from a syscall) for nothing.
+    running = rt.running
+    nvictims = len(running)
+    if nvictims:
+        start = rt.rng.randrange(nvictims) if nvictims > 1 else 0
+        for i in range(nvictims):
+            g = rt.runqsteal(p, running[(start + i) % nvictims], False)
+            if g is not None:
+                return g
     return None
+
+
+def _check_idle_timers(rt: Runtime) -> None:
+    """Once a turn while an idle P has armed timers: run those that are due (on their
+    P, which takes turns again when one readied a goroutine there). The running Ps check
+    their own heaps when they run dry; an idle P gets no turn to check its own."""
+    now = rt._clock_now()
+    if now >= rt.pidle_when:
+        rt.timers.check(now)
+        rt.pidle_when = min((q.timers.earliest() for q in rt.pidle), default=math.inf)
 
 
 def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
@@ -173,9 +187,11 @@ async def _idle(rt: Runtime) -> None:
         # can act: trio's autojump would advance the clock to this very deadline
         # after a round of its scheduler; advancing it here costs a float add.
         jump(deadline - now)
-        rt.last_trio_yield = rt._clock_now()
+        rt.last_trio_yield = now = rt._clock_now()
+        if nxt <= now:
+            rt.timers.check(now)  # on their Ps, which take turns again (Timers.check)
         if rt.stats.schedtrace_interval:
-            rt.stats.maybe_schedtrace(rt.last_trio_yield)
+            rt.stats.maybe_schedtrace(now)
         return
     _state.rt = None
     try:
@@ -190,9 +206,13 @@ async def _idle(rt: Runtime) -> None:
     finally:
         _state.rt = rt
         rt.idle_scope = None
+    rt.last_trio_yield = now = rt._clock_now()
+    if nxt <= now:
+        rt.timers.check(now)
     if np_ is not None and io_waiters:
+        # Onto rt.curp, the P that idled, which looks again next. After the timers:
+        # I/O that is waiting runs before a deadline's goroutine (see findrunnable).
         np_.poll()
-    rt.last_trio_yield = rt._clock_now()
     if rt.stats.schedtrace_interval:
         rt.stats.maybe_schedtrace(rt.last_trio_yield)
 
@@ -249,27 +269,27 @@ async def drive(rt: Runtime) -> None:
 
 
 async def schedule(rt: Runtime) -> None:
-    """Go's schedule loop. Each turn takes the next P and runs a burst of its Gs.
+    """Go's schedule loop. Each turn takes the next P that holds an M and runs a burst
+    of its Gs.
 
-    With one P a burst ends after FAIRNESS_TICKS switches (so the global queue is
-    looked at first every 61 ticks, as in Go), when the P runs dry, or when periodic
-    duties are due: the hot loop stays tight. With several Ps a burst is one switch,
-    round-robin over the Ps (seeded start when deterministic).
+    A burst ends after FAIRNESS_TICKS switches of its P (so the global queue is looked
+    at first every 61 ticks, as in Go), when the P runs dry, or when periodic duties are
+    due: the hot loop stays tight. The Ps that hold an M (``rt.running``) take turns in
+    order; a P that finds no work goes idle (``pidle``) and costs nothing until
+    ``wakep`` or its own timer gives it turns again, as Go's idle Ps do. With one driver
+    thread the running Ps are time-sliced as an OS slices threads on one core: a burst
+    each, not one switch each, so that several Ps cost what one does.
     """
-    allp = rt.allp
-    pidx = rt.rng.randrange(len(allp)) if rt.deterministic else 0
-    idle_run = 0
+    running = rt.running
     trace = rt.trace
     # The C inner loop, when built; it records no trace events, so a traced run
     # takes the Python loop.
     burst = rt._burst if _burst_available and trace is None else None
     syscalls = rt.syscalls  # held: read after every burst
     while not rt.stopped:
-        nump = len(allp)
-        if pidx >= nump:
-            pidx = 0
-        p = allp[pidx]
-        pidx += 1
+        if rt.pidle_when != math.inf:
+            _check_idle_timers(rt)
+        p = running.popleft()
         g: G | None = None
         if p.schedtick >= FAIRNESS_TICKS:
             p.schedtick = 0
@@ -284,19 +304,24 @@ async def schedule(rt: Runtime) -> None:
             else:
                 g = findrunnable(rt, p)
                 if g is None:
-                    idle_run += 1
-                    if idle_run >= nump:
-                        idle_run = 0
+                    if running:
+                        rt.pidleput(p)  # other Ps hold Ms: this one stops
+                    else:
+                        # The last P with an M: it idles in trio (Go's last M blocks in
+                        # netpoll until a timer, I/O or outside work), then looks again.
+                        if p.spinning:
+                            p.spinning = False
+                            rt.nmspinning -= 1
+                        rt.curp = p
+                        running.append(p)
                         await _idle(rt)
                     continue
-        idle_run = 0
+        if p.spinning:
+            rt.resetspinning(p)
         rt.curp = p
         nsw = rt.nswitch
-        # One P alone runs bursts of up to 61 switches. With several Ps each runs one
-        # switch per turn, so they advance together as Go's Ps do in parallel (a G
-        # readied or created on one P never waits a whole burst of another).
         burst_start = nsw
-        burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if nump == 1 else 1)
+        burst_end = nsw + FAIRNESS_TICKS - p.schedtick
         # The hot loop: execute g, then the next G of this P, until the burst ends.
         if burst is not None:
             # The same loop in C (gosim._speedups), which hands back what it does
@@ -331,6 +356,8 @@ async def schedule(rt: Runtime) -> None:
                 return
         rt.curg = None
         p.schedtick += nsw - burst_start
+        if p.id < len(rt.allp) and rt.allp[p.id] is p:
+            running.append(p)  # else procresize destroyed it during its burst
         if syscalls.inline_call is not None:
             await syscalls.run_inline_call()
         if not (nsw & PERIODIC_MASK):

@@ -81,12 +81,9 @@ class Stats:
         """An immutable snapshot of the queues and counters (trio's ``statistics()``)."""
         rt = self.rt
         local = tuple(len(p.runq) + (p.runnext is not None) for p in rt.allp)
-        idle = sum(1 for n in local if n == 0)
-        if rt.curg is not None and idle:
-            idle -= 1  # the P running the caller is not idle
         return SchedStatistics(
             procs=len(rt.allp),
-            idle_procs=idle,
+            idle_procs=len(rt.pidle),
             goroutines=len(rt.allg),
             local_runq=local,
             global_runq=len(rt.globrunq),
@@ -109,7 +106,8 @@ class Stats:
         queues = " ".join(str(n) for n in s.local_runq)
         return (
             f"SCHED {ms}ms: gomaxprocs={s.procs} idleprocs={s.idle_procs} threads={s.threads} "
-            f"spinningthreads=0 idlethreads=0 runqueue={s.global_runq} [{queues}]"
+            f"spinningthreads={self.rt.nmspinning} idlethreads=0 runqueue={s.global_runq} "
+            f"[{queues}]"
         )
 
     def maybe_schedtrace(self, now: float) -> None:

@@ -171,6 +171,8 @@ class Syscalls:
         g.status = RUNNABLE
         g.param = res
         rt.curp = p
+        if p.idle:  # it went idle while the call ran: g takes it back
+            rt.acquire_idle(p)
         rt.runqput(p, g, True)
 
     async def _run_trio_call(

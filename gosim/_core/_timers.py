@@ -257,6 +257,15 @@ class Timers(_TimersFields):
                         heap.push(t, t.when, self.seq)
                         self.narmed += 1
                     t.fire(now)
+                if p.idle:
+                    if p.runnext is not None or p.runq:
+                        # A timer of an idle P readied a goroutine there: the P takes
+                        # turns again (Go's M that slept until the timer takes a P).
+                        rt.acquire_idle(p)
+                    elif heap.nlive:
+                        # Still idle, with timers left (a ticker's next tick, one
+                        # armed while firing): the driver keeps watching them.
+                        rt.pidle_when = min(rt.pidle_when, heap.earliest())
         finally:
             rt.curp, rt.curg = saved_p, saved_g
 

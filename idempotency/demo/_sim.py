@@ -309,6 +309,7 @@ def run_simulation(
             proxy_ln.close()
         return last
 
+    # procs is fixed, not the CPU count: a seed must replay the same run on any machine.
     last = gosim.run(system, procs=1, seed=opts.seed, virtual_time=True, trace=trace)
     if trace is not None and opts.trace is not None:
         opts.trace.write_text(trace.to_chrome_json())

@@ -280,8 +280,11 @@ def test_cond_signal_and_broadcast() -> None:
                 woke.append(i)
 
         for i in (1, 2, 2):
+            # One at a time, so the waiters queue on cond in this order: which of
+            # several goroutines started together waits first is not defined, in Go
+            # either (signal wakes the one that waited longest).
             wg.go(waiter, i)
-        await gosim.sleep(0.001)
+            await gosim.sleep(0.0001)
         async with mu:
             ready = 1
             cond.signal()
@@ -432,25 +435,29 @@ TestSemaphoreMachine = SemaphoreMachine.TestCase
 
 
 def test_spinning_rule_in_the_schedulers_terms() -> None:
-    """Go's canSpin: more than one P, other Ps with work, this P's queue empty, < 4 spins."""
+    """Go's canSpin: more than one P, another P running (neither idle nor spinning),
+    this P's queue empty, < 4 spins."""
 
     async def noop() -> None:
         pass
 
-    async def main() -> tuple[bool, bool, bool, bool]:
+    async def main() -> tuple[bool, bool, bool, bool, bool]:
         rt = gosim.lowlevel.current_runtime()
-        idle = _can_spin(0)  # nobody else has work: spinning cannot help
+        idle = _can_spin(0)  # the other Ps are idle: spinning cannot help
         go(noop)  # now this P's own queue holds work: park instead, let it run
         own_queue = _can_spin(0)
         await gosim.gosched()  # run it
-        other = next(p for p in rt.allp if p is not rt.curp)
+        other = rt.pidle[-1]
+        rt.wakep()  # another P looks for work: spinning, not running yet
+        spinning_only = _can_spin(0)
         other.runq.append(gosim.lowlevel.G())  # a placeholder: removed before any switch
+        rt.resetspinning(other)  # it found work: it runs
         other_p_busy = _can_spin(0)
         too_many = _can_spin(4)
         other.runq.clear()
-        return idle, own_queue, other_p_busy, too_many
+        return idle, own_queue, spinning_only, other_p_busy, too_many
 
-    assert vrun(main, procs=3) == (False, False, True, False)
+    assert vrun(main, procs=3) == (False, False, False, True, False)
 
     async def one_p() -> bool:
         go(noop)
