@@ -18,12 +18,16 @@ Groups (one per workload; each op is what ``ns_per_op`` is per):
 
 Peers, and what stands in where a library lacks the Go construct:
 
-* ``gosim``: the public API (``run``, ``go``, ``Chan``, ``select``, ``recv``) with
-  ``procs=1``; ``BENCH_CORE_GOSIM_PROCS=1,2`` adds ``gosim-p2``. Skipped with
-  "gosim core not available" until ``gosim`` exports that API.
-* ``go`` (item id ``go-subprocess``): ``benchmarks/go/core`` (``testing.B``), compiled
-  once per session with ``go test -c`` and run once per workload in a subprocess with
-  ``GOMAXPROCS=1``.
+* ``gosim``: the public API (``run``, ``go``, ``Chan``, ``select``, ``recv``) as users
+  run it: ``gosim.run``'s default ``procs`` (the CPU count); ``gosim-p1`` beside it with
+  ``procs=1``. ``BENCH_CORE_GOSIM_PROCS=default,1,8`` picks the ``procs`` measured
+  (``default`` is ``gosim``, a number N is ``gosim-pN``). Skipped with "gosim core not
+  available" until ``gosim`` exports that API. gosim runs Python on one core whatever
+  ``procs`` is: its Ps take turns on the driver's thread.
+* ``go`` (item id ``go-subprocess``) and ``go-p1``: ``benchmarks/go/core``
+  (``testing.B``), compiled once per session with ``go test -c`` and run once per
+  workload in a subprocess, ``go`` with Go's default ``GOMAXPROCS`` (the CPU count, as a
+  Go user runs it), ``go-p1`` with ``GOMAXPROCS=1``.
 * ``gevent``: greenlets, ``gevent.queue.Channel`` (a rendezvous, so unbuffered) and
   ``gevent.queue.Queue(maxsize)``. It runs in-process without monkey patching: nothing
   is patched, the hub only runs while a gevent round switches into it, and trio,
@@ -91,7 +95,13 @@ from benchmarks.procs import find_go, go_build, go_env, go_version, parse_go_ben
 # The public names the gosim workloads use; the gosim cases run once all exist.
 GOSIM_API = ("run", "go", "Chan", "select", "recv")
 GOSIM_READY = all(hasattr(gosim, name) for name in GOSIM_API)
-GOSIM_PROCS = tuple(int(p) for p in os.environ.get("BENCH_CORE_GOSIM_PROCS", "1").split(","))
+# gosim.run's procs measured: None is the default (the CPU count), as users run it.
+GOSIM_PROCS: tuple[int | None, ...] = tuple(
+    None if p == "default" else int(p)
+    for p in os.environ.get("BENCH_CORE_GOSIM_PROCS", "default,1").split(",")
+)
+# Go's GOMAXPROCS of each Go peer: None leaves Go's default, the CPU count.
+GO_PEERS: dict[str, int | None] = {"go": None, "go-p1": 1}
 
 GO_DIR = Path(__file__).parent / "go" / "core"
 GO = find_go()
@@ -264,7 +274,7 @@ async def _gosim_select2(n: int) -> tuple[object, Phase]:
 
 
 def _gosim_round(
-    main: Callable[[int], Coroutine[Any, Any, tuple[object, Phase]]], procs: int
+    main: Callable[[int], Coroutine[Any, Any, tuple[object, Phase]]], procs: int | None
 ) -> Round:
     def run(n: int) -> tuple[object, Phase]:
         result: tuple[object, Phase] = gosim.run(main, n, procs=procs)
@@ -700,14 +710,15 @@ GOSIM_MAINS = {
 }
 
 
-def _gosim_peer(procs: int) -> str:
-    return "gosim" if procs == 1 else f"gosim-p{procs}"
+def gosim_peer(procs: int | None) -> str:
+    """The peer name of gosim at ``procs``: ``gosim`` for the default, else ``gosim-pN``."""
+    return "gosim" if procs is None else f"gosim-p{procs}"
 
 
 def round_for(workload: str, peer: str) -> Round:
     """One round of ``workload`` on Python peer ``peer`` (gosim, gosim-pN, trio, ...)."""
     if peer.startswith("gosim"):
-        procs = 1 if peer == "gosim" else int(peer.removeprefix("gosim-p"))
+        procs = None if peer == "gosim" else int(peer.removeprefix("gosim-p"))
         return _gosim_round(GOSIM_MAINS[workload], procs)
     return PYTHON_ROUNDS[workload][peer]
 
@@ -788,11 +799,14 @@ def go_test_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return go_build("core", tmp_path_factory.mktemp("bench_core_go") / "core.test", test=True)
 
 
-def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[tuple[float, float]]:
+def go_round(
+    binary: Path, wl: Workload, benchtime: str, count: int, gomaxprocs: int | None = 1
+) -> list[tuple[float, float]]:
     """Run the workload's testing.B benchmark ``count`` times in one process with
-    GOMAXPROCS=1; of each run, (CPU ns per op, wall-clock ns per op): the process's
-    CPU time over the timed work, which core_test.go reports as ``cpu-ns/op``, and
-    testing.B's ns/op (b.N counts single ops, so both are per op)."""
+    ``GOMAXPROCS=gomaxprocs`` (None: Go's default, the CPU count); of each run, (CPU ns
+    per op, wall-clock ns per op): the process's CPU time over the timed work, which
+    core_test.go reports as ``cpu-ns/op``, and testing.B's ns/op (b.N counts single
+    ops, so both are per op)."""
     argv = [
         str(binary),
         "-test.run=^$",
@@ -801,8 +815,15 @@ def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[tup
         f"-test.count={count}",
     ]
     proc = subprocess.run(
-        argv, cwd=GO_DIR, env=go_env(), check=True, capture_output=True, text=True, timeout=300
+        argv,
+        cwd=GO_DIR,
+        env=go_env(gomaxprocs),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    # testing.B names a result Name-N at GOMAXPROCS=N > 1; parse_go_bench drops the -N
     name = wl.go_bench.removeprefix("Benchmark")
     found = parse_go_bench(proc.stdout)
     cpu = parse_go_bench(proc.stdout, "cpu-ns/op").get(name, [])
@@ -811,20 +832,22 @@ def go_round(binary: Path, wl: Workload, benchtime: str, count: int) -> list[tup
     return [(c, wall) for (c, _), (wall, _) in zip(cpu, found[name], strict=True)]
 
 
-def _run_go(benchmark: Any, wl: Workload, binary: Path) -> None:
-    """Run the workload's testing.B benchmark with GOMAXPROCS=1 and record its ns/op."""
+def _run_go(benchmark: Any, wl: Workload, binary: Path, peer: str) -> None:
+    """Run the workload's testing.B benchmark at the peer's GOMAXPROCS and record its ns/op."""
     smoke = bool(benchmark.disabled)
     # BENCH_CORE_QUICK: the Python peers' shorter duration, for Go too
     benchtime = f"{MEASURE_SECONDS * 100:g}ms" if QUICK else GO_BENCHTIME
     benchtime = GO_SMOKE_BENCHTIME if smoke else benchtime
     outputs: list[list[tuple[float, float]]] = []
     benchmark.pedantic(
-        lambda: outputs.append(go_round(binary, wl, benchtime, 1 if smoke else GO_COUNT)),
+        lambda: outputs.append(
+            go_round(binary, wl, benchtime, 1 if smoke else GO_COUNT, GO_PEERS[peer])
+        ),
         rounds=1,
         iterations=1,
     )
     runs = outputs[-1]
-    _record(benchmark, wl, "go", [c for c, _ in runs], [w for _, w in runs], benchtime)
+    _record(benchmark, wl, peer, [c for c, _ in runs], [w for _, w in runs], benchtime)
     benchmark.extra_info.update(rounds=len(runs), go_version=go_version())
 
 
@@ -835,8 +858,9 @@ def _peers() -> list[Any]:
     gosim_skip = pytest.mark.skipif(not GOSIM_READY, reason="gosim core not available")
     go_marks = [pytest.mark.go, pytest.mark.skipif(GO is None, reason="`go` is not installed")]
     return [
-        *(pytest.param(_gosim_peer(p), marks=gosim_skip) for p in GOSIM_PROCS),
+        *(pytest.param(gosim_peer(p), marks=gosim_skip) for p in GOSIM_PROCS),
         pytest.param("go", marks=go_marks, id="go-subprocess"),
+        pytest.param("go-p1", marks=go_marks, id="go-p1-subprocess"),
         "gevent",
         "asyncio",
         "trio",
@@ -845,8 +869,8 @@ def _peers() -> list[Any]:
 
 def _bench(request: pytest.FixtureRequest, benchmark: Any, workload: str, peer: str) -> None:
     wl = WORKLOADS[workload]
-    if peer == "go":
-        _run_go(benchmark, wl, request.getfixturevalue("go_test_binary"))
+    if peer in GO_PEERS:
+        _run_go(benchmark, wl, request.getfixturevalue("go_test_binary"), peer)
     else:
         _run_python(benchmark, wl, peer)
 

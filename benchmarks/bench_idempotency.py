@@ -179,7 +179,7 @@ async def _memory(n: int, direct: bool) -> float:
 
 def memory_ns_per_call(n: int, direct: bool) -> float:
     """ns a call: ``Idempotency.run`` over MemoryStore, or the handler awaited directly."""
-    seconds: float = gosim.run(_memory, n, direct, procs=1)
+    seconds: float = gosim.run(_memory, n, direct)
     return seconds / n * 1e9
 
 
@@ -334,7 +334,7 @@ def main(argv: list[str]) -> None:
     directory = tempfile.mkdtemp(prefix="bench-idem-")
     try:
         if workload in ("direct", "memory"):
-            gosim.run(_memory, n, workload == "direct", procs=1)
+            gosim.run(_memory, n, workload == "direct")
         elif workload in ("sqlite", "sqlite-txn"):
             sqlite = SQLiteStore(os.path.join(directory, "s.db"), group_commit=workload == "sqlite")
             gosim.run(_load, sqlite, n, "s", False)

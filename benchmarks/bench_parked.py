@@ -62,7 +62,7 @@ async def main():
     return {"n": N, "parked": parked, "released": done[0],
             "total_bytes": after - before, "bytes_per_goroutine": (after - before) / N}
 
-print(json.dumps(gosim.run(main, procs=1)))
+print(json.dumps(gosim.run(main)))
 """
 
 

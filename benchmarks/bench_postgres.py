@@ -16,6 +16,14 @@
   cluster, driven by the Go load generator's transfers (100 connections, a key per
   call); the servers' CPU per transfer from ``/proc``, all of them summed. The issue
   asks for 2 servers' no higher than 1 server's.
+* ``keyed``: the project's keyed RPC server (``rpc_peers.py rpc-postgres``, echo over
+  ``PostgresStore``; ``rpc-postgres-one-step`` with echo declared ``one_step``) against
+  its Go twin over the same table (``benchmarks/go/ledger -store postgres``, and
+  ``-one-step``), each a process of its own with a fresh schema, under the Go load
+  generator's keyed calls (100 connections, a fresh key per call, every reply checked);
+  server CPU per call from ``/proc``, and the cluster's. Each mode of ours has a twin
+  sending the same statements in as many round trips and commits per batch; the issue
+  asks for ours within 1.5x its twin's CPU per call (two-step) and 1.2x (one-step).
 
 ``extra_info['calls_per_s']`` is the figure. Reproduce::
 
@@ -39,10 +47,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 import gosim
-from benchmarks.procs import Server, gc_settings_env, go_build, run_json
+from benchmarks.procs import (
+    Server,
+    drive,
+    find_go,
+    gc_settings_env,
+    go_build,
+    gopath_missing,
+    run_json,
+)
 from idempotency import Call, Idempotency, SQLiteStore
 from idempotency.stores import Store
 from idempotency.stores.pgcluster import PG_BIN, PostgresCluster
@@ -50,6 +67,12 @@ from idempotency.stores.pgcluster import PG_BIN, PostgresCluster
 GOROUTINES = 100
 #: The ledger's accounts in the demo's rounds (as the rpc suite's demo row).
 ACCOUNTS = 100
+PEERS = Path(__file__).parent / "rpc_peers.py"
+#: The keyed rounds' servers: the Go twin of the keyed server over PostgreSQL in each of
+#: our two modes, and ours in each (two-step: claim and completion commit apart).
+KEYED = ("go-ledger-postgres", "go-ledger-postgres-one-step", "rpc-postgres",
+         "rpc-postgres-one-step")  # fmt: skip
+GO_TWINS = frozenset({"go-ledger-postgres", "go-ledger-postgres-one-step"})
 
 
 def missing() -> str | None:
@@ -239,6 +262,62 @@ def demo_round(
     }
 
 
+def keyed_missing(kind: str) -> str | None:
+    """Why keyed server ``kind`` cannot run here (None: it can): PostgreSQL and psycopg,
+    Go for the load generator, and for the twin Debian's Go with lib/pq."""
+    why = missing()
+    if why is None and find_go() is None:
+        why = "Go toolchain not installed (CI installs golang-go)"
+    if why is None and kind in GO_TWINS:
+        why = gopath_missing("ledger")
+    return why
+
+
+def keyed_server_cmd(kind: str, dsn: str, schema: str, go_ledger: Path | None) -> list[str]:
+    """The command line of keyed server ``kind`` over the cluster at ``dsn``, its records
+    under ``schema`` (each server creates its tables there, as PostgresStore does)."""
+    if kind in GO_TWINS:
+        assert go_ledger is not None
+        one_step = ["-one-step"] if kind.endswith("-one-step") else []
+        return [str(go_ledger), "server", "-addr", "127.0.0.1:0", "-store", "postgres",
+                "-dsn", dsn, "-schema", schema, *one_step]  # fmt: skip
+    return [sys.executable, str(PEERS), kind, dsn, schema]
+
+
+def keyed_round(
+    server: PostgresCluster,
+    kind: str,
+    go_rpc: Path,
+    go_ledger: Path | None,
+    seconds: float,
+    env: dict[str, str],
+) -> dict[str, float]:
+    """One keyed round on a fresh server of ``kind`` over ``server``, its records under a
+    schema of its own (dropped after): the Go load generator's 100 connections, one call
+    in flight each, for ``seconds`` (the same for every peer), each call with a fresh
+    key, every reply checked. Calls/s, the server's CPU us per call (``/proc``, around
+    the load alone: not its start-up) and the cluster's."""
+    schema = f"bench_keyed_{time.monotonic_ns()}"
+    srv = Server(keyed_server_cmd(kind, server.dsn, schema, go_ledger), env=env)
+    try:
+        db0 = cluster_cpu(server)
+        load = [str(go_rpc), "rr", "-addr", srv.addr, "-seconds", f"{seconds:g}", "-key"]
+        r = drive(srv, load, env)
+        db = cluster_cpu(server) - db0
+        if srv.proc.poll() is not None:
+            raise RuntimeError(f"{kind} died during the round: {srv.stderr_tail()}")
+    finally:
+        srv.stop()
+        server.sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    if r["min_calls"] < 1:
+        raise AssertionError(f"{kind}: a connection made no call in {seconds:g} s")
+    return {
+        "calls_per_s": r["calls_per_s"],
+        "server_cpu_us_per_call": r["server_cpu_us_per_op"],
+        "database_cpu_us_per_call": db * 1e6 / r["calls"],
+    }
+
+
 @pytest.fixture(scope="module")
 def pg() -> Iterator[PostgresCluster]:
     why = missing()
@@ -305,3 +384,66 @@ def bench_demo_servers(benchmark: Any, pg: PostgresCluster, go_rpc: Path, server
     )
     benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
     assert result["calls_per_s"] > 0
+
+
+def _keyed_peer(request: pytest.FixtureRequest, kind: str) -> Path | None:
+    """Skip when ``kind`` cannot run here; the twin's binary when it is one."""
+    why = keyed_missing(kind)
+    if why is not None:
+        pytest.skip(why)
+    return request.getfixturevalue("go_ledger") if kind in GO_TWINS else None
+
+
+@pytest.mark.parametrize("server", KEYED)
+def bench_keyed_calls_over_postgres(
+    benchmark: Any, request: pytest.FixtureRequest, pg: PostgresCluster, go_rpc: Path, server: str
+) -> None:
+    """Our keyed server over PostgresStore and its Go twin: server CPU per call."""
+    from benchmarks.bench_rpc import KEYED_SECONDS, KEYED_SMOKE_SECONDS  # noqa: PLC0415
+
+    ledger = _keyed_peer(request, server)
+    seconds = KEYED_SMOKE_SECONDS if benchmark.disabled else KEYED_SECONDS
+    benchmark.group = "idem-postgres-keyed"
+    env = {**os.environ, "GOMAXPROCS": "1", **gc_settings_env()}
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(keyed_round(pg, server, go_rpc, ledger, seconds, env)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
+
+
+@pytest.mark.parametrize("server", KEYED)
+def bench_keyed_postgres_peers_record_replay_and_refuse(
+    request: pytest.FixtureRequest, pg: PostgresCluster, go_rpc: Path, server: str
+) -> None:
+    """Every keyed peer over PostgreSQL keeps the protocol the row compares (a first
+    call runs, the same key and request replays, the same key with another request gets
+    ALREADY_EXISTS), and leaves completed records that PostgresStore itself reads back:
+    the outcome's msgpack, fencing tokens that grow with each claim."""
+    from benchmarks.bench_rpc import check_keyed_protocol  # noqa: PLC0415
+    from idempotency import PostgresStore  # noqa: PLC0415
+
+    ledger = _keyed_peer(request, server)
+    schema = f"check_{time.monotonic_ns()}"
+    env = {**os.environ, "GOMAXPROCS": "1", **gc_settings_env()}
+    srv = Server(keyed_server_cmd(server, pg.dsn, schema, ledger), env=env)
+    try:
+        check_keyed_protocol(srv.addr)
+    finally:
+        srv.stop()
+    store = PostgresStore(pg.dsn, schema=schema)
+    try:
+        held = [gosim.run(store.inspect, "t", key) for key in ("k1", "k2")]
+    finally:
+        store.close()
+        pg.sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    records = [h.record for h in held if h is not None]
+    assert len(records) == 2 and all(h.state == "COMPLETED" for h in held if h is not None)
+    assert [msgpack.unpackb(r.payload) for r in records if r.payload is not None] == [
+        [1, "a"],
+        [2, "b"],
+    ]
+    assert all(r.ok for r in records) and 0 < records[0].fence < records[1].fence

@@ -143,15 +143,10 @@ GO_LEDGER = {"go-ledger", "go-ledger-memory"}
 # the Go twin durable and from memory, and the demo's own server.
 TRANSFER = ("go-ledger", "go-ledger-memory", "demo")
 ACCOUNTS = 100
-# The hand-written server fsyncs once a call on the event loop's thread: a few hundred
-# calls/s on this disk, so it makes a tenth of the others' calls (its CPU per call is
-# what the tables compare).
-FEWER_CALLS = {"hand-written": 10}
-
-
-def keyed_calls(kind: str, calls: int) -> int:
-    """Calls per connection that ``kind`` makes in a keyed round of ``calls``."""
-    return max(1, calls // FEWER_CALLS.get(kind, 1))
+# Seconds of first calls in a keyed round: the same for every peer, long enough that a
+# fresh server's first calls (its files created, its caches cold) weigh little.
+KEYED_SECONDS = 3.0
+KEYED_SMOKE_SECONDS = 0.2
 
 
 def keyed_server_cmd(
@@ -187,39 +182,42 @@ def keyed_round(
     kind: str,
     go_rpc: Path,
     go_ledger: Path | None,
-    calls: int,
+    seconds: float,
     redis: tuple[str, int] | None = None,
     env: dict[str, str] | None = None,
     transfer: bool = False,
 ) -> dict[str, float]:
     """One round of a keyed table on a fresh server of ``kind``: 100 connections, one
-    call in flight each, ``keyed_calls(kind, calls)`` calls each with a fresh key, then
-    the same keys again (every call a replay; ``rpc-nokey`` makes no second pass).
-    Server CPU from /proc, per call; ``redis`` (url, pid): redis-server's CPU per call
-    beside. Every reply is checked by the Go client. ``transfer``: the calls are the
-    ledger demo's transfers (``TRANSFER``'s servers) instead of echo."""
+    call in flight each, for ``seconds`` (the same for every peer), each call with a
+    fresh key; then the keys every connection recorded again (its first ``min_calls``:
+    every call a replay; ``rpc-nokey`` makes no second pass). Server CPU from /proc,
+    per call; ``redis`` (url, pid): redis-server's CPU per call beside. Every reply is
+    checked by the Go client. ``transfer``: the calls are the ledger demo's transfers
+    (``TRANSFER``'s servers) instead of echo."""
     env = env or ENV
-    per_conn = keyed_calls(kind, calls)
     with tempfile.TemporaryDirectory(prefix="keyed-") as tmp:
         directory = Path(tmp)
         url = None if redis is None else redis[0]
         srv = Server(keyed_server_cmd(kind, directory, go_ledger, url, transfer), env=env)
         try:
-            cmd = [str(go_rpc), "rr", "-addr", srv.addr, "-calls", str(per_conn)]
+            cmd = [str(go_rpc), "rr", "-addr", srv.addr]
             if kind != "rpc-nokey":
                 cmd.append("-key")
             if transfer:
                 cmd += ["-transfer", str(ACCOUNTS)]
             redis_before = 0.0 if redis is None else cpu_seconds(redis[1])
-            first = drive(srv, cmd, env)
+            first = drive(srv, [*cmd, "-seconds", f"{seconds:g}"], env)
             redis_cpu = 0.0 if redis is None else cpu_seconds(redis[1]) - redis_before
-            replay = drive(srv, cmd, env) if kind != "rpc-nokey" else None
+            per_conn = int(first["min_calls"])
+            if per_conn < 1:
+                raise AssertionError(f"{kind}: a connection made no call in {seconds:g} s")
+            replay = (
+                drive(srv, [*cmd, "-calls", str(per_conn)], env) if kind != "rpc-nokey" else None
+            )
         finally:
             srv.stop()
-    want = 100 * per_conn
-    if first["calls"] != want or (replay is not None and replay["calls"] != want):
-        got = (first["calls"], None if replay is None else replay["calls"])
-        raise AssertionError(f"{kind}: {got} calls answered, want {want}")
+    if replay is not None and replay["calls"] != 100 * per_conn:
+        raise AssertionError(f"{kind}: {replay['calls']} replays answered, want {100 * per_conn}")
     out = {
         "calls_per_s": first["calls_per_s"],
         "server_cpu_us_per_call": first["server_cpu_us_per_op"],
@@ -228,7 +226,7 @@ def keyed_round(
         out["replay_calls_per_s"] = replay["calls_per_s"]
         out["replay_server_cpu_us_per_call"] = replay["server_cpu_us_per_op"]
     if redis is not None:
-        out["redis_cpu_us_per_call"] = redis_cpu * 1e6 / want
+        out["redis_cpu_us_per_call"] = redis_cpu * 1e6 / first["calls"]
     return out
 
 
@@ -251,23 +249,15 @@ def bench_demo_transfer_first_then_replayed(
     if why is not None:
         pytest.skip(why)
     ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
-    calls = 5 if benchmark.disabled else 300
+    seconds = KEYED_SMOKE_SECONDS if benchmark.disabled else KEYED_SECONDS
     result: dict[str, float] = {}
     benchmark.pedantic(
-        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, transfer=True)),
+        lambda: result.update(keyed_round(server, go_rpc, ledger, seconds, transfer=True)),
         rounds=1,
         iterations=1,
     )
     benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
     assert result["calls_per_s"] > 0
-
-
-@pytest.fixture(scope="module")
-def go_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    why = gopath_missing("ledger")
-    if why is not None:
-        pytest.skip(why)
-    return go_build("ledger", tmp_path_factory.mktemp("goledger") / "ledger")
 
 
 @pytest.fixture(scope="module")
@@ -290,10 +280,10 @@ def bench_rpc_keyed_first_then_replayed(
         pytest.skip(why)
     ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
     redis = request.getfixturevalue("redis_proc") if server == "rpc-redis" else None
-    calls = 5 if benchmark.disabled else 300
+    seconds = KEYED_SMOKE_SECONDS if benchmark.disabled else KEYED_SECONDS
     result: dict[str, float] = {}
     benchmark.pedantic(
-        lambda: result.update(keyed_round(server, go_rpc, ledger, calls, redis)),
+        lambda: result.update(keyed_round(server, go_rpc, ledger, seconds, redis)),
         rounds=1,
         iterations=1,
     )
@@ -337,6 +327,19 @@ def _call(
             return reply
 
 
+def check_keyed_protocol(addr: str) -> None:
+    """The keyed server at ``addr`` answers as the tables assume: a first call with key
+    k1 runs, the same key and request replays the outcome (``replayed``), the same key
+    with another request gets ALREADY_EXISTS (KeyReused), a second key k2 runs."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        assert _call(sock, 1, [1, "a"], "k1") == [1, 1, None, [1, "a"]]
+        assert _call(sock, 2, [1, "a"], "k1") == [1, 2, None, [1, "a"], {"replayed": True}]
+        reused = _call(sock, 3, [2, "b"], "k1")
+        assert reused[:2] == [1, 3] and reused[2][0] == 6 and reused[3] is None
+        assert _call(sock, 4, [2, "b"], "k2") == [1, 4, None, [2, "b"]]
+
+
 @pytest.mark.parametrize("server", ["go-ledger", "go-ledger-memory", "hand-written", "rpc-sqlite"])
 def bench_keyed_peers_replay_and_refuse_a_reused_key(
     request: pytest.FixtureRequest, go_rpc: Path, server: str, tmp_path: Path
@@ -350,13 +353,7 @@ def bench_keyed_peers_replay_and_refuse_a_reused_key(
     ledger = request.getfixturevalue("go_ledger") if server in GO_LEDGER else None
     srv = Server(keyed_server_cmd(server, tmp_path, ledger, None), env=ENV)
     try:
-        host, port = srv.addr.rsplit(":", 1)
-        with socket.create_connection((host, int(port))) as sock:
-            assert _call(sock, 1, [1, "a"], "k1") == [1, 1, None, [1, "a"]]
-            assert _call(sock, 2, [1, "a"], "k1") == [1, 2, None, [1, "a"], {"replayed": True}]
-            reused = _call(sock, 3, [2, "b"], "k1")
-            assert reused[:2] == [1, 3] and reused[2][0] == 6 and reused[3] is None
-            assert _call(sock, 4, [2, "b"], "k2") == [1, 4, None, [2, "b"]]
+        check_keyed_protocol(srv.addr)
     finally:
         srv.stop()
     files = {"go-ledger": "records.db", "hand-written": "calls.db", "rpc-sqlite": "records.db"}

@@ -80,9 +80,9 @@ async def _trio_contended(n: int) -> float:
 # One round of each (workload, peer): n operations in a fresh runtime; the seconds of
 # the measured loop.
 ROUNDS: dict[tuple[str, str], Callable[[int], float]] = {
-    ("uncontended", "gosim"): lambda n: gosim.run(_gosim_uncontended, n, procs=1),
+    ("uncontended", "gosim"): lambda n: gosim.run(_gosim_uncontended, n),
     ("uncontended", "trio"): lambda n: trio.run(_trio_uncontended, n),
-    ("contended", "gosim"): lambda n: gosim.run(_gosim_contended, n, procs=1),
+    ("contended", "gosim"): lambda n: gosim.run(_gosim_contended, n),
     ("contended", "trio"): lambda n: trio.run(_trio_contended, n),
 }
 

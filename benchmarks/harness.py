@@ -3,11 +3,11 @@ comparison with an earlier run (the report and its plots: :mod:`benchmarks.repor
 
 A :class:`Suite` is a list of :class:`Row` (one workload each); a row is measured on
 several :class:`Peer` (gosim, Go, trio, ...). The peers of a row run **interleaved round
-by round**: round 1 runs every peer once, then round 2 runs every peer once, and so on,
-so a drift of the machine's load during the row touches every peer alike instead of
-landing on whichever ran alone (the audit of issue 17 saw the ring's Go ratio swing
-0.94-1.35x when Go ran once, apart from the gosim rounds). Every round is kept in the
-JSON, in the order it ran.
+by round**: round 1 runs every peer once, then round 2 runs every peer once in the
+reverse order, and so on, so a drift of the machine's load during the row touches every
+peer alike instead of landing on whichever ran alone (the audit of issue 17 saw the
+ring's Go ratio swing 0.94-1.35x when Go ran once, apart from the gosim rounds), and no
+peer always follows the same one. Every round is kept in the JSON, in the order it ran.
 
 Noise: the spread of a cell (one row, one peer) is ``(max - min) / median`` of its
 rounds. ``--compare OLD.json`` flags a cell as a regression when its median moved the
@@ -129,7 +129,8 @@ class Reporter:
 
 def run_row(suite: Suite, row: Row, rounds: int, reporter: Reporter) -> dict[str, Any]:
     """Measure ``row``: every peer's ``open``, then ``warmup + rounds`` rounds, each
-    running every live peer once in the row's order, then every ``close``. A peer that
+    running every live peer once, in the row's order on even rounds and reversed on
+    odd ones, then every ``close``. A peer that
     raises is recorded as failed and skipped in the later rounds; the others go on."""
     records: list[dict[str, Any]] = []
     failures: list[Failure] = []
@@ -150,7 +151,10 @@ def run_row(suite: Suite, row: Row, rounds: int, reporter: Reporter) -> dict[str
                 failures.append(_failure(suite, row, peer, -1, exc))
                 reporter.failed(failures[-1])
         for round_no in range(-row.warmup, rounds):
-            for peer in row.peers:
+            # The order alternates round by round, so no peer always runs right after
+            # the same one (a server's caches warmed, a core's clock raised by it).
+            order = row.peers if round_no % 2 == 0 else row.peers[::-1]
+            for peer in order:
                 if peer.name in dead:
                     reporter.cell_done(suite)
                     continue

@@ -307,7 +307,7 @@ def netframe_server(addr: str, kind: str = "netframe") -> None:
             server = netframe.Server(handler, raw=True, max_in_flight=1, heartbeat_interval=None)
         await server.serve(ln)
 
-    gosim.run(main, procs=1)
+    gosim.run(main)
 
 
 def idle_server(addr: str, heartbeat: float) -> None:
@@ -336,7 +336,7 @@ def idle_server(addr: str, heartbeat: float) -> None:
             }
             print(json.dumps(line), flush=True)
 
-    gosim.run(main, procs=1)
+    gosim.run(main)
 
 
 def idle_clients(addr: str, conns: int, hold: float, heartbeat: float) -> dict[str, object]:
@@ -375,7 +375,7 @@ def idle_clients(addr: str, conns: int, hold: float, heartbeat: float) -> dict[s
             answered += await done.recv() or 0
         return {"mode": "idle", "conns": conns, "answered": answered, "connect_s": connect_s}
 
-    result: dict[str, object] = gosim.run(main, procs=1)
+    result: dict[str, object] = gosim.run(main)
     return result
 
 
@@ -446,7 +446,7 @@ def netframe_client(
         }
 
     netframe.load_kernel()  # before the clock starts, as for the server
-    result: dict[str, object] = gosim.run(pipelined if mode == "pipelined" else rr, procs=1)
+    result: dict[str, object] = gosim.run(pipelined if mode == "pipelined" else rr)
     return result
 
 

@@ -211,4 +211,4 @@ if __name__ == "__main__":
         "rwmutex": rwmutex,
         "sleep": sleep,
     }
-    gosim.run(WORKLOADS[sys.argv[1]], procs=1, virtual_time=sys.argv[1] == "sleep")
+    gosim.run(WORKLOADS[sys.argv[1]], virtual_time=sys.argv[1] == "sleep")

@@ -190,7 +190,7 @@ def server(workload: str, n: int) -> None:
         await srv.shutdown(grace=1.0)
         return elapsed
 
-    elapsed = gosim.run(main, procs=1)
+    elapsed = gosim.run(main)
     print(f"{workload}: {n} requests, {elapsed / n * 1e6:.2f} us each (client wall clock)")
 
 

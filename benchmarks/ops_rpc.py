@@ -213,7 +213,7 @@ def client_side(n: int) -> None:
         return elapsed
 
     try:
-        elapsed = gosim.run(main, procs=1)
+        elapsed = gosim.run(main)
     finally:
         proc.terminate()
         proc.wait()
@@ -327,7 +327,7 @@ def server(workload: str, n: int) -> None:
             print(srv.idempotency.store.statistics(), file=sys.stderr)
         return elapsed
 
-    elapsed = gosim.run(main, procs=1)
+    elapsed = gosim.run(main)
     stack.close()
     print(f"{workload}: {n} calls, {elapsed / n * 1e6:.2f} us each (client wall clock)")
 

@@ -154,11 +154,16 @@ def go_env(gomaxprocs: int | None = 1) -> dict[str, str]:
 
 # Go programs built in GOPATH mode from Debian's packaged Go sources (cgo and libraries
 # that the module proxy would otherwise have to bring): the Go twin of the keyed RPC
-# server (mattn/go-sqlite3 on the system libsqlite3, vmihailenco/msgpack/v5).
+# server (mattn/go-sqlite3 on the system libsqlite3, lib/pq for its PostgreSQL mode,
+# vmihailenco/msgpack/v5).
 DEBIAN_GO = Path("/usr/bin/go")
 DEBIAN_GOCODE = Path("/usr/share/gocode")
 GOPATH_MODULES: dict[str, tuple[str, ...]] = {
-    "ledger": ("github.com/mattn/go-sqlite3", "github.com/vmihailenco/msgpack/v5"),
+    "ledger": (
+        "github.com/mattn/go-sqlite3",
+        "github.com/lib/pq",
+        "github.com/vmihailenco/msgpack/v5",
+    ),
 }
 
 
@@ -170,8 +175,8 @@ def gopath_missing(module: str) -> str | None:
         if not (DEBIAN_GOCODE / "src" / pkg).is_dir():
             return (
                 f"{DEBIAN_GOCODE / 'src' / pkg} is missing (CI installs "
-                "golang-github-mattn-go-sqlite3-dev golang-github-vmihailenco-msgpack.v5-dev "
-                "libsqlite3-dev)"
+                "golang-github-mattn-go-sqlite3-dev golang-github-lib-pq-dev "
+                "golang-github-vmihailenco-msgpack.v5-dev libsqlite3-dev)"
             )
     return None
 

@@ -77,7 +77,12 @@ peers met the same load) before the absolute figures.
 # What each suite measures: shown under the suite's heading, above the run's header.
 SUITE_TEXT: dict[str, str] = {
     "core": (
-        "Goroutines and channels against Go (`GOMAXPROCS=1`), gevent, asyncio and trio. "
+        "Goroutines and channels against Go, gevent, asyncio and trio. `gosim` runs as "
+        "users run it, `gosim.run`'s default `procs` (the CPU count), `gosim-p1` with "
+        "`procs=1`; `go` runs with Go's default `GOMAXPROCS` (the CPU count, its Ps in "
+        "parallel on every core), `go-p1` with `GOMAXPROCS=1`. gosim runs Python on one "
+        "core whatever `procs` is: its Ps take turns on one thread, so its figures are "
+        "one core's work, where Go's default spreads over all of them. "
         "op: `spawn-join` one spawn (100,000 goroutines each sending `i*2` on a channel "
         "with room for all), `pingpong` one round trip on two unbuffered channels, "
         "`buffered` one item through a channel of capacity 1024, `ring` one hop of a token "
@@ -85,6 +90,14 @@ SUITE_TEXT: dict[str, str] = {
         "timed the same way: a round is a mean over at least 0.3 s of measured work (Go's "
         "from `testing.B` over `-test.benchtime=300ms`), and the value is CPU time per op; "
         "the wall clock of the same rounds is its own table. Each round checks its answer."
+    ),
+    "procs": (
+        "The core suite's workloads (the same sizes and timing) at `procs` 1, 2, 4, 8 and "
+        "64 and at the default (`gosim`: the CPU count), each over `procs=1`: what a P "
+        "costs while it has no work. Idle Ps sit on `pidle` and take no turns until a "
+        "goroutine they could take appears (Go's `wakep`), so a program whose goroutines "
+        "stay on one P costs the same at any `procs`; where work spreads over several Ps "
+        "they take bursts of up to 61 switches in turn on the one thread."
     ),
     "sync": (
         "`gosim.sync.Mutex` against `trio.Lock`, each in its own runtime. Uncontended: one "
@@ -150,7 +163,11 @@ SUITE_TEXT: dict[str, str] = {
         "processes over one cluster, as `python -m idempotency.demo --store postgres "
         "--servers N` starts them (one port, `SO_REUSEPORT`), under the Go load generator's "
         "keyed transfers (100 connections, every reply checked); server CPU per transfer "
-        "is every server process's from `/proc`, summed. Each round uses fresh schemas."
+        "is every server process's from `/proc`, summed. Last, keyed calls (`echo`, a key "
+        "each) from the Go load generator against the keyed RPC server over "
+        "`PostgresStore`, two-step and `one_step`, and against its Go twin "
+        "(`benchmarks/go/ledger -store postgres`, lib/pq: the same SQL in the same two "
+        "round trips a batch, one committer). Each round uses fresh schemas."
     ),
 }
 
@@ -167,6 +184,16 @@ NOTES: dict[tuple[str, str], str] = {
         "for spawn-join, by a stack allocated per live goroutine, where a gosim G is a "
         "small record reused after it exits. gevent, asyncio and trio pay a greenlet "
         "switch or an event loop's callback per operation."
+    ),
+    ("procs", "spawn-join"): (
+        "A P with no work is on `pidle` and takes no turn, so what is left over "
+        "`procs=1` comes from work that spreads. `pingpong`, `buffered` and `ring` stay on "
+        "one P: a woken partner goes to `runnext`, which no P steals, so no P is woken. "
+        "`spawn-join` queues its goroutines on one P and wakes the idle Ps one at a time "
+        "(`wakep`, one spinning at once), each stealing half a queue; `select2`'s two "
+        "producers start on two Ps and the woken select moves between them. Each turn of "
+        "a P through the driver's Python loop costs about what a few switches do, once a "
+        "burst of up to 61."
     ),
     ("core", "extra:wall_ns"): (
         "The wall clock of the same rounds counts the time a process waited for a core; "
@@ -380,6 +407,19 @@ NOTES: dict[tuple[str, str], str] = {
         "targets are issue 32's. The CPU ratio sets the application's CPU with PostgreSQL "
         "against SQLite's, whose figure includes SQLite's own work in the process."
     ),
+    ("postgres", "keyed calls over PostgreSQL, 100 connections"): (
+        "Every call waits for the WAL flush of its batch: twice in two-step mode (its "
+        "claim in one batch, its completion in a later one, four round trips), once in "
+        "one-step (two round trips). The Go twin (`benchmarks/go/ledger`, lib/pq) sends "
+        "the same statements in as many round trips, so the cluster's work per call is "
+        "alike; the servers differ in their own CPU: framing the requests, writing each "
+        "batch's statements and reading its rows, and the wake-ups around each round trip."
+    ),
+    ("postgres", "ratios:keyed calls over PostgreSQL, 100 connections"): (
+        "Server CPU per call within each round: both sides wait on the same flushes and "
+        "round trips, so the ratio sets the Python work a batch and a call costs against "
+        "Go's."
+    ),
     ("postgres", "ratios:the ledger demo's transfers over PostgreSQL, 100 connections"): (
         "Two servers on one machine cannot serve more than one when the cores are "
         "already full: the target asks only that splitting the load costs no more CPU "
@@ -391,6 +431,7 @@ NOTES: dict[tuple[str, str], str] = {
 # headed by its name.
 GROUP_TITLES: dict[tuple[str, str], str] = {
     ("core", "spawn-join"): "Spawns and channel operations, CPU time per op",
+    ("procs", "spawn-join"): "The core workloads by procs, CPU time per op",
     ("sync", "mutex, uncontended"): "Lock and unlock",
     ("spin", "counter, spinlocks in nogil kernels"): "A counter under each lock, 2 threads",
     ("mem", "batch 64 B"): "Batches of 100,000 allocations and releases",

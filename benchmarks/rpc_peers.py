@@ -8,12 +8,16 @@
     python benchmarks/rpc_peers.py rpc-sqlite-one-step   the same, echo one_step=True
     python benchmarks/rpc_peers.py rpc-memory     echo idempotent, MemoryStore
     python benchmarks/rpc_peers.py rpc-redis URL PREFIX   echo idempotent, RedisStore
+    python benchmarks/rpc_peers.py rpc-postgres DSN [SCHEMA]   echo idempotent, PostgresStore
+    python benchmarks/rpc_peers.py rpc-postgres-one-step DSN [SCHEMA]   the same, one_step=True
     python benchmarks/rpc_peers.py hand-written DB   asyncio + msgpack + sqlite3 by hand
     python benchmarks/rpc_peers.py demo DIR       the ledger demo's server, 100 accounts
     python benchmarks/rpc_peers.py aio            aio-msgpack-rpc (asyncio, plain stream)
 
 ``rpc-sqlite`` and ``rpc-sqlite-one-step`` take the directory of their store as an
-optional argument (default: a fresh temporary one). The Go load generator
+optional argument (default: a fresh temporary one); ``rpc-postgres`` and
+``rpc-postgres-one-step`` the server's connection string and the store's schema (default
+``public``; created when missing, as PostgresStore does). The Go load generator
 (``benchmarks/go/rpc``) drives them all.
 """
 
@@ -40,9 +44,18 @@ from idempotency.rpc import Server
 
 
 def rpc_server(kind: str, args: list[str]) -> None:
+    postgres = None
+    if kind.startswith("rpc-postgres"):
+        from idempotency import PostgresStore  # noqa: PLC0415 -- needs psycopg
+
+        # Its constructor connects and creates the tables, blocking: before the runtime.
+        postgres = PostgresStore(args[0], schema=args[1] if len(args) > 1 else "public")
+
     async def main() -> None:
         idem = None
-        if kind.startswith("rpc-sqlite"):
+        if postgres is not None:
+            idem = Idempotency(postgres)
+        elif kind.startswith("rpc-sqlite"):
             tmp = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="rpcbench-"))
             idem = Idempotency(SQLiteStore(tmp / "records.db"))
         elif kind == "rpc-memory":
@@ -63,7 +76,7 @@ def rpc_server(kind: str, args: list[str]) -> None:
 
             # one_step: echo only builds its outcome, so the claim and the record commit
             # together (one group commit, not two) and the call waits on no goroutine.
-            one_step = kind == "rpc-sqlite-one-step"
+            one_step = kind.endswith("-one-step")
             srv.add_method(echo, "echo", idempotent=idem is not None, one_step=one_step)
         ln = net.listen("tcp", "127.0.0.1:0")
         print("LISTEN", ln.addr(), flush=True)
@@ -72,7 +85,7 @@ def rpc_server(kind: str, args: list[str]) -> None:
         else:
             await srv.serve(ln)
 
-    gosim.run(main, procs=1)  # as the netframe servers of bench_net_procs.py
+    gosim.run(main)  # the default procs, as the netframe servers of bench_net_procs.py
 
 
 def aio_server() -> None:
@@ -192,7 +205,7 @@ def demo_server(directory: str) -> None:
         print("LISTEN", ln.addr(), flush=True)
         await srv.serve(ln)
 
-    gosim.run(main, procs=1)
+    gosim.run(main)
 
 
 def main(argv: list[str]) -> None:

@@ -30,7 +30,9 @@ GC_NOTE = (
     "(the young-generation threshold gosim.run sets for itself; in-process peers through "
     "this process, peer processes through $BENCH_GC_THRESHOLD); in this process a "
     "gc.collect() before each round, with what a suite set up frozen (gc.freeze) so that "
-    "collection stays cheap; Go peers run with Go's default GOGC=100 and GOMAXPROCS=1."
+    "collection stays cheap; Go peers run with Go's default GOGC=100, and with "
+    "GOMAXPROCS=1 but where a peer's name says otherwise (the core suite's `go` runs with "
+    "Go's default, the CPU count). gosim peers run with gosim.run's default procs."
 )
 
 
@@ -92,31 +94,63 @@ def core_rows(quick: bool) -> list[Row]:
     # -benchtime for Go, the phases of as many rounds as fill it for the others.
     seconds = bench_core.MEASURE_SECONDS / (10 if quick else 1)
     benchtime = f"{seconds * 1000:g}ms"
-    rows = []
-    for wl in bench_core.WORKLOADS.values():
-        n = wl.quick_n if quick else wl.n
-        peers = []
-        for name in ("gosim", "go", "gevent", "asyncio", "trio"):
-            if name == "go":
 
-                def go_measure(wl: Any = wl) -> Sample:
-                    binary = SCRATCH.go("core", test=True)
-                    cpu, wall = bench_core.go_round(binary, wl, benchtime, 1)[0]
-                    return _value(cpu, wall_ns=wall)
+    def go_peer(name: str, wl: Any) -> Peer:
+        def measure() -> Sample:
+            binary = SCRATCH.go("core", test=True)
+            gomaxprocs = bench_core.GO_PEERS[name]
+            cpu, wall = bench_core.go_round(binary, wl, benchtime, 1, gomaxprocs)[0]
+            return _value(cpu, wall_ns=wall)
 
-                peers.append(Peer("go", go_measure))
-                continue
-            one = bench_core.round_for(wl.group, name)
+        return Peer(name, measure)
 
-            def measure(one: Any = one, n: int = n, want: object = wl.expect(n)) -> Sample:
-                t = bench_core.timed(one, n, want, seconds)
-                return _value(t.cpu_ns, wall_ns=t.wall_ns, rounds=t.rounds)
-
-            peers.append(Peer(name, measure))
-        rows.append(Row(wl.group, f"ns of CPU per {wl.unit}", "lower", peers, warmup=1,
-                        extras={"wall_ns": "ns of wall clock per op (the same runs)"}))  # fmt: skip
+    names = ("gosim", "gosim-p1", "go", "go-p1", "gevent", "asyncio", "trio")
+    rows = [
+        _core_row(wl, [go_peer(name, wl) if name in bench_core.GO_PEERS
+                       else _python_core_peer(wl, name, quick, seconds) for name in names])
+        for wl in bench_core.WORKLOADS.values()
+    ]  # fmt: skip
     rows.append(_parked_row(quick))
     return rows
+
+
+def _python_core_peer(wl: Any, name: str, quick: bool, seconds: float) -> Peer:
+    """Python peer ``name`` (gosim, gosim-pN, trio, ...) on core workload ``wl``: a mean
+    over ``seconds`` of measured work, every answer checked."""
+    from benchmarks import bench_core  # noqa: PLC0415
+
+    n = wl.quick_n if quick else wl.n
+    one = bench_core.round_for(wl.group, name)
+
+    def measure() -> Sample:
+        t = bench_core.timed(one, n, wl.expect(n), seconds)
+        return _value(t.cpu_ns, wall_ns=t.wall_ns, rounds=t.rounds)
+
+    return Peer(name, measure)
+
+
+def _core_row(wl: Any, peers: list[Peer]) -> Row:
+    return Row(wl.group, f"ns of CPU per {wl.unit}", "lower", peers, warmup=1,
+               extras={"wall_ns": "ns of wall clock per op (the same runs)"})  # fmt: skip
+
+
+# ============================================================================= procs
+
+PROCS_MEASURED = (1, 2, 4, 8, 64)
+
+
+def procs_rows(quick: bool) -> list[Row]:
+    """The core workloads at ``procs`` 1, 2, 4, 8, 64 and the default, one row each:
+    issue 41's check that a P costs nothing while it has no work (goal: every ratio to
+    ``procs=1`` at most 1.2x)."""
+    from benchmarks import bench_core  # noqa: PLC0415
+
+    seconds = bench_core.MEASURE_SECONDS / (10 if quick else 1)
+    names = [bench_core.gosim_peer(p) for p in (*PROCS_MEASURED, None)]
+    return [
+        _core_row(wl, [_python_core_peer(wl, name, quick, seconds) for name in names])
+        for wl in bench_core.WORKLOADS.values()
+    ]
 
 
 def _parked_row(quick: bool) -> Row:
@@ -579,7 +613,7 @@ def rpc_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_rpc as br  # noqa: PLC0415
 
     seconds = "0.2" if quick else "2"
-    keyed_calls = 5 if quick else 300
+    keyed_seconds = br.KEYED_SMOKE_SECONDS if quick else br.KEYED_SECONDS
 
     def go_rpc() -> Path:
         return SCRATCH.go("rpc")
@@ -611,7 +645,7 @@ def rpc_rows(quick: bool) -> list[Row]:
 
         def measure() -> Sample:
             ledger = SCRATCH.go("ledger") if kind in br.GO_LEDGER else None
-            r = br.keyed_round(kind, go_rpc(), ledger, keyed_calls, redis[-1] if redis else None,
+            r = br.keyed_round(kind, go_rpc(), ledger, keyed_seconds, redis[-1] if redis else None,
                                _net_env(), transfer=transfer)  # fmt: skip
             sample = _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3)
             if "replay_calls_per_s" in r:
@@ -645,13 +679,13 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed(k) for k in br.KEYED], max_rounds=3,
+            [keyed(k) for k in br.KEYED],
             extras={"replay": "calls/s of the same keys again (replays)", **cpu,
                     "replay_cpu_ns": "ns of server CPU per replayed call",
                     "redis_cpu_ns": "ns of redis-server's CPU per call (beside the server's)"},
             ratios=KEYED_RATIOS),
         Row("the ledger demo's transfers, 100 connections (first calls)", "calls/s", "higher",
-            [keyed(k, transfer=True) for k in br.TRANSFER], max_rounds=3,
+            [keyed(k, transfer=True) for k in br.TRANSFER],
             extras={"replay": "calls/s of the same keys again (replays)", **cpu,
                     "replay_cpu_ns": "ns of server CPU per replayed call"},
             ratios=TRANSFER_RATIOS),
@@ -739,6 +773,14 @@ PG_RATIOS = [
     Ratio("server CPU per call, PostgresStore over SQLiteStore (target 1.5x)", PG_GROUP,
           "sqlite FULL", "server_cpu_ns"),
 ]  # fmt: skip
+# Server CPU per call of ours over PostgresStore, each mode over its Go twin (the same
+# statements, round trips and commits a batch) in the same round.
+PG_KEYED_RATIOS = [
+    Ratio("PostgresStore two-step over its Go twin (target 1.5x)", "rpc-postgres",
+          "go-ledger-postgres", "server_cpu_ns"),
+    Ratio("one-step over its Go twin (target 1.2x)", "rpc-postgres-one-step",
+          "go-ledger-postgres-one-step", "server_cpu_ns"),
+]  # fmt: skip
 DEMO_RATIOS = [
     Ratio("2 servers over 1, server CPU per transfer (target 1x: no higher)", "2 servers",
           "1 server", "server_cpu_ns"),
@@ -751,6 +793,9 @@ def postgres_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_postgres as bp  # noqa: PLC0415
 
     group, per_call, demo_calls = (400, 200, 5) if quick else (4_000, 500, 100)
+    from benchmarks.bench_rpc import KEYED_SECONDS, KEYED_SMOKE_SECONDS  # noqa: PLC0415
+
+    keyed_seconds = KEYED_SMOKE_SECONDS if quick else KEYED_SECONDS
 
     def opened() -> None:
         PG_CLUSTER.get()
@@ -776,6 +821,24 @@ def postgres_rows(quick: bool) -> list[Row]:
 
         return Peer("1 server" if servers == 1 else f"{servers} servers", measure, open=opened)
 
+    def keyed(kind: str) -> Peer:
+        """A server process of its own each round, over a fresh schema of the cluster."""
+
+        def open_peer() -> None:
+            why = bp.keyed_missing(kind)
+            if why is not None:
+                raise RuntimeError(f"skipped: {why}")
+            PG_CLUSTER.get()
+
+        def measure() -> Sample:
+            ledger = SCRATCH.go("ledger") if kind in bp.GO_TWINS else None
+            r = bp.keyed_round(PG_CLUSTER.get(), kind, SCRATCH.go("rpc"), ledger, keyed_seconds,
+                               _net_env())  # fmt: skip
+            return _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3,
+                          database_cpu_ns=r["database_cpu_us_per_call"] * 1e3)  # fmt: skip
+
+        return Peer(kind, measure, open=open_peer)
+
     return [
         Row("100 goroutines, distinct keys, durable PostgreSQL and SQLite", "calls/s",
             "higher", [pg(True, group), pg(False, per_call), Peer("sqlite FULL", sqlite)],
@@ -787,6 +850,10 @@ def postgres_rows(quick: bool) -> list[Row]:
             extras={"server_cpu_ns": "ns of server CPU per transfer (all server processes)",
                     "database_cpu_ns": "ns of the cluster's CPU per transfer",
                     "ops_per_commit": "store operations per commit (all servers)"}),
+        Row("keyed calls over PostgreSQL, 100 connections", "calls/s", "higher",
+            [keyed(k) for k in bp.KEYED], ratios=PG_KEYED_RATIOS,
+            extras={"server_cpu_ns": "ns of server CPU per call (the server's process)",
+                    "database_cpu_ns": "ns of the cluster's CPU per call (all its processes)"}),
     ]  # fmt: skip
 
 
@@ -794,6 +861,8 @@ SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
         Suite("core", "Goroutines and channels", core_rows, reference="go"),
+        Suite("procs", "The core workloads at procs=1 to 64", procs_rows,
+              reference="gosim-p1"),
         Suite("sync", "gosim.sync.Mutex against trio.Lock", sync_rows, reference="gosim"),
         Suite("spin", "Spinlocks and atomics, 2 threads", spin_rows, reference="threading.Lock"),
         Suite("mem", "The allocator", mem_rows, reference="go"),
@@ -803,7 +872,8 @@ SUITES: dict[str, Suite] = {
         Suite("rpc", "msgpack-rpc, server and client processes", rpc_rows, reference="go",
               finish=SERVERS.stop_all),
         Suite("idempotency", "Idempotent calls through each store", idempotency_rows),
-        Suite("postgres", "PostgresStore beside SQLiteStore, and the demo's servers over it",
+        Suite("postgres", "PostgresStore beside SQLiteStore and its Go twin, and the demo's "
+              "servers over it",
               postgres_rows, finish=PG_CLUSTER.stop),
     )
 }  # fmt: skip

@@ -254,5 +254,5 @@ def run_clients(
         write_log()
         print(last, flush=True)
 
-    gosim.run(main, procs=1, trace=trace)
+    gosim.run(main, trace=trace)
     write_trace(trace, trace_path)

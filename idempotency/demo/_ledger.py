@@ -629,4 +629,4 @@ def serve(
         go(report, srv)
         await srv.serve(ln)
 
-    gosim.run(main, procs=1, trace=trace)
+    gosim.run(main, trace=trace)

@@ -173,4 +173,4 @@ def run_proxy(listen: str, upstream: str, plan: FaultPlan, trace_path: Path | No
         go(report)
         await serve_proxy(ln, dial, plan)
 
-    gosim.run(main, procs=1, trace=trace)
+    gosim.run(main, trace=trace)

@@ -57,12 +57,14 @@ def _suite(log: list[str], scale: float = 1.0, fail: bool = False, name: str = "
 def test_peers_run_interleaved_round_by_round() -> None:
     log: list[str] = []
     result = harness.run_suites([_suite(log)], quick=True, rounds=3)
-    # row "time": a warm-up round, then 3 rounds, each peer once per round, in order;
-    # then row "rate" the same way without a warm-up
-    assert log == ["fast", "slow"] * 4 + ["fast", "slow"] * 3
+    # row "time": a warm-up round, then 3 rounds, each peer once per round, the order
+    # alternating (round -1, the warm-up, reversed); then row "rate" the same way
+    # without a warm-up
+    forward, backward = ["fast", "slow"], ["slow", "fast"]
+    assert log == (backward + forward) * 2 + forward + backward + forward
     row = result["suites"]["fake"]["rows"][0]
     assert [(r["round"], r["peer"]) for r in row["rounds"]] == [
-        (0, "fast"), (0, "slow"), (1, "fast"), (1, "slow"), (2, "fast"), (2, "slow"),
+        (0, "fast"), (0, "slow"), (1, "slow"), (1, "fast"), (2, "fast"), (2, "slow"),
     ]  # fmt: skip
     assert [r["seq"] for r in row["rounds"]] == list(range(6))
     assert [r["value"] for r in row["rounds"] if r["peer"] == "fast"] == [100.0, 101.0, 99.0]
@@ -207,7 +209,7 @@ def test_postgres_rows_without_postgresql_say_why_and_the_sqlite_peer_still_runs
         suites.cleanup()
     failures = [f for row in done for f in row["failures"]]
     assert sorted(f["peer"] for f in failures) == sorted(
-        [suites.PG_GROUP, suites.PG_PER_CALL, "1 server", "2 servers"]
+        [suites.PG_GROUP, suites.PG_PER_CALL, "1 server", "2 servers", *bench_postgres.KEYED]
     )
     for f in failures:
         assert f["round"] == -1  # at the peer's open: nothing ran

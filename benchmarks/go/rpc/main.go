@@ -397,6 +397,10 @@ func check(r *bufio.Reader, sr *streamReader, w *bufio.Writer, mu *sync.Mutex, b
 
 func load(addr string, conns, depth int, seconds float64, keyed, stream bool, calls int) map[string]any {
 	var total int64
+	// The fewest calls any connection made: with -key, a second run with -calls set to
+	// it replays keys that every connection's first run recorded.
+	minCalls := int64(-1)
+	var minMu sync.Mutex
 	deadline := time.Now().Add(time.Duration(seconds * float64(time.Second)))
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -470,12 +474,18 @@ func load(addr string, conns, depth int, seconds float64, keyed, stream bool, ca
 				n++
 			}
 			atomic.AddInt64(&total, n)
+			minMu.Lock()
+			if minCalls < 0 || n < minCalls {
+				minCalls = n
+			}
+			minMu.Unlock()
 		}(k)
 	}
 	wg.Wait()
 	el := time.Since(start).Seconds()
 	return map[string]any{"conns": conns, "depth": depth, "calls": total, "seconds": el,
-		"calls_per_s": float64(total) / el, "keyed": keyed, "stream": stream}
+		"calls_per_s": float64(total) / el, "keyed": keyed, "stream": stream,
+		"min_calls": minCalls}
 }
 
 func main() {
