@@ -8,7 +8,8 @@ counts instructions instead, which do not depend on the load:
         .venv/bin/python benchmarks/ops.py pingpong 1000      # and again with 6000
 
 and takes (Ir(6000) - Ir(1000)) / 5000 as the instructions per operation (interpreter
-start-up cancels out). Operations: pingpong (a round trip on unbuffered channels),
+start-up cancels out). A third argument sets ``procs`` (default: ``gosim.run``'s, the
+CPU count), to count what a number of Ps costs. Operations: pingpong (a round trip on unbuffered channels),
 buffered (an item through Chan(1024)), select2 (a select over two channels fed by two
 goroutines; 2N selects), ring (a hop of a token round 1,000 goroutines on unbuffered
 channels), spawn (go + WaitGroup), mutex (an uncontended lock and unlock). Each is its
@@ -211,4 +212,5 @@ if __name__ == "__main__":
         "rwmutex": rwmutex,
         "sleep": sleep,
     }
-    gosim.run(WORKLOADS[sys.argv[1]], virtual_time=sys.argv[1] == "sleep")
+    procs = int(sys.argv[3]) if len(sys.argv) > 3 else None  # None: gosim.run's default
+    gosim.run(WORKLOADS[sys.argv[1]], procs=procs, virtual_time=sys.argv[1] == "sleep")
