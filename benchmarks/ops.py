@@ -9,15 +9,15 @@ counts instructions instead, which do not depend on the load:
 
 and takes (Ir(6000) - Ir(1000)) / 5000 as the instructions per operation (interpreter
 start-up cancels out). A third argument sets ``procs`` (default: ``gosim.run``'s, the
-CPU count), to count what a number of Ps costs. Operations: pingpong (a round trip on unbuffered channels),
-buffered (an item through Chan(1024)), select2 (a select over two channels fed by two
-goroutines; 2N selects), ring (a hop of a token round 1,000 goroutines on unbuffered
-channels), spawn (go + WaitGroup), mutex (an uncontended lock and unlock). Each is its
-twin in benchmarks/bench_core.py, minus the timing. The parking paths of gosim.sync and
-gosim.time (no timing twin): mutexc (a contended Mutex: two goroutines, each lock,
-gosched, unlock), cond (a Cond ping-pong: N signal-and-wait hand-offs), rwmutex (a
-writer and a reader alternating through a held RWMutex), sleep (N sleeps, by 100
-goroutines that wake together, under virtual time).
+CPU count), to count what a number of Ps costs. Operations: pingpong (a round trip on
+unbuffered channels), buffered (an item through Chan(1024)), select2 (a select over two
+channels fed by two goroutines; 2N selects), ring (a hop of a token round 1,000
+goroutines on unbuffered channels), spawn (go + WaitGroup), mutex (an uncontended lock
+and unlock). Each is its twin in benchmarks/bench_core.py, minus the timing. The parking
+paths of gosim.sync and gosim.time (no timing twin): mutexc (a contended Mutex: two
+goroutines, each lock, gosched, unlock), cond (a Cond ping-pong: N signal-and-wait
+hand-offs), rwmutex (a writer and a reader alternating through a held RWMutex), sleep (N
+sleeps, by 100 goroutines that wake together, under virtual time).
 """
 
 from __future__ import annotations

@@ -132,7 +132,9 @@ SUITE_TEXT: dict[str, str] = {
         "each read's complete frames (`benchmarks/net_peers.py`); `c-epoll` is an echo "
         "server in C with no interpreter (`benchmarks/c/echo_epoll.c`: one thread, "
         "epoll, a `recv` and a `send` per ready connection), the floor: what the kernel "
-        "alone costs. Every echo is checked. "
+        "alone costs. Every echo is checked. The Go servers run with `GOMAXPROCS=1`; "
+        "`go-default` is the Go server with Go's default (the CPU count), as a Go user "
+        "runs it. "
         "Server CPU per frame or request is read from `/proc/<pid>/stat` around each run."
     ),
     "rpc": (
@@ -142,6 +144,8 @@ SUITE_TEXT: dict[str, str] = {
         "Keyed calls: every call with a key of its own, then the same keys again "
         "(replays); `go-ledger` is the Go twin of the keyed server (`benchmarks/go/ledger`: "
         "the same frames, SQLite records in WAL with `synchronous=FULL`, one committer). "
+        "The Go servers run with `GOMAXPROCS=1`; `go-default` is the Go msgpack-rpc "
+        "server with Go's default (the CPU count). "
         "Server CPU per call from `/proc` around each run."
     ),
     "idempotency": (

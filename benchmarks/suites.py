@@ -444,9 +444,21 @@ def _net_env() -> dict[str, str]:
     return {**os.environ, "GOMAXPROCS": "1", **procs.gc_settings_env()}
 
 
+# A Go server as a Go user runs it: Go's default GOMAXPROCS, the CPU count. Beside the
+# `go` peers of the server rows, which run with GOMAXPROCS=1.
+GO_DEFAULT = "go-default"
+
+
+def _go_default_env() -> dict[str, str]:
+    env = _net_env()
+    del env["GOMAXPROCS"]
+    return env
+
+
 def _served(name: str, cmd: Callable[[], list[str]], client: Callable[[str], list[str]],
-            key: str, check: Callable[[dict[str, Any]], None]) -> Peer:  # fmt: skip
-    peer = _ServerPeer(cmd, _net_env())
+            key: str, check: Callable[[dict[str, Any]], None],
+            env: dict[str, str] | None = None) -> Peer:  # fmt: skip
+    peer = _ServerPeer(cmd, env if env is not None else _net_env())
 
     def measure() -> Sample:
         r = peer.drive(client)
@@ -532,6 +544,16 @@ def network_rows(quick: bool) -> list[Row]:
                     some_requests,
                 )
                 for k in bn.GO_CLIENT_SERVERS
+            ]
+            + [
+                _served(
+                    GO_DEFAULT,
+                    cmd_for("go"),
+                    go_client("rr", "-seconds", str(seconds)),
+                    "requests_per_s",
+                    some_requests,
+                    _go_default_env(),
+                )
             ],
             extras=cpu_request,
             ratios=NET_RR_RATIOS,
@@ -672,6 +694,9 @@ def rpc_rows(quick: bool) -> list[Row]:
         Row("100 connections, 1 call in flight each", "calls/s", "higher", [
             _served(k, cmd_for(k), client("rr", k, "-seconds", seconds), "calls_per_s",
                     some_calls) for k in ("go", "rpc", "rpc-async", "rpc-stream", "aio")
+        ] + [
+            _served(GO_DEFAULT, cmd_for("go"), client("rr", "go", "-seconds", seconds),
+                    "calls_per_s", some_calls, _go_default_env())
         ], extras=cpu, ratios=TRANSPORT_RATIOS),
         Row("1 connection, 16 calls in flight", "calls/s", "higher", [
             _served(k, cmd_for(k), client("inflight", k, "-conns", "1", "-depth", "16",
