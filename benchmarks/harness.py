@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parent.parent
+# The files a run writes: not part of the code it measures.
+GENERATED = ("BENCHMARKS.md", "docs/performance.md", "docs/img", "benchmarks/results")
 SCHEMA = 1
 
 # One round's figures: "value" is the row's metric; any other key is an extra figure
@@ -317,7 +319,18 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # What the benchmarks write themselves (the report, its plots, the stored runs)
+        # does not make the measured code dirty.
+        "dirty": bool(
+            _git(
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                *[f":!{path}" for path in GENERATED],
+            )
+        ),
         "versions": versions,
         "gc_threshold": list(gc.get_threshold()),
         "gosim_pure_python": os.environ.get("GOSIM_PURE_PYTHON", "") not in ("", "0"),
