@@ -171,8 +171,9 @@ def canonical_packb(obj: Any) -> bytes:
 def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_BYTES) -> bytes:
     """The 32-byte fingerprint of the request ``(operation, args)``.
 
-    Raises :class:`InvalidRequest` when the operation is not a non-empty str, when the
-    arguments cannot be encoded as msgpack, or when their encoding exceeds ``max_bytes``.
+    Raises :class:`InvalidRequest` when the operation is not a non-empty str that UTF-8
+    can encode (a lone surrogate cannot), when the arguments cannot be encoded as msgpack
+    (such a string among them included), or when their encoding exceeds ``max_bytes``.
     """
     if type(operation) is not str:
         if not isinstance(operation, str):
@@ -184,7 +185,13 @@ def fingerprint(operation: object, args: Any, max_bytes: int = DEFAULT_MAX_ARGS_
     # operation, then the arguments: the first two are cached per operation name.
     head = _HEADS.get(operation)
     if head is None:
-        head = b"\x92" + _packb(operation)
+        try:
+            head = b"\x92" + _packb(operation)
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 for it
+            raise InvalidRequest(
+                f"operation {operation!r:.60} cannot be encoded as UTF-8: {exc.reason} "
+                f"at index {exc.start}"
+            ) from exc
         if len(_HEADS) < _MAX_HEADS:
             _HEADS[operation] = head
     try:

@@ -458,3 +458,28 @@ def test_requests_differ_exactly_when_the_rule_says(v: Any, data: st.DataObject)
         w = disguise(w, data)
     for fp in FINGERPRINTS:
         assert (fp("op", v) == fp("op", w)) == (model(v) == model(w)), (v, w)
+
+
+# Text that UTF-8 cannot encode: a lone surrogate anywhere in it (as a str made by
+# decoding bytes with errors="surrogateescape" holds).
+unencodable_text = st.builds(
+    lambda before, c, after: before + c + after,
+    st.text(max_size=8),
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=200)
+@given(unencodable_text, st.sampled_from(["operation", "argument", "map key"]))
+def test_text_utf8_cannot_encode_is_an_invalid_request(text: str, where: str) -> None:
+    """Every path of fingerprint (the C twin's and the reference) answers InvalidRequest,
+    whether the surrogate is in the operation, an argument or a map's key."""
+    op, args = {
+        "operation": (text, [1]),
+        "argument": ("op", [1, text]),
+        "map key": ("op", [{text: 1}]),
+    }[where]
+    for fp in FINGERPRINTS:
+        with pytest.raises(InvalidRequest, match=r"cannot be encoded|not msgpack-serialisable"):
+            fp(op, args)
