@@ -57,6 +57,7 @@ import gosim
 from ._errors import InProgress, InvalidKey, StoreError
 from ._keys import validate_caller, validate_key
 from .stores import Store, StoredRecord
+from .stores._secrets import clean_cause, masked, redact
 
 __all__ = ["main"]
 
@@ -89,7 +90,7 @@ def open_store(url: str) -> Store:
     if scheme == "memory":
         raise UsageError("a MemoryStore lives inside one process: nothing to reach from here")
     raise UsageError(
-        f"STORE-URL {url!r} is not sqlite:///PATH, redis://HOST:PORT/DB[?prefix=P]"
+        f"STORE-URL {masked(url)!r} is not sqlite:///PATH, redis://HOST:PORT/DB[?prefix=P]"
         " or postgresql://HOST:PORT/DB[?schema=S]"
     )
 
@@ -137,14 +138,18 @@ def _open_redis(parts: urllib.parse.SplitResult) -> Store:
     rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "prefix"])
     url = urllib.parse.urlunsplit(parts._replace(query=rest))
     prefix = prefixes[0] if prefixes else "idempotency:"
+    given = parts.geturl()
     try:
         store = RedisStore(url, prefix=prefix, socket_timeout=REDIS_TIMEOUT)
         # redis-py checks some of a URL only when it connects: connect now.
         store.client.ping()
     except (TypeError, ValueError) as exc:
-        raise UsageError(f"redis URL {parts.geturl()!r}: {exc}") from exc
+        text = redact(str(exc), given)
+        raise UsageError(f"redis URL {masked(given)!r}: {text}") from clean_cause(exc, given)
     except Exception as exc:  # redis-py's errors: unreachable, refused, bad password
-        raise StoreError(f"{parts.geturl()}: {type(exc).__name__}: {exc}") from exc
+        text = redact(str(exc), given)
+        shown = masked(given)
+        raise StoreError(f"{shown}: {type(exc).__name__}: {text}") from clean_cause(exc, given)
     return store
 
 

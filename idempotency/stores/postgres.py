@@ -181,6 +181,7 @@ from ._contract import (
     run_effect,
 )
 from ._pgnet import NetpollConnection
+from ._secrets import clean_cause, masked, redact
 
 __all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 
@@ -381,7 +382,10 @@ class PostgresStore(BatchedOneStepStore):
         try:
             info = conninfo_to_dict(dsn)
         except psycopg.Error as exc:
-            raise ValueError(f"PostgresStore: {dsn!r} is not a connection string: {exc}") from exc
+            raise ValueError(
+                f"PostgresStore: {masked(dsn)!r} is not a connection string: "
+                f"{redact(str(exc), dsn)}"
+            ) from clean_cause(exc, dsn)
         # The server as errors name it (never the password).
         self.server = (
             f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}"
@@ -448,7 +452,7 @@ class PostgresStore(BatchedOneStepStore):
                     for stmt in _schema(schema_id, self._records, self._fence_seq):
                         conn.execute(stmt)
         except psycopg.Error as exc:
-            raise self._store_error(exc, doing) from exc
+            raise self._store_error(exc, doing) from clean_cause(exc, dsn)
         self._committer = GroupCommitter(
             None,
             max_batch if group_commit else 1,
@@ -473,7 +477,7 @@ class PostgresStore(BatchedOneStepStore):
         try:
             return await NetpollConnection.connect(self.dsn, **self._params)
         except psycopg.Error as exc:
-            raise self._store_error(exc, "connecting") from exc
+            raise self._store_error(exc, "connecting") from clean_cause(exc, self.dsn)
 
     def _refused(self) -> RuntimeError | None:
         """Why the running runtime cannot use the store (see "Runtimes" in the module
@@ -486,6 +490,8 @@ class PostgresStore(BatchedOneStepStore):
     def _store_error(
         self, exc: BaseException, doing: str, conn: NetpollConnection | None = None
     ) -> StoreUnavailable:
+        """The StoreUnavailable for ``exc``, met while ``doing``, its text without the
+        DSN's password (raise it ``from clean_cause(exc, self.dsn)``)."""
         if conn is not None and conn.timed_out:
             return StoreUnavailable(
                 f"{self._name}: {doing}: no answer from the server within batch_timeout ="
@@ -494,7 +500,7 @@ class PostgresStore(BatchedOneStepStore):
             )
         state = getattr(exc, "sqlstate", None)
         code = f"SQLSTATE {state}" if state else type(exc).__name__
-        text = str(exc).strip().replace("\n", " ")
+        text = redact(str(exc).strip().replace("\n", " "), self.dsn)
         return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
 
     async def _begin(
@@ -823,7 +829,8 @@ class PostgresStore(BatchedOneStepStore):
                 self._pool.put(conn, broken=True)
                 if (conn.closed or conn.broken) and not conn.timed_out:
                     continue  # died while idle
-                raise self._store_error(exc, "checking a connection", conn) from exc
+                err = self._store_error(exc, "checking a connection", conn)
+                raise err from clean_cause(exc, self.dsn)
             except BaseException:
                 self._pool.put(conn, broken=True)
                 raise
@@ -847,7 +854,7 @@ class PostgresStore(BatchedOneStepStore):
                     broken = False
                     return deleted
         except psycopg.Error as exc:
-            raise self._store_error(exc, "sweeping", conn) from exc
+            raise self._store_error(exc, "sweeping", conn) from clean_cause(exc, self.dsn)
         finally:
             self._pool.put(conn, broken)
 
@@ -890,7 +897,7 @@ class PostgresStore(BatchedOneStepStore):
             broken = False
             return held
         except psycopg.Error as exc:
-            raise self._store_error(exc, doing, conn) from exc
+            raise self._store_error(exc, doing, conn) from clean_cause(exc, self.dsn)
         finally:
             self._pool.put(conn, broken)
 
@@ -908,9 +915,10 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
                 "SELECT to_regclass(format('%%I.idempotency_records', %s::text))", (schema,)
             ).fetchone()
     except psycopg.ProgrammingError as exc:
-        raise ValueError(str(exc)) from exc
+        raise ValueError(redact(str(exc), dsn)) from clean_cause(exc, dsn)
     except psycopg.Error as exc:
-        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        text = redact(str(exc), dsn)
+        raise StoreUnavailable(f"{type(exc).__name__}: {text}") from clean_cause(exc, dsn)
     return row is not None and row[0] is not None
 
 

@@ -82,6 +82,7 @@ from ._contract import (
     StoredRecord,
     refused_on_virtual_clock,
 )
+from ._secrets import clean_cause, masked, redact
 
 __all__ = ["LuaEffect", "RedisStore"]
 
@@ -404,7 +405,7 @@ def check_reachable(url: str, timeout: float = 3.0) -> None:
             client.close()
     except (ValueError, redis_py.RedisError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StoreUnavailable(first) from exc
+        raise StoreUnavailable(redact(first, url)) from clean_cause(exc, url)
 
 
 class LuaEffect(Effect):
@@ -450,7 +451,7 @@ class RedisStore(BatchedStore):
         self.url = url
         self.prefix = prefix
         self._clock = clock
-        self._name = f"RedisStore({url!r}, prefix={prefix!r})"
+        self._name = f"RedisStore({masked(url)!r}, prefix={prefix!r})"  # never the password
         self.client = client or redis_py.Redis.from_url(
             url,
             socket_timeout=socket_timeout,
@@ -466,6 +467,10 @@ class RedisStore(BatchedStore):
 
     def __repr__(self) -> str:
         return self._name
+
+    def _redact(self, exc: BaseException) -> str:
+        """``exc``'s text without the URL's password."""
+        return redact(str(exc), self.url)
 
     def record_key(self, caller: str, key: str) -> str:
         """The Redis key of (caller, key)'s record."""
@@ -572,7 +577,7 @@ class RedisStore(BatchedStore):
                 todo = sent
                 replies = pipe.execute(raise_on_error=False) if todo else []
             except redis_py.RedisError as exc:
-                err = StoreUnavailable(f"{self._name}: {type(exc).__name__}: {exc}")
+                err = StoreUnavailable(f"{self._name}: {type(exc).__name__}: {self._redact(exc)}")
                 for _, _, served in todo:
                     for op in served:
                         op.error = err
@@ -696,7 +701,10 @@ class RedisStore(BatchedStore):
             for rkey in self.client.scan_iter(match=f"{self.prefix}rec:*", count=1000):
                 deleted += int(self.client.evalsha(sha, 2, self._fence_key, rkey, now))
         except redis_py.RedisError as exc:
-            raise StoreUnavailable(f"{self._name}: sweep: {type(exc).__name__}: {exc}") from exc
+            text = self._redact(exc)
+            raise StoreUnavailable(
+                f"{self._name}: sweep: {type(exc).__name__}: {text}"
+            ) from clean_cause(exc, self.url)
         return deleted
 
     # ------------------------------------------------------------ operator's tools
@@ -724,7 +732,10 @@ class RedisStore(BatchedStore):
             )
         except redis_py.RedisError as exc:
             doing = "forget" if delete else "inspect"
-            raise StoreUnavailable(f"{self._name}: {doing}: {type(exc).__name__}: {exc}") from exc
+            text = self._redact(exc)
+            raise StoreUnavailable(
+                f"{self._name}: {doing}: {type(exc).__name__}: {text}"
+            ) from clean_cause(exc, self.url)
         now = reply[1] / 1000
         if reply[0] == 0:
             return None

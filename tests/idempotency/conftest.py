@@ -53,9 +53,10 @@ class RedisServer:
     """A redis-server of the test's own: 127.0.0.1, a free port, a temp dir, AOF with
     ``appendfsync always`` (an acknowledged write survives a kill), stopped by PID."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="idem-redis-")
         self.port = free_port()
+        self.password = password  # requirepass: clients must AUTH with it
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -72,6 +73,7 @@ class RedisServer:
                 "--appendfsync", "always",
                 "--protected-mode", "yes",
                 "--loglevel", "warning",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -80,8 +82,16 @@ class RedisServer:
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                    s.sendall(auth + b"PING\r\n")
+                    s.settimeout(0.5)
+                    reply = b""
+                    while b"PONG" not in reply and b"-" not in reply[:1]:
+                        chunk = s.recv(64)
+                        if not chunk:
+                            break
+                        reply += chunk
+                    if b"+PONG" in reply:
                         return
             except OSError:
                 pass
@@ -102,7 +112,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
 
 @pytest.fixture(scope="session")
