@@ -21,15 +21,16 @@ have run.
 
 Plain msgpack-rpc peers
 -----------------------
-On the plain stream the client opens each connection with a handshake
-(``[0, msgid, "idempotency.rpc.hello", [1]]``, PROTOCOL.md) and sends a request's
-fifth element (key, caller, timeout, attempt) only once the server has answered that
-it speaks the extension. A plain peer (Neovim, aio-msgpack-rpc) never sees one: its
-calls are the specification's four elements, their deadlines are kept by the client
-alone, and a call with an idempotency key is refused locally (``FAILED_PRECONDITION``,
-nothing sent), since such a peer cannot run it once per key. Errors of a shape that is
-not ours are ``UNKNOWN`` and keep the peer's type and message
-(:attr:`~idempotency.rpc.RPCError.peer_type`).
+On the plain stream the client opens each connection with a handshake (``[0, msgid,
+"idempotency.rpc.hello", [1]]``, PROTOCOL.md) and sends a request's fifth element
+(key, caller, timeout, attempt) only once the server has answered that it speaks the
+extension; a call with any of those waits for that answer, so that the first call on a
+connection carries its deadline too. A plain peer (Neovim, aio-msgpack-rpc) never sees
+one: its calls are the specification's four elements, their deadlines are kept by the
+client alone, and a call with an idempotency key is refused locally
+(``FAILED_PRECONDITION``, nothing sent), since such a peer cannot run it once per key.
+Errors of a shape that is not ours are ``UNKNOWN`` and keep the peer's type and
+message (:attr:`~idempotency.rpc.RPCError.peer_type`).
 
 How often, and when (gRPC's A6 retry design)
 --------------------------------------------
@@ -457,8 +458,13 @@ class Client:
             except Unavailable as exc:
                 return _Failed(str(exc), sent=False)
             now = gosim.now()
-        if link.extension is None and key is not None:
-            # A keyed call needs the extension: wait for the handshake's answer.
+        if link.extension is None and (
+            key is not None or deadline != math.inf or self.caller is not None or attempt > 1
+        ):
+            # What the call carries beside its request (a key, a deadline, the caller, the
+            # attempt) goes only to a server that speaks the extension: wait for the
+            # handshake's answer. Sent before it, the first call on a new connection would
+            # lose its deadline, and the server run it after the caller gave up.
             if not await self._await_handshake(link, deadline):
                 self._count_error(Status.DEADLINE_EXCEEDED)
                 raise CallTimeout("deadline exceeded waiting for the server's handshake")

@@ -253,6 +253,33 @@ def test_the_server_answers_at_the_deadline_and_the_method_runs_to_its_end() -> 
     assert (stats.deadline_exceeded, stats.late_completions) == (1, 1)
 
 
+def test_the_first_call_on_a_new_plain_stream_connection_carries_its_deadline() -> None:
+    """The client waits for the handshake's answer before it sends a call with a
+    deadline, so the server learns the deadline of the very first call on a connection
+    (and of the first after every reconnect): it answers DEADLINE_EXCEEDED itself and
+    the method's context ends, where a call sent before the answer ran its full time."""
+
+    async def main() -> tuple[int, int]:
+        srv = make_server()
+        ln = net.listen("tcp", "127.0.0.1:0")
+        go(srv.serve_stream, ln)
+        c = Client([ln.addr()], transport="stream", heartbeat_interval=None)
+        with pytest.raises(CallTimeout):
+            await c.call("slow", 10.0, timeout=0.2)  # the connection's first call
+        await gosim.sleep(0.1)
+        first = srv.statistics().deadline_exceeded
+        await c.close()
+        c = Client([ln.addr()], transport="stream", heartbeat_interval=None)
+        assert await c.call("add", 1, 2) == 3  # no deadline, no key: not held
+        await c.close()
+        await srv.shutdown(1.0)
+        return first, c.statistics().connects
+
+    first, connects = run_bounded(main)
+    assert first == 1
+    assert connects == 1
+
+
 def test_a_malformed_request_gets_an_error_and_the_connection_goes_on() -> None:
     async def main() -> list[Any]:
         srv = make_server()

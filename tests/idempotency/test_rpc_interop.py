@@ -567,12 +567,15 @@ def test_the_refusal_mark_goes_only_to_a_peer_that_said_it_speaks_the_extension(
 
 
 def test_a_peer_that_never_answers_the_handshake_is_plain() -> None:
-    """A peer that reads and never answers: unkeyed calls do not wait for the
-    handshake and end at their own deadlines; a keyed call waits for the handshake's
-    answer no longer than ``connect_timeout``, then is refused unsent. The peer never
-    receives anything but four-element requests."""
+    """A peer that reads and never answers: a call with a deadline (or a key) waits
+    for the handshake's answer, since what it carries beside the request goes only to a
+    server that speaks the extension; the first one's deadline (0.2 s) comes before the
+    handshake gives up (``connect_timeout``, 0.3 s), so it ends unsent. A keyed call
+    waits no longer than ``connect_timeout``, then is refused unsent; the link is known
+    plain from then on, and an unkeyed call is sent as a four-element request and ends
+    at its own deadline. The peer never receives anything but four-element requests."""
 
-    async def main() -> tuple[str, str, list[Any]]:
+    async def main() -> tuple[str, str, str, list[Any]]:
         ln = net.listen("tcp", "127.0.0.1:0")
         received: list[Any] = []
 
@@ -602,14 +605,19 @@ def test_a_peer_that_never_answers_the_handshake_is_plain() -> None:
             keyed = "answered"
         except RPCError as exc:
             keyed = exc.status.name
+        try:
+            await c.call("anything", 3, timeout=0.2)
+            plain = "answered"
+        except CallTimeout:
+            plain = "timed out"
         await c.close()
         await gosim.sleep(0.05)  # the peer reads the end of the stream
         ln.close()
-        return unkeyed, keyed, received
+        return unkeyed, keyed, plain, received
 
-    unkeyed, keyed, received = run_bounded(main, 30.0)
-    assert (unkeyed, keyed) == ("timed out", "FAILED_PRECONDITION")
-    assert [m[2:] for m in received] == [["idempotency.rpc.hello", [1]], ["anything", [1]]]
+    unkeyed, keyed, plain, received = run_bounded(main, 30.0)
+    assert (unkeyed, keyed, plain) == ("timed out", "FAILED_PRECONDITION", "timed out")
+    assert [m[2:] for m in received] == [["idempotency.rpc.hello", [1]], ["anything", [3]]]
     assert all(len(m) == 4 for m in received)
 
 
