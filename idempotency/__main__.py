@@ -56,8 +56,8 @@ import gosim
 
 from ._errors import InProgress, InvalidKey, StoreError
 from ._keys import validate_caller, validate_key
+from ._secrets import clean_cause, masked, redact
 from .stores import Store, StoredRecord
-from .stores._secrets import clean_cause, masked, redact
 
 __all__ = ["main"]
 

@@ -164,6 +164,7 @@ from .._record import (
     complete,
     decode_record,
 )
+from .._secrets import clean_cause, masked, redact
 from ._batch import (
     BatchedOneStepStore,
     GroupCommitter,
@@ -181,7 +182,6 @@ from ._contract import (
     run_effect,
 )
 from ._pgnet import NetpollConnection
-from ._secrets import clean_cause, masked, redact
 
 __all__ = ["PostgresEffect", "PostgresStore", "find_store"]
 

@@ -76,13 +76,13 @@ from .._record import (
     _new_claim_result,
     _new_record,
 )
+from .._secrets import clean_cause, masked, redact
 from ._batch import BatchedStore, GroupCommitter, Op, OpKind
 from ._contract import (
     Effect,
     StoredRecord,
     refused_on_virtual_clock,
 )
-from ._secrets import clean_cause, masked, redact
 
 __all__ = ["LuaEffect", "RedisStore"]
 

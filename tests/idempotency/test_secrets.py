@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import gosim
 import idempotency
 from idempotency import Idempotency, StoreUnavailable
-from idempotency.stores._secrets import masked, passwords_in, redact
+from idempotency._secrets import masked, passwords_in, redact
 
 from .conftest import REDIS_SERVER, RedisServer, free_port
 
