@@ -375,10 +375,15 @@ class Runtime(_RuntimeFields):
     def resetspinning(self, p: P) -> None:
         """Go's ``resetspinning``: spinning p found work; wake another P if it was the
         last one spinning, so work that is still queued gets taken."""
-        p.spinning = False
-        self.nmspinning -= 1
+        self.stopspinning(p)
         if not self.nmspinning and self.pidle:
             self.wakep()
+
+    def stopspinning(self, p: P) -> None:
+        """p no longer spins (it found work, goes idle, idles the driver or is gone)."""
+        if p.spinning:
+            p.spinning = False
+            self.nmspinning -= 1
 
     def pidleput(self, p: P) -> None:
         """p found no work: it goes idle (Go's ``pidleput``, with ``stopm``). It gets no
@@ -386,9 +391,7 @@ class Runtime(_RuntimeFields):
         (``_drain_inject``) takes it off ``pidle``."""
         if _g.DEBUG and (p.runnext is not None or p.runq):
             raise throw(f"pidleput: P {p.id} has work")
-        if p.spinning:
-            p.spinning = False
-            self.nmspinning -= 1
+        self.stopspinning(p)
         p.idle = True
         self.pidle.append(p)
         if p.timers.nlive:
@@ -559,9 +562,7 @@ class Runtime(_RuntimeFields):
                     self.pidle.remove(p)
                 elif p in self.running:
                     self.running.remove(p)
-                if p.spinning:
-                    p.spinning = False
-                    self.nmspinning -= 1
+                self.stopspinning(p)
                 p.idle = False
             del self.allp[n:]
             first = self.allp[0]

@@ -309,9 +309,7 @@ async def schedule(rt: Runtime) -> None:
                     else:
                         # The last P with an M: it idles in trio (Go's last M blocks in
                         # netpoll until a timer, I/O or outside work), then looks again.
-                        if p.spinning:
-                            p.spinning = False
-                            rt.nmspinning -= 1
+                        rt.stopspinning(p)
                         rt.curp = p
                         running.append(p)
                         await _idle(rt)

@@ -10,11 +10,8 @@ produced is searched for it: the exception's message, its whole formatted traceb
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import traceback
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,14 +19,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gosim
-import idempotency
 from idempotency import Idempotency, StoreUnavailable
 from idempotency._secrets import masked, passwords_in, redact
 
 from .conftest import REDIS_SERVER, RedisServer, free_port
+from .test_cli import cli
 
 SECRET = "hunter2-S3cret"
-ROOT = Path(idempotency.__file__).resolve().parent.parent
 
 
 def every_text(exc: BaseException) -> str:
@@ -184,21 +180,6 @@ def test_redis_store_with_a_wrong_password(redis_with_password: Any) -> None:
 
 
 # ------------------------------------------------------------------ the operator tools
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "idempotency", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
