@@ -63,7 +63,13 @@ from ._audit import (
     report_tables,
     write_manifest,
 )
-from ._ledger import LedgerSpec, create_ledger, postgres_application_name, read_ledger
+from ._ledger import (
+    LedgerSpec,
+    create_ledger,
+    postgres_application_name,
+    postgres_deadlocks,
+    read_ledger,
+)
 
 __all__ = [
     "CHILD_ENV",
@@ -453,6 +459,8 @@ class _Conductor:
         self.own_redis = own_redis
         self.opts, self.console, self.live_display = opts, console, live_display
         self.workdir, self.spec, self.signals, self.procs = workdir, spec, signals, procs
+        # PostgreSQL counts the deadlocks it detects: the run reports those it caused.
+        self.deadlocks_before = postgres_deadlocks(spec) if spec.kind == "postgres" else 0
         self.rng = random.Random(opts.seed)
         self.per = [
             opts.connections // opts.clients + (i < opts.connections % opts.clients)
@@ -778,6 +786,16 @@ class _Conductor:
             ("acknowledged transfers/s, whole run", f"{t['acked'] / elapsed:,.0f}"),
             ("acknowledged transfers/s, middle half", steady_rate(self.series)),
             ("server processes", opts.servers),
+            *(
+                [
+                    (
+                        "deadlocks PostgreSQL detected",
+                        postgres_deadlocks(self.spec) - self.deadlocks_before,
+                    )
+                ]
+                if self.spec.kind == "postgres"
+                else []
+            ),
             *(
                 (f"calls served by {name}", sum(s.get("calls", 0) for n, s in named if n == name))
                 for name in sorted({n for n, _ in named})

@@ -128,6 +128,32 @@ Retention: every ``sweep_every`` batches a batch also deletes up to 512 expired 
 (``expires_at`` index, ``FOR UPDATE SKIP LOCKED``: rows another transaction holds are
 left for later, so the sweep never waits for a writer). :meth:`sweep` deletes every
 expired record in transactions of 1,000 rows, each as short, with the same rule.
+
+Hot rows
+--------
+A batch holds the row locks of its effects until its commit. Two processes' batches
+whose effects update the same rows (a hot account) in different orders would deadlock:
+PostgreSQL finds the cycle only after ``deadlock_timeout`` (1 s by default), fails one
+transaction, and every call of that batch waits the second and runs again. Measured
+before this rule: two processes, 3,000 charges on 20 accounts, 83 deadlocks and 88 s;
+with it, none and 3 s. So a batch whose operations carry effects first takes *turns*,
+in the ``BEGIN`` round trip and before any row lock: transaction-level advisory locks
+(the two-int4 kind, apart from an application's one-bigint kind) in one global order.
+An effect that names its rows (``PostgresEffect(fn, locks=["account:42"])``) makes its
+batch take the turn over every effect shared, then one turn per name, in ascending
+order; an effect that names none (``locks=None``, the default) makes its batch take the
+turn over every effect exclusively. Batches whose effects share a name, or one of which
+names none, take turns; others run side by side; batches without effects take none.
+Every lock a batch waits for is thus taken in one order -- the turns, then the records'
+row locks in key order, then its effects' rows, which no other batch holding a turn of
+theirs can hold -- and the records a batch inserts go in key order too, so two batches
+never wait for each other in a cycle. What an effect must respect: it locks only the
+rows its names cover (any, without names) that other processes' effects also lock; a
+row other code updates too (outside the store) is locked in one fixed order by both.
+Rejected: moving a conflicting call out of its batch after a short lock wait (every
+conflict costs the wait and a transaction of its own, and hot rows conflict in most
+batches); lowering ``deadlock_timeout`` (a superuser's server-wide setting, and a
+deadlock still runs a batch again); retrying alone, which deadlocks the same way.
 """
 
 from __future__ import annotations
@@ -137,7 +163,8 @@ import collections
 import functools
 import json
 import math
-from collections.abc import Awaitable, Callable
+import zlib
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import psycopg
@@ -231,12 +258,30 @@ class PostgresEffect(Effect):
     meanwhile, a deadlock, a serialization failure) runs its effects again, and only the
     run whose transaction commits counts. An error raised by ``fn`` (its SQL's too)
     rolls back its savepoint: its writes are undone and its call alone fails.
+
+    ``locks`` names the rows ``fn`` may lock that other processes' effects lock too
+    (an account's id, say, as ``"account:42"`` or ``42``: a name is its text, so ``42``
+    and ``"42"`` are one name). A batch of effects holds its rows until its commit, so
+    two processes' batches that lock the same rows in different orders would deadlock;
+    instead, each batch first takes a lock per name of its effects (transaction-level
+    advisory locks, in one global order), and two batches whose effects share a name
+    take turns. Without ``locks`` (None) an effect may lock anything: its batch then
+    takes the turn over every effect of the database, so such batches take turns with
+    all others that run effects (correct whatever ``fn`` locks; batches without effects
+    never wait for it). ``locks=()`` declares that ``fn`` locks no row another effect
+    does (an insert of rows of its own). See "Hot rows" in the module docstring.
     """
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "locks")
 
-    def __init__(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]]) -> None:
+    def __init__(
+        self,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Any]],
+        *,
+        locks: Iterable[str | int] | None = None,
+    ) -> None:
         self.fn = fn
+        self.locks: tuple[int, ...] | None = None if locks is None else _lock_ids(locks)
 
 
 class _Retry(Exception):
@@ -504,19 +549,30 @@ class PostgresStore(BatchedOneStepStore):
         return StoreUnavailable(f"{self._name}: {doing}: {code}: {text}")
 
     async def _begin(
-        self, conn: NetpollConnection, statement: bytes | None, claims: int = 0
+        self,
+        conn: NetpollConnection,
+        statement: bytes | None,
+        claims: int = 0,
+        turns: bytes | None = None,
     ) -> tuple[psycopg.pq.abc.PGresult | None, float, list[int]]:
-        """One round trip: ``BEGIN``, ``statement`` (a read, whose result is returned),
-        then the time and ``claims`` fencing tokens (ascending), which the server reads
-        after the statement, so after its row locks. The time is the store's clock
-        when it has one (the server is then asked only for tokens)."""
+        """One round trip: ``BEGIN``, ``turns`` (the effects' advisory locks, taken
+        before any row lock), ``statement`` (a read, whose result is returned), then the
+        time and ``claims`` fencing tokens (ascending), which the server reads after the
+        statement, so after its row locks. The time is the store's clock when it has one
+        (the server is then asked only for tokens)."""
         clock = self._clock
-        query = [b"BEGIN"] if statement is None else [b"BEGIN;", statement]
+        query = [b"BEGIN"]
+        read_at = 1  # the statement's result, past BEGIN's and the turns' statements'
+        if turns is not None:
+            query.append(turns)
+            read_at += turns.count(b";") + 1
+        if statement is not None:
+            query.append(statement)
         timed = clock is None or claims > 0
         if timed:
-            query += [b";", _fill(self._text["now"], b"%d" % claims)]
-        results = await _query(conn, b"".join(query))
-        read = None if statement is None else results[1]
+            query.append(_fill(self._text["now"], b"%d" % claims))
+        results = await _query(conn, b";".join(query))
+        read = None if statement is None else results[read_at]
         if not timed:
             assert clock is not None
             return read, clock(), []
@@ -588,7 +644,7 @@ class PostgresStore(BatchedOneStepStore):
             # One round trip: BEGIN, the row locks, then the time and the tokens.
             escape = psycopg.pq.Escaping(conn.pgconn).escape_literal
             lock = _fill(text["lock" if writes else "read"], escape(_dumps(keys)))
-            rows, now, fences = await self._begin(conn, lock, claims)
+            rows, now, fences = await self._begin(conn, lock, claims, _turns(ops))
             reading = False
             ws: WorkingSet = dict.fromkeys(keys)
             ws.update(self._read_records(conn, rows))
@@ -735,6 +791,9 @@ class PostgresStore(BatchedOneStepStore):
         if updates:
             query.append(_fill(text["update"], escape(_dumps(updates))))
         if inserts:
+            # In key order: two batches inserting the same new keys (a call sent to two
+            # servers at once) wait for each other in one order, never in a cycle.
+            inserts.sort()
             query.append(_fill(text["insert"], escape(_dumps(inserts))))
         return query
 
@@ -923,6 +982,66 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
 
 
 _SCHEMA_LOCK: Final = 0x1DE4_7051  # the advisory lock taken while creating tables
+
+
+#: The advisory locks of effects' turns are the two-int4 kind, this first half: apart
+#: from the one-bigint kind (which applications and the table creation use).
+_TURN_CLASS: Final = 0x1DE4_7052
+#: The second half of the turn over every effect of the database (a name's is never 0).
+_TURN_ALL: Final = 0
+
+
+def _lock_ids(names: Iterable[str | int]) -> tuple[int, ...]:
+    """The advisory lock ids of an effect's ``locks`` names: a stable 32-bit hash of
+    each name's text (the same in every process and machine), never ``_TURN_ALL``;
+    sorted and distinct, the order every batch takes them in. Two names that share an
+    id only take turns when they need not."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"PostgresEffect locks must be a collection of names, not {names!r}")
+    ids = set()
+    for name in names:
+        if isinstance(name, bool) or not isinstance(name, (str, int)):
+            raise TypeError(
+                f"a PostgresEffect lock name is a str or an int, not {type(name).__name__}"
+            )
+        try:
+            text = str(name).encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"PostgresEffect lock name {name!r} is not valid text") from exc
+        ids.add(zlib.crc32(text) - 0x8000_0000 or 1)
+    return tuple(sorted(ids))
+
+
+def _turns(ops: list[Op]) -> bytes | None:
+    """The statement taking the turns of ``ops``' effects (see "Hot rows" in the
+    module docstring), or None when none has an effect."""
+    shared = False
+    ids: set[int] = set()
+    for op in ops:
+        if op.kind is _COMPLETE:
+            effect = op.args[3].effect
+        elif op.kind is _CLAIM_COMPLETE:
+            effect = op.args[5].effect
+        else:
+            continue
+        if effect is None:
+            continue
+        locks = effect.locks
+        if locks is None:
+            return b"SELECT pg_advisory_xact_lock(%d, %d)" % (_TURN_CLASS, _TURN_ALL)
+        shared = True
+        ids.update(locks)
+    if not shared:
+        return None
+    # The turn over every effect, shared; then each name's, in ascending order (unnest
+    # gives the array's order).
+    query = b"SELECT pg_advisory_xact_lock_shared(%d, %d)" % (_TURN_CLASS, _TURN_ALL)
+    if ids:
+        query += b"; SELECT pg_advisory_xact_lock(%d, k) FROM unnest('{%s}'::int4[]) AS k" % (
+            _TURN_CLASS,
+            b",".join(b"%d" % i for i in sorted(ids)),
+        )
+    return query
 
 
 def _quote(name: str) -> str:

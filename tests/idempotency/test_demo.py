@@ -153,6 +153,8 @@ def test_two_servers_share_a_postgres_of_the_users_under_a_schema_of_the_runs(
     assert re.search(r"\d s\s+kill -9 of server [01]; restarting it", out.stdout), out.stdout
     served = [int(n) for n in re.findall(r"calls served by server[01]\s*│\s*(\d+)", out.stdout)]
     assert len(served) == 2 and min(served) > 0, out.stdout
+    # The servers' batches lock shared accounts: they take turns, never deadlock.
+    assert re.search(r"deadlocks PostgreSQL detected\s*│\s*0\b", out.stdout), out.stdout
     # The run's tables are in a schema of its own, its money conserved; nothing in public.
     (schema,) = own_postgres.sql(
         "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'ledger_demo_%%'"
