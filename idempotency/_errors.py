@@ -48,7 +48,9 @@ class InvalidKey(IdempotencyError, ValueError):
 
 class InvalidRequest(IdempotencyError, TypeError):
     """The request cannot be fingerprinted: its operation is not a string, or its
-    arguments are not msgpack-serialisable or exceed the size limit.
+    arguments are not msgpack-serialisable or exceed the size limit; or the store
+    cannot hold its caller or key (PostgreSQL: a NUL, or a character the database's
+    encoding lacks).
 
     Raised before anything is stored. The message says which part failed and why.
     """

@@ -59,9 +59,11 @@ An operation's failure is its own: a stale completion, a corrupted row, an effec
 raises (its savepoint is rolled back) fails that call alone. A batch refused by the
 database in a way one operation may have caused (a constraint checked at ``COMMIT``, a
 value the table refuses) is applied again one operation per transaction, so that only
-the bad one fails. Only a failure of the database itself (a lost connection, a server
-shutting down, an error at ``COMMIT`` on a lost link, a row held by another transaction
-past ``lock_timeout``) fails the whole batch, with
+the bad one fails; a caller or key the database cannot hold as text (a NUL; a character
+a database's encoding lacks, in ``SQL_ASCII`` or ``LATIN1``) fails its call with
+:class:`InvalidRequest` naming it. Only a failure of the database itself (a lost
+connection, a server shutting down, an error at ``COMMIT`` on a lost link, a row held
+by another transaction past ``lock_timeout``) fails the whole batch, with
 :class:`StoreUnavailable` naming the server and the SQLSTATE; nothing of a batch whose
 ``COMMIT`` was not acknowledged is promised (it may have committed: a retry then meets
 the claim, which lapses with its lease, or replays the completion).
@@ -182,6 +184,7 @@ from .._errors import (
     CorruptedRecord,
     IdempotencyError,
     InProgress,
+    InvalidRequest,
     StoreUnavailable,
 )
 from .._record import (
@@ -237,6 +240,10 @@ _RETRY: Final = "rolled back: run it again (a key inserted meanwhile, a deadlock
 _NEEDS_ALONE: Final = "rolled back: one operation may have failed the transaction"
 _DEAD_CONN: Final = "nothing sent: the connection was found dead at BEGIN"
 _FATAL_ERROR: Final = psycopg.pq.ExecStatus.FATAL_ERROR
+# What the server answers when one operation's value is refused: a constraint, a value
+# of the wrong kind, a character the database's encoding lacks (22P05; 0A000 for a
+# non-ASCII escape in an SQL_ASCII database).
+_VALUE_REFUSED: Final = (psycopg.IntegrityError, psycopg.DataError, psycopg.NotSupportedError)
 
 
 #: How long data the store sent may stay unacknowledged by the server's machine before
@@ -736,12 +743,12 @@ class PostgresStore(BatchedOneStepStore):
             await _rollback(conn)
             if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
                 return _RETRY
-            if isinstance(exc, (psycopg.IntegrityError, psycopg.DataError)) and not conn.closed:
+            if isinstance(exc, _VALUE_REFUSED) and not conn.closed:
                 # A value or a constraint refused: one operation's doing, not the
                 # store's. Alone, each fails (or not) by itself.
                 if len(ops) > 1:
                     return _NEEDS_ALONE
-                ops[0].result, ops[0].error = None, exc
+                ops[0].result, ops[0].error = None, self._unstorable(ops[0], exc, conn)
                 return _APPLIED
             err = self._store_error(exc, "applying a batch")
             for op in ops:
@@ -761,6 +768,23 @@ class PostgresStore(BatchedOneStepStore):
                 op.result = None
             raise
         return _APPLIED
+
+    def _unstorable(self, op: Op, exc: psycopg.Error, conn: NetpollConnection) -> Exception:
+        """The error of an operation that failed its transaction alone: a caller or
+        key the database cannot hold as text (a character its encoding lacks, a NUL) is
+        the call's :class:`InvalidRequest`, naming it; a constraint's refusal stays the
+        database's own error."""
+        if not isinstance(exc, (psycopg.DataError, psycopg.NotSupportedError)):
+            return exc
+        caller, key = op.args[0], op.args[1]
+        text = redact(str(exc).strip().replace("\n", " "), self.dsn)
+        err = InvalidRequest(
+            f"{self._name}: caller {caller!r}, key {key!r} cannot be stored in this database"
+            f" (server encoding {conn.info.parameter_status('server_encoding') or '?'}"
+            f"): SQLSTATE {exc.sqlstate}: {text}"
+        )
+        err.__cause__ = clean_cause(exc, self.dsn)
+        return err
 
     def _writes(
         self,

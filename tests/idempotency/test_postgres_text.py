@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import gosim
+from idempotency import InvalidRequest
 from idempotency._keys import fingerprint
 from idempotency._record import ClaimKind, Record
 from idempotency.stores import Completion
@@ -121,4 +122,5 @@ def test_a_key_the_server_refuses_fails_alone(store: PostgresStore) -> None:
 
     first, bad, last = gosim.run(main)
     assert first.kind is ClaimKind.CLAIMED and last.kind is ClaimKind.CLAIMED
-    assert isinstance(bad, psycopg.Error), bad
+    assert isinstance(bad, InvalidRequest), bad  # the library's error, naming the call
+    assert repr("b\x00c") in str(bad) and "SQLSTATE 22P05" in str(bad)
