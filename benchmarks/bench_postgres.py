@@ -25,6 +25,16 @@
   sending the same statements in as many round trips and commits per batch; the issue
   asks for ours within 1.5x its twin's CPU per call (two-step) and 1.2x (one-step).
 
+* ``hot``: the same demo servers (``rpc_peers.py hot``), 1 and 2 of them on one port,
+  over a ledger of 20 accounts (hot rows: every batch of one server shares accounts
+  with the other's), ``transfer`` two-step and one-step, under the Go load generator's
+  transfers for the same duration; the servers' CPU per transfer (all summed), and the
+  longest any transaction of theirs waited for a lock (PostgreSQL's own log of lock
+  waits: ``log_lock_waits`` with the sessions' ``deadlock_timeout`` at 10 ms, so every
+  wait past 10 ms is logged with its length when it ends) and the deadlocks PostgreSQL
+  detected. Issue 42 asks for 2 servers' CPU per charge beside 1 server's, no
+  deadlock, and no wait past 100 ms.
+
 ``extra_info['calls_per_s']`` is the figure. Reproduce::
 
     .venv/bin/python -m pytest benchmarks/bench_postgres.py --benchmark-json=pg.json
@@ -39,10 +49,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +274,75 @@ def demo_round(
     }
 
 
+#: The hot-rows rounds' ledger: every transfer is between two of these accounts.
+HOT_ACCOUNTS = 20
+#: The hot-rows servers' sessions log every lock wait longer than this (their
+#: ``deadlock_timeout``, a superuser's setting: the throwaway cluster's user is one).
+LOCK_LOG_MS = 10
+_WAITED = re.compile(rb"acquired \S+ on .* after ([0-9.]+) ms")
+
+
+def hot_round(
+    server: PostgresCluster,
+    go_rpc: Path,
+    servers: int,
+    one_step: bool,
+    seconds: float,
+    env: dict[str, str],
+) -> dict[str, float]:
+    """The ledger demo's ``transfer`` over a fresh ledger of HOT_ACCOUNTS accounts:
+    ``servers`` server processes on one port (``SO_REUSEPORT``), the Go load generator's
+    100 connections for ``seconds``, every reply checked. Transfers/s, the servers' CPU
+    us per transfer (``/proc``, all summed), the longest lock wait any of their
+    transactions logged (0 when none passed LOCK_LOG_MS), and the deadlocks PostgreSQL
+    detected in the round."""
+    from idempotency.demo._ledger import LedgerSpec, create_ledger  # noqa: PLC0415
+
+    schema = f"bench_hot_{time.monotonic_ns()}"
+    create_ledger(LedgerSpec("postgres", url=server.dsn, prefix=schema), HOT_ACCOUNTS)
+    options = f"-c deadlock_timeout={LOCK_LOG_MS}ms -c log_lock_waits=on"
+    dsn = f"{server.dsn}?options={urllib.parse.quote(options)}"
+    log = Path(server.dir) / "log"
+    log_from = log.stat().st_size
+    deadlocks0 = _deadlocks(server)
+    cmd = [sys.executable, str(PEERS), "hot", dsn, schema,
+           "one-step" if one_step else "two-step"]  # fmt: skip
+    started: list[Server] = []
+    try:
+        for i in range(servers):
+            started.append(Server([*cmd, "127.0.0.1:0" if i == 0 else started[0].addr], env=env))
+        before = sum(s.cpu_seconds() for s in started)
+        load = [str(go_rpc), "rr", "-addr", started[0].addr, "-seconds", f"{seconds:g}",
+                "-key", "-transfer", str(HOT_ACCOUNTS)]  # fmt: skip
+        r = run_json(load, env)
+        cpu = sum(s.cpu_seconds() for s in started) - before
+        dead = [s.stderr_tail() for s in started if s.proc.poll() is not None]
+    finally:
+        for srv in started:
+            srv.stop()
+        server.sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    if dead:
+        raise RuntimeError(f"a hot-rows server died during the round: {dead[0]}")
+    if r["min_calls"] < 1:
+        raise AssertionError(f"a connection made no transfer in {seconds:g} s")
+    with log.open("rb") as f:
+        f.seek(log_from)
+        logged = f.read()
+    waits = [float(m) for m in _WAITED.findall(logged)]
+    return {
+        "calls_per_s": r["calls_per_s"],
+        "server_cpu_us_per_call": cpu * 1e6 / r["calls"],
+        "longest_lock_wait_ms": max(waits, default=0.0),
+        "deadlocks": float(_deadlocks(server) - deadlocks0),
+    }
+
+
+def _deadlocks(server: PostgresCluster) -> int:
+    """The deadlocks PostgreSQL has detected in the cluster's database so far."""
+    rows = server.sql("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    return int(rows[0][0] or 0)
+
+
 def keyed_missing(kind: str) -> str | None:
     """Why keyed server ``kind`` cannot run here (None: it can): PostgreSQL and psycopg,
     Go for the load generator, and for the twin Debian's Go with lib/pq."""
@@ -384,6 +465,28 @@ def bench_demo_servers(benchmark: Any, pg: PostgresCluster, go_rpc: Path, server
     )
     benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
     assert result["calls_per_s"] > 0
+
+
+@pytest.mark.parametrize("one_step", [False, True], ids=["two-step", "one-step"])
+@pytest.mark.parametrize("servers", [1, 2])
+def bench_hot_rows(
+    benchmark: Any, pg: PostgresCluster, go_rpc: Path, servers: int, one_step: bool
+) -> None:
+    """Transfers on 20 hot accounts, 1 and 2 servers: CPU per transfer, lock waits."""
+    from benchmarks.bench_rpc import KEYED_SECONDS, KEYED_SMOKE_SECONDS  # noqa: PLC0415
+
+    seconds = KEYED_SMOKE_SECONDS if benchmark.disabled else KEYED_SECONDS
+    benchmark.group = "idem-postgres-hot"
+    env = {**os.environ, **gc_settings_env()}
+    result: dict[str, float] = {}
+    benchmark.pedantic(
+        lambda: result.update(hot_round(pg, go_rpc, servers, one_step, seconds, env)),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update({k: round(v, 2) for k, v in result.items()})
+    assert result["calls_per_s"] > 0
+    assert result["deadlocks"] == 0
 
 
 def _keyed_peer(request: pytest.FixtureRequest, kind: str) -> Path | None:

@@ -12,6 +12,8 @@
     python benchmarks/rpc_peers.py rpc-postgres-one-step DSN [SCHEMA]   the same, one_step=True
     python benchmarks/rpc_peers.py hand-written DB   asyncio + msgpack + sqlite3 by hand
     python benchmarks/rpc_peers.py demo DIR       the ledger demo's server, 100 accounts
+    python benchmarks/rpc_peers.py hot DSN SCHEMA one-step|two-step ADDR
+                                                  the demo's server over PostgreSQL
     python benchmarks/rpc_peers.py aio            aio-msgpack-rpc (asyncio, plain stream)
 
 ``rpc-sqlite`` and ``rpc-sqlite-one-step`` take the directory of their store as an
@@ -208,6 +210,24 @@ def demo_server(directory: str) -> None:
     gosim.run(main)
 
 
+def hot_server(dsn: str, schema: str, mode: str, addr: str) -> None:
+    """The ledger demo's server over the PostgreSQL ledger already under ``schema``
+    (``transfer`` in ``mode``: one-step or two-step), listening on ``addr`` with
+    ``SO_REUSEPORT`` (several of them share one port)."""
+    from idempotency.demo._ledger import LedgerSpec, make_server  # noqa: PLC0415
+
+    spec = LedgerSpec("postgres", url=dsn, prefix=schema)
+
+    async def main() -> None:
+        # Its store connects and creates its tables, blocking: before serving.
+        srv = make_server(spec, 10.0, 1000, one_step=mode == "one-step")
+        ln = net.listen("tcp", addr, reuse_port=True)
+        print("LISTEN", ln.addr(), flush=True)
+        await srv.serve(ln)
+
+    gosim.run(main)
+
+
 def main(argv: list[str]) -> None:
     kind = argv[0] if argv else ""
     apply_gc_settings()  # the same collector settings for every Python peer
@@ -217,6 +237,8 @@ def main(argv: list[str]) -> None:
         hand_written_server(argv[1])
     elif kind == "demo" and len(argv) == 2:
         demo_server(argv[1])
+    elif kind == "hot" and len(argv) == 5 and argv[3] in ("one-step", "two-step"):
+        hot_server(argv[1], argv[2], argv[3], argv[4])
     elif kind == "aio":
         aio_server()
     else:

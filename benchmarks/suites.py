@@ -806,6 +806,13 @@ PG_KEYED_RATIOS = [
     Ratio("one-step over its Go twin (target 1.2x)", "rpc-postgres-one-step",
           "go-ledger-postgres-one-step", "server_cpu_ns"),
 ]  # fmt: skip
+# Issue 42's figures: two servers over one on the same hot rows, in each mode.
+HOT_RATIOS = [
+    Ratio("2 servers over 1, server CPU per transfer, two-step", "2 servers, two-step",
+          "1 server, two-step", "server_cpu_ns"),
+    Ratio("2 servers over 1, server CPU per transfer, one-step", "2 servers, one-step",
+          "1 server, one-step", "server_cpu_ns"),
+]  # fmt: skip
 DEMO_RATIOS = [
     Ratio("2 servers over 1, server CPU per transfer (target 1x: no higher)", "2 servers",
           "1 server", "server_cpu_ns"),
@@ -846,6 +853,24 @@ def postgres_rows(quick: bool) -> list[Row]:
 
         return Peer("1 server" if servers == 1 else f"{servers} servers", measure, open=opened)
 
+    def hot(servers: int, one_step: bool) -> Peer:
+        def open_peer() -> None:
+            why = bp.keyed_missing("rpc-postgres")
+            if why is not None:
+                raise RuntimeError(f"skipped: {why}")
+            PG_CLUSTER.get()
+
+        def measure() -> Sample:
+            r = bp.hot_round(PG_CLUSTER.get(), SCRATCH.go("rpc"), servers, one_step,
+                             keyed_seconds, _net_env())  # fmt: skip
+            if r["deadlocks"]:
+                raise AssertionError(f"{r['deadlocks']:g} deadlocks detected in the round")
+            return _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3,
+                          lock_wait_ms=r["longest_lock_wait_ms"])  # fmt: skip
+
+        name = "1 server" if servers == 1 else f"{servers} servers"
+        return Peer(f"{name}, {'one-step' if one_step else 'two-step'}", measure, open=open_peer)
+
     def keyed(kind: str) -> Peer:
         """A server process of its own each round, over a fresh schema of the cluster."""
 
@@ -875,6 +900,12 @@ def postgres_rows(quick: bool) -> list[Row]:
             extras={"server_cpu_ns": "ns of server CPU per transfer (all server processes)",
                     "database_cpu_ns": "ns of the cluster's CPU per transfer",
                     "ops_per_commit": "store operations per commit (all servers)"}),
+        Row("the demo's transfers on 20 hot accounts, 1 and 2 servers, 100 connections",
+            "transfers/s", "higher", [hot(1, False), hot(2, False), hot(1, True), hot(2, True)],
+            ratios=HOT_RATIOS,
+            extras={"server_cpu_ns": "ns of server CPU per transfer (all server processes)",
+                    "lock_wait_ms": "the longest lock wait of the servers' transactions (ms;"
+                                    " 0: none past 10 ms)"}),
         Row("keyed calls over PostgreSQL, 100 connections", "calls/s", "higher",
             [keyed(k) for k in bp.KEYED], ratios=PG_KEYED_RATIOS,
             extras={"server_cpu_ns": "ns of server CPU per call (the server's process)",

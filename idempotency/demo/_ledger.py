@@ -499,9 +499,11 @@ def make_server(
     heartbeat: float,
     max_connections: int,
     store_wrapper: Callable[[Store], Store] | None = None,
+    one_step: bool = True,
 ) -> Server:
     """The ledger's RPC server (not yet serving). ``store_wrapper`` lets the simulation
-    put a crash switch between the server and its store."""
+    put a crash switch between the server and its store; ``one_step=False`` commits a
+    transfer's claim apart from its effect and record (the benchmarks compare both)."""
     if isinstance(ledger, MemoryLedger):
         store, make_effect, read = _memory_methods(ledger)
     elif ledger.kind == "redis":
@@ -523,7 +525,7 @@ def make_server(
 
     # one_step: the method only builds its effect, so on SQLite the claim, the balance
     # change and the record commit in one transaction (one group commit, not two).
-    @srv.method(idempotent=True, pass_call=True, one_step=True)
+    @srv.method(idempotent=True, pass_call=True, one_step=one_step)
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         _check(src, dst, amount)
         return make_effect(call, src, dst, amount)
