@@ -19,16 +19,16 @@ A keyed call is resent until it is answered (a result, or a status outside the r
 policy's set: final, recorded), or its deadline passes: through lost connections, a
 server's death, GOAWAY and reconnection, on both transports. Those connection events
 are not the server's judgement of the call, so neither ``max_attempts`` nor the
-throttle stops these resends (the throttle protects a struggling server, not a dead
-one); a lost connection or a dial that gave up is charged to the throttle once,
-however many calls it failed. Without a deadline, the resends stop
-``RetryPolicy.resend_budget`` seconds (30) after the call began. A keyed call answered
-with a retryable status by a live server (``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``,
-``ABORTED``) is retried under gRPC A6's rules below. Every error of a keyed call
-carries its key (:attr:`RPCError.key <idempotency.rpc.RPCError.key>`); resending under
-it, ``call(method, *params, idempotency_key=err.key, timeout=t)``, is one new call
-whose attempts share the new deadline ``t``, and answers with the outcome of the one
-run.
+throttle stops these resends: the throttle protects a struggling server, not a dead
+one, and a lost connection or a dial that gave up is charged to it once, however many
+calls it failed. A backoff drawn past the deadline is shortened to half the time left.
+Without a deadline, the resends stop ``RetryPolicy.resend_budget`` seconds (30) after
+the call began. A keyed call answered with a retryable status by a live server
+(``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``, ``ABORTED``) is retried under gRPC A6's rules
+below. Every error of a keyed call carries its key
+(:attr:`RPCError.key <idempotency.rpc.RPCError.key>`); resending under it,
+``call(method, *params, idempotency_key=err.key, timeout=t)``, is one new call whose
+attempts share the new deadline ``t``, and answers with the outcome of the one run.
 
 A call without a key whose connection was lost in flight, or that was answered with an
 error that is not a marked refusal (even ``UNAVAILABLE`` raised by the method), is not
@@ -213,6 +213,9 @@ class ClientStatistics:
 
 #: A wait's outcome when the call's deadline came first.
 _EXPIRED: Final = object()
+#: Seconds left to a keyed call's deadline under which it is not resent (no server
+#: could answer in time).
+_LAST_RESEND: Final = 0.002
 _RPC_REPLY: Final = WaitReason.RPC_REPLY
 
 
@@ -477,7 +480,12 @@ class Client:
                 # server runs it at most once per key) until its deadline or budget,
                 # whatever max_attempts and the throttle say; the throttle was charged
                 # once for the connection, not once per call it carried.
-                if gosim.now() + wait >= resend_until:
+                left = resend_until - gosim.now()
+                if deadline != math.inf and wait >= left > _LAST_RESEND:
+                    # A backoff drawn past the deadline is cut short, not the call: the
+                    # last resend goes with half the time left.
+                    wait = left / 2
+                if wait >= left:
                     if deadline != math.inf:
                         self._count_error(Status.DEADLINE_EXCEEDED)
                         raise CallTimeout(

@@ -8,6 +8,7 @@ Real processes, real sockets on 127.0.0.1, real SQLite files; every wait is boun
 
 from __future__ import annotations
 
+import random
 import socket
 import sqlite3
 from pathlib import Path
@@ -301,3 +302,30 @@ def test_keyed_calls_move_to_a_new_connection_after_a_goaway(
     assert on_b >= n_calls  # every call was resent to B, which waited for A's run
     assert stats.throttled == 0 and stats.lost_in_flight == n_calls
     assert stats.throttle_failures <= stats.connections_lost < n_calls
+
+
+def test_a_keyed_call_is_resent_up_to_its_deadline_whatever_the_backoff_draws() -> None:
+    """Backoffs drawn longer than the time left (5 s against 0.5 s) are cut short: the
+    keyed call keeps being resent until its deadline, and ends as CallTimeout."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{s.getsockname()[1]}"
+
+    async def main() -> tuple[tuple[str, str, str | None], ClientStatistics]:
+        c = Client(
+            addr,
+            connect_attempts=1,
+            retry=RetryPolicy(initial_backoff=5.0, max_backoff=5.0),
+            rng=random.Random(3),
+        )
+        try:
+            await c.call("charge", "acct-1", 5, "EUR", idempotency_key="k-late", timeout=0.5)
+            raise AssertionError("a call reached no server and returned")
+        except CallTimeout as exc:
+            got = _outcome(exc)
+        return got, c.statistics()
+
+    (kind, message, key), stats = run_bounded(main)
+    assert (kind, key) == ("CallTimeout", "k-late")
+    assert "deadline exceeded before resend" in message
+    assert stats.attempts >= 3 and stats.throttled == 0
