@@ -84,6 +84,10 @@ class RPCError(Exception):
             return Unavailable(info.message, info.data)
         return cls(info.code, info.message, info.data, peer_type=info.peer_type)
 
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        return base if self.key is None else f"{base[:-1]}, key={self.key!r})"
+
     def __str__(self) -> str:
         name = self.type_name
         head = f"{self.status.name}" if self.status.value == self.code else f"code {self.code}"

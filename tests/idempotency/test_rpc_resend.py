@@ -204,7 +204,7 @@ def test_a_generated_key_travels_with_its_timeout_and_a_resend_gets_the_one_outc
 
     err, again, ran = run_bounded(main)
     assert isinstance(err.key, str) and len(err.key) == 32  # generated: 128 random bits
-    assert f"resend under key {err.key!r}" in str(err)
+    assert f"resend under key {err.key!r}" in str(err) and f"key={err.key!r}" in repr(err)
     assert (again.result, again.key, again.replayed) == (70, err.key, True)
     assert ran == 1
 
