@@ -8,16 +8,33 @@ When a call is sent again
 -------------------------
 A retry is safe only when running the method twice cannot happen, so the client asks
 two questions. Did the method provably never start? (The request could not be queued
-on a live connection, or the server refused it before dispatch and marked the refusal
-so, ``{"refused": true}``: a mark only the server sets, never a method, whatever
-status the method raises.) Then any call may be sent again. Does the call carry an
-idempotency key? Then it is sent again, with the same key, after a lost connection or
-any status in the policy's retryable set: the server runs it at most once and answers
-a repeat with the stored outcome (flagged ``replayed``). A call without a key whose
-connection was lost in flight, or that was answered with an error that is not a
-marked refusal (even ``UNAVAILABLE`` raised by the method), is not sent again: lost in
-flight it fails with :class:`~idempotency.rpc.Unavailable`, saying it may or may not
-have run.
+on a live connection, or the server refused it before dispatch as it went away and
+marked the refusal so, ``{"refused": true}``: a mark only the server sets, never a
+method, whatever status the method raises.) Then any call may be sent again. Does the
+call carry an idempotency key? Then it may be sent again whatever happened to it: the
+server runs it at most once per key and answers a repeat with the stored outcome
+(flagged ``replayed``).
+
+A keyed call is resent until it is answered (a result, or a status outside the retry
+policy's set: final, recorded), or its deadline passes: through lost connections, a
+server's death, GOAWAY and reconnection, on both transports. Those connection events
+are not the server's judgement of the call, so neither ``max_attempts`` nor the
+throttle stops these resends: the throttle protects a struggling server, not a dead
+one, and a lost connection or a dial that gave up is charged to it once, however many
+calls it failed. A backoff drawn past the deadline is shortened to half the time left.
+Without a deadline, the resends stop ``RetryPolicy.resend_budget`` seconds (30) after
+the call began. A keyed call answered with a retryable status by a live server
+(``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``, ``ABORTED``) is retried under gRPC A6's rules
+below. Every error of a keyed call carries its key
+(:attr:`RPCError.key <idempotency.rpc.RPCError.key>`); resending under it,
+``call(method, *params, idempotency_key=err.key, timeout=t)``, is one new call whose
+attempts share the new deadline ``t``, and answers with the outcome of the one run.
+
+A call without a key whose connection was lost in flight, or that was answered with an
+error that is not a marked refusal (even ``UNAVAILABLE`` raised by the method), is not
+sent again (at most once): lost in flight, or past its deadline once sent, it fails
+(:class:`~idempotency.rpc.Unavailable`, :class:`~idempotency.rpc.CallTimeout`)
+saying it may or may not have run.
 
 Plain msgpack-rpc peers
 -----------------------
@@ -34,13 +51,16 @@ message (:attr:`~idempotency.rpc.RPCError.peer_type`).
 
 How often, and when (gRPC's A6 retry design)
 --------------------------------------------
-:class:`RetryPolicy`: at most ``max_attempts`` transmissions; before retry *n* the
+:class:`RetryPolicy`: at most ``max_attempts`` transmissions (for a keyed call, at most
+``max_attempts`` answered with a retryable status; its resends after connection events
+are bounded by its deadline instead, above); before retry *n* the
 client waits ``uniform(0, min(initial_backoff * multiplier**(n-1), max_backoff))``
 (full jitter, so clients that failed together do not return together); never past
 the call's deadline. :class:`RetryThrottle`: a token bucket per client (start full at
 ``max_tokens``, each failed attempt takes one, each success gives back
-``token_ratio``); retries stop while it holds half or less, so a sick server sees
-about one retry per ten calls instead of ``max_attempts`` times its load.
+``token_ratio``; a lost connection or a failed dial takes one, not one per call);
+retries stop while it holds half or less, so a sick server sees about one retry per
+ten calls instead of ``max_attempts`` times its load.
 
 A call's ``timeout`` bounds the whole call, retries and reconnects included; each
 transmission tells the server how much of it is left, and the server cancels the
@@ -98,7 +118,11 @@ class RetryPolicy:
     ``retryable_codes`` apply to calls with an idempotency key; calls without one are
     retried only when the method provably never started (never sent, or a refusal the
     server marked as made before dispatch; see the module docstring), never on a
-    status alone.
+    status alone. ``max_attempts`` bounds an unkeyed call's transmissions, and a keyed
+    call's transmissions answered with one of ``retryable_codes``; a keyed call is
+    resent after connection events (a lost connection, a failed dial, a GOAWAY's
+    refusal) until its deadline, or, without one, for ``resend_budget`` seconds from
+    the call's start. The backoff applies to every resend.
     """
 
     max_attempts: int = 5
@@ -108,6 +132,7 @@ class RetryPolicy:
     retryable_codes: frozenset[int] = frozenset(
         {Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED}
     )
+    resend_budget: float = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
@@ -116,6 +141,10 @@ class RetryPolicy:
             raise ValueError("initial_backoff and max_backoff must be > 0")
         if not self.backoff_multiplier >= 1:
             raise ValueError("backoff_multiplier must be >= 1")
+        if not 0 < self.resend_budget < math.inf:
+            raise ValueError(
+                f"resend_budget must be a finite number of seconds > 0, not {self.resend_budget!r}"
+            )
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         """The wait before retry number ``retry`` (1 for the first retry)."""
@@ -170,10 +199,23 @@ class ClientStatistics:
     # side declared it dead); the rest of connections_lost the server or the network
     # ended.
     servers_found_dead: int = 0
+    # Calls waiting on a connection when it was lost (keyed ones are resent), against
+    # connections_lost, which counts the connections.
+    lost_in_flight: int = 0
+    # Dials that gave up (after connect_attempts tries), each once however many calls
+    # waited for it.
+    connect_failures: int = 0
+    # Failures charged to the RetryThrottle: one per retryable status answer, one per
+    # lost connection that carried calls and one per dial that gave up (not one per call
+    # such an event failed).
+    throttle_failures: int = 0
 
 
 #: A wait's outcome when the call's deadline came first.
 _EXPIRED: Final = object()
+#: Seconds left to a keyed call's deadline under which it is not resent (no server
+#: could answer in time).
+_LAST_RESEND: Final = 0.002
 _RPC_REPLY: Final = WaitReason.RPC_REPLY
 
 
@@ -321,9 +363,22 @@ class Client:
     ) -> Any:
         """Call ``method(*params)`` on the server and return its result.
 
+        ``timeout`` (default: the client's) is one deadline over all the call's
+        attempts, reconnects and backoffs included. A keyed call (``idempotency_key``,
+        or a method of ``idempotent_methods``, or ``idempotent=True``: a key is
+        generated) is resent under its key through lost connections, a dead server,
+        GOAWAY and reconnection, until it is answered or its deadline passes (without a
+        timeout: for the retry policy's ``resend_budget``); the server runs it at most
+        once per key. A call without a key is sent again only when it provably never
+        started: lost in flight it fails, saying it may or may not have run.
+
         Raises :class:`~idempotency.rpc.RPCError` for an error response (typed:
         :class:`~idempotency.rpc.CallTimeout` when the deadline passes,
-        :class:`~idempotency.rpc.Unavailable` when no server could take the call).
+        :class:`~idempotency.rpc.Unavailable` when no server could take the call). Every
+        error of a keyed call carries its key (``err.key``):
+        ``call(method, *params, idempotency_key=err.key, timeout=t)`` resends it, as one
+        new call with its own deadline ``t``, and returns the outcome of its one run
+        (running it now if no earlier attempt reached the method).
         """
         res = await self.call_result(
             method, *params, idempotency_key=idempotency_key, idempotent=idempotent, timeout=timeout
@@ -339,8 +394,6 @@ class Client:
         timeout: float | None = None,
     ) -> CallResult:
         """As :meth:`call`, returning a :class:`CallResult` (replayed, attempts, key)."""
-        if self._closed:
-            raise Unavailable("client is closed")
         keyed = idempotency_key is not None or (
             idempotent if idempotent is not None else method in self.idempotent_methods
         )
@@ -348,11 +401,31 @@ class Client:
         if keyed and key is None:
             key = f"{self.rng.getrandbits(128):032x}"
         timeout = self.timeout if timeout is None else timeout
+        try:
+            if self._closed:
+                raise Unavailable("client is closed")
+            return await self._call(method, params, key, timeout)
+        except RPCError as exc:
+            # Every error of a keyed call names its key (generated ones included): the
+            # caller resends under it to learn the outcome without running it twice.
+            exc.key = key
+            raise
+
+    async def _call(
+        self, method: str, params: tuple[Any, ...], key: str | None, timeout: float | None
+    ) -> CallResult:
+        """The attempts of one call, by the rules of the module docstring."""
+        keyed = key is not None
+        policy = self.retry
         now = gosim.now()
         deadline = math.inf if timeout is None else now + timeout
+        # A keyed call is resent after connection events until its deadline; without
+        # one, for the policy's resend budget (a caller never waits forever).
+        resend_until = deadline if deadline != math.inf else now + policy.resend_budget
         stats = self._stats
         stats.calls += 1
         attempt = 0
+        answered = 0  # attempts answered with a retryable status (A6's max_attempts)
         while True:
             attempt += 1
             stats.attempts += 1
@@ -362,41 +435,91 @@ class Client:
                 if outcome.replayed:
                     stats.replays += 1
                 return CallResult(outcome.result, outcome.replayed, attempt, key)
+            # event: the connection failed the call, not the server's judgement of it (not
+            # sent, lost in flight, or refused by a server going away, before dispatch).
+            event = False
             if type(outcome) is _ErrorReply:
                 info = outcome.info
-                # A status alone never proves the method did not start (a method may
-                # raise any status): only the server's refusal mark does.
-                retryable = outcome.refused or (keyed and info.code in self.retry.retryable_codes)
                 error: RPCError = RPCError.from_info(info)
+                if outcome.refused:
+                    # Only the server sets the mark, and only before dispatch, as it goes
+                    # away (a GOAWAY's refusal): the method never started.
+                    event = retryable = True
+                elif keyed and info.code in policy.retryable_codes:
+                    # A live server's answer that the call may be tried again: gRPC A6's
+                    # rules (max_attempts, the throttle) protect a struggling server. A
+                    # status alone never proves an unkeyed method did not start.
+                    retryable = True
+                    answered += 1
+                    self._charge_throttle()
+                else:
+                    retryable = False
             else:
                 assert isinstance(outcome, _Failed)
-                retryable = outcome.sent is False or keyed
                 if outcome.sent is False:
+                    event = retryable = True
                     error = Unavailable(f"could not send the call: {outcome.reason}")
+                elif keyed:
+                    event = retryable = True
+                    error = Unavailable(
+                        f"connection lost with the call in flight ({outcome.reason})"
+                    )
                 else:
+                    retryable = False
                     error = Unavailable(
                         f"connection lost with the call in flight ({outcome.reason}); it has "
                         "no idempotency key, so it was not sent again: it may or may not "
                         "have run"
-                        if not keyed
-                        else f"connection lost with the call in flight ({outcome.reason})"
                     )
-            if retryable:
-                self.throttle.record_failure()
-            if not retryable or attempt >= self.retry.max_attempts:
+            if not retryable or self._closed:  # closed: no connection will take it
                 self._count_error(error.code)
                 raise error
-            if not self.throttle.allows_retry():
-                stats.throttled += 1
-                self._count_error(error.code)
-                raise error
-            wait = self.retry.backoff(attempt, self.rng)
-            if gosim.now() + wait >= deadline:
-                self._count_error(Status.DEADLINE_EXCEEDED)
-                raise CallTimeout(f"deadline exceeded before retry {attempt}: last error {error}")
+            wait = policy.backoff(attempt, self.rng)
+            if event and keyed:
+                # A lost connection, a dead or departing server: the call is resent (the
+                # server runs it at most once per key) until its deadline or budget,
+                # whatever max_attempts and the throttle say; the throttle was charged
+                # once for the connection, not once per call it carried.
+                left = resend_until - gosim.now()
+                if deadline != math.inf and wait >= left > _LAST_RESEND:
+                    # A backoff drawn past the deadline is cut short, not the call: the
+                    # last resend goes with half the time left.
+                    wait = left / 2
+                if wait >= left:
+                    if deadline != math.inf:
+                        self._count_error(Status.DEADLINE_EXCEEDED)
+                        raise CallTimeout(
+                            f"deadline exceeded before resend {attempt}: last error {error}"
+                        )
+                    self._count_error(Status.UNAVAILABLE)
+                    raise Unavailable(
+                        f"no answer within the resend budget of {policy.resend_budget:g} s "
+                        f"({attempt} attempts): last error {error}"
+                    )
+            else:
+                tries = answered if keyed else attempt
+                if tries >= policy.max_attempts:
+                    self._count_error(error.code)
+                    raise error
+                if not self.throttle.allows_retry():
+                    stats.throttled += 1
+                    self._count_error(error.code)
+                    raise error
+                if gosim.now() + wait >= deadline:
+                    self._count_error(Status.DEADLINE_EXCEEDED)
+                    raise CallTimeout(
+                        f"deadline exceeded before retry {attempt}: last error {error}"
+                    )
             stats.retries += 1
             await gosim.sleep(wait)
             now = gosim.now()
+
+    def _charge_throttle(self) -> None:
+        """One failure for the retry throttle: a retryable status answer, a lost
+        connection that carried calls, or a dial that gave up (each once, however many
+        calls it failed)."""
+        self.throttle.record_failure()
+        self._stats.throttle_failures += 1
 
     async def notify(self, method: str, *params: Any) -> None:
         """Send a notification (no response; delivered at most once)."""
@@ -427,6 +550,9 @@ class Client:
             s.throttled,
             dict(s.errors),
             s.servers_found_dead,
+            s.lost_in_flight,
+            s.connect_failures,
+            s.throttle_failures,
         )
 
     # ------------------------------------------------------------------ one attempt
@@ -505,7 +631,12 @@ class Client:
             outcome = await waiter.wait(_RPC_REPLY)
             if outcome is _EXPIRED:
                 self._count_error(Status.DEADLINE_EXCEEDED)
-                raise CallTimeout(f"no reply within {timeout} s")
+                raise CallTimeout(
+                    f"no reply within {timeout} s"
+                    if key is not None  # the error's text says what a key means
+                    else f"no reply within {timeout} s; the call has no idempotency key: "
+                    "it may or may not have run"
+                )
         finally:
             self._pending.pop(msgid, None)
         if type(outcome) is Response:
@@ -606,6 +737,11 @@ class Client:
             self._connecting = Chan()
             try:
                 self._link = await self._connect()
+            except Unavailable:
+                # One event for the throttle, however many calls wait for this dial.
+                self._stats.connect_failures += 1
+                self._charge_throttle()
+                raise
             finally:
                 done, self._connecting = self._connecting, None
                 done.close()
@@ -755,9 +891,17 @@ class Client:
         self._stats.connections_lost += 1
         if self._link is link:
             self._link = None
+        carried = 0
         for waiter, on in list(self._pending.values()):
             if on is link:
+                carried += 1
                 waiter.settle(_Lost(reason))
+        if carried and not self._closed:
+            # One event for the throttle, however many calls the connection carried:
+            # counted per call, one dead server's connection would empty the bucket and
+            # stop the resends that exist for exactly this case.
+            self._stats.lost_in_flight += carried
+            self._charge_throttle()
         self._end_handshake(link, False)
         if link.stream is not None:
             link.stream.close(reason)
