@@ -378,6 +378,7 @@ class PostgresStore(BatchedOneStepStore):
         sweep_every: int = 64,
     ) -> None:
         self.dsn = dsn
+        _check_schema(schema)
         self.schema = schema
         try:
             info = conninfo_to_dict(dsn)
@@ -395,9 +396,11 @@ class PostgresStore(BatchedOneStepStore):
         self._clock = clock
         self._pool_timeout = pool_timeout
         self._retries = retries
-        if not lock_timeout > 0:
+        if not 0 < lock_timeout <= _MAX_LOCK_TIMEOUT:
             raise ValueError(
-                f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
+                f"lock_timeout must be a positive number of seconds of at most"
+                f" {_MAX_LOCK_TIMEOUT} (PostgreSQL's lock_timeout is an int of"
+                f" milliseconds), not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
         if (
@@ -448,6 +451,14 @@ class PostgresStore(BatchedOneStepStore):
             with psycopg.connect(dsn, autocommit=True, **self._params) as conn:
                 doing = "creating the tables"
                 with conn.transaction():
+                    # The server's own truncation, in its encoding (where a name's
+                    # length may differ from UTF-8's): the name must survive it.
+                    kept = conn.execute("SELECT %s::text::name::text", (schema,)).fetchone()
+                    if kept is None or kept[0] != schema:
+                        raise ValueError(
+                            _schema_too_long(schema)
+                            + f" (in the server's encoding it keeps {kept and kept[0]!r})"
+                        )
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     for stmt in _schema(schema_id, self._records, self._fence_seq):
                         conn.execute(stmt)
@@ -906,7 +917,9 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
     """Whether ``schema`` of the database at ``dsn`` holds a store's records table,
     looked up without creating anything (``python -m idempotency`` asks before opening
     a store, which would create its tables). Blocking. ValueError for a connection
-    string libpq refuses; StoreUnavailable when the server cannot be reached."""
+    string libpq refuses or a schema no store can have (as :class:`PostgresStore`
+    says); StoreUnavailable when the server cannot be reached."""
+    _check_schema(schema)
     try:
         with psycopg.connect(
             dsn, connect_timeout=max(1, math.ceil(connect_timeout)), autocommit=True
@@ -923,6 +936,36 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
 
 
 _SCHEMA_LOCK: Final = 0x1DE4_7051  # the advisory lock taken while creating tables
+#: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1): it truncates a longer
+#: one silently, so two schemas that differ only past it would be one.
+MAX_IDENTIFIER_BYTES: Final = 63
+#: The longest lock_timeout, in seconds: the setting is an int of milliseconds.
+_MAX_LOCK_TIMEOUT: Final = 2_147_483.647
+
+
+def _check_schema(schema: object) -> None:
+    """ValueError unless ``schema`` is a name PostgreSQL keeps as it is: a str of 1 to
+    :data:`MAX_IDENTIFIER_BYTES` bytes in UTF-8, without NUL. Refused rather than made
+    unique (a digest appended): the schema is the operator's, named in their SQL, their
+    ``search_path`` and ``python -m idempotency``'s URL, so it must be the name given."""
+    if not isinstance(schema, str):
+        raise ValueError(f"PostgresStore: schema must be a str, not {type(schema).__name__}")
+    if not schema or "\0" in schema:
+        raise ValueError(
+            f"PostgresStore: schema must be a non-empty name without NUL, not {schema!r}"
+        )
+    if len(schema.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(_schema_too_long(schema))
+
+
+def _schema_too_long(schema: str) -> str:
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    return (
+        f"PostgresStore: schema {schema!r:.80} is {size} bytes long in UTF-8 ({len(schema)}"
+        f" characters); PostgreSQL keeps at most {MAX_IDENTIFIER_BYTES} bytes of a name and"
+        " truncates the rest silently, so two schemas that differ only past them would"
+        " share one records table"
+    )
 
 
 def _quote(name: str) -> str:
