@@ -12,6 +12,14 @@ Layout: ``{schema}.idempotency_records`` (primary key ``(caller, key)``, an inde
 are created when missing (under an advisory lock, so processes starting together do
 not race). A ``schema`` other than ``public`` is also put first on the store's
 connections' ``search_path``, so an effect's unqualified table names resolve there.
+The schema is at most 63 bytes (``MAX_IDENTIFIER_BYTES``: PostgreSQL truncates a longer
+name silently, and two stores whose schemas differ only past it would share one
+table), not empty and without NUL: anything else is refused at construction with a
+ValueError, not made unique (it is the operator's name, used in their SQL). The names
+built from it (``idempotency_records``, its index and constraints, the sequence) are
+fixed and short. Callers, keys and outcomes are bounded as for every store (see
+"Limits" in ``_contract``): a key past PostgreSQL's btree entry limit (2,704 bytes)
+would otherwise fail its whole batch.
 
 Durability and group commit
 ---------------------------
@@ -345,7 +353,9 @@ class PostgresStore(BatchedOneStepStore):
     before its connection is given up (see the module docstring); it should exceed
     ``lock_timeout`` plus the longest effect's SQL, which it includes.
     ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
-    connections (name the service).
+    connections (name the service; the server keeps its first 63 bytes).
+    ``schema``: 1 to 63 bytes of UTF-8, without NUL (ValueError else: see the module
+    docstring); ``lock_timeout`` at most 2,147,483.647 s (the server's int of ms).
     ``clock``: None for the server's clock (the right choice with several processes); a
     function replaces it (tests; a runtime on a virtual clock needs one: see "Runtimes"
     in the module docstring, and :class:`RuntimeError` without it).
