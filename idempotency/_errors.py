@@ -41,8 +41,10 @@ class InvalidKey(IdempotencyError, ValueError):
     """The idempotency key or the caller identity is malformed.
 
     Raised by ``Idempotency.run`` before anything is stored. A key is 1-255 printable
-    ASCII characters (space to ``~``); a caller is 1-255 printable characters. Fix the
-    client: retrying the same key cannot succeed.
+    ASCII characters (space to ``~``); a caller is 1-255 printable characters. A store's
+    claim raises it too, before the claim joins a batch, for a caller or key that is not
+    a str of at most 255 characters (the stores' bound). Fix the client: retrying the
+    same key cannot succeed.
     """
 
 
@@ -58,7 +60,8 @@ class InvalidRequest(IdempotencyError, TypeError):
 
 class InvalidResult(IdempotencyError, TypeError):
     """The handler's result (or its effect's result) cannot be recorded: it is not
-    msgpack-serialisable or is larger than the store's result limit.
+    msgpack-serialisable or is larger than the result limit (``max_result_bytes``; a
+    store refuses an outcome past ``stores.MAX_PAYLOAD_BYTES`` itself).
 
     Raised only when nothing was recorded and no store effect stayed: the claim was
     released, and the effect was rolled back (SQLite) or had written nothing (a plain

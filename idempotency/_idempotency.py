@@ -89,6 +89,7 @@ from ._outcome import _packb as _outcome_packb
 from ._record import ClaimKind, ClaimResult, Record
 from ._waiter import await_done
 from .stores import (
+    MAX_PAYLOAD_BYTES,
     CallbackStore,
     Completion,
     Effect,
@@ -196,7 +197,9 @@ class Idempotency:
     and this one's completion is refused with :class:`StaleClaim`. ``math.inf`` (for
     ``ttl`` or ``lease``) never expires, on every store. ``wait``: the default for
     :meth:`run`.
-    ``max_args_bytes`` / ``max_result_bytes`` bound the encoded request and outcome.
+    ``max_args_bytes`` / ``max_result_bytes`` bound the encoded request and outcome;
+    ``max_result_bytes`` may be at most ``stores.MAX_PAYLOAD_BYTES`` (256 MiB), the
+    largest outcome every store records (ValueError at construction else).
     """
 
     def __init__(
@@ -211,6 +214,14 @@ class Idempotency:
     ) -> None:
         if not ttl > 0 or not lease > 0:
             raise ValueError(f"ttl and lease must be positive, not {ttl!r} and {lease!r}")
+        if not (
+            isinstance(max_result_bytes, (int, float)) and max_result_bytes <= MAX_PAYLOAD_BYTES
+        ):  # NaN is not: it would let every outcome through
+            raise ValueError(
+                f"max_result_bytes must be a number of at most {MAX_PAYLOAD_BYTES} bytes"
+                " (stores.MAX_PAYLOAD_BYTES: the largest outcome every store records,"
+                f" within Redis' and PostgreSQL's limits), not {max_result_bytes!r}"
+            )
         self._store = store
         # A store whose operations never wait is called without a coroutine per operation.
         self._sync_store = store if isinstance(store, SynchronousStore) else None

@@ -67,6 +67,8 @@ static PyObject *sha256;            /* the SHA-256 constructor _keys uses */
 static PyObject *heads;             /* _keys._HEADS: encoded "[operation," prefixes */
 static PyObject *py_claim_step;     /* memory._claim_step(table, caller, key, fp, lease) */
 static PyObject *py_complete_step;  /* memory._complete_step(table, caller, key, fence, c) */
+static Py_ssize_t memory_max_key = -1;     /* _contract.MAX_KEY_LENGTH */
+static Py_ssize_t memory_max_payload = -1; /* _contract.MAX_PAYLOAD_BYTES */
 static PyObject *str_digest;
 /* Each module hands over its part when it imports (configure_record, _keys, _memory). */
 enum {
@@ -199,13 +201,18 @@ configure_keys(PyObject *module, PyObject *args, PyObject *kwds)
 static PyObject *
 configure_memory(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"claim_step", "complete_step", NULL};
+    static char *kwlist[] = {"claim_step", "complete_step", "max_key_length",
+                             "max_payload_bytes", NULL};
     PyObject *o[2];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &o[0], &o[1])) {
+    Py_ssize_t max_key, max_payload;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOnn", kwlist, &o[0], &o[1], &max_key,
+                                     &max_payload)) {
         return NULL;
     }
     take(&py_claim_step, o[0]);
     take(&py_complete_step, o[1]);
+    memory_max_key = max_key;
+    memory_max_payload = max_payload;
     configured |= MEMORY_PART;
     Py_RETURN_NONE;
 }
@@ -395,7 +402,7 @@ static PyMethodDef methods[] = {
     {"configure_keys", (PyCFunction)(void (*)(void))configure_keys,
      METH_VARARGS | METH_KEYWORDS, "Hand over _keys' packer, hash, prefix cache and reference."},
     {"configure_memory", (PyCFunction)(void (*)(void))configure_memory,
-     METH_VARARGS | METH_KEYWORDS, "Hand over MemoryStore's reference steps."},
+     METH_VARARGS | METH_KEYWORDS, "Hand over MemoryStore's reference steps and the stores' limits."},
     {"claim", (PyCFunction)(void (*)(void))claim, METH_FASTCALL | METH_KEYWORDS,
      "claim(record, fingerprint, now, lease, fence) -> ClaimResult (_record.claim)."},
     {"complete", (PyCFunction)(void (*)(void))complete, METH_FASTCALL | METH_KEYWORDS,

@@ -154,7 +154,10 @@ MemoryTable_claim(MemoryTable *self, PyObject *const *args, Py_ssize_t nargs, Py
     if (kwnames != NULL || nargs != 4) {  /* the reference parses (or refuses) them */
         return call_step(py_claim_step, self, args, nargs, kwnames);
     }
-    if (!PyFloat_CheckExact(args[3])) {
+    /* A caller or key past the stores' limit: the reference refuses it. */
+    if (!PyFloat_CheckExact(args[3]) || !PyUnicode_CheckExact(args[0])
+        || PyUnicode_GET_LENGTH(args[0]) > memory_max_key || !PyUnicode_CheckExact(args[1])
+        || PyUnicode_GET_LENGTH(args[1]) > memory_max_key) {
         goto reference;
     }
     lease = PyFloat_AS_DOUBLE(args[3]);
@@ -206,6 +209,7 @@ MemoryTable_complete(MemoryTable *self, PyObject *const *args, Py_ssize_t nargs,
     double ttl, now;
     if (!PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 5 || PyTuple_GET_ITEM(c, 2) != Py_None
         || !PyBytes_CheckExact(PyTuple_GET_ITEM(c, 1))
+        || PyBytes_GET_SIZE(PyTuple_GET_ITEM(c, 1)) > memory_max_payload  /* refused there */
         || !PyFloat_CheckExact(PyTuple_GET_ITEM(c, 3))) {
         goto reference;
     }

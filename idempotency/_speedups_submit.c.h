@@ -3,9 +3,10 @@
  * idempotency/stores/_batch.py's BatchedStore.claim_later and complete_later (the
  * callback forms of the batched stores' claim and complete).
  *
- * Their common case -- a lease, or a completion without an effect whose payload is
- * bytes and whose ttl is a positive number, as the Python methods' inline checks accept
- * them -- is the Op built and handed to the store's GroupCommitter as submit_later
+ * Their common case -- a lease and a caller and key of at most MAX_KEY_LENGTH
+ * characters, or a completion without an effect whose payload is bytes of at most
+ * MAX_PAYLOAD_BYTES and whose ttl is a positive number, as the Python methods' inline
+ * checks accept them -- is the Op built and handed to the store's GroupCommitter as submit_later
  * does: the Op's callback set, then appended to the pending batch when a leader of
  * this runtime runs, else given to _enqueue. Every other case (an argument to refuse,
  * an effect, a call of another shape) is the Python method's, which stays the
@@ -23,21 +24,25 @@ static PyObject *claim_kind, *complete_kind;          /* OpKind.CLAIM, OpKind.CO
 static PyObject *py_call_done;                        /* _batch._call_done */
 static PyObject *py_submit_runtime;                   /* gosim.lowlevel.current_runtime */
 static PyTypeObject *SubmitCompletionType;            /* _contract.Completion */
+static Py_ssize_t submit_max_key = -1;                /* _contract.MAX_KEY_LENGTH */
+static Py_ssize_t submit_max_payload = -1;            /* _contract.MAX_PAYLOAD_BYTES */
 static PyObject *str__committer, *str_on_settle, *str__leading, *str__rt, *str__pending,
     *str__enqueue;
 
 /* configure_submit(claim_later, complete_later, claim, complete, completion, call_done,
- * current_runtime) -> whether claim_later and complete_later may stand for
- * BatchedStore's. */
+ * current_runtime, max_key_length, max_payload_bytes) -> whether claim_later and
+ * complete_later may stand for BatchedStore's. */
 static PyObject *
 configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"claim_later", "complete_later", "claim", "complete",
-                             "completion", "call_done", "current_runtime", NULL};
+                             "completion", "call_done", "current_runtime",
+                             "max_key_length", "max_payload_bytes", NULL};
     PyObject *claim_later, *complete_later, *claim, *complete, *completion, *done, *rt;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!OO", kwlist, &claim_later,
+    Py_ssize_t max_key, max_payload;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!OOnn", kwlist, &claim_later,
                                      &complete_later, &claim, &complete, &PyType_Type,
-                                     &completion, &done, &rt)) {
+                                     &completion, &done, &rt, &max_key, &max_payload)) {
         return NULL;
     }
     if (!PyType_IsSubtype((PyTypeObject *)completion, &PyTuple_Type)) {
@@ -60,6 +65,8 @@ configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
     take(&py_call_done, done);
     take(&py_submit_runtime, rt);
     Py_XSETREF(SubmitCompletionType, (PyTypeObject *)Py_NewRef(completion));
+    submit_max_key = max_key;
+    submit_max_payload = max_payload;
     configured |= SUBMIT_PART;
     Py_RETURN_TRUE;
 }
@@ -72,6 +79,14 @@ positive_number(PyObject *v)
         return PyFloat_AS_DOUBLE(v) > 0;
     }
     return PyLong_CheckExact(v) && PyObject_RichCompareBool(v, ZERO, Py_GT) == 1;
+}
+
+/* A caller or key as the inline checks pass it: an exact str of at most MAX_KEY_LENGTH
+ * characters (anything else is bad_caller_or_key's to judge). */
+static int
+short_str(PyObject *v)
+{
+    return PyUnicode_CheckExact(v) && PyUnicode_GET_LENGTH(v) <= submit_max_key;
 }
 
 /* A call (store, caller, key, x, y, done) of either method: the Op (kind, (caller, key,
@@ -143,7 +158,8 @@ submit_claim_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     if (check_configured(OP_PART | SUBMIT_PART) < 0) {
         return NULL;
     }
-    if (nargs != 6 || kwnames != NULL || !positive_number(args[4])) {
+    if (nargs != 6 || kwnames != NULL || !positive_number(args[4]) || !short_str(args[1])
+        || !short_str(args[2])) {
         return PyObject_Vectorcall(py_claim_later, args, (size_t)nargs, kwnames);
     }
     return submit_op(claim_kind, args);
@@ -163,6 +179,7 @@ submit_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
         || PyTuple_GET_SIZE(c) != COMPLETION_SIZE
         || PyTuple_GET_ITEM(c, COMPLETION_EFFECT) != Py_None
         || !PyBytes_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD))
+        || PyBytes_GET_SIZE(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD)) > submit_max_payload
         || !positive_number(PyTuple_GET_ITEM(c, COMPLETION_TTL))) {
         return PyObject_Vectorcall(py_complete_later, args, (size_t)nargs, kwnames);
     }

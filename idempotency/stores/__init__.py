@@ -7,11 +7,14 @@ psycopg are needed only by those who use them.
 
 For ``Idempotency`` and for authors of a store, the contract's two helpers are here too:
 ``deliver`` (the callback APIs' fallback: await a step, then call back) and
-``new_completion`` (a :class:`Completion` built in one C call).
+``new_completion`` (a :class:`Completion` built in one C call). ``MAX_KEY_LENGTH`` and
+``MAX_PAYLOAD_BYTES`` are the limits every store enforces (see ``_contract``).
 """
 
 from typing import TYPE_CHECKING, Any
 
+from ._contract import MAX_KEY_LENGTH as MAX_KEY_LENGTH
+from ._contract import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
 from ._contract import CallbackStore as CallbackStore
 from ._contract import Completion as Completion
 from ._contract import Effect as Effect
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
     from .redis import RedisStore as RedisStore
 
 __all__ = [
+    "MAX_KEY_LENGTH",
+    "MAX_PAYLOAD_BYTES",
     "CallbackStore",
     "Completion",
     "Effect",

@@ -63,11 +63,14 @@ from .._accel import speedups as _speedups
 from .._errors import CorruptedRecord, StaleClaim
 from .._record import ClaimResult, Record, release, renew, state_at
 from ._contract import (
+    MAX_KEY_LENGTH,
+    MAX_PAYLOAD_BYTES,
     CallbackStore,
     Completion,
     Effect,
     OneStepStore,
     StoreStatistics,
+    bad_caller_or_key,
     bad_completion,
     bad_duration,
 )
@@ -449,8 +452,16 @@ class BatchedStore(CallbackStore):
         lease: float,
         done: Callable[[ClaimResult | None, BaseException | None], None],
     ) -> None:
-        if not ((type(lease) is float or type(lease) is int) and lease > 0):  # bad_duration's
-            bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        if not (
+            # bad_duration's and bad_caller_or_key's common answer, without their frames
+            (type(lease) is float or type(lease) is int)
+            and lease > 0
+            and type(caller) is str
+            and len(caller) <= MAX_KEY_LENGTH
+            and type(key) is str
+            and len(key) <= MAX_KEY_LENGTH
+        ):
+            bad = self._bad_claim(caller, key, lease)
             if bad is not None:
                 done(None, bad)
                 return
@@ -469,6 +480,7 @@ class BatchedStore(CallbackStore):
             # bad_completion's and _foreign's common answer, without their frames
             completion.effect is None
             and type(completion.payload) is bytes
+            and len(completion.payload) <= MAX_PAYLOAD_BYTES
             and (type(ttl) is float or type(ttl) is int)
             and ttl > 0
         ):
@@ -484,7 +496,7 @@ class BatchedStore(CallbackStore):
     def claim(
         self, caller: str, key: str, fingerprint: bytes, lease: float
     ) -> Coroutine[Any, Any, ClaimResult]:
-        if (bad := bad_duration(self, "claim", caller, key, "lease", lease)) is not None:
+        if (bad := self._bad_claim(caller, key, lease)) is not None:
             return raise_when_awaited(bad)
         return self._committer.submit(Op(OpKind.CLAIM, (caller, key, fingerprint, lease)))
 
@@ -522,6 +534,11 @@ class BatchedStore(CallbackStore):
         with self._committer._thread_lock:  # not while a batch runs on its thread
             self._close()
 
+    def _bad_claim(self, caller: str, key: str, lease: float) -> Exception | None:
+        """A claim's arguments the store cannot take, named (else None)."""
+        bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        return bad or bad_caller_or_key(self, "claim", caller, key)
+
     def _foreign(self, completion: Completion) -> TypeError | None:
         """The error for an effect of another store's kind (else None)."""
         effect = completion.effect
@@ -544,6 +561,8 @@ if _speedups is not None and _speedups.configure_submit(
     claim=_CLAIM,
     complete=_COMPLETE,
     completion=Completion,
+    max_key_length=MAX_KEY_LENGTH,
+    max_payload_bytes=MAX_PAYLOAD_BYTES,
     call_done=_call_done,
     current_runtime=lowlevel.current_runtime,
 ):
@@ -573,10 +592,16 @@ class BatchedOneStepStore(BatchedStore, OneStepStore):
             and lease > 0
             and (type(ttl) is float or type(ttl) is int)
             and ttl > 0
+            and type(caller) is str
+            and len(caller) <= MAX_KEY_LENGTH
+            and type(key) is str
+            and len(key) <= MAX_KEY_LENGTH
             and (
-                type(completion.payload) is bytes
+                type(completion.payload) is bytes and len(completion.payload) <= MAX_PAYLOAD_BYTES
                 if effect is None
                 else isinstance(effect, self._effect_type)
+                and type(completion.max_result_bytes) is int
+                and completion.max_result_bytes <= MAX_PAYLOAD_BYTES
             )
         ):
             bad = self._bad_step(caller, key, lease, completion)
@@ -607,7 +632,7 @@ class BatchedOneStepStore(BatchedStore, OneStepStore):
         self, caller: str, key: str, lease: float, completion: Completion
     ) -> Exception | None:
         """claim_and_complete's arguments the store cannot take, named (else None)."""
-        bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        bad = self._bad_claim(caller, key, lease)
         return bad or bad_completion(self, caller, key, completion) or self._foreign(completion)
 
 

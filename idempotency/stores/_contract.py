@@ -46,6 +46,35 @@ cannot be applied (an argument the store cannot represent, an effect that raises
 not compile, a corrupted record) fails with an error naming that call, and its
 batch-mates complete as if it had not been there. Only a failure of the store itself (a
 lost connection, a failed commit) fails a whole batch, with :class:`StoreUnavailable`.
+
+Limits, the same for every store, checked at the door: what a store passes to its server
+stays within every server's own limits, so no server refuses it mid-batch (which would
+fail the batch's other calls) and no two stores' records meet.
+
+* **Caller and key**: a claim (``claim``, ``claim_later``, ``claim_and_complete``) refuses
+  a caller or key that is not a str of at most :data:`MAX_KEY_LENGTH` (255) characters,
+  the bound ``validate_caller`` and ``validate_key`` put on them, with
+  :class:`~idempotency.InvalidKey`, before it joins a batch: its batch-mates are
+  untouched. The bound is in characters, the unit the IETF draft states keys in; 255
+  characters are at most 1,020 bytes of UTF-8, so a caller and a key at the bound take
+  at most about 2,050 bytes of an index entry, under PostgreSQL's btree limit (2,704
+  bytes for the primary key's entry) and far under Redis' and SQLite's. The other
+  operations find no record for a longer one (none can be stored).
+* **Outcome**: a completion refuses a payload longer than :data:`MAX_PAYLOAD_BYTES`
+  (256 MiB) with :class:`~idempotency.InvalidResult`, and a ``max_result_bytes`` above
+  it with ValueError, before it joins a batch; ``Idempotency(max_result_bytes=...)``
+  refuses more at construction. The bound is under Redis' largest argument
+  (``proto-max-bulk-len``, 512 MB by default; a server configured lower needs a lower
+  ``max_result_bytes``), PostgreSQL's largest field and message (1 GB, which a payload
+  takes twice over as hex) and SQLite's largest blob (``SQLITE_MAX_LENGTH``, 1e9 bytes).
+  It bounds one call; a batch of several such outcomes may still exceed a server's
+  message limit, so outcomes that large are better kept apart (a small
+  ``max_batch``).
+* **Names**: each store checks what it builds names of at construction, with a
+  ValueError naming the parameter, the limit and the value's length (``PostgresStore``'s
+  ``schema``: 1 to 63 bytes, PostgreSQL's identifier limit, past which it truncates
+  names silently; ``RedisStore``'s ``prefix``: no ``rec:`` in it, which would let one
+  store's keys be another's).
 """
 
 from __future__ import annotations
@@ -53,16 +82,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from gosim import lowlevel
 
-from .._errors import ApplicationError, InvalidResult
+from .._errors import ApplicationError, InvalidKey, InvalidResult
+from .._keys import MAX_KEY_LENGTH
 from .._outcome import encode_error, encode_result, encode_unrecorded
 from .._record import ABSENT, COMPLETED, ClaimResult, Record, state_at
 from .._waiter import await_done
 
 __all__ = [
+    "MAX_KEY_LENGTH",
+    "MAX_PAYLOAD_BYTES",
     "CallbackStore",
     "Completion",
     "Effect",
@@ -70,10 +102,17 @@ __all__ = [
     "StoreStatistics",
     "StoredRecord",
     "SynchronousStore",
+    "bad_caller_or_key",
     "bad_completion",
     "bad_duration",
+    "bad_max_result_bytes",
+    "bad_outcome_size",
     "run_effect",
 ]
+
+
+#: The longest outcome (encoded) any store records: see "Limits" in the module docstring.
+MAX_PAYLOAD_BYTES: Final = 1 << 28
 
 
 class Effect:
@@ -159,15 +198,64 @@ def bad_duration(
     )
 
 
+def bad_caller_or_key(store: object, what: str, caller: object, key: object) -> InvalidKey | None:
+    """The error for a caller or key a store cannot store (not a str, or longer than
+    :data:`MAX_KEY_LENGTH` characters: see "Limits" in the module docstring), naming
+    the call; None when both are good. Checked before a claim joins a batch."""
+    for name, value in (("caller", caller), ("key", key)):
+        if not isinstance(value, str):
+            return InvalidKey(
+                f"{store!r}: {what}: the {name} must be a str, not {type(value).__name__}"
+            )
+        n = str.__len__(value)
+        if n > MAX_KEY_LENGTH:
+            size = len(str.__str__(value).encode("utf-8", "surrogatepass"))
+            return InvalidKey(
+                f"{store!r}: {what} of caller {str.__str__(caller)!r:.60}, key"
+                f" {str.__str__(key)!r:.60}: the {name} is {n} characters ({size} bytes)"
+                f" long; a store takes at most MAX_KEY_LENGTH = {MAX_KEY_LENGTH} characters"
+            )
+    return None
+
+
 def bad_completion(store: object, caller: str, key: str, c: Completion) -> Exception | None:
     """The error for a completion a store cannot record (a bad TTL, an outcome that is
-    not bytes where no effect makes one), naming the call; None when it is good."""
+    not bytes where no effect makes one, or one past :data:`MAX_PAYLOAD_BYTES`, a
+    ``max_result_bytes`` above it), naming the call; None when it is good."""
     if c.effect is None and type(c.payload) is not bytes:
         return TypeError(
-            f"{store!r}: completion of caller {caller!r}, key {key!r}: the payload must be"
-            f" bytes when there is no effect, not {type(c.payload).__name__}"
+            f"{store!r}: completion of caller {caller!r}, key {key!r}: the payload must"
+            f" be bytes when there is no effect, not {type(c.payload).__name__}"
         )
-    return bad_duration(store, "completion", caller, key, "ttl", c.ttl)
+    bad = bad_outcome_size(store, caller, key, c)
+    return bad or bad_duration(store, "completion", caller, key, "ttl", c.ttl)
+
+
+def bad_outcome_size(store: object, caller: str, key: str, c: Completion) -> Exception | None:
+    """The error for a completion whose outcome may exceed :data:`MAX_PAYLOAD_BYTES`: a
+    payload longer (InvalidResult), or with an effect, a ``max_result_bytes`` above it
+    (ValueError); None else. Checked before a completion joins a batch."""
+    if c.effect is None:
+        if isinstance(c.payload, bytes) and len(c.payload) > MAX_PAYLOAD_BYTES:
+            return InvalidResult(
+                f"{store!r}: completion of caller {caller!r}, key {key!r}: the outcome is"
+                f" {len(c.payload)} bytes; a store takes at most MAX_PAYLOAD_BYTES ="
+                f" {MAX_PAYLOAD_BYTES}"
+            )
+    elif bad := bad_max_result_bytes(c.max_result_bytes):
+        return ValueError(f"{store!r}: completion of caller {caller!r}, key {key!r}: {bad}")
+    return None
+
+
+def bad_max_result_bytes(value: object) -> str | None:
+    """Why ``value`` cannot be a ``max_result_bytes`` (not a number, or above
+    :data:`MAX_PAYLOAD_BYTES`), or None."""
+    if isinstance(value, (int, float)) and value <= MAX_PAYLOAD_BYTES:  # NaN is not
+        return None
+    return (
+        f"max_result_bytes must be a number of at most MAX_PAYLOAD_BYTES = {MAX_PAYLOAD_BYTES}"
+        f" (what every store can record), not {value!r}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

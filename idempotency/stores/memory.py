@@ -18,17 +18,31 @@ from .._accel import speedups as _speedups
 from .._errors import InProgress, StaleClaim
 from .._record import ClaimKind, ClaimResult, Record, claim, complete, release, renew, state_at
 from ._contract import (
+    MAX_KEY_LENGTH,
+    MAX_PAYLOAD_BYTES,
     Completion,
     Effect,
     StoredRecord,
     StoreStatistics,
     SynchronousStore,
+    bad_caller_or_key,
+    bad_outcome_size,
     run_effect,
 )
 
 __all__ = ["MemoryEffect", "MemoryStore"]
 
 _CLAIMED = ClaimKind.CLAIMED
+
+
+class _StoreName:
+    """How the table's errors name the store (the store's own repr counts records)."""
+
+    def __repr__(self) -> str:
+        return "MemoryStore"
+
+
+_NAME = _StoreName()
 
 
 class MemoryEffect(Effect):
@@ -77,7 +91,10 @@ def _claim_step(
     table: _MemoryTable, caller: str, key: str, fingerprint: bytes, lease: float
 ) -> ClaimResult:
     """Answer a claim; write the record when it is CLAIMED. (Also the C twin's fallback:
-    ``table`` may be either kind.)"""
+    ``table`` may be either kind.) A caller or key past the stores' limit is refused
+    with InvalidKey, as every store refuses it."""
+    if (bad := bad_caller_or_key(_NAME, "claim", caller, key)) is not None:
+        raise bad
     table.operations += 1
     rk = (caller, key)
     res = claim(table.records.get(rk), fingerprint, table.clock(), lease, table.fence + 1)
@@ -90,7 +107,10 @@ def _claim_step(
 def _complete_step(
     table: _MemoryTable, caller: str, key: str, fence: int, completion: Completion
 ) -> Record:
-    """Record the outcome of claim ``fence``, running a MemoryEffect first."""
+    """Record the outcome of claim ``fence``, running a MemoryEffect first. An outcome
+    past the stores' limit is refused, as every store refuses it."""
+    if (bad := bad_outcome_size(_NAME, caller, key, completion)) is not None:
+        raise bad
     table.operations += 1
     rk = (caller, key)
     now = table.clock()
@@ -109,7 +129,12 @@ def _complete_step(
 
 
 if _speedups is not None:
-    _speedups.configure_memory(claim_step=_claim_step, complete_step=_complete_step)
+    _speedups.configure_memory(
+        claim_step=_claim_step,
+        complete_step=_complete_step,
+        max_key_length=MAX_KEY_LENGTH,
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+    )
     _Table: Any = _speedups.MemoryTable
 else:
     _Table = _MemoryTable

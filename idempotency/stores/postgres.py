@@ -12,6 +12,14 @@ Layout: ``{schema}.idempotency_records`` (primary key ``(caller, key)``, an inde
 are created when missing (under an advisory lock, so processes starting together do
 not race). A ``schema`` other than ``public`` is also put first on the store's
 connections' ``search_path``, so an effect's unqualified table names resolve there.
+The schema is at most 63 bytes (``MAX_IDENTIFIER_BYTES``: PostgreSQL truncates a longer
+name silently, and two stores whose schemas differ only past it would share one
+table), not empty and without NUL: anything else is refused at construction with a
+ValueError, not made unique (it is the operator's name, used in their SQL). The names
+built from it (``idempotency_records``, its index and constraints, the sequence) are
+fixed and short. Callers, keys and outcomes are bounded as for every store (see
+"Limits" in ``_contract``): a key past PostgreSQL's btree entry limit (2,704 bytes)
+would otherwise fail its whole batch.
 
 Durability and group commit
 ---------------------------
@@ -397,7 +405,9 @@ class PostgresStore(BatchedOneStepStore):
     before its connection is given up (see the module docstring); it should exceed
     ``lock_timeout`` plus the longest effect's SQL, which it includes.
     ``application_name``: what the server's ``pg_stat_activity`` shows for the store's
-    connections (name the service).
+    connections (name the service; the server keeps its first 63 bytes).
+    ``schema``: 1 to 63 bytes of UTF-8, without NUL (ValueError else: see the module
+    docstring); ``lock_timeout`` at most 2,147,483.647 s (the server's int of ms).
     ``clock``: None for the server's clock (the right choice with several processes); a
     function replaces it (tests; a runtime on a virtual clock needs one: see "Runtimes"
     in the module docstring, and :class:`RuntimeError` without it).
@@ -430,6 +440,7 @@ class PostgresStore(BatchedOneStepStore):
         sweep_every: int = 64,
     ) -> None:
         self.dsn = dsn
+        _check_schema(schema)
         self.schema = schema
         try:
             info = conninfo_to_dict(dsn)
@@ -447,9 +458,11 @@ class PostgresStore(BatchedOneStepStore):
         self._clock = clock
         self._pool_timeout = pool_timeout
         self._retries = retries
-        if not lock_timeout > 0:
+        if not 0 < lock_timeout <= _MAX_LOCK_TIMEOUT:
             raise ValueError(
-                f"lock_timeout must be a positive number of seconds, not {lock_timeout!r}"
+                f"lock_timeout must be a positive number of seconds of at most"
+                f" {_MAX_LOCK_TIMEOUT} (PostgreSQL's lock_timeout is an int of"
+                f" milliseconds), not {lock_timeout!r}"
             )
         self._lock_timeout_ms = max(1, round(lock_timeout * 1000))
         if (
@@ -500,6 +513,14 @@ class PostgresStore(BatchedOneStepStore):
             with psycopg.connect(dsn, autocommit=True, **self._params) as conn:
                 doing = "creating the tables"
                 with conn.transaction():
+                    # The server's own truncation, in its encoding (where a name's
+                    # length may differ from UTF-8's): the name must survive it.
+                    kept = conn.execute("SELECT %s::text::name::text", (schema,)).fetchone()
+                    if kept is None or kept[0] != schema:
+                        raise ValueError(
+                            _schema_too_long(schema)
+                            + f" (in the server's encoding it keeps {kept and kept[0]!r})"
+                        )
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     for stmt in _schema(schema_id, self._records, self._fence_seq):
                         conn.execute(stmt)
@@ -989,7 +1010,9 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
     """Whether ``schema`` of the database at ``dsn`` holds a store's records table,
     looked up without creating anything (``python -m idempotency`` asks before opening
     a store, which would create its tables). Blocking. ValueError for a connection
-    string libpq refuses; StoreUnavailable when the server cannot be reached."""
+    string libpq refuses or a schema no store can have (as :class:`PostgresStore`
+    says); StoreUnavailable when the server cannot be reached."""
+    _check_schema(schema)
     try:
         with psycopg.connect(
             dsn, connect_timeout=max(1, math.ceil(connect_timeout)), autocommit=True
@@ -1006,6 +1029,36 @@ def find_store(dsn: str, schema: str, connect_timeout: float = 10.0) -> bool:
 
 
 _SCHEMA_LOCK: Final = 0x1DE4_7051  # the advisory lock taken while creating tables
+#: PostgreSQL's longest identifier, in bytes (NAMEDATALEN - 1): it truncates a longer
+#: one silently, so two schemas that differ only past it would be one.
+MAX_IDENTIFIER_BYTES: Final = 63
+#: The longest lock_timeout, in seconds: the setting is an int of milliseconds.
+_MAX_LOCK_TIMEOUT: Final = 2_147_483.647
+
+
+def _check_schema(schema: object) -> None:
+    """ValueError unless ``schema`` is a name PostgreSQL keeps as it is: a str of 1 to
+    :data:`MAX_IDENTIFIER_BYTES` bytes in UTF-8, without NUL. Refused rather than made
+    unique (a digest appended): the schema is the operator's, named in their SQL, their
+    ``search_path`` and ``python -m idempotency``'s URL, so it must be the name given."""
+    if not isinstance(schema, str):
+        raise ValueError(f"PostgresStore: schema must be a str, not {type(schema).__name__}")
+    if not schema or "\0" in schema:
+        raise ValueError(
+            f"PostgresStore: schema must be a non-empty name without NUL, not {schema!r}"
+        )
+    if len(schema.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(_schema_too_long(schema))
+
+
+def _schema_too_long(schema: str) -> str:
+    size = len(schema.encode("utf-8", "surrogatepass"))
+    return (
+        f"PostgresStore: schema {schema!r:.80} is {size} bytes long in UTF-8 ({len(schema)}"
+        f" characters); PostgreSQL keeps at most {MAX_IDENTIFIER_BYTES} bytes of a name and"
+        " truncates the rest silently, so two schemas that differ only past them would"
+        " share one records table"
+    )
 
 
 #: The advisory locks of effects' turns are the two-int4 kind, this first half: apart

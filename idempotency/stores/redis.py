@@ -10,7 +10,8 @@ contract suite and the state-machine test run against both; the names of the sta
 are the same integers).
 
 Layout of a record: a hash at ``{prefix}rec:{len(caller)}:{caller}:{key}`` (the length
-keeps a caller with ``:`` in it from colliding with another) with fields ``s`` (state),
+keeps a caller with ``:`` in it from colliding with another; the fence counter is
+``{prefix}fence``) with fields ``s`` (state),
 ``fp`` (fingerprint), ``f`` (fence), ``x`` (expiry, Unix milliseconds), and once
 completed ``ok`` and ``p`` (payload). The key also carries a Redis TTL at its expiry, so
 Redis sweeps expired records itself; :meth:`RedisStore.sweep` exists for a clock other
@@ -46,6 +47,15 @@ cannot roll a script back, so the body should check everything before its first
 write: a script that fails before writing releases the key (a retry runs it again),
 and one that has written is recorded whatever follows (its error, or a result over
 the limit, becomes the final ``UNRECORDED_RESULT`` error), so it is never applied twice.
+
+Prefixes: two stores on one Redis must not share keys, yet a prefix followed by a
+record's key can spell another prefix followed by another record's key: the store of
+``"app:"`` keeps caller ``"bob"``'s key ``"x:rec:1:c:k"`` at ``app:rec:3:bob:x:rec:1:c:k``,
+which is also where the store of ``"app:rec:3:bob:x:"`` keeps caller ``"c"``'s key
+``"k"``. Every such pair has ``rec:`` in the longer prefix, so a prefix with ``rec:`` in
+it is refused (ValueError at construction): between prefixes without it, no two
+stores' keys meet. The sweep matches its prefix literally (glob characters in it are
+escaped), so it never reads another store's records either.
 
 Leases and TTLs of ``math.inf`` (or longer than about 3,000 years) never expire: the
 record keeps the expiry ``NEVER`` and no Redis TTL.
@@ -428,7 +438,8 @@ class LuaEffect(Effect):
 
 
 class RedisStore(BatchedStore):
-    """Records in Redis at ``url`` under ``prefix`` (see the module docstring).
+    """Records in Redis at ``url`` under ``prefix`` (see the module docstring; a prefix
+    with ``rec:`` in it is refused with ValueError, see "Prefixes" there).
 
     ``socket_timeout`` bounds each round trip; ``max_batch`` bounds a pipeline.
     ``clock``: None for the server's clock (the right choice for several processes;
@@ -448,6 +459,12 @@ class RedisStore(BatchedStore):
         socket_timeout: float = 5.0,
         client: redis_py.Redis | None = None,
     ) -> None:
+        if not isinstance(prefix, str) or "rec:" in prefix:
+            raise ValueError(
+                f"RedisStore: prefix must be a str without 'rec:' in it (a prefix with it"
+                " can be another store's prefix followed by one of its records' keys: see"
+                f" the module docstring), not {prefix!r:.120}"
+            )
         self.url = url
         self.prefix = prefix
         self._clock = clock
@@ -698,7 +715,8 @@ class RedisStore(BatchedStore):
         deleted = 0
         try:
             sha = self._sha(_SWEEP_LUA)
-            for rkey in self.client.scan_iter(match=f"{self.prefix}rec:*", count=1000):
+            match = _glob_escape(self.prefix) + "rec:*"
+            for rkey in self.client.scan_iter(match=match, count=1000):
                 deleted += int(self.client.evalsha(sha, 2, self._fence_key, rkey, now))
         except redis_py.RedisError as exc:
             text = self._redact(exc)
@@ -750,6 +768,11 @@ class RedisStore(BatchedStore):
         if reply[0] == 2:
             raise InProgress(caller, key)
         return held
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a Redis glob pattern (``SCAN MATCH``) that matches it alone."""
+    return "".join("\\" + c if c in "*?[]\\^" else c for c in text)
 
 
 def _stored_record(where: str, s: Any, fp: Any, f: Any, x: Any, ok: Any, payload: Any) -> Record:

@@ -224,6 +224,32 @@ def test_memory_table_matches_the_reference(program: list[tuple[Any, ...]]) -> N
         assert c_table.records == py_table.records
 
 
+@pytest.mark.parametrize(
+    ("caller", "key"),
+    [("c" * 255, "k" * 255), ("c", "k" * 256), ("語" * 256, "k"), (7, "k"), ("c", b"k")],
+)
+def test_memory_table_refuses_past_the_bound_as_the_reference(caller: Any, key: Any) -> None:
+    """A caller or key past MAX_KEY_LENGTH characters (or not a str), and an outcome
+    past MAX_PAYLOAD_BYTES: the C table refuses them as the reference does, with the
+    same error, and changes nothing."""
+    c_table = speedups.MemoryTable(Clock())
+    py_table = memory._MemoryTable(Clock())
+    for table in (c_table, py_table):
+        table.claim("c", "held", FINGERPRINTS[0], 5.0)
+    args = (caller, key, FINGERPRINTS[0], 5.0)
+    assert outcome_of(c_table.claim, *args) == outcome_of(py_table.claim, *args)
+    over = _contract.new_completion(
+        _contract.Completion, (True, bytes(_contract.MAX_PAYLOAD_BYTES + 1), None, 9.0, 1 << 20)
+    )
+    c_out, py_out = (
+        outcome_of(c_table.complete, "c", "held", 1, over),
+        outcome_of(py_table.complete, "c", "held", 1, over),
+    )
+    assert c_out == py_out
+    assert "InvalidResult" in repr(c_out), c_out
+    assert c_table.records == py_table.records and c_table.operations == py_table.operations
+
+
 def test_memory_table_takes_keywords_and_effects_through_the_reference() -> None:
     clock = Clock()
     table = speedups.MemoryTable(clock)

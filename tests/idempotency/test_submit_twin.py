@@ -45,10 +45,16 @@ def _describe(result: Any, error: BaseException | None) -> Any:
 
 
 def run_calls(
-    path: Path, claim_later: Any, complete_later: Any, lease: Any, completion: Any
+    path: Path,
+    claim_later: Any,
+    complete_later: Any,
+    lease: Any,
+    completion: Any,
+    caller: Any = "c",
+    key: Any = "k",
 ) -> Any:
-    """A claim with ``lease`` and, if granted, its completion with ``completion``;
-    everything observable."""
+    """A claim of (``caller``, ``key``) with ``lease`` and, if granted, its completion
+    with ``completion``; everything observable."""
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     store = SQLiteStore(path, synchronous="OFF")
@@ -61,7 +67,7 @@ def run_calls(
             got.append(("claim", _describe(res, error)))
             if error is None and res is not None and res.kind.name == "CLAIMED":
                 try:
-                    complete_later(store, "c", "k", res.record.fence, completion, completed)
+                    complete_later(store, caller, key, res.record.fence, completion, completed)
                 except Exception as exc:
                     got.append(("complete raised", type(exc).__name__, str(exc)))
                     over.settle(None)
@@ -73,7 +79,7 @@ def run_calls(
             over.settle(None)
 
         try:
-            claim_later(store, "c", "k", FP, lease, claimed)
+            claim_later(store, caller, key, FP, lease, claimed)
         except Exception as exc:
             got.append(("claim raised", type(exc).__name__, str(exc)))
             return
@@ -145,6 +151,53 @@ def test_each_odd_completion_as_the_reference(tmp_path: Path, done: Any) -> None
     assert fast == ref
 
 
+class Name(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("caller", "key"),
+    [
+        ("c" * 255, "k" * 255),  # at the bound: the common case
+        ("c", "k" * 256),
+        ("c" * 256, "k"),
+        ("語" * 256, "k"),
+        (Name("c"), Name("k")),  # a str subclass: the reference's
+        (Name("c" * 256), "k"),
+        (5, "k"),
+        ("c", None),
+    ],
+)
+def test_each_caller_and_key_as_the_reference(tmp_path: Path, caller: Any, key: Any) -> None:
+    """Callers and keys around the stores' bound (MAX_KEY_LENGTH characters), and not
+    str: the twin claims or refuses (InvalidKey, the same words) as the reference."""
+    done = completion(Completion, True, b"\xa2ok", None, 60.0)
+    fast = run_calls(
+        tmp_path / "a.db", speedups.claim_later, speedups.complete_later, 5.0, done, caller, key
+    )
+    ref = run_calls(
+        tmp_path / "b.db", _batch._py_claim_later, _batch._py_complete_later, 5.0, done, caller, key
+    )
+    assert fast == ref
+    too_long = not all(isinstance(x, str) and len(x) <= 255 for x in (caller, key))
+    assert ("InvalidKey" in str(fast)) == too_long, fast
+
+
+def test_an_outcome_past_the_bound_as_the_reference(tmp_path: Path) -> None:
+    """A payload one byte past MAX_PAYLOAD_BYTES: the twin refuses it (InvalidResult) as
+    the reference does; one at the bound is recorded by both."""
+    for size, refused in ((_batch.MAX_PAYLOAD_BYTES + 1, True), (1000, False)):
+        done = completion(Completion, True, bytes(size), None, 60.0)
+        fast = run_calls(
+            tmp_path / "a.db", speedups.claim_later, speedups.complete_later, 5.0, done
+        )
+        ref = run_calls(
+            tmp_path / "b.db", _batch._py_claim_later, _batch._py_complete_later, 5.0, done
+        )
+        assert fast == ref
+        assert ("InvalidResult" in str(fast[0])) == refused, fast[0]
+
+
 def test_the_stores_calls_take_the_c_path(tmp_path: Path) -> None:
     """A store's own claim_later and complete_later are the twins, and the common case
     never reaches the references (spies in their place)."""
@@ -168,6 +221,8 @@ def test_the_stores_calls_take_the_c_path(tmp_path: Path) -> None:
         completion=Completion,
         call_done=_batch._call_done,
         current_runtime=gosim.lowlevel.current_runtime,
+        max_key_length=_batch.MAX_KEY_LENGTH,
+        max_payload_bytes=_batch.MAX_PAYLOAD_BYTES,
     )
     try:
         done = completion(Completion, True, b"\xa2ok", None, 60.0)
@@ -189,6 +244,8 @@ def test_the_stores_calls_take_the_c_path(tmp_path: Path) -> None:
             completion=Completion,
             call_done=_batch._call_done,
             current_runtime=gosim.lowlevel.current_runtime,
+            max_key_length=_batch.MAX_KEY_LENGTH,
+            max_payload_bytes=_batch.MAX_PAYLOAD_BYTES,
         )
 
 
