@@ -515,11 +515,14 @@ class PostgresStore(BatchedOneStepStore):
                 with conn.transaction():
                     # The server's own truncation, in its encoding (where a name's
                     # length may differ from UTF-8's): the name must survive it.
-                    kept = conn.execute("SELECT %s::text::name::text", (schema,)).fetchone()
-                    if kept is None or kept[0] != schema:
+                    row = conn.execute("SELECT %s::text::name::text", (schema,)).fetchone()
+                    kept = None if row is None else row[0]
+                    if isinstance(kept, bytes):  # SQL_ASCII: psycopg gives text as bytes
+                        kept = kept.decode(conn.info.encoding, errors="replace")
+                    if kept != schema:
                         raise ValueError(
                             _schema_too_long(schema)
-                            + f" (in the server's encoding it keeps {kept and kept[0]!r})"
+                            + f" (in the server's encoding it keeps {kept!r})"
                         )
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     for stmt in _schema(schema_id, self._records, self._fence_seq):
