@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -186,7 +188,9 @@ READER = textwrap.dedent(
     import sqlite3, sys
     conn = sqlite3.connect(sys.argv[1], isolation_level=None)
     for line in sys.stdin:
-        if line.strip() == "begin":  # a read transaction: a snapshot the log must keep
+        if line.strip() == "open":  # a read: the file is open, SQLite's lock on it held
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        elif line.strip() == "begin":  # a read transaction: a snapshot the log must keep
             conn.execute("BEGIN")
             conn.execute("SELECT count(*) FROM idempotency_records").fetchone()
         elif line.strip() == "end":
@@ -459,3 +463,91 @@ def test_wal_limit_is_checked(tmp_path: Path) -> None:
     for bad in (0, -1, 1.5, "1m"):
         with pytest.raises(ValueError, match="wal_limit must be a positive int"):
             SQLiteStore(tmp_path / "x.db", wal_limit=bad)  # type: ignore[arg-type]
+
+
+SHARER = textwrap.dedent(
+    """
+    import sys
+    import gosim
+    from idempotency import Idempotency, SQLiteStore
+
+    path, prefix, n_keys, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), 16
+    store = SQLiteStore(path, wal_limit=16 * 1024, busy_timeout=30.0)
+    idem = Idempotency(store)
+
+    async def main():
+        done = gosim.Chan(workers)
+
+        async def worker(w):
+            for i in range(w, n_keys, workers):
+                key = f"{prefix}{i}"
+                await idem.run(caller="c", key=key, request=("put", [key]),
+                               handler=lambda call, key=key: key)
+                sys.stdout.write(f"ack {key}\\n")
+                sys.stdout.flush()
+            await done.send(None)
+
+        for w in range(workers):
+            gosim.go(worker, w)
+        for _ in range(workers):
+            await done.recv()
+
+    gosim.run(main)
+    store.close()
+    print("finished", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_processes_sharing_the_file_checkpoint_it_and_one_killed_loses_nothing(
+    tmp_path: Path, seed: int
+) -> None:
+    """Two processes write one file with a bound of four pages, so that nearly every
+    commit checkpoints, each process's checkpoints racing the other's commits; one is
+    killed (SIGKILL) at a random instant, mid-commit or mid-checkpoint. The file is
+    whole, and every outcome either process saw acknowledged is in it."""
+    rnd = random.Random(seed)
+    path = tmp_path / "shared.db"
+    SQLiteStore(path).close()  # the tables, made once
+    n_keys = 600
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", SHARER, str(path), name, str(n_keys)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("killed-", "kept-")
+    }
+    acked: dict[str, Any] = {}
+    try:
+        victim = procs["killed-"]
+        assert victim.stdout is not None
+        for _ in range(rnd.randint(1, n_keys - 1)):
+            ready, _, _ = select.select([victim.stdout], [], [], WAIT)
+            assert ready, f"no acknowledgement within {WAIT} s"
+            line = victim.stdout.readline()
+            assert line.startswith("ack "), line
+            key = line.split()[1]
+            acked[key] = key
+        victim.send_signal(signal.SIGKILL)
+        for name, proc in procs.items():
+            out, _ = proc.communicate(timeout=10 * WAIT)
+            lines = out.splitlines()
+            acked |= {line.split()[1]: line.split()[1] for line in lines if line[:4] == "ack "}
+            if name == "kept-":
+                assert proc.returncode == 0 and lines[-1] == "finished", lines[-3:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=WAIT)
+            assert proc.stdout is not None
+            proc.stdout.close()
+    assert sum(k.startswith("kept-") for k in acked) == n_keys
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        check.close()
+    assert_replayed(path, acked)
