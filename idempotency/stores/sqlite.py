@@ -19,26 +19,31 @@ transaction (SQLite's write lock, waited for up to ``busy_timeout``), and fencin
 come from a counter row updated in the same transaction, so they rise across processes.
 
 The write-ahead log stays bounded
---------------------------------
-The store checkpoints the WAL itself once it holds ``wal_limit`` bytes of frames (1 MiB
-by default; SQLite's own default, 1,000 pages, is about 4 MiB): SQLite's automatic
-checkpoint, run by the commit that passes the bound, on the store's connection and the
-committer's thread, after that commit is durable (``PRAGMA wal_autocheckpoint``). It is
-``PASSIVE``: it copies what no reader still needs into the database file and waits for
-nobody, and its failure (another process's checkpoint, a full disk) is SQLite's to
-ignore, never a call's. Once the whole log is copied, the next commit writes the log
-again from its start, and the file is cut back to ``wal_limit`` if it grew past it
-(``PRAGMA journal_size_limit``: a long reader in another process, a large batch). So on
-a disk that filled up, the store works again as soon as room is freed, without a
-restart: a log that only grew would fill the room freed again, and a checkpoint needs
-room to grow the database file. A batch that fails for want of room (``SQLITE_FULL``, a
-disk I/O error) is followed by a ``TRUNCATE`` checkpoint that waits for nobody: it
-gives the log's whole file back when it can, for instance after a reader that held the
-log has gone. :meth:`SQLiteStore.close` ends with the same checkpoint, so a store
-closed beside other connections leaves an empty log. A checkpoint never loses or
-damages a committed record (it copies pages the log holds, and the log is written
-again only once they are in the database file and synced); one that cannot finish
-leaves the log as it is for the next.
+---------------------------------
+The store checkpoints the WAL itself once it holds ``wal_limit`` bytes (1 MiB by
+default, where SQLite's own 1,000 pages are about 4 MiB, more than a small disk has):
+``PRAGMA wal_autocheckpoint`` at that many pages, so the commit that passes the bound
+runs SQLite's automatic checkpoint, on the store's connection and the committer's
+thread, once that commit is durable. It is ``PASSIVE``: it copies into the database file
+what no reader still needs and waits for nobody, and its failure (another process's
+checkpoint, a full disk) is SQLite's to ignore, never a call's. Once the whole log is
+copied the next commit writes the log again from its start, and the file is cut back to
+``wal_limit`` if it grew past it (``PRAGMA journal_size_limit``: a reader in another
+process held the log, a batch was large). A batch that fails for want of room
+(``SQLITE_FULL``, a disk I/O error) is followed by a ``TRUNCATE`` checkpoint that waits
+for nobody (busy timeout 0): the automatic one runs only after a commit, and a log that
+holds the disk's last room lets none through. :meth:`SQLiteStore.close` ends with the
+same checkpoint: SQLite checkpoints at close only as the file's last connection.
+
+So a store whose disk filled up works again once room is freed, without a restart,
+and keeps its log within the bound (a log that only grew would fill the room freed
+again, and a checkpoint needs room to grow the database file). A checkpoint never loses
+or damages a committed record: it copies pages the log holds, and the log is written
+again only once they are in the database file and synced; one that cannot finish leaves
+the log to the next. The trigger costs nothing a commit (SQLite counts the log's frames
+at every commit anyway); checkpoints four times as often cost, measured over 5,000 to
+20,000 calls, 3 to 7% more fsyncs and 2% more bytes written. ``wal_limit=4 << 20``
+keeps the old cost, for a disk with room.
 
 Group commit
 ------------
