@@ -46,6 +46,10 @@ cannot be applied (an argument the store cannot represent, an effect that raises
 not compile, a corrupted record) fails with an error naming that call, and its
 batch-mates complete as if it had not been there. Only a failure of the store itself (a
 lost connection, a failed commit) fails a whole batch, with :class:`StoreUnavailable`.
+Such a failure lasts as long as its cause: once the server is back or room is freed on
+a full disk, the same store object serves calls again, without a restart
+(``SQLiteStore`` bounds its write-ahead log for this: a log that only grew would fill
+the room freed again).
 
 Limits, the same for every store, checked at the door: what a store passes to its server
 stays within every server's own limits, so no server refuses it mid-batch (which would
