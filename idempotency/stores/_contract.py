@@ -64,6 +64,9 @@ fail the batch's other calls) and no two stores' records meet.
   at most about 2,050 bytes of an index entry, under PostgreSQL's btree limit (2,704
   bytes for the primary key's entry) and far under Redis' and SQLite's. The other
   operations find no record for a longer one (none can be stored).
+  A caller or key the server cannot hold as text (PostgreSQL: a NUL, or a character
+  the database's encoding lacks, in ``SQL_ASCII`` or ``LATIN1``) fails its own call with
+  :class:`~idempotency.InvalidRequest` naming it; its batch-mates complete.
 * **Outcome**: a completion refuses a payload longer than :data:`MAX_PAYLOAD_BYTES`
   (256 MiB) with :class:`~idempotency.InvalidResult`, and a ``max_result_bytes`` above
   it with ValueError, before it joins a batch; ``Idempotency(max_result_bytes=...)``
