@@ -26,9 +26,15 @@ Lowe and used by Porcupine:
 
 When a history is not linearizable, :func:`check_linearizability` shrinks the failing
 part to a counterexample (see :class:`LinearizabilityResult` for what it guarantees):
-first the shortest failing prefix (binary search; operations still in flight at the cut
-become pending, which keeps the prefix failing), then operations are dropped one
-chunk, then one at a time, while the rest stays non-linearizable.
+first the shortest failing prefix (the failing search itself says where it is: the
+latest return it could not get past; operations still in flight there become pending),
+then completed operations are dropped one at a time while the rest stays
+non-linearizable with the dropped one pending and the others' roles unchanged.
+
+The search tries, at each step, the operations that leave the state as it is (reads
+of the current value) before the others: the order changes no answer, but a read put
+off fails only after the search has gone deep, and reads first keeps a linearizable
+ledger history of 10,000 operations near a second.
 
 The search follows pointers and calls the model's Python functions at every step: there
 is no array-shaped work for a compiled kernel, so the checker is pure Python.
@@ -173,23 +179,35 @@ class LinearizabilityResult(Generic[I, O]):
     """What :func:`check_linearizability` found; true in a boolean context when the
     history is linearizable.
 
-    When it is not, ``counterexample`` is a sub-history (operations of the checked
-    history, unchanged, in call order) of one part (``partition`` is its key, ``None``
-    without a partition function) such that:
+    When it is not, ``counterexample`` is a sub-history of one part (``partition`` is
+    its key, ``None`` without a partition function), in call order, that is not
+    linearizable on its own, from the model's initial state. Its operations are the
+    history's, except that one whose return the violation does not need, only its
+    possible effect (a write that explains what a read saw), is shown pending (``ret``
+    None). When ``minimal`` is True it is also 1-minimal in this sense:
 
-    * it is not linearizable on its own, from the model's initial state;
-    * every operation in it is needed: had any one of them not been seen to return
-      (made pending: free to take effect at any time after its call, or not at all),
-      the rest would be linearizable. So the counterexample never blames an operation
-      for the absence of another: a stale read comes with the writes that make it
-      stale, not alone as a read of a value nobody wrote.
+    * every completed operation in it is needed: had any one of them not been seen to
+      return (made pending: free to take effect at any time after its call, or not
+      at all), the rest would be linearizable;
+    * a pending operation in it is there because without it some completed one would
+      no longer be needed.
 
-    With ``minimize=False`` the counterexample is the whole failing part, unshrunk.
+    Minimal in this sense rather than "deleting any operation makes it linearizable":
+    deleting a write can itself create a violation (a read of a value nobody wrote),
+    so deletion-minimal counterexamples reduce a stale read to the read alone; here a
+    stale read comes with the writes that make it stale.
+
+    ``minimal`` is False with ``minimize=False`` (the counterexample is then the whole
+    failing part), or when shrinking ran out of its step budget (about five million
+    model steps; a long failing search, such as a ledger whose every balance depends
+    on all the transfers before it, can need more): the counterexample is then
+    non-linearizable but larger than it needs to be.
     """
 
     linearizable: bool
     counterexample: tuple[Operation[I, O], ...] = ()
     partition: Hashable = None
+    minimal: bool = False
     model: Model[Any, I, O] | None = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
@@ -289,10 +307,11 @@ def check_linearizability(
         for op in ops:
             parts.setdefault(model.partition(op.input), []).append(op)
     for key, part in parts.items():
-        if _check(model, part) is False:
-            bad = _shrink(model, part) if minimize else part
+        verdict, stuck, _ = _search(model, part)
+        if verdict is False:
+            bad, minimal = _shrink(model, part, stuck) if minimize else (part, False)
             bad = sorted(bad, key=lambda op: op.call)
-            return LinearizabilityResult(False, tuple(bad), key, model)
+            return LinearizabilityResult(False, tuple(bad), key, minimal, model)
     return LinearizabilityResult(True, model=model)
 
 
@@ -317,18 +336,19 @@ def _validate(i: int, op: Operation[Any, Any]) -> None:
         )
 
 
-def _check(
+def _search(
     model: Model[Any, Any, Any],
     ops: Sequence[Operation[Any, Any]],
     forgotten: frozenset[int] = frozenset(),
     budget: int | None = None,
-) -> bool | None:
-    """The search over one part: True (linearizable), False, or None when ``budget``
-    steps ran out first. Operations whose index is in ``forgotten`` are treated as
-    pending."""
+) -> tuple[bool | None, int, int]:
+    """The search over one part. Returns the answer (True: linearizable, False, or
+    None when ``budget`` steps ran out first), the operation whose return the search
+    got stuck at latest in history order (-1 unless the answer is False), and the
+    steps taken. Operations whose index is in ``forgotten`` are treated as pending."""
     n = len(ops)
     if n == 0:
-        return True
+        return True, -1, 0
     apply, step, key = model.apply, model.step, model.key
     pending = [op.ret is None or i in forgotten for i, op in enumerate(ops)]
     # Events sorted by (time, kind, op): calls sort before returns at an equal time, so
@@ -356,50 +376,73 @@ def _check(
         UNKNOWN if pending[i] and step is not None else op.output for i, op in enumerate(ops)
     ]
 
+    check = cast(Callable[[Any, Any, Any], tuple[bool, Any]], step)
+    if key is None:
+        key = _identity
+
     state = model.init
+    here = key(state)  # the memo's key of state
     linearized = 0
     remaining = sum(1 for p in pending if not p)
-    stack: list[tuple[int, Any, int]] = []
+    # A frame: the call lifted; the state, its key and the set before it; the pass it
+    # was found in.
+    stack: list[tuple[int, Any, Hashable, int, bool]] = []
     memo: set[tuple[int, Hashable]] = set()
     steps = 0
+    limit = -1 if budget is None else budget
+    stuck = -1
+    # Each node is scanned twice: first for operations that leave the state as it is
+    # (reads of the current value), then for all, in call order. Which order the
+    # candidates are tried in does not change the answer (the second pass skips the
+    # first pass's choices through the memo), but reads first is most often right: a
+    # read linearized too late fails only after the search has gone deep.
+    quick = True
     e = nxt[head]
     while remaining:
-        if budget is not None:
-            steps += 1
-            if steps > budget:
-                return None
         if is_call[e]:
+            steps += 1
+            if steps == limit:
+                return None, -1, steps
             i = op_of[e]
             if apply is not None:
                 got, new = apply(state, inputs[i])
                 ok = pending[i] or got == outputs[i]
             else:
-                ok, new = cast(Callable[[Any, Any, Any], tuple[bool, Any]], step)(
-                    state, inputs[i], outputs[i]
-                )
+                ok, new = check(state, inputs[i], outputs[i])
             if ok:
-                lin = linearized | (1 << i)
-                seen = (lin, new if key is None else key(new))
-                if seen not in memo:
-                    memo.add(seen)
-                    stack.append((e, state, linearized))
-                    state, linearized = new, lin
-                    # lift the call, then its return, out of the list
-                    nxt[prv[e]] = nxt[e]
-                    prv[nxt[e]] = prv[e]
-                    r = match[e]
-                    if r >= 0:
-                        nxt[prv[r]] = nxt[r]
-                        prv[nxt[r]] = prv[r]
-                        remaining -= 1
-                    e = nxt[head]
-                    continue
+                new_key = here if new is state else key(new)
+                if not quick or new_key == here:
+                    seen = (linearized | (1 << i), new_key)
+                    if seen not in memo:
+                        memo.add(seen)
+                        stack.append((e, state, here, linearized, quick))
+                        state, here, linearized = new, new_key, seen[0]
+                        # lift the call, then its return, out of the list
+                        nxt[prv[e]] = nxt[e]
+                        prv[nxt[e]] = prv[e]
+                        r = match[e]
+                        if r >= 0:
+                            nxt[prv[r]] = nxt[r]
+                            prv[nxt[r]] = prv[r]
+                            remaining -= 1
+                        quick = True
+                        e = nxt[head]
+                        continue
             e = nxt[e]
+        elif quick:
+            # The first pass reached the first return: now every candidate.
+            quick = False
+            e = nxt[head]
         else:
-            # An operation that returned here is not linearized yet: undo the last choice.
+            # An operation that returned here is not linearized yet: undo the last
+            # choice and go on with the candidates after it, in the same pass.
+            # The latest return the search is stopped at, over all the nodes: every
+            # return before it has been passed, so the history cut there is the
+            # shortest that fails.
+            stuck = max(stuck, e)
             if not stack:
-                return False
-            e, state, linearized = stack.pop()
+                return False, op_of[stuck], steps
+            e, state, here, linearized, quick = stack.pop()
             r = match[e]
             if r >= 0:  # put the return back, then the call (the reverse of lifting)
                 nxt[prv[r]] = r
@@ -408,99 +451,118 @@ def _check(
             nxt[prv[e]] = e
             prv[nxt[e]] = e
             e = nxt[e]
-    return True
+    return True, -1, steps
+
+
+def _identity(state: Any) -> Any:
+    return state
 
 
 # ---------------------------------------------------------------- shrinking
 
-# A chunk is dropped only when its search ends within this many steps: dropping many
-# operations at once makes them pending, and a failing search over many pending
-# operations can be long. The final one-at-a-time pass has no bound.
-_CHUNK_BUDGET = 200_000
+# All the searches of one shrink together (a step is one call of the model, about a
+# microsecond): past it the counterexample is returned as it is, not minimal.
+_SHRINK_STEPS = 5_000_000
 
 
-def _shrink(model: Model[Any, I, O], ops: list[Operation[I, O]]) -> list[Operation[I, O]]:
-    cut, original = _failing_prefix(model, ops)
-    kept = _minimize(model, cut)
+def _shrink(
+    model: Model[Any, I, O], ops: list[Operation[I, O]], stuck: int
+) -> tuple[list[Operation[I, O]], bool]:
+    """The counterexample of a failing part, and whether it is minimal; ``stuck`` is
+    the operation whose return the failing search could not pass."""
+    cut, original = _failing_prefix(ops, stuck)
+    left = [_SHRINK_STEPS]
+    kept, minimal = _minimize(model, cut, left)
     # The operations the cut made pending get their return back (which keeps the rest
-    # failing: it only adds a constraint), and the result is minimized again, so it
-    # holds the history's operations unchanged.
-    restore = {id(c): o for c, o in zip(cut, original, strict=True)}
-    return _minimize(model, [restore[id(op)] for op in kept])
+    # failing: it only adds a constraint), and the result is minimized again.
+    position = {id(c): k for k, c in enumerate(cut)}
+    kept = [original[position[id(op)]] if id(op) in position else op for op in kept]
+    if minimal:
+        kept, minimal = _minimize(model, kept, left)
+    return kept, minimal
 
 
-def _minimize(model: Model[Any, I, O], ops: list[Operation[I, O]]) -> list[Operation[I, O]]:
+def _minimize(
+    model: Model[Any, I, O], ops: list[Operation[I, O]], left: list[int]
+) -> tuple[list[Operation[I, O]], bool]:
     ops = list(ops)
 
-    def needed(ops: list[Operation[I, O]], i: int) -> bool:
-        return _check(model, ops, frozenset((i,))) is not False
+    def fails(ops: list[Operation[I, O]], forgotten: frozenset[int], cap: int) -> bool | None:
+        verdict, _, used = _search(model, ops, forgotten, min(cap, left[0]))
+        left[0] -= used
+        return verdict is False if verdict is not None else None
 
-    # Pending operations (crashed callers, and the ones in flight at the cut) stay in
-    # while completed ones are dropped: a pending write may be what explains a read, and
-    # without it the read would look wrong for a reason the history does not have.
-    # Chunks of completed operations first, halving: a chunk is dropped when the rest
-    # still fails with it pending.
-    size = len(ops) // 2
-    while size > 1:
-        start = 0
-        while start < len(ops):
-            chunk = frozenset(
-                i for i in range(start, min(start + size, len(ops))) if ops[i].ret is not None
-            )
-            if chunk and _check(model, ops, chunk, _CHUNK_BUDGET) is False:
-                ops = [op for i, op in enumerate(ops) if i not in chunk]
-            else:
-                start += size
-        size //= 2
-    # Then one at a time until none can go: each completed one left is needed.
+    def needed(ops: list[Operation[I, O]], i: int) -> bool | None:
+        verdict = fails(ops, frozenset((i,)), left[0])
+        return None if verdict is None else not verdict
+
+    def needs(ops: list[Operation[I, O]]) -> list[bool | None] | None:
+        out: list[bool | None] = []
+        for i, op in enumerate(ops):
+            if op.ret is None:
+                out.append(None)
+                continue
+            need = needed(ops, i)
+            if need is None:
+                return None
+            out.append(need)
+        return out
+
+    # One at a time, from the latest: a completed operation the violation does not
+    # need is made pending, and then deleted only when that changes which of the
+    # others are needed in no way. A pending operation's possible effect may be what
+    # explains another's output (a write a read saw), and deleting it would swap the
+    # violation for another the history does not have (a read of a value nobody wrote).
     changed = True
     while changed:
         changed = False
         for i in range(len(ops) - 1, -1, -1):
-            if ops[i].ret is not None and not needed(ops, i):
-                del ops[i]
-                changed = True
+            if i >= len(ops) or ops[i].ret is None:
+                continue
+            need = needed(ops, i)
+            if need is None:
+                return ops, False
+            if need:
+                continue
+            ops[i] = _forget(ops[i])
+            changed = True
+            before = needs(ops)
+            rest = ops[:i] + ops[i + 1 :]
+            after = needs(rest)
+            if before is None or after is None:
+                return ops, False
+            if after == before[:i] + before[i + 1 :]:
+                ops = rest
     # Last, the pending operations that no completed one needs.
     for p in range(len(ops) - 1, -1, -1):
         if ops[p].ret is None:
             rest = ops[:p] + ops[p + 1 :]
-            if all(needed(rest, i) for i in range(len(rest)) if rest[i].ret is not None):
+            roles = needs(rest)
+            if roles is None:
+                return ops, False
+            if False not in roles:
                 ops = rest
-    return ops
+    return ops, True
+
+
+def _forget(op: Operation[I, O]) -> Operation[I, O]:
+    """``op`` as if its caller had crashed before the answer."""
+    return Operation(op.input, op.call, None, None, op.client)
 
 
 def _failing_prefix(
-    model: Model[Any, I, O], ops: list[Operation[I, O]]
+    ops: list[Operation[I, O]], stuck: int
 ) -> tuple[list[Operation[I, O]], list[Operation[I, O]]]:
-    """The shortest failing prefix: the operations called up to the earliest return
-    event at which the history stops being linearizable, the ones still in flight
-    there made pending; and beside it, each operation as it was. A prefix cut this way
-    is linearizable whenever a longer one is (its order is the longer one's, cut), so a
-    binary search finds the earliest."""
+    """The shortest failing prefix: the operations called before the return of
+    ``stuck`` (the first return the search could not pass), the ones still in flight
+    there made pending; and beside it, each operation as it was. (A prefix cut this way
+    is linearizable whenever a longer one is: its order is the longer one's, cut.)"""
     events = sorted(
         [(op.call, 0, i) for i, op in enumerate(ops)]
         + [(op.ret, 1, i) for i, op in enumerate(ops) if op.ret is not None]
     )
-    returns = [k for k, (_, kind, _) in enumerate(events) if kind == 1]
-
-    def cut(k: int) -> tuple[list[Operation[I, O]], list[Operation[I, O]]]:
-        called = [i for _, kind, i in events[: k + 1] if kind == 0]
-        returned = {i for _, kind, i in events[: k + 1] if kind == 1}
-        prefix = [
-            ops[i]
-            if i in returned or ops[i].ret is None
-            else Operation(ops[i].input, ops[i].call, None, None, ops[i].client)
-            for i in called
-        ]
-        return prefix, [ops[i] for i in called]
-
-    lo, hi = -1, len(returns) - 1  # the cut at returns[hi] fails (the whole history)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _check(model, cut(returns[mid])[0]) is False:
-            hi = mid
-        else:
-            lo = mid
-    if not returns:  # only pending operations: never fails, so never asked
-        return ops, ops
-    return cut(returns[hi])
+    k = events.index((cast(float, ops[stuck].ret), 1, stuck))
+    called = [i for _, kind, i in events[: k + 1] if kind == 0]
+    returned = {i for _, kind, i in events[: k + 1] if kind == 1}
+    prefix = [ops[i] if i in returned or ops[i].ret is None else _forget(ops[i]) for i in called]
+    return prefix, [ops[i] for i in called]
