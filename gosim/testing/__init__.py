@@ -1,7 +1,10 @@
 """gosim.testing: tools for testing concurrent programs.
 
-The linearizability checker: see :mod:`gosim.testing._linearizability` for the
-algorithm and :func:`check_linearizability` for what a result guarantees.
+A linearizability checker: :func:`check_linearizability` decides whether a history of
+operations (:class:`Operation`, recorded with :class:`HistoryRecorder`) fits a
+sequential :class:`Model`, and shrinks a failure to a small counterexample
+(:class:`LinearizabilityResult`). The algorithm is Wing and Gong's search with
+P-compositionality and memoised states, as Porcupine runs it.
 """
 
 from ._linearizability import UNKNOWN as UNKNOWN

@@ -198,10 +198,10 @@ class LinearizabilityResult(Generic[I, O]):
     stale read comes with the writes that make it stale.
 
     ``minimal`` is False with ``minimize=False`` (the counterexample is then the whole
-    failing part), or when shrinking ran out of its step budget (about five million
-    model steps; a long failing search, such as a ledger whose every balance depends
-    on all the transfers before it, can need more): the counterexample is then
-    non-linearizable but larger than it needs to be.
+    failing part), or when shrinking ran out of its step budget (five million model
+    steps, some seconds; a long failing search, such as a ledger whose every balance
+    depends on all the transfers before it, can need more): the counterexample is
+    then non-linearizable but larger than it needs to be.
     """
 
     linearizable: bool
@@ -389,7 +389,7 @@ def _search(
     stack: list[tuple[int, Any, Hashable, int, bool]] = []
     memo: set[tuple[int, Hashable]] = set()
     steps = 0
-    limit = -1 if budget is None else budget
+    limit = 1 << 62 if budget is None else budget
     stuck = -1
     # Each node is scanned twice: first for operations that leave the state as it is
     # (reads of the current value), then for all, in call order. Which order the
@@ -401,7 +401,7 @@ def _search(
     while remaining:
         if is_call[e]:
             steps += 1
-            if steps == limit:
+            if steps >= limit:
                 return None, -1, steps
             i = op_of[e]
             if apply is not None:
@@ -460,8 +460,8 @@ def _identity(state: Any) -> Any:
 
 # ---------------------------------------------------------------- shrinking
 
-# All the searches of one shrink together (a step is one call of the model, about a
-# microsecond): past it the counterexample is returned as it is, not minimal.
+# All the searches of one shrink together (a step is one call of the model, a few
+# microseconds): past it the counterexample is returned as it is, not minimal.
 _SHRINK_STEPS = 5_000_000
 
 
