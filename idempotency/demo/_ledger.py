@@ -52,6 +52,7 @@ from .. import (
     SQLiteStore,
     StoreUnavailable,
 )
+from .._secrets import masked
 from ..rpc import Server
 from ..stores import Effect, Store
 
@@ -229,7 +230,7 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (spec.prefix,)
             ).fetchone()
             if found:
-                raise SystemExit(f"{spec.url} already has a schema {spec.prefix!r}")
+                raise SystemExit(f"{masked(spec.url)} already has a schema {spec.prefix!r}")
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(spec.prefix)))
             conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(spec.prefix)))
             conn.execute(_POSTGRES_SCHEMA)
@@ -242,7 +243,7 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
         client = store.client
         try:
             if client.exists(f"{spec.prefix}balances", f"{spec.prefix}transfers"):
-                raise SystemExit(f"{spec.url} already holds a ledger under {spec.prefix!r}")
+                raise SystemExit(f"{masked(spec.url)} already holds a ledger under {spec.prefix!r}")
             client.hset(
                 f"{spec.prefix}balances", mapping=dict.fromkeys(range(accounts), INITIAL_BALANCE)
             )
