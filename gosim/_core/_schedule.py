@@ -193,6 +193,28 @@ async def _idle(rt: Runtime) -> None:
         if rt.stats.schedtrace_interval:
             rt.stats.maybe_schedtrace(now)
         return
+    if (
+        np_ is not None
+        and jump is None
+        and not rt.syscalls.nexternal
+        and not rt.open_mode
+        and not rt.stopped
+    ):
+        # Under gosim.run on the real clock, with no syscall or trio call in flight, the
+        # driver is the only trio task that can act, and only I/O or a timer can wake a
+        # goroutine: block in the netpoller itself until the earliest deadline, as Go's
+        # findRunnable blocks in netpoll(delay). Through trio, each idle would cost a
+        # round of its scheduler (a cancel scope, wait_readable's registration, a task
+        # switch): most of an idle's CPU under durable calls, which idle once a commit.
+        # The GIL is released meanwhile; an OS thread that wakes a goroutine without
+        # trio does it through the netpoller (a store's committer).
+        np_.poll(False, deadline - now)
+        now = rt._clock_now()  # not a trio yield: _periodic still gives trio its turns
+        if nxt <= now:
+            rt.timers.check(now)
+        if rt.stats.schedtrace_interval:
+            rt.stats.maybe_schedtrace(now)
+        return
     _state.rt = None
     try:
         with trio.move_on_at(deadline) as scope:
