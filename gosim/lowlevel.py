@@ -155,10 +155,11 @@ def virtual_clock() -> bool:
     return hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
 
 
-def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
-    """Let ``chooser`` decide which runnable goroutine runs next, from now on, in the
-    running runtime, which must be deterministic (``gosim.run(..., seed=N)``); None
-    gives the decisions back to Go's order.
+async def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
+    """Let ``chooser`` decide which runnable goroutine runs next in the running
+    runtime, which must be deterministic (``gosim.run(..., seed=N)``); None gives the
+    decisions back to Go's order. The caller then yields as :func:`gosched` does, which
+    ends the driver's burst: every later switch is the chooser's.
 
     At every switch where the P whose turn it is could take two or more goroutines (its
     ``runnext``, its local queue, the global queue), the driver calls ``chooser`` with
@@ -178,6 +179,7 @@ def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
             "set_chooser: the runtime is not deterministic (run it with gosim.run(..., seed=N))"
         )
     rt.chooser = chooser
+    await gosched()
 
 
 def add_timer(t: RuntimeTimer, when: float) -> None:

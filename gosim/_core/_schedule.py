@@ -343,7 +343,9 @@ async def schedule(rt: Runtime) -> None:
                 if code == _BURST_END:
                     break
                 if code == _BURST_TRAP:
-                    if _trap_slow(rt, g, p, payload):
+                    # A chooser set meanwhile (lowlevel.set_chooser, which yields)
+                    # decides from the next switch on: the burst ends.
+                    if _trap_slow(rt, g, p, payload) or rt.chooser is not None:
                         break
                 elif code == _BURST_EXIT:
                     if _exited(rt, g, payload):
@@ -453,8 +455,8 @@ def _python_burst(rt: Runtime, p: P, g: G, burst_end: int) -> int:
                 g.status = WAITING
                 if trace is not None:
                     trace.emit(rt, "park", p.id, g.goid, 0, 0)
-            elif _trap_slow(rt, g, p, trap):
-                break
+            elif _trap_slow(rt, g, p, trap) or rt.chooser is not None:
+                break  # stopped, or a chooser was set (see schedule)
         if nsw >= burst_end or not (nsw & PERIODIC_MASK):
             break
         nxt = p.runnext
