@@ -262,7 +262,9 @@ def replay_line(program: Program, plan: Plan, invariant: Invariant | None = None
         extra = f" --invariant {inv}" if inv is not None else ""
         return f"python -m gosim.testing replay {target} {plan.encode()}{extra}"
     name = getattr(program, "__qualname__", "program")
-    extra = ", invariant=<the invariant>" if invariant is not None else ""
+    extra = ""
+    if invariant is not None:
+        extra = f", {getattr(invariant, '__qualname__', 'invariant')}"
     return f"gosim.testing.replay({plan.encode()!r}, {name}{extra})"
 
 
@@ -309,7 +311,7 @@ def check(program: Program, **options: Any) -> Exploration:
 
 
 def explored(**options: Any) -> Callable[[Program], Callable[[], None]]:
-    """Decorate a gosim program into a test function that :func:`check`\\ s it with
+    """Decorate a gosim program into a test function that runs :func:`check` on it with
     ``options``. The replay command names the test function; it replays the program."""
 
     def decorate(program: Program) -> Callable[[], None]:
