@@ -302,3 +302,28 @@ def test_a_chooser_index_out_of_range_stops_the_run() -> None:
 
     with pytest.raises(ValueError, match=r"chooser returned 3, not an index in range\(3\)"):
         gosim.run(program, seed=1, procs=1, virtual_time=True)
+
+
+def test_partitions_the_failure_does_not_need_are_shrunk_away() -> None:
+    # Two partitions between hosts the program never uses: not needed, deleted.
+    faults = {
+        **ep.NETWORK_FAULTS,
+        "partitions": [(0.0, 1.0, ["x"], ["y"]), (0.5, 2.0, ["y"], ["z"])],
+    }
+    found = explore(ep.fragile_client, runs=RUNS, seed=1, faults=faults).found
+    assert found is not None
+    assert found.original.partitions is None  # as found: every partition
+    assert found.original.nfaults > found.plan.nfaults
+    assert found.plan.partitions == ()
+    with pytest.raises(gosim.Panic) as caught:
+        replay(found.plan.encode(), ep.fragile_client)
+    assert str(caught.value) == found.failure.message
+
+
+def test_several_ps_are_explored_and_replayed() -> None:
+    found = explore(ep.lock_order, runs=RUNS, seed=1, procs=2).found
+    assert found is not None and found.plan.procs == 2
+    assert found.failure.kind == "deadlock"
+    with pytest.raises(gosim.Deadlock) as caught:
+        replay(found.plan.encode(), ep.lock_order)
+    assert str(caught.value) == found.failure.message
