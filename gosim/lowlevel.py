@@ -36,7 +36,9 @@ the driver), :data:`OP_BUDGET` (operations between preemption checks),
 channels' countdown) and
 :data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
 ``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
-(trio's ``RunVar``): the heap and the simulated network do.
+(trio's ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
+deterministic run's scheduling decisions be made from outside Go's order (schedule
+exploration, ``gosim.testing``).
 """
 
 from __future__ import annotations

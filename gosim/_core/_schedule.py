@@ -32,6 +32,11 @@ How a goroutine runs, fast to slow
    time yields to trio (one checkpoint costs about 4 µs), so I/O and other trio tasks
    make progress under load.
 
+6. Deterministic runs may hand the choice of the next G to a *chooser*
+   (``gosim.lowlevel.set_chooser``, for ``gosim.testing``'s exploration): ``_choose``
+   lists what the P in turn could take in the order step 3 takes it, so index 0 is the
+   decision made without one, and each burst is then one switch on the Python loop.
+
 The driver is functions over a :class:`~._runtime.Runtime` (as Go's are over ``sched``);
 the state they keep between turns is the runtime's. The C accelerator (optional) has
 twins of the hot parts in ``gosim/_speedups_sched.c.h``: the G, P and runtime fields

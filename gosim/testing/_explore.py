@@ -72,11 +72,13 @@ class Failure:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """One run of a plan: its failure (None: it passed), every decision's index, the
-    simulated network's resets, main's result (None after a failure)."""
+    """One run of a plan: its failure (None: it passed), every decision's index and
+    the number of goroutines it was among, the simulated network's resets, main's
+    result (None after a failure)."""
 
     failure: Failure | None
     indices: tuple[int, ...]
+    widths: tuple[int, ...]
     resets: tuple[int, ...] | None
     result: Any = None
 
@@ -123,7 +125,13 @@ def _run(
                     err = InvariantFailed(f"invariant failed: returned False for {result!r:.200}")
                     failure = Failure("invariant", str(err), err)
     resets = tuple(networks[0].resets_made) if networks else None
-    return RunRecord(failure, tuple(recorder.indices), resets, None if failure else result)
+    return RunRecord(
+        failure,
+        tuple(recorder.indices),
+        tuple(recorder.widths),
+        resets,
+        None if failure else result,
+    )
 
 
 def _network(plan: Plan) -> SimNetwork:

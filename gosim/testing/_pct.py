@@ -30,17 +30,20 @@ from collections.abc import Callable, Mapping
 
 
 class Recorder:
-    """Wraps a chooser and keeps its answers (``indices``), one per decision."""
+    """Wraps a chooser and keeps its answers (``indices``), one per decision, and how
+    many goroutines each decision was among (``widths``)."""
 
-    __slots__ = ("decide", "indices")
+    __slots__ = ("decide", "indices", "widths")
 
     def __init__(self, decide: Callable[[list[int]], int]) -> None:
         self.decide = decide
         self.indices: list[int] = []
+        self.widths: list[int] = []
 
     def __call__(self, goids: list[int]) -> int:
         i = self.decide(goids)
         self.indices.append(i)
+        self.widths.append(len(goids))
         return i
 
 

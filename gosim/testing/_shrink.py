@@ -4,7 +4,11 @@ A plan's run is decided by a short list of edits to a default run: the decisions
 index is not 0, the network resets, the partitions. Shrinking is greedy deletion of
 chunks from those lists (halves, then quarters, down to single items, the reduction
 step of delta debugging, Zeller and Hildebrandt 2002, and of hypothesis's shrinker),
-followed by lowering each remaining index towards 1, repeated while it makes progress.
+followed by lowering each remaining index towards 1, repeated while it makes progress;
+last, a plan that still keeps several decisions is tried against every plan of a single
+differing decision (each decision of Go's order up to the plan's last differing one,
+each index among the goroutines runnable there), since decisions that fail only
+together can stand for one elsewhere.
 A candidate is kept when its run fails with the same signature (the same kind of
 failure and, for a panic, the same exception type), and is then *normalized*: replaced
 by what its run actually did (the decisions it took, clamped where an index no longer
@@ -82,7 +86,26 @@ def shrink(
         best = _lower_indices(best, attempt)
         if _size(best) >= before:
             break
+    if best.decisions >= 2 and used < max_runs:
+        # Deletion keeps decisions that fail only together; one decision elsewhere may
+        # do instead. Tried: every single decision of Go's order up to the plan's last
+        # differing one, each index among the goroutines runnable there, earliest first.
+        used += 1
+        widths = run_plan(program, best.with_choices(()), invariant).widths
+        best = _single_decision(best, widths, attempt)
     return best, used
+
+
+def _single_decision(
+    plan: Plan, widths: tuple[int, ...], attempt: Callable[[Plan], Plan | None]
+) -> Plan:
+    last = plan.choices[-1][0]
+    for n, width in enumerate(widths[: last + 1]):
+        for i in range(1, width):
+            got = attempt(plan.with_choices(((n, i),)))
+            if got is not None and _size(got) < _size(plan):
+                return got
+    return plan
 
 
 def _kept_partitions(plan: Plan) -> list[int]:

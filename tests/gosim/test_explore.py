@@ -89,6 +89,15 @@ def test_the_bystanders_decisions_are_shrunk_away() -> None:
     assert found.plan.decisions == 1
 
 
+def test_decisions_that_fail_only_together_give_way_to_one_that_fails_alone() -> None:
+    # PCT's run here differs at decisions 0 and 1; deleting either passes, and the
+    # greedy passes stop at two. One decision (the waiter's signaller first) suffices.
+    found = explore(ep.missed_wakeup, runs=RUNS, seed=1, scheduler="pct").found
+    assert found is not None
+    assert found.plan.decisions == 1
+    assert run_plan(ep.missed_wakeup, found.plan).failure.kind == "deadlock"  # type: ignore[union-attr]
+
+
 def test_shrinking_can_be_turned_off() -> None:
     found = explore(ep.lock_order, runs=RUNS, seed=1, scheduler="random", shrink=False).found
     assert found is not None
