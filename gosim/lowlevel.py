@@ -36,12 +36,14 @@ the driver), :data:`OP_BUDGET` (operations between preemption checks),
 channels' countdown) and
 :data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
 ``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
-(trio's ``RunVar``): the heap and the simulated network do.
+(trio's ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
+deterministic run's scheduling decisions be made from outside Go's order (schedule
+exploration, ``gosim.testing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -155,6 +157,33 @@ def virtual_clock() -> bool:
     return hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
 
 
+async def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
+    """Let ``chooser`` decide which runnable goroutine runs next in the running
+    runtime, which must be deterministic (``gosim.run(..., seed=N)``); None gives the
+    decisions back to Go's order. The caller then yields as :func:`gosched` does, which
+    ends the driver's burst: every later switch is the chooser's.
+
+    At every switch where the P whose turn it is could take two or more goroutines (its
+    ``runnext``, its local queue, the global queue), the driver calls ``chooser`` with
+    their goids in the order it would take them itself and runs the one at the index
+    returned, which must be in range (else the run stops with ``ValueError``). Index 0
+    is always the default decision, so a chooser that returns 0 changes nothing but
+    the length of the driver's bursts (one switch each). Decisions come at the points
+    where a goroutine parks, yields (``gosched``, a preemption), ends, or enters a
+    syscall; a channel operation that completes at once is no decision. The driver
+    takes its pure-Python inner loop while a chooser is set, as it does for a trace;
+    the C accelerator's ``go``, ``goready`` and channel operations are unchanged.
+    ``gosim.testing`` explores schedules through this hook.
+    """
+    rt = current_runtime()
+    if chooser is not None and not rt.deterministic:
+        raise RuntimeError(
+            "set_chooser: the runtime is not deterministic (run it with gosim.run(..., seed=N))"
+        )
+    rt.chooser = chooser
+    await gosched()
+
+
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
     rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
@@ -203,6 +232,7 @@ __all__ = [
     "preempt_point",
     "ready",
     "reproducible",
+    "set_chooser",
     "set_netpoller",
     "set_op_budget_refill",
     "speedups",

@@ -38,7 +38,10 @@ Deterministic mode (``seed=``): steal victims and select choices come from one s
 ``random.Random`` (the Ps take turns in the order they started looking for work),
 syscalls and trio calls run inline on the driver, time is virtual (trio's
 ``MockClock``), so the same program at the same ``procs`` takes the same schedule and
-writes the same trace bytes on every run.
+writes the same trace bytes on every run. A *chooser* (``rt.chooser``, set through
+``gosim.lowlevel.set_chooser``) may then decide which runnable goroutine runs at each
+switch (``_schedule._choose``): schedule exploration (``gosim.testing``) drives the
+runtime through it.
 
 Mirrors Go's ``proc.go`` (``newproc``, ``gosched``, ``goexit``, ``GOMAXPROCS``) and
 the program start of ``runtime.main``.
@@ -174,6 +177,9 @@ class Runtime(_RuntimeFields):
         #: Under ``gosim.run(virtual_time=True)``: the MockClock's ``jump``, which the
         #: driver calls itself when no other trio task can act (see _schedule._idle).
         self.virtual_jump: Callable[[float], None] | None = None
+        #: Deterministic mode only (``lowlevel.set_chooser``): decides which runnable
+        #: goroutine runs at every switch with more than one; None is Go's order.
+        self.chooser: Callable[[list[int]], int] | None = None
         if _burst_available:
             # An instance of a subclass of a C type gets from CPython 3.11 a dictionary
             # whose keys are shared with its class (a split table), which the

@@ -32,6 +32,11 @@ How a goroutine runs, fast to slow
    time yields to trio (one checkpoint costs about 4 µs), so I/O and other trio tasks
    make progress under load.
 
+6. Deterministic runs may hand the choice of the next G to a *chooser*
+   (``gosim.lowlevel.set_chooser``, for ``gosim.testing``'s exploration): ``_choose``
+   lists what the P in turn could take in the order step 3 takes it, so index 0 is the
+   decision made without one, and each burst is then one switch on the Python loop.
+
 The driver is functions over a :class:`~._runtime.Runtime` (as Go's are over ``sched``);
 the state they keep between turns is the runtime's. The C accelerator (optional) has
 twins of the hot parts in ``gosim/_speedups_sched.c.h``: the G, P and runtime fields
@@ -51,6 +56,7 @@ Mirrors Go's ``proc.go`` (``findRunnable``, ``schedule``, ``execute``, ``checkde
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -313,7 +319,10 @@ async def schedule(rt: Runtime) -> None:
             _check_idle_timers(rt)
         p = running.popleft()
         g: G | None = None
-        if p.schedtick >= FAIRNESS_TICKS:
+        chooser = rt.chooser  # read every turn: set by a goroutine once the driver runs
+        if chooser is not None:
+            g = _choose(rt, p, chooser)
+        elif p.schedtick >= FAIRNESS_TICKS:
             p.schedtick = 0
             if rt.globrunq:
                 g = rt.globrunqget(p, 1)
@@ -325,6 +334,12 @@ async def schedule(rt: Runtime) -> None:
                 g = p.runq.popleft()
             else:
                 g = findrunnable(rt, p)
+                if g is not None and chooser is not None:
+                    # What findrunnable found (a timer's goroutines, a steal, a batch of
+                    # the global queue) is a choice too: back to the head of p's queue,
+                    # where the default order takes it first, and chosen among the rest.
+                    p.runq.appendleft(g)
+                    g = _choose(rt, p, chooser)
                 if g is None:
                     if running:
                         rt.pidleput(p)  # other Ps hold Ms: this one stops
@@ -341,9 +356,10 @@ async def schedule(rt: Runtime) -> None:
         rt.curp = p
         nsw = rt.nswitch
         burst_start = nsw
-        burst_end = nsw + FAIRNESS_TICKS - p.schedtick
+        # A chooser decides every switch: a burst of one.
+        burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if chooser is None else 1)
         # The hot loop: execute g, then the next G of this P, until the burst ends.
-        if burst is not None:
+        if burst is not None and chooser is None:
             # The same loop in C (gosim._speedups), which hands back what it does
             # not handle itself: traps other than PARK, awaited exits, errors. Given
             # None for g, it takes p's next G unless the burst is over.
@@ -354,7 +370,9 @@ async def schedule(rt: Runtime) -> None:
                 if code == _BURST_END:
                     break
                 if code == _BURST_TRAP:
-                    if _trap_slow(rt, g, p, payload):
+                    # A chooser set meanwhile (lowlevel.set_chooser, which yields)
+                    # decides from the next switch on: the burst ends.
+                    if _trap_slow(rt, g, p, payload) or rt.chooser is not None:
                         break
                 elif code == _BURST_EXIT:
                     if _exited(rt, g, payload):
@@ -382,6 +400,49 @@ async def schedule(rt: Runtime) -> None:
             await syscalls.run_inline_call()
         if not (nsw & PERIODIC_MASK):
             await _periodic(rt)
+
+
+def _choose(rt: Runtime, p: P, chooser: Callable[[list[int]], int]) -> G | None:
+    """The G that p runs next when a chooser decides (``lowlevel.set_chooser``), taken
+    out of its queue; None when p's queues and the global queue are empty.
+
+    The candidates are every G that p could take without looking further: the global
+    queue's head first when the fairness tick is due, then ``runnext``, the local queue
+    and the global queue, in that order: the order the scheduler takes them in without a
+    chooser, so index 0 is always the default decision. The chooser is asked only when
+    there are two or more, with their goids; it returns an index into them.
+    """
+    runnext = p.runnext
+    runq = p.runq
+    gq = rt.globrunq
+    n = (runnext is not None) + len(runq) + len(gq)
+    if n == 0:
+        return None
+    fair = False
+    if p.schedtick >= FAIRNESS_TICKS:
+        p.schedtick = 0
+        fair = bool(gq)
+    cands: list[G] = [gq[0]] if fair else []
+    if runnext is not None:
+        cands.append(runnext)
+    cands.extend(runq)
+    cands.extend(itertools.islice(gq, 1 if fair else 0, None))
+    i = 0
+    if n > 1:
+        i = chooser([c.goid for c in cands])
+        if type(i) is not int or not 0 <= i < n:
+            raise ValueError(f"scheduler chooser returned {i!r}, not an index in range({n})")
+    g = cands[i]
+    if g is runnext:
+        p.runnext = None
+    else:
+        # By identity: G records compare by identity, and the positions are known.
+        for q in (runq, gq):
+            for k, x in enumerate(q):
+                if x is g:
+                    del q[k]
+                    return g
+    return g
 
 
 def _python_burst(rt: Runtime, p: P, g: G, burst_end: int) -> int:
@@ -421,8 +482,8 @@ def _python_burst(rt: Runtime, p: P, g: G, burst_end: int) -> int:
                 g.status = WAITING
                 if trace is not None:
                     trace.emit(rt, "park", p.id, g.goid, 0, 0)
-            elif _trap_slow(rt, g, p, trap):
-                break
+            elif _trap_slow(rt, g, p, trap) or rt.chooser is not None:
+                break  # stopped, or a chooser was set (see schedule)
         if nsw >= burst_end or not (nsw & PERIODIC_MASK):
             break
         nxt = p.runnext

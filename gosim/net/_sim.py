@@ -14,7 +14,8 @@ The model, per direction of a connection:
   ``latency`` (seconds) and, with ``bandwidth`` (bytes/s), not before the previous
   segment has finished arriving; segments never overtake each other;
 * with probability ``reset_rate`` a write resets the connection instead (both ends get
-  ``BrokenError``, as after a TCP RST);
+  ``BrokenError``, as after a TCP RST); ``resets`` names the writes that reset instead
+  (schedule exploration's shrinker replays a run with fewer of its resets so);
 * a partition ``(start, end, hosts_a, hosts_b)`` cuts every link between a host in
   ``hosts_a`` and one in ``hosts_b`` during ``[start, end)``: segments sent meanwhile are
   held and delivered after the partition heals (TCP retransmits), and dials across it
@@ -60,6 +61,12 @@ class SimNetwork:
     partitions: Iterable[tuple[float, float, Iterable[str], Iterable[str]]] = ()
     #: Every event as ``(time, what, conn, bytes)``; None keeps none.
     log: list[tuple[float, str, int, int]] | None = field(default_factory=list)
+    #: The fault plan's resets by hand: when given, exactly the writes with these
+    #: numbers reset (the network's writes counted from 0 in the order they are made),
+    #: whatever ``reset_rate`` draws. The draws are made all the same, so every other
+    #: draw (latencies) stays where it was: a run replayed with a subset of the resets
+    #: it made (:attr:`resets_made`) is that run with fewer faults.
+    resets: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         lo, hi = self.latency
@@ -75,6 +82,9 @@ class SimNetwork:
         ]
         self._listeners: dict[str, SimListener] = {}
         self._next_conn = 0
+        self._writes = 0
+        #: The numbers of the writes that reset, in order (see :attr:`resets`).
+        self.resets_made: list[int] = []
 
     def cut_until(self, now: float, h1: str, h2: str) -> float:
         """The end of the partition cutting h1 from h2 at ``now``, or 0 if none does."""
@@ -215,7 +225,13 @@ class SimConn:
         net = self._net
         rt = lowlevel.current_runtime()
         now = rt.now()
-        if net.reset_rate and net.rng.random() < net.reset_rate:
+        nwrite = net._writes
+        net._writes = nwrite + 1
+        reset = bool(net.reset_rate) and net.rng.random() < net.reset_rate
+        if net.resets is not None:
+            reset = nwrite in net.resets
+        if reset:
+            net.resets_made.append(nwrite)
             net.record(now, "reset", self._id, len(payload))
             self._out.reset = True
             self._in.reset = True

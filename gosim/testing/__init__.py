@@ -1,0 +1,38 @@
+"""Testing gosim programs: find the schedule that breaks one, and replay it.
+
+:func:`explore` runs a program under many schedules (PCT or a random walk over the
+runnable goroutines, and simulated network faults) until one fails, shrinks that run to
+a small :class:`Plan` and reports one replay line; :func:`replay` runs a plan again;
+:func:`check` and :func:`explored` are the forms for tests. ``python -m gosim.testing
+replay module:function PLAN`` replays from a shell. See the guide "Find the schedule
+that breaks it" and the modules' docstrings (``_explore``, ``_pct``, ``_shrink``,
+``_plan``). This file only imports.
+"""
+
+from ._explore import Exploration as Exploration
+from ._explore import Failure as Failure
+from ._explore import Found as Found
+from ._explore import InvariantFailed as InvariantFailed
+from ._explore import ScheduleFailure as ScheduleFailure
+from ._explore import check as check
+from ._explore import explore as explore
+from ._explore import explored as explored
+from ._explore import replay as replay
+from ._explore import replay_line as replay_line
+from ._explore import run_plan as run_plan
+from ._plan import Plan as Plan
+
+__all__ = [
+    "Exploration",
+    "Failure",
+    "Found",
+    "InvariantFailed",
+    "Plan",
+    "ScheduleFailure",
+    "check",
+    "explore",
+    "explored",
+    "replay",
+    "replay_line",
+    "run_plan",
+]
