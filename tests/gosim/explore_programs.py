@@ -10,6 +10,8 @@ from Go's order in many of them, most irrelevant to the bug: the shrinker's work
 
 from __future__ import annotations
 
+from typing import Any
+
 import gosim
 from gosim import net
 from gosim.sync import Cond, Mutex, WaitGroup
@@ -211,3 +213,49 @@ async def fragile_client() -> None:
         wg.go(client, k)
     await wg.wait()
     ln.close()
+
+
+#: The lease :func:`lease_takeover`'s writers hold, in (virtual) seconds.
+LEASE = 1.0
+
+
+async def lease_takeover() -> list[tuple[str, str]]:
+    """A writer holds a lease of one second; another waits it out, takes the lease over
+    and writes. The holder checks its lease against the clock, then waits for the disk
+    (a Mutex a compactor may hold for longer than the lease) and writes without checking
+    again: when the compactor takes the disk first, the holder's write lands past its
+    lease, after the takeover. Returns the writes as (writer, lease holder then), which
+    :func:`one_writer` wants equal."""
+    lease: dict[str, Any] = {"holder": "a", "until": LEASE}
+    disk = Mutex()
+    log: list[tuple[str, str]] = []
+    wg = WaitGroup()
+    bystanders(wg)
+
+    async def write(who: str) -> None:
+        async with disk:
+            log.append((who, lease["holder"]))
+
+    async def holder() -> None:
+        if gosim.now() < lease["until"]:
+            await write("a")  # the bug: the check above is stale once the disk waits
+
+    async def compactor() -> None:
+        async with disk:
+            await gosim.sleep(1.5 * LEASE)
+
+    async def contender() -> None:
+        await gosim.sleep(LEASE)  # the lease has run out: take it over
+        lease.update(holder="b", until=gosim.now() + LEASE)
+        await write("b")
+
+    wg.go(holder)
+    wg.go(compactor)
+    wg.go(contender)
+    await wg.wait()
+    return log
+
+
+def one_writer(log: list[tuple[str, str]]) -> bool:
+    """The invariant of :func:`lease_takeover`: every write by the lease's holder then."""
+    return all(who == held for who, held in log)
