@@ -53,6 +53,22 @@ CATALOGUE: list[tuple[str, Callable[[Any], object] | None, str, type[BaseExcepti
     ("lease_takeover", ep.one_writer, "invariant", InvariantFailed),
 ]
 RUNS = 60  # the bound: each bug is found within it for exploration seed 1
+# Seed 1's run that failed, and the shrunk plan's decisions of the failing run's, per
+# scheduler: the figures of the guide's catalogue (docs/guides/find-the-schedule.md).
+SEED1: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("lost_update", "pct"): (14, 1, 11),
+    ("lost_update", "random"): (3, 1, 9),
+    ("check_then_act", "pct"): (14, 1, 11),
+    ("check_then_act", "random"): (3, 1, 9),
+    ("lock_order", "pct"): (14, 1, 11),
+    ("lock_order", "random"): (3, 1, 9),
+    ("missed_wakeup", "pct"): (5, 1, 10),
+    ("missed_wakeup", "random"): (2, 1, 13),
+    ("send_on_closed", "pct"): (5, 1, 9),
+    ("send_on_closed", "random"): (2, 1, 2),
+    ("lease_takeover", "pct"): (2, 1, 11),
+    ("lease_takeover", "random"): (5, 1, 8),
+}
 
 
 @pytest.mark.parametrize("scheduler", ["pct", "random"])
@@ -77,6 +93,7 @@ def test_a_seeded_bug_is_found_shrunk_and_replayed(
     assert found.failure.kind == kind
     assert found.plan.decisions <= found.original.decisions
     assert 1 <= found.plan.decisions <= 20
+    assert (found.run, found.plan.decisions, found.original.decisions) == SEED1[name, scheduler]
     # The plan is the replay: the same failure, message byte for byte.
     with pytest.raises(error) as caught:
         replay(found.plan.encode(), program, invariant)
@@ -162,7 +179,8 @@ def test_network_faults_are_found_and_shrunk() -> None:
     assert found.failure.kind == "panic"
     assert isinstance(found.failure.error.__cause__, gosim.net.BrokenError)
     # The bug needs two resets on one client; the run found made more.
-    assert found.plan.nfaults == 2 < found.original.nfaults
+    assert found.plan.nfaults == 2 < found.original.nfaults == 4
+    assert found.run == 3 and found.plan.decisions == 0  # the guide's catalogue
     assert found.plan.decisions <= found.original.decisions
     with pytest.raises(gosim.Panic) as caught:
         replay(found.plan.encode(), ep.fragile_client)
