@@ -86,6 +86,10 @@ if TYPE_CHECKING:
 
 FAIRNESS_TICKS: Final = 61  # schedule checks the global queue first every 61st tick
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
+# The idle driver blocked in the netpoller wakes and gives trio a turn at least this
+# often: a signal the kernel delivered to another thread (Ctrl-C) is run by the main
+# thread only once it wakes, and a trio callback from a thread waits for a trio turn.
+IDLE_TRIO_INTERVAL: Final = 0.05
 
 # What the C inner loop (RuntimeBase._burst) hands back to the driver.
 _BURST_END: Final = 0
@@ -213,9 +217,18 @@ async def _idle(rt: Runtime) -> None:
         # round of its scheduler (a cancel scope, wait_readable's registration, a task
         # switch): most of an idle's CPU under durable calls, which idle once a commit.
         # The GIL is released meanwhile; an OS thread that wakes a goroutine without
-        # trio does it through the netpoller (a store's committer).
-        np_.poll(False, deadline - now)
-        now = rt._clock_now()  # not a trio yield: _periodic still gives trio its turns
+        # trio does it through the netpoller (a store's committer). The wait is cut at
+        # IDLE_TRIO_INTERVAL, and trio gets a turn that often: a Ctrl-C caught by
+        # another thread (trio's wakeup fd is not in this epoll) is then raised here.
+        if now - rt.last_trio_yield >= IDLE_TRIO_INTERVAL:
+            _state.rt = None
+            try:
+                await trio.lowlevel.checkpoint()
+            finally:
+                _state.rt = rt
+            rt.last_trio_yield = now = rt._clock_now()
+        np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
+        now = rt._clock_now()
         if nxt <= now:
             rt.timers.check(now)
         if rt.stats.schedtrace_interval:

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import trio
 
 import gosim
@@ -249,11 +250,14 @@ def test_the_idle_driver_waits_through_trio_while_a_syscall_can_wake_it(monkeypa
     assert waits  # the reader parked while the syscall was in flight
 
 
-def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller() -> None:
+@pytest.mark.parametrize("taken_by", ["the main thread", "another thread"])
+def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller(taken_by: str) -> None:
     """SIGINT while the driver blocks in the netpoller (a goroutine waits on a socket
-    that stays silent): gosim.run raises KeyboardInterrupt then, as it would anywhere
-    else in the program. (Should the signal wait for a trio round that never comes, a
-    byte sent 20 s later ends the run normally, and the test fails instead of hanging.)"""
+    that stays silent): gosim.run raises KeyboardInterrupt, as it would anywhere else in
+    the program, also when the kernel hands the signal to another thread (the main
+    thread's wait is then not interrupted: it wakes within IDLE_TRIO_INTERVAL and runs
+    the handler). Should the interrupt wait for another wake-up, a byte sent 20 s later
+    brings one, and the test fails instead of hanging."""
     with socket.create_server(("127.0.0.1", 0)) as plain:
         port = plain.getsockname()[1]
 
@@ -264,19 +268,27 @@ def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller() -> None:
             finally:
                 conn.close()
 
+        fallback = threading.Event()
+
         def interrupt_then_fallback() -> None:
             peer, _ = plain.accept()
             with peer:
                 time.sleep(0.2)
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # to the process: any thread may take it
                 time.sleep(20)
+                fallback.set()
                 peer.sendall(b"x")
 
         helper = threading.Thread(target=interrupt_then_fallback, daemon=True)
-        helper.start()
+        helper.start()  # before the mask below: this thread may take SIGINT
+        if taken_by == "another thread":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             gosim.run(main, procs=1)
         except KeyboardInterrupt:
-            pass
+            # While the socket was silent: not brought by the fallback byte's wake-up.
+            assert not fallback.is_set()
         else:
             raise AssertionError("KeyboardInterrupt did not reach gosim.run")
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -252,8 +252,9 @@ def test_the_demo_on_a_postgres_url_with_a_password_prints_none(own_postgres: An
 
     url = own_postgres.dsn.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
     demo = [sys.executable, "-m", "idempotency.demo", "--store", "postgres", "--postgres", url]
+    small = ["--connections", "20", "--accounts", "10"]
     out = subprocess.run(
-        [*demo, "--seconds", "2", "--seed", "3", "--plain"],
+        [*demo, "--seconds", "4", "--seed", "3", "--plain", *small],
         capture_output=True,
         text=True,
         timeout=300,
