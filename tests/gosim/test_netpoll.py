@@ -279,6 +279,10 @@ def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller(taken_by: str) -> None
                 fallback.set()
                 peer.sendall(b"x")
 
+        # Python's own SIGINT handling, as a program started from a terminal has it (a
+        # process started in the background of a script inherits SIGINT ignored: CI's
+        # parallel passes do), which trio builds its KeyboardInterrupt on.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         helper = threading.Thread(target=interrupt_then_fallback, daemon=True)
         helper.start()  # before the mask below: this thread may take SIGINT
         if taken_by == "another thread":
@@ -292,3 +296,4 @@ def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller(taken_by: str) -> None
             raise AssertionError("KeyboardInterrupt did not reach gosim.run")
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, previous)
