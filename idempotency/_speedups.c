@@ -20,11 +20,10 @@
  *                       granted itself (written without a read) and its record of them;
  *   parse_request       idempotency/rpc/_protocol.py's parse(), for a well-formed
  *                       request (the RPC server's every call);
- *   TwoStepCall         idempotency/_idempotency.py's _py_continuation: a two-step
+ *   TwoStepCall         idempotency/_idempotency.py's KeyedCall, its two steps: a
  *                       call's way from its claim's answer through its handler to its
- *                       record's answer, on a CallbackStore, and run_later, its
- *                       start (_py_run_later: the key checked, the request
- *                       fingerprinted, the claim asked for);
+ *                       record's answer, and run_later, its start (_py_run_later: the
+ *                       key checked, the request fingerprinted, the claim asked for);
  *   claim_later, complete_later
  *                       idempotency/stores/_batch.py's BatchedStore methods: an
  *                       operation's Op built and handed to the group commit;

@@ -33,8 +33,8 @@ RUNS = 60  # the bound: each bug is found within it for exploration seed 1
 SEED1: dict[tuple[str, str], tuple[int, int, int]] = {
     ("released_twice", "pct"): (6, 2, 7),
     ("released_twice", "random"): (5, 1, 7),
-    ("effect_without_record", "pct"): (7, 1, 2),
-    ("effect_without_record", "random"): (17, 1, 1),
+    ("effect_without_record", "pct"): (12, 1, 4),
+    ("effect_without_record", "random"): (9, 1, 5),
 }
 CATALOGUE: list[tuple[str, Callable[[Any], bool]]] = [
     ("released_twice", ep.charged_once),
