@@ -549,7 +549,7 @@ _scalars = (
     | st.builds(msgpack.Timestamp, st.integers(0, 2**34 - 1), st.integers(0, 999_999_999))
 )
 _keys = _scalars.filter(lambda k: not (isinstance(k, float) and math.isnan(k))) | st.tuples(
-    st.integers(), st.text(max_size=3)
+    st.integers(-(2**63), 2**64 - 1), st.text(max_size=3)
 )
 _values = st.recursive(
     _scalars,
