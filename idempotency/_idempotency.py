@@ -27,12 +27,13 @@ The flow of :meth:`Idempotency.run`, fast path first:
    undo, once it has written, is recorded whatever follows: see InvalidResult.)
 
 With ``one_step=True`` (a handler that only builds its outcome, at once) on a store that
-can (SQLite), steps 2-4 are one store operation: the handler runs first, with
-``call.fence`` set only when its effect runs, and the claim, the effect and the record
-commit in one transaction (a replay or a mismatch drops what the handler built; a busy
-key is waited for as above). :meth:`Idempotency.run_later` is that step's one
-mechanism, a callback the store's batch calls once the commit returned; ``run`` with
-``one_step=True`` is a wait on it.
+can (a OneStepStore: SQLite, PostgreSQL), steps 2-4 are one store operation: the handler
+runs first, with ``call.fence`` set only when its effect runs, and the claim, the effect
+and the record commit in one transaction (a replay or a mismatch drops what the handler
+built; a busy key is waited for as above). No claim is committed apart from its record,
+so a holder killed mid-call leaves no claim to wait out. :meth:`Idempotency.run_later` is
+that step's one mechanism, a callback the store's batch calls once the commit returned;
+``run`` with ``one_step=True`` is a wait on it.
 
 The two steps have one mechanism too, on every store: a :class:`KeyedCall`, one object
 per call whose methods are the protocol's steps, which the store answers with its bound
@@ -275,12 +276,16 @@ class Idempotency:
         ``one_step=True`` says that the handler does nothing but return: an
         :class:`~idempotency.stores.Effect` (or a value, or a final ApplicationError)
         built from its :class:`Call`, at once (no awaitable). On a store that can
-        (:class:`~idempotency.stores.OneStepStore`: SQLite), the handler then runs
-        before the claim, and the claim, the effect and the record commit in one
-        transaction: one round trip and one commit instead of two, and no in-progress
-        record. ``call.fence`` is set only when the effect runs (read it in the effect,
-        not in the handler), and the handler also runs for a call that turns out to be
-        a replay (its effect is then dropped). On other stores it is the usual path.
+        (:class:`~idempotency.stores.OneStepStore`: ``SQLiteStore``,
+        ``PostgresStore``), the handler then runs before the claim, and the claim, the
+        effect and the record commit in one transaction: one round trip and one commit
+        instead of two, and no in-progress record, so a process killed mid-call leaves
+        its key free (or completed), never claimed until a lease lapses. (A key found
+        held by another execution is waited for as usual; a claim taken over from a
+        lapsed holder is then completed in a second transaction.) ``call.fence`` is set
+        only when the effect runs (read it in the effect, not in the handler), and the
+        handler also runs for a call that turns out to be a replay (its effect is then
+        dropped). On other stores (Redis, memory) it is the usual path.
 
         ``one_step`` stays a promise the caller makes, not a guess from the handler's
         type: a plain function that returns at once may still act outside the store

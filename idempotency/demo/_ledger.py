@@ -524,8 +524,9 @@ def make_server(
         max_connections=max_connections,
     )
 
-    # one_step: the method only builds its effect, so on SQLite the claim, the balance
-    # change and the record commit in one transaction (one group commit, not two).
+    # one_step: the method only builds its effect, so on SQLite and PostgreSQL the
+    # claim, the balance change and the record commit in one transaction (one group
+    # commit, not two; Redis takes two steps).
     @srv.method(idempotent=True, pass_call=True, one_step=one_step)
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         _check(src, dst, amount)
