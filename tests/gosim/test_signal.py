@@ -382,3 +382,46 @@ def test_a_simulation_takes_signals_from_inject_only(
     assert rec1.got == [signal.SIGUSR1]
     with pytest.raises(gosim.Deadlock, match=r"goroutine 1 \[chan receive\]"):
         gosim.run(main, True, **kwargs)
+
+
+def test_once_stopped_a_signal_is_no_wake_source_any_more(
+    usr_handlers: tuple[Recorder, Recorder],
+) -> None:
+    """While relayed, waiting for a signal is no deadlock (the child-process tests show
+    it); stopped, a goroutine left waiting on the channel is one again."""
+
+    async def main() -> None:
+        ch = Chan[Sig](1)
+        gosignal.notify(ch, signal.SIGUSR1, signal.SIGUSR2)
+        gosignal.reset(signal.SIGUSR2)
+        gosignal.stop(ch)
+        await ch.recv()
+
+    with pytest.raises(gosim.Deadlock, match=r"goroutine 1 \[chan receive\]"):
+        gosim.run(main)
+
+
+def test_an_open_runtime_relays_and_gives_the_handler_back_on_leaving(
+    usr_handlers: tuple[Recorder, Recorder],
+) -> None:
+    import trio  # noqa: PLC0415 -- only this test drives the runtime from trio
+
+    rec1, _ = usr_handlers
+
+    async def wait_for_one() -> str:
+        ch = Chan[Sig](1)
+        gosignal.notify(ch, signal.SIGUSR1)
+        signal.raise_signal(signal.SIGUSR1)
+        sig = await ch.recv()
+        assert sig is not None
+        return sig.name
+
+    async def trio_main() -> str:
+        async with gosim.open_runtime() as rt:
+            name = await rt.call(wait_for_one)
+            assert signal.getsignal(signal.SIGUSR1) is not rec1  # still relaying
+        return name
+
+    assert trio.run(trio_main) == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is rec1
+    assert rec1.got == []
