@@ -73,9 +73,22 @@ class SignalReceived(GosimError):
     """The cause of a :func:`notify_context` context's cancellation: ``signal``
     arrived (``signal received: SIGTERM``)."""
 
-    def __init__(self, sig: _os.Signals) -> None:
-        super().__init__(f"signal received: {sig.name}")
+    def __init__(self, sig: _os.Signals | int) -> None:
+        super().__init__(f"signal received: {_name(sig)}")
         self.signal = sig
+
+
+def _name(sig: _os.Signals | int) -> str:
+    return sig.name if isinstance(sig, _os.Signals) else f"signal {sig}"
+
+
+def _as_signal(signum: int) -> _os.Signals | int:
+    """The member of :class:`signal.Signals` for ``signum``; the number itself for a
+    real-time signal the enum does not name (``SIGRTMIN + 2``)."""
+    try:
+        return _os.Signals(signum)
+    except ValueError:
+        return signum
 
 
 class _ContextTarget:
@@ -86,7 +99,7 @@ class _ContextTarget:
     def __init__(self, cancel: Callable[[BaseException | None], None]) -> None:
         self.cancel = cancel
 
-    def try_send(self, sig: _os.Signals) -> bool:
+    def try_send(self, sig: _os.Signals | int) -> bool:
         self.cancel(SignalReceived(sig))
         return True
 
@@ -108,14 +121,14 @@ class _Relays:
     def process(self, signum: int) -> None:
         """Send ``signum`` to every channel that wants it, without blocking (Go's
         ``process``); a full channel misses it."""
-        sig = _os.Signals(signum)
+        sig = _as_signal(signum)
         for target, want in list(self.handlers.items()):
             if signum in want:
                 try:
-                    target.try_send(sig)
+                    target.try_send(sig)  # type: ignore[arg-type]
                 except SendOnClosedChannel:
                     raise SendOnClosedChannel(
-                        f"send on closed channel: gosim.signal relayed {sig.name} to a "
+                        f"send on closed channel: gosim.signal relayed {_name(sig)} to a "
                         "channel closed while notified (call stop(ch) before closing it)"
                     ) from None
 
@@ -179,7 +192,8 @@ def _stop(target: _Target) -> None:
 def notify(ch: Chan[_os.Signals], *sigs: int) -> None:
     """Relay the signals ``sigs`` to ``ch`` (Go's ``signal.Notify``).
 
-    ``ch`` receives :class:`signal.Signals` members. The relay never blocks: a signal
+    ``ch`` receives :class:`signal.Signals` members (a real-time signal the enum
+    does not name, as ``SIGRTMIN + 2``, as its number). The relay never blocks: a signal
     that finds ``ch`` full is dropped for it, so ``ch`` must be buffered (ValueError
     otherwise, and for a None channel, no signal, an invalid signal, SIGKILL or
     SIGSTOP). Calling it again adds signals to ``ch``'s set; several channels each get

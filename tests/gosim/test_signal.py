@@ -425,3 +425,23 @@ def test_an_open_runtime_relays_and_gives_the_handler_back_on_leaving(
     assert trio.run(trio_main) == "SIGUSR1"
     assert signal.getsignal(signal.SIGUSR1) is rec1
     assert rec1.got == []
+
+
+def test_a_real_time_signal_the_enum_does_not_name_arrives_as_its_number() -> None:
+    rt_sig = signal.SIGRTMIN + 2
+    assert rt_sig not in {s.value for s in signal.Signals}
+
+    async def main() -> tuple[Any, str]:
+        ch: Chan[Any] = Chan(1)
+        gosignal.notify(ch, rt_sig)
+        gosignal.inject(rt_sig)
+        got = await ch.recv()
+        ctx, stop = gosignal.notify_context(context.background(), rt_sig)
+        gosignal.inject(rt_sig)
+        cause = str(context.cause(ctx))
+        stop()
+        gosignal.stop(ch)
+        return got, cause
+
+    assert gosim.run(main) == (rt_sig, f"signal received: signal {rt_sig}")
+    assert signal.getsignal(rt_sig) == signal.SIG_DFL
