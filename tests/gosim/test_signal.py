@@ -445,3 +445,34 @@ def test_a_real_time_signal_the_enum_does_not_name_arrives_as_its_number() -> No
 
     assert gosim.run(main) == (rt_sig, f"signal received: signal {rt_sig}")
     assert signal.getsignal(rt_sig) == signal.SIG_DFL
+
+
+def test_a_busy_driver_relays_within_a_few_hundred_switches(
+    usr_handlers: tuple[Recorder, Recorder],
+) -> None:
+    """Two goroutines ping-pong and the driver never idles: the signal is relayed by
+    its periodic duties (every 256 switches), not only when it idles."""
+
+    async def echo(ping: Chan[int], pong: Chan[int]) -> None:
+        async for v in ping:
+            await pong.send(v)
+
+    async def main() -> int | None:
+        ch = Chan[Sig](1)
+        gosignal.notify(ch, signal.SIGUSR1)
+        ping: Chan[int] = Chan()
+        pong: Chan[int] = Chan()
+        gosim.go(echo, ping, pong)
+        signal.raise_signal(signal.SIGUSR1)
+        for i in range(2000):  # two switches a round
+            if ch.try_recv()[2]:
+                ping.close()
+                return i
+            await ping.send(i)
+            await pong.recv()
+        ping.close()
+        return None
+
+    rounds = gosim.run(main, procs=1)
+    assert rounds is not None
+    assert rounds <= 256
