@@ -38,7 +38,10 @@ channels' countdown) and
 ``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
 (trio's ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
 deterministic run's scheduling decisions be made from outside Go's order (schedule
-exploration, ``gosim.testing``).
+exploration, ``gosim.testing``). :func:`signal_queue` is the runtime's half of
+``gosim.signal`` (its OS handlers and caught signals, ``gosim._core._signal``);
+:func:`goroutines` and :func:`goroutine_dump` list the live goroutines as a crash dump
+does (``gosim.testing.check_no_leaks``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from typing import Any
 import trio
 
 from gosim._core._accel import speedups as speedups
+from gosim._core._dump import goroutine_dump as goroutine_dump
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._exceptions import WaitCancelled as WaitCancelled
 from gosim._core._exceptions import WaitTimeout as WaitTimeout
@@ -78,6 +82,8 @@ from gosim._core._runtime import preempt_point as preempt_point
 from gosim._core._runtime import run as run
 from gosim._core._runtime import schedtrace as schedtrace
 from gosim._core._runtime import statistics as statistics
+from gosim._core._signal import SignalQueue as SignalQueue
+from gosim._core._signal import signal_number as signal_number
 from gosim._core._state import GOSCHED as GOSCHED
 from gosim._core._state import OP_BUDGET as OP_BUDGET
 from gosim._core._state import PARK as PARK
@@ -184,6 +190,19 @@ async def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
     await gosched()
 
 
+def goroutines() -> list[G]:
+    """The running runtime's live goroutines (Go's ``allgs``), in goid order: a
+    snapshot, for checks and dumps (``gosim.testing.check_no_leaks``)."""
+    allg = current_runtime().allg
+    return [allg[goid] for goid in sorted(allg)]
+
+
+def signal_queue() -> SignalQueue:
+    """The running runtime's signal queue (Go's ``sigqueue``: its OS handlers and the
+    signals caught and not yet relayed), on which ``gosim.signal`` is built."""
+    return current_runtime().signals
+
+
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
     rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
@@ -217,6 +236,7 @@ __all__ = [
     "Runtime",
     "RuntimeTimer",
     "RuntimeVar",
+    "SignalQueue",
     "Sudog",
     "WaitCancelled",
     "WaitReason",
@@ -227,6 +247,8 @@ __all__ = [
     "current_g",
     "current_runtime",
     "del_timer",
+    "goroutine_dump",
+    "goroutines",
     "netpoller",
     "park",
     "preempt_point",
@@ -235,6 +257,8 @@ __all__ = [
     "set_chooser",
     "set_netpoller",
     "set_op_budget_refill",
+    "signal_number",
+    "signal_queue",
     "speedups",
     "state",
     "trap",

@@ -22,6 +22,8 @@ and ``procresize``. The parts with state of their own are objects it holds:
                  thread limiter and the virtual clock's hold;
 ``rt.stats``     :class:`~._stats.Stats`: the counters behind ``gosim.statistics``
                  and the ``SCHED`` line;
+``rt.signals``   :class:`~._signal.SignalQueue`: the OS signal handlers and the
+                 signals caught and not yet relayed (``gosim.signal``);
 ``rt.runvars``   the values of the layers above (the heap, the simulated network),
                  each under its typed :class:`RuntimeVar`.
 
@@ -75,6 +77,7 @@ from gosim._core._runq import (
     _burst_available,
     _RuntimeFields,
 )
+from gosim._core._signal import SignalQueue
 from gosim._core._state import (
     GFREE_LOCAL_MAX,
     GOSCHED,
@@ -155,6 +158,7 @@ class Runtime(_RuntimeFields):
         self.timers = Timers(self)
         self.syscalls = Syscalls(self, max_threads)
         self.stats = Stats(self)
+        self.signals = SignalQueue(self)
         # Per-runtime values of the layers above the core (the heap, the simulated
         # network), each under its own typed RuntimeVar.
         self.runvars: dict[RuntimeVar[Any], Any] = {}

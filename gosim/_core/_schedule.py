@@ -24,7 +24,8 @@ How a goroutine runs, fast to slow
    timer of its heap that readies a goroutine there, or a goroutine back from a
    syscall to it, takes it back too. When the last running P finds nothing the driver
    idles in trio until the earliest timer, I/O on the netpoller, a syscall's or trio
-   call's completion, or a new ``rt.call``. If none of those can ever come, it stops
+   call's completion, a new ``rt.call`` or a signal relayed from the OS
+   (:mod:`._signal`, relayed here and in step 5). If none of those can ever come, it stops
    with Go's deadlock error and a goroutine dump.
 5. Every ``PERIODIC_MASK + 1`` switches the driver polls the netpoller (its goroutines
    to the global queue's tail, behind those already waiting), then runs expired timers
@@ -170,7 +171,12 @@ def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
 
 
 async def _idle(rt: Runtime) -> None:
-    """No P found work: wait for a timer, an outside completion or a new call."""
+    """No P found work: wait for a timer, an outside completion, a new call or a signal."""
+    if rt.signals.pending:
+        # Before deciding whether anything can wake a goroutine: a relayed signal may
+        # have readied one.
+        _relay_signals(rt)
+        return
     if rt.injectq:
         return
     nxt = rt.timers.earliest() if rt.timers.narmed else math.inf
@@ -179,11 +185,13 @@ async def _idle(rt: Runtime) -> None:
     if (
         rt.syscalls.nexternal == 0
         and io_waiters == 0
+        and not rt.signals.nwake
         and (rt.allg or not rt.open_mode)
         and (nxt == math.inf or not rt.timers.can_wake())
     ):
         # Nothing can wake a goroutine: no timer that can (channel timers nobody
-        # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call.
+        # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call, no
+        # signal relayed from the OS.
         _checkdead(rt)
         return
     now = rt._clock_now()
@@ -258,6 +266,16 @@ async def _idle(rt: Runtime) -> None:
         rt.stats.maybe_schedtrace(rt.last_trio_yield)
 
 
+def _relay_signals(rt: Runtime) -> None:
+    """Relay the signals caught since the last time (``_signal``), on the driver. A
+    relay that fails (a send on a channel closed while notified) stops the runtime with
+    its error, as the panic in Go's signal-relaying goroutine would."""
+    try:
+        rt.signals.flush()
+    except Exception as exc:
+        _fail(rt, exc)
+
+
 def _checkdead(rt: Runtime) -> None:
     """Nothing can ever run again: Go's checkdead."""
     if not rt.allg and rt.main_goexited:
@@ -281,6 +299,8 @@ async def _periodic(rt: Runtime) -> None:
         rt.timers.check(now)
     if rt.injectq:
         rt._drain_inject()
+    if rt.signals.pending:
+        _relay_signals(rt)
     if rt.stats.schedtrace_interval:
         rt.stats.maybe_schedtrace(now)
     if now - rt.last_trio_yield >= TRIO_YIELD_INTERVAL or (rt.nswitch & 0xFFF) == 0:
@@ -611,7 +631,8 @@ def _trap_slow(rt: Runtime, g: G, p: P, trap: Any) -> bool:
 
 
 def close_all(rt: Runtime) -> None:
-    """Close every live goroutine's coroutine so its ``finally`` blocks run."""
+    """Close every live goroutine's coroutine so its ``finally`` blocks run, and put
+    back the signal handlers the runtime replaced."""
     prev = _state.rt
     _state.rt = None  # a finally block must not schedule work on a stopped runtime
     try:
@@ -636,6 +657,7 @@ def close_all(rt: Runtime) -> None:
         if closer is not None:
             closer()  # sockets still open when the runtime ends are closed
     finally:
+        rt.signals.close()  # the signal handlers it replaced are back
         _state.rt = prev
 
 

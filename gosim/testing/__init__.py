@@ -6,7 +6,9 @@ a small :class:`Plan` and reports one replay line; :func:`replay` runs a plan ag
 :func:`check` and :func:`explored` are the forms for tests. ``python -m gosim.testing
 replay module:function PLAN`` replays from a shell. See the guide "Find the schedule
 that breaks it" and the modules' docstrings (``_explore``, ``_pct``, ``_shrink``,
-``_plan``). This file only imports.
+``_plan``). :func:`check_no_leaks` fails a test whose goroutines outlive it, with a
+:class:`GoroutineLeak` that lists them (``_leaks``, Go's ``goleak``). This file only
+imports.
 """
 
 from ._explore import Exploration as Exploration
@@ -20,16 +22,20 @@ from ._explore import explored as explored
 from ._explore import replay as replay
 from ._explore import replay_line as replay_line
 from ._explore import run_plan as run_plan
+from ._leaks import GoroutineLeak as GoroutineLeak
+from ._leaks import check_no_leaks as check_no_leaks
 from ._plan import Plan as Plan
 
 __all__ = [
     "Exploration",
     "Failure",
     "Found",
+    "GoroutineLeak",
     "InvariantFailed",
     "Plan",
     "ScheduleFailure",
     "check",
+    "check_no_leaks",
     "explore",
     "explored",
     "replay",
