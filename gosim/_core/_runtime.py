@@ -601,15 +601,20 @@ class RuntimeVar(Generic[T]):
         self._name = name
 
     def get(self) -> T | None:
+        """The running runtime's value, or None while it has none; :class:`NotInRuntime`
+        outside a runtime."""
         return current_runtime().runvars.get(self)
 
     def set(self, value: T) -> None:
+        """Set the running runtime's value; :class:`NotInRuntime` outside a runtime."""
         current_runtime().runvars[self] = value
 
     def get_in(self, rt: Runtime) -> T | None:
+        """``rt``'s value, or None while it has none."""
         return rt.runvars.get(self)
 
     def set_in(self, rt: Runtime, value: T) -> None:
+        """Set ``rt``'s value."""
         rt.runvars[self] = value
 
     def __repr__(self) -> str:
@@ -682,6 +687,7 @@ class RuntimeHandle:
 
     @property
     def runtime(self) -> Runtime:
+        """The runtime this handle drives (its goroutines, clock and statistics)."""
         return self._rt
 
     async def _drive_and_notify(self) -> None:
