@@ -222,8 +222,8 @@ def bench_shrunk_replay(benchmark: Any, bug: Bug, scheduler: str) -> None:
         assert f is not None
         try:
             replay(f.plan, bug.program, bug.invariant)
-        except (gosim.Panic, gosim.Deadlock, AssertionError) as exc:
-            assert str(exc) == f.failure.message
+        except Exception as exc:  # the run's failure: a panic, deadlock or invariant
+            assert lowlevel.panic_report(exc) == f.failure.message
         else:
             raise AssertionError(f"{bug.name}: the shrunk plan {f.plan} passed")
     info = benchmark.extra_info

@@ -53,6 +53,7 @@ import trio
 
 from gosim._core._accel import speedups as speedups
 from gosim._core._dump import goroutine_dump as goroutine_dump
+from gosim._core._dump import panic_report as panic_report
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._exceptions import WaitCancelled as WaitCancelled
 from gosim._core._exceptions import WaitTimeout as WaitTimeout
@@ -78,6 +79,7 @@ from gosim._core._runtime import gomaxprocs as gomaxprocs
 from gosim._core._runtime import gosched as gosched
 from gosim._core._runtime import num_goroutine as num_goroutine
 from gosim._core._runtime import open_runtime as open_runtime
+from gosim._core._runtime import panic as panic
 from gosim._core._runtime import preempt_point as preempt_point
 from gosim._core._runtime import run as run
 from gosim._core._runtime import schedtrace as schedtrace
@@ -250,6 +252,7 @@ __all__ = [
     "goroutine_dump",
     "goroutines",
     "netpoller",
+    "panic_report",
     "park",
     "preempt_point",
     "ready",

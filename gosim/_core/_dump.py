@@ -58,6 +58,17 @@ def panic_line(exc: BaseException) -> str:
     return f"panic: {str(exc) or type(exc).__name__}"
 
 
+def panic_report(exc: BaseException) -> str:
+    """Go's crash report for exc, which the runtime added to it as a note when exc
+    escaped a goroutine and stopped the runtime (``panic: ...``, ``goroutine N
+    [running]:``, ...); ``str(exc)`` when it has no such note."""
+    head = panic_line(exc) + "\n\ngoroutine "
+    for note in reversed(getattr(exc, "__notes__", ())):
+        if isinstance(note, str) and note.startswith(head):
+            return note
+    return str(exc)
+
+
 def g_state(g: G) -> str:
     """What a dump prints between the brackets: the wait reason of a parked goroutine
     (``chan receive``), else its status (``runnable``)."""

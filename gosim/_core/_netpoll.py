@@ -29,8 +29,13 @@ from typing import Protocol
 
 
 class NetPoller(Protocol):
-    def poll(self, to_global: bool = False, timeout: float = 0.0) -> int: ...
+    def poll(self, to_global: bool = False, timeout: float = 0.0) -> int:
+        """Ready every goroutine whose I/O can proceed, onto the current P (with
+        ``to_global``, the global queue's tail); how many. ``timeout``: how long to block
+        for the first event (``math.inf``: until one; 0: not at all)."""
 
-    def waiters(self) -> int: ...
+    def waiters(self) -> int:
+        """How many goroutines are parked on I/O now (non-zero: I/O can wake the runtime)."""
 
-    def fileno(self) -> int: ...
+    def fileno(self) -> int:
+        """A descriptor that is readable when I/O is ready, for the idle driver to wait on."""

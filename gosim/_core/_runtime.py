@@ -60,14 +60,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from types import CoroutineType as _CoroutineType
-from typing import IO, TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar
 
 import trio
 
 from gosim._core import _g, _schedule
 from gosim._core._accel import speedups
 from gosim._core._dump import describe_fn, goroutine_dump
-from gosim._core._exceptions import NotInRuntime, throw
+from gosim._core._exceptions import NotInRuntime, Panic, throw
 from gosim._core._g import DEAD, RUNNABLE, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._runq import (
@@ -605,15 +605,20 @@ class RuntimeVar(Generic[T]):
         self._name = name
 
     def get(self) -> T | None:
+        """The running runtime's value, or None while it has none; :class:`NotInRuntime`
+        outside a runtime."""
         return current_runtime().runvars.get(self)
 
     def set(self, value: T) -> None:
+        """Set the running runtime's value; :class:`NotInRuntime` outside a runtime."""
         current_runtime().runvars[self] = value
 
     def get_in(self, rt: Runtime) -> T | None:
+        """``rt``'s value, or None while it has none."""
         return rt.runvars.get(self)
 
     def set_in(self, rt: Runtime, value: T) -> None:
+        """Set ``rt``'s value."""
         rt.runvars[self] = value
 
     def __repr__(self) -> str:
@@ -686,6 +691,7 @@ class RuntimeHandle:
 
     @property
     def runtime(self) -> Runtime:
+        """The runtime this handle drives (its goroutines, clock and statistics)."""
         return self._rt
 
     async def _drive_and_notify(self) -> None:
@@ -701,8 +707,9 @@ class RuntimeHandle:
         """Run ``fn(*args)`` as a goroutine; return its result or raise what it raised.
 
         An exception escaping ``fn`` is delivered to this caller and does not stop the
-        runtime; a panic elsewhere, or a deadlock, stops it and is raised here as
-        :class:`Panic` / :class:`Deadlock`.
+        runtime; an exception escaping another goroutine, or a deadlock, stops it and is
+        raised here: that exception itself (with the crash report as a note, as
+        :func:`run` raises it) or :class:`Deadlock`.
         """
         rt = self._rt
         if rt.stopped:
@@ -746,8 +753,14 @@ def run(
     """Run ``main(*args)`` as goroutine 1 on a fresh runtime and return its result.
 
     As in Go, the program ends when main returns: other goroutines are closed (their
-    ``finally`` blocks run). An exception escaping any goroutine stops the runtime and
-    raises :class:`Panic`; when nothing can run, :class:`Deadlock`. ``procs`` defaults to
+    ``finally`` blocks run). An exception escaping any goroutine (Go's unrecovered panic)
+    stops the runtime, closes the other goroutines and is raised here as itself: its own
+    type, the same object, so ``except OSError`` around ``run`` catches a goroutine's
+    ``OSError``. Go's crash report (``panic: ...``, ``goroutine N [running]:``, the
+    function and the goroutine that started it) is added to it as a note
+    (``add_note``), which the traceback shows. ``gosim.panic(value)`` with a value that
+    is not an exception raises :class:`Panic`, which arrives the same way. When nothing
+    can run, :class:`Deadlock`. ``procs`` defaults to
     the CPU count (Go's GOMAXPROCS). ``seed`` fixes every random choice; with
     ``virtual_time=True`` time is virtual too, and the run is fully reproducible for
     the same ``procs`` (give it explicitly to replay a seed on another machine).
@@ -852,6 +865,22 @@ def goexit() -> None:
     if rt is None or rt.curg is None:
         raise NotInRuntime("goexit: not inside a gosim goroutine")
     raise _Goexit()
+
+
+def panic(value: object) -> NoReturn:
+    """Go's ``panic(value)``: raise ``value`` if it is an exception, else :class:`Panic`.
+
+    An exception is raised as itself (Go's ``panic(err)``); any other value (a string, a
+    number) is carried by a :class:`Panic` whose ``value`` it is and whose ``goid`` is
+    the calling goroutine's (None outside one). Caught inside the goroutine, it is
+    recovered, as by a deferred ``recover()`` in Go; uncaught, it stops the runtime and
+    :func:`run` raises it, with Go's crash report as a note.
+    """
+    if isinstance(value, BaseException):
+        raise value
+    rt = _state.rt
+    g = None if rt is None else rt.curg
+    raise Panic(value, None if g is None else g.goid)
 
 
 def gomaxprocs(n: int | None = None) -> int:

@@ -67,7 +67,7 @@ import trio
 
 from gosim._core._accel import speedups
 from gosim._core._dump import created_by, g_funcname, panic_line
-from gosim._core._exceptions import Deadlock, GosimError, Panic
+from gosim._core._exceptions import Deadlock, GosimError
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._runq import P, _burst_available
@@ -575,16 +575,17 @@ def _raised(rt: Runtime, g: G, p: P, exc: Exception) -> bool:
 
 
 def _panic(rt: Runtime, g: G, exc: Exception) -> None:
-    msg = f"{panic_line(exc)}\n\ngoroutine {g.goid} [running]:\n{g_funcname(g)}(...)"
+    # The exception stops the runtime and leaves run() as itself (see Panic); Go's crash
+    # report rides along as a note, so the goroutine it escaped is not lost.
+    report = f"{panic_line(exc)}\n\ngoroutine {g.goid} [running]:\n{g_funcname(g)}(...)"
     creator = created_by(g)
     if creator is not None:
-        msg += "\n" + creator
-    err = Panic(g.goid, msg)
-    err.__cause__ = exc
+        report += "\n" + creator
+    exc.add_note(report)
     g.status = DEAD
     rt.allg.pop(g.goid, None)
     g.coro = g.elem = g.param = g.p = None
-    _fail(rt, err)
+    _fail(rt, exc)
 
 
 def _trap_slow(rt: Runtime, g: G, p: P, trap: Any) -> bool:

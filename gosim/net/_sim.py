@@ -95,6 +95,7 @@ class SimNetwork:
         return end
 
     def record(self, now: float, what: str, conn: int, n: int) -> None:
+        """Append ``(now, what, conn, n)`` to :attr:`log` when it is kept (None: not)."""
         if self.log is not None:
             self.log.append((now, what, conn, n))
 
@@ -165,15 +166,20 @@ class SimConn:
         return f"<gosim.net.SimConn {self._local} -> {self._remote}>"
 
     def local_addr(self) -> str:
+        """This end's address on the simulated network, ``host:port``."""
         return self._local
 
     def remote_addr(self) -> str:
+        """The peer's address on the simulated network, ``host:port``."""
         return self._remote
 
     def _host(self, addr: str) -> str:
         return addr.rpartition(":")[0]
 
     async def read(self, n: int = 65536) -> bytes:
+        """Up to ``n`` bytes as soon as some have arrived; ``b""`` at end of stream, as
+        :meth:`Conn.read`. A reset raises :class:`BrokenError`, a passed read deadline
+        :class:`DeadlineExceeded`."""
         if self._closed:
             raise ClosedError()
         if self._reading:
@@ -215,6 +221,8 @@ class SimConn:
         return await read_full(self, n)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Send all of ``data`` (it arrives after the network's latency, unless a fault
+        intervenes); return its length. Never blocks."""
         if self._closed:
             raise ClosedError()
         if self._wclosed:
@@ -259,6 +267,7 @@ class SimConn:
         return len(payload)
 
     def close_write(self) -> None:
+        """Half-close: the peer reads end of stream once what was sent has arrived."""
         if self._closed:
             raise ClosedError()
         self._wclosed = True
@@ -271,6 +280,7 @@ class SimConn:
         )
 
     def close(self) -> None:
+        """Close both directions; a goroutine reading this end gets :class:`ClosedError`."""
         if self._closed:
             return
         self._closed = True
@@ -280,9 +290,11 @@ class SimConn:
         _wake(self._in, "closed")
 
     def set_deadline(self, t: float | None) -> None:
+        """Deadline for reads (writes never block here): a ``gosim.now()`` time; 0/None clears."""
         self._rdeadline = t or 0.0
 
     def set_read_deadline(self, t: float | None) -> None:
+        """Deadline for reads: an absolute ``gosim.now()`` time; 0/None clears."""
         self._rdeadline = t or 0.0
 
     def set_write_deadline(self, t: float | None) -> None:
@@ -327,9 +339,11 @@ class SimListener:
         self._closed = False
 
     def addr(self) -> str:
+        """The address listened on, ``host:port``."""
         return self._address
 
     async def accept(self) -> SimConn:
+        """Wait for the next connection and return it; :class:`ClosedError` once closed."""
         if self._closed:
             raise ClosedError()
         conn = await self._pending.recv()
@@ -338,6 +352,7 @@ class SimListener:
         return conn
 
     def close(self) -> None:
+        """Stop listening; a goroutine blocked in ``accept`` gets :class:`ClosedError`."""
         if self._closed:
             return
         self._closed = True

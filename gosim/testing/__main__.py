@@ -12,9 +12,8 @@ import importlib
 import sys
 from typing import Any
 
-import gosim
-
-from ._explore import InvariantFailed, replay
+from ._explore import run_plan
+from ._plan import Plan
 
 
 def _resolve(spec: str) -> Any:
@@ -42,13 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     program = _resolve(a.program)
     invariant = _resolve(a.invariant) if a.invariant else None
     try:
-        replay(a.plan, program, invariant)
-    except (gosim.Panic, gosim.Deadlock, InvariantFailed) as exc:
-        print(exc, file=sys.stderr)
-        return 1
+        plan = Plan.decode(a.plan)
     except ValueError as exc:
         print(f"gosim.testing: {exc}", file=sys.stderr)
         return 2
+    # The run's failure is whatever escaped a goroutine (its crash report printed), the
+    # deadlock or the invariant's refusal: each the program's, so exit 1.
+    failure = run_plan(program, plan, invariant).failure
+    if failure is not None:
+        print(failure.message, file=sys.stderr)
+        return 1
     print("the run passed", file=sys.stderr)
     return 0
 

@@ -5,8 +5,8 @@ deterministic runtime (``gosim.run(seed=..., virtual_time=True)``) again and aga
 time with a chooser (``gosim.lowlevel.set_chooser``, see :mod:`._pct`) deciding which
 runnable goroutine runs at every switch and, when ``faults`` are given, a simulated
 network with those faults (``gosim.net.SimNetwork``) installed before the program
-starts. It stops at the first run that fails: a :class:`gosim.Panic` (an exception
-escaped a goroutine: an ``assert``, a send on a closed channel), a
+starts. It stops at the first run that fails: a panic (an exception escaped a
+goroutine and ``gosim.run`` raised it: an ``assert``, a send on a closed channel), a
 :class:`gosim.Deadlock` (with its goroutine dump), or the ``invariant`` refusing the
 program's result. That run is recorded as a :class:`~._plan.Plan` (the decisions that
 differ from Go's order, the faults), shrunk (:mod:`._shrink`), and reported with one
@@ -56,8 +56,9 @@ class InvariantFailed(AssertionError):
 @dataclass(frozen=True)
 class Failure:
     """How a run failed: ``kind`` is ``"panic"``, ``"deadlock"`` or ``"invariant"``,
-    ``message`` the failure's text (the same bytes on replay), ``error`` the exception
-    (``Panic``, ``Deadlock`` or :class:`InvariantFailed`)."""
+    ``message`` the failure's text (the same bytes on replay: for a panic, Go's crash
+    report, which the runtime noted on the exception), ``error`` the exception (the
+    one that escaped a goroutine, the ``Deadlock`` or the :class:`InvariantFailed`)."""
 
     kind: Literal["panic", "deadlock", "invariant"]
     message: str
@@ -66,6 +67,8 @@ class Failure:
     @property
     def signature(self) -> tuple[str, str]:
         """What the shrinker keeps: the kind, and for a panic its exception's type."""
+        if self.kind == "panic":
+            return (self.kind, type(self.error).__name__)
         cause = self.error.__cause__
         return (self.kind, type(cause).__name__ if cause is not None else "")
 
@@ -108,10 +111,10 @@ def _run(
     result: Any = None
     try:
         result = gosim.run(main, seed=plan.seed, procs=plan.procs, virtual_time=True)
-    except gosim.Panic as exc:
-        failure = Failure("panic", str(exc), exc)
     except gosim.Deadlock as exc:
         failure = Failure("deadlock", str(exc), exc)
+    except Exception as exc:  # it escaped a goroutine: the program panicked
+        failure = Failure("panic", lowlevel.panic_report(exc), exc)
     else:
         if invariant is not None:
             try:
@@ -290,7 +293,8 @@ def _importable(fn: Any) -> str | None:
 
 def replay(plan: Plan | str, program: Program, invariant: Invariant | None = None) -> Any:
     """Run ``program`` under ``plan`` (a :class:`Plan` or its encoded string) and
-    return main's result, or raise the run's failure: the ``Panic``, ``Deadlock`` or
+    return main's result, or raise the run's failure: the exception that escaped a
+    goroutine (with the same crash report as a note), the ``Deadlock`` or the
     :class:`InvariantFailed` the exploration reported, with the same message."""
     if isinstance(plan, str):
         plan = Plan.decode(plan)

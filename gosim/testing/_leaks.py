@@ -21,8 +21,9 @@ a growing delay, as goleak retries. Those still alive then fail the check with
 words of Go's crash dumps. A block left by an exception is not checked: its exception
 goes on unchanged.
 
-An exception that escapes main is a panic: ``gosim.run`` raises :class:`gosim.Panic`
-with the :class:`GoroutineLeak` as its ``__cause__``, and both messages carry the list.
+The check raises in main, so ``gosim.run`` raises the :class:`GoroutineLeak` itself
+(an exception that escapes a goroutine leaves ``run`` as itself, with Go's crash report
+as a note).
 """
 
 from __future__ import annotations
