@@ -296,15 +296,20 @@ def hot_round(
     us per transfer (``/proc``, all summed), the longest lock wait any of their
     transactions logged (0 when none passed LOCK_LOG_MS), and the deadlocks PostgreSQL
     detected in the round."""
-    from idempotency.demo._ledger import LedgerSpec, create_ledger  # noqa: PLC0415
+    from idempotency.demo._ledger import (  # noqa: PLC0415
+        LedgerSpec,
+        create_ledger,
+        postgres_deadlocks,
+    )
 
     schema = f"bench_hot_{time.monotonic_ns()}"
-    create_ledger(LedgerSpec("postgres", url=server.dsn, prefix=schema), HOT_ACCOUNTS)
+    spec = LedgerSpec("postgres", url=server.dsn, prefix=schema)
+    create_ledger(spec, HOT_ACCOUNTS)
     options = f"-c deadlock_timeout={LOCK_LOG_MS}ms -c log_lock_waits=on"
     dsn = f"{server.dsn}?options={urllib.parse.quote(options)}"
     log = Path(server.dir) / "log"
     log_from = log.stat().st_size
-    deadlocks0 = _deadlocks(server)
+    deadlocks0 = postgres_deadlocks(spec)  # the demo's own count, as its report shows
     cmd = [sys.executable, str(PEERS), "hot", dsn, schema,
            "one-step" if one_step else "two-step"]  # fmt: skip
     started: list[Server] = []
@@ -333,14 +338,8 @@ def hot_round(
         "calls_per_s": r["calls_per_s"],
         "server_cpu_us_per_call": cpu * 1e6 / r["calls"],
         "longest_lock_wait_ms": max(waits, default=0.0),
-        "deadlocks": float(_deadlocks(server) - deadlocks0),
+        "deadlocks": float(postgres_deadlocks(spec) - deadlocks0),
     }
-
-
-def _deadlocks(server: PostgresCluster) -> int:
-    """The deadlocks PostgreSQL has detected in the cluster's database so far."""
-    rows = server.sql("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-    return int(rows[0][0] or 0)
 
 
 def keyed_missing(kind: str) -> str | None:

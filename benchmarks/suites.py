@@ -617,6 +617,8 @@ KEYED_RATIOS = [
           "rpc-redis", "rpc-nokey", "server_cpu_ns"),
     Ratio("Go twin: durable over from memory", "go-ledger", "go-ledger-memory",
           "server_cpu_ns"),
+    Ratio("keyed SQLite over the Go twin at Go's default GOMAXPROCS", "rpc-sqlite",
+          "go-ledger-default", "server_cpu_ns"),
 ]  # fmt: skip
 TRANSPORT_RATIOS = [
     Ratio("framed echo over the Go msgpack-rpc server (target 1.5x)", "rpc", "go",
@@ -651,8 +653,9 @@ def rpc_rows(quick: bool) -> list[Row]:
         stream = ["-stream"] if kind in br.STREAM else []
         return lambda addr: [str(go_rpc()), mode, "-addr", addr, *args, *stream]
 
-    def keyed(kind: str, transfer: bool = False) -> Peer:
-        """A fresh server each round: the second pass replays the first pass's keys."""
+    def keyed(kind: str, transfer: bool = False, default_procs: bool = False) -> Peer:
+        """A fresh server each round: the second pass replays the first pass's keys.
+        ``default_procs``: a Go peer with Go's default GOMAXPROCS (``-default``)."""
         redis: list[tuple[str, int]] = []
         stack = contextlib.ExitStack()
 
@@ -667,8 +670,9 @@ def rpc_rows(quick: bool) -> list[Row]:
 
         def measure() -> Sample:
             ledger = SCRATCH.go("ledger") if kind in br.GO_LEDGER else None
+            env = _go_default_env() if default_procs else _net_env()
             r = br.keyed_round(kind, go_rpc(), ledger, keyed_seconds, redis[-1] if redis else None,
-                               _net_env(), transfer=transfer)  # fmt: skip
+                               env, transfer=transfer)  # fmt: skip
             sample = _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3)
             if "replay_calls_per_s" in r:
                 sample["replay"] = r["replay_calls_per_s"]
@@ -677,7 +681,8 @@ def rpc_rows(quick: bool) -> list[Row]:
                 sample["redis_cpu_ns"] = r["redis_cpu_us_per_call"] * 1e3
             return sample
 
-        return Peer(kind, measure, open=open_peer, close=stack.close)
+        name = f"{kind}-default" if default_procs else kind
+        return Peer(name, measure, open=open_peer, close=stack.close)
 
     def layer(kind: str) -> Peer:
         if kind == "rpc":
@@ -704,7 +709,7 @@ def rpc_rows(quick: bool) -> list[Row]:
             for k in ("go", "rpc", "aio")
         ], extras=cpu),
         Row("keyed calls, 100 connections (first calls)", "calls/s", "higher",
-            [keyed(k) for k in br.KEYED],
+            [keyed(k) for k in br.KEYED] + [keyed("go-ledger", default_procs=True)],
             extras={"replay": "calls/s of the same keys again (replays)", **cpu,
                     "replay_cpu_ns": "ns of server CPU per replayed call",
                     "redis_cpu_ns": "ns of redis-server's CPU per call (beside the server's)"},
@@ -805,6 +810,8 @@ PG_KEYED_RATIOS = [
           "go-ledger-postgres", "server_cpu_ns"),
     Ratio("one-step over its Go twin (target 1.2x)", "rpc-postgres-one-step",
           "go-ledger-postgres-one-step", "server_cpu_ns"),
+    Ratio("two-step over its Go twin at Go's default GOMAXPROCS", "rpc-postgres",
+          "go-ledger-postgres-default", "server_cpu_ns"),
 ]  # fmt: skip
 # Issue 42's figures: two servers over one on the same hot rows, in each mode.
 HOT_RATIOS = [
@@ -871,8 +878,9 @@ def postgres_rows(quick: bool) -> list[Row]:
         name = "1 server" if servers == 1 else f"{servers} servers"
         return Peer(f"{name}, {'one-step' if one_step else 'two-step'}", measure, open=open_peer)
 
-    def keyed(kind: str) -> Peer:
-        """A server process of its own each round, over a fresh schema of the cluster."""
+    def keyed(kind: str, default_procs: bool = False) -> Peer:
+        """A server process of its own each round, over a fresh schema of the cluster
+        (``default_procs``: a Go twin with Go's default GOMAXPROCS, ``-default``)."""
 
         def open_peer() -> None:
             why = bp.keyed_missing(kind)
@@ -882,12 +890,13 @@ def postgres_rows(quick: bool) -> list[Row]:
 
         def measure() -> Sample:
             ledger = SCRATCH.go("ledger") if kind in bp.GO_TWINS else None
+            env = _go_default_env() if default_procs else _net_env()
             r = bp.keyed_round(PG_CLUSTER.get(), kind, SCRATCH.go("rpc"), ledger, keyed_seconds,
-                               _net_env())  # fmt: skip
+                               env)  # fmt: skip
             return _value(r["calls_per_s"], server_cpu_ns=r["server_cpu_us_per_call"] * 1e3,
                           database_cpu_ns=r["database_cpu_us_per_call"] * 1e3)  # fmt: skip
 
-        return Peer(kind, measure, open=open_peer)
+        return Peer(f"{kind}-default" if default_procs else kind, measure, open=open_peer)
 
     return [
         Row("100 goroutines, distinct keys, durable PostgreSQL and SQLite", "calls/s",
@@ -907,7 +916,8 @@ def postgres_rows(quick: bool) -> list[Row]:
                     "lock_wait_ms": "the longest lock wait of the servers' transactions (ms;"
                                     " 0: none past 10 ms)"}),
         Row("keyed calls over PostgreSQL, 100 connections", "calls/s", "higher",
-            [keyed(k) for k in bp.KEYED], ratios=PG_KEYED_RATIOS,
+            [*(keyed(k) for k in bp.KEYED), keyed("go-ledger-postgres", default_procs=True)],
+            ratios=PG_KEYED_RATIOS,
             extras={"server_cpu_ns": "ns of server CPU per call (the server's process)",
                     "database_cpu_ns": "ns of the cluster's CPU per call (all its processes)"}),
     ]  # fmt: skip

@@ -49,6 +49,7 @@ from gosim.lowlevel import gomaxprocs as gomaxprocs
 from gosim.lowlevel import gosched as gosched
 from gosim.lowlevel import num_goroutine as num_goroutine
 from gosim.lowlevel import open_runtime as open_runtime
+from gosim.lowlevel import panic as panic
 from gosim.lowlevel import run as run
 from gosim.lowlevel import schedtrace as schedtrace
 from gosim.lowlevel import statistics as statistics
@@ -91,6 +92,7 @@ __all__ = [
     "now",
     "num_goroutine",
     "open_runtime",
+    "panic",
     "recv",
     "run",
     "schedtrace",

@@ -893,8 +893,7 @@ Chan_get_closed(ChanObject *ch, void *closure)
 }
 
 static PyGetSetDef Chan_getset[] = {
-    {"closed", (getter)Chan_get_closed, NULL,
-     "True once close has been called (Go has no such query; for tests and dumps).", NULL},
+    {"closed", (getter)Chan_get_closed, NULL, DOC_Chan_closed, NULL},
     {"_closed", (getter)Chan_get_closed, NULL, NULL, NULL},
     {NULL},
 };
@@ -907,20 +906,14 @@ static PyMemberDef Chan_members[] = {
 };
 
 static PyMethodDef Chan_methods[] = {
-    {"send", (PyCFunction)Chan_send, METH_O,
-     "Send value; block until a receiver takes it or there is buffer room."},
-    {"try_send", (PyCFunction)Chan_try_send, METH_O,
-     "Send without blocking: True when sent, False when it would block."},
-    {"recv", (PyCFunction)Chan_recv, METH_NOARGS,
-     "Receive a value; block until one is available. None once closed and drained."},
-    {"recv2", (PyCFunction)Chan_recv2, METH_NOARGS,
-     "Go's v, ok := <-ch: ok is False once the channel is closed and drained."},
-    {"try_recv", (PyCFunction)Chan_try_recv, METH_NOARGS,
-     "Receive without blocking: (value, ok, received)."},
-    {"close", (PyCFunction)Chan_close, METH_NOARGS,
-     "Close the channel: receivers drain the buffer, then get the zero value."},
-    {"len", (PyCFunction)Chan_len, METH_NOARGS, "Values buffered now (Go's len(ch))."},
-    {"cap", (PyCFunction)Chan_cap, METH_NOARGS, "The buffer's capacity (Go's cap(ch))."},
+    {"send", (PyCFunction)Chan_send, METH_O, DOC_Chan_send},
+    {"try_send", (PyCFunction)Chan_try_send, METH_O, DOC_Chan_try_send},
+    {"recv", (PyCFunction)Chan_recv, METH_NOARGS, DOC_Chan_recv},
+    {"recv2", (PyCFunction)Chan_recv2, METH_NOARGS, DOC_Chan_recv2},
+    {"try_recv", (PyCFunction)Chan_try_recv, METH_NOARGS, DOC_Chan_try_recv},
+    {"close", (PyCFunction)Chan_close, METH_NOARGS, DOC_Chan_close},
+    {"len", (PyCFunction)Chan_len, METH_NOARGS, DOC_Chan_len},
+    {"cap", (PyCFunction)Chan_cap, METH_NOARGS, DOC_Chan_cap},
     {"_clear_buf", (PyCFunction)Chan_clear_buf, METH_NOARGS,
      "Drop every buffered value; return how many there were."},
     {"__class_getitem__", Py_GenericAlias, METH_O | METH_CLASS, "Chan[T]"},
@@ -945,9 +938,7 @@ static PyTypeObject ChanType = {
     .tp_name = "gosim.Chan",
     .tp_basicsize = sizeof(ChanObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A Go channel: Chan[int](0) is unbuffered, Chan[int](16) holds 16 values.\n\n"
-              "Operations block (park the goroutine) as Go's do; values arrive in FIFO order;\n"
-              "blocked senders and receivers are served in arrival order.",
+    .tp_doc = DOC_Chan,
     .tp_new = Chan_new,
     .tp_init = (initproc)Chan_init,
     .tp_dealloc = (destructor)Chan_dealloc,

@@ -430,8 +430,7 @@ RtBase_goready(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef RtBase_methods[] = {
     {"_burst", (PyCFunction)(void (*)(void))RtBase_burst, METH_FASTCALL,
      "The driver's inner loop in C; see Runtime._schedule."},
-    {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL,
-     "Make a waiting g runnable on the current P's runnext, handing it param."},
+    {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL, DOC_Runtime_goready},
     {NULL},
 };
 

@@ -670,22 +670,16 @@ static PyMethodDef waiter_expire_def = {
     "A Waiter's deadline timer fired: settle it (or re-arm it after recheck)."};
 
 static PyMethodDef WaiterBase_methods[] = {
-    {"settle", (PyCFunction)(void (*)(void))WaiterBase_settle, METH_FASTCALL,
-     "Decide the outcome: value. True if this call decided it, else False."},
-    {"fail", (PyCFunction)WaiterBase_fail, METH_O,
-     "Decide the outcome: exc, raised by the wait. As settle otherwise."},
+    {"settle", (PyCFunction)(void (*)(void))WaiterBase_settle, METH_FASTCALL, DOC_Waiter_settle},
+    {"fail", (PyCFunction)WaiterBase_fail, METH_O, DOC_Waiter_fail},
     {"_decide", (PyCFunction)(void (*)(void))WaiterBase_decide, METH_FASTCALL, NULL},
-    {"wait", (PyCFunction)(void (*)(void))WaiterBase_wait, METH_FASTCALL,
-     "Park the calling goroutine until the outcome is decided; the value, or raise."},
+    {"wait", (PyCFunction)(void (*)(void))WaiterBase_wait, METH_FASTCALL, DOC_Waiter_wait},
     {"set_deadline", (PyCFunction)(void (*)(void))WaiterBase_set_deadline,
-     METH_FASTCALL | METH_KEYWORDS,
-     "Arm the deadline's runtime timer at when (math.inf: disarm it)."},
+     METH_FASTCALL | METH_KEYWORDS, DOC_Waiter_set_deadline},
     {"on_settle", (PyCFunction)(void (*)(void))WaiterBase_on_settle, METH_FASTCALL,
-     "Call fn(arg, waiter) at the settle (at once if it is settled): a consumer that is "
-     "no goroutine."},
-    {"done", (PyCFunction)WaiterBase_done, METH_NOARGS, "Whether the outcome is decided."},
-    {"result", (PyCFunction)WaiterBase_result, METH_NOARGS,
-     "The decided value, or raise the decided error; RuntimeError while pending."},
+     DOC_Waiter_on_settle},
+    {"done", (PyCFunction)WaiterBase_done, METH_NOARGS, DOC_Waiter_done},
+    {"result", (PyCFunction)WaiterBase_result, METH_NOARGS, DOC_Waiter_result},
     {NULL},
 };
 
@@ -800,11 +794,10 @@ PLot_unpark_all(PyObject *lot, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef PLot_methods[] = {
     {"park", (PyCFunction)(void (*)(void))PLot_park, METH_FASTCALL | METH_KEYWORDS,
-     "Queue a new waiter for the calling goroutine and wait on it."},
-    {"unpark", (PyCFunction)(void (*)(void))PLot_unpark, METH_FASTCALL,
-     "Settle the head waiter with value; return it, or None when empty."},
+     DOC_ParkingLot_park},
+    {"unpark", (PyCFunction)(void (*)(void))PLot_unpark, METH_FASTCALL, DOC_ParkingLot_unpark},
     {"unpark_all", (PyCFunction)(void (*)(void))PLot_unpark_all, METH_FASTCALL,
-     "Settle every queued waiter with value, in order; how many there were."},
+     DOC_ParkingLot_unpark_all},
     {NULL},
 };
 

@@ -121,6 +121,8 @@ class Context:
         return self._done
 
     def err(self) -> BaseException | None:
+        """None while the context is live; then why it ended: :class:`Canceled` or
+        :class:`DeadlineExceeded` (Go's ``ctx.Err()``)."""
         if self._due != math.inf and self._err is None:
             rt = lowlevel.state.rt  # None outside the runtime: the clock stopped with it
             if rt is not None and rt.now() >= self._due:
@@ -145,6 +147,8 @@ class Context:
         lowlevel.add_timer(self._timer, d)
 
     def value(self, key: Any) -> Any:
+        """The value stored under ``key`` by this context or its nearest ancestor that has
+        one (``with_value``), else None."""
         return self._parent.value(key) if self._parent is not None else None
 
     def _attach(self) -> None:
@@ -252,12 +256,16 @@ def _need_parent(parent: Context | None) -> Context:
 
 
 def with_cancel(parent: Context) -> tuple[Context, CancelFunc]:
+    """A child of ``parent`` and the function that cancels it (with :class:`Canceled`);
+    it is cancelled too when ``parent`` is. Call the function when done with it."""
     ctx = Context(_need_parent(parent))
     ctx._attach()
     return ctx, lambda: ctx._cancel(Canceled(), None)
 
 
 def with_cancel_cause(parent: Context) -> tuple[Context, Callable[[BaseException | None], None]]:
+    """As :func:`with_cancel`, but the cancel function takes a cause (``cause(ctx)``
+    returns it; None means :class:`Canceled`)."""
     ctx = Context(_need_parent(parent))
     ctx._attach()
     return ctx, lambda c=None: ctx._cancel(Canceled(), c)
@@ -319,6 +327,8 @@ def with_timeout_cause(
 
 
 def with_value(parent: Context, key: Any, val: Any) -> Context:
+    """A child of ``parent`` that answers ``val`` for ``key`` (``ctx.value(key)``);
+    ``key`` may not be None."""
     _need_parent(parent)
     if key is None:
         raise ValueError("nil key")

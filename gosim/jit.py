@@ -22,10 +22,11 @@ declared. That keeps ``import gosim`` and ``import netframe`` at about 30 MB ins
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast, overload
 
-__all__ = ["JIT_ENABLED", "intrinsic", "kernel"]
+__all__ = ["JIT_ENABLED", "documented", "intrinsic", "kernel"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -93,3 +94,25 @@ def intrinsic(typer: Callable[..., Any]) -> Any:
     from numba.extending import intrinsic as declare  # noqa: PLC0415 (numba loads here)
 
     return declare(typer)
+
+
+def documented(fn: _F, name: str, doc: str) -> _F:
+    """``fn`` (a kernel, or the plain function chosen instead of one) as the public
+    ``name``, carrying ``doc``, so ``help()`` shows the same docstring with the JIT on
+    or off, the text kept once, where the public name is bound.
+
+    A kernel is its own object per name and takes ``doc`` as it is. A plain function may
+    stand for several names (one fall-back for the three atomic loads), so it is copied
+    first: a new function object over the same code, so calling it costs no extra frame.
+    """
+    if isinstance(fn, types.FunctionType):
+        copy = types.FunctionType(
+            fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__
+        )
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__annotations__ = dict(fn.__annotations__)
+        copy.__module__ = fn.__module__
+        copy.__qualname__ = name
+        fn = cast(_F, copy)
+    fn.__doc__ = doc
+    return fn

@@ -36,17 +36,24 @@ the driver), :data:`OP_BUDGET` (operations between preemption checks),
 channels' countdown) and
 :data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
 ``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
-(trio's ``RunVar``): the heap and the simulated network do.
+(trio's ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
+deterministic run's scheduling decisions be made from outside Go's order (schedule
+exploration, ``gosim.testing``). :func:`signal_queue` is the runtime's half of
+``gosim.signal`` (its OS handlers and caught signals, ``gosim._core._signal``);
+:func:`goroutines` and :func:`goroutine_dump` list the live goroutines as a crash dump
+does (``gosim.testing.check_no_leaks``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from gosim._core._accel import speedups as speedups
+from gosim._core._dump import goroutine_dump as goroutine_dump
+from gosim._core._dump import panic_report as panic_report
 from gosim._core._exceptions import NotInRuntime
 from gosim._core._exceptions import WaitCancelled as WaitCancelled
 from gosim._core._exceptions import WaitTimeout as WaitTimeout
@@ -72,10 +79,13 @@ from gosim._core._runtime import gomaxprocs as gomaxprocs
 from gosim._core._runtime import gosched as gosched
 from gosim._core._runtime import num_goroutine as num_goroutine
 from gosim._core._runtime import open_runtime as open_runtime
+from gosim._core._runtime import panic as panic
 from gosim._core._runtime import preempt_point as preempt_point
 from gosim._core._runtime import run as run
 from gosim._core._runtime import schedtrace as schedtrace
 from gosim._core._runtime import statistics as statistics
+from gosim._core._signal import SignalQueue as SignalQueue
+from gosim._core._signal import signal_number as signal_number
 from gosim._core._state import GOSCHED as GOSCHED
 from gosim._core._state import OP_BUDGET as OP_BUDGET
 from gosim._core._state import PARK as PARK
@@ -155,6 +165,46 @@ def virtual_clock() -> bool:
     return hasattr(trio.lowlevel.current_clock(), "autojump_threshold")
 
 
+async def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
+    """Let ``chooser`` decide which runnable goroutine runs next in the running
+    runtime, which must be deterministic (``gosim.run(..., seed=N)``); None gives the
+    decisions back to Go's order. The caller then yields as :func:`gosched` does, which
+    ends the driver's burst: every later switch is the chooser's.
+
+    At every switch where the P whose turn it is could take two or more goroutines (its
+    ``runnext``, its local queue, the global queue), the driver calls ``chooser`` with
+    their goids in the order it would take them itself and runs the one at the index
+    returned, which must be in range (else the run stops with ``ValueError``). Index 0
+    is always the default decision, so a chooser that returns 0 changes nothing but
+    the length of the driver's bursts (one switch each). Decisions come at the points
+    where a goroutine parks, yields (``gosched``, a preemption), ends, or enters a
+    syscall; a channel operation that completes at once is no decision. The driver
+    takes its pure-Python inner loop while a chooser is set, as it does for a trace;
+    the C accelerator's ``go``, ``goready`` and channel operations are unchanged.
+    ``gosim.testing`` explores schedules through this hook.
+    """
+    rt = current_runtime()
+    if chooser is not None and not rt.deterministic:
+        raise RuntimeError(
+            "set_chooser: the runtime is not deterministic (run it with gosim.run(..., seed=N))"
+        )
+    rt.chooser = chooser
+    await gosched()
+
+
+def goroutines() -> list[G]:
+    """The running runtime's live goroutines (Go's ``allgs``), in goid order: a
+    snapshot, for checks and dumps (``gosim.testing.check_no_leaks``)."""
+    allg = current_runtime().allg
+    return [allg[goid] for goid in sorted(allg)]
+
+
+def signal_queue() -> SignalQueue:
+    """The running runtime's signal queue (Go's ``sigqueue``: its OS handlers and the
+    signals caught and not yet relayed), on which ``gosim.signal`` is built."""
+    return current_runtime().signals
+
+
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
     rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
@@ -188,6 +238,7 @@ __all__ = [
     "Runtime",
     "RuntimeTimer",
     "RuntimeVar",
+    "SignalQueue",
     "Sudog",
     "WaitCancelled",
     "WaitReason",
@@ -198,13 +249,19 @@ __all__ = [
     "current_g",
     "current_runtime",
     "del_timer",
+    "goroutine_dump",
+    "goroutines",
     "netpoller",
+    "panic_report",
     "park",
     "preempt_point",
     "ready",
     "reproducible",
+    "set_chooser",
     "set_netpoller",
     "set_op_budget_refill",
+    "signal_number",
+    "signal_queue",
     "speedups",
     "state",
     "trap",

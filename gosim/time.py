@@ -27,6 +27,24 @@ from gosim._core._exceptions import NotInRuntime
 from gosim.lowlevel import WAIT_SLEEP, Waiter, current_runtime
 from gosim.lowlevel import RuntimeTimer as _RTimer
 
+__all__ = [
+    "FuncTimer",
+    "Hour",
+    "Microsecond",
+    "Millisecond",
+    "Minute",
+    "Nanosecond",
+    "Second",
+    "Ticker",
+    "Timer",
+    "after",
+    "after_func",
+    "now",
+    "since",
+    "sleep",
+    "tick",
+]
+
 Nanosecond: Final = 1e-9
 Microsecond: Final = 1e-6
 Millisecond: Final = 1e-3

@@ -27,20 +27,23 @@ The flow of :meth:`Idempotency.run`, fast path first:
    undo, once it has written, is recorded whatever follows: see InvalidResult.)
 
 With ``one_step=True`` (a handler that only builds its outcome, at once) on a store that
-can (SQLite), steps 2-4 are one store operation: the handler runs first, with
-``call.fence`` set only when its effect runs, and the claim, the effect and the record
-commit in one transaction (a replay or a mismatch drops what the handler built; a busy
-key is waited for as above). :meth:`Idempotency.run_later` is that step's one
-mechanism, a callback the store's batch calls once the commit returned; ``run`` with
-``one_step=True`` is a wait on it.
+can (a OneStepStore: SQLite, PostgreSQL), steps 2-4 are one store operation: the handler
+runs first, with ``call.fence`` set only when its effect runs, and the claim, the effect
+and the record commit in one transaction (a replay or a mismatch drops what the handler
+built; a busy key is waited for as above). No claim is committed apart from its record,
+so a holder killed mid-call leaves no claim to wait out. :meth:`Idempotency.run_later` is
+that step's one mechanism, a callback the store's batch calls once the commit returned;
+``run`` with ``one_step=True`` is a wait on it.
 
-The two steps have one mechanism too, on every store of the package: call-backs. On a
-``SynchronousStore`` (memory) the claim, a handler that returns at once and the record
-run in the caller's frame; on a ``CallbackStore`` (the batched stores) the handler runs
-in the claim's callback and ``done`` in the record's, so the call waits on no
-goroutine. Only what must wait gets one: a busy key, a handler's awaitable, a release.
-``run`` is the wait on it; a store with only the ``Store`` contract's coroutines (an
-application's own) is awaited step by step instead.
+The two steps have one mechanism too, on every store: a :class:`KeyedCall`, one object
+per call whose methods are the protocol's steps, which the store answers with its bound
+methods. On a ``SynchronousStore`` (memory) the claim, a handler that returns at once
+and the record run in the caller's frame; on a ``CallbackStore`` (the batched stores)
+the handler runs in the claim's callback and ``done`` in the record's, so the call waits
+on no goroutine. Only what must wait gets one: a busy key, a handler's awaitable, a
+release. A store with only the ``Store`` contract's coroutines (an application's own)
+has each step awaited in a goroutine of its own (``_AwaitedSteps``), so the protocol is
+written once. ``run`` is the wait on the call; ``run_later`` starts it and returns.
 
 Guarantees: the handler runs at most once per *live claim*, and a claim stays live while
 its holder lives (renewed; it lapses when the holder has been dead or cut off from the
@@ -59,7 +62,6 @@ exists to prevent).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeAlias
@@ -87,7 +89,7 @@ from ._keys import (
 from ._outcome import _NOT_DECODED, DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._outcome import _packb as _outcome_packb
 from ._record import ClaimKind, ClaimResult, Record
-from ._waiter import await_done
+from ._waiter import _COMMIT_WAIT, _Done
 from .stores import (
     MAX_PAYLOAD_BYTES,
     CallbackStore,
@@ -226,8 +228,13 @@ class Idempotency:
         # A store whose operations never wait is called without a coroutine per operation.
         self._sync_store = store if isinstance(store, SynchronousStore) else None
         # A store whose claims and completions call back (the batched stores): a call
-        # whose handler returns at once waits on no goroutine.
-        self._callback_store = store if isinstance(store, CallbackStore) else None
+        # whose handler returns at once waits on no goroutine. A store with only the
+        # contract's coroutines gets them awaited in goroutines: one protocol for all.
+        self._callback_store: CallbackStore | _AwaitedSteps | None = None
+        if isinstance(store, CallbackStore):
+            self._callback_store = store
+        elif self._sync_store is None:
+            self._callback_store = _AwaitedSteps(store)
         # A store that claims and completes in one transaction (run(..., one_step=True)).
         self._one_step_store = store if isinstance(store, OneStepStore) else None
         self.ttl = ttl
@@ -269,12 +276,16 @@ class Idempotency:
         ``one_step=True`` says that the handler does nothing but return: an
         :class:`~idempotency.stores.Effect` (or a value, or a final ApplicationError)
         built from its :class:`Call`, at once (no awaitable). On a store that can
-        (:class:`~idempotency.stores.OneStepStore`: SQLite), the handler then runs
-        before the claim, and the claim, the effect and the record commit in one
-        transaction: one round trip and one commit instead of two, and no in-progress
-        record. ``call.fence`` is set only when the effect runs (read it in the effect,
-        not in the handler), and the handler also runs for a call that turns out to be
-        a replay (its effect is then dropped). On other stores it is the usual path.
+        (:class:`~idempotency.stores.OneStepStore`: ``SQLiteStore``,
+        ``PostgresStore``), the handler then runs before the claim, and the claim, the
+        effect and the record commit in one transaction: one round trip and one commit
+        instead of two, and no in-progress record, so a process killed mid-call leaves
+        its key free (or completed), never claimed until a lease lapses. (A key found
+        held by another execution is waited for as usual; a claim taken over from a
+        lapsed holder is then completed in a second transaction.) ``call.fence`` is set
+        only when the effect runs (read it in the effect, not in the handler), and the
+        handler also runs for a call that turns out to be a replay (its effect is then
+        dropped). On other stores (Redis, memory) it is the usual path.
 
         ``one_step`` stays a promise the caller makes, not a guess from the handler's
         type: a plain function that returns at once may still act outside the store
@@ -302,88 +313,16 @@ class Idempotency:
         raised when it was not a final ApplicationError.
         """
         caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        if one_step and self._one_step_store is not None:
-            # The wait on run_later's mechanism: the store's batch settles it.
-            return await await_done(  # type: ignore[no-any-return]
-                self._one_step,
-                caller,
-                key,
-                operation,
-                args,
-                fp,
-                handler,
-                self.wait if wait is None else wait,
-                timeout,
-                ctx,
-            )
-        if self._sync_store is not None or self._callback_store is not None:
-            # The wait on the two-step callback mechanism (_two_step): on a store whose
-            # operations never wait, a plain handler's call is over before it returns.
-            return await await_done(  # type: ignore[no-any-return]
-                self._two_step, caller, key, operation, args, fp, handler,
-                self.wait if wait is None else wait, timeout, ctx, one_step,
-            )  # fmt: skip
-        store = self._store
-        res = await store.claim(caller, key, fp, self.lease)
-        if res.kind is not _CLAIMED:
-            if res.kind is _REPLAY:
-                rec = res.record
-                assert rec.payload is not None
-                return Outcome(rec.ok, rec.payload, True, rec.fence)
-            settled = await self._settle(
-                res, caller, key, fp, self.wait if wait is None else wait, timeout, ctx
-            )
-            if type(settled) is Outcome:
-                return settled
-            res = settled  # type: ignore[assignment]
-        fence = res.record.fence
-        rk = (caller, key)
-        holders = self._holders
-        holders[rk] = fence
-        if self._keeper is not False and self._keeper is not lowlevel.current_runtime():
-            self._start_keeper()
-        max_bytes = self.max_result_bytes
-        try:
-            result = handler(Call(caller, key, operation, args, fence, ctx))
-            if hasattr(result, "__await__"):
-                if one_step:
-                    _refuse_awaitable(result)  # the same promise on every store
-                result = await result
-            if isinstance(result, Effect):
-                completion = new_completion(Completion, (True, None, result, self.ttl, max_bytes))
-            else:
-                payload = encode_result(result, max_bytes)
-                completion = new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
-        except ApplicationError as err:
-            if err.retryable:
-                await self._release(caller, key, fence)
-                raise
-            try:
-                payload = encode_error(err, max_bytes)
-            except InvalidResult:
-                await self._release(caller, key, fence)
-                raise
-            completion = Completion(False, payload, None, self.ttl, max_bytes)
-        except Exception:
-            await self._release(caller, key, fence)
-            raise
-        try:
-            rec = await store.complete(caller, key, fence, completion)
-        except StaleClaim:
-            raise
-        except Exception:
-            # The effect failed or could not be recorded, or the store failed: nothing
-            # was recorded; free the key so a retry need not wait for the lease.
-            await self._release(caller, key, fence)
-            raise
-        finally:
-            # _finish, inlined: this runs on every call.
-            if holders.get(rk) == fence:
-                del holders[rk]
-            if self._waiters:
-                self._wake(rk)
-        assert rec.payload is not None
-        return Outcome(rec.ok, rec.payload, False, fence)
+        w = _Done()
+        self._begin(
+            _KeyedCall(
+                self, w.deliver, caller, key, operation, args, fp, handler,
+                wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
+                one_step=one_step,
+            ),
+            one_step,
+        )  # fmt: skip
+        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
 
     def run_later(
         self,
@@ -420,176 +359,22 @@ class Idempotency:
         exception from it is a panic, or ``run_later``'s when called in the caller).
         """
         caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        wait = self.wait if wait is None else wait
+        self._begin(
+            _KeyedCall(
+                self, done, caller, key, operation, args, fp, handler,
+                wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
+                one_step=one_step,
+            ),
+            one_step,
+        )  # fmt: skip
+
+    def _begin(self, call: KeyedCall, one_step: bool) -> None:
+        """Start ``call`` (made with ``one_step``): in one step on a store that can take
+        it and was promised it, else in two (:class:`KeyedCall`)."""
         if one_step and self._one_step_store is not None:
-            self._one_step(caller, key, operation, args, fp, handler, wait, timeout, ctx, done)
-        elif self._sync_store is not None or self._callback_store is not None:
-            self._two_step(
-                caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done
-            )
+            call.start_one_step()
         else:
-            step = self.run(
-                caller=caller, key=key, request=request, handler=handler, wait=wait,
-                timeout=timeout, ctx=ctx, one_step=one_step,
-            )  # fmt: skip
-            go(deliver, step, done)
-
-    def _two_step(
-        self,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-        one_step: bool,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """The one mechanism of a two-step call on a SynchronousStore or a
-        CallbackStore (``run`` waits on it, ``run_later`` calls it): the claim, then in
-        its callback the handler, then the record, then ``done`` -- in the caller's
-        frame on a store that never waits, else in the callbacks of the store's
-        batches; a goroutine only for what must wait (a busy key, an awaitable
-        handler, a release)."""
-        go_on = _continuation(
-            self, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step, done
-        )
-        sync = self._sync_store
-        if sync is not None:
-            go_on(sync.claim_sync(caller, key, fp, self.lease), None)
-            return
-        store = self._callback_store
-        assert store is not None
-        store.claim_later(caller, key, fp, self.lease, go_on)
-
-    def _on_claim(
-        self,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-        one_step: bool,
-        done: Callable[[Outcome | None, BaseException | None], None],
-        res: ClaimResult | None,
-        error: BaseException | None,
-    ) -> None:
-        """A two-step call's claim is over: run the call on, or report."""
-        if error is not None:
-            done(None, error)
-            return
-        assert res is not None
-        kind = res.kind
-        if kind is _CLAIMED:
-            self._claimed(
-                res.record.fence, caller, key, operation, args, handler, ctx, one_step, done
-            )
-        elif kind is _REPLAY:
-            rec = res.record
-            assert rec.payload is not None
-            done(Outcome(rec.ok, rec.payload, True, rec.fence), None)
-        else:
-            rest = self._two_step_rest(
-                res, caller, key, operation, args, fp, handler, wait, timeout, ctx, one_step
-            )
-            go(deliver, rest, done)
-
-    async def _two_step_rest(
-        self,
-        res: ClaimResult,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-        one_step: bool,
-    ) -> Outcome:
-        """A two-step call whose claim found the key busy or live for another request:
-        settle it (waiting), then, claimed, the rest of the call."""
-        settled = await self._settle(res, caller, key, fp, wait, timeout, ctx)
-        if type(settled) is Outcome:
-            return settled
-        fence = settled.record.fence  # type: ignore[union-attr]
-        return await await_done(  # type: ignore[no-any-return]
-            self._claimed, fence, caller, key, operation, args, handler, ctx, one_step
-        )
-
-    def _claimed(
-        self,
-        fence: int,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        handler: Handler,
-        ctx: context.Context | None,
-        one_step: bool,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """Claim ``fence`` is held: run the handler and record its outcome, now when it
-        returns at once."""
-        rk = (caller, key)
-        self._holders[rk] = fence
-        if self._keeper is not False and self._keeper is not lowlevel.current_runtime():
-            self._start_keeper()
-        try:
-            result = handler(Call(caller, key, operation, args, fence, ctx))
-        except Exception as exc:
-            self._handler_failed(exc, caller, key, fence, done)
-            return
-        self._handler_returned(result, caller, key, fence, one_step, done)
-
-    def _handler_returned(
-        self,
-        result: Any,
-        caller: str,
-        key: str,
-        fence: int,
-        one_step: bool,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """The handler of claim ``fence`` returned ``result``: record it (an awaitable
-        awaited first, in a goroutine), or fail the call as :meth:`_handler_failed`
-        says when it cannot be recorded."""
-        try:
-            if hasattr(result, "__await__"):
-                if one_step:
-                    _refuse_awaitable(result)  # the same promise on every store
-                go(deliver, self._awaited(result, caller, key, fence), done)
-                return
-            completion = self._completion(result)
-        except Exception as exc:
-            self._handler_failed(exc, caller, key, fence, done)
-            return
-        self._complete(caller, key, fence, completion, done)
-
-    def _handler_failed(
-        self,
-        exc: Exception,
-        caller: str,
-        key: str,
-        fence: int,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """The handler of claim ``fence`` raised ``exc`` (or its result cannot be
-        recorded): record a final ApplicationError, or release the claim and hand the
-        exception to ``done``."""
-        failure = self._failure(exc)
-        if not isinstance(failure, Completion):
-            go(deliver, self._release_raising(failure, caller, key, fence), done)
-            return
-        self._complete(caller, key, fence, failure, done)
+            call.start()
 
     def _completion(self, result: Any) -> Completion:
         """A handler's return value as the completion that records it (InvalidResult
@@ -599,18 +384,6 @@ class Idempotency:
             return new_completion(Completion, (True, None, result, self.ttl, max_bytes))
         payload = encode_result(result, max_bytes)
         return new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
-
-    async def _awaited(self, result: Awaitable[Any], caller: str, key: str, fence: int) -> Outcome:
-        """A two-step handler's awaitable, awaited (in a goroutine), then recorded."""
-        try:
-            completion = self._completion(await result)
-        except Exception as exc:
-            failure = self._failure(exc)
-            if not isinstance(failure, Completion):
-                await self._release(caller, key, fence)
-                raise failure  # noqa: B904 -- the handler's own exception, or what it made
-            completion = failure
-        return await await_done(self._complete, caller, key, fence, completion)  # type: ignore[no-any-return]
 
     def _failure(self, exc: Exception) -> Completion | Exception:
         """What the handler's ``exc`` makes of its call: the completion recording a final
@@ -624,171 +397,6 @@ class Idempotency:
                 return invalid
             return Completion(False, payload, None, self.ttl, max_bytes)
         return exc
-
-    def _complete(
-        self,
-        caller: str,
-        key: str,
-        fence: int,
-        completion: Completion,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """Record the outcome of claim ``fence``, then report it to ``done``."""
-        sync = self._sync_store
-        if sync is not None:
-            try:
-                rec = sync.complete_sync(caller, key, fence, completion)
-            except Exception as exc:
-                self._completed(caller, key, fence, done, None, exc)
-                return
-            self._completed(caller, key, fence, done, rec, None)
-            return
-        store = self._callback_store
-        assert store is not None
-        store.complete_later(
-            caller, key, fence, completion,
-            functools.partial(self._completed, caller, key, fence, done),
-        )  # fmt: skip
-
-    def _completed(
-        self,
-        caller: str,
-        key: str,
-        fence: int,
-        done: Callable[[Outcome | None, BaseException | None], None],
-        rec: Record | None,
-        error: BaseException | None,
-    ) -> None:
-        """The record of claim ``fence`` is over: the outcome to ``done``; a failure
-        other than StaleClaim releases the claim first (in a goroutine)."""
-        rk = (caller, key)
-        if error is not None:
-            if isinstance(error, StaleClaim) or not isinstance(error, Exception):
-                self._finish(rk, fence)
-                done(None, error)
-            else:
-                # The effect failed or could not be recorded, or the store failed:
-                # nothing was recorded; free the key so a retry need not wait for the
-                # lease.
-                go(deliver, self._release_raising(error, caller, key, fence), done)
-            return
-        # _finish, inlined: this runs on every call.
-        holders = self._holders
-        if holders.get(rk) == fence:
-            del holders[rk]
-        if self._waiters:
-            self._wake(rk)
-        assert rec is not None and rec.payload is not None
-        done(Outcome(rec.ok, rec.payload, False, fence), None)
-
-    async def _release_raising(self, exc: Exception, caller: str, key: str, fence: int) -> Any:
-        await self._release(caller, key, fence)
-        raise exc
-
-    def _one_step(
-        self,
-        caller: str,
-        key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-        done: Callable[[Outcome | None, BaseException | None], None],
-    ) -> None:
-        """The one mechanism of a one-step call on a OneStepStore (``run_later``;
-        ``run(one_step=True)`` waits on it): the handler runs now, and the store's batch
-        calls back."""
-        store = self._one_step_store
-        assert store is not None
-        call = Call(caller, key, operation, args, 0, ctx)
-        completion = self._one_step_completion(handler, call)
-        store.claim_and_complete_later(
-            caller, key, fp, self.lease, call, completion,
-            functools.partial(
-                self._one_step_done, done, caller, key, fp, call, completion, wait, timeout, ctx,
-            ),
-        )  # fmt: skip
-
-    def _one_step_done(
-        self,
-        done: Callable[[Outcome | None, BaseException | None], None],
-        caller: str,
-        key: str,
-        fp: bytes,
-        call: Call,
-        completion: Completion,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-        out: ClaimResult | Record | None,
-        error: BaseException | None,
-    ) -> None:
-        """run_later's store callback: the outcome to ``done``, or a goroutine for the
-        rest of the step when the key was busy."""
-        if error is not None:
-            done(None, error)
-            return
-        assert out is not None
-        outcome = _one_step_outcome(out)
-        if outcome is not None:
-            done(outcome, None)
-            return
-        assert isinstance(out, ClaimResult)
-        rest = self._one_step_rest(out, caller, key, fp, call, completion, wait, timeout, ctx)
-        go(deliver, rest, done)
-
-    def _one_step_completion(self, handler: Handler, call: Call) -> Completion:
-        """Run a one-step handler (at once, in the caller) and make its completion."""
-        max_bytes = self.max_result_bytes
-        try:
-            result = handler(call)
-            if hasattr(result, "__await__"):
-                _refuse_awaitable(result)  # never awaited, and never to be
-            if isinstance(result, Effect):
-                return new_completion(Completion, (True, None, result, self.ttl, max_bytes))
-            payload = encode_result(result, max_bytes)
-            return new_completion(Completion, (True, payload, None, self.ttl, max_bytes))
-        except ApplicationError as err:
-            if err.retryable:
-                raise  # nothing was claimed: a retry runs the handler again
-            return Completion(False, encode_error(err, max_bytes), None, self.ttl, max_bytes)
-
-    async def _one_step_rest(
-        self,
-        out: ClaimResult,
-        caller: str,
-        key: str,
-        fp: bytes,
-        call: Call,
-        completion: Completion,
-        wait: bool,
-        timeout: float | None,
-        ctx: context.Context | None,
-    ) -> Outcome:
-        """A one-step call whose claim found the key busy (a two-step execution holds
-        it) or live for another request: as run() does."""
-        settled = await self._settle(out, caller, key, fp, wait, timeout, ctx)
-        if type(settled) is Outcome:
-            return settled
-        # Claimed after the holder lapsed: complete this step's outcome under that claim.
-        fence = settled.record.fence  # type: ignore[union-attr]
-        call.fence = fence
-        rk = (caller, key)
-        self._holders[rk] = fence
-        try:
-            rec = await self._store.complete(caller, key, fence, completion)
-        except StaleClaim:
-            raise
-        except Exception:
-            await self._release(caller, key, fence)
-            raise
-        finally:
-            self._finish(rk, fence)
-        assert rec.payload is not None
-        return Outcome(rec.ok, rec.payload, False, fence)
 
     def _start_keeper(self) -> None:
         rt = lowlevel.current_runtime()
@@ -911,34 +519,312 @@ class Idempotency:
             res = await self._store.claim(caller, key, fp, self.lease)
 
 
-def _py_continuation(
-    idem: Idempotency,
-    caller: str,
-    key: str,
-    operation: str,
-    args: Any,
-    fp: bytes,
-    handler: Handler,
-    wait: bool,
-    timeout: float | None,
-    ctx: context.Context | None,
-    one_step: bool,
-    done: Callable[[Outcome | None, BaseException | None], None],
-) -> Callable[[ClaimResult | None, BaseException | None], None]:
-    """A two-step call's continuation, called with its claim's answer (``claim_later``'s
-    callback, or called with ``claim_sync``'s): :meth:`Idempotency._on_claim` for this
-    call, and from there the handler, the record (:meth:`Idempotency._complete`) and
-    ``done``.
+Done: TypeAlias = Callable[[Outcome | None, BaseException | None], None]
 
-    The reference of its C twin, ``_speedups.TwoStepCall``: one object that is called
-    with the claim's answer and then (as ``complete_later``'s callback, or by itself
-    after ``complete_sync``) with the record's, and runs the common case between them
-    (claimed; a handler returning a plain value at once; the record written) without a
-    Python frame, handing every other case to these methods."""
-    return functools.partial(
-        idem._on_claim, caller, key, operation, args, fp, handler, wait, timeout, ctx,
-        one_step, done,
+
+class KeyedCall:
+    """One keyed call on its way: the checked request, the claim it holds, and
+    ``done``, where its outcome or error goes. The protocol's steps are its methods,
+    each called when the step before it is over, by the caller or by a store's batch:
+
+    - two steps (:meth:`start`): claim the key; the claim's answer comes to
+      :meth:`on_claim`; claimed, :meth:`claimed` runs the handler, whose value goes
+      to :meth:`handler_returned` (an exception to :meth:`handler_failed`);
+      :meth:`record` writes the outcome, whose answer comes to :meth:`on_record`,
+      which hands the :class:`Outcome` to ``done``;
+    - one step (:meth:`start_one_step`, on a OneStepStore when promised): the handler
+      runs first, the store claims, applies and records in one transaction, and its
+      answer comes to :meth:`on_one_step`.
+
+    Stores answer with the object's bound methods. Only what must wait gets a
+    goroutine: a busy key (:meth:`settle_then_run`, :meth:`settle_then_record`), a
+    handler's awaitable (:meth:`awaited`), a release before an error. ``done`` is
+    called exactly once, unless a step raised to the caller of :meth:`start` (a
+    SynchronousStore's failed claim), which then owns the error.
+
+    The object is its own reference: the C twin ``_speedups.TwoStepCall`` (the one
+    choice is ``_KeyedCall`` below) takes the two-step common case -- claimed, a
+    handler that returns a plain value at once, the record written -- without a Python
+    frame, and hands every other case to this class's method for it, with its state.
+    """
+
+    __slots__ = (
+        "args", "caller", "completion", "ctx", "done", "fence", "fp", "given", "handler",
+        "idem", "key", "one_step", "operation", "timeout", "wait",
     )  # fmt: skip
+
+    def __init__(
+        self,
+        idem: Idempotency,
+        done: Done,
+        caller: str,
+        key: str,
+        operation: str,
+        args: Any,
+        fp: bytes,
+        handler: Handler,
+        *,
+        wait: bool,
+        timeout: float | None,
+        ctx: context.Context | None,
+        one_step: bool,
+    ) -> None:
+        self.idem = idem
+        self.done = done
+        self.caller = caller
+        self.key = key
+        self.operation = operation
+        self.args = args
+        self.fp = fp
+        self.handler = handler
+        self.wait = wait
+        self.timeout = timeout
+        self.ctx = ctx
+        self.one_step = one_step
+        self.fence = 0  # the claim's fencing token, once claimed
+        self.given: Call | None = None  # one step: the Call the handler was given
+        self.completion: Completion | None = None  # one step: what the handler built
+
+    def __repr__(self) -> str:
+        return f"<KeyedCall {self.operation} caller={self.caller!r} key={self.key!r}>"
+
+    # Two steps.
+
+    def start(self) -> None:
+        """Claim the key: on a SynchronousStore now (a failed claim raises to the
+        caller), else the store's batch answers :meth:`on_claim`."""
+        idem = self.idem
+        sync = idem._sync_store
+        if sync is not None:
+            self.on_claim(sync.claim_sync(self.caller, self.key, self.fp, idem.lease), None)
+            return
+        store = idem._callback_store
+        assert store is not None
+        store.claim_later(self.caller, self.key, self.fp, idem.lease, self.on_claim)
+
+    def on_claim(self, res: ClaimResult | None, error: BaseException | None) -> None:
+        """The claim's answer: run the call on, or report."""
+        if error is not None:
+            self.done(None, error)
+            return
+        assert res is not None
+        kind = res.kind
+        if kind is _CLAIMED:
+            self.claimed(res.record.fence)
+        elif kind is _REPLAY:
+            rec = res.record
+            assert rec.payload is not None
+            self.done(Outcome(rec.ok, rec.payload, True, rec.fence), None)
+        else:
+            go(deliver, self.settle_then_run(res), self.done)
+
+    async def settle_then_run(self, res: ClaimResult) -> Outcome:
+        """The key was busy or live for another request: settle it (waiting), then,
+        claimed, the rest of the call."""
+        idem = self.idem
+        settled = await idem._settle(
+            res, self.caller, self.key, self.fp, self.wait, self.timeout, self.ctx
+        )
+        if type(settled) is Outcome:
+            return settled
+        w = _Done()
+        self.done = w.deliver
+        self.claimed(settled.record.fence)  # type: ignore[union-attr]
+        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
+
+    def claimed(self, fence: int) -> None:
+        """Claim ``fence`` is held: keep it alive, run the handler, and record its
+        outcome (now, when the handler returns at once)."""
+        self.fence = fence
+        idem = self.idem
+        idem._holders[(self.caller, self.key)] = fence
+        if idem._keeper is not False and idem._keeper is not lowlevel.current_runtime():
+            idem._start_keeper()
+        try:
+            result = self.handler(
+                Call(self.caller, self.key, self.operation, self.args, fence, self.ctx)
+            )
+        except Exception as exc:
+            self.handler_failed(exc)
+            return
+        self.handler_returned(result)
+
+    def handler_returned(self, result: Any) -> None:
+        """The handler returned ``result``: record it (an awaitable awaited first, in a
+        goroutine), or fail the call as :meth:`handler_failed` says when it cannot be
+        recorded."""
+        try:
+            if hasattr(result, "__await__"):
+                if self.one_step:
+                    _refuse_awaitable(result)  # the same promise on every store
+                go(deliver, self.awaited(result), self.done)
+                return
+            completion = self.idem._completion(result)
+        except Exception as exc:
+            self.handler_failed(exc)
+            return
+        self.record(completion)
+
+    def handler_failed(self, exc: Exception) -> None:
+        """The handler raised ``exc`` (or its result cannot be recorded): record a final
+        ApplicationError, or release the claim and hand the exception to ``done``."""
+        failure = self.idem._failure(exc)
+        if not isinstance(failure, Completion):
+            go(deliver, self.release_raising(failure), self.done)
+            return
+        self.record(failure)
+
+    async def awaited(self, result: Awaitable[Any]) -> Outcome:
+        """The handler's awaitable, awaited (in a goroutine), then recorded."""
+        idem = self.idem
+        try:
+            completion = idem._completion(await result)
+        except Exception as exc:
+            failure = idem._failure(exc)
+            if not isinstance(failure, Completion):
+                await idem._release(self.caller, self.key, self.fence)
+                raise failure  # noqa: B904 -- the handler's own exception, or what it made
+            completion = failure
+        w = _Done()
+        self.done = w.deliver
+        self.record(completion)
+        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
+
+    def record(self, completion: Completion) -> None:
+        """Record the outcome: on a SynchronousStore now, else the store's batch
+        answers :meth:`on_record`."""
+        idem = self.idem
+        sync = idem._sync_store
+        if sync is not None:
+            try:
+                rec = sync.complete_sync(self.caller, self.key, self.fence, completion)
+            except Exception as exc:
+                self.on_record(None, exc)
+                return
+            self.on_record(rec, None)
+            return
+        store = idem._callback_store
+        assert store is not None
+        store.complete_later(self.caller, self.key, self.fence, completion, self.on_record)
+
+    def on_record(self, rec: Record | None, error: BaseException | None) -> None:
+        """The record's answer: the outcome to ``done``. A failure other than
+        StaleClaim releases the claim first (in a goroutine): nothing was recorded, and
+        a retry need not wait for the lease."""
+        idem = self.idem
+        if error is not None and isinstance(error, Exception) and not isinstance(error, StaleClaim):
+            go(deliver, self.release_raising(error), self.done)
+            return
+        idem._finish((self.caller, self.key), self.fence)
+        if error is not None:
+            self.done(None, error)
+            return
+        assert rec is not None and rec.payload is not None
+        self.done(Outcome(rec.ok, rec.payload, False, self.fence), None)
+
+    async def release_raising(self, exc: Exception) -> Any:
+        """Release the claim, then raise ``exc``."""
+        await self.idem._release(self.caller, self.key, self.fence)
+        raise exc
+
+    # One step.
+
+    def start_one_step(self) -> None:
+        """Run the handler now (what it raises, this raises: nothing was claimed) and
+        hand its completion to the store, whose batch answers :meth:`on_one_step`."""
+        idem = self.idem
+        store = idem._one_step_store
+        assert store is not None
+        given = self.given = Call(self.caller, self.key, self.operation, self.args, 0, self.ctx)
+        completion = self.completion = self.built(given)
+        store.claim_and_complete_later(
+            self.caller, self.key, self.fp, idem.lease, given, completion, self.on_one_step
+        )
+
+    def built(self, given: Call) -> Completion:
+        """Run a one-step handler (at once) and make its completion."""
+        idem = self.idem
+        max_bytes = idem.max_result_bytes
+        try:
+            result = self.handler(given)
+            if hasattr(result, "__await__"):
+                _refuse_awaitable(result)  # never awaited, and never to be
+            return idem._completion(result)
+        except ApplicationError as err:
+            if err.retryable:
+                raise  # nothing was claimed: a retry runs the handler again
+            return Completion(False, encode_error(err, max_bytes), None, idem.ttl, max_bytes)
+
+    def on_one_step(self, out: ClaimResult | Record | None, error: BaseException | None) -> None:
+        """The store's answer: the outcome to ``done``, or a goroutine for the rest of
+        the call when the key was busy or live for another request."""
+        if error is not None:
+            self.done(None, error)
+            return
+        assert out is not None
+        outcome = _one_step_outcome(out)
+        if outcome is not None:
+            self.done(outcome, None)
+            return
+        assert isinstance(out, ClaimResult)
+        go(deliver, self.settle_then_record(out), self.done)
+
+    async def settle_then_record(self, out: ClaimResult) -> Outcome:
+        """Settle a busy key as :meth:`settle_then_run` does; claimed after the holder
+        lapsed, record this call's completion under that claim."""
+        idem = self.idem
+        caller, key = self.caller, self.key
+        settled = await idem._settle(out, caller, key, self.fp, self.wait, self.timeout, self.ctx)
+        if type(settled) is Outcome:
+            return settled
+        fence = self.fence = settled.record.fence  # type: ignore[union-attr]
+        assert self.given is not None and self.completion is not None
+        self.given.fence = fence
+        rk = (caller, key)
+        idem._holders[rk] = fence
+        try:
+            rec = await idem._store.complete(caller, key, fence, self.completion)
+        except StaleClaim:
+            raise
+        except Exception:
+            await idem._release(caller, key, fence)
+            raise
+        finally:
+            idem._finish(rk, fence)
+        assert rec.payload is not None
+        return Outcome(rec.ok, rec.payload, False, fence)
+
+
+class _AwaitedSteps:
+    """``claim_later`` and ``complete_later`` over a store with only the
+    :class:`~idempotency.stores.Store` contract's coroutines (an application's own):
+    each step awaited in a goroutine of its own, so :class:`KeyedCall` is the one
+    protocol on every store."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def claim_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        done: Callable[[ClaimResult | None, BaseException | None], None],
+    ) -> None:
+        go(deliver, self._store.claim(caller, key, fingerprint, lease), done)
+
+    def complete_later(
+        self,
+        caller: str,
+        key: str,
+        fence: int,
+        completion: Completion,
+        done: Callable[[Record | None, BaseException | None], None],
+    ) -> None:
+        go(deliver, self._store.complete(caller, key, fence, completion), done)
 
 
 def _py_run_later(
@@ -955,7 +841,7 @@ def _py_run_later(
     their defaults): how the RPC server starts a keyed call. The reference of the C twin
     ``_speedups.run_later``, which takes the common case (a plain key and caller, a
     request that is a pair, ``one_step`` a bool, a store that takes the call without a
-    goroutine) through ``_checked`` and on to ``_one_step`` or ``_two_step``'s steps
+    goroutine) through ``_checked`` to the :class:`KeyedCall` that ``_begin`` starts,
     without their frames, and hands every other here."""
     idem.run_later(
         done, caller=caller, key=key, request=request, handler=handler, timeout=timeout,
@@ -963,18 +849,20 @@ def _py_run_later(
     )  # fmt: skip
 
 
-_continuation: Callable[..., Callable[[ClaimResult | None, BaseException | None], None]]
-_continuation = _py_continuation
+# The one place that chooses C or Python for a keyed call: the C twin when it is built and
+# accepts this module's classes.
+_KeyedCall: type[KeyedCall] = KeyedCall
 run_later: Callable[..., None] = _py_run_later
 if _speedups is not None and _speedups.configure_two_step(
     call=Call,
     outcome=Outcome,
     completion=Completion,
+    keyed_call=KeyedCall,
     pack=_outcome_packb,
     not_decoded=_NOT_DECODED,
     current_runtime=lowlevel.current_runtime,
     run_later=_py_run_later,
     max_key_length=MAX_KEY_LENGTH,
 ):
-    _continuation = _speedups.TwoStepCall
+    _KeyedCall = _speedups.TwoStepCall
     run_later = _speedups.run_later

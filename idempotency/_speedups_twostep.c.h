@@ -1,20 +1,27 @@
 /*
- * idempotency/_speedups_twostep.c.h: TwoStepCall, the twin of a two-step call's
- * continuation (idempotency/_idempotency.py: _py_continuation and
- * the Idempotency methods it leads through: _on_claim, _claimed, _handler_returned,
- * _completion, _complete and _completed).
+ * idempotency/_speedups_twostep.c.h: TwoStepCall, the twin of a keyed call
+ * (idempotency/_idempotency.py: KeyedCall), for its two steps.
  *
- * One object a call, called first with the claim's answer, then with the record's: on
- * a CallbackStore it is claim_later's and complete_later's callback; on a
- * SynchronousStore _two_step calls it with claim_sync's answer and it records with
- * complete_sync. It runs the common case between them without a Python frame of its own: the
- * claim granted; the handler's value a plain one (an exact None, bool, int, float, str,
- * bytes, list, tuple or dict) whose encoding fits max_result_bytes; its completion
- * handed to complete_later; the record written, the holder forgotten, this process's
- * waiters woken and the Outcome handed to done. Every other case is handed to the
- * Idempotency method that takes it from there (a refused or busy claim to _on_claim, an
- * exception to _handler_failed, any other value to _handler_returned, a failed record to
- * _completed), which carries the call to its end as the pure-Python build does.
+ * Built as KeyedCall is (the same positional and keyword arguments) and started by its
+ * start(): one object a call, called first with the claim's answer, then with the
+ * record's -- on a CallbackStore it is itself claim_later's and complete_later's
+ * callback (where KeyedCall hands the store its bound on_claim and on_record); on a
+ * SynchronousStore start() calls it with claim_sync's answer and it records with
+ * complete_sync. It runs the common case between them without a Python frame of its
+ * own: the claim granted; the handler's value a plain one (an exact None, bool, int,
+ * float, str, bytes, list, tuple or dict) whose encoding fits max_result_bytes; its
+ * completion handed to complete_later; the record written, the holder forgotten, this
+ * process's waiters woken and the Outcome handed to done. Every other case goes to a
+ * KeyedCall made with this object's state (its slots set, as __init__ would), whose
+ * method for that step carries the call to its end as the pure-Python build does: a
+ * refused or busy claim to on_claim, an exception to handler_failed, any other value to
+ * handler_returned, a failed record to on_record. Its one-step start is KeyedCall's own
+ * (run_later below makes a KeyedCall for it).
+ *
+ * Why it is kept: the common two-step keyed call is the RPC server's hot path, and the
+ * frames it saves (start, on_claim, claimed, the Call, handler_returned, _completion,
+ * record, on_record, _finish) are measured in instructions per keyed call
+ * (docs/design/measuring.md).
  *
  * Call and Outcome are built by setting their slots, as their __init__ would (the
  * configure step checks both are plain slotted classes; the twin tests compare them).
@@ -23,26 +30,32 @@
  * not a translation unit of its own.
  */
 
-static PyTypeObject *CallType, *OutcomeType, *CompletionType;
+static PyTypeObject *CallType, *OutcomeType, *CompletionType, *KeyedCallType;
 enum { CALL_CALLER, CALL_KEY, CALL_OPERATION, CALL_ARGS, CALL_FENCE, CALL_CTX, CALL_SLOTS };
 enum { OUT_OK, OUT_PAYLOAD, OUT_REPLAYED, OUT_FENCE, OUT_VALUE, OUT_SLOTS };
-static Py_ssize_t call_offs[CALL_SLOTS], outcome_offs[OUT_SLOTS];
+/* KeyedCall's slots: the fields in F_ order, then the fence, the one-step Call and
+ * completion (None in a two-step call). */
+enum { KC_FENCE = 12, KC_GIVEN, KC_COMPLETION, KC_SLOTS };
+static Py_ssize_t call_offs[CALL_SLOTS], outcome_offs[OUT_SLOTS], keyed_offs[KC_SLOTS];
 static PyObject *py_pack_result;      /* _outcome._packb, what encode_result encodes with */
 static PyObject *not_decoded;         /* _outcome._NOT_DECODED, a new Outcome's _value */
 static PyObject *py_current_runtime;  /* gosim.lowlevel.current_runtime */
 static PyObject *str__holders, *str__keeper, *str__waiters, *str__wake, *str__start_keeper,
     *str__callback_store, *str_complete_later, *str_ttl, *str_max_result_bytes,
-    *str__on_claim, *str__handler_returned, *str__handler_failed, *str__completed,
-    *str__complete, *str__sync_store, *str_complete_sync, *str_max_args_bytes, *str_wait,
-    *str_lease, *str_claim_later, *str_claim_sync, *str__one_step_store, *str__one_step;
+    *str_on_claim, *str_handler_returned, *str_handler_failed, *str_on_record, *str_record,
+    *str__sync_store, *str_complete_sync, *str_max_args_bytes, *str_wait, *str_lease,
+    *str_claim_later, *str_claim_sync, *str__one_step_store, *str_start_one_step, *str_start;
 static PyObject *py_run_later;  /* _idempotency._py_run_later, run_later's reference */
 static Py_ssize_t max_key_length;  /* _keys.MAX_KEY_LENGTH */
 
-/* The fields, in _py_continuation's order, then the fence once claimed. */
+/* The fields, in KeyedCall's order (positional up to F_HANDLER, then its keyword-only
+ * arguments), then the fence once claimed. */
 enum {
-    F_IDEM, F_CALLER, F_KEY, F_OPERATION, F_ARGS, F_FP, F_HANDLER, F_WAIT, F_TIMEOUT, F_CTX,
-    F_ONE_STEP, F_DONE, F_GIVEN = F_DONE + 1, F_FENCE = F_GIVEN, F_COUNT
+    F_IDEM, F_DONE, F_CALLER, F_KEY, F_OPERATION, F_ARGS, F_FP, F_HANDLER, F_WAIT, F_TIMEOUT,
+    F_CTX, F_ONE_STEP, F_GIVEN, F_FENCE = F_GIVEN, F_COUNT, F_POSITIONAL = F_WAIT
 };
+static const char *const keyword_names[F_GIVEN - F_POSITIONAL] = {"wait", "timeout", "ctx",
+                                                                  "one_step"};
 enum { TS_CLAIMING, TS_COMPLETING, TS_OVER };
 
 typedef struct {
@@ -67,20 +80,39 @@ new_slotted(PyTypeObject *type, const Py_ssize_t *offs, PyObject *const *values,
     return obj;
 }
 
-/* idem.<name>(*args): the Python method that takes the call from here. */
+/* A KeyedCall with ``f``'s state (``fence`` may be NULL: not claimed yet, 0), as its
+ * __init__ and the steps before would have left it. */
 static PyObject *
-hand_over(PyObject *name, PyObject *const *args, Py_ssize_t n)
+keyed_call(PyObject *const *f, PyObject *fence)
 {
-    return PyObject_VectorcallMethod(name, (PyObject **)args, (size_t)n, NULL);
+    PyObject *values[KC_SLOTS];
+    for (int i = 0; i < F_GIVEN; i++) {
+        values[i] = f[i];
+    }
+    values[KC_FENCE] = fence != NULL ? fence : ZERO;
+    values[KC_GIVEN] = Py_None;
+    values[KC_COMPLETION] = Py_None;
+    return new_slotted(KeyedCallType, keyed_offs, values, KC_SLOTS);
+}
+
+/* KeyedCall.<name>(*args) for this call: the reference takes the call from here. */
+static PyObject *
+hand_over(TwoStepCall *self, PyObject *name, PyObject *const *args, Py_ssize_t n)
+{
+    PyObject *ref = keyed_call(self->f, self->f[F_FENCE]);
+    if (ref == NULL) {
+        return NULL;
+    }
+    PyObject *argv[3] = {ref, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL};
+    PyObject *r = PyObject_VectorcallMethod(name, argv, (size_t)(1 + n), NULL);
+    Py_DECREF(ref);
+    return r;
 }
 
 static PyObject *
 claimed_returned(TwoStepCall *self, PyObject *result)
 {
-    PyObject **f = self->f;
-    PyObject *argv[7] = {f[F_IDEM], result, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_ONE_STEP],
-                         f[F_DONE]};
-    return hand_over(str__handler_returned, argv, 7);
+    return hand_over(self, str_handler_returned, &result, 1);
 }
 
 /* The exact types the handler's value may have for the fast path: none is awaitable and
@@ -131,8 +163,8 @@ plain_completion(PyObject *idem, PyObject *result)
 
 static PyObject *on_completed(TwoStepCall *self, PyObject *rec, PyObject *error);
 
-/* Idempotency._complete: record ``completion`` -- on a SynchronousStore now, the answer
- * handed on as _completed would; on a CallbackStore with this object as the callback. */
+/* KeyedCall.record: record ``completion`` -- on a SynchronousStore now, the answer
+ * handed on as on_record would; on a CallbackStore with this object as the callback. */
 static PyObject *
 record(TwoStepCall *self, PyObject *completion)
 {
@@ -144,7 +176,7 @@ record(TwoStepCall *self, PyObject *completion)
     }
     if (sync != Py_None) {
         PyObject *argv[5] = {sync, f[F_CALLER], f[F_KEY], f[F_FENCE], completion};
-        PyObject *rec = hand_over(str_complete_sync, argv, 5);
+        PyObject *rec = PyObject_VectorcallMethod(str_complete_sync, argv, 5, NULL);
         Py_DECREF(sync);
         if (rec != NULL) {
             PyObject *r = on_completed(self, rec, Py_None);
@@ -158,8 +190,8 @@ record(TwoStepCall *self, PyObject *completion)
         if (exc == NULL) {
             return NULL;
         }
-        PyObject *argv2[7] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE], Py_None, exc};
-        PyObject *r = hand_over(str__completed, argv2, 7);
+        PyObject *argv2[2] = {Py_None, exc};
+        PyObject *r = hand_over(self, str_on_record, argv2, 2);
         Py_DECREF(exc);
         return r;
     }
@@ -170,21 +202,20 @@ record(TwoStepCall *self, PyObject *completion)
         r = NULL;
     }
     else if (store == Py_None) {  /* neither kind: the reference says what it does */
-        PyObject *argv[6] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], completion, f[F_DONE]};
-        r = hand_over(str__complete, argv, 6);
+        r = hand_over(self, str_record, &completion, 1);
     }
     else {
         /* Its answer may come before complete_later returns. */
         self->phase = TS_COMPLETING;
         PyObject *argv[6] = {store, f[F_CALLER], f[F_KEY], f[F_FENCE], completion,
                              (PyObject *)self};
-        r = hand_over(str_complete_later, argv, 6);
+        r = PyObject_VectorcallMethod(str_complete_later, argv, 6, NULL);
     }
     Py_XDECREF(store);
     return r;
 }
 
-/* Idempotency._claimed, for the claim f[F_FENCE]: hold it, run the handler, record. */
+/* KeyedCall.claimed, for the claim f[F_FENCE]: hold it, run the handler, record. */
 static PyObject *
 claimed(TwoStepCall *self)
 {
@@ -240,8 +271,7 @@ claimed(TwoStepCall *self)
         if (exc == NULL) {
             return NULL;
         }
-        PyObject *argv[6] = {idem, exc, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE]};
-        PyObject *r = hand_over(str__handler_failed, argv, 6);
+        PyObject *r = hand_over(self, str_handler_failed, &exc, 1);
         Py_DECREF(exc);
         return r;
     }
@@ -262,7 +292,7 @@ claimed(TwoStepCall *self)
     return r;
 }
 
-/* Idempotency._on_claim: the claim's answer. */
+/* KeyedCall.on_claim: the claim's answer. */
 static PyObject *
 on_claim(TwoStepCall *self, PyObject *res, PyObject *error)
 {
@@ -273,16 +303,11 @@ on_claim(TwoStepCall *self, PyObject *res, PyObject *error)
         Py_XSETREF(f[F_FENCE], Py_NewRef(FIELD(PyTuple_GET_ITEM(res, 1), REC_FENCE)));
         return claimed(self);
     }
-    PyObject *argv[F_GIVEN + 2];
-    for (int i = 0; i < F_GIVEN; i++) {
-        argv[i] = f[i];
-    }
-    argv[F_GIVEN] = res;
-    argv[F_GIVEN + 1] = error;
-    return hand_over(str__on_claim, argv, F_GIVEN + 2);
+    PyObject *argv[2] = {res, error};
+    return hand_over(self, str_on_claim, argv, 2);
 }
 
-/* Idempotency._completed: the record's answer. */
+/* KeyedCall.on_record: the record's answer. */
 static PyObject *
 on_completed(TwoStepCall *self, PyObject *rec, PyObject *error)
 {
@@ -296,15 +321,15 @@ on_completed(TwoStepCall *self, PyObject *rec, PyObject *error)
         if (PyErr_Occurred()) {
             return NULL;
         }
-        PyObject *argv[7] = {idem, f[F_CALLER], f[F_KEY], f[F_FENCE], f[F_DONE], rec, error};
-        return hand_over(str__completed, argv, 7);
+        PyObject *argv[2] = {rec, error};
+        return hand_over(self, str_on_record, argv, 2);
     }
     PyObject *rk = PyTuple_Pack(2, f[F_CALLER], f[F_KEY]);
     if (rk == NULL) {
         Py_DECREF(holders);
         return NULL;
     }
-    /* _finish, as _completed inlines it */
+    /* Idempotency._finish */
     PyObject *held = PyDict_GetItemWithError(holders, rk);  /* borrowed */
     int err = 0;
     if (held != NULL) {
@@ -362,40 +387,140 @@ twostep_call(PyObject *obj, PyObject *const *args, size_t nargsf, PyObject *kwna
     return NULL;
 }
 
+/* A TwoStepCall of ``fields`` (F_GIVEN of them, in F_ order; new references taken). */
 static PyObject *
-twostep_vectorcall_new(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+twostep_make(PyTypeObject *type, PyObject *const *fields)
 {
-    if (check_configured(RECORD_PART | TWO_STEP_PART) < 0) {
-        return NULL;
-    }
-    if (PyVectorcall_NARGS(nargsf) != F_GIVEN || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_Format(PyExc_TypeError, "TwoStepCall takes %d positional arguments", F_GIVEN);
-        return NULL;
-    }
-    TwoStepCall *self = PyObject_GC_New(TwoStepCall, (PyTypeObject *)type);
+    TwoStepCall *self = PyObject_GC_New(TwoStepCall, type);
     if (self == NULL) {
         return NULL;
     }
     self->vectorcall = twostep_call;
     self->phase = TS_CLAIMING;
     for (int i = 0; i < F_GIVEN; i++) {
-        self->f[i] = Py_NewRef(args[i]);
+        self->f[i] = Py_NewRef(fields[i]);
     }
     self->f[F_FENCE] = NULL;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
 
+/* TwoStepCall(idem, done, caller, key, operation, args, fp, handler, *, wait, timeout,
+ * ctx, one_step), as KeyedCall(...). */
+static PyObject *
+twostep_vectorcall_new(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (check_configured(RECORD_PART | TWO_STEP_PART) < 0) {
+        return NULL;
+    }
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *fields[F_GIVEN] = {NULL};
+    if (nargs == F_POSITIONAL && nkw == F_GIVEN - F_POSITIONAL) {
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            fields[i] = args[i];
+        }
+        for (Py_ssize_t j = 0; j < nkw; j++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, j);
+            for (int k = 0; k < F_GIVEN - F_POSITIONAL; k++) {
+                if (PyUnicode_Check(name)
+                    && PyUnicode_CompareWithASCIIString(name, keyword_names[k]) == 0) {
+                    fields[F_POSITIONAL + k] = args[nargs + j];
+                }
+            }
+        }
+    }
+    for (int i = 0; i < F_GIVEN; i++) {
+        if (fields[i] == NULL) {
+            PyErr_SetString(PyExc_TypeError,
+                            "TwoStepCall takes 8 positional arguments and the keyword"
+                            " arguments wait, timeout, ctx and one_step");
+            return NULL;
+        }
+    }
+    return twostep_make((PyTypeObject *)type, fields);
+}
+
 static PyObject *
 twostep_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_Format(PyExc_TypeError, "TwoStepCall takes %d positional arguments", F_GIVEN);
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    Py_ssize_t nkw = kwds != NULL ? PyDict_GET_SIZE(kwds) : 0;
+    if (nargs != F_POSITIONAL || nkw != F_GIVEN - F_POSITIONAL) {
+        return twostep_vectorcall_new((PyObject *)type, NULL, 0, NULL);  /* says why */
+    }
+    PyObject *argv[F_GIVEN];
+    PyObject *names = PyTuple_New(nkw);
+    if (names == NULL) {
         return NULL;
     }
-    return twostep_vectorcall_new((PyObject *)type, &PyTuple_GET_ITEM(args, 0),
-                                  (size_t)PyTuple_GET_SIZE(args), NULL);
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        argv[i] = PyTuple_GET_ITEM(args, i);
+    }
+    Py_ssize_t pos = 0, j = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(kwds, &pos, &name, &value)) {
+        PyTuple_SET_ITEM(names, j, Py_NewRef(name));
+        argv[nargs + j++] = value;
+    }
+    PyObject *r = twostep_vectorcall_new((PyObject *)type, argv, (size_t)nargs, names);
+    Py_DECREF(names);
+    return r;
 }
+
+/* KeyedCall.start: claim the key -- on a SynchronousStore now (its failure raised to the
+ * caller), its answer handed to this object; else claim_later with this object as the
+ * callback. */
+static PyObject *
+twostep_start(TwoStepCall *self, PyObject *Py_UNUSED(unused))
+{
+    PyObject **f = self->f;
+    PyObject *idem = f[F_IDEM];
+    PyObject *lease = NULL, *store = NULL, *r = NULL;
+    PyObject *sync = PyObject_GetAttr(idem, str__sync_store);
+    if (sync == NULL || (lease = PyObject_GetAttr(idem, str_lease)) == NULL) {
+        goto done;
+    }
+    if (sync != Py_None) {
+        PyObject *sargs[5] = {sync, f[F_CALLER], f[F_KEY], f[F_FP], lease};
+        PyObject *res = PyObject_VectorcallMethod(str_claim_sync, sargs, 5, NULL);
+        if (res != NULL) {
+            PyObject *gargs[2] = {res, Py_None};
+            r = PyObject_Vectorcall((PyObject *)self, gargs, 2, NULL);
+            Py_DECREF(res);
+        }
+        goto done;
+    }
+    if ((store = PyObject_GetAttr(idem, str__callback_store)) == NULL) {
+        goto done;
+    }
+    if (store == Py_None) {  /* neither kind: the reference says what it does */
+        r = hand_over(self, str_start, NULL, 0);
+        goto done;
+    }
+    PyObject *largs[6] = {store, f[F_CALLER], f[F_KEY], f[F_FP], lease, (PyObject *)self};
+    r = PyObject_VectorcallMethod(str_claim_later, largs, 6, NULL);
+done:
+    Py_XDECREF(sync);
+    Py_XDECREF(lease);
+    Py_XDECREF(store);
+    return r;
+}
+
+/* KeyedCall.start_one_step: the reference's (one step is not this twin's). */
+static PyObject *
+twostep_start_one_step(TwoStepCall *self, PyObject *Py_UNUSED(unused))
+{
+    self->phase = TS_OVER;  /* the reference's call from here on */
+    return hand_over(self, str_start_one_step, NULL, 0);
+}
+
+static PyMethodDef twostep_methods[] = {
+    {"start", (PyCFunction)twostep_start, METH_NOARGS, "KeyedCall.start: claim the key."},
+    {"start_one_step", (PyCFunction)twostep_start_one_step, METH_NOARGS,
+     "KeyedCall.start_one_step: handed to KeyedCall."},
+    {NULL, NULL, 0, NULL},
+};
 
 static int
 twostep_traverse(TwoStepCall *self, visitproc visit, void *arg)
@@ -426,8 +551,7 @@ twostep_dealloc(TwoStepCall *self)
 static PyTypeObject TwoStepCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "idempotency._speedups.TwoStepCall",
-    .tp_doc = "A two-step call's continuation on a CallbackStore: the C twin of "
-              "idempotency._idempotency._py_continuation.",
+    .tp_doc = "A keyed call's two steps: the C twin of idempotency._idempotency.KeyedCall.",
     .tp_basicsize = sizeof(TwoStepCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_new = twostep_new,
@@ -437,6 +561,7 @@ static PyTypeObject TwoStepCallType = {
     .tp_traverse = (traverseproc)twostep_traverse,
     .tp_clear = (inquiry)twostep_clear,
     .tp_dealloc = (destructor)twostep_dealloc,
+    .tp_methods = twostep_methods,
 };
 
 /* A slotted class whose instances object.__new__ makes and whose __init__ only sets the
@@ -460,31 +585,39 @@ plain_slots(PyObject *type, const char *const *names, int n, Py_ssize_t *offs)
 static PyObject **const twostep_strings[] = {
     &str__holders, &str__keeper, &str__waiters, &str__wake, &str__start_keeper,
     &str__callback_store, &str_complete_later, &str_ttl, &str_max_result_bytes,
-    &str__on_claim, &str__handler_returned, &str__handler_failed, &str__completed,
-    &str__complete, &str__sync_store, &str_complete_sync, &str_max_args_bytes, &str_wait,
-    &str_lease, &str_claim_later, &str_claim_sync, &str__one_step_store, &str__one_step,
+    &str_on_claim, &str_handler_returned, &str_handler_failed, &str_on_record, &str_record,
+    &str__sync_store, &str_complete_sync, &str_max_args_bytes, &str_wait, &str_lease,
+    &str_claim_later, &str_claim_sync, &str__one_step_store, &str_start_one_step, &str_start,
 };
 static const char *const twostep_string_values[] = {
     "_holders", "_keeper", "_waiters", "_wake", "_start_keeper", "_callback_store",
-    "complete_later", "ttl", "max_result_bytes", "_on_claim", "_handler_returned",
-    "_handler_failed", "_completed", "_complete", "_sync_store", "complete_sync",
+    "complete_later", "ttl", "max_result_bytes", "on_claim", "handler_returned",
+    "handler_failed", "on_record", "record", "_sync_store", "complete_sync",
     "max_args_bytes", "wait", "lease", "claim_later", "claim_sync", "_one_step_store",
-    "_one_step",
+    "start_one_step", "start",
 };
 
-/* configure_two_step(call, outcome, completion, pack, not_decoded, current_runtime,
- * run_later, max_key_length) -> whether TwoStepCall may stand for _py_continuation (and
- * run_later for _py_run_later). */
+/* configure_two_step(call, outcome, completion, keyed_call, pack, not_decoded,
+ * current_runtime, run_later, max_key_length) -> whether TwoStepCall may stand for
+ * KeyedCall (and run_later for _py_run_later). */
 static PyObject *
 configure_two_step(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"call", "outcome", "completion", "pack", "not_decoded",
-                             "current_runtime", "run_later", "max_key_length", NULL};
-    PyObject *call, *outcome, *completion, *pack, *nd, *current_runtime, *run_later;
+    static char *kwlist[] = {"call", "outcome", "completion", "keyed_call", "pack",
+                             "not_decoded", "current_runtime", "run_later", "max_key_length",
+                             NULL};
+    PyObject *call, *outcome, *completion, *keyed, *pack, *nd, *current_runtime, *run_later;
     Py_ssize_t max_key;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOOn", kwlist, &call, &outcome,
-                                     &PyType_Type, &completion, &pack, &nd,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOOOn", kwlist, &call, &outcome,
+                                     &PyType_Type, &completion, &keyed, &pack, &nd,
                                      &current_runtime, &run_later, &max_key)) {
+        return NULL;
+    }
+    const char *const keyed_names[KC_SLOTS] = {
+        "idem", "done", "caller", "key", "operation", "args", "fp", "handler", "wait",
+        "timeout", "ctx", "one_step", "fence", "given", "completion"};
+    Py_ssize_t koffs[KC_SLOTS];
+    if (plain_slots(keyed, keyed_names, KC_SLOTS, koffs) < 0) {
         return NULL;
     }
     const char *const call_names[CALL_SLOTS] = {"caller", "key", "operation", "args",
@@ -509,6 +642,8 @@ configure_two_step(PyObject *module, PyObject *args, PyObject *kwds)
     }
     memcpy(call_offs, coffs, sizeof(coffs));
     memcpy(outcome_offs, ooffs, sizeof(ooffs));
+    memcpy(keyed_offs, koffs, sizeof(koffs));
+    Py_XSETREF(KeyedCallType, (PyTypeObject *)Py_NewRef(keyed));
     Py_XSETREF(CallType, (PyTypeObject *)Py_NewRef(call));
     Py_XSETREF(OutcomeType, (PyTypeObject *)Py_NewRef(outcome));
     Py_XSETREF(CompletionType, (PyTypeObject *)Py_NewRef(completion));
@@ -546,10 +681,9 @@ plain_name(PyObject *s)
  * _py_run_later (Idempotency.run_later with wait and ctx left to their defaults). Its
  * common case -- the key and the caller plain, the request a pair, one_step a bool, and
  * a store that takes the call without a goroutine -- is run_later's way through
- * _checked without its frame, then: one step on a OneStepStore, _one_step; else
- * _two_step's, without its frame: the continuation (TwoStepCall), and the store's
- * claim_sync (the continuation called with its answer) or claim_later. Every other case
- * is the reference's. */
+ * _checked without its frame, then the KeyedCall that Idempotency._begin starts: one
+ * step on a OneStepStore, KeyedCall's start_one_step; else a TwoStepCall and its start.
+ * Every other case is the reference's. */
 static PyObject *
 run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -563,9 +697,9 @@ run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *idem = args[0], *done = args[1], *caller = args[2], *key = args[3];
     PyObject *operation = PyTuple_GET_ITEM(args[4], 0), *params = PyTuple_GET_ITEM(args[4], 1);
-    /* One step on a OneStepStore (_one_step); else a SynchronousStore, which _two_step
-     * takes first, or a CallbackStore. */
-    int one_step = 0, sync = 0;
+    /* One step on a OneStepStore; else a SynchronousStore, which KeyedCall.start takes
+     * first, or a CallbackStore (or the awaited steps of a store of neither kind). */
+    int one_step = 0;
     PyObject *store = NULL;
     if (args[7] == Py_True) {
         store = PyObject_GetAttr(idem, str__one_step_store);
@@ -574,8 +708,7 @@ run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (!one_step) {
         Py_XDECREF(store);
         store = PyObject_GetAttr(idem, str__sync_store);
-        sync = store != Py_None;
-        if (store != NULL && !sync) {
+        if (store == Py_None) {
             Py_DECREF(store);
             store = PyObject_GetAttr(idem, str__callback_store);
         }
@@ -587,7 +720,7 @@ run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(store);
         return PyObject_Vectorcall(py_run_later, args, (size_t)nargs, NULL);
     }
-    PyObject *fp = NULL, *wait = NULL, *lease = NULL, *go_on = NULL, *r = NULL;
+    PyObject *fp = NULL, *wait = NULL, *call = NULL, *r = NULL;
     PyObject *max_args = PyObject_GetAttr(idem, str_max_args_bytes);
     if (max_args == NULL) {
         goto done;
@@ -598,39 +731,21 @@ run_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (fp == NULL || (wait = PyObject_GetAttr(idem, str_wait)) == NULL) {
         goto done;
     }
+    /* KeyedCall(idem, done, caller, key, operation, params, fp, handler, wait=wait,
+     * timeout=timeout, ctx=None, one_step=one_step), then Idempotency._begin's choice. */
+    PyObject *fields[F_GIVEN] = {idem, done, caller, key, operation, params, fp, args[5],
+                                 wait, args[6], Py_None, args[7]};
     if (one_step) {
-        PyObject *oargs[11] = {idem, caller, key, operation, params, fp, args[5], wait,
-                               args[6], Py_None, done};
-        r = PyObject_VectorcallMethod(str__one_step, oargs, 11, NULL);
+        call = keyed_call(fields, NULL);
+        r = call == NULL ? NULL : PyObject_CallMethodNoArgs(call, str_start_one_step);
         goto done;
     }
-    if ((lease = PyObject_GetAttr(idem, str_lease)) == NULL) {
-        goto done;
-    }
-    PyObject *cargs[F_GIVEN] = {idem, caller, key, operation, params, fp, args[5], wait,
-                                args[6], Py_None, args[7], done};
-    go_on = twostep_vectorcall_new((PyObject *)&TwoStepCallType, cargs, F_GIVEN, NULL);
-    if (go_on == NULL) {
-        goto done;
-    }
-    if (sync) {
-        PyObject *sargs[5] = {store, caller, key, fp, lease};
-        PyObject *res = PyObject_VectorcallMethod(str_claim_sync, sargs, 5, NULL);
-        if (res != NULL) {
-            PyObject *gargs[2] = {res, Py_None};
-            r = PyObject_Vectorcall(go_on, gargs, 2, NULL);
-            Py_DECREF(res);
-        }
-    }
-    else {
-        PyObject *largs[6] = {store, caller, key, fp, lease, go_on};
-        r = PyObject_VectorcallMethod(str_claim_later, largs, 6, NULL);
-    }
+    call = twostep_make(&TwoStepCallType, fields);
+    r = call == NULL ? NULL : twostep_start((TwoStepCall *)call, NULL);
 done:
     Py_DECREF(store);
     Py_XDECREF(fp);
     Py_XDECREF(wait);
-    Py_XDECREF(lease);
-    Py_XDECREF(go_on);
+    Py_XDECREF(call);
     return r;
 }

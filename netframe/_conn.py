@@ -128,11 +128,14 @@ MAX_URGENT = 8
 class StreamConn(Protocol):
     """What FramedConn needs from a connection (gosim.net's ``Conn`` has it)."""
 
-    async def read(self, n: int) -> bytes: ...
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes as soon as some are available; ``b""`` at end of stream."""
 
-    async def write(self, data: bytes) -> int: ...
+    async def write(self, data: bytes) -> int:
+        """Write all of ``data``; return its length."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close the connection."""
 
 
 class IncompleteFrame(RemoteFrameError):
@@ -337,6 +340,7 @@ class FramedConn:
         return self._bytes_written + (writer.bytes_sent if writer is not None else 0)
 
     def statistics(self) -> FramedConnStatistics:
+        """A snapshot of the connection's counters."""
         return FramedConnStatistics(
             self.frames_read,
             self.frames_written,

@@ -53,10 +53,12 @@ MAX_DEPTH: Final = 1024
 
 
 class PyMsgpackCutter:
-    """Cuts a plain msgpack stream into its top-level objects without decoding them:
-    the pure-Python twin of netframe's C ``MsgpackCutter`` (its comment in
-    ``netframe/_speedups_msgpack.c.h`` is the contract; the tests hold the two to the
-    same output).
+    """Cuts a plain msgpack stream into its top-level objects without decoding them.
+
+    ``PyMsgpackCutter`` is the pure-Python implementation; netframe's C one (its comment
+    in ``netframe/_speedups_msgpack.c.h`` is the contract; the tests hold the two to the
+    same output) is :data:`MsgpackCutter` where it is built, and also cuts straight off
+    a socket (``cutter(fd)``, then ``take()``).
 
     ``feed(data)`` returns the objects now complete, each as its own bytes. Headers
     are checked as soon as they have arrived, before their bodies: a str, bin or ext

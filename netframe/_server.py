@@ -250,9 +250,11 @@ async def _close_write_and_drain(conn: Any, linger: float) -> None:
 
 
 class Listener(Protocol):
-    async def accept(self) -> StreamConn: ...
+    async def accept(self) -> StreamConn:
+        """Wait for the next connection and return it."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop listening."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -517,16 +517,14 @@ MsgpackCutter_get_too_large(MsgpackCutter *self, void *closure)
 }
 
 static PyMethodDef MsgpackCutter_methods[] = {
-    {"feed", (PyCFunction)MsgpackCutter_feed, METH_O,
-     "Buffer bytes; return the top-level msgpack objects now complete, each as bytes."},
+    {"feed", (PyCFunction)MsgpackCutter_feed, METH_O, DOC_MsgpackCutter_feed},
     {"take", (PyCFunction)MsgpackCutter_take, METH_NOARGS,
      "The objects cut by cutter(fd) since the last take, in order."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef MsgpackCutter_getset[] = {
-    {"buffered", (getter)MsgpackCutter_get_buffered, NULL,
-     "Bytes received and not yet returned.", NULL},
+    {"buffered", (getter)MsgpackCutter_get_buffered, NULL, DOC_MsgpackCutter_buffered, NULL},
     {"error", (getter)MsgpackCutter_get_error, NULL, "None, or why the cutter stopped.", NULL},
     {"too_large", (getter)MsgpackCutter_get_too_large, NULL,
      "Whether it stopped on an object longer than max_message_size.", NULL},
@@ -540,8 +538,7 @@ static PyTypeObject MsgpackCutterType = {
     .tp_basicsize = sizeof(MsgpackCutter),
     .tp_dealloc = (destructor)MsgpackCutter_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Cuts a plain msgpack stream into its top-level objects (see the file's "
-              "comment).",
+    .tp_doc = DOC_MsgpackCutter,
     .tp_new = MsgpackCutter_new,
     .tp_call = (ternaryfunc)MsgpackCutter_call,
     .tp_methods = MsgpackCutter_methods,

@@ -94,6 +94,7 @@ def test_the_guides_have_code_that_runs() -> None:
     for page in (
         "getting-started.md",
         "guides/goroutines.md",
+        "guides/services.md",
         "guides/linearizability.md",
         "guides/netframe.md",
         "guides/idempotency.md",

@@ -58,14 +58,61 @@ def panic_line(exc: BaseException) -> str:
     return f"panic: {str(exc) or type(exc).__name__}"
 
 
-def goroutine_dump(goroutines: Iterable[G]) -> str:
-    """Go's crash-dump listing: one stanza per goroutine with its state, in goid order."""
+def panic_report(exc: BaseException) -> str:
+    """Go's crash report for exc, which the runtime added to it as a note when exc
+    escaped a goroutine and stopped the runtime (``panic: ...``, ``goroutine N
+    [running]:``, ...); ``str(exc)`` when it has no such note."""
+    head = panic_line(exc) + "\n\ngoroutine "
+    for note in reversed(getattr(exc, "__notes__", ())):
+        if isinstance(note, str) and note.startswith(head):
+            return note
+    return str(exc)
+
+
+def g_state(g: G) -> str:
+    """What a dump prints between the brackets: the wait reason of a parked goroutine
+    (``chan receive``), else its status (``runnable``)."""
+    if g.status == WAITING:
+        return str(g.waitreason or "waiting")
+    return STATUS_NAMES[g.status]
+
+
+def coro_stack(coro: Any) -> list[str]:
+    """Where a suspended coroutine is, innermost call first, as Go's traceback prints
+    it: ``module.qualname(...)`` then a tab and ``file:line``, for each Python frame
+    down its chain of awaits. The chain ends at an awaitable without a frame (the C
+    accelerator's channel operations, the runtime's traps)."""
+    frames = []
+    seen = 0
+    while coro is not None and seen < 200:  # bounded: a chain is a few calls deep
+        seen += 1
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        code = frame.f_code
+        module = frame.f_globals.get("__name__")
+        name = f"{module}.{code.co_qualname}" if module else code.co_qualname
+        frames.append(f"{name}(...)\n\t{code.co_filename}:{frame.f_lineno}")
+        nxt = getattr(coro, "cr_await", None)
+        if nxt is None:
+            nxt = getattr(coro, "gi_yieldfrom", None)
+        coro = nxt
+    frames.reverse()
+    return frames
+
+
+def goroutine_dump(goroutines: Iterable[G], stacks: bool = False) -> str:
+    """Go's crash-dump listing: one stanza per goroutine with its state, in goid order.
+
+    Each names the function the goroutine runs and the one that started it; with
+    ``stacks``, the goroutine's Python frames with their file and line instead of its
+    function alone (:func:`coro_stack`), as a leak report needs to find the wait.
+    """
     lines = []
     for g in sorted(goroutines, key=lambda g: g.goid):
-        waiting = g.status == WAITING
-        state = (g.waitreason or "waiting") if waiting else STATUS_NAMES[g.status]
-        lines.append(f"goroutine {g.goid} [{state}]:")
-        lines.append(f"{g_funcname(g)}(...)")
+        lines.append(f"goroutine {g.goid} [{g_state(g)}]:")
+        stack = coro_stack(g.coro) if stacks and g.coro is not None else []
+        lines.extend(stack or [f"{g_funcname(g)}(...)"])
         creator = created_by(g)
         if creator is not None:
             lines.append(creator)

@@ -1,9 +1,11 @@
 """The runtime's errors: each says when it is raised and what to do about it.
 
 Go's runtime stops the program on a fatal error or an unrecovered panic; gosim stops the
-runtime and raises one of these from :func:`gosim.run` (or from the ``open_runtime``
-block). Messages use Go's wording where Go has one, so a reader who knows Go's crash
-output recognises them.
+runtime and raises the error from :func:`gosim.run` (or from the ``open_runtime``
+block): an exception that escaped a goroutine as itself, with Go's crash report as a
+note, and the runtime's own errors (these) when the runtime stopped for a reason of its
+own. Messages use Go's wording where Go has one, so a reader who knows Go's crash output
+recognises them.
 """
 
 from __future__ import annotations
@@ -14,24 +16,35 @@ class GosimError(Exception):
 
 
 class Panic(GosimError):
-    """An exception escaped a goroutine: Go's unrecovered panic.
+    """Go's panic with a value that is not an exception: what ``gosim.panic(value)`` raises.
 
-    Raised by :func:`gosim.run` (and on leaving ``open_runtime``) after the runtime has
-    stopped and every other goroutine has been closed. The exception that escaped is
-    ``__cause__``; :attr:`goid` names the goroutine. To recover, catch the exception
-    inside the goroutine, as a deferred ``recover()`` would in Go.
+    :attr:`value` is the panic value (what Go's ``recover()`` returns), :attr:`goid` the
+    goroutine that panicked (None outside one); ``str()`` is the value's text, so the
+    crash report reads ``panic: <value>`` as Go's does.
+
+    An exception is its own panic value and is never wrapped in this class: one that
+    escapes a goroutine stops the runtime, and once it has stopped and every other
+    goroutine has been closed, :func:`gosim.run` (or leaving ``open_runtime``) raises
+    that exception itself, of its own type, with Go's crash report (``panic: ...``,
+    ``goroutine N [running]:``, the function and who started it) added as a note
+    (``add_note``, shown under its traceback). So ``except OSError`` around ``run``
+    catches an ``OSError`` from a goroutine, as trio and asyncio deliver one; a
+    ``Panic`` arrives the same way. To recover, catch the exception inside the
+    goroutine, as a deferred ``recover()`` would in Go.
     """
 
-    def __init__(self, goid: int, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, value: object, goid: int | None = None) -> None:
+        super().__init__(str(value))
+        self.value = value
         self.goid = goid
 
 
 class FatalError(GosimError):
     """Go's ``fatal error``: an unrecoverable misuse such as unlocking an unlocked mutex.
 
-    It escapes the goroutine and stops the runtime (a Panic with this as its cause),
-    as Go's throw does; do not catch it. Its message begins ``fatal error:``, which is
+    It escapes the goroutine and stops the runtime, which raises it from
+    :func:`gosim.run` with the crash report as a note, as Go's throw stops the program;
+    do not catch it. Its message begins ``fatal error:``, which is
     also the first line of the crash report, as in Go.
     """
 

@@ -22,6 +22,8 @@ and ``procresize``. The parts with state of their own are objects it holds:
                  thread limiter and the virtual clock's hold;
 ``rt.stats``     :class:`~._stats.Stats`: the counters behind ``gosim.statistics``
                  and the ``SCHED`` line;
+``rt.signals``   :class:`~._signal.SignalQueue`: the OS signal handlers and the
+                 signals caught and not yet relayed (``gosim.signal``);
 ``rt.runvars``   the values of the layers above (the heap, the simulated network),
                  each under its typed :class:`RuntimeVar`.
 
@@ -38,7 +40,10 @@ Deterministic mode (``seed=``): steal victims and select choices come from one s
 ``random.Random`` (the Ps take turns in the order they started looking for work),
 syscalls and trio calls run inline on the driver, time is virtual (trio's
 ``MockClock``), so the same program at the same ``procs`` takes the same schedule and
-writes the same trace bytes on every run.
+writes the same trace bytes on every run. A *chooser* (``rt.chooser``, set through
+``gosim.lowlevel.set_chooser``) may then decide which runnable goroutine runs at each
+switch (``_schedule._choose``): schedule exploration (``gosim.testing``) drives the
+runtime through it.
 
 Mirrors Go's ``proc.go`` (``newproc``, ``gosched``, ``goexit``, ``GOMAXPROCS``) and
 the program start of ``runtime.main``.
@@ -55,14 +60,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from types import CoroutineType as _CoroutineType
-from typing import IO, TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar
 
 import trio
 
 from gosim._core import _g, _schedule
 from gosim._core._accel import speedups
 from gosim._core._dump import describe_fn, goroutine_dump
-from gosim._core._exceptions import NotInRuntime, throw
+from gosim._core._exceptions import NotInRuntime, Panic, throw
 from gosim._core._g import DEAD, RUNNABLE, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._runq import (
@@ -72,6 +77,7 @@ from gosim._core._runq import (
     _burst_available,
     _RuntimeFields,
 )
+from gosim._core._signal import SignalQueue
 from gosim._core._state import (
     GFREE_LOCAL_MAX,
     GOSCHED,
@@ -152,6 +158,7 @@ class Runtime(_RuntimeFields):
         self.timers = Timers(self)
         self.syscalls = Syscalls(self, max_threads)
         self.stats = Stats(self)
+        self.signals = SignalQueue(self)
         # Per-runtime values of the layers above the core (the heap, the simulated
         # network), each under its own typed RuntimeVar.
         self.runvars: dict[RuntimeVar[Any], Any] = {}
@@ -174,6 +181,9 @@ class Runtime(_RuntimeFields):
         #: Under ``gosim.run(virtual_time=True)``: the MockClock's ``jump``, which the
         #: driver calls itself when no other trio task can act (see _schedule._idle).
         self.virtual_jump: Callable[[float], None] | None = None
+        #: Deterministic mode only (``lowlevel.set_chooser``): decides which runnable
+        #: goroutine runs at every switch with more than one; None is Go's order.
+        self.chooser: Callable[[list[int]], int] | None = None
         if _burst_available:
             # An instance of a subclass of a C type gets from CPython 3.11 a dictionary
             # whose keys are shared with its class (a split table), which the
@@ -595,15 +605,20 @@ class RuntimeVar(Generic[T]):
         self._name = name
 
     def get(self) -> T | None:
+        """The running runtime's value, or None while it has none; :class:`NotInRuntime`
+        outside a runtime."""
         return current_runtime().runvars.get(self)
 
     def set(self, value: T) -> None:
+        """Set the running runtime's value; :class:`NotInRuntime` outside a runtime."""
         current_runtime().runvars[self] = value
 
     def get_in(self, rt: Runtime) -> T | None:
+        """``rt``'s value, or None while it has none."""
         return rt.runvars.get(self)
 
     def set_in(self, rt: Runtime, value: T) -> None:
+        """Set ``rt``'s value."""
         rt.runvars[self] = value
 
     def __repr__(self) -> str:
@@ -676,6 +691,7 @@ class RuntimeHandle:
 
     @property
     def runtime(self) -> Runtime:
+        """The runtime this handle drives (its goroutines, clock and statistics)."""
         return self._rt
 
     async def _drive_and_notify(self) -> None:
@@ -691,8 +707,9 @@ class RuntimeHandle:
         """Run ``fn(*args)`` as a goroutine; return its result or raise what it raised.
 
         An exception escaping ``fn`` is delivered to this caller and does not stop the
-        runtime; a panic elsewhere, or a deadlock, stops it and is raised here as
-        :class:`Panic` / :class:`Deadlock`.
+        runtime; an exception escaping another goroutine, or a deadlock, stops it and is
+        raised here: that exception itself (with the crash report as a note, as
+        :func:`run` raises it) or :class:`Deadlock`.
         """
         rt = self._rt
         if rt.stopped:
@@ -736,8 +753,14 @@ def run(
     """Run ``main(*args)`` as goroutine 1 on a fresh runtime and return its result.
 
     As in Go, the program ends when main returns: other goroutines are closed (their
-    ``finally`` blocks run). An exception escaping any goroutine stops the runtime and
-    raises :class:`Panic`; when nothing can run, :class:`Deadlock`. ``procs`` defaults to
+    ``finally`` blocks run). An exception escaping any goroutine (Go's unrecovered panic)
+    stops the runtime, closes the other goroutines and is raised here as itself: its own
+    type, the same object, so ``except OSError`` around ``run`` catches a goroutine's
+    ``OSError``. Go's crash report (``panic: ...``, ``goroutine N [running]:``, the
+    function and the goroutine that started it) is added to it as a note
+    (``add_note``), which the traceback shows. ``gosim.panic(value)`` with a value that
+    is not an exception raises :class:`Panic`, which arrives the same way. When nothing
+    can run, :class:`Deadlock`. ``procs`` defaults to
     the CPU count (Go's GOMAXPROCS). ``seed`` fixes every random choice; with
     ``virtual_time=True`` time is virtual too, and the run is fully reproducible for
     the same ``procs`` (give it explicitly to replay a seed on another machine).
@@ -842,6 +865,22 @@ def goexit() -> None:
     if rt is None or rt.curg is None:
         raise NotInRuntime("goexit: not inside a gosim goroutine")
     raise _Goexit()
+
+
+def panic(value: object) -> NoReturn:
+    """Go's ``panic(value)``: raise ``value`` if it is an exception, else :class:`Panic`.
+
+    An exception is raised as itself (Go's ``panic(err)``); any other value (a string, a
+    number) is carried by a :class:`Panic` whose ``value`` it is and whose ``goid`` is
+    the calling goroutine's (None outside one). Caught inside the goroutine, it is
+    recovered, as by a deferred ``recover()`` in Go; uncaught, it stops the runtime and
+    :func:`run` raises it, with Go's crash report as a note.
+    """
+    if isinstance(value, BaseException):
+        raise value
+    rt = _state.rt
+    g = None if rt is None else rt.curg
+    raise Panic(value, None if g is None else g.goid)
 
 
 def gomaxprocs(n: int | None = None) -> int:

@@ -24,13 +24,19 @@ How a goroutine runs, fast to slow
    timer of its heap that readies a goroutine there, or a goroutine back from a
    syscall to it, takes it back too. When the last running P finds nothing the driver
    idles in trio until the earliest timer, I/O on the netpoller, a syscall's or trio
-   call's completion, or a new ``rt.call``. If none of those can ever come, it stops
+   call's completion, a new ``rt.call`` or a signal relayed from the OS
+   (:mod:`._signal`, relayed here and in step 5). If none of those can ever come, it stops
    with Go's deadlock error and a goroutine dump.
 5. Every ``PERIODIC_MASK + 1`` switches the driver polls the netpoller (its goroutines
    to the global queue's tail, behind those already waiting), then runs expired timers
    and takes goroutines readied from outside, and at least every millisecond of real
    time yields to trio (one checkpoint costs about 4 µs), so I/O and other trio tasks
    make progress under load.
+
+6. Deterministic runs may hand the choice of the next G to a *chooser*
+   (``gosim.lowlevel.set_chooser``, for ``gosim.testing``'s exploration): ``_choose``
+   lists what the P in turn could take in the order step 3 takes it, so index 0 is the
+   decision made without one, and each burst is then one switch on the Python loop.
 
 The driver is functions over a :class:`~._runtime.Runtime` (as Go's are over ``sched``);
 the state they keep between turns is the runtime's. The C accelerator (optional) has
@@ -51,6 +57,7 @@ Mirrors Go's ``proc.go`` (``findRunnable``, ``schedule``, ``execute``, ``checkde
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -60,7 +67,7 @@ import trio
 
 from gosim._core._accel import speedups
 from gosim._core._dump import created_by, g_funcname, panic_line
-from gosim._core._exceptions import Deadlock, GosimError, Panic
+from gosim._core._exceptions import Deadlock, GosimError
 from gosim._core._g import DEAD, RUNNABLE, RUNNING, WAITING, G
 from gosim._core._netpoll import NetPoller
 from gosim._core._runq import P, _burst_available
@@ -80,6 +87,10 @@ if TYPE_CHECKING:
 
 FAIRNESS_TICKS: Final = 61  # schedule checks the global queue first every 61st tick
 TRIO_YIELD_INTERVAL: Final = 0.001  # yield to trio at least this often under load
+# The idle driver blocked in the netpoller wakes and gives trio a turn at least this
+# often: a signal the kernel delivered to another thread (Ctrl-C) is run by the main
+# thread only once it wakes, and a trio callback from a thread waits for a trio turn.
+IDLE_TRIO_INTERVAL: Final = 0.05
 
 # What the C inner loop (RuntimeBase._burst) hands back to the driver.
 _BURST_END: Final = 0
@@ -160,7 +171,12 @@ def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
 
 
 async def _idle(rt: Runtime) -> None:
-    """No P found work: wait for a timer, an outside completion or a new call."""
+    """No P found work: wait for a timer, an outside completion, a new call or a signal."""
+    if rt.signals.pending:
+        # Before deciding whether anything can wake a goroutine: a relayed signal may
+        # have readied one.
+        _relay_signals(rt)
+        return
     if rt.injectq:
         return
     nxt = rt.timers.earliest() if rt.timers.narmed else math.inf
@@ -169,11 +185,13 @@ async def _idle(rt: Runtime) -> None:
     if (
         rt.syscalls.nexternal == 0
         and io_waiters == 0
+        and not rt.signals.nwake
         and (rt.allg or not rt.open_mode)
         and (nxt == math.inf or not rt.timers.can_wake())
     ):
         # Nothing can wake a goroutine: no timer that can (channel timers nobody
-        # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call.
+        # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call, no
+        # signal relayed from the OS.
         _checkdead(rt)
         return
     now = rt._clock_now()
@@ -190,6 +208,37 @@ async def _idle(rt: Runtime) -> None:
         rt.last_trio_yield = now = rt._clock_now()
         if nxt <= now:
             rt.timers.check(now)  # on their Ps, which take turns again (Timers.check)
+        if rt.stats.schedtrace_interval:
+            rt.stats.maybe_schedtrace(now)
+        return
+    if (
+        np_ is not None
+        and jump is None
+        and not rt.syscalls.nexternal
+        and not rt.open_mode
+        and not rt.stopped
+    ):
+        # Under gosim.run on the real clock, with no syscall or trio call in flight, the
+        # driver is the only trio task that can act, and only I/O or a timer can wake a
+        # goroutine: block in the netpoller itself until the earliest deadline, as Go's
+        # findRunnable blocks in netpoll(delay). Through trio, each idle would cost a
+        # round of its scheduler (a cancel scope, wait_readable's registration, a task
+        # switch): most of an idle's CPU under durable calls, which idle once a commit.
+        # The GIL is released meanwhile; an OS thread that wakes a goroutine without
+        # trio does it through the netpoller (a store's committer). The wait is cut at
+        # IDLE_TRIO_INTERVAL, and trio gets a turn that often: a Ctrl-C caught by
+        # another thread (trio's wakeup fd is not in this epoll) is then raised here.
+        if now - rt.last_trio_yield >= IDLE_TRIO_INTERVAL:
+            _state.rt = None
+            try:
+                await trio.lowlevel.checkpoint()
+            finally:
+                _state.rt = rt
+            rt.last_trio_yield = now = rt._clock_now()
+        np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
+        now = rt._clock_now()
+        if nxt <= now:
+            rt.timers.check(now)
         if rt.stats.schedtrace_interval:
             rt.stats.maybe_schedtrace(now)
         return
@@ -217,6 +266,16 @@ async def _idle(rt: Runtime) -> None:
         rt.stats.maybe_schedtrace(rt.last_trio_yield)
 
 
+def _relay_signals(rt: Runtime) -> None:
+    """Relay the signals caught since the last time (``_signal``), on the driver. A
+    relay that fails (a send on a channel closed while notified) stops the runtime with
+    its error, as the panic in Go's signal-relaying goroutine would."""
+    try:
+        rt.signals.flush()
+    except Exception as exc:
+        _fail(rt, exc)
+
+
 def _checkdead(rt: Runtime) -> None:
     """Nothing can ever run again: Go's checkdead."""
     if not rt.allg and rt.main_goexited:
@@ -240,6 +299,8 @@ async def _periodic(rt: Runtime) -> None:
         rt.timers.check(now)
     if rt.injectq:
         rt._drain_inject()
+    if rt.signals.pending:
+        _relay_signals(rt)
     if rt.stats.schedtrace_interval:
         rt.stats.maybe_schedtrace(now)
     if now - rt.last_trio_yield >= TRIO_YIELD_INTERVAL or (rt.nswitch & 0xFFF) == 0:
@@ -291,7 +352,10 @@ async def schedule(rt: Runtime) -> None:
             _check_idle_timers(rt)
         p = running.popleft()
         g: G | None = None
-        if p.schedtick >= FAIRNESS_TICKS:
+        chooser = rt.chooser  # read every turn: set by a goroutine once the driver runs
+        if chooser is not None:
+            g = _choose(rt, p, chooser)
+        elif p.schedtick >= FAIRNESS_TICKS:
             p.schedtick = 0
             if rt.globrunq:
                 g = rt.globrunqget(p, 1)
@@ -303,6 +367,12 @@ async def schedule(rt: Runtime) -> None:
                 g = p.runq.popleft()
             else:
                 g = findrunnable(rt, p)
+                if g is not None and chooser is not None:
+                    # What findrunnable found (a timer's goroutines, a steal, a batch of
+                    # the global queue) is a choice too: back to the head of p's queue,
+                    # where the default order takes it first, and chosen among the rest.
+                    p.runq.appendleft(g)
+                    g = _choose(rt, p, chooser)
                 if g is None:
                     if running:
                         rt.pidleput(p)  # other Ps hold Ms: this one stops
@@ -319,9 +389,10 @@ async def schedule(rt: Runtime) -> None:
         rt.curp = p
         nsw = rt.nswitch
         burst_start = nsw
-        burst_end = nsw + FAIRNESS_TICKS - p.schedtick
+        # A chooser decides every switch: a burst of one.
+        burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if chooser is None else 1)
         # The hot loop: execute g, then the next G of this P, until the burst ends.
-        if burst is not None:
+        if burst is not None and chooser is None:
             # The same loop in C (gosim._speedups), which hands back what it does
             # not handle itself: traps other than PARK, awaited exits, errors. Given
             # None for g, it takes p's next G unless the burst is over.
@@ -332,7 +403,9 @@ async def schedule(rt: Runtime) -> None:
                 if code == _BURST_END:
                     break
                 if code == _BURST_TRAP:
-                    if _trap_slow(rt, g, p, payload):
+                    # A chooser set meanwhile (lowlevel.set_chooser, which yields)
+                    # decides from the next switch on: the burst ends.
+                    if _trap_slow(rt, g, p, payload) or rt.chooser is not None:
                         break
                 elif code == _BURST_EXIT:
                     if _exited(rt, g, payload):
@@ -360,6 +433,49 @@ async def schedule(rt: Runtime) -> None:
             await syscalls.run_inline_call()
         if not (nsw & PERIODIC_MASK):
             await _periodic(rt)
+
+
+def _choose(rt: Runtime, p: P, chooser: Callable[[list[int]], int]) -> G | None:
+    """The G that p runs next when a chooser decides (``lowlevel.set_chooser``), taken
+    out of its queue; None when p's queues and the global queue are empty.
+
+    The candidates are every G that p could take without looking further: the global
+    queue's head first when the fairness tick is due, then ``runnext``, the local queue
+    and the global queue, in that order: the order the scheduler takes them in without a
+    chooser, so index 0 is always the default decision. The chooser is asked only when
+    there are two or more, with their goids; it returns an index into them.
+    """
+    runnext = p.runnext
+    runq = p.runq
+    gq = rt.globrunq
+    n = (runnext is not None) + len(runq) + len(gq)
+    if n == 0:
+        return None
+    fair = False
+    if p.schedtick >= FAIRNESS_TICKS:
+        p.schedtick = 0
+        fair = bool(gq)
+    cands: list[G] = [gq[0]] if fair else []
+    if runnext is not None:
+        cands.append(runnext)
+    cands.extend(runq)
+    cands.extend(itertools.islice(gq, 1 if fair else 0, None))
+    i = 0
+    if n > 1:
+        i = chooser([c.goid for c in cands])
+        if type(i) is not int or not 0 <= i < n:
+            raise ValueError(f"scheduler chooser returned {i!r}, not an index in range({n})")
+    g = cands[i]
+    if g is runnext:
+        p.runnext = None
+    else:
+        # By identity: G records compare by identity, and the positions are known.
+        for q in (runq, gq):
+            for k, x in enumerate(q):
+                if x is g:
+                    del q[k]
+                    return g
+    return g
 
 
 def _python_burst(rt: Runtime, p: P, g: G, burst_end: int) -> int:
@@ -399,8 +515,8 @@ def _python_burst(rt: Runtime, p: P, g: G, burst_end: int) -> int:
                 g.status = WAITING
                 if trace is not None:
                     trace.emit(rt, "park", p.id, g.goid, 0, 0)
-            elif _trap_slow(rt, g, p, trap):
-                break
+            elif _trap_slow(rt, g, p, trap) or rt.chooser is not None:
+                break  # stopped, or a chooser was set (see schedule)
         if nsw >= burst_end or not (nsw & PERIODIC_MASK):
             break
         nxt = p.runnext
@@ -459,16 +575,17 @@ def _raised(rt: Runtime, g: G, p: P, exc: Exception) -> bool:
 
 
 def _panic(rt: Runtime, g: G, exc: Exception) -> None:
-    msg = f"{panic_line(exc)}\n\ngoroutine {g.goid} [running]:\n{g_funcname(g)}(...)"
+    # The exception stops the runtime and leaves run() as itself (see Panic); Go's crash
+    # report rides along as a note, so the goroutine it escaped is not lost.
+    report = f"{panic_line(exc)}\n\ngoroutine {g.goid} [running]:\n{g_funcname(g)}(...)"
     creator = created_by(g)
     if creator is not None:
-        msg += "\n" + creator
-    err = Panic(g.goid, msg)
-    err.__cause__ = exc
+        report += "\n" + creator
+    exc.add_note(report)
     g.status = DEAD
     rt.allg.pop(g.goid, None)
     g.coro = g.elem = g.param = g.p = None
-    _fail(rt, err)
+    _fail(rt, exc)
 
 
 def _trap_slow(rt: Runtime, g: G, p: P, trap: Any) -> bool:
@@ -515,7 +632,8 @@ def _trap_slow(rt: Runtime, g: G, p: P, trap: Any) -> bool:
 
 
 def close_all(rt: Runtime) -> None:
-    """Close every live goroutine's coroutine so its ``finally`` blocks run."""
+    """Close every live goroutine's coroutine so its ``finally`` blocks run, and put
+    back the signal handlers the runtime replaced."""
     prev = _state.rt
     _state.rt = None  # a finally block must not schedule work on a stopped runtime
     try:
@@ -540,6 +658,7 @@ def close_all(rt: Runtime) -> None:
         if closer is not None:
             closer()  # sockets still open when the runtime ends are closed
     finally:
+        rt.signals.close()  # the signal handlers it replaced are back
         _state.rt = prev
 
 

@@ -97,6 +97,7 @@ class Timer(_TimerFields):
     __slots__ = ()
 
     def fire(self, now: float) -> None:
+        """Run ``f(arg, now)``: the driver calls it when the timer is due."""
         self.f(self.arg, now)
 
 

@@ -59,6 +59,8 @@ class Trace:
         self._roots[goid] = name
 
     def emit(self, rt: Any, kind: str, p: int, goid: int, a: int, b: int) -> None:
+        """Record one scheduler event (``kind`` on P ``p`` for goroutine ``goid``, two
+        event-specific numbers ``a`` and ``b``) at the runtime's clock; the runtime calls it."""
         now = rt.now()
         if goid and goid not in self.names:
             g = rt.allg.get(goid)

@@ -397,6 +397,7 @@ class ParkingLot(_ParkingLotBase):
         return self.repark(new_lot, len(self))
 
     def statistics(self) -> ParkingLotStatistics:
+        """A snapshot: how many waiters are queued now."""
         return ParkingLotStatistics(waiters=len(self))
 
 

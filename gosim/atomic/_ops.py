@@ -53,7 +53,7 @@ from numba.core import cgutils as _cgutils_typed
 # JIT_ENABLED (gosim.jit's one flag, re-exported): True when numba compiles and the
 # functions below are real atomic instructions; False means the lock-based pure-Python
 # fallback is in use.
-from gosim.jit import JIT_ENABLED, intrinsic, kernel
+from gosim.jit import JIT_ENABLED, documented, intrinsic, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 
@@ -406,42 +406,81 @@ _Load = Callable[[Any, int], int]
 _Store = Callable[[Any, int, int], None]
 _Rmw = Callable[[Any, int, int], int]
 
-atomic_load: _Load = _jit_load if JIT_ENABLED else _py_load
-"""Sequentially consistent load of ``arr[index]`` (Go's ``atomic.LoadInt64``)."""
+atomic_load: _Load = documented(
+    _jit_load if JIT_ENABLED else _py_load,
+    "atomic_load",
+    """Sequentially consistent load of ``arr[index]`` (Go's ``atomic.LoadInt64``).""",
+)
 
-atomic_load_acquire: _Load = _jit_load_acquire if JIT_ENABLED else _py_load
-"""Acquire load: later reads and writes cannot move before it (lock entry)."""
+atomic_load_acquire: _Load = documented(
+    _jit_load_acquire if JIT_ENABLED else _py_load,
+    "atomic_load_acquire",
+    """Acquire load: later reads and writes cannot move before it (lock entry).""",
+)
 
-atomic_load_relaxed: _Load = _jit_load_relaxed if JIT_ENABLED else _py_load
-"""Relaxed (``monotonic``) load: atomic, orders nothing; for polling in spin loops."""
+atomic_load_relaxed: _Load = documented(
+    _jit_load_relaxed if JIT_ENABLED else _py_load,
+    "atomic_load_relaxed",
+    """Relaxed (``monotonic``) load: atomic, orders nothing; for polling in spin loops.""",
+)
 
-atomic_store: _Store = _jit_store if JIT_ENABLED else _py_store
-"""Sequentially consistent store (Go's ``atomic.StoreInt64``)."""
+atomic_store: _Store = documented(
+    _jit_store if JIT_ENABLED else _py_store,
+    "atomic_store",
+    """Sequentially consistent store (Go's ``atomic.StoreInt64``).""",
+)
 
-atomic_store_release: _Store = _jit_store_release if JIT_ENABLED else _py_store
-"""Release store: earlier reads and writes cannot move after it (lock exit)."""
+atomic_store_release: _Store = documented(
+    _jit_store_release if JIT_ENABLED else _py_store,
+    "atomic_store_release",
+    """Release store: earlier reads and writes cannot move after it (lock exit).""",
+)
 
-atomic_store_relaxed: _Store = _jit_store_relaxed if JIT_ENABLED else _py_store
-"""Relaxed (``monotonic``) store: atomic, orders nothing."""
+atomic_store_relaxed: _Store = documented(
+    _jit_store_relaxed if JIT_ENABLED else _py_store,
+    "atomic_store_relaxed",
+    """Relaxed (``monotonic``) store: atomic, orders nothing.""",
+)
 
-atomic_add: _Rmw = _jit_add if JIT_ENABLED else _py_add
-"""Add ``delta`` (wrapping) and return the **new** value (Go's ``atomic.AddInt64``)."""
+atomic_add: _Rmw = documented(
+    _jit_add if JIT_ENABLED else _py_add,
+    "atomic_add",
+    """Add ``delta`` (wrapping) and return the **new** value (Go's ``atomic.AddInt64``).""",
+)
 
-atomic_fetch_add: _Rmw = _jit_fetch_add if JIT_ENABLED else _py_fetch_add
-"""Add ``delta`` (wrapping) and return the **old** value (C++ ``fetch_add``)."""
+atomic_fetch_add: _Rmw = documented(
+    _jit_fetch_add if JIT_ENABLED else _py_fetch_add,
+    "atomic_fetch_add",
+    """Add ``delta`` (wrapping) and return the **old** value (C++ ``fetch_add``).""",
+)
 
-atomic_swap: _Rmw = _jit_swap if JIT_ENABLED else _py_swap
-"""Store ``new`` and return the old value (Go's ``atomic.SwapInt64``)."""
+atomic_swap: _Rmw = documented(
+    _jit_swap if JIT_ENABLED else _py_swap,
+    "atomic_swap",
+    """Store ``new`` and return the old value (Go's ``atomic.SwapInt64``).""",
+)
 
-atomic_and: _Rmw = _jit_and if JIT_ENABLED else _py_and
-"""Bitwise-and ``mask`` into the cell and return the old value (Go 1.23 ``AndInt64``)."""
+atomic_and: _Rmw = documented(
+    _jit_and if JIT_ENABLED else _py_and,
+    "atomic_and",
+    """Bitwise-and ``mask`` into the cell and return the old value (Go 1.23 ``AndInt64``).""",
+)
 
-atomic_or: _Rmw = _jit_or if JIT_ENABLED else _py_or
-"""Bitwise-or ``mask`` into the cell and return the old value (Go 1.23 ``OrInt64``)."""
+atomic_or: _Rmw = documented(
+    _jit_or if JIT_ENABLED else _py_or,
+    "atomic_or",
+    """Bitwise-or ``mask`` into the cell and return the old value (Go 1.23 ``OrInt64``).""",
+)
 
-atomic_cas: Callable[[Any, int, int, int], bool] = _jit_cas if JIT_ENABLED else _py_cas
-"""If the cell equals ``old``, store ``new`` and return True; else return False
-(Go's ``atomic.CompareAndSwapInt64``). Sequentially consistent either way."""
+atomic_cas: Callable[[Any, int, int, int], bool] = documented(
+    _jit_cas if JIT_ENABLED else _py_cas,
+    "atomic_cas",
+    """If the cell equals ``old``, store ``new`` and return True; else return False
+(Go's ``atomic.CompareAndSwapInt64``). Sequentially consistent either way.""",
+)
 
-atomic_fence: Callable[[], None] = _jit_fence if JIT_ENABLED else _py_fence
-"""A sequentially consistent fence (``mfence`` on x86-64)."""
+atomic_fence: Callable[[], None] = documented(
+    _jit_fence if JIT_ENABLED else _py_fence,
+    "atomic_fence",
+    """A sequentially consistent fence (``mfence`` on x86-64).""",
+)

@@ -85,6 +85,7 @@ class DeadlineExceeded(TimeoutError):
         self.written = written
 
     def timeout(self) -> bool:
+        """True: Go's ``net.Error.Timeout()`` for a deadline that passed."""
         return True
 
 
@@ -164,6 +165,7 @@ class Conn:
         return f"<gosim.net.Conn {self.network}{state}>"
 
     def fileno(self) -> int:
+        """The socket's file descriptor (the runtime owns it: do not close it)."""
         return self._sock.fileno()
 
     def syscall_conn(self) -> RawConn:
@@ -352,9 +354,11 @@ class Conn:
         self._pd.set_deadline("rw", t or 0.0)
 
     def set_read_deadline(self, t: float | None) -> None:
+        """Deadline for reads only: an absolute ``gosim.now()`` time; 0/None clears."""
         self._pd.set_deadline("r", t or 0.0)
 
     def set_write_deadline(self, t: float | None) -> None:
+        """Deadline for writes only: an absolute ``gosim.now()`` time; 0/None clears."""
         self._pd.set_deadline("w", t or 0.0)
 
     def set_no_delay(self, on: bool = True) -> None:
@@ -363,13 +367,16 @@ class Conn:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(on))
 
     def set_keepalive(self, on: bool = True) -> None:
+        """SO_KEEPALIVE on a TCP connection (a Unix socket ignores it)."""
         if self._sock.family in (socket.AF_INET, socket.AF_INET6):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(on))
 
     def local_addr(self) -> str:
+        """This end's address, as ``host:port`` (a path for a Unix socket)."""
         return _format_addr(self._sock.getsockname())
 
     def remote_addr(self) -> str:
+        """The peer's address, as ``host:port`` (a path for a Unix socket)."""
         return _format_addr(self._sock.getpeername())
 
 
@@ -477,6 +484,8 @@ class Listener:
         return self._addr
 
     async def accept(self) -> Conn:
+        """Wait for the next connection and return it; :class:`ClosedError` once closed,
+        :class:`BusyError` while another goroutine is accepting."""
         if self._closed:
             raise ClosedError()
         if self._accepting:

@@ -4,8 +4,9 @@ Every socket gosim.net opens is non-blocking and registered once, for input, out
 peer hang-up, edge-triggered (``EPOLLET``), as Go registers its fds. An operation first
 tries the system call; only on ``EAGAIN`` does the goroutine park on the socket's
 :class:`PollDesc` (wait reason ``IO wait``). The driver calls :meth:`NetPoller.poll`
-without blocking from ``findrunnable`` and every few hundred switches, and waits on the
-epoll fd itself through trio when nothing else can run.
+without blocking from ``findrunnable`` and every few hundred switches; when nothing else
+can run it blocks in it (the earliest timer its deadline), or, while a trio task could
+wake the driver too, waits on the epoll fd through trio.
 
 Edge triggering means an event may arrive while nobody waits (the goroutine is busy
 between its ``EAGAIN`` and its park, or has not read yet): the descriptor then remembers
@@ -19,6 +20,7 @@ goroutine reading the same connection at once is refused by the connection (busy
 
 from __future__ import annotations
 
+import math
 import select
 import types
 from collections.abc import Generator
@@ -171,8 +173,9 @@ class NetPoller:
     def waiters(self) -> int:
         return self.nwaiters
 
-    def poll(self, to_global: bool = False) -> int:
-        events = self.ep.poll(0)
+    def poll(self, to_global: bool = False, timeout: float = 0.0) -> int:
+        # select.epoll's -1 is "no timeout"; it rounds a positive one up to milliseconds.
+        events = self.ep.poll(-1 if timeout == math.inf else timeout)
         if not events:
             return 0
         woken = 0

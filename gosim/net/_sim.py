@@ -14,7 +14,8 @@ The model, per direction of a connection:
   ``latency`` (seconds) and, with ``bandwidth`` (bytes/s), not before the previous
   segment has finished arriving; segments never overtake each other;
 * with probability ``reset_rate`` a write resets the connection instead (both ends get
-  ``BrokenError``, as after a TCP RST);
+  ``BrokenError``, as after a TCP RST); ``resets`` names the writes that reset instead
+  (schedule exploration's shrinker replays a run with fewer of its resets so);
 * a partition ``(start, end, hosts_a, hosts_b)`` cuts every link between a host in
   ``hosts_a`` and one in ``hosts_b`` during ``[start, end)``: segments sent meanwhile are
   held and delivered after the partition heals (TCP retransmits), and dials across it
@@ -60,6 +61,12 @@ class SimNetwork:
     partitions: Iterable[tuple[float, float, Iterable[str], Iterable[str]]] = ()
     #: Every event as ``(time, what, conn, bytes)``; None keeps none.
     log: list[tuple[float, str, int, int]] | None = field(default_factory=list)
+    #: The fault plan's resets by hand: when given, exactly the writes with these
+    #: numbers reset (the network's writes counted from 0 in the order they are made),
+    #: whatever ``reset_rate`` draws. The draws are made all the same, so every other
+    #: draw (latencies) stays where it was: a run replayed with a subset of the resets
+    #: it made (:attr:`resets_made`) is that run with fewer faults.
+    resets: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         lo, hi = self.latency
@@ -75,6 +82,9 @@ class SimNetwork:
         ]
         self._listeners: dict[str, SimListener] = {}
         self._next_conn = 0
+        self._writes = 0
+        #: The numbers of the writes that reset, in order (see :attr:`resets`).
+        self.resets_made: list[int] = []
 
     def cut_until(self, now: float, h1: str, h2: str) -> float:
         """The end of the partition cutting h1 from h2 at ``now``, or 0 if none does."""
@@ -85,6 +95,7 @@ class SimNetwork:
         return end
 
     def record(self, now: float, what: str, conn: int, n: int) -> None:
+        """Append ``(now, what, conn, n)`` to :attr:`log` when it is kept (None: not)."""
         if self.log is not None:
             self.log.append((now, what, conn, n))
 
@@ -155,15 +166,20 @@ class SimConn:
         return f"<gosim.net.SimConn {self._local} -> {self._remote}>"
 
     def local_addr(self) -> str:
+        """This end's address on the simulated network, ``host:port``."""
         return self._local
 
     def remote_addr(self) -> str:
+        """The peer's address on the simulated network, ``host:port``."""
         return self._remote
 
     def _host(self, addr: str) -> str:
         return addr.rpartition(":")[0]
 
     async def read(self, n: int = 65536) -> bytes:
+        """Up to ``n`` bytes as soon as some have arrived; ``b""`` at end of stream, as
+        :meth:`Conn.read`. A reset raises :class:`BrokenError`, a passed read deadline
+        :class:`DeadlineExceeded`."""
         if self._closed:
             raise ClosedError()
         if self._reading:
@@ -205,6 +221,8 @@ class SimConn:
         return await read_full(self, n)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Send all of ``data`` (it arrives after the network's latency, unless a fault
+        intervenes); return its length. Never blocks."""
         if self._closed:
             raise ClosedError()
         if self._wclosed:
@@ -215,7 +233,13 @@ class SimConn:
         net = self._net
         rt = lowlevel.current_runtime()
         now = rt.now()
-        if net.reset_rate and net.rng.random() < net.reset_rate:
+        nwrite = net._writes
+        net._writes = nwrite + 1
+        reset = bool(net.reset_rate) and net.rng.random() < net.reset_rate
+        if net.resets is not None:
+            reset = nwrite in net.resets
+        if reset:
+            net.resets_made.append(nwrite)
             net.record(now, "reset", self._id, len(payload))
             self._out.reset = True
             self._in.reset = True
@@ -243,6 +267,7 @@ class SimConn:
         return len(payload)
 
     def close_write(self) -> None:
+        """Half-close: the peer reads end of stream once what was sent has arrived."""
         if self._closed:
             raise ClosedError()
         self._wclosed = True
@@ -255,6 +280,7 @@ class SimConn:
         )
 
     def close(self) -> None:
+        """Close both directions; a goroutine reading this end gets :class:`ClosedError`."""
         if self._closed:
             return
         self._closed = True
@@ -264,9 +290,11 @@ class SimConn:
         _wake(self._in, "closed")
 
     def set_deadline(self, t: float | None) -> None:
+        """Deadline for reads (writes never block here): a ``gosim.now()`` time; 0/None clears."""
         self._rdeadline = t or 0.0
 
     def set_read_deadline(self, t: float | None) -> None:
+        """Deadline for reads: an absolute ``gosim.now()`` time; 0/None clears."""
         self._rdeadline = t or 0.0
 
     def set_write_deadline(self, t: float | None) -> None:
@@ -311,9 +339,11 @@ class SimListener:
         self._closed = False
 
     def addr(self) -> str:
+        """The address listened on, ``host:port``."""
         return self._address
 
     async def accept(self) -> SimConn:
+        """Wait for the next connection and return it; :class:`ClosedError` once closed."""
         if self._closed:
             raise ClosedError()
         conn = await self._pending.recv()
@@ -322,6 +352,7 @@ class SimListener:
         return conn
 
     def close(self) -> None:
+        """Stop listening; a goroutine blocked in ``accept`` gets :class:`ClosedError`."""
         if self._closed:
             return
         self._closed = True

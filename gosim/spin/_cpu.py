@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils as _cgutils_typed
 
-from gosim.jit import JIT_ENABLED, intrinsic, kernel
+from gosim.jit import JIT_ENABLED, documented, intrinsic, kernel
 
 cgutils: Any = _cgutils_typed  # numba.core.cgutils is untyped
 
@@ -237,19 +237,34 @@ def _py_futexwakeup(words: Any, index: int, count: int) -> None:
         _py_futex(words, index, _FUTEX_WAKE_PRIVATE, count)
 
 
-cpu_relax: Callable[[], None] = _jit_cpu_relax if JIT_ENABLED else _py_cpu_relax
-"""One spin-wait hint (x86 ``pause``, arm64 ``yield``; nothing elsewhere)."""
+cpu_relax: Callable[[], None] = documented(
+    _jit_cpu_relax if JIT_ENABLED else _py_cpu_relax,
+    "cpu_relax",
+    """One spin-wait hint (x86 ``pause``, arm64 ``yield``; nothing elsewhere).""",
+)
 
-procyield: Callable[[int], None] = _jit_procyield if JIT_ENABLED else _py_procyield
-"""``cycles`` spin-wait hints in a row (Go's ``runtime.procyield``)."""
+procyield: Callable[[int], None] = documented(
+    _jit_procyield if JIT_ENABLED else _py_procyield,
+    "procyield",
+    """``cycles`` spin-wait hints in a row (Go's ``runtime.procyield``).""",
+)
 
-osyield: Callable[[], None] = _jit_osyield if JIT_ENABLED else _py_osyield
-"""Offer the core to another runnable thread (``sched_yield``; Go's ``osyield``)."""
+osyield: Callable[[], None] = documented(
+    _jit_osyield if JIT_ENABLED else _py_osyield,
+    "osyield",
+    """Offer the core to another runnable thread (``sched_yield``; Go's ``osyield``).""",
+)
 
-futexsleep: Callable[[Any, int, int], None] = _jit_futexsleep if JIT_ENABLED else _py_futexsleep
-"""If the 32-bit low half of ``words[index]`` still equals ``val``, sleep until a
+futexsleep: Callable[[Any, int, int], None] = documented(
+    _jit_futexsleep if JIT_ENABLED else _py_futexsleep,
+    "futexsleep",
+    """If the 32-bit low half of ``words[index]`` still equals ``val``, sleep until a
 :func:`futexwakeup` on it (or a spurious wake-up); otherwise return at once. Go's
-``futexsleep`` with no timeout. Callers must recheck their condition after it returns."""
+``futexsleep`` with no timeout. Callers must recheck their condition after it returns.""",
+)
 
-futexwakeup: Callable[[Any, int, int], None] = _jit_futexwakeup if JIT_ENABLED else _py_futexwakeup
-"""Wake at most ``count`` threads sleeping in :func:`futexsleep` on ``words[index]``."""
+futexwakeup: Callable[[Any, int, int], None] = documented(
+    _jit_futexwakeup if JIT_ENABLED else _py_futexwakeup,
+    "futexwakeup",
+    """Wake at most ``count`` threads sleeping in :func:`futexsleep` on ``words[index]``.""",
+)

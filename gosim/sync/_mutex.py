@@ -60,6 +60,7 @@ class Mutex:
         return self._starving
 
     def locked(self) -> bool:
+        """Whether the mutex is held now (for tests and dumps: Go has no such query)."""
         return self._locked
 
     def lock(self) -> Awaitable[None]:
@@ -159,12 +160,15 @@ class RWMutex:
         return self._rwait.park(_RWMUTEX_RLOCK)  # the waker counts us in
 
     def try_rlock(self) -> bool:
+        """Take a read lock without waiting: False while a writer holds or waits for it."""
         if self._writer or self._wwait:
             return False
         self._readers += 1
         return True
 
     def runlock(self) -> None:
+        """Release a read lock; the last reader out lets a waiting writer in. Unlocking an
+        unlocked RWMutex is a :class:`FatalError`."""
         if self._readers <= 0:
             raise FatalError("fatal error: sync: RUnlock of unlocked RWMutex")
         self._readers -= 1
@@ -184,12 +188,15 @@ class RWMutex:
         return self._wwait.park(reason)  # the waker counts us in
 
     def try_lock(self) -> bool:
+        """Take the write lock without waiting: False while anyone holds it."""
         if self._writer or self._readers:
             return False
         self._writer = True
         return True
 
     def unlock(self) -> None:
+        """Release the write lock: waiting readers go first, then the next writer. Unlocking
+        an unlocked RWMutex is a :class:`FatalError`."""
         if not self._writer:
             raise FatalError("fatal error: sync: Unlock of unlocked RWMutex")
         self._writer = False

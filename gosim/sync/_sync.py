@@ -41,9 +41,11 @@ class SyncPanic(GosimError):
 
 
 class Locker(Protocol):
-    def lock(self) -> Awaitable[None]: ...
+    def lock(self) -> Awaitable[None]:
+        """Acquire the lock; await at once."""
 
-    def unlock(self) -> None: ...
+    def unlock(self) -> None:
+        """Release the lock."""
 
 
 class WaitGroup:
@@ -76,6 +78,7 @@ class WaitGroup:
             self._releasing += self._waiters.unpark_all()
 
     def done(self) -> None:
+        """Count one goroutine as finished: ``add(-1)``."""
         self.add(-1)
 
     async def wait(self) -> None:
@@ -111,6 +114,9 @@ class Once:
         self._waiters = ParkingLot()
 
     async def do(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` (awaiting it if it returns an awaitable) if and only if this is
+        the first ``do`` on this Once; a concurrent caller waits until it has returned.
+        A ``fn`` that raised counts as done, as in Go."""
         if self._done:
             return
         if self._running:
@@ -251,12 +257,16 @@ class Semaphore:
         raise ctx.err()
 
     def try_acquire(self, n: int = 1) -> bool:
+        """Take ``n`` units without waiting: True if they were free and nobody queued."""
         if self.size - self._cur >= n and not self._waiters:
             self._cur += n
             return True
         return False
 
     def release(self, n: int = 1) -> None:
+        """Give back ``n`` units and wake queued waiters in order while the first one's
+        request fits (a large request at the head holds back smaller ones behind it);
+        :class:`SyncPanic` when more are released than held."""
         self._cur -= n
         if self._cur < 0:
             raise SyncPanic("semaphore: released more than held")
@@ -300,6 +310,8 @@ class Pool(Generic[T]):
         return local
 
     def get(self) -> T | None:
+        """An object from the pool (this P's first, then one taken from another P), or
+        ``new()``'s when it is empty, or None without ``new``."""
         local = self._mine()
         x = local[0]
         if x is not None:
@@ -319,6 +331,7 @@ class Pool(Generic[T]):
         return self.new()
 
     def put(self, x: T) -> None:
+        """Offer ``x`` for reuse (None is ignored); the pool may drop it at any time."""
         if x is None:
             return
         local = self._mine()
@@ -372,6 +385,8 @@ class ErrGroup:
 
     @classmethod
     def with_context(cls, parent: Any) -> tuple[ErrGroup, Any]:
+        """A group and a context derived from ``parent`` that is cancelled (with the error
+        as its cause) when a goroutine of the group first fails or when ``wait`` returns."""
         ctx, cancel = context.with_cancel_cause(parent)
         group = cls()
         group._cancel = cancel

@@ -39,6 +39,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .._secrets import masked
 from ._ledger import INITIAL_BALANCE, INSUFFICIENT_FUNDS, LedgerSpec, LedgerState, read_ledger
 
 __all__ = [
@@ -408,7 +409,7 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
             cluster = own_postgres(workdir, existing=True)
             dsn = cluster.dsn
         spec = LedgerSpec("postgres", url=dsn, prefix=doc["prefix"])
-        where = f"PostgreSQL {_no_password(dsn)}, schema {spec.prefix}"
+        where = f"PostgreSQL {masked(dsn)}, schema {spec.prefix}"
     elif doc["store"] == "sqlite":
         spec = LedgerSpec("sqlite", path=Path(doc["db"]))
         if not spec.path or not spec.path.exists():
@@ -432,8 +433,3 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
     code = report_tables(console, checks, [])
     console.print(f"ledger: {where}")
     return code
-
-
-def _no_password(dsn: str) -> str:
-    """``dsn`` as a report may print it: without a password."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)

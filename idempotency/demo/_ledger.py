@@ -52,6 +52,7 @@ from .. import (
     SQLiteStore,
     StoreUnavailable,
 )
+from .._secrets import masked
 from ..rpc import Server
 from ..stores import Effect, Store
 
@@ -229,7 +230,7 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
                 "SELECT 1 FROM pg_namespace WHERE nspname = %s", (spec.prefix,)
             ).fetchone()
             if found:
-                raise SystemExit(f"{spec.url} already has a schema {spec.prefix!r}")
+                raise SystemExit(f"{masked(spec.url)} already has a schema {spec.prefix!r}")
             conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(spec.prefix)))
             conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(spec.prefix)))
             conn.execute(_POSTGRES_SCHEMA)
@@ -242,7 +243,7 @@ def create_ledger(spec: LedgerSpec, accounts: int) -> None:
         client = store.client
         try:
             if client.exists(f"{spec.prefix}balances", f"{spec.prefix}transfers"):
-                raise SystemExit(f"{spec.url} already holds a ledger under {spec.prefix!r}")
+                raise SystemExit(f"{masked(spec.url)} already holds a ledger under {spec.prefix!r}")
             client.hset(
                 f"{spec.prefix}balances", mapping=dict.fromkeys(range(accounts), INITIAL_BALANCE)
             )
@@ -523,8 +524,9 @@ def make_server(
         max_connections=max_connections,
     )
 
-    # one_step: the method only builds its effect, so on SQLite the claim, the balance
-    # change and the record commit in one transaction (one group commit, not two).
+    # one_step: the method only builds its effect, so on SQLite and PostgreSQL the
+    # claim, the balance change and the record commit in one transaction (one group
+    # commit, not two; Redis takes two steps).
     @srv.method(idempotent=True, pass_call=True, one_step=one_step)
     def transfer(call: Call, src: int, dst: int, amount: int) -> Effect:
         _check(src, dst, amount)

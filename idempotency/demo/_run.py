@@ -53,6 +53,7 @@ from rich.table import Table
 
 from gosim import Trace
 
+from .._secrets import masked
 from ._audit import (
     Check,
     Ending,
@@ -343,9 +344,9 @@ def _where(spec: LedgerSpec, own_redis: bool) -> str:
         return str(spec.path)
     if spec.kind == "postgres":
         own = " (the run's own cluster, stopped)" if own_redis else ""
-        return f"PostgreSQL {spec.url}, schema {spec.prefix}{own}"
+        return f"PostgreSQL {masked(spec.url)}, schema {spec.prefix}{own}"
     own = " (the run's own redis-server, stopped)" if own_redis else ""
-    return f"Redis {spec.url}, keys {spec.prefix}*{own}"
+    return f"Redis {masked(spec.url)}, keys {spec.prefix}*{own}"
 
 
 def run(opts: Options) -> int:

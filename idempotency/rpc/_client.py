@@ -163,12 +163,15 @@ class RetryThrottle:
         self.tokens = self.max_tokens
 
     def record_failure(self) -> None:
+        """A call failed in a way that counts against retries: one token less."""
         self.tokens = max(0.0, self.tokens - 1.0)
 
     def record_success(self) -> None:
+        """A call succeeded: ``token_ratio`` tokens back, up to ``max_tokens``."""
         self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
 
     def allows_retry(self) -> bool:
+        """Whether a retry may be sent: more than half the tokens are left."""
         return self.tokens > self.max_tokens / 2
 
 
@@ -538,6 +541,7 @@ class Client:
             await self._close_link(link, "client closed")
 
     def statistics(self) -> ClientStatistics:
+        """A snapshot of the client's counters."""
         s = self._stats
         return ClientStatistics(
             s.calls,

@@ -273,8 +273,13 @@ def _idempotency_error(exc: BaseException) -> tuple[int, str, Any]:
     elif isinstance(exc, context.DeadlineExceeded):
         code = Status.DEADLINE_EXCEEDED
     elif isinstance(exc, ApplicationError):  # retryable: nothing was recorded
+        # Its code is the status when it is one: an int, a Status member included (an
+        # IntEnum, which a type check for int would miss and answer UNAVAILABLE, a
+        # status the client resends); a string code, or a bool, names no status.
+        status = exc.code
+        ok = isinstance(status, int) and not isinstance(status, bool)
         return (
-            exc.code if type(exc.code) is int else Status.UNAVAILABLE,
+            int(status) if ok else Status.UNAVAILABLE,
             exc.message,
             exc.data if exc.data is not None else {"type": name},
         )

@@ -73,6 +73,7 @@ class RPCError(Exception):
 
     @property
     def type_name(self) -> str | None:
+        """The remote exception's type name our servers put in ``data``, else None."""
         return type_name_of(self.data)
 
     @classmethod

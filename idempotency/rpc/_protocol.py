@@ -220,6 +220,7 @@ class Limits:
         object.__setattr__(self, "bare_max", bare)
 
     def unpack_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``msgpack.Unpacker`` that enforce these limits."""
         return {
             "raw": False,
             "strict_map_key": True,
@@ -253,6 +254,7 @@ class CallMeta:
     attempt: int = 1
 
     def to_wire(self) -> dict[str, Any]:
+        """The metadata map sent with a call: only the fields set (``attempt`` past the first)."""
         out: dict[str, Any] = {}
         if self.key is not None:
             out["key"] = self.key

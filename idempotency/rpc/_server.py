@@ -186,8 +186,9 @@ class Server:
 
         ``one_step=True`` (idempotent, plain functions) says the method does nothing but
         return its outcome, usually an Effect, built from its arguments and ``call``:
-        on a store that can (SQLite) the key's claim, the effect and the record then
-        commit in one transaction, one round trip instead of two. The method then runs
+        on a store that can (SQLite, PostgreSQL: a ``OneStepStore``) the key's claim,
+        the effect and the record then commit in one transaction, one round trip
+        instead of two, and a server killed mid-call leaves no claim behind. The method then runs
         before the claim, for a replay too (its outcome is dropped), and ``call.fence``
         is set when the effect runs (read it in the effect). It cannot wait, so it gets
         no context to wait on: ``call.ctx`` is None, and a ``pass_context`` method's

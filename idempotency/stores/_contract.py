@@ -416,8 +416,9 @@ class CallbackStore(Store):
 
 class OneStepStore(Store):
     """A store that can claim a key and complete it with an effect in one transaction
-    (``SQLiteStore``): ``Idempotency.run(..., one_step=True)`` then costs one round
-    trip and one commit instead of two, and no in-progress record is ever written.
+    (``SQLiteStore``, ``PostgresStore``): ``Idempotency.run(..., one_step=True)`` then
+    costs one round trip and one commit instead of two, and no in-progress record is
+    ever written (so a process killed mid-call leaves no claim to wait out).
 
     A store implements :meth:`claim_and_complete_later` (the one mechanism; a store that
     does not batch may run an async step in a goroutine of its own and hand its end to

@@ -132,7 +132,10 @@ its own, after the fencing token is checked, and returns the call's result. The
 record is written in the same transaction: a crash at any instant leaves both or
 neither. A final ApplicationError raised by ``fn`` rolls
 its writes back and records the error. ``claim_and_complete`` (``one_step=True``)
-takes the claim in the same transaction too.
+takes the claim in the same transaction too: one batch (two round trips, one WAL
+flush) instead of two, and no claim is ever committed apart from its record, so a
+process killed mid-call leaves the key free (the server rolls its transaction back),
+not held until a lease lapses; a failed effect leaves no claim either.
 
 Retention: every ``sweep_every`` batches a batch also deletes up to 512 expired records
 (``expires_at`` index, ``FOR UPDATE SKIP LOCKED``: rows another transaction holds are

@@ -211,6 +211,7 @@ def test_postgres_rows_without_postgresql_say_why_and_the_sqlite_peer_still_runs
     assert sorted(f["peer"] for f in failures) == sorted(
         [suites.PG_GROUP, suites.PG_PER_CALL, "1 server", "2 servers", *bench_postgres.KEYED]
         + [f"{n}, {mode}" for n in ("1 server", "2 servers") for mode in ("two-step", "one-step")]
+        + ["go-ledger-postgres-default"]
     )
     for f in failures:
         assert f["round"] == -1  # at the peer's open: nothing ran

@@ -627,7 +627,13 @@ DISABLED_JIT_SCRIPT = textwrap.dedent(
     from gosim.atomic import Int32, Uint64, Value, atomic_add, atomic_cas, atomic_load_relaxed
 
     assert not atomic.JIT_ENABLED
-    assert atomic_add is atomic._ops._py_add
+    # The fall-back's code itself, in a function object of its own carrying atomic_add's
+    # docstring (gosim.jit.documented).
+    assert atomic_add.__code__ is atomic._ops._py_add.__code__
+    assert atomic_add.__doc__.startswith("Add ``delta``")
+    # One fall-back serves three loads; each public name has its own docstring.
+    assert atomic.atomic_load_acquire.__doc__.startswith("Acquire load")
+    assert atomic.atomic_load.__doc__.startswith("Sequentially consistent load")
 
     @njit(nogil=True)
     def cas_kernel(cells, n):

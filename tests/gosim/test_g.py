@@ -29,7 +29,9 @@ PATHS = [
 
 
 def _run_debug(path: str, body: str) -> str:
-    """Run body (defines async main) under GOSIM_DEBUG=1; return what gosim.run raised."""
+    """Run body (defines async main) under GOSIM_DEBUG=1; return what gosim.run raised:
+    its type, "panic" if it escaped a goroutine (the runtime noted Go's crash report on
+    it) or "-" (the driver's own), and its message."""
     program = textwrap.dedent(
         """
         import gosim
@@ -41,9 +43,8 @@ def _run_debug(path: str, body: str) -> str:
         try:
             gosim.run(main, procs=1)
         except BaseException as exc:
-            cause = exc.__cause__
-            named = type(cause).__name__ if cause else "-"
-            print(type(exc).__name__, named, exc if cause is None else cause)
+            escaped = lowlevel.panic_report(exc) != str(exc)
+            print(type(exc).__name__, "panic" if escaped else "-", exc)
         else:
             print("no error")
         """
@@ -73,7 +74,7 @@ def test_an_illegal_status_write_from_python_is_caught(path: str) -> None:
             lowlevel.current_g().status = DEAD - 5  # running -> idle: no such edge
         """,
     )
-    assert out.startswith("Panic RuntimeInternalError casgstatus: goroutine 1: bad transition")
+    assert out.startswith("RuntimeInternalError panic casgstatus: goroutine 1: bad transition")
     assert out.endswith("running -> idle")
 
 
@@ -107,7 +108,7 @@ def test_goready_of_a_running_goroutine_throws(path: str) -> None:
             lowlevel.ready(lowlevel.current_g(), None)
         """,
     )
-    assert out.startswith("Panic RuntimeInternalError goready: goroutine 1")
+    assert out.startswith("RuntimeInternalError panic goready: goroutine 1")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -120,7 +121,7 @@ def test_runqput_of_a_running_goroutine_throws(path: str) -> None:
             rt.runqput(rt.curp, rt.curg, False)
         """,
     )
-    assert out.startswith("Panic RuntimeInternalError runqput: goroutine 1")
+    assert out.startswith("RuntimeInternalError panic runqput: goroutine 1")
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -3,6 +3,7 @@ deadlines, resets, busy and closed errors, and I/O waits in deadlock detection."
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -252,6 +253,34 @@ def test_dial_errors_and_bad_addresses() -> None:
             net.listen("udp", "127.0.0.1:0")
 
     run(main)
+
+
+def test_listen_on_a_taken_port_raises_oserror_from_run() -> None:
+    # The OSError of a goroutine reaches run's caller as itself (not wrapped), so
+    # ``except OSError`` around run catches it; the goroutine it escaped is in a note.
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+
+        async def serve(ready: Chan[None]) -> None:
+            net.listen("tcp", f"127.0.0.1:{port}")
+            await ready.send(None)
+
+        async def main() -> None:
+            ready: Chan[None] = Chan()
+            go(serve, ready)
+            await ready.recv()
+
+        with pytest.raises(OSError) as info:
+            run(main)
+    finally:
+        taken.close()
+    assert info.value.errno == errno.EADDRINUSE
+    (report,) = info.value.__notes__
+    assert report.startswith(f"panic: {info.value}\n\ngoroutine 2 [running]:\n")
+    assert ".<locals>.serve(...)\ncreated by " in report
 
 
 def test_sockets_left_open_are_closed_when_the_runtime_ends() -> None:

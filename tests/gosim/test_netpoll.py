@@ -3,10 +3,17 @@ goroutine waiting on I/O is not a deadlock."""
 
 from __future__ import annotations
 
+import math
 import os
 import select
+import signal
+import socket
 import threading
 import time
+from typing import Any
+
+import pytest
+import trio
 
 import gosim
 from gosim import lowlevel, net
@@ -26,12 +33,12 @@ class PipePoller:
     def waiters(self) -> int:
         return len(self.parked)
 
-    def poll(self, to_global: bool = False) -> int:
+    def poll(self, to_global: bool = False, timeout: float = 0.0) -> int:
         self.polls += 1
         rt = lowlevel.current_runtime()
         goready = rt.globready if to_global else rt.goready
         n = 0
-        for fd, _ in self.ep.poll(0):
+        for fd, _ in self.ep.poll(-1 if timeout == math.inf else timeout):
             g = self.parked.pop(fd)
             self.ep.unregister(fd)
             goready(g, fd)
@@ -161,3 +168,132 @@ def test_io_readied_while_the_p_is_busy_queues_behind_the_global_queue() -> None
         f"I/O readers overtook goroutines waiting in the global queue "
         f"(first reader at step {first_reader}, last spilled at {last_spilled})"
     )
+
+
+def _echo_rounds(rounds: int) -> None:
+    """A client and a server goroutine exchange ``rounds`` messages over 127.0.0.1,
+    each side parking on its socket between them; a sleeper adds timers to wait for."""
+
+    async def main() -> None:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        client = await net.dial("tcp", ln.addr())
+        server = await ln.accept()
+
+        async def echo() -> None:
+            for _ in range(rounds):
+                await server.write(await server.read(1))
+
+        gosim.go(echo)
+        for i in range(rounds):
+            await client.write(b"%d" % (i % 10))
+            assert await client.read(1) == b"%d" % (i % 10)
+            if i % 10 == 0:
+                await gosim.sleep(0.001)  # an idle with a timer as its deadline
+        client.close()
+        server.close()
+        ln.close()
+
+    gosim.run(main, procs=2)
+
+
+def test_the_idle_driver_blocks_in_the_netpoller_not_in_trio(monkeypatch: Any) -> None:
+    """Under gosim.run with no syscall or trio call in flight, the idle driver waits in
+    the netpoller itself (Go's netpoll(delay)): not one trio wait per idle."""
+    waits = []
+    real = trio.lowlevel.wait_readable
+
+    async def counted(fd: Any) -> None:
+        waits.append(fd)
+        await real(fd)
+
+    monkeypatch.setattr(trio.lowlevel, "wait_readable", counted)
+    _echo_rounds(200)
+    assert waits == []
+
+
+def test_the_idle_driver_waits_through_trio_while_a_syscall_can_wake_it(monkeypatch: Any) -> None:
+    """A syscall in flight can wake a goroutine through trio: the idle driver then waits
+    on the netpoller's fd through trio, and both the syscall's and the I/O's goroutines
+    wake."""
+    waits = []
+    real = trio.lowlevel.wait_readable
+
+    async def counted(fd: Any) -> None:
+        waits.append(fd)
+        await real(fd)
+
+    monkeypatch.setattr(trio.lowlevel, "wait_readable", counted)
+
+    async def main() -> tuple[str, bytes]:
+        ln = net.listen("tcp", "127.0.0.1:0")
+        client = await net.dial("tcp", ln.addr())
+        server = await ln.accept()
+        got = gosim.Chan[bytes](1)
+
+        async def read() -> None:
+            await got.send(await server.read(1))
+
+        gosim.go(read)
+
+        async def late_write() -> None:
+            await gosim.sleep(0.05)
+            await client.write(b"x")
+
+        gosim.go(late_write)
+        slept = await gosim.syscall(lambda: (time.sleep(0.1), "slept")[1])
+        data = await got.recv()
+        for c in (client, server, ln):
+            c.close()
+        return slept, data
+
+    assert gosim.run(main, procs=1) == ("slept", b"x")
+    assert waits  # the reader parked while the syscall was in flight
+
+
+@pytest.mark.parametrize("taken_by", ["the main thread", "another thread"])
+def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller(taken_by: str) -> None:
+    """SIGINT while the driver blocks in the netpoller (a goroutine waits on a socket
+    that stays silent): gosim.run raises KeyboardInterrupt, as it would anywhere else in
+    the program, also when the kernel hands the signal to another thread (the main
+    thread's wait is then not interrupted: it wakes within IDLE_TRIO_INTERVAL and runs
+    the handler). Should the interrupt wait for another wake-up, a byte sent 20 s later
+    brings one, and the test fails instead of hanging."""
+    with socket.create_server(("127.0.0.1", 0)) as plain:
+        port = plain.getsockname()[1]
+
+        async def main() -> None:
+            conn = await net.dial("tcp", f"127.0.0.1:{port}")
+            try:
+                await conn.read(1)  # silent until the fallback byte
+            finally:
+                conn.close()
+
+        fallback = threading.Event()
+
+        def interrupt_then_fallback() -> None:
+            peer, _ = plain.accept()
+            with peer:
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGINT)  # to the process: any thread may take it
+                time.sleep(20)
+                fallback.set()
+                peer.sendall(b"x")
+
+        # Python's own SIGINT handling, as a program started from a terminal has it (a
+        # process started in the background of a script inherits SIGINT ignored: CI's
+        # parallel passes do), which trio builds its KeyboardInterrupt on.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        helper = threading.Thread(target=interrupt_then_fallback, daemon=True)
+        helper.start()  # before the mask below: this thread may take SIGINT
+        if taken_by == "another thread":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            gosim.run(main, procs=1)
+        except KeyboardInterrupt:
+            # While the socket was silent: not brought by the fallback byte's wake-up.
+            assert not fallback.is_set()
+        else:
+            raise AssertionError("KeyboardInterrupt did not reach gosim.run")
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, previous)

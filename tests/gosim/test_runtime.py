@@ -123,14 +123,15 @@ def test_panic_stops_runtime_names_goroutine_and_runs_finally_blocks() -> None:
         await gosim.sleep(10)
         raise AssertionError("main must not resume after a panic")
 
-    with pytest.raises(gosim.Panic) as info:
+    with pytest.raises(ValueError) as info:  # the exception itself, not a wrapper
         gosim.run(main, procs=2)
-    assert isinstance(info.value.__cause__, ValueError)
-    assert info.value.goid == 3
-    assert str(info.value).startswith("panic: boom\n")  # Go prints the error's message
-    assert "goroutine 3 [running]:" in str(info.value)
-    assert "created by tests.gosim.test_runtime." in str(info.value)
-    assert str(info.value).endswith(" in goroutine 1")
+    assert str(info.value) == "boom"
+    (report,) = info.value.__notes__  # Go's crash report, as a note
+    assert report.startswith("panic: boom\n")  # Go prints the error's message
+    assert "goroutine 3 [running]:" in report
+    assert "created by tests.gosim.test_runtime." in report
+    assert report.endswith(" in goroutine 1")
+    assert gosim.lowlevel.panic_report(info.value) == report
     assert cleaned == ["bystander"]
 
 
@@ -140,10 +141,10 @@ def test_channel_misuse_in_a_goroutine_is_a_panic() -> None:
         ch.close()
         await ch.send(1)
 
-    with pytest.raises(gosim.Panic) as info:
+    with pytest.raises(gosim.SendOnClosedChannel) as info:
         gosim.run(main, procs=1)
-    assert isinstance(info.value.__cause__, gosim.SendOnClosedChannel)
-    assert str(info.value.__cause__) == "send on closed channel"
+    assert str(info.value) == "send on closed channel"
+    assert info.value.__notes__[0].startswith("panic: send on closed channel\n\ngoroutine 1 ")
 
 
 def test_main_return_closes_other_goroutines() -> None:
@@ -312,9 +313,8 @@ def test_awaiting_trio_directly_in_a_goroutine_is_a_clear_error() -> None:
     async def main() -> None:
         await trio.sleep(0)
 
-    with pytest.raises(gosim.Panic) as info:
+    with pytest.raises(TypeError, match=r"gosim\.trio_call"):
         gosim.run(main, procs=1)
-    assert "gosim.trio_call" in str(info.value.__cause__)
 
 
 def test_open_runtime_calls_from_trio() -> None:
@@ -361,8 +361,10 @@ def test_open_runtime_panic_is_raised_from_the_call() -> None:
         async with gosim.open_runtime(procs=1) as rt:
             await rt.call(caller)
 
-    with pytest.raises(gosim.Panic):
+    with pytest.raises(RuntimeError) as info:
         trio.run(trio_main)
+    assert str(info.value) == "inner"
+    assert "[running]:\ntests.gosim.test_runtime." in info.value.__notes__[0]
 
 
 def test_gomaxprocs_resizes_and_keeps_work() -> None:
@@ -652,3 +654,55 @@ def test_the_runtime_keeps_few_enough_instance_attributes_for_a_shared_key_dict(
         return len(vars(gosim.lowlevel.current_runtime()))
 
     assert gosim.run(main) <= 30
+
+
+def test_an_exception_from_a_goroutine_arrives_as_itself() -> None:
+    err = ValueError("from a goroutine")
+
+    async def worker() -> None:
+        raise err
+
+    async def main() -> None:
+        go(worker)
+        await gosim.sleep(1)
+
+    with pytest.raises(ValueError) as info:
+        gosim.run(main, procs=1)
+    assert info.value is err  # the same object, not a copy or a wrapper
+    (report,) = err.__notes__
+    assert report.startswith("panic: from a goroutine\n\ngoroutine 2 [running]:\n")
+
+
+def test_panic_with_a_value_raises_panic_carrying_it() -> None:
+    async def main() -> None:
+        gosim.panic("text")
+
+    with pytest.raises(gosim.Panic) as info:
+        gosim.run(main, procs=1)
+    assert info.value.value == "text"
+    assert info.value.goid == 1
+    assert str(info.value) == "text"
+    assert info.value.__notes__ == [
+        "panic: text\n\ngoroutine 1 [running]:\n"
+        + (
+            "tests.gosim.test_runtime.test_panic_with_a_value_raises_panic_carrying_it.<locals>.main(...)"
+        )
+    ]
+
+
+def test_panic_with_an_exception_raises_it_and_can_be_recovered() -> None:
+    async def main() -> tuple[object, str]:
+        try:
+            gosim.panic(42)
+        except gosim.Panic as p:  # Go: a deferred recover() returns the value
+            recovered = p.value
+        try:
+            gosim.panic(KeyError("k"))
+        except KeyError as exc:
+            return recovered, str(exc)
+        raise AssertionError("panic returned")
+
+    assert gosim.run(main, procs=1) == (42, "'k'")
+    with pytest.raises(gosim.Panic) as info:
+        gosim.panic("outside")  # outside a goroutine, as Go's panic anywhere
+    assert info.value.goid is None

@@ -53,10 +53,12 @@ class RedisServer:
     """A redis-server of the test's own: 127.0.0.1, a free port, a temp dir, AOF with
     ``appendfsync always`` (an acknowledged write survives a kill), stopped by PID."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, unixsocket: bool = False) -> None:
         self.dir = tempfile.mkdtemp(prefix="idem-redis-")
         self.port = free_port()
         self.password = password  # requirepass: clients must AUTH with it
+        # A Unix socket too (in the temp dir, for the owner alone), beside the port.
+        self.unixsocket = os.path.join(self.dir, "redis.sock") if unixsocket else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -74,6 +76,11 @@ class RedisServer:
                 "--protected-mode", "yes",
                 "--loglevel", "warning",
                 *(["--requirepass", self.password] if self.password else []),
+                *(
+                    ["--unixsocket", self.unixsocket, "--unixsocketperm", "700"]
+                    if self.unixsocket
+                    else []
+                ),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

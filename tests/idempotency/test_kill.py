@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
     from idempotency import Idempotency, SQLiteEffect, SQLiteStore
 
     kind, where, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
-    n_keys, workers = int(sys.argv[4]), int(sys.argv[5])
+    n_keys, workers, one_step = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
 
     def sqlite_effect(key):
         def fn(conn):
@@ -63,14 +63,17 @@ CHILD = textwrap.dedent(
             return LuaEffect(script, [prefix + "applied", prefix + "total"], [key])
 
     async def main():
-        idem = Idempotency(store, lease=1.0)  # a killed run's claims lapse soon
+        # Two steps: a killed run's claims lapse soon. One step leaves no claim to lapse:
+        # an hour's lease, which a claim left behind would hold its key for.
+        idem = Idempotency(store, lease=3600.0 if one_step else 1.0)
         done = gosim.Chan(workers)
 
         async def worker(w):
             for i in range(w, n_keys, workers):
                 key = f"t{i}"
                 out = await idem.run(caller="c", key=key, request=("apply", [key]),
-                                     handler=lambda call, key=key: effect(key))
+                                     handler=lambda call, key=key: effect(key),
+                                     one_step=one_step)
                 sys.stdout.write(f"ack {key}\\n")
                 sys.stdout.flush()
             await done.send(None)
@@ -87,10 +90,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _kill_child(kind: str, where: str, prefix: str, rnd: random.Random) -> set[str]:
+def _kill_child(
+    kind: str, where: str, prefix: str, rnd: random.Random, one_step: bool = False
+) -> set[str]:
     """Run the child, SIGKILL it at a random instant; return the keys it saw acknowledged."""
+    step = "1" if one_step else "0"
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, kind, where, prefix, str(N_KEYS), str(WORKERS)],
+        [sys.executable, "-c", CHILD, kind, where, prefix, str(N_KEYS), str(WORKERS), step],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -129,9 +135,10 @@ def _check_sqlite(path: Path) -> tuple[set[str], set[str]]:
     return recorded, set(applied)
 
 
-def _retry_all(store: Any, effect: Any) -> int:
+def _retry_all(store: Any, effect: Any, one_step: bool = False) -> int:
     """Run every key once more through ``store``, and close it whatever happens (a store
-    left open by a failed run would leak its connections into the next test)."""
+    left open by a failed run would leak its connections into the next test). One step:
+    without waiting (``wait=False``), so a key still claimed fails with InProgress."""
     runs = 0
 
     async def main() -> None:
@@ -149,7 +156,13 @@ def _retry_all(store: Any, effect: Any) -> int:
         for i in range(N_KEYS):
             key = f"t{i}"
             await idem.run(
-                caller="c", key=key, request=("apply", [key]), handler=handler, timeout=30
+                caller="c",
+                key=key,
+                request=("apply", [key]),
+                handler=handler,
+                timeout=30,
+                one_step=one_step,
+                wait=not one_step,
             )
 
     try:
@@ -241,18 +254,21 @@ def test_sigkill_while_completing_redis(redis_server: Any, request: pytest.Fixtu
     assert mid_run, "every kill came after the child had finished: nothing was tested"
 
 
+@pytest.mark.parametrize("one_step", [False, True], ids=["two-step", "one-step"])
 def test_sigkill_while_completing_postgres(
-    postgres_server: Any, request: pytest.FixtureRequest
+    postgres_server: Any, request: pytest.FixtureRequest, one_step: bool
 ) -> None:
     """The process running PostgresStore is killed mid-batch: its open transaction is
     rolled back by the server (the effect and the record go together), and what it saw
-    committed stays."""
+    committed stays. With ``one_step`` the claim commits only with its effect and
+    record, so the kill leaves no claim: the retry finds every key free or completed
+    (the child's lease is an hour, and the retry does not wait)."""
     from idempotency import PostgresEffect, PostgresStore  # noqa: PLC0415 -- needs psycopg
 
     rnd = random.Random(int(os.environ.get("IDEM_KILL_SEED", "14")))
     mid_run = 0
     for round_ in range(_kills(request)):
-        schema = f"kill{os.getpid()}_{round_}"
+        schema = f"kill{os.getpid()}_{int(one_step)}_{round_}"
         PostgresStore(postgres_server.dsn, schema=schema).close()
         postgres_server.sql(
             f"CREATE TABLE {schema}.applied (key text PRIMARY KEY);"
@@ -268,7 +284,7 @@ def test_sigkill_while_completing_postgres(
             assert len(applied) == len(set(applied)) == total  # none twice, none half done
             return set(recorded), set(applied)
 
-        acked = _kill_child("postgres", postgres_server.dsn, schema, rnd)
+        acked = _kill_child("postgres", postgres_server.dsn, schema, rnd, one_step)
         # The killed child's backends may still be running what it sent (a COMMIT
         # already on the wire): they end once they find their client gone.
         deadline = time.monotonic() + 60
@@ -281,6 +297,11 @@ def test_sigkill_while_completing_postgres(
         assert recorded == applied, f"round {round_}: record without effect or the reverse"
         assert acked <= recorded, f"round {round_}: an acknowledged call was lost"
         mid_run += len(recorded) < N_KEYS
+        if one_step:
+            claims = postgres_server.sql(
+                f"SELECT key FROM {schema}.idempotency_records WHERE state = 1"
+            )
+            assert claims == [], f"round {round_}: the kill left claims {claims[:5]}"
 
         def effect(key: str) -> PostgresEffect:
             async def fn(conn: Any) -> str:
@@ -291,10 +312,12 @@ def test_sigkill_while_completing_postgres(
             return PostgresEffect(fn)
 
         store = PostgresStore(postgres_server.dsn, schema=schema)
-        runs = _retry_all(store, effect)
-        recorded2, applied2 = check()
+        runs = _retry_all(store, effect, one_step)
+        recorded2, applied2 = check()  # and no effect twice
         assert recorded2 == applied2 == {f"t{i}" for i in range(N_KEYS)}
-        assert runs == N_KEYS - len(recorded)  # only the missing ones ran again
+        # Only the missing ones ran again; a one-step handler runs for a replay too (it
+        # only builds the effect, which is then dropped).
+        assert runs == (N_KEYS if one_step else N_KEYS - len(recorded))
     assert mid_run, "every kill came after the child had finished: nothing was tested"
 
 

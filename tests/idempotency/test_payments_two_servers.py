@@ -148,6 +148,7 @@ def test_two_servers_kill_nine_hot_accounts(own_postgres: Any, one_step: bool) -
             await work.send(i)
         work.close()
         done: Chan[None] = Chan(WORKERS)
+        restarted: Chan[None] = Chan(1)
         killed = [False]
 
         async def one(c: Client, key: str, account: int, cents: int, timeout: float) -> Any:
@@ -204,6 +205,7 @@ def test_two_servers_kill_nine_hot_accounts(own_postgres: Any, one_step: bool) -
 
         async def kill_and_restart() -> None:
             await gosim.syscall(restart)
+            await restarted.send(None)
 
         for w in range(WORKERS):
             go(worker, w)
@@ -214,6 +216,11 @@ def test_two_servers_kill_nine_hot_accounts(own_postgres: Any, one_step: bool) -
         for c in clients:
             await c.close()
         assert killed[0]
+        # The restart runs on a thread of its own; it must have put its server in
+        # `servers` before the cleanup below kills them all, or that server outlives
+        # the test (the charges can all end while it is still starting).
+        i, _, _ = await gosim.select(gosim.recv(restarted), gosim.recv(deadline))
+        assert i == 0, f"the restarted server did not start within {BOUND} s"
 
     try:
         gosim.run(main)

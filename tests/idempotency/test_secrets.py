@@ -200,3 +200,67 @@ def test_the_tools_show_no_password(url: str, code: int) -> None:
         r = cli(args[0], url.format(port=free_port()), *args[1:])
         assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
         assert_no_secret(r.stdout + r.stderr)
+
+
+# ------------------------------------------------- a live server refusing the password
+
+
+@pytest.fixture
+def postgres_with_password(own_postgres: Any) -> Any:
+    """The test's own cluster with a role ``app`` whose logins over TCP are checked with
+    SCRAM (the cluster's other users keep trust): ``app``'s password is SECRET."""
+    own_postgres.sql(f"CREATE ROLE app LOGIN PASSWORD '{SECRET}'")
+    own_postgres.sql("GRANT CREATE ON DATABASE postgres TO app")  # its store's schema
+    hba = os.path.join(own_postgres.data, "pg_hba.conf")
+    with open(hba) as f:
+        rules = f.read()
+    with open(hba, "w") as f:  # first match wins: app's rule goes first
+        f.write("host all app 127.0.0.1/32 scram-sha-256\n" + rules)
+    own_postgres.sql("SELECT pg_reload_conf()")
+    return own_postgres
+
+
+def test_postgres_refusing_a_wrong_password_shows_neither(postgres_with_password: Any) -> None:
+    """A live server refuses the login: the store's error, the tools' output and the
+    store's name show neither the wrong password nor (with the right one) the right."""
+    pytest.importorskip("psycopg", reason="PostgresStore needs psycopg")
+    from idempotency.stores.postgres import PostgresStore  # noqa: PLC0415
+
+    port = postgres_with_password.port
+    wrong = SECRET[::-1]
+    with pytest.raises(StoreUnavailable, match="authentication failed") as info:
+        PostgresStore(f"postgresql://app:{wrong}@127.0.0.1:{port}/postgres", connect_timeout=5)
+    assert_no_secret(every_text(info.value), wrong)
+    r = cli("inspect", f"postgresql://app:{wrong}@127.0.0.1:{port}/postgres", "c", "k")
+    assert r.returncode != 0 and "authentication failed" in r.stdout + r.stderr, r
+    assert_no_secret(r.stdout + r.stderr, wrong)
+    # The right password: the store works, and its name still hides it.
+    store = PostgresStore(f"postgresql://app:{SECRET}@127.0.0.1:{port}/postgres", schema="app")
+    try:
+        assert_no_secret(repr(store))
+    finally:
+        store.close()
+
+
+def test_the_demo_on_a_postgres_url_with_a_password_prints_none(own_postgres: Any) -> None:
+    """``python -m idempotency.demo --store postgres --postgres URL`` whose URL carries a
+    password (the cluster trusts the address, so any password logs in): none of the
+    demo's output, its servers' and clients' included, shows it."""
+    pytest.importorskip("psycopg", reason="--store postgres needs psycopg 3")
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    url = own_postgres.dsn.replace("postgresql://postgres@", f"postgresql://postgres:{SECRET}@")
+    demo = [sys.executable, "-m", "idempotency.demo", "--store", "postgres", "--postgres", url]
+    small = ["--connections", "20", "--accounts", "10"]
+    out = subprocess.run(
+        [*demo, "--seconds", "4", "--seed", "3", "--plain", *small],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "all checks hold" in out.stdout
+    assert "postgresql://postgres:***@" in out.stdout, out.stdout[-2000:]
+    assert_no_secret(out.stdout + out.stderr)

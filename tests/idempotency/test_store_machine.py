@@ -64,7 +64,8 @@ class Clock:
 
 
 def grun(fn: Any, *args: Any) -> Any:
-    """Run ``fn(*args)`` in a fresh runtime; its exception is raised here (not as Panic)."""
+    """Run ``fn(*args)`` in a fresh runtime; its exception is raised here (caught in the
+    goroutine, so the runtime goes on to stop cleanly and notes no crash report)."""
 
     async def main() -> Any:
         try:

@@ -1,6 +1,5 @@
-"""The C twin of a two-step call's continuation (``_speedups.TwoStepCall``) against its
-Python reference (``_idempotency._py_continuation`` and the Idempotency methods it leads
-through).
+"""The C twin of a keyed call's two steps (``_speedups.TwoStepCall``) against its Python
+reference (``_idempotency.KeyedCall``).
 
 A scripted store answers the claim and the record as hypothesis draws them (a
 CallbackStore now, in the caller's frame, or later, from a goroutine; or a
@@ -230,7 +229,7 @@ def _describe(outcome: Any, error: BaseException | None) -> Any:
 
 
 def run_script(
-    continuation: Any,
+    keyed_call: Any,
     claim: str,
     complete: str,
     now: bool,
@@ -238,8 +237,8 @@ def run_script(
     one_step: bool,
     sync: bool = False,
 ) -> Any:
-    """Everything observable of one two-step call through ``continuation`` (``sync``: on
-    a SynchronousStore, where ``now`` means nothing)."""
+    """Everything observable of one two-step call made by ``keyed_call`` (the class) and
+    started (``sync``: on a SynchronousStore, where ``now`` means nothing)."""
     store = (ScriptedSyncStore if sync else ScriptedStore)(claim, complete, now)
     idem = Idempotency(store, max_result_bytes=200, wait=False)
     idem._keeper = False  # the scripted store cannot renew: no keep-alive goroutine
@@ -252,21 +251,18 @@ def run_script(
 
     async def main() -> None:
         try:
-            idem._two_step(
-                "caller", "key", "op", [1, 2], FP, handler, False, None, None, one_step,
-                lambda outcome, error: results.append(_describe(outcome, error)),
+            call = keyed_call(
+                idem, lambda outcome, error: results.append(_describe(outcome, error)),
+                "caller", "key", "op", [1, 2], FP, handler,
+                wait=False, timeout=None, ctx=None, one_step=one_step,
             )  # fmt: skip
+            call.start()
         except Exception as exc:  # a SynchronousStore's failed claim: the caller's
             results.append(("raised", type(exc).__name__, str(exc)))
         for _ in range(20):
             await gosim.gosched()
 
-    saved = _idempotency._continuation
-    _idempotency._continuation = continuation
-    try:
-        gosim.run(main, procs=1, seed=3)
-    finally:
-        _idempotency._continuation = saved
+    gosim.run(main, procs=1, seed=3)
     return store.log, seen, results, sorted(idem._holders.items())
 
 
@@ -294,13 +290,13 @@ def test_the_c_continuation_does_what_the_reference_does(
 ) -> None:
     script = (claim, complete, now, handler_kind, one_step, sync)
     fast = run_script(speedups.TwoStepCall, *script)
-    ref = run_script(_idempotency._py_continuation, *script)
+    ref = run_script(_idempotency.KeyedCall, *script)
     assert fast == ref
     assert len(fast[2]) == 1, "done was called once, or the call raised"
 
 
 def test_the_c_continuation_is_in_place() -> None:
-    assert _idempotency._continuation is speedups.TwoStepCall
+    assert _idempotency._KeyedCall is speedups.TwoStepCall
 
 
 def test_the_c_continuation_refuses_a_third_answer_and_bad_calls() -> None:
@@ -311,8 +307,8 @@ def test_the_c_continuation_refuses_a_third_answer_and_bad_calls() -> None:
         idem = Idempotency(store, wait=False)
         idem._keeper = False
         cont = speedups.TwoStepCall(
-            idem, "c", "k", "op", [], FP, lambda call: 1, False, None, None, False,
-            lambda outcome, error: got.append(outcome.value),
+            idem, lambda outcome, error: got.append(outcome.value), "c", "k", "op", [], FP,
+            lambda call: 1, wait=False, timeout=None, ctx=None, one_step=False,
         )  # fmt: skip
         store.claim_later("c", "k", FP, 5.0, cont)
         with pytest.raises(RuntimeError, match="after its call was over"):
@@ -322,8 +318,14 @@ def test_the_c_continuation_refuses_a_third_answer_and_bad_calls() -> None:
 
     gosim.run(main, procs=1)
     assert got == [1]
-    with pytest.raises(TypeError, match="12 positional arguments"):
-        speedups.TwoStepCall(1, 2)
+    for bad_args, bad_kwargs in [
+        ((1, 2), {}),
+        ((1,) * 8, {"wait": 1, "timeout": 2, "ctx": 3}),
+        ((1,) * 8, {"wait": 1, "timeout": 2, "ctx": 3, "one_steps": 4}),
+        ((1,) * 12, {}),
+    ]:
+        with pytest.raises(TypeError, match="8 positional arguments and the keyword"):
+            speedups.TwoStepCall(*bad_args, **bad_kwargs)
 
 
 def test_the_c_continuation_leaks_nothing() -> None:
