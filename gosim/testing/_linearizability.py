@@ -35,9 +35,9 @@ then completed operations are dropped one at a time while the rest stays
 non-linearizable with the dropped one pending and the others' roles unchanged. One
 pass does it, with a few searches an operation (see ``_minimize``); register histories
 of up to 28 operations, reads and writes overlapping, as the property tests draw them,
-shrink in at most about 520,000 model steps (measured over 16,000 drawn histories: a
-tenth of the budget, half a second), histories of 40 in up to 1.6 million; at 60 a
-few in a hundred run out of the budget.
+shrink in at most about 700,000 model steps (measured over 16,000 drawn histories, 8
+seeds: a seventh of the budget, under a second), histories of 40 in up to 1.6 million;
+at 60 a few in a hundred run out of the budget.
 
 The search tries, at each step, the completed operations that leave the state as it
 is (reads of the current value) first, then the other completed ones, then the pending
@@ -212,7 +212,7 @@ class LinearizabilityResult(Generic[I, O]):
     failing part), or when shrinking ran out of its step budget (five million model
     steps, some seconds): the counterexample is then non-linearizable but larger than
     it needs to be. Register histories of up to 28 overlapping reads and writes shrink
-    within a tenth of the budget (measured: see the module's docstring); a long failing
+    within a seventh of the budget (measured: see the module's docstring); a long failing
     search, such as a ledger whose every balance depends on all the transfers before
     it, or a failing part of many more operations, can need more than all of it.
     """
