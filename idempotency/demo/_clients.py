@@ -7,8 +7,15 @@ reconciles: a call whose outcome it never learnt (the retries ran out while the 
 was down) is asked again with the same key until it gets an answer, so at the end every
 transfer the client issued is either acknowledged or refused, and the log says which.
 
+Between transfers a connection now and then reads one account's balance
+(:data:`READ_SHARE` of its operations). The log has each transfer's call and return
+times (when it was first sent, when its outcome arrived) and each answered balance read
+with its times, on one clock for every process of a run (:func:`run_fleet`'s ``clock``):
+the history the audit checks for linearizability.
+
 Every half second the process prints a JSON line of its counters and latencies; at the
-end it writes its log (one JSON object per issued transfer) and a last line.
+end it writes its log (one JSON object per issued transfer or answered balance read) and
+a last line.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ __all__ = ["run_clients", "run_fleet"]
 RECONCILE_FOR = 60.0
 #: Connections a client process opens per second at its start.
 RAMP_RATE = 250.0
+#: The share of a connection's operations that read a balance rather than transfer.
+READ_SHARE = 0.2
 
 
 class _Stats:
@@ -86,13 +95,18 @@ async def run_fleet(
     report: Callable[[str], None] | None = None,
     think: float = 0.0,
     log: list[dict[str, Any]] | None = None,
+    clock: Callable[[], float] = gosim.now,
 ) -> tuple[list[dict[str, Any]], str]:
     """Run ``connections`` connections for ``seconds`` (on the runtime's clock), then
-    reconcile; returns the log (one dict per issued transfer) and the last stats line.
+    reconcile; returns the log (one dict per issued transfer, with ``kind``
+    ``"balance"`` one per answered balance read) and the last stats line.
     ``report`` gets a stats line every half second. ``think``: the mean pause between a
     connection's transfers (exponential; 0, none): with many connections, most of them
     idle on their heartbeats at any moment, as a service's clients are. ``log``: the
-    list to append the log to (read it whole between two of the runtime's steps)."""
+    list to append the log to (read it whole between two of the runtime's steps).
+    ``clock``: the times ``call`` and ``ret`` of the log's entries (a transfer's
+    ``ret`` is set when its outcome is known); every process of a run must share it
+    (``time.monotonic`` is one clock for the whole machine)."""
     rng = random.Random(seed)
     stats = _Stats()
     log = [] if log is None else log
@@ -124,6 +138,7 @@ async def run_fleet(
             )
         except (CallTimeout, RPCError) as exc:
             if isinstance(exc, RPCError) and exc.code in (3, 9):  # the ledger's refusals
+                entry["ret"] = clock()
                 entry["status"] = "refused"
                 entry["code"] = exc.code
                 stats.refused += 1
@@ -132,14 +147,35 @@ async def run_fleet(
             return
         finally:
             stats.in_flight -= 1
+        entry["ret"] = clock()
         entry["status"] = "acked"
         entry["fence"] = res.result
         entry["replayed"] = res.replayed
         stats.acked += 1
         stats.latencies.append(gosim.now() - start)
 
+    async def read(c: Client, account: int) -> None:
+        # Logged only when answered: a read that never returned constrains nothing.
+        call = clock()
+        try:
+            balance = await c.call("balance", account, timeout=10.0)
+        except (CallTimeout, RPCError):
+            return
+        log.append(
+            {
+                "kind": "balance",
+                "caller": c.caller,
+                "account": account,
+                "balance": balance,
+                "call": call,
+                "ret": clock(),
+            }
+        )
+
     async def connection(i: int, c: Client, done: Chan[None]) -> None:
         crng = random.Random(rng.random())
+        # The reads draw from their own generator: the transfers' draws are as before.
+        rrng = random.Random(f"reads {seed} {ident} {i}")
         deadline = gosim.now() + seconds
         # Connections open over a ramp (RAMP_RATE a second per process), not in one
         # burst: thousands of connects at once overflow the server's accept queue, their
@@ -148,6 +184,9 @@ async def run_fleet(
         n = 0
         mine: list[dict[str, Any]] = []
         while gosim.now() < deadline:
+            if rrng.random() < READ_SHARE:
+                await read(c, rrng.randrange(accounts))
+                continue
             src, dst = crng.sample(range(accounts), 2)
             entry = {
                 "caller": c.caller,
@@ -156,6 +195,7 @@ async def run_fleet(
                 "dst": dst,
                 "amount": crng.randint(1, MAX_AMOUNT),
                 "status": "issued",
+                "call": clock(),
             }
             n += 1
             log.append(entry)
@@ -250,6 +290,8 @@ def run_clients(
             lambda line: print(line, flush=True),
             think,
             log,
+            # The client processes and their history share the machine's clock.
+            time.monotonic,
         )
         write_log()
         print(last, flush=True)

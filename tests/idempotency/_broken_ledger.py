@@ -3,9 +3,9 @@
 Each has :func:`idempotency.demo._ledger.make_server`'s signature, so the demo's server
 subcommand runs it when ``LEDGER_DEMO_TEST_SERVER_FACTORY`` names it
 (``_broken_ledger:refuse_all``, this directory on ``PYTHONPATH``), and a test can serve
-it in its own runtime. Only ``transfer`` is broken; the store, the idempotency and the
-transport are the real ones, so every broken answer is recorded and replayed as a real
-one would be.
+it in its own runtime. Only ``transfer`` is broken (``balance`` reads the ledger as
+it is); the store, the idempotency and the transport are the real ones, so every broken
+answer is recorded and replayed as a real one would be.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _server(
     transfer: Callable[[Callable[[Call, int, int, int], Effect], Call, int, int, int], object],
 ) -> Server:
     assert spec.kind == "sqlite" and spec.path is not None
-    store, make_effect, _ = _sqlite_methods(spec.path)
+    store, make_effect, read = _sqlite_methods(spec.path)
     srv = Server(
         idempotency=Idempotency(store, lease=LEASE),
         heartbeat_interval=heartbeat,
@@ -44,7 +44,11 @@ def _server(
         _check(src, dst, amount)
         return transfer(make_effect, call, src, dst, amount)
 
+    async def balance(account: int) -> object:
+        return await read("balance", account)
+
     srv.add_method(method, "transfer", idempotent=True, pass_call=True)
+    srv.add_method(balance, "balance")
     return srv
 
 

@@ -23,12 +23,15 @@ from hypothesis import strategies as st
 
 import gosim
 from gosim import go, net
+from gosim.testing import check_linearizability
 from idempotency.demo._audit import (
     MAX_AMOUNT,
     Ending,
     audit,
     audit_run,
     caller_name,
+    ledger_history,
+    ledger_model,
     refusal_bound,
     write_manifest,
 )
@@ -46,6 +49,7 @@ from . import _broken_ledger
 
 ACCOUNTS = 10
 CONNECTIONS = 4
+LINZ = "transfers and balance reads linearizable"
 
 
 def _failed(checks: list[tuple[str, bool | None, str]]) -> list[str]:
@@ -91,19 +95,82 @@ def test_the_demos_fleet_passes_on_a_correct_ledger(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("server", "fails"),
     [
-        # Refuses everything: nothing acknowledged, every refusal unexplained.
-        ("refuse_all", ["the clients ran the workload", "refusals the workload explains"]),
+        # Refuses everything: nothing acknowledged, every refusal unexplained (and
+        # refused with the money there).
+        ("refuse_all", ["the clients ran the workload", "refusals the workload explains", LINZ]),
         # Refuses three in ten it could pay: more than the workload explains.
-        ("refuse_some", ["refusals the workload explains"]),
+        ("refuse_some", ["refusals the workload explains", LINZ]),
         # Answers an error the workload never provokes (an unknown account).
-        ("fail_all", ["the clients ran the workload", "refusals the workload explains"]),
-        # Acknowledges and applies nothing.
-        ("ack_nothing", ["every acknowledged transfer in the ledger once"]),
+        ("fail_all", ["the clients ran the workload", "refusals the workload explains", LINZ]),
+        # Acknowledges and applies nothing: the balances read do not move.
+        ("ack_nothing", ["every acknowledged transfer in the ledger once", LINZ]),
     ],
 )
 def test_the_audit_fails_a_broken_ledger(server: str, fails: list[str], tmp_path: Path) -> None:
     state, log = _run_fleet_against(getattr(_broken_ledger, server), tmp_path / "ledger.db")
     assert _failed(audit(state, ACCOUNTS, log, _callers())) == fails
+
+
+def test_the_clients_history_has_times_and_balance_reads(tmp_path: Path) -> None:
+    """What the history check reads: every transfer with its call time and, once its
+    outcome is known, its return; balance reads with theirs; and they pass on the
+    correct ledger, all of them checked."""
+    state, log = _run_fleet_against(_broken_ledger.correct, tmp_path / "ledger.db")
+    transfers = [e for e in log if "kind" not in e]
+    reads = [e for e in log if e.get("kind") == "balance"]
+    assert transfers and reads
+    assert all(e["call"] <= e["ret"] for e in [*transfers, *reads])
+    assert all(type(e["balance"]) is int for e in reads)
+    history, total = ledger_history(log)
+    assert total == len(history) == 2 * len(transfers) + len(reads)
+    (detail,) = [d for n, ok, d in audit(state, ACCOUNTS, log, _callers()) if n == LINZ and ok]
+    assert f"{len(history)} operations ({len(reads)} balance reads)" in detail
+
+
+def test_the_history_check_catches_a_ledger_that_applies_nothing(tmp_path: Path) -> None:
+    """A ledger that acknowledges transfers and applies none: an account's history
+    is not linearizable, and the counterexample is small: a read of the account that
+    shows its opening balance, acknowledged transfers of it that returned before the
+    read began, and transfers left pending that could not have made up for them."""
+    state, log = _run_fleet_against(_broken_ledger.ack_nothing, tmp_path / "ledger.db")
+    history, _ = ledger_history(log)
+    result = check_linearizability(ledger_model(ACCOUNTS), history)
+    assert not result and result.minimal
+    ce = result.counterexample
+    account = result.partition
+    done = [op for op in ce if op.ret is not None]
+    reads = [op for op in done if op.input[0] == "balance"]
+    transfers = [op for op in done if op.input[0] == "transfer"]
+    assert len(reads) == 1 and reads[0].input == ("balance", account), result
+    assert reads[0].output == INITIAL_BALANCE
+    assert 1 <= len(transfers) <= 3 and all(op.output == "acked" for op in transfers), result
+    others = [op for op in ce if op is not reads[0]]  # the pending ones too
+    assert all(op.input[0] == "transfer" and op.input[-1] == account for op in others)
+    assert len(ce) <= 12 < len(history), result
+    (detail,) = [d for n, ok, d in audit(state, ACCOUNTS, log, _callers()) if n == LINZ]
+    assert f"account {account}: these {len(ce)} cannot be put in one order" in detail
+    assert f"balance({account}) -> {INITIAL_BALANCE}" in detail
+
+
+def test_the_history_is_cut_at_a_window_with_the_calls_in_flight_pending() -> None:
+    log = [
+        _entry("t0", "acked", call=0.0, ret=1.0),
+        _entry("t1", "acked", call=2.0, ret=9.0),  # in flight at the cut
+        {"kind": "balance", "caller": "c0-1", "account": 2, "balance": 1000, "call": 3.0,
+         "ret": 4.0},
+        _entry("t2", "refused", code=9, call=5.0, ret=6.0),  # after the cut
+    ]  # fmt: skip
+    history, total = ledger_history(log, window=5)
+    assert total == 7
+    assert [(op.input[0], op.call, op.ret) for op in history] == [
+        ("transfer", 0.0, 1.0),
+        ("transfer", 0.0, 1.0),
+        ("transfer", 2.0, None),
+        ("transfer", 2.0, None),
+        ("balance", 3.0, None),
+    ]
+    # The window's last call is the read's: it returned after it, so it is pending too.
+    assert history[4].output is None
 
 
 def test_the_audit_fails_a_client_that_issued_nothing(tmp_path: Path) -> None:
@@ -137,8 +204,12 @@ def test_the_audit_checks_the_rest_when_a_clients_log_is_missing() -> None:
     rows = [("c0-0", "t0", 0, 1, 5), ("c1-0", "t0", 1, 2, 7)]
     state = LedgerState({0: 995, 1: 998, 2: 1007}, rows)
     checks = audit(state, 3, [_entry("t0", "acked")], unlogged=[1])
-    assert all(ok is True for n, ok, _ in checks if n != "client1's transfers"), checks
-    assert [(n, ok) for n, ok, _ in checks if ok is not True] == [("client1's transfers", None)]
+    assert all(ok is True for n, ok, _ in checks if ok is not None), checks
+    # The balances hold client 1's transfers, which no history has: no history check.
+    assert [(n, ok) for n, ok, _ in checks if ok is not True] == [
+        ("client1's transfers", None),
+        ("transfers and balance reads linearizable", None),
+    ]
     # A row of client 0's that its log does not have is still caught.
     stray = LedgerState({0: 990, 1: 1003, 2: 1007}, [*rows, ("c0-0", "t9", 0, 1, 5)])
     assert _failed(audit(stray, 3, [_entry("t0", "acked")], unlogged=[1])) == [
@@ -161,7 +232,7 @@ def test_the_audit_catches_an_account_gone_from_the_ledger() -> None:
 
 def test_an_unreconciled_run_does_not_check_outcomes() -> None:
     state = LedgerState({0: 995, 1: 1005, 2: 1000}, [("c0-0", "t0", 0, 1, 5)])
-    log = [_entry("t0", "acked"), _entry("t1", "issued")]
+    log = [_entry("t0", "acked", call=0.0, ret=1.0), _entry("t1", "issued", call=2.0)]
     checks = {n: ok for n, ok, _ in audit(state, 3, log, reconciled=False)}
     assert checks["every outcome known after reconciliation"] is None
     assert all(ok for n, ok in checks.items() if n != "every outcome known after reconciliation")
@@ -199,7 +270,10 @@ def _run_dir(tmp_path: Path, ending: Ending) -> Path:
     with sqlite3.connect(tmp_path / "ledger.db") as conn:
         conn.execute("INSERT INTO transfers VALUES ('c0-0', 't0', 0, 1, 5, 1)")
         conn.execute("INSERT INTO transfers VALUES ('c1-0', 't0', 1, 2, 7, 1)")
-    logs = [[_entry("t0", "acked")], [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7)]]
+    logs = [
+        [_entry("t0", "acked", call=0.0, ret=1.0)],
+        [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7, call=0.5, ret=1.5)],
+    ]
     for i, log in enumerate(logs):
         (tmp_path / f"client{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     write_manifest(tmp_path, spec, 3, [1, 1], own_server=False, ending=ending)
@@ -254,7 +328,10 @@ def test_audit_dir_reads_a_postgres_ledger(tmp_path: Path, postgres_server: Any)
         1: INITIAL_BALANCE - 2,
         2: INITIAL_BALANCE + 7,
     }
-    logs = [[_entry("t0", "acked")], [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7)]]
+    logs = [
+        [_entry("t0", "acked", call=0.0, ret=1.0)],
+        [_entry("t0", "acked", caller="c1-0", src=1, dst=2, amount=7, call=0.5, ret=1.5)],
+    ]
     for i, log in enumerate(logs):
         (tmp_path / f"client{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     write_manifest(tmp_path, spec, 3, [1, 1], own_server=False, ending=Ending([], reconciled=True))

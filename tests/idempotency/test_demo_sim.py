@@ -155,3 +155,18 @@ def test_an_interrupt_stops_a_simulated_run_at_once_with_one_line(sig: int) -> N
         r"python -m idempotency\.demo --simulate --seed 1 --connections 200 .*",
         last,
     ), out
+
+
+def test_a_simulated_run_with_faults_and_a_kill_passes_the_history_check() -> None:
+    """The clients' transfers and balance reads, timed on the virtual clock, through
+    lost replies, duplicates, stalls and a kill -9: each account's history is
+    linearizable, and the check saw every operation."""
+    opts = SimOptions(connections=8, accounts=10, seconds=3.0, seed=11, kills=1)
+    result = run_simulation(opts)
+    assert all(ok for _, ok, _ in result.checks), result.checks
+    (detail,) = [d for n, _, d in result.checks if n == "transfers and balance reads linearizable"]
+    m = re.fullmatch(r"each account's history: (\d+) operations \((\d+) balance reads\)", detail)
+    assert m is not None, detail
+    assert int(m.group(2)) > 0 and int(m.group(1)) > 2 * int(m.group(2))
+    counts = dict(result.counts)
+    assert counts["server kills (kill -9)"] == 1 and counts["retries"] > 0
