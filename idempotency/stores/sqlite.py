@@ -322,6 +322,15 @@ class _RedoCarefully(Exception):
     again with a savepoint around every effect."""
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction; a failure to (the connection gone) leaves it to
+    the next BEGIN to say why."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
 class SQLiteStore(BatchedOneStepStore):
     """Records in one SQLite file, durable and shared by the processes of one machine.
 
@@ -628,138 +637,146 @@ class SQLiteStore(BatchedOneStepStore):
             self._after_failure(conn, exc)
             return _APPLIED
         try:
-            fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
-            fence, ceiling = fence0, ceiling0
-            # Completions of claims this store holds skip the read (_complete_held).
-            held = _split_held(ops, self._held) if self._held else None
-            work = ops if held is None else held[1]
-            if self._new_claims_wait:
-                self._new_claims_wait -= 1
-            elif _ONLY_CLAIMS.issuperset(map(_kind_of, work)) and work:
-                after = self._claim_new_keys(conn, work, now, fence)
-                if after is not None:
-                    fence = after
-                    work = []
-            ws = self._load(conn, work)
-            dirty: dict[tuple[str, str], Record | None] = {}
-            i, n = 0, len(work)
-            while True:
-                # The record-only operations (claims, completions without an effect)
-                # a run at a time; _decide stops at any other.
-                i, fence = _decide(work, i, ws, dirty, now, fence)
-                if i == n:
-                    break
-                op = work[i]
-                i += 1
-                kind = op.kind
-                try:
-                    if kind == _COMPLETE:
-                        caller, key, f, c = op.args
-                        rk = (caller, key)
-                        rec = current(ws, rk)
-                        applied = self._effect_and_record(
-                            conn, op, caller, key, f, c, rec, now, careful
-                        )
-                        if applied is not None:
-                            ws[rk] = dirty[rk] = applied
-                    elif kind == _CLAIM_COMPLETE:
-                        caller, key, fp, lease, call, c = op.args
-                        rk = (caller, key)
-                        res = claim(current(ws, rk), fp, now, lease, fence + 1)
-                        if res.kind is not ClaimKind.CLAIMED:
-                            op.result = res  # a replay, a mismatch, busy: nothing written
-                        else:
-                            # The claim is written only as the completed record (or not
-                            # at all when the effect fails): no in-progress row, ever.
-                            fence += 1
-                            call.fence = fence
-                            applied = self._effect_and_record(
-                                conn, op, caller, key, fence, c, res.record, now, careful, True
-                            )
-                            if applied is not None:
-                                ws[rk] = dirty[rk] = applied
-                    elif kind in _PLAIN:
-                        apply_plain(op, ws, dirty, now)
-                    elif kind == _SWEEP:
-                        self._flush(conn, dirty)
-                        op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
-                    else:
-                        self._transact(conn, op)
-                except (_RedoCarefully, sqlite3.Error):
-                    raise  # the batch's, not this operation's
-                except Exception as exc:
-                    # This operation's alone (a stale claim, a corrupted row, an
-                    # argument a store caller got wrong): it changed nothing of the
-                    # working set, and its batch-mates go on.
-                    op.error = exc
-            self._flush(conn, dirty)
-            if held is not None:
-                self._complete_held(conn, held[0], now, fence)
-            if self._sweep_every > 0:
-                self._batches_to_sweep -= 1
-                if self._batches_to_sweep <= 0:
-                    self._batches_to_sweep = self._sweep_every
-                    self._sweep_step(conn, now)
-            if fence > ceiling and not durable:
-                conn.execute("ROLLBACK")
-                return _NEEDS_DURABLE
-            if durable and ceiling - fence < FENCE_RESERVE // 2:
-                ceiling = fence + FENCE_RESERVE
-            if fence != fence0:
-                conn.execute(_WRITE_FENCE, (fence,))
-            if ceiling != ceiling0:
-                conn.execute(_WRITE_CEILING, (ceiling,))
-            conn.execute("COMMIT")
-            _note_held(ops, self._held)
+            return self._write_batch(conn, ops, now, durable, careful)
         except _RedoCarefully:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # the redo's BEGIN fails then, and says why to every operation
+            _rollback(conn)  # should it fail, the redo's BEGIN says why to every operation
             return _NEEDS_CAREFUL
-        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
-            # A statement refused what an operation gave it: that operation's, not the
-            # store's. Nothing of the batch is committed; alone, it fails by itself.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            if len(ops) > 1:
-                return _NEEDS_ALONE
-            ops[0].result = None
-            ops[0].error = exc
-        except sqlite3.Error as exc:
-            # The transaction as a whole failed: nothing of it is committed.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+        except BaseException as exc:
+            # Nothing of the batch may stay in an open transaction, where the next
+            # batch's commit would take it.
+            _rollback(conn)
+            if not isinstance(exc, Exception):  # an interrupt raised in an effect
+                for op in ops:
+                    op.result = None
+                raise
+            return self._batch_failed(conn, ops, exc)
+
+    def _write_batch(
+        self, conn: sqlite3.Connection, ops: list[Op], now: float, durable: bool, careful: bool
+    ) -> str:
+        """The body of :meth:`_apply`'s transaction, from the fence's read to the
+        commit: ``_APPLIED``, or ``_NEEDS_DURABLE`` rolled back. What it raises,
+        ``_apply`` rolls back and judges (``_batch_failed``)."""
+        fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
+        fence, ceiling = fence0, ceiling0
+        # Completions of claims this store holds skip the read (_complete_held).
+        held = _split_held(ops, self._held) if self._held else None
+        work = ops if held is None else held[1]
+        if self._new_claims_wait:
+            self._new_claims_wait -= 1
+        elif _ONLY_CLAIMS.issuperset(map(_kind_of, work)) and work:
+            after = self._claim_new_keys(conn, work, now, fence)
+            if after is not None:
+                fence = after
+                work = []
+        ws = self._load(conn, work)
+        dirty: dict[tuple[str, str], Record | None] = {}
+        i, n = 0, len(work)
+        while True:
+            # The record-only operations (claims, completions without an effect) a run
+            # at a time; _decide stops at any other.
+            i, fence = _decide(work, i, ws, dirty, now, fence)
+            if i == n:
+                break
+            fence = self._apply_one(conn, work[i], ws, dirty, now, fence, careful)
+            i += 1
+        self._flush(conn, dirty)
+        if held is not None:
+            self._complete_held(conn, held[0], now, fence)
+        if self._sweep_every > 0:
+            self._batches_to_sweep -= 1
+            if self._batches_to_sweep <= 0:
+                self._batches_to_sweep = self._sweep_every
+                self._sweep_step(conn, now)
+        if fence > ceiling and not durable:
+            conn.execute("ROLLBACK")
+            return _NEEDS_DURABLE
+        if durable and ceiling - fence < FENCE_RESERVE // 2:
+            ceiling = fence + FENCE_RESERVE
+        if fence != fence0:
+            conn.execute(_WRITE_FENCE, (fence,))
+        if ceiling != ceiling0:
+            conn.execute(_WRITE_CEILING, (ceiling,))
+        conn.execute("COMMIT")
+        _note_held(ops, self._held)
+        return _APPLIED
+
+    def _apply_one(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        ws: dict[tuple[str, str], Any],
+        dirty: dict[tuple[str, str], Record | None],
+        now: float,
+        fence: int,
+        careful: bool,
+    ) -> int:
+        """Apply one operation that is not record-only (an effect's completion, a
+        one-step claim and completion, a plain read or write, a sweep, a ``transact``)
+        against the working set; return the fence after it. An error of its own is
+        set on it (it changed nothing of the working set, and its batch-mates go on);
+        the batch's (``_RedoCarefully``, ``sqlite3.Error``) is raised."""
+        kind = op.kind
+        try:
+            if kind == _COMPLETE:
+                caller, key, f, c = op.args
+                rk = (caller, key)
+                rec = current(ws, rk)
+                applied = self._effect_and_record(conn, op, caller, key, f, c, rec, now, careful)
+                if applied is not None:
+                    ws[rk] = dirty[rk] = applied
+            elif kind == _CLAIM_COMPLETE:
+                caller, key, fp, lease, call, c = op.args
+                rk = (caller, key)
+                res = claim(current(ws, rk), fp, now, lease, fence + 1)
+                if res.kind is not ClaimKind.CLAIMED:
+                    op.result = res  # a replay, a mismatch, busy: nothing written
+                else:
+                    # The claim is written only as the completed record (or not at all
+                    # when the effect fails): no in-progress row, ever.
+                    fence += 1
+                    call.fence = fence
+                    applied = self._effect_and_record(
+                        conn, op, caller, key, fence, c, res.record, now, careful, True
+                    )
+                    if applied is not None:
+                        ws[rk] = dirty[rk] = applied
+            elif kind in _PLAIN:
+                apply_plain(op, ws, dirty, now)
+            elif kind == _SWEEP:
+                self._flush(conn, dirty)
+                op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
+            else:
+                self._transact(conn, op)
+        except (_RedoCarefully, sqlite3.Error):
+            raise  # the batch's, not this operation's
+        except Exception as exc:
+            # This operation's alone (a stale claim, a corrupted row, an argument a
+            # store caller got wrong).
+            op.error = exc
+        return fence
+
+    def _batch_failed(self, conn: sqlite3.Connection, ops: list[Op], exc: Exception) -> str:
+        """The batch's transaction failed with ``exc`` and was rolled back: nothing of
+        it is committed. ``_NEEDS_ALONE`` when one operation of several may have caused
+        it, else every operation gets its error and ``_APPLIED``."""
+        if isinstance(exc, sqlite3.Error) and not isinstance(
+            exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
+        ):
+            # The transaction as a whole failed (busy, I/O, full): the store's.
             err = self._store_error(exc, "committing a batch")
             for op in ops:
                 op.result = None
                 op.error = err
             self._after_failure(conn, exc)
-        except Exception as exc:
-            # Not an operation's own error (those are caught above): an argument that
-            # broke the batch's shared code. Alone, the operation fails by itself.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            if len(ops) > 1:
-                return _NEEDS_ALONE
-            ops[0].result = None
-            ops[0].error = exc
-        except BaseException:
-            # An interrupt raised in an effect: nothing of the batch may stay in an
-            # open transaction, where the next batch's commit would take it.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            for op in ops:
-                op.result = None
-            raise
+            return _APPLIED
+        # A statement refused what an operation gave it, or an argument broke the
+        # batch's shared code: that operation's, not the store's. Alone, it fails by
+        # itself.
+        if len(ops) > 1:
+            return _NEEDS_ALONE
+        ops[0].result = None
+        ops[0].error = exc
         return _APPLIED
 
     def _after_failure(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
