@@ -5,6 +5,12 @@ Each block of ``docs/**/*.md`` is a whole program: it runs alone, in a fresh int
 the time bound (its asserts are the check). A block that is not meant to run (a
 fragment, a sketch of a deployment) is preceded by ``<!-- no-run: REASON -->``, and the
 reason may not be empty. Other fences (``text``, ``console``, ``mermaid``) are not code.
+
+A ``text`` fence preceded by ``<!-- output -->`` is what the python block before it
+prints: the block's standard output must be exactly that text, so a page that shows
+what the reader will see stays true. A block preceded by ``<!-- needs: postgresql -->``
+starts a throwaway PostgreSQL itself (``idempotency.stores.pgcluster``) and is skipped,
+saying why, where PostgreSQL or psycopg is not installed.
 """
 
 from __future__ import annotations
@@ -20,36 +26,98 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
-# A fenced block at the start of a line: an optional no-run marker on the line before,
-# the info string, the body, the closing fence.
+# A fenced block at the start of a line: an optional marker on the line before (no-run
+# with its reason, output, needs with what), the info string, the body, the closing fence.
 _FENCE = re.compile(
-    r"^(?:<!-- no-run:(?P<reason>[^>]*)-->\n)?```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$",
+    r"^(?:<!-- (?:no-run:(?P<reason>[^>]*)|(?P<output>output) |needs: (?P<needs>[\w-]+) )-->\n)?"
+    r"```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$",
     re.M | re.S,
 )
+# The things a ``<!-- needs: X -->`` block may name (_missing says why one is absent).
+_NEEDS = ("postgresql",)
 _SECONDS = 120  # a bound for a loaded 2-core machine; the blocks take about a second
 
 
 class Block:
-    def __init__(self, page: Path, line: int, info: str, body: str, reason: str | None) -> None:
+    def __init__(
+        self,
+        page: Path,
+        line: int,
+        info: str,
+        body: str,
+        reason: str | None,
+        is_output: bool = False,
+        needs: str | None = None,
+    ) -> None:
         self.page = page
         self.line = line
         self.info = info
         self.body = body
         self.reason = reason
+        self.is_output = is_output  # the shown output of the python block before it
+        self.needs = needs
+        self.output: Block | None = None  # for a python block: its shown output, if any
 
     @property
     def name(self) -> str:
         return f"{self.page.relative_to(DOCS)}:{self.line}"
 
 
+def parse(page: Path, text: str) -> list[Block]:
+    """The fenced blocks of one page, each output block attached to the python block
+    before it (the one python block since the previous python block or output)."""
+    out: list[Block] = []
+    last_python: Block | None = None
+    for m in _FENCE.finditer(text):
+        line = text.count("\n", 0, m.start("info")) + 1
+        block = Block(
+            page,
+            line,
+            m["info"].strip(),
+            m["body"],
+            m["reason"],
+            m["output"] is not None,
+            m["needs"],
+        )
+        if block.is_output:
+            assert block.info == "text", f"{block.name}: an output block is a ```text fence"
+            assert last_python is not None, (
+                f"{block.name}: an output block with no python block before it"
+            )
+            assert last_python.output is None, (
+                f"{block.name}: a second output block for {last_python.name}"
+            )
+            assert last_python.reason is None, (
+                f"{block.name}: the output of a block that does not run"
+            )
+            last_python.output = block
+        if block.needs is not None:
+            assert block.needs in _NEEDS, f"{block.name}: unknown need {block.needs!r}"
+        if block.info.split()[:1] == ["python"]:
+            last_python = block
+        out.append(block)
+    return out
+
+
 def blocks() -> list[Block]:
     out = []
     for page in sorted(DOCS.rglob("*.md")):
-        text = page.read_text(encoding="utf-8")
-        for m in _FENCE.finditer(text):
-            line = text.count("\n", 0, m.start("info")) + 1
-            out.append(Block(page, line, m["info"].strip(), m["body"], m["reason"]))
+        out.extend(parse(page, page.read_text(encoding="utf-8")))
     return out
+
+
+def _missing(need: str) -> str | None:
+    """Why a block that needs ``need`` cannot run here, or None."""
+    if need == "postgresql":
+        from idempotency.stores.pgcluster import PG_BIN  # noqa: PLC0415
+
+        if PG_BIN is None:
+            return "PostgreSQL is not installed (apt-get install postgresql)"
+        try:
+            import psycopg  # noqa: F401, PLC0415
+        except ImportError:
+            return "psycopg is not installed (pip install -e '.[postgres]')"
+    return None
 
 
 def python_blocks() -> list[Block]:
@@ -61,6 +129,8 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
     if block.reason is not None:
         assert block.reason.strip(), f"{block.name}: a no-run marker must say why"
         pytest.skip(f"marked no-run: {block.reason.strip()}")
+    if block.needs is not None and (why := _missing(block.needs)) is not None:
+        pytest.skip(f"needs {block.needs}: {why}")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
@@ -75,6 +145,46 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
     assert proc.returncode == 0, (
         f"{block.name} failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
+    if block.output is not None:
+        assert proc.stdout == block.output.body, (
+            f"{block.name} printed what {block.output.name} does not show:\n"
+            f"--- printed\n{proc.stdout}--- shown\n{block.output.body}"
+        )
+
+
+def test_output_blocks_are_attached() -> None:
+    """An output block belongs to the python block before it; one that follows text or
+    a second output, or shows the output of a block that does not run, is an error."""
+    page = DOCS / "example.md"
+    text = (
+        "```python\nprint(1)\n```\n\nIt prints:\n\n<!-- output -->\n```text\n1\n```\n\n"
+        "```python\nx = 1\n```\n"
+    )
+    first, shown, second = parse(page, text)
+    assert first.output is shown and shown.is_output and shown.body == "1\n"
+    assert second.output is None
+    for bad in (
+        "<!-- output -->\n```text\n1\n```\n",  # no python block before it
+        "```python\nprint(1)\n```\n<!-- output -->\n```text\n1\n```\n"
+        "<!-- output -->\n```text\n1\n```\n",  # two outputs for one block
+        "<!-- no-run: a sketch -->\n```python\nprint(1)\n```\n"
+        "<!-- output -->\n```text\n1\n```\n",  # the output of a block that does not run
+        "```python\nprint(1)\n```\n<!-- output -->\n```console\n1\n```\n",  # not text
+    ):
+        with pytest.raises(AssertionError):
+            parse(page, bad)
+
+
+def test_tutorial_examples_show_their_output() -> None:
+    """Every example of the tutorial that runs prints what it computes, and the page
+    shows it."""
+    tutorial = [b for b in python_blocks() if b.page.parent == DOCS / "tutorial"]
+    assert len({b.page for b in tutorial}) >= 6, "the tutorial's pages have no examples"
+    for block in tutorial:
+        if block.reason is not None:  # a deployment sketch, not an example
+            continue
+        assert block.output is not None, f"{block.name}: shows no output (<!-- output -->)"
+        assert block.output.body.strip(), f"{block.name}: shows an empty output"
 
 
 def test_every_code_fence_says_its_language() -> None:
