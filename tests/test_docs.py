@@ -4,21 +4,27 @@ Each block of ``docs/**/*.md`` is a whole program: it runs alone, in a fresh int
 (this tree first on the path), in an empty temporary directory, and must exit 0 within
 the time bound (its asserts are the check). A block that is not meant to run (a
 fragment, a sketch of a deployment) is preceded by ``<!-- no-run: REASON -->``, and the
-reason may not be empty. Other fences (``text``, ``console``, ``mermaid``) are not code.
+reason may not be empty. Other fences (``text``, ``bash``, ``console``) are not code.
 
 A ``text`` fence preceded by ``<!-- output -->`` is what the python block before it
 prints: the block's standard output must be exactly that text, so a page that shows
 what the reader will see stays true. A block preceded by ``<!-- needs: postgresql -->``
 starts a throwaway PostgreSQL itself (``idempotency.stores.pgcluster``) and is skipped,
 saying why, where PostgreSQL or psycopg is not installed.
+
+The examples of the docstrings the reference renders run the same way: each reST literal
+block (``Quick use::`` and an indented block) of a rendered module's docstring, or of a
+public name's, is a whole program.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -192,7 +198,8 @@ def test_every_code_fence_says_its_language() -> None:
     for block in blocks():
         lang = block.info.split()[:1]
         assert lang, f"{block.name}: a fence without a language"
-        assert lang[0] in ("python", "text", "console", "mermaid", "toml", "yaml"), (
+        # no mermaid: the site reads offline, and a diagram is an SVG in docs/img
+        assert lang[0] in ("python", "text", "bash", "console", "toml", "yaml"), (
             f"{block.name}: unknown fence language {lang[0]!r}"
         )
 
@@ -268,3 +275,87 @@ def test_statistics_types_have_one_naming() -> None:
         public = set(getattr(module, "__all__", ())) - go_names.get(name, set())
         odd = sorted(n for n in public if n.endswith("Stats") or n.endswith("Stat"))
         assert not odd, f"{name} names {odd}: say ...Statistics, as statistics() does"
+
+
+# -- the docstrings' examples ------------------------------------------------------------
+
+# A `::: module` line of a reference page: the modules whose docstrings the site renders.
+_RENDERED = re.compile(r"^::: ([\w.]+)$", re.M)
+
+
+def rendered_modules() -> list[str]:
+    names: set[str] = set()
+    for page in sorted((DOCS / "reference").glob("*.md")):
+        names.update(_RENDERED.findall(page.read_text(encoding="utf-8")))
+    return sorted(names)
+
+
+def literal_blocks(doc: str) -> list[tuple[int, str]]:
+    """The reST literal blocks of a docstring (a paragraph ending in ``::``, then an
+    indented block), dedented, with the line each starts on."""
+    lines = inspect.cleandoc(doc).split("\n")
+    out = []
+    for n, line in enumerate(lines):
+        if not line.rstrip().endswith("::"):
+            continue
+        body = []
+        for after in lines[n + 1 :]:
+            if after.strip() and len(after) - len(after.lstrip()) <= len(line) - len(line.lstrip()):
+                break
+            body.append(after)
+        if any(b.strip() for b in body):
+            out.append((n + 2, textwrap.dedent("\n".join(body)).strip() + "\n"))
+    return out
+
+
+def public_docstrings() -> dict[str, str]:
+    """Every docstring the reference renders: each rendered module's own, and those of
+    the names in its ``__all__`` and of their public attributes."""
+    import importlib  # noqa: PLC0415 -- imported here: the test is about these packages
+
+    docs: dict[str, str] = {}
+    for name in rendered_modules():
+        module = importlib.import_module(name)
+        docs[name] = module.__doc__ or ""
+        for public in getattr(module, "__all__", ()):
+            obj = getattr(module, public)
+            docs[f"{name}.{public}"] = getattr(obj, "__doc__", None) or ""
+            if isinstance(obj, type):
+                for attr, member in vars(obj).items():
+                    if not attr.startswith("_"):
+                        doc = getattr(member, "__doc__", None) or ""
+                        docs[f"{name}.{public}.{attr}"] = doc
+    return docs
+
+
+def docstring_examples() -> list[tuple[str, str]]:
+    examples = []
+    for owner, doc in public_docstrings().items():
+        if isinstance(doc, str):
+            examples.extend((f"{owner}:{line}", body) for line, body in literal_blocks(doc))
+    return examples
+
+
+@pytest.mark.parametrize(("where", "body"), docstring_examples(), ids=lambda v: v[:60])
+def test_docstring_example_runs(where: str, body: str, tmp_path: Path) -> None:
+    """Every example of a public docstring (a reST literal block, shown on the site as a
+    python block) is a whole program that runs, as the pages' blocks are."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", body],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=_SECONDS,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{where} failed (exit {proc.returncode}):\n{proc.stderr}"
+
+
+def test_the_docstring_examples_are_found() -> None:
+    """The extraction finds the package docstrings' examples (an empty match would pass)."""
+    owners = {where.rsplit(":", 1)[0] for where, _ in docstring_examples()}
+    for name in ("gosim", "gosim.signal", "netframe", "idempotency"):
+        assert name in owners, f"no example found in {name}'s docstring"
