@@ -287,7 +287,7 @@ def run_simulation(
                 opts.seconds,
                 fleet_seeds[k],
                 opts.heartbeat,
-                reporter(k),
+                report=reporter(k),
                 think=opts.think,
             )
             await lines.send(result)

@@ -91,6 +91,7 @@ class StreamLink:
         limits: Limits,
         on_message: Callable[[bytes], Any],
         on_end: Callable[[str], None],
+        *,
         send_queue: int = 1024,
         idle_timeout: float | None = None,
         busy: Callable[[], bool] = lambda: False,

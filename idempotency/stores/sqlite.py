@@ -722,7 +722,9 @@ class SQLiteStore(BatchedOneStepStore):
                 caller, key, f, c = op.args
                 rk = (caller, key)
                 rec = current(ws, rk)
-                applied = self._effect_and_record(conn, op, caller, key, f, c, rec, now, careful)
+                applied = self._effect_and_record(
+                    conn, op, caller, key, f, c, rec, now, careful=careful
+                )
                 if applied is not None:
                     ws[rk] = dirty[rk] = applied
             elif kind == _CLAIM_COMPLETE:
@@ -737,8 +739,9 @@ class SQLiteStore(BatchedOneStepStore):
                     fence += 1
                     call.fence = fence
                     applied = self._effect_and_record(
-                        conn, op, caller, key, fence, c, res.record, now, careful, True
-                    )
+                        conn, op, caller, key, fence, c, res.record, now,
+                        careful=careful, just_claimed=True,
+                    )  # fmt: skip
                     if applied is not None:
                         ws[rk] = dirty[rk] = applied
             elif kind in _PLAIN:
@@ -887,6 +890,7 @@ class SQLiteStore(BatchedOneStepStore):
         c: Completion,
         rec: Record | None,
         now: float,
+        *,
         careful: bool,
         just_claimed: bool = False,
     ) -> Record | None:
