@@ -672,118 +672,23 @@ class PostgresStore(BatchedOneStepStore):
         keys = sorted({(op.args[0], op.args[1]) for op in ops})
         writes = any(op.kind in _WRITES for op in ops)
         claims = sum(1 for op in ops if op.kind in (_CLAIM, _CLAIM_COMPLETE))
-        text = self._text
         reading = True  # nothing of the batch written yet
         try:
             # One round trip: BEGIN, the row locks, then the time and the tokens.
             escape = psycopg.pq.Escaping(conn.pgconn).escape_literal
-            lock = _fill(text["lock" if writes else "read"], escape(_dumps(keys)))
+            lock = _fill(self._text["lock" if writes else "read"], escape(_dumps(keys)))
             rows, now, fences = await self._begin(conn, lock, claims, _turns(ops))
             reading = False
-            ws: WorkingSet = dict.fromkeys(keys)
-            ws.update(self._read_records(conn, rows))
-            existed = {rk for rk, rec in ws.items() if rec is not None}
-            fence_at = 0
-            dirty: dict[tuple[str, str], Record | None] = {}
-            savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
-            for op in ops:
-                kind = op.kind
-                try:
-                    if kind == _CLAIM:
-                        caller, key, fp, lease = op.args
-                        rk = (caller, key)
-                        res = claim(current(ws, rk), fp, now, lease, fences[fence_at])
-                        if res.kind is ClaimKind.CLAIMED:
-                            fence_at += 1
-                            ws[rk] = dirty[rk] = res.record
-                        op.result = res
-                    elif kind == _COMPLETE:
-                        caller, key, f, c = op.args
-                        rk = (caller, key)
-                        rec = current(ws, rk)
-                        if c.effect is None:
-                            done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
-                            ws[rk] = dirty[rk] = done
-                            op.result = done
-                        else:
-                            applied = await self._effect_and_record(
-                                conn, op, f, c, rec, now, False, savepoint
-                            )
-                            if applied is not None:
-                                ws[rk] = dirty[rk] = applied
-                    elif kind == _CLAIM_COMPLETE:
-                        caller, key, fp, lease, call, c = op.args
-                        rk = (caller, key)
-                        fence = fences[fence_at]
-                        res = claim(current(ws, rk), fp, now, lease, fence)
-                        if res.kind is not ClaimKind.CLAIMED:
-                            op.result = res  # a replay, a mismatch, busy: nothing written
-                        else:
-                            fence_at += 1
-                            call.fence = fence
-                            if c.effect is None:
-                                done = complete(
-                                    res.record, fence, c.ok, c.payload, now, c.ttl, caller, key
-                                )
-                                ws[rk] = dirty[rk] = done
-                                op.result = done
-                            else:
-                                applied = await self._effect_and_record(
-                                    conn, op, fence, c, res.record, now, True, savepoint
-                                )
-                                if applied is not None:
-                                    ws[rk] = dirty[rk] = applied
-                    else:  # RELEASE, GET, RENEW
-                        apply_plain(op, ws, dirty, now)
-                except (_Retry, psycopg.Error):
-                    raise  # the batch's, not this operation's
-                except Exception as exc:
-                    op.error = exc  # this operation's alone: it changed nothing
-            # One round trip: the writes, a sweep step, COMMIT (skipped by the server
-            # if a write failed: then the transaction is rolled back below).
-            query = self._writes(dirty, existed, escape) if dirty else []
-            if self._sweep_every > 0 and writes:
-                self._batches_to_sweep -= 1
-                if self._batches_to_sweep <= 0:
-                    self._batches_to_sweep = self._sweep_every
-                    query.append(_fill(text["sweep"], _float(now), b"%d" % _SWEEP_STEP))
-            query.append(b"COMMIT")
-            await _query(conn, b";".join(query))
+            await self._write_batch(conn, ops, keys, rows, now, fences, writes, escape)
         except _Retry:
             await _rollback(conn)
             return _RETRY
         except psycopg.Error as exc:
-            if conn.timed_out:
-                # The server did not answer in time: the connection is closed, and the
-                # batch is not applied again (its COMMIT, if sent, may yet commit; the
-                # calls were not acknowledged, so a retry replays it or claims anew).
-                err = self._store_error(exc, "applying a batch", conn)
-                for op in ops:
-                    op.result, op.error = None, err
-                return _APPLIED
-            if reading and (conn.closed or conn.broken):
-                # A connection of the pool that died while idle (the server restarted,
-                # the backend was terminated), or that died now: nothing of the batch
-                # has been written, let alone committed. Another connection.
-                _close_now(conn)
-                return _DEAD_CONN
-            await _rollback(conn)
-            if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
-                return _RETRY
-            if isinstance(exc, _VALUE_REFUSED) and not conn.closed:
-                # A value or a constraint refused: one operation's doing, not the
-                # store's. Alone, each fails (or not) by itself.
-                if len(ops) > 1:
-                    return _NEEDS_ALONE
-                ops[0].result, ops[0].error = None, self._unstorable(ops[0], exc, conn)
-                return _APPLIED
-            err = self._store_error(exc, "applying a batch")
-            for op in ops:
-                op.result, op.error = None, err
+            return await self._batch_failed(conn, ops, exc, reading)
         except Exception as exc:
-            # Not an operation's own error (those are caught above): an argument that
-            # broke the batch's shared code (one psycopg cannot send). Alone, it fails
-            # by itself.
+            # Not an operation's own error (those are caught in _apply_one): an argument
+            # that broke the batch's shared code (one psycopg cannot send). Alone, it
+            # fails by itself.
             await _rollback(conn)
             if len(ops) > 1:
                 return _NEEDS_ALONE
@@ -794,6 +699,139 @@ class PostgresStore(BatchedOneStepStore):
             for op in ops:
                 op.result = None
             raise
+        return _APPLIED
+
+    async def _write_batch(
+        self,
+        conn: NetpollConnection,
+        ops: list[Op],
+        keys: list[tuple[str, str]],
+        rows: Any,
+        now: float,
+        fences: list[int],
+        writes: bool,
+        escape: Callable[[bytes], bytes],
+    ) -> None:
+        """The batch's work after its BEGIN round trip (which locked ``keys`` and read
+        ``rows``): every operation decided against the records, then one round trip
+        with the writes, a sweep step and COMMIT (skipped by the server if a write
+        failed: ``_apply`` then rolls the transaction back)."""
+        ws: WorkingSet = dict.fromkeys(keys)
+        ws.update(self._read_records(conn, rows))
+        existed = {rk for rk, rec in ws.items() if rec is not None}
+        fence_at = 0
+        dirty: dict[tuple[str, str], Record | None] = {}
+        savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
+        for op in ops:
+            fence_at = await self._apply_one(conn, op, ws, dirty, now, fences, fence_at, savepoint)
+        query = self._writes(dirty, existed, escape) if dirty else []
+        if self._sweep_every > 0 and writes:
+            self._batches_to_sweep -= 1
+            if self._batches_to_sweep <= 0:
+                self._batches_to_sweep = self._sweep_every
+                query.append(_fill(self._text["sweep"], _float(now), b"%d" % _SWEEP_STEP))
+        query.append(b"COMMIT")
+        await _query(conn, b";".join(query))
+
+    async def _apply_one(
+        self,
+        conn: NetpollConnection,
+        op: Op,
+        ws: WorkingSet,
+        dirty: dict[tuple[str, str], Record | None],
+        now: float,
+        fences: list[int],
+        fence_at: int,
+        savepoint: list[bool],
+    ) -> int:
+        """Decide one operation against the working set (an effect runs in its
+        savepoint); return the index of the next unused token of ``fences``. An error
+        of its own is set on it (it changed nothing, and its batch-mates go on); the
+        batch's (``_Retry``, ``psycopg.Error``) is raised."""
+        kind = op.kind
+        try:
+            if kind == _CLAIM:
+                caller, key, fp, lease = op.args
+                rk = (caller, key)
+                res = claim(current(ws, rk), fp, now, lease, fences[fence_at])
+                if res.kind is ClaimKind.CLAIMED:
+                    fence_at += 1
+                    ws[rk] = dirty[rk] = res.record
+                op.result = res
+            elif kind == _COMPLETE:
+                caller, key, f, c = op.args
+                rk = (caller, key)
+                rec = current(ws, rk)
+                if c.effect is None:
+                    done = complete(rec, f, c.ok, c.payload, now, c.ttl, caller, key)
+                    ws[rk] = dirty[rk] = done
+                    op.result = done
+                else:
+                    applied = await self._effect_and_record(
+                        conn, op, f, c, rec, now, False, savepoint
+                    )
+                    if applied is not None:
+                        ws[rk] = dirty[rk] = applied
+            elif kind == _CLAIM_COMPLETE:
+                caller, key, fp, lease, call, c = op.args
+                rk = (caller, key)
+                fence = fences[fence_at]
+                res = claim(current(ws, rk), fp, now, lease, fence)
+                if res.kind is not ClaimKind.CLAIMED:
+                    op.result = res  # a replay, a mismatch, busy: nothing written
+                else:
+                    fence_at += 1
+                    call.fence = fence
+                    if c.effect is None:
+                        done = complete(res.record, fence, c.ok, c.payload, now, c.ttl, caller, key)
+                        ws[rk] = dirty[rk] = done
+                        op.result = done
+                    else:
+                        applied = await self._effect_and_record(
+                            conn, op, fence, c, res.record, now, True, savepoint
+                        )
+                        if applied is not None:
+                            ws[rk] = dirty[rk] = applied
+            else:  # RELEASE, GET, RENEW
+                apply_plain(op, ws, dirty, now)
+        except (_Retry, psycopg.Error):
+            raise  # the batch's, not this operation's
+        except Exception as exc:
+            op.error = exc  # this operation's alone: it changed nothing
+        return fence_at
+
+    async def _batch_failed(
+        self, conn: NetpollConnection, ops: list[Op], exc: psycopg.Error, reading: bool
+    ) -> str:
+        """The batch's transaction failed with ``exc`` (``reading``: before anything of
+        it was written): what that makes of the batch."""
+        if conn.timed_out:
+            # The server did not answer in time: the connection is closed, and the
+            # batch is not applied again (its COMMIT, if sent, may yet commit; the calls
+            # were not acknowledged, so a retry replays it or claims anew).
+            err = self._store_error(exc, "applying a batch", conn)
+            for op in ops:
+                op.result, op.error = None, err
+            return _APPLIED
+        if reading and (conn.closed or conn.broken):
+            # A connection of the pool that died while idle (the server restarted, the
+            # backend was terminated), or that died now: nothing of the batch has been
+            # written, let alone committed. Another connection.
+            _close_now(conn)
+            return _DEAD_CONN
+        await _rollback(conn)
+        if getattr(exc, "sqlstate", None) in _RETRY_STATES or _inserted_meanwhile(exc):
+            return _RETRY
+        if isinstance(exc, _VALUE_REFUSED) and not conn.closed:
+            # A value or a constraint refused: one operation's doing, not the store's.
+            # Alone, each fails (or not) by itself.
+            if len(ops) > 1:
+                return _NEEDS_ALONE
+            ops[0].result, ops[0].error = None, self._unstorable(ops[0], exc, conn)
+            return _APPLIED
+        err = self._store_error(exc, "applying a batch")
+        for op in ops:
+            op.result, op.error = None, err
         return _APPLIED
 
     def _unstorable(self, op: Op, exc: psycopg.Error, conn: NetpollConnection) -> Exception:
