@@ -3,20 +3,26 @@
 General layout: ``gosim._core`` is the self-contained scheduler (stdlib and trio only);
 ``_chan``, ``_select`` and ``time`` build on it; ``atomic``, ``spin`` and ``mem`` are
 independent of the scheduler. This file only re-exports: the public names below are the
-contract in ``DESIGN.md``.
-
-::
+contract that the design (``docs/design/index.md``) describes. A producer and a consumer
+on an unbuffered channel::
 
     import gosim
-    from gosim import Chan, go, select, recv, send
+    from gosim import Chan, go
 
-    async def main():
+
+    async def producer(ch: Chan[int]) -> None:
+        for i in range(3):
+            await ch.send(i)
+        ch.close()
+
+
+    async def main() -> list[int]:
         ch = Chan[int](0)
         go(producer, ch)
-        async for v in ch:
-            print(v)
+        return [v async for v in ch]
 
-    gosim.run(main)
+
+    assert gosim.run(main) == [0, 1, 2]
 """
 
 from gosim import lowlevel as lowlevel

@@ -1,17 +1,25 @@
 """Go's ``os/signal`` on gosim: OS signals relayed to channels and contexts.
 
-::
+A program that waits for SIGTERM (here it sends itself one)::
 
+    import os
     import signal
+
+    import gosim
     from gosim import Chan
     from gosim import signal as gosignal
 
-    async def main():
+
+    async def main() -> signal.Signals:
         sigs = Chan[signal.Signals](1)
         gosignal.notify(sigs, signal.SIGTERM, signal.SIGINT)
-        go(serve)
-        sig = await sigs.recv()  # signal.SIGTERM: shut down
+        os.kill(os.getpid(), signal.SIGTERM)  # as a supervisor stopping the service
+        sig = await sigs.recv()  # a server would shut down here
         gosignal.stop(sigs)
+        return sig
+
+
+    assert gosim.run(main) == signal.SIGTERM
 
 :func:`notify` relays the named signals to a channel; each channel and each signal may
 be named several times (each call adds signals to a channel's set, and every channel

@@ -3,43 +3,84 @@
 General layout: ``_errors``, ``_keys`` (key and caller validation, request fingerprints),
 ``_record`` (the life of a record, as a table) and ``_outcome`` (recorded outcomes) are
 pure: they import neither trio nor gosim. ``stores`` keeps records (memory, SQLite,
-Redis) behind one contract; ``_idempotency`` runs requests over a store. The package sits
-on :mod:`gosim` (and, for its RPC, :mod:`netframe`); neither imports it. This file only
-re-exports.
+PostgreSQL, Redis) behind one contract; ``_idempotency`` runs requests over a store. The
+package sits on :mod:`gosim` (and, for its RPC, :mod:`netframe`); neither imports it.
+This file only re-exports.
 
-Quick use, inside a gosim goroutine::
+Quick use: a handler run once per key, its outcome replayed to a retry::
 
+    import gosim
     from idempotency import Idempotency, SQLiteStore
 
-    idem = Idempotency(SQLiteStore("ledger.db"))      # embedded, durable default
-    outcome = await idem.run(caller="acct-7", key="8e03978e-...",
-                             request=("transfer", [src, dst, 10]), handler=do_transfer)
-    outcome.replayed   # True when the stored outcome was returned without running it
-    outcome.value      # the recorded result (or the recorded ApplicationError, raised)
+    runs = []
+
+
+    async def greet(call):
+        runs.append(call.key)
+        return f"hello, {call.args[0]}"
+
+
+    async def main():
+        idem = Idempotency(SQLiteStore("greetings.db"))  # embedded, durable default
+        request = ("greet", ["ada"])
+        first = await idem.run(caller="web", key="k-1", request=request, handler=greet)
+        again = await idem.run(caller="web", key="k-1", request=request, handler=greet)
+        assert (first.value, first.replayed) == ("hello, ada", False)
+        assert (again.value, again.replayed) == ("hello, ada", True)  # not run again
+        assert runs == ["k-1"]
+        idem.store.close()
+
+
+    gosim.run(main)
 
 A transfer whose balance change commits with its record (the exactly-once mode)::
+
+    import sqlite3
+
+    import gosim
+    from idempotency import ApplicationError, Idempotency, SQLiteEffect, SQLiteStore
+
+    app = sqlite3.connect("ledger.db", isolation_level=None)  # the application's table
+    app.execute("PRAGMA journal_mode=WAL")
+    app.execute("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER)")
+    app.execute("INSERT INTO accounts VALUES ('alice', 100), ('bob', 0)")
+
 
     def transfer(call):
         src, dst, amount = call.args
 
         def apply(conn):  # runs in the transaction that completes the record
-            (balance,) = conn.execute("SELECT balance FROM accounts WHERE id = ?",
-                                      (src,)).fetchone()
+            sql = "SELECT balance FROM accounts WHERE id = ?"
+            (balance,) = conn.execute(sql, (src,)).fetchone()
             if balance < amount:  # recorded and replayed; its writes (none) roll back
                 raise ApplicationError("insufficient_funds", f"{src} has {balance}")
-            conn.execute("UPDATE accounts SET balance = balance - ? WHERE id = ?",
-                         (amount, src))
-            conn.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?",
-                         (amount, dst))
+            sql = "UPDATE accounts SET balance = balance + ? WHERE id = ?"
+            conn.execute(sql, (-amount, src))
+            conn.execute(sql, (amount, dst))
             return balance - amount
 
         return SQLiteEffect(apply)
 
+
+    async def main():
+        idem = Idempotency(SQLiteStore("ledger.db"))
+        request = ("transfer", ["alice", "bob", 30])
+        for _ in range(3):  # a client retrying: the money moves once
+            out = await idem.run(caller="teller", key="t-1", request=request,
+                                 handler=transfer)
+            assert out.value == 70
+        idem.store.close()
+
+
+    gosim.run(main)
+    balances = dict(app.execute("SELECT id, balance FROM accounts"))
+    assert balances == {"alice": 70, "bob": 30}
+
 Two guarantees, named apart:
 
 * **Exactly-once effects**: a handler that returns the store's kind of
-  :class:`~idempotency.stores.Effect` (``SQLiteEffect``, ``LuaEffect``,
-  ``MemoryEffect``) has that effect committed in the same store transaction that
+  :class:`~idempotency.stores.Effect` (``SQLiteEffect``, ``PostgresEffect``,
+  ``LuaEffect``, ``MemoryEffect``) has that effect committed in the same store transaction that
   completes its record: after a crash at any instant there is both or neither, and a
   retry replays instead of repeating.
 * **At-least-once effects with fencing**: anything the handler does outside the store

@@ -11,6 +11,8 @@ and server parts are kept in separate files) for all of them, or not
 
 Quick use::
 
+    import netframe
+
     fmt = netframe.FrameFormat()                 # 4-byte big-endian length, 16 MiB max
     wire = fmt.encode_many([b"hello", b"world"])
     decoder = netframe.FrameDecoder(fmt)

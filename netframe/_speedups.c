@@ -1,5 +1,5 @@
 /*
- * netframe._speedups: netframe's C accelerator (optional), one extension in three parts
+ * netframe._speedups: netframe's C accelerator (optional), one extension in parts
  * kept apart, each in its own file:
  *
  *   _speedups_codec.c.h   sans-IO: the codec's scan-and-cut and encode loops
@@ -7,16 +7,17 @@
  *   _speedups_io.c.h      socket I/O: FrameReader and FrameWriter, FramedConn's
  *                         receive-and-cut and encode-and-send (netframe/_conn.py);
  *   _speedups_server.c.h  the server's handler loop and reply filter (handle_each,
- *                         drop_none), twins of code in netframe/_handlers.py; Exchange,
- *                         the whole loop of a raw one-at-a-time connection, of a
- *                         session connection with concurrent handlers or of a client
- *                         with on_data, or of a plain msgpack stream (its
- *                         frameless mode, with a MsgpackCutter: idempotency.rpc's
- *                         StreamLink runs it), with the EXCHANGE_* reasons it stops
- *                         for (netframe/_conn.py's FramedConn runs it); send_data, one
- *                         session DATA frame sent at once (FramedConn._send_through's
- *                         twin), and set_closed_state, which hands both the session
- *                         state that may not send DATA;
+ *                         drop_none), twins of code in netframe/_handlers.py; the
+ *                         Exchange's state and its loops of a raw one-at-a-time
+ *                         connection, of a session connection with concurrent
+ *                         handlers or of a client with on_data, with the EXCHANGE_*
+ *                         reasons it stops for (netframe/_conn.py's FramedConn runs
+ *                         it); send_data, one session DATA frame sent at once
+ *                         (FramedConn._send_through's twin), and set_closed_state,
+ *                         which hands both the session state that may not send DATA;
+ *   _speedups_exchange.c.h the Exchange's frameless mode (a plain msgpack stream, with
+ *                         a MsgpackCutter: idempotency.rpc's StreamLink runs it) and
+ *                         the Exchange type: its call, methods and type object;
  *   _speedups_msgpack.c.h MsgpackCutter, which cuts a plain msgpack stream into its
  *                         top-level objects (idempotency.rpc's plain stream; its
  *                         twin is netframe/_msgpack.py's PyMsgpackCutter); included
@@ -41,6 +42,7 @@
 #include "_speedups_io.c.h"
 #include "_speedups_msgpack.c.h"
 #include "_speedups_server.c.h"
+#include "_speedups_exchange.c.h"
 
 static PyMethodDef methods[] = {
     {"handle_each", (PyCFunction)(void (*)(void))handle_each, METH_FASTCALL,

@@ -175,6 +175,7 @@ class G(_GFields):
 
         @property
         def status(self) -> int:
+            """Go's _G status"""  # the C member's doc (_speedups_records.c.h), word for word
             return G._status_slot.__get__(self)
 
         @status.setter

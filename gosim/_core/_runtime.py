@@ -51,6 +51,7 @@ the program start of ``runtime.main``.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import os
@@ -330,6 +331,7 @@ class Runtime(_RuntimeFields):
         # and goready (the C twins check the same in C).
         _runqput_unchecked = runqput
 
+        @functools.wraps(_runqput_unchecked)  # help() shows the reference's docstring
         def runqput(self, p: P, g: G, next_: bool) -> None:
             if g.status != RUNNABLE:
                 raise throw(f"runqput: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
@@ -337,6 +339,7 @@ class Runtime(_RuntimeFields):
 
         _goready_unchecked = goready
 
+        @functools.wraps(_goready_unchecked)
         def goready(self, g: G, param: Any) -> None:
             if g.status != WAITING:
                 raise throw(f"goready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")
@@ -344,6 +347,7 @@ class Runtime(_RuntimeFields):
 
         _globready_unchecked = globready
 
+        @functools.wraps(_globready_unchecked)
         def globready(self, g: G, param: Any) -> None:
             if g.status != WAITING:
                 raise throw(f"globready: goroutine {g.goid} is {_g.STATUS_NAMES[g.status]}")

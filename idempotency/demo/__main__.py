@@ -335,8 +335,8 @@ def _sub(argv: list[str]) -> int:
             a.seed,
             a.heartbeat,
             a.log,
-            a.think,
-            a.trace,
+            think=a.think,
+            trace_path=a.trace,
         )
     return 0
 

@@ -92,6 +92,7 @@ async def run_fleet(
     seconds: float,
     seed: int,
     heartbeat: float,
+    *,
     report: Callable[[str], None] | None = None,
     think: float = 0.0,
     log: list[dict[str, Any]] | None = None,
@@ -250,6 +251,7 @@ def run_clients(
     seed: int,
     heartbeat: float,
     log_path: Path,
+    *,
     think: float = 0.0,
     trace_path: Path | None = None,
 ) -> None:
@@ -287,11 +289,11 @@ def run_clients(
             seconds,
             seed,
             heartbeat,
-            lambda line: print(line, flush=True),
-            think,
-            log,
+            report=lambda line: print(line, flush=True),
+            think=think,
+            log=log,
             # The client processes and their history share the machine's clock.
-            time.monotonic,
+            clock=time.monotonic,
         )
         write_log()
         print(last, flush=True)

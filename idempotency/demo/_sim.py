@@ -287,7 +287,7 @@ def run_simulation(
                 opts.seconds,
                 fleet_seeds[k],
                 opts.heartbeat,
-                reporter(k),
+                report=reporter(k),
                 think=opts.think,
             )
             await lines.send(result)
@@ -352,17 +352,23 @@ def simulate(opts: SimOptions) -> int:
         # for long: stop here, between two bytecodes. Nothing outside this process
         # holds state of the run (the ledger is in memory), so there is nothing to
         # clean up but the terminal's line.
+        # The signal may land inside a write to either stream (a progress line): a
+        # buffered stream refuses the handler's reentrant call ("reentrant call inside
+        # <_io.BufferedWriter>"), so what is held is flushed where it can be and this
+        # line goes out with os.write, under the buffers.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except RuntimeError:
+                pass  # interrupted mid-write: the rest of that write goes with the process
         if live:
-            err.file.write("\r\x1b[K")
+            os.write(2, b"\r\x1b[K")
         name = signal.Signals(signum).name
-        console.print(
+        line = (
             f"interrupted by {name} at virtual {reached[0]:.0f} s: the simulation "
-            f"stopped; replay it with: {replay}",
-            soft_wrap=True,
-            highlight=False,
+            f"stopped; replay it with: {replay}\n"
         )
-        sys.stdout.flush()
-        sys.stderr.flush()
+        os.write(1, line.encode())
         os._exit(128 + signum)
 
     def progress(at: float, totals: dict[str, int]) -> None:

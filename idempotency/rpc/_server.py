@@ -282,7 +282,7 @@ class _StreamServerConn:
             server.limits,
             self._on_message,
             self._on_end,
-            server.send_queue,
+            send_queue=server.send_queue,
             idle_timeout=server.idle_timeout,
             busy=lambda: self.in_flight > 0,
             answer_after_eof=True,

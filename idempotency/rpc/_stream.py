@@ -13,7 +13,7 @@ growing memory).
 
 Where netframe's C accelerator is built and no ``idle_timeout`` is set, the reader
 runs netframe's C ``Exchange`` loop in its frameless mode (the framed transport's loop,
-netframe/_speedups_server.c.h): it receives, cuts, calls the callback and sends the
+netframe/_speedups_exchange.c.h): it receives, cuts, calls the callback and sends the
 replies as this reader does, with no Python frame per receive, and hands back to the
 Python loop here (the general path, and the whole reader under
 ``GOSIM_PURE_PYTHON=1``) for what it does not do: an awaitable result, a message not
@@ -91,6 +91,7 @@ class StreamLink:
         limits: Limits,
         on_message: Callable[[bytes], Any],
         on_end: Callable[[str], None],
+        *,
         send_queue: int = 1024,
         idle_timeout: float | None = None,
         busy: Callable[[], bool] = lambda: False,

@@ -98,7 +98,6 @@ from .._errors import (
 )
 from .._record import (
     COMPLETED,
-    IN_PROGRESS,
     ClaimKind,
     ClaimResult,
     Record,
@@ -123,6 +122,34 @@ from ._contract import (
     refused_on_virtual_clock,
     run_effect,
 )
+from ._sqlite_sql import (
+    _CLAIM_NEW_ROWS,
+    _CLUSTERED_ON_KEY,
+    _COMPLETE_HELD,
+    _DELETE,
+    _DELETE_NEW,
+    _HELD_MAX,
+    _LOAD_SIZE_OF,
+    _LOAD_SIZES,
+    _LOAD_SQL,
+    _MIGRATE,
+    _NEW_CLAIMS_WAIT_MAX,
+    _NEW_ROW,
+    _NEW_ROWS_SIZES,
+    _ONE_KEY,
+    _READ_FENCE,
+    _SCHEMA,
+    _SELECT_MANY,
+    _SKIP_TO_CEILING,
+    _SWEEP_SCAN,
+    _SWEEP_SCAN_BY_KEY,
+    _SWEEP_SQL,
+    _SWEEP_STEP,
+    _UPSERT,
+    _UPSERT_IN_PROGRESS,
+    _WRITE_CEILING,
+    _WRITE_FENCE,
+)
 
 __all__ = ["SQLiteEffect", "SQLiteStore"]
 
@@ -137,135 +164,6 @@ _RENEW: Final = OpKind.RENEW
 _KEYED: Final = frozenset({_CLAIM, _COMPLETE, _RELEASE, _GET, _CLAIM_COMPLETE, _RENEW})
 _PLAIN: Final = frozenset({_RELEASE, _GET, _RENEW})  # apply_plain's
 
-# The records are a rowid table, its primary key a unique index on (caller, key): rows
-# are appended in the order their keys were first claimed, so a batch's claims and, a
-# batch later, their completions rewrite a few of the table's newest pages, and only the
-# claim touches a page of the index (a random one: keys are random). In a table
-# clustered on the key (WITHOUT ROWID, the layout of files made before this one) the
-# claim and the completion each rewrite a random leaf, so every call put two pages into
-# the WAL. Measured with 50 claims and 50 completions a transaction over 100,000 rows:
-# 12.4 -> 11.7 us of user and 14.1 -> 8.3 us of system CPU a call (WAL writes, fsync).
-# Files of the older layout keep working as they are; SQLiteStore.migrate (``python -m
-# idempotency migrate``) moves one into this layout.
-_RECORDS_TABLE: Final = """
-CREATE TABLE IF NOT EXISTS idempotency_records (
-    caller      TEXT    NOT NULL,
-    key         TEXT    NOT NULL,
-    state       INTEGER NOT NULL,  -- _record.State: 1 in progress, 2 completed
-    fingerprint BLOB    NOT NULL,  -- SHA-256 of the canonical request
-    fence       INTEGER NOT NULL,  -- fencing token of the claim that wrote it
-    expires_at  REAL    NOT NULL,  -- lease deadline, or end of retention (Unix time)
-    ok          INTEGER NOT NULL,  -- completed: 1 value, 0 final error
-    payload     BLOB,              -- completed: msgpack outcome; NULL in progress
-    PRIMARY KEY (caller, key)
-);
-"""
-_SCHEMA: Final = (
-    _RECORDS_TABLE
-    + """
-CREATE TABLE IF NOT EXISTS idempotency_meta (
-    name  TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-) WITHOUT ROWID;
-INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence', 0);
-INSERT OR IGNORE INTO idempotency_meta (name, value) VALUES ('fence_ceiling', 0);
-"""
-)
-# SQLiteStore.migrate: the records copied as they are into a table of the current layout,
-# which then takes the old one's place (in one transaction). Copied in order of expiry, so
-# that the automatic sweep, which walks the new table in rowid order, finds the records
-# that expire together side by side.
-_MIGRATING: Final = "idempotency_records_migrating"
-_MIGRATE: Final = (
-    _RECORDS_TABLE.replace("IF NOT EXISTS idempotency_records", _MIGRATING),
-    f"INSERT INTO {_MIGRATING} (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-    " SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
-    " FROM idempotency_records ORDER BY expires_at",
-    "DROP TABLE idempotency_records",
-    f"ALTER TABLE {_MIGRATING} RENAME TO idempotency_records",
-)
-
-_SELECT_MANY: Final = (
-    "SELECT caller, key, state, fingerprint, fence, expires_at, ok, payload"
-    " FROM idempotency_records WHERE "
-)
-_ONE_KEY: Final = "(caller = ? AND key = ?)"
-# The sizes of the working set's reads (see SQLiteStore._load), each a prepared statement.
-_LOAD_SIZES: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-_LOAD_SQL: Final = {n: _SELECT_MANY + " OR ".join([_ONE_KEY] * n) for n in _LOAD_SIZES}
-_LOAD_SIZE_OF: Final = tuple(
-    next(size for size in _LOAD_SIZES if size >= n) if n else 0 for n in range(_LOAD_SIZES[-1] + 1)
-)
-# Columns in the order of Record's fields, after (caller, key).
-_UPSERT: Final = (
-    "INSERT INTO idempotency_records"
-    " (caller, key, state, fingerprint, fence, expires_at, ok, payload)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-    " ON CONFLICT (caller, key) DO UPDATE SET state = excluded.state,"
-    " fingerprint = excluded.fingerprint, fence = excluded.fence,"
-    " expires_at = excluded.expires_at, ok = excluded.ok, payload = excluded.payload"
-)
-# An in-progress record (no payload yet): the NULL is written in the statement, since a
-# None parameter costs sqlite3 a failed adapter lookup (an AttributeError built and
-# cleared, about 2,000 instructions) where an int, float, str or bytearray costs none.
-_UPSERT_IN_PROGRESS: Final = _UPSERT.replace("?, ?)", "?, NULL)", 1)
-_DELETE: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ?"
-# A completion of a claim this store granted, without reading its row first: the row is
-# written only where it is still what complete() accepts and decode_record() reads (the
-# live in-progress record of that fence and fingerprint). The updated row count tells
-# whether every one was; if not, they are rolled back and read and decided as usual.
-_COMPLETE_HELD: Final = (
-    f"UPDATE idempotency_records SET state = {int(COMPLETED)}, expires_at = ?, ok = ?,"
-    " payload = ? WHERE caller = ? AND key = ? AND fence = ? AND fingerprint = ?"
-    f" AND state = {int(IN_PROGRESS)} AND typeof(expires_at) IN ('real', 'integer')"
-    " AND expires_at > ? AND ok IN (0, 1) AND payload IS NULL"
-)
-# Claims of keys that have no row (every first call of a key), written without reading
-# them first: OR IGNORE leaves a key that has a row as it is, and the row count then tells
-# whether every claim of the batch found its key new (SQLiteStore._claim_new_keys). Many
-# rows a statement, of a few sizes (each kept prepared): one step, and one release of
-# the GIL, for a run of claims, where a statement a row took one each. OR IGNORE never
-# stops a statement halfway, so SQLite keeps no statement journal for it.
-_CLAIM_NEW: Final = (
-    "INSERT OR IGNORE INTO idempotency_records"
-    " (caller, key, state, fingerprint, fence, expires_at, ok, payload) VALUES "
-)
-_NEW_ROW: Final = 7  # parameters a row
-_NEW_ROWS_SIZES: Final = (64, 32, 16, 8, 4, 2, 1)
-_CLAIM_NEW_ROWS: Final = {
-    n: _CLAIM_NEW + ", ".join(["(?, ?, ?, ?, ?, ?, ?, NULL)"] * n) for n in _NEW_ROWS_SIZES
-}
-_DELETE_NEW: Final = "DELETE FROM idempotency_records WHERE caller = ? AND key = ? AND fence = ?"
-_NEW_CLAIMS_WAIT_MAX: Final = 64  # batches read first after misses in a row, at most
-_HELD_MAX: Final = 65536  # claims remembered (an optimisation only: forgotten past it)
-_SWEEP_SQL: Final = "DELETE FROM idempotency_records WHERE expires_at <= ?"
-_SWEEP_STEP: Final = 512  # rows an automatic sweep looks at
-# The automatic sweep's walk: in rowid order (the table's own, no index), or in key order
-# in a file of the older layout, which has no rowid.
-_SWEEP_SCAN: Final = (
-    "SELECT caller, key, expires_at, rowid FROM idempotency_records"
-    " WHERE rowid > ? ORDER BY rowid LIMIT ?"
-)
-_SWEEP_SCAN_BY_KEY: Final = (
-    "SELECT caller, key, expires_at FROM idempotency_records"
-    " WHERE (caller, key) > (?, ?) ORDER BY caller, key LIMIT ?"
-)
-_CLUSTERED_ON_KEY: Final = (
-    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'idempotency_records'"
-    " AND upper(sql) LIKE '%WITHOUT ROWID%'"
-)
-_READ_FENCE: Final = (
-    "SELECT (SELECT value FROM idempotency_meta WHERE name = 'fence'),"
-    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')"
-)
-_WRITE_FENCE: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence'"
-_WRITE_CEILING: Final = "UPDATE idempotency_meta SET value = ? WHERE name = 'fence_ceiling'"
-# After a restart, tokens resume above every token a claim may have handed out before
-# its commit reached the disk (see "Durability" above).
-_SKIP_TO_CEILING: Final = (
-    "UPDATE idempotency_meta SET value = max(value,"
-    " (SELECT value FROM idempotency_meta WHERE name = 'fence_ceiling')) WHERE name = 'fence'"
-)
 FENCE_RESERVE: Final = 4096  # tokens a durable batch reserves ahead for claim batches
 # Batches of these only commit without fsync (a renewal, like a claim, answers no one).
 _LIGHT: Final = frozenset({_CLAIM, _GET, _RENEW})
@@ -320,6 +218,15 @@ class SQLiteEffect(Effect):
 class _RedoCarefully(Exception):
     """An atomic effect failed after writing: the batch is rolled back and applied
     again with a savepoint around every effect."""
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction; a failure to (the connection gone) leaves it to
+    the next BEGIN to say why."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
 
 
 class SQLiteStore(BatchedOneStepStore):
@@ -628,138 +535,149 @@ class SQLiteStore(BatchedOneStepStore):
             self._after_failure(conn, exc)
             return _APPLIED
         try:
-            fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
-            fence, ceiling = fence0, ceiling0
-            # Completions of claims this store holds skip the read (_complete_held).
-            held = _split_held(ops, self._held) if self._held else None
-            work = ops if held is None else held[1]
-            if self._new_claims_wait:
-                self._new_claims_wait -= 1
-            elif _ONLY_CLAIMS.issuperset(map(_kind_of, work)) and work:
-                after = self._claim_new_keys(conn, work, now, fence)
-                if after is not None:
-                    fence = after
-                    work = []
-            ws = self._load(conn, work)
-            dirty: dict[tuple[str, str], Record | None] = {}
-            i, n = 0, len(work)
-            while True:
-                # The record-only operations (claims, completions without an effect)
-                # a run at a time; _decide stops at any other.
-                i, fence = _decide(work, i, ws, dirty, now, fence)
-                if i == n:
-                    break
-                op = work[i]
-                i += 1
-                kind = op.kind
-                try:
-                    if kind == _COMPLETE:
-                        caller, key, f, c = op.args
-                        rk = (caller, key)
-                        rec = current(ws, rk)
-                        applied = self._effect_and_record(
-                            conn, op, caller, key, f, c, rec, now, careful
-                        )
-                        if applied is not None:
-                            ws[rk] = dirty[rk] = applied
-                    elif kind == _CLAIM_COMPLETE:
-                        caller, key, fp, lease, call, c = op.args
-                        rk = (caller, key)
-                        res = claim(current(ws, rk), fp, now, lease, fence + 1)
-                        if res.kind is not ClaimKind.CLAIMED:
-                            op.result = res  # a replay, a mismatch, busy: nothing written
-                        else:
-                            # The claim is written only as the completed record (or not
-                            # at all when the effect fails): no in-progress row, ever.
-                            fence += 1
-                            call.fence = fence
-                            applied = self._effect_and_record(
-                                conn, op, caller, key, fence, c, res.record, now, careful, True
-                            )
-                            if applied is not None:
-                                ws[rk] = dirty[rk] = applied
-                    elif kind in _PLAIN:
-                        apply_plain(op, ws, dirty, now)
-                    elif kind == _SWEEP:
-                        self._flush(conn, dirty)
-                        op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
-                    else:
-                        self._transact(conn, op)
-                except (_RedoCarefully, sqlite3.Error):
-                    raise  # the batch's, not this operation's
-                except Exception as exc:
-                    # This operation's alone (a stale claim, a corrupted row, an
-                    # argument a store caller got wrong): it changed nothing of the
-                    # working set, and its batch-mates go on.
-                    op.error = exc
-            self._flush(conn, dirty)
-            if held is not None:
-                self._complete_held(conn, held[0], now, fence)
-            if self._sweep_every > 0:
-                self._batches_to_sweep -= 1
-                if self._batches_to_sweep <= 0:
-                    self._batches_to_sweep = self._sweep_every
-                    self._sweep_step(conn, now)
-            if fence > ceiling and not durable:
-                conn.execute("ROLLBACK")
-                return _NEEDS_DURABLE
-            if durable and ceiling - fence < FENCE_RESERVE // 2:
-                ceiling = fence + FENCE_RESERVE
-            if fence != fence0:
-                conn.execute(_WRITE_FENCE, (fence,))
-            if ceiling != ceiling0:
-                conn.execute(_WRITE_CEILING, (ceiling,))
-            conn.execute("COMMIT")
-            _note_held(ops, self._held)
+            return self._write_batch(conn, ops, now, durable, careful)
         except _RedoCarefully:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # the redo's BEGIN fails then, and says why to every operation
+            _rollback(conn)  # should it fail, the redo's BEGIN says why to every operation
             return _NEEDS_CAREFUL
-        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
-            # A statement refused what an operation gave it: that operation's, not the
-            # store's. Nothing of the batch is committed; alone, it fails by itself.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            if len(ops) > 1:
-                return _NEEDS_ALONE
-            ops[0].result = None
-            ops[0].error = exc
-        except sqlite3.Error as exc:
-            # The transaction as a whole failed: nothing of it is committed.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+        except BaseException as exc:
+            # Nothing of the batch may stay in an open transaction, where the next
+            # batch's commit would take it.
+            _rollback(conn)
+            if not isinstance(exc, Exception):  # an interrupt raised in an effect
+                for op in ops:
+                    op.result = None
+                raise
+            return self._batch_failed(conn, ops, exc)
+
+    def _write_batch(
+        self, conn: sqlite3.Connection, ops: list[Op], now: float, durable: bool, careful: bool
+    ) -> str:
+        """The body of :meth:`_apply`'s transaction, from the fence's read to the
+        commit: ``_APPLIED``, or ``_NEEDS_DURABLE`` rolled back. What it raises,
+        ``_apply`` rolls back and judges (``_batch_failed``)."""
+        fence0, ceiling0 = conn.execute(_READ_FENCE).fetchone()
+        fence, ceiling = fence0, ceiling0
+        # Completions of claims this store holds skip the read (_complete_held).
+        held = _split_held(ops, self._held) if self._held else None
+        work = ops if held is None else held[1]
+        if self._new_claims_wait:
+            self._new_claims_wait -= 1
+        elif _ONLY_CLAIMS.issuperset(map(_kind_of, work)) and work:
+            after = self._claim_new_keys(conn, work, now, fence)
+            if after is not None:
+                fence = after
+                work = []
+        ws = self._load(conn, work)
+        dirty: dict[tuple[str, str], Record | None] = {}
+        i, n = 0, len(work)
+        while True:
+            # The record-only operations (claims, completions without an effect) a run
+            # at a time; _decide stops at any other.
+            i, fence = _decide(work, i, ws, dirty, now, fence)
+            if i == n:
+                break
+            fence = self._apply_one(conn, work[i], ws, dirty, now, fence, careful)
+            i += 1
+        self._flush(conn, dirty)
+        if held is not None:
+            self._complete_held(conn, held[0], now, fence)
+        if self._sweep_every > 0:
+            self._batches_to_sweep -= 1
+            if self._batches_to_sweep <= 0:
+                self._batches_to_sweep = self._sweep_every
+                self._sweep_step(conn, now)
+        if fence > ceiling and not durable:
+            conn.execute("ROLLBACK")
+            return _NEEDS_DURABLE
+        if durable and ceiling - fence < FENCE_RESERVE // 2:
+            ceiling = fence + FENCE_RESERVE
+        if fence != fence0:
+            conn.execute(_WRITE_FENCE, (fence,))
+        if ceiling != ceiling0:
+            conn.execute(_WRITE_CEILING, (ceiling,))
+        conn.execute("COMMIT")
+        _note_held(ops, self._held)
+        return _APPLIED
+
+    def _apply_one(
+        self,
+        conn: sqlite3.Connection,
+        op: Op,
+        ws: dict[tuple[str, str], Any],
+        dirty: dict[tuple[str, str], Record | None],
+        now: float,
+        fence: int,
+        careful: bool,
+    ) -> int:
+        """Apply one operation that is not record-only (an effect's completion, a
+        one-step claim and completion, a plain read or write, a sweep, a ``transact``)
+        against the working set; return the fence after it. An error of its own is
+        set on it (it changed nothing of the working set, and its batch-mates go on);
+        the batch's (``_RedoCarefully``, ``sqlite3.Error``) is raised."""
+        kind = op.kind
+        try:
+            if kind == _COMPLETE:
+                caller, key, f, c = op.args
+                rk = (caller, key)
+                rec = current(ws, rk)
+                applied = self._effect_and_record(
+                    conn, op, caller, key, f, c, rec, now, careful=careful
+                )
+                if applied is not None:
+                    ws[rk] = dirty[rk] = applied
+            elif kind == _CLAIM_COMPLETE:
+                caller, key, fp, lease, call, c = op.args
+                rk = (caller, key)
+                res = claim(current(ws, rk), fp, now, lease, fence + 1)
+                if res.kind is not ClaimKind.CLAIMED:
+                    op.result = res  # a replay, a mismatch, busy: nothing written
+                else:
+                    # The claim is written only as the completed record (or not at all
+                    # when the effect fails): no in-progress row, ever.
+                    fence += 1
+                    call.fence = fence
+                    applied = self._effect_and_record(
+                        conn, op, caller, key, fence, c, res.record, now,
+                        careful=careful, just_claimed=True,
+                    )  # fmt: skip
+                    if applied is not None:
+                        ws[rk] = dirty[rk] = applied
+            elif kind in _PLAIN:
+                apply_plain(op, ws, dirty, now)
+            elif kind == _SWEEP:
+                self._flush(conn, dirty)
+                op.result = conn.execute(_SWEEP_SQL, (now,)).rowcount
+            else:
+                self._transact(conn, op)
+        except (_RedoCarefully, sqlite3.Error):
+            raise  # the batch's, not this operation's
+        except Exception as exc:
+            # This operation's alone (a stale claim, a corrupted row, an argument a
+            # store caller got wrong).
+            op.error = exc
+        return fence
+
+    def _batch_failed(self, conn: sqlite3.Connection, ops: list[Op], exc: Exception) -> str:
+        """The batch's transaction failed with ``exc`` and was rolled back: nothing of
+        it is committed. ``_NEEDS_ALONE`` when one operation of several may have caused
+        it, else every operation gets its error and ``_APPLIED``."""
+        if isinstance(exc, sqlite3.Error) and not isinstance(
+            exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)
+        ):
+            # The transaction as a whole failed (busy, I/O, full): the store's.
             err = self._store_error(exc, "committing a batch")
             for op in ops:
                 op.result = None
                 op.error = err
             self._after_failure(conn, exc)
-        except Exception as exc:
-            # Not an operation's own error (those are caught above): an argument that
-            # broke the batch's shared code. Alone, the operation fails by itself.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            if len(ops) > 1:
-                return _NEEDS_ALONE
-            ops[0].result = None
-            ops[0].error = exc
-        except BaseException:
-            # An interrupt raised in an effect: nothing of the batch may stay in an
-            # open transaction, where the next batch's commit would take it.
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            for op in ops:
-                op.result = None
-            raise
+            return _APPLIED
+        # A statement refused what an operation gave it, or an argument broke the
+        # batch's shared code: that operation's, not the store's. Alone, it fails by
+        # itself.
+        if len(ops) > 1:
+            return _NEEDS_ALONE
+        ops[0].result = None
+        ops[0].error = exc
         return _APPLIED
 
     def _after_failure(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
@@ -870,6 +788,7 @@ class SQLiteStore(BatchedOneStepStore):
         c: Completion,
         rec: Record | None,
         now: float,
+        *,
         careful: bool,
         just_claimed: bool = False,
     ) -> Record | None:

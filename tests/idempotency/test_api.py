@@ -69,10 +69,11 @@ def _module_level_imports(path: Path) -> set[str]:
 
 
 def test_psycopg_is_imported_only_by_the_postgres_store() -> None:
-    # The Postgres store's modules: the store, its connection on gosim's netpoller and
-    # the throwaway cluster (tests, the demo's --store postgres). The demo's own Postgres
-    # ledger speaks SQL as any application does, importing psycopg only on that path.
-    store_modules = ("postgres.py", "_pgnet.py", "pgcluster.py")
+    # The Postgres store's modules: the store, its SQL (imported by the store alone), its
+    # connection on gosim's netpoller and the throwaway cluster (tests, the demo's --store
+    # postgres). The demo's own Postgres ledger speaks SQL as any application does,
+    # importing psycopg only on that path.
+    store_modules = ("postgres.py", "_postgres_sql.py", "_pgnet.py", "pgcluster.py")
     for path in (REPO / "idempotency").rglob("*.py"):
         if path.name in store_modules:
             continue

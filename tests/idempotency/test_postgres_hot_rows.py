@@ -21,7 +21,7 @@ from idempotency import Idempotency
 psycopg = pytest.importorskip("psycopg", reason="PostgresStore needs psycopg 3")
 
 from idempotency import PostgresEffect, PostgresStore  # noqa: E402
-from idempotency.stores.postgres import _TURN_ALL, _TURN_CLASS  # noqa: E402
+from idempotency.stores._postgres_sql import _TURN_ALL, _TURN_CLASS  # noqa: E402
 
 HOT_ACCOUNTS = 20
 
