@@ -234,7 +234,12 @@ async def _idle(rt: Runtime) -> None:
                 await trio.lowlevel.checkpoint()
             finally:
                 _state.rt = rt
-            rt.last_trio_yield = now = rt._clock_now()
+            rt.last_trio_yield = rt._clock_now()
+            # Look again from the top: the turn took time, and the earliest timer may
+            # be due now. Polling until a deadline that has passed would block until
+            # I/O arrives, which may be never (the reader that would drain a full
+            # socket asleep on that very timer).
+            return
         np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
         now = rt._clock_now()
         if nxt <= now:

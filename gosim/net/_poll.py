@@ -174,8 +174,9 @@ class NetPoller:
         return self.nwaiters
 
     def poll(self, to_global: bool = False, timeout: float = 0.0) -> int:
-        # select.epoll's -1 is "no timeout"; it rounds a positive one up to milliseconds.
-        events = self.ep.poll(-1 if timeout == math.inf else timeout)
+        # select.epoll reads any negative timeout as "no limit" and rounds a positive one
+        # up to milliseconds: a deadline that passed meanwhile must mean "do not block".
+        events = self.ep.poll(-1 if timeout == math.inf else max(timeout, 0.0))
         if not events:
             return 0
         woken = 0

@@ -17,6 +17,7 @@ import trio
 
 import gosim
 from gosim import lowlevel, net
+from gosim.net._poll import NetPoller
 
 
 class PipePoller:
@@ -297,3 +298,91 @@ def test_ctrl_c_reaches_a_driver_blocked_in_the_netpoller(taken_by: str) -> None
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             signal.signal(signal.SIGINT, previous)
+
+
+def test_a_timer_due_after_the_idle_drivers_trio_turn_fires(monkeypatch: Any) -> None:
+    """The idle driver gives trio a turn every IDLE_TRIO_INTERVAL, then blocks in the
+    netpoller until the earliest timer. When that turn takes longer than the timer had
+    left, the deadline has passed: the driver must look again, not hand the poller a
+    negative wait (which epoll reads as "no limit": the run hung until I/O arrived,
+    and here, a sleeping reader and a writer facing a full socket, none would).
+
+    The turn is made slow on purpose; every wait the poller is given is recorded. A
+    byte sent 20 s later is the fallback should the run block anyway: the test then
+    fails instead of hanging."""
+    timeouts: list[float] = []
+    real_poll = NetPoller.poll
+
+    def recording_poll(self: NetPoller, to_global: bool = False, timeout: float = 0.0) -> int:
+        timeouts.append(timeout)
+        return real_poll(self, to_global, timeout)
+
+    real_checkpoint = trio.lowlevel.checkpoint
+
+    async def slow_checkpoint() -> None:
+        time.sleep(0.3)  # longer than the sleep below has left: its timer is then due
+        await real_checkpoint()
+
+    monkeypatch.setattr(NetPoller, "poll", recording_poll)
+    monkeypatch.setattr(trio.lowlevel, "checkpoint", slow_checkpoint)
+    fallback = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as plain:
+        port = plain.getsockname()[1]
+
+        def fallback_byte() -> None:
+            peer, _ = plain.accept()
+            with peer:
+                if not done.wait(20):
+                    fallback.set()
+                    peer.sendall(b"x")
+
+        async def main() -> str:
+            conn = await net.dial("tcp", f"127.0.0.1:{port}")
+
+            async def silent_reader() -> None:
+                try:
+                    await conn.read(1)  # a goroutine waiting on I/O for the whole run
+                except net.ClosedError:
+                    pass
+
+            gosim.go(silent_reader)
+            await gosim.sleep(0.2)
+            conn.close()
+            return "woke"
+
+        done = threading.Event()
+        helper = threading.Thread(target=fallback_byte, daemon=True)
+        helper.start()
+        try:
+            assert gosim.run(main, procs=2) == "woke"
+        finally:
+            done.set()
+            helper.join()
+    assert not fallback.is_set()
+    assert timeouts and min(timeouts) >= 0.0, sorted(timeouts)[:3]
+
+
+def test_the_netpoller_reads_a_passed_deadline_as_do_not_block() -> None:
+    """NetPoller.poll given a negative timeout (a deadline already passed) returns at
+    once instead of waiting for I/O without limit, as epoll would read it."""
+    seen: list[float] = []
+
+    class RecordingEpoll:
+        def poll(self, timeout: float = -1) -> list[tuple[int, int]]:
+            seen.append(timeout)
+            return []
+
+        def close(self) -> None:
+            pass
+
+    poller = NetPoller()
+    real_ep = poller.ep
+    poller.ep = RecordingEpoll()  # type: ignore[assignment]
+    try:
+        assert poller.poll(False, -0.25) == 0
+        assert poller.poll(False, 0.01) == 0
+        assert poller.poll(False, math.inf) == 0
+    finally:
+        poller.ep = real_ep
+        poller.close()
+    assert seen == [0.0, 0.01, -1]
