@@ -156,41 +156,50 @@ def _goroutines_and_decisions(program: Callable[[], Any]) -> tuple[int, int]:
     return len(seen), decisions[0]
 
 
+def runs_to_failure(bug: Bug, scheduler: str, seeds: range) -> list[int]:
+    """The run of the first failure of each exploration seed (``CAP + 1``: not found),
+    with ``scheduler`` (PCT at the bug's depth, 3 for a fault); every seed must find it."""
+    found = _explorations(bug, scheduler, seeds, depth=bug.depth or 3, shrink=False)
+    assert all(e.found is not None for e in found), f"{bug.name}: not found by {scheduler}"
+    return _first_failures(found)
+
+
+def pct_bound(bug: Bug) -> float:
+    """PCT's guarantee for a bug of depth d: at least ``1 / (n * k**(d - 1))`` a run."""
+    assert bug.depth is not None
+    n, k = _goroutines_and_decisions(bug.program)
+    return 1 / (n * k ** (bug.depth - 1))
+
+
 @pytest.mark.parametrize("bug", CATALOGUE, ids=IDS)
 def bench_runs_to_failure(benchmark: Any, bug: Bug) -> None:
     benchmark.group = "explore-runs-to-failure"
     seeds = _seeds(benchmark)
-    pct_depth = bug.depth or 3
-    got: dict[str, list[Exploration]] = {}
+    got: dict[str, list[int]] = {}
 
     def both() -> None:
-        got["random"] = _explorations(bug, "random", seeds, shrink=False)
-        got["pct"] = _explorations(bug, "pct", seeds, depth=pct_depth, shrink=False)
+        got["random"] = runs_to_failure(bug, "random", seeds)
+        got["pct"] = runs_to_failure(bug, "pct", seeds)
 
     benchmark.pedantic(both, rounds=1, iterations=1)
     info = benchmark.extra_info
     info["seeds"] = len(seeds)
-    worst = {}
-    for scheduler, found in got.items():
-        first = _first_failures(found)
-        assert all(e.found is not None for e in found), f"{bug.name}: not found by {scheduler}"
+    for scheduler, first in got.items():
         info[f"{scheduler}_median"] = statistics.median(first)
-        info[f"{scheduler}_worst"] = worst[scheduler] = max(first)
+        info[f"{scheduler}_worst"] = max(first)
         info[f"{scheduler}_all"] = first
-    per_seed_best = [
-        min(a, b) for a, b in zip(*(_first_failures(f) for f in got.values()), strict=True)
-    ]
+    per_seed_best = [min(a, b) for a, b in zip(got["random"], got["pct"], strict=True)]
     info["within_100"] = max(per_seed_best) <= GOAL_RUNS
     if bug.depth is not None:
         n, k = _goroutines_and_decisions(bug.program)
-        info.update(depth=bug.depth, n=n, k=k, pct_bound=1 / (n * k ** (bug.depth - 1)))
+        info.update(depth=bug.depth, n=n, k=k, pct_bound=pct_bound(bug))
         samples = 20 if benchmark.disabled else RATE_SAMPLES
-        info["pct_rate"] = _pct_rate(bug, samples)
+        info["pct_rate"] = pct_rate(bug, samples)
         info["pct_rate_samples"] = samples
         info["pct_bound_met"] = info["pct_rate"] >= info["pct_bound"]
 
 
-def _pct_rate(bug: Bug, samples: int) -> float:
+def pct_rate(bug: Bug, samples: int) -> float:
     """The fraction of ``samples`` independent PCT runs at the bug's depth that fail:
     each exploration of two runs (seeds 0, 1, ...) makes Go's order, then one PCT run
     with ``k`` = the Go-order run's decisions."""
@@ -198,18 +207,12 @@ def _pct_rate(bug: Bug, samples: int) -> float:
     return sum(e.found is not None for e in found) / samples
 
 
-@pytest.mark.parametrize("scheduler", ["random", "pct"])
-@pytest.mark.parametrize("bug", CATALOGUE, ids=IDS)
-def bench_shrunk_replay(benchmark: Any, bug: Bug, scheduler: str) -> None:
-    benchmark.group = "explore-shrink"
-    seeds = _seeds(benchmark)
-    got: list[list[Exploration]] = []
-    benchmark.pedantic(
-        lambda: got.append(_explorations(bug, scheduler, seeds, shrink=True)),
-        rounds=1,
-        iterations=1,
-    )
-    finds = [e.found for e in got[0]]
+def shrunk(bug: Bug, scheduler: str, seeds: range) -> dict[str, list[int]]:
+    """Each exploration seed's failure, found with ``scheduler`` (PCT at depth 3, the
+    default) and shrunk; every shrunk plan replayed, which must fail with the message
+    found. Per seed: the found run's differing decisions and faults, the shrunk plan's,
+    and the runs the shrinker took."""
+    finds = [e.found for e in _explorations(bug, scheduler, seeds, shrink=True)]
     assert all(f is not None for f in finds), f"{bug.name}: not found by {scheduler}"
     figures: dict[str, list[int]] = {
         "found_decisions": [f.original.decisions for f in finds if f],
@@ -226,12 +229,22 @@ def bench_shrunk_replay(benchmark: Any, bug: Bug, scheduler: str) -> None:
             assert lowlevel.panic_report(exc) == f.failure.message
         else:
             raise AssertionError(f"{bug.name}: the shrunk plan {f.plan} passed")
+    return figures
+
+
+@pytest.mark.parametrize("scheduler", ["random", "pct"])
+@pytest.mark.parametrize("bug", CATALOGUE, ids=IDS)
+def bench_shrunk_replay(benchmark: Any, bug: Bug, scheduler: str) -> None:
+    benchmark.group = "explore-shrink"
+    seeds = _seeds(benchmark)
+    got: list[dict[str, list[int]]] = []
+    benchmark.pedantic(lambda: got.append(shrunk(bug, scheduler, seeds)), rounds=1, iterations=1)
     info = benchmark.extra_info
     info["seeds"] = len(seeds)
-    for name, values in figures.items():
+    for name, values in got[0].items():
         info[f"{name}_median"] = statistics.median(values)
         info[f"{name}_worst"] = max(values)
-    info["within_20"] = max(figures["shrunk_decisions"]) <= GOAL_DECISIONS
+    info["within_20"] = max(got[0]["shrunk_decisions"]) <= GOAL_DECISIONS
 
 
 # ------------------------------------------------------------------ virtual time

@@ -168,19 +168,25 @@ def _n(benchmark: Any) -> int:
     return 2_000 if benchmark.disabled else 10_000
 
 
+def check_seconds(history: History) -> float:
+    """One check of a correct ledger's ``history``, which must pass: its seconds."""
+    t0 = time.perf_counter()
+    result = check_linearizability(LEDGER, history)
+    elapsed = time.perf_counter() - t0
+    assert result.linearizable, result.describe()
+    return elapsed
+
+
 def bench_ledger_check(benchmark: Any) -> None:
     history = simulate(_n(benchmark), "ledger")
     assert len(history) == _n(benchmark)
     benchmark.group = "linz-ledger"
     elapsed: list[float] = []
-
-    def one() -> None:
-        t0 = time.perf_counter()
-        result = check_linearizability(LEDGER, history)
-        elapsed.append(time.perf_counter() - t0)
-        assert result.linearizable, result.describe()
-
-    benchmark.pedantic(one, rounds=1 if benchmark.disabled else 3, iterations=1)
+    benchmark.pedantic(
+        lambda: elapsed.append(check_seconds(history)),
+        rounds=1 if benchmark.disabled else 3,
+        iterations=1,
+    )
     benchmark.extra_info["operations"] = len(history)
     benchmark.extra_info["seconds"] = sorted(elapsed)[len(elapsed) // 2]
 
@@ -191,27 +197,31 @@ BUGS: dict[str, tuple[str, str, Model[Any, Input, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(BUGS))
-def bench_buggy_server(benchmark: Any, case: str) -> None:
+def caught(case: str, n: int) -> tuple[float, Any]:
+    """Buggy server ``case``'s ``n``-operation history checked (after the same server
+    without its bug passes): the check's seconds (search and shrink) and its result,
+    which must say not linearizable; the stale read's counterexample is minimal and at
+    most 10 operations."""
     kind, bug, model = BUGS[case]
-    history = simulate(_n(benchmark), kind, bug)
-    assert check_linearizability(model, simulate(_n(benchmark), kind)), "the bug-free run"
-    benchmark.group = "linz-bug"
-    elapsed: list[float] = []
-    found: list[Any] = []
-
-    def one() -> None:
-        t0 = time.perf_counter()
-        found.append(check_linearizability(model, history))
-        elapsed.append(time.perf_counter() - t0)
-
-    benchmark.pedantic(one, rounds=1, iterations=1)
-    result = found[0]
+    assert check_linearizability(model, simulate(n, kind)), "the bug-free run"
+    history = simulate(n, kind, bug)
+    t0 = time.perf_counter()
+    result = check_linearizability(model, history)
+    elapsed = time.perf_counter() - t0
     assert not result.linearizable
-    shown = result.describe() if len(result.counterexample) <= 20 else "(too long to show)"
-    print(f"\n{case}: {len(result.counterexample)} operations, minimal={result.minimal}\n{shown}")
-    benchmark.extra_info["seconds"] = elapsed[0]
-    benchmark.extra_info["counterexample_ops"] = len(result.counterexample)
-    benchmark.extra_info["minimal"] = result.minimal
     if kind == "kv":
         assert result.minimal and len(result.counterexample) <= 10, result.describe()
+    return elapsed, result
+
+
+@pytest.mark.parametrize("case", list(BUGS))
+def bench_buggy_server(benchmark: Any, case: str) -> None:
+    benchmark.group = "linz-bug"
+    found: list[tuple[float, Any]] = []
+    benchmark.pedantic(lambda: found.append(caught(case, _n(benchmark))), rounds=1, iterations=1)
+    elapsed, result = found[0]
+    shown = result.describe() if len(result.counterexample) <= 20 else "(too long to show)"
+    print(f"\n{case}: {len(result.counterexample)} operations, minimal={result.minimal}\n{shown}")
+    benchmark.extra_info["seconds"] = elapsed
+    benchmark.extra_info["counterexample_ops"] = len(result.counterexample)
+    benchmark.extra_info["minimal"] = result.minimal

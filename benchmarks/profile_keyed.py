@@ -17,11 +17,14 @@ seconds each, as the benchmark suites do::
 
 Options: ``--rounds N`` (default 7), ``--seconds S`` (default 3). Prints a table of
 medians (and ranges) in microseconds of CPU a call. ``--sample`` adds, for each Python
-peer, an extra run under py-spy (a dev dependency; 200 samples a second of the threads
-that are running, not waiting) and the share of the samples whose innermost Python
-frame is in each package: the project's own (gosim, netframe, idempotency) against the
-libraries it drives (msgpack, psycopg, sqlite3, trio, the rest of the standard library).
-A C function is counted under the Python frame that called it.
+peer, an extra run under py-spy (a dev dependency; 200 samples a second of the thread
+that holds the GIL, so a wait in a system call or for a lock is not counted, nor C
+code that released the GIL: SQLite's statements and the commit's fsync) and the share
+of the samples whose innermost Python frame is in each module: the project's own
+(gosim, netframe, idempotency) against the libraries it drives (msgpack, psycopg,
+sqlite3, trio, the rest of the standard library). C code run with the GIL held is
+counted under the Python frame that called it (libpq's sends and receives, through
+``RawConn.control`` and ``RawConn.read``, say).
 """
 
 from __future__ import annotations
@@ -119,13 +122,20 @@ def one_round(
 
 
 def package_of(frame: str) -> str:
-    """The package a py-spy frame (``function (path:line)``) is in."""
+    """Where a py-spy frame (``function (path:line)``) runs: the module for the project's
+    own code (``idempotency.stores.sqlite``), the package for an installed library
+    (``msgpack``), ``stdlib:<module>`` for the standard library."""
     path = frame.rsplit("(", 1)[-1].rsplit(":", 1)[0]
     if "site-packages/" in path:
         return path.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
     for ours in ("gosim", "netframe", "idempotency", "benchmarks"):
-        if f"/{ours}/" in path:
-            return ours
+        if path.startswith(f"{ours}/"):
+            tail = path[len(ours) + 1 :]
+        elif f"/{ours}/" in path:
+            tail = path.split(f"/{ours}/", 1)[1]
+        else:
+            continue
+        return ".".join([ours, *tail.removesuffix(".py").split("/")])
     if path.startswith("<"):
         return "interpreter"
     return "stdlib:" + Path(path).stem
@@ -134,8 +144,9 @@ def package_of(frame: str) -> str:
 def sampled_shares(
     kind: str, go_rpc: Path, go_ledger: Path, seconds: float, dsn: str | None
 ) -> dict[str, float]:
-    """One run of Python peer ``kind`` under py-spy: the share of running samples by the
-    package of their innermost frame."""
+    """One run of Python peer ``kind`` under py-spy: the share of the GIL holder's samples
+    by the module of their innermost frame, then (keys ``frame <frame>``) the 12 innermost
+    frames taking the most samples."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory(prefix="profile_keyed_") as tmp:
         raw = Path(tmp) / "samples.txt"
@@ -144,7 +155,8 @@ def sampled_shares(
             load = [str(go_rpc), "rr", "-addr", srv.addr, "-seconds", f"{seconds:g}", "-key"]
             sampler = subprocess.Popen(
                 [py_spy, "record", "--pid", str(srv.proc.pid), "--rate", "200", "--format",
-                 "raw", "--output", str(raw), "--duration", f"{seconds + 1:g}", "--nonblocking"],
+                 "raw", "--output", str(raw), "--duration", f"{seconds + 1:g}", "--nonblocking",
+                 "--gil"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(0.5)  # py-spy attached before the load starts
@@ -153,12 +165,17 @@ def sampled_shares(
         finally:
             srv.stop()
         counts: collections.Counter[str] = collections.Counter()
+        leaves: collections.Counter[str] = collections.Counter()
         for line in raw.read_text().splitlines():
             stack, _, n = line.rpartition(" ")
             if stack:
-                counts[package_of(stack.rsplit(";", 1)[-1])] += int(n)
+                leaf = stack.rsplit(";", 1)[-1]
+                counts[package_of(leaf)] += int(n)
+                leaves[leaf] += int(n)
     total = sum(counts.values()) or 1
-    return {pkg: n / total for pkg, n in counts.most_common()}
+    shares = {pkg: n / total for pkg, n in counts.most_common()}
+    shares.update({f"frame {leaf}": n / total for leaf, n in leaves.most_common(12)})
+    return shares
 
 
 @contextlib.contextmanager
@@ -202,6 +219,8 @@ def main() -> int:
             if args.sample and kind.startswith("rpc-") and kind != "rpc-nokey"
         }
     columns = ("total", "main_user", "main_sys", "other_user", "other_sys")
+    if args.rounds < 1:
+        peers = ()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(
         f"Server CPU per call, µs: median (min to max) of {args.rounds} rounds, "
@@ -217,9 +236,14 @@ def main() -> int:
                 f"{statistics.median(values):.1f} ({min(values):.1f} to {max(values):.1f})"
             )
         print(f"| {kind} | " + " | ".join(cells) + " |")
-    for kind, by_package in shares.items():
-        top = ", ".join(f"{pkg} {share:.0%}" for pkg, share in by_package.items() if share >= 0.01)
-        print(f"\n{kind}, running samples by innermost package: {top}")
+    for kind, by_place in shares.items():
+        packages = {p: v for p, v in by_place.items() if not p.startswith("frame ")}
+        top = ", ".join(f"{pkg} {share:.0%}" for pkg, share in packages.items() if share >= 0.01)
+        print(f"\n{kind}, GIL-holding samples by innermost module: {top}")
+        print("innermost frames:")
+        for place, share in by_place.items():
+            if place.startswith("frame "):
+                print(f"  {share:5.1%}  {place.removeprefix('frame ')}")
     return 0
 
 

@@ -923,6 +923,147 @@ def postgres_rows(quick: bool) -> list[Row]:
     ]  # fmt: skip
 
 
+# =========================================================================== explore
+
+
+def explore_rows(quick: bool) -> list[Row]:
+    """Issue 45's figures: gosim.testing's exploration on the catalogue of seeded bugs
+    (runs to the first failure, the shrunk replay's size), its linearizability checker,
+    and virtual time on idle connections. The exploration's figures are counts from
+    seeded runs, the same in every round: one round each."""
+    import statistics  # noqa: PLC0415
+
+    from benchmarks import bench_explore as be  # noqa: PLC0415
+    from benchmarks import bench_linearizability as bl  # noqa: PLC0415
+
+    seeds = range(3 if quick else be.SEEDS)
+    samples = 20 if quick else be.RATE_SAMPLES
+    history_ops = 2_000 if quick else 10_000
+
+    def first_failure(bug: Any, scheduler: str) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            first = be.runs_to_failure(bug, scheduler, seeds)
+            out = _value(statistics.median(first), worst=max(first))
+            if scheduler == "pct" and bug.depth is not None:
+                out.update(pct_rate=be.pct_rate(bug, samples), pct_bound=be.pct_bound(bug))
+            return out
+
+        return measure
+
+    def shrunk(bug: Any, scheduler: str) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            got = be.shrunk(bug, scheduler, seeds)
+            return _value(
+                statistics.median(got["shrunk_decisions"]),
+                worst=max(got["shrunk_decisions"]),
+                found=statistics.median(got["found_decisions"]),
+                faults=statistics.median(got["shrunk_faults"]),
+                shrink_runs=statistics.median(got["shrink_runs"]),
+            )
+
+        return measure
+
+    def ledger_check() -> Sample:
+        history = bl.simulate(history_ops, "ledger")
+        return _value(bl.check_seconds(history) * 1e9, operations=len(history))
+
+    def caught(case: str) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            seconds, result = bl.caught(case, history_ops)
+            return _value(seconds * 1e9, counterexample=len(result.counterexample))
+
+        return measure
+
+    def idle_connections(connections: int, seconds: float) -> Callable[[], Sample]:
+        def measure() -> Sample:
+            out = be.sparse(connections, seconds)
+            return _value(
+                out["simulated_s"] / out["wall_s"],
+                wall_per_frame=out["wall_s"] / out["frames"] * 1e9,
+                simulated=out["simulated_s"],
+            )
+
+        return measure
+
+    depth = {b.name: f", depth {b.depth}" if b.depth else ", a fault" for b in be.CATALOGUE}
+    rows = [
+        Row(
+            f"{bug.name}{depth[bug.name]}",
+            "runs to the first failure",
+            "lower",
+            [Peer("random", first_failure(bug, "random")), Peer("PCT", first_failure(bug, "pct"))],
+            max_rounds=1,
+            extras={
+                "worst": "runs to the first failure, the worst seed",
+                "pct_rate": "failing share of PCT's runs (observed)",
+                "pct_bound": "failing share of PCT's runs (its bound, 1/(n k^(d-1)))",
+            },
+        )
+        for bug in be.CATALOGUE
+    ]
+    rows += [
+        Row(
+            f"{bug.name}, shrunk",
+            "decisions kept in the replay",
+            "lower",
+            [
+                Peer("random, shrunk", shrunk(bug, "random")),
+                Peer("PCT, shrunk", shrunk(bug, "pct")),
+            ],
+            max_rounds=1,
+            extras={
+                "worst": "decisions kept, the worst seed",
+                "found": "decisions of the failing run found",
+                "faults": "faults kept",
+                "shrink_runs": "runs the shrinking took",
+            },
+        )
+        for bug in be.CATALOGUE
+    ]
+    rows += [
+        Row(
+            "a correct ledger's history",
+            "ns per check",
+            "lower",
+            [Peer("checker", ledger_check)],
+            max_rounds=3,
+            extras={"operations": "operations in the history"},
+        ),
+        Row(
+            "a key-value replica's stale reads",
+            "ns per check and shrink",
+            "lower",
+            [Peer("checker", caught("kv-stale-read"))],
+            max_rounds=1,
+            extras={"counterexample": "operations in the counterexample"},
+        ),
+        Row(
+            "a ledger's transfers applied twice",
+            "ns per check and shrink",
+            "lower",
+            [Peer("checker", caught("ledger-double-apply"))],
+            max_rounds=1,
+            extras={"counterexample": "operations in the counterexample"},
+        ),
+    ]
+    sizes = [(20, 30.0)] if quick else [(100, 3600.0), (1_000, 360.0), (10_000, 36.0)]
+    rows += [
+        Row(
+            f"{n:,} idle connections",
+            "simulated s per wall s",
+            "higher",
+            [Peer("virtual time", idle_connections(n, seconds))],
+            max_rounds=3,
+            extras={
+                "wall_per_frame": "ns of wall time per heartbeat frame",
+                "simulated": "simulated seconds a round",
+            },
+        )
+        for n, seconds in sizes
+    ]
+    return rows  # fmt: skip
+
+
 SUITES: dict[str, Suite] = {
     s.name: s
     for s in (
@@ -941,5 +1082,6 @@ SUITES: dict[str, Suite] = {
         Suite("postgres", "PostgresStore beside SQLiteStore and its Go twin, and the demo's "
               "servers over it",
               postgres_rows, finish=PG_CLUSTER.stop),
+        Suite("explore", "Finding the schedule that breaks a program", explore_rows),
     )
 }  # fmt: skip

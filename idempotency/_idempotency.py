@@ -627,6 +627,8 @@ class KeyedCall:
         )
         if type(settled) is Outcome:
             return settled
+        # This goroutine answers the caller's ``done`` now (``deliver`` passes on what
+        # it returns), so the steps from here on answer it, through a local ``_Done``.
         w = _Done()
         self.done = w.deliver
         self.claimed(settled.record.fence)  # type: ignore[union-attr]
@@ -685,6 +687,8 @@ class KeyedCall:
                 await idem._release(self.caller, self.key, self.fence)
                 raise failure  # noqa: B904 -- the handler's own exception, or what it made
             completion = failure
+        # As in settle_then_run: this goroutine holds the caller's ``done``, and the
+        # record's answer comes back to it.
         w = _Done()
         self.done = w.deliver
         self.record(completion)

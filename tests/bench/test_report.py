@@ -31,7 +31,15 @@ def _write(result: dict[str, Any], names: list[str], tmp_path: Path, json_name: 
         n: [tmp_path / "docs" / "img" / report.plot_name(n, 0)] for n in names
     }
     report.write_report(
-        result, names, ORDER, md, perf, tmp_path / "benchmarks" / json_name, images, tmp_path
+        result,
+        names,
+        ORDER,
+        md,
+        perf,
+        tmp_path / "benchmarks" / json_name,
+        images,
+        tmp_path,
+        profiles=None,
     )
     return md.read_text()
 
@@ -130,9 +138,20 @@ def test_regenerating_one_suite_leaves_the_other_sections_byte_identical(
 
 
 def test_a_suite_never_run_says_how_to_run_it() -> None:
-    text = report.render_report({}, ORDER)
+    text = report.render_report({}, ORDER, profiles=None)
     assert "`python -m benchmarks --only beta` writes this section" in text
     assert set(report.read_blocks(text)) == {"alpha", "beta"}
+
+
+def test_the_report_ends_with_the_hand_written_profiles(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles.md"
+    profiles.write_text("## Where the misses go\n\nRead, not generated.\n")
+    text = report.render_report({}, ORDER, profiles=profiles)
+    assert text.endswith("## Where the misses go\n\nRead, not generated.\n")
+    assert set(report.read_blocks(text)) == {"alpha", "beta"}
+    assert report.render_report({}, ORDER, profiles=tmp_path / "absent.md").endswith(
+        report.end_marker("beta") + "\n"
+    )
 
 
 def test_plots_normalise_each_group_to_a_peer_of_the_group(
@@ -167,3 +186,22 @@ def test_the_committed_report_is_what_the_generator_makes_of_its_runs() -> None:
     }
     assert stored_runs == named
     assert (ROOT / "docs" / "performance.md").read_text() == report.performance_page(text)
+    # the hand-written profiles close the report, as they are
+    assert text.rstrip("\n").endswith(report.PROFILES.read_text().rstrip("\n"))
+
+
+def test_a_ratio_with_a_zero_on_both_sides_is_no_ratio_not_a_failure() -> None:
+    row = {
+        "name": "a fault, shrunk",
+        "unit": "decisions kept",
+        "better": "lower",
+        "peers": ["random", "PCT", "absent"],
+        "extras": {},
+        "rounds": [
+            {"round": 0, "peer": "random", "value": 0.0},
+            {"round": 0, "peer": "PCT", "value": 0.0},
+        ],
+    }
+    ratios = report.paired(row, "random")
+    assert report._ratio_cell(row, ratios, "PCT") == "-"
+    assert report._ratio_cell(row, ratios, "absent") == "failed"
