@@ -243,7 +243,6 @@ class StreamLink:
             idle = self.idle_timeout
             whole = self.read_timeout
             cutter = self.cutter
-            on_message = self.on_message
             # Where the cutter is C's and the connection has a RawConn, the reader
             # receives through it: each wake is one C call that receives and cuts.
             receiver = self._raw if hasattr(cutter, "take") else None
@@ -259,16 +258,10 @@ class StreamLink:
                     await self._wait_for_room()
                     continue
                 if started is not None or idle is not None or armed:
-                    now = gosim.now()
-                    if started is not None and whole is not None and now >= started + whole:
+                    if started is not None and whole is not None and gosim.now() >= started + whole:
                         reason = f"message not received whole within {whole:g} s"
                         return
-                    deadline = math.inf if idle is None else now + idle
-                    if started is not None and whole is not None:
-                        deadline = min(deadline, started + whole)
-                    if deadline != math.inf or armed:
-                        self.conn.set_read_deadline(None if deadline == math.inf else deadline)
-                        armed = deadline != math.inf
+                    armed = self._arm_read_deadline(started, armed)
                 if ex is not None and started is None:  # at a message boundary: C's
                     stop = await self._exchange_once(ex, receiver)
                     if stop is None:
@@ -303,29 +296,8 @@ class StreamLink:
                     if self.answer_after_eof:
                         await self._answer_after_eof()
                     return
-                replies: list[bytes] = []  # this receive's replies, owed, not yet queued
-                for payload in payloads:
-                    # Over max_owed: take no more calls until replies are written.
-                    if self._owed > self.max_owed:
-                        if replies:
-                            replies = await self._queue_replies(replies)
-                        if not await self._wait_for_room():
-                            return
-                    self._messages_read += 1
-                    result = on_message(payload)
-                    if result is None:
-                        continue
-                    if type(result) is bytes:
-                        self._owed += len(result)  # owed from now: the bound sees it
-                        replies.append(result)
-                        continue
-                    if replies:  # ahead of whatever the awaitable sends
-                        replies = await self._queue_replies(replies)
-                    await result
-                if replies:
-                    rest = self._reply_now(replies)
-                    if rest is not None:
-                        await self._hand_to_writer(rest)
+                if not await self._answer(payloads):
+                    return
                 if cutter.error is not None:  # after the messages cut before it
                     reason = f"protocol error from the peer: {cutter.error}"
                     return
@@ -342,6 +314,50 @@ class StreamLink:
             self._end(reason)
             if self._exchange is not None:
                 self._exchange.release()  # it held this link: no cycle left
+
+    def _arm_read_deadline(self, started: float | None, armed: bool) -> bool:
+        """Set the connection's read deadline to the earlier of the idle timeout (from
+        now) and the end of the message begun at ``started`` (``read_timeout`` after
+        it), or clear it when there is neither and one was ``armed``; whether one is
+        armed now."""
+        idle, whole = self.idle_timeout, self.read_timeout
+        deadline = math.inf if idle is None else gosim.now() + idle
+        if started is not None and whole is not None:
+            deadline = min(deadline, started + whole)
+        if deadline != math.inf or armed:
+            self.conn.set_read_deadline(None if deadline == math.inf else deadline)
+        return deadline != math.inf
+
+    async def _answer(self, payloads: list[bytes]) -> bool:
+        """Hand each message of one receive to ``on_message``, in order, and send the
+        replies it returns at once together (an awaitable's are sent by it, after the
+        replies ahead of it). Past ``max_owed`` bytes of replies not yet written, no
+        further message is taken until the writer catches up; False when the link
+        ended meanwhile."""
+        on_message = self.on_message
+        replies: list[bytes] = []  # this receive's replies, owed, not yet queued
+        for payload in payloads:
+            if self._owed > self.max_owed:
+                if replies:
+                    replies = await self._queue_replies(replies)
+                if not await self._wait_for_room():
+                    return False
+            self._messages_read += 1
+            result = on_message(payload)
+            if result is None:
+                continue
+            if type(result) is bytes:
+                self._owed += len(result)  # owed from now: the bound sees it
+                replies.append(result)
+                continue
+            if replies:  # ahead of whatever the awaitable sends
+                replies = await self._queue_replies(replies)
+            await result
+        if replies:
+            rest = self._reply_now(replies)
+            if rest is not None:
+                await self._hand_to_writer(rest)
+        return True
 
     async def _exchange_once(self, ex: Any, raw: Any) -> str | None:
         """Run the C loop until it hands back, and do what it handed back as the Python
