@@ -438,84 +438,93 @@ class Client:
                 if outcome.replayed:
                     stats.replays += 1
                 return CallResult(outcome.result, outcome.replayed, attempt, key)
-            # event: the connection failed the call, not the server's judgement of it (not
-            # sent, lost in flight, or refused by a server going away, before dispatch).
-            event = False
-            if type(outcome) is _ErrorReply:
-                info = outcome.info
-                error: RPCError = RPCError.from_info(info)
-                if outcome.refused:
-                    # Only the server sets the mark, and only before dispatch, as it goes
-                    # away (a GOAWAY's refusal): the method never started.
-                    event = retryable = True
-                elif keyed and info.code in policy.retryable_codes:
-                    # A live server's answer that the call may be tried again: gRPC A6's
-                    # rules (max_attempts, the throttle) protect a struggling server. A
-                    # status alone never proves an unkeyed method did not start.
-                    retryable = True
-                    answered += 1
-                    self._charge_throttle()
-                else:
-                    retryable = False
-            else:
-                assert isinstance(outcome, _Failed)
-                if outcome.sent is False:
-                    event = retryable = True
-                    error = Unavailable(f"could not send the call: {outcome.reason}")
-                elif keyed:
-                    event = retryable = True
-                    error = Unavailable(
-                        f"connection lost with the call in flight ({outcome.reason})"
-                    )
-                else:
-                    retryable = False
-                    error = Unavailable(
-                        f"connection lost with the call in flight ({outcome.reason}); it has "
-                        "no idempotency key, so it was not sent again: it may or may not "
-                        "have run"
-                    )
+            error, event, retryable = self._judge(outcome, keyed)
+            if retryable and not event:  # a live server's retryable status (gRPC A6)
+                answered += 1
+                self._charge_throttle()
             if not retryable or self._closed:  # closed: no connection will take it
                 self._count_error(error.code)
                 raise error
             wait = policy.backoff(attempt, self.rng)
             if event and keyed:
-                # A lost connection, a dead or departing server: the call is resent (the
-                # server runs it at most once per key) until its deadline or budget,
-                # whatever max_attempts and the throttle say; the throttle was charged
-                # once for the connection, not once per call it carried.
-                left = resend_until - gosim.now()
-                if deadline != math.inf and wait >= left > _LAST_RESEND:
-                    # A backoff drawn past the deadline is cut short, not the call: the
-                    # last resend goes with half the time left.
-                    wait = left / 2
-                if wait >= left:
-                    if deadline != math.inf:
-                        self._count_error(Status.DEADLINE_EXCEEDED)
-                        raise CallTimeout(
-                            f"deadline exceeded before resend {attempt}: last error {error}"
-                        )
-                    self._count_error(Status.UNAVAILABLE)
-                    raise Unavailable(
-                        f"no answer within the resend budget of {policy.resend_budget:g} s "
-                        f"({attempt} attempts): last error {error}"
-                    )
+                wait = self._resend_wait(wait, resend_until, deadline, attempt, error)
             else:
-                tries = answered if keyed else attempt
-                if tries >= policy.max_attempts:
-                    self._count_error(error.code)
-                    raise error
-                if not self.throttle.allows_retry():
-                    stats.throttled += 1
-                    self._count_error(error.code)
-                    raise error
-                if gosim.now() + wait >= deadline:
-                    self._count_error(Status.DEADLINE_EXCEEDED)
-                    raise CallTimeout(
-                        f"deadline exceeded before retry {attempt}: last error {error}"
-                    )
+                self._may_retry(answered if keyed else attempt, wait, deadline, attempt, error)
             stats.retries += 1
             await gosim.sleep(wait)
             now = gosim.now()
+
+    def _judge(self, outcome: Any, keyed: bool) -> tuple[RPCError, bool, bool]:
+        """A failed attempt's error; whether it was a connection event (the call not
+        sent, lost in flight, or refused by a server going away before dispatch: not
+        the server's judgement of the call); whether the call may be tried again."""
+        if type(outcome) is _ErrorReply:
+            info = outcome.info
+            error: RPCError = RPCError.from_info(info)
+            if outcome.refused:
+                # Only the server sets the mark, and only before dispatch, as it goes
+                # away (a GOAWAY's refusal): the method never started.
+                return error, True, True
+            # A live server's answer that the call may be tried again: gRPC A6's rules
+            # (max_attempts, the throttle) protect a struggling server. A status alone
+            # never proves an unkeyed method did not start.
+            return error, False, keyed and info.code in self.retry.retryable_codes
+        assert isinstance(outcome, _Failed)
+        if outcome.sent is False:
+            return Unavailable(f"could not send the call: {outcome.reason}"), True, True
+        if keyed:
+            lost = f"connection lost with the call in flight ({outcome.reason})"
+            return Unavailable(lost), True, True
+        return (
+            Unavailable(
+                f"connection lost with the call in flight ({outcome.reason}); it has "
+                "no idempotency key, so it was not sent again: it may or may not "
+                "have run"
+            ),
+            False,
+            False,
+        )
+
+    def _resend_wait(
+        self, wait: float, resend_until: float, deadline: float, attempt: int, error: RPCError
+    ) -> float:
+        """How long to back off before resending a keyed call after a connection event,
+        or the error that ends it. A lost connection, a dead or departing server: the
+        call is resent (the server runs it at most once per key) until its deadline or
+        budget, whatever max_attempts and the throttle say; the throttle was charged
+        once for the connection, not once per call it carried."""
+        left = resend_until - gosim.now()
+        if deadline != math.inf and wait >= left > _LAST_RESEND:
+            # A backoff drawn past the deadline is cut short, not the call: the last
+            # resend goes with half the time left.
+            wait = left / 2
+        if wait < left:
+            return wait
+        if deadline != math.inf:
+            self._count_error(Status.DEADLINE_EXCEEDED)
+            raise CallTimeout(f"deadline exceeded before resend {attempt}: last error {error}")
+        self._count_error(Status.UNAVAILABLE)
+        raise Unavailable(
+            f"no answer within the resend budget of {self.retry.resend_budget:g} s "
+            f"({attempt} attempts): last error {error}"
+        )
+
+    def _may_retry(
+        self, tries: int, wait: float, deadline: float, attempt: int, error: RPCError
+    ) -> None:
+        """Raise what ends the call unless gRPC A6's rules let it be retried after
+        ``wait``: fewer than max_attempts ``tries``, the throttle's leave, and the
+        deadline not passed by then."""
+        if tries >= self.retry.max_attempts:
+            self._count_error(error.code)
+            raise error
+        if not self.throttle.allows_retry():
+            self._stats.throttled += 1
+            self._count_error(error.code)
+            raise error
+        if gosim.now() + wait >= deadline:
+            self._count_error(Status.DEADLINE_EXCEEDED)
+            raise CallTimeout(f"deadline exceeded before retry {attempt}: last error {error}")
 
     def _charge_throttle(self) -> None:
         """One failure for the retry throttle: a retryable status answer, a lost
