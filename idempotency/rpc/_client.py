@@ -613,20 +613,7 @@ class Client:
         remaining = deadline - now
         if remaining <= 0:
             raise CallTimeout(f"no reply within {timeout} s")
-        meta = None
-        if link.extension:
-            timeout_ms = None if deadline == math.inf else max(0, int(remaining * 1000))
-            if key is not None or self.caller is not None or timeout_ms is not None or attempt > 1:
-                meta = CallMeta(key, self.caller, timeout_ms, attempt)
-        elif key is not None:
-            # A plain peer cannot run a call once per key: nothing is sent.
-            self._count_error(Status.FAILED_PRECONDITION)
-            raise RPCError(
-                Status.FAILED_PRECONDITION,
-                "the server did not answer the handshake saying it speaks the idempotency "
-                "extension (a plain msgpack-rpc peer): a call with an idempotency key is "
-                "not sent to it",
-            )
+        meta = self._meta(link, key, None if deadline == math.inf else remaining, attempt)
         msgid = self._new_msgid()
         payload = encode_request(msgid, method, params, meta)
         # The response (the reader), the link's loss (_drop_link) or the deadline,
@@ -653,20 +640,45 @@ class Client:
         finally:
             self._pending.pop(msgid, None)
         if type(outcome) is Response:
-            if outcome.error is None:
-                return outcome
-            # Our shape and the refusal mark mean something only from a server that
-            # speaks the extension; any other peer's error is its own (UNKNOWN).
-            ours = link.extension is True
-            info = parse_error(outcome.error, ours)
-            refused = ours and outcome.refused
-            if refused and info.code == Status.UNAVAILABLE:
-                # The server is going away: new calls (this one's retry too) go on a new
-                # connection, the next address with several, as after a GOAWAY.
-                link.going_away = True
-            return _ErrorReply(info, refused)
+            return outcome if outcome.error is None else self._error_reply(outcome, link)
         assert isinstance(outcome, _Lost)
         return _Failed(outcome.reason, sent=True)
+
+    def _meta(
+        self, link: _Link, key: str | None, remaining: float | None, attempt: int
+    ) -> CallMeta | None:
+        """What the call carries beside its request, for a server that speaks the
+        extension (None when there is nothing to carry: the plain request); ``remaining``
+        is the time left to the deadline (None: none). Raises FAILED_PRECONDITION for a
+        keyed call to a plain peer, which cannot run it once per key: nothing is sent."""
+        if link.extension:
+            timeout_ms = None if remaining is None else max(0, int(remaining * 1000))
+            if key is not None or self.caller is not None or timeout_ms is not None or attempt > 1:
+                return CallMeta(key, self.caller, timeout_ms, attempt)
+            return None
+        if key is not None:
+            self._count_error(Status.FAILED_PRECONDITION)
+            raise RPCError(
+                Status.FAILED_PRECONDITION,
+                "the server did not answer the handshake saying it speaks the idempotency "
+                "extension (a plain msgpack-rpc peer): a call with an idempotency key is "
+                "not sent to it",
+            )
+        return None
+
+    @staticmethod
+    def _error_reply(response: Response, link: _Link) -> _ErrorReply:
+        """An error response, read: our error shape and the refusal mark mean something
+        only from a server that speaks the extension (any other peer's error is its own,
+        UNKNOWN); a refusal with UNAVAILABLE marks the link as going away, so that new
+        calls (this one's retry too) go on a new connection, the next address with
+        several, as after a GOAWAY."""
+        ours = link.extension is True
+        info = parse_error(response.error, ours)
+        refused = ours and response.refused
+        if refused and info.code == Status.UNAVAILABLE:
+            link.going_away = True
+        return _ErrorReply(info, refused)
 
     async def _await_handshake(self, link: _Link, deadline: float) -> bool:
         """Wait until ``link``'s handshake has its answer (or the link ended); False
