@@ -16,8 +16,8 @@ seconds each, as the benchmark suites do::
     .venv/bin/python -m benchmarks.profile_keyed postgres    # PostgresStore and its Go twin
 
 Options: ``--rounds N`` (default 7), ``--seconds S`` (default 3). Prints a table of
-medians (and ranges) in microseconds of CPU a call. ``--sample`` adds, for each Python
-peer, an extra run under py-spy (a dev dependency; 200 samples a second of the thread
+medians (and ranges) in microseconds of CPU a call. ``--sample`` adds, for each of our
+keyed servers, an extra run under py-spy (a dev dependency; 200 samples a second of the thread
 that holds the GIL, so a wait in a system call or for a lock is not counted, nor C
 code that released the GIL: SQLite's statements and the commit's fsync) and the share
 of the samples whose innermost Python frame is in each module: the project's own
@@ -42,11 +42,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.procs import TICKS, Server, find_go, gc_settings_env, go_build, run_json
+from benchmarks import bench_postgres, bench_rpc
+from benchmarks.procs import TICKS, Server, find_go, go_build, run_json
 
-HERE = Path(__file__).parent
-PEERS = HERE / "rpc_peers.py"
-ENV = {**os.environ, "GOMAXPROCS": "1", **gc_settings_env()}
+ENV = bench_rpc.ENV  # GOMAXPROCS=1 and the GC settings, as the keyed rows run
 FAMILIES = {
     "sqlite": ("rpc-sqlite", "rpc-sqlite-one-step", "rpc-nokey", "go-ledger"),
     "postgres": (
@@ -84,20 +83,12 @@ def split(pid: int, before: dict[int, tuple[float, float]]) -> dict[str, float]:
 
 
 def server_cmd(kind: str, directory: Path, go_ledger: Path, dsn: str | None) -> list[str]:
-    """The command line of peer ``kind`` (as bench_rpc's and bench_postgres's)."""
-    if kind == "go-ledger":
-        return [str(go_ledger), "server", "-store", "sqlite", "-db", str(directory / "r.db")]
-    if kind.startswith("go-ledger-postgres"):
-        assert dsn is not None
-        one_step = ["-one-step"] if kind.endswith("-one-step") else []
-        return [str(go_ledger), "server", "-addr", "127.0.0.1:0", "-store", "postgres",
-                "-dsn", dsn, "-schema", directory.name, *one_step]  # fmt: skip
-    if kind.startswith("rpc-postgres"):
-        assert dsn is not None
-        return [sys.executable, str(PEERS), kind, dsn, directory.name]
-    if kind == "rpc-nokey":
-        return [sys.executable, str(PEERS), "rpc"]
-    return [sys.executable, str(PEERS), kind, str(directory)]
+    """The command line of peer ``kind``: the keyed rows' own (bench_rpc's for SQLite,
+    bench_postgres's over the cluster at ``dsn``, its records under a schema named
+    after ``directory``)."""
+    if dsn is not None:
+        return bench_postgres.keyed_server_cmd(kind, dsn, directory.name, go_ledger)
+    return bench_rpc.keyed_server_cmd(kind, directory, go_ledger, None)
 
 
 def one_round(
