@@ -38,6 +38,9 @@ from gosim._core._exceptions import NotInRuntime as NotInRuntime
 from gosim._core._exceptions import Panic as Panic
 from gosim._core._exceptions import RuntimeInternalError as RuntimeInternalError
 from gosim._core._exceptions import SendOnClosedChannel as SendOnClosedChannel
+from gosim._internals import RuntimeHandle as RuntimeHandle
+from gosim._internals import SchedStatistics as SchedStatistics
+from gosim._internals import Trace as Trace
 from gosim._malloc import free as free
 from gosim._malloc import heap as heap
 from gosim._malloc import malloc as malloc
@@ -45,9 +48,6 @@ from gosim._malloc import use_heap as use_heap
 from gosim._select import recv as recv
 from gosim._select import select as select
 from gosim._select import send as send
-from gosim.lowlevel import RuntimeHandle as RuntimeHandle
-from gosim.lowlevel import SchedStatistics as SchedStatistics
-from gosim.lowlevel import Trace as Trace
 from gosim.lowlevel import go as go
 from gosim.lowlevel import goexit as goexit
 from gosim.lowlevel import goid as goid

@@ -51,21 +51,22 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from gosim import lowlevel
+from gosim import _internals
 from gosim._core._exceptions import (
     CloseOfClosedChannel,
     CloseOfNilChannel,
     NotInRuntime,
     SendOnClosedChannel,
 )
-from gosim.lowlevel import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND, G, Sudog, speedups
-from gosim.lowlevel import state as _state
-from gosim.lowlevel import trap as _trap
+from gosim._internals import G, Sudog, speedups
+from gosim._internals import state as _state
+from gosim._internals import trap as _trap
+from gosim.lowlevel import WAIT_CHAN_RECEIVE, WAIT_CHAN_SEND
 
 T = TypeVar("T")
 
-_PARK = lowlevel.PARK
-_PREEMPT = lowlevel.PREEMPT
+_PARK = _internals.PARK
+_PREEMPT = _internals.PREEMPT
 
 # The op budget, one rule for every copy of the fast paths (send, recv, recv2,
 # __anext__ here; select in gosim/_select.py, which spends this same countdown; the C
@@ -75,9 +76,9 @@ _PREEMPT = lowlevel.PREEMPT
 # ``async for``) or parks spends none; try_send and try_recv spend none. At zero the
 # runtime checks whether the running goroutine has used up its slice (cooperative
 # preemption). Each runtime starts with a full countdown (its driver refills it through
-# lowlevel.set_op_budget_refill's hook), so a seed's schedule does not depend on what
+# _internals.set_op_budget_refill's hook), so a seed's schedule does not depend on what
 # ran before. tests/gosim/test_chan_budget.py holds every path to this rule.
-_budget = lowlevel.OP_BUDGET
+_budget = _internals.OP_BUDGET
 
 
 class _NoLoop:
@@ -106,17 +107,17 @@ _DONE = _completed_awaitable()
 
 def _refill_budget() -> None:
     global _budget
-    _budget = lowlevel.OP_BUDGET
+    _budget = _internals.OP_BUDGET
 
 
 if speedups is None:
-    lowlevel.set_op_budget_refill(_refill_budget)  # each runtime starts with a full budget
+    _internals.set_op_budget_refill(_refill_budget)  # each runtime starts with a full budget
 
 
 async def _preempt_point() -> None:
     """Refill the budget; yield the processor if the running G has used up its slice."""
     global _budget
-    _budget = lowlevel.OP_BUDGET
+    _budget = _internals.OP_BUDGET
     rt = _state.rt
     if rt is not None and rt.preempt_check():
         await _trap(_PREEMPT)

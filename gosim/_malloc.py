@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from gosim.lowlevel import Runtime, RuntimeVar, current_runtime
+from gosim._internals import Runtime
+from gosim.lowlevel import RuntimeVar, current_runtime
 
 if TYPE_CHECKING:
     from gosim.mem import Heap

@@ -41,12 +41,13 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from gosim import _chan, lowlevel
+from gosim import _chan, _internals
 from gosim._chan import Chan, _preempt_point
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel, throw
-from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES, Sudog, speedups
-from gosim.lowlevel import state as _state
-from gosim.lowlevel import trap as _trap
+from gosim._internals import Sudog, speedups
+from gosim._internals import state as _state
+from gosim._internals import trap as _trap
+from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES
 
 T = TypeVar("T")
 
@@ -55,7 +56,7 @@ SEND: Final = 1
 
 Case = tuple[int, "Chan[Any] | None", Any]
 
-_PARK = lowlevel.PARK
+_PARK = _internals.PARK
 _BAD_CASE: Final = "select: cases must be made with gosim.recv or gosim.send"
 
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from gosim import Chan, go, lowlevel
+from gosim import Chan, _internals, go, lowlevel
 from gosim._core._exceptions import GosimError
 from gosim.lowlevel import RuntimeTimer
 
@@ -124,7 +124,7 @@ class Context:
         """None while the context is live; then why it ended: :class:`Canceled` or
         :class:`DeadlineExceeded` (Go's ``ctx.Err()``)."""
         if self._due != math.inf and self._err is None:
-            rt = lowlevel.state.rt  # None outside the runtime: the clock stopped with it
+            rt = _internals.state.rt  # None outside the runtime: the clock stopped with it
             if rt is not None and rt.now() >= self._due:
                 self._cancel(DeadlineExceeded(), self._due_cause)
         return self._err
@@ -172,7 +172,7 @@ class Context:
         if self._err is not None:
             return  # cancellation is idempotent: the first one wins
         if self._due != math.inf and type(err) is not DeadlineExceeded:
-            rt = lowlevel.state.rt
+            rt = _internals.state.rt
             if rt is not None and rt.now() >= self._due:
                 # The deadline passed before this cancel: an armed timer would have won.
                 err, cause_ = DeadlineExceeded(), self._due_cause

@@ -20,38 +20,27 @@ queue when its goroutine leaves by an exception; a :class:`ParkingLot` is a FIFO
 them (trio's). Every park names a :class:`WaitReason` (Go's ``waitReason``), which
 deadlock dumps print. ``gosim._core._wait`` has the guarantees in full.
 
-The layers above gosim (netframe, idempotency, user code) take functions and those
-primitives from here, nothing else (``tests/gosim/test_layering.py`` checks netframe and
-idempotency): trio's ``lowlevel`` likewise hands out functions and ``ParkingLot``, never
-its Runner. The rest is for gosim's own packages (channels, select, time, net), which
-implement the runtime's mechanisms and cannot afford a function call per operation
-(exported for them, not for the layers above): :data:`state`
-(``state.rt`` is the running runtime or None; on it, ``rt.curg`` is the running G and
-``rt.goready(g, value)`` is :func:`ready` without its frame; ``rt.globready(g, value)``
-readies at the tail of the global queue instead, for a netpoller's ``poll(to_global=True)``),
-:func:`trap` with the traps
-:data:`PARK`, :data:`GOSCHED`, :data:`PREEMPT` (what a goroutine's coroutine yields to
-the driver), :data:`OP_BUDGET` (operations between preemption checks),
-:func:`set_op_budget_refill` (how each runtime's start refills the pure-Python
-channels' countdown) and
-:data:`speedups` (the C accelerator, or None), and the records ``G``, ``Sudog``,
-``Runtime`` and ``NetPoller``. A layer keeps per-runtime state in a :class:`RuntimeVar`
-(trio's ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
+This door hands out functions and the waiting primitives only (``Waiter``,
+``ParkingLot``, ``WaitReason``, ``RuntimeVar``, ``RuntimeTimer``, the ``NetPoller``
+protocol), as ``trio.lowlevel`` hands out functions and ``ParkingLot``, never its
+Runner: whatever is built above the scheduler (netframe, idempotency, user code) is
+built on these. A layer keeps per-runtime state in a :class:`RuntimeVar` (trio's
+``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
 deterministic run's scheduling decisions be made from outside Go's order (schedule
-exploration, ``gosim.testing``). :func:`signal_queue` is the runtime's half of
-``gosim.signal`` (its OS handlers and caught signals, ``gosim._core._signal``);
-:func:`goroutines` and :func:`goroutine_dump` list the live goroutines as a crash dump
-does (``gosim.testing.check_no_leaks``).
+exploration, ``gosim.testing``). The runtime's records and traps (the running
+runtime's fields, ``G``, ``Sudog``, the driver's traps, the C accelerator) are for
+gosim's own packages alone, which implement the runtime's mechanisms and cannot afford a
+function call per channel operation: they take them from ``gosim._internals``, which
+nothing outside gosim may import (``tests/gosim/test_layering.py`` checks both).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from gosim._core._accel import speedups as speedups
 from gosim._core._dump import goroutine_dump as goroutine_dump
 from gosim._core._dump import panic_report as panic_report
 from gosim._core._exceptions import NotInRuntime
@@ -62,15 +51,11 @@ from gosim._core._g import WAIT_CHAN_SEND as WAIT_CHAN_SEND
 from gosim._core._g import WAIT_SELECT as WAIT_SELECT
 from gosim._core._g import WAIT_SELECT_NO_CASES as WAIT_SELECT_NO_CASES
 from gosim._core._g import WAIT_SLEEP as WAIT_SLEEP
-from gosim._core._g import G as G
-from gosim._core._g import Sudog as Sudog
 from gosim._core._g import WaitReason as WaitReason
 from gosim._core._netpoll import NetPoller as NetPoller
-from gosim._core._runtime import Runtime as Runtime
 
 # The goroutine-facing runtime API, which ``gosim`` re-exports (listed here so that the
 # package, too, reaches the core through this one door).
-from gosim._core._runtime import RuntimeHandle as RuntimeHandle
 from gosim._core._runtime import RuntimeVar as RuntimeVar
 from gosim._core._runtime import go as go
 from gosim._core._runtime import goexit as goexit
@@ -84,29 +69,24 @@ from gosim._core._runtime import preempt_point as preempt_point
 from gosim._core._runtime import run as run
 from gosim._core._runtime import schedtrace as schedtrace
 from gosim._core._runtime import statistics as statistics
-from gosim._core._signal import SignalQueue as SignalQueue
 from gosim._core._signal import signal_number as signal_number
-from gosim._core._state import GOSCHED as GOSCHED
-from gosim._core._state import OP_BUDGET as OP_BUDGET
-from gosim._core._state import PARK as PARK
-from gosim._core._state import PREEMPT as PREEMPT
-from gosim._core._state import _state as state
-from gosim._core._state import _trap as trap
+from gosim._core._state import PARK as _PARK
+from gosim._core._state import _state, _trap
 from gosim._core._state import current_runtime as current_runtime
-from gosim._core._state import set_op_budget_refill as set_op_budget_refill
-from gosim._core._stats import SchedStatistics as SchedStatistics
 from gosim._core._syscall import syscall as syscall
 from gosim._core._syscall import trio_call as trio_call
 from gosim._core._timers import Timer as RuntimeTimer
-from gosim._core._trace import Trace as Trace
 from gosim._core._wait import ParkingLot as ParkingLot
 from gosim._core._wait import ParkingLotStatistics as ParkingLotStatistics
 from gosim._core._wait import Waiter as Waiter
 
+if TYPE_CHECKING:
+    from gosim._core._g import G
+
 
 def current_g() -> G:
     """The calling goroutine's record."""
-    rt = state.rt
+    rt = _state.rt
     if rt is None or rt.curg is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt.curg
@@ -118,12 +98,12 @@ def park(waitreason: WaitReason) -> Awaitable[Any]:
     Returns the trap itself to await (no coroutine frame of its own).
     """
     current_g().waitreason = waitreason
-    return trap(PARK)
+    return _trap(_PARK)
 
 
 def ready(g: G, value: Any = None) -> None:
     """Make a parked goroutine runnable; its :func:`park` returns ``value``."""
-    rt = state.rt
+    rt = _state.rt
     if rt is None:
         raise NotInRuntime("ready: not inside a gosim runtime")
     rt.goready(g, value)
@@ -192,22 +172,9 @@ async def set_chooser(chooser: Callable[[list[int]], int] | None) -> None:
     await gosched()
 
 
-def goroutines() -> list[G]:
-    """The running runtime's live goroutines (Go's ``allgs``), in goid order: a
-    snapshot, for checks and dumps (``gosim.testing.check_no_leaks``)."""
-    allg = current_runtime().allg
-    return [allg[goid] for goid in sorted(allg)]
-
-
-def signal_queue() -> SignalQueue:
-    """The running runtime's signal queue (Go's ``sigqueue``: its OS handlers and the
-    signals caught and not yet relayed), on which ``gosim.signal`` is built."""
-    return current_runtime().signals
-
-
 def add_timer(t: RuntimeTimer, when: float) -> None:
     """Arm a runtime timer on the current P; ``t.f(t.arg, now)`` runs on the driver when due."""
-    rt = state.rt  # current_runtime() inline: deadlines arm a timer per request
+    rt = _state.rt  # current_runtime() inline: deadlines arm a timer per request
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
     rt.timers.add(t, when)
@@ -215,31 +182,23 @@ def add_timer(t: RuntimeTimer, when: float) -> None:
 
 def del_timer(t: RuntimeTimer) -> bool:
     """Disarm a runtime timer; True when it was armed."""
-    rt = state.rt
+    rt = _state.rt
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt.timers.delete(t)
 
 
 __all__ = [
-    "GOSCHED",
-    "OP_BUDGET",
-    "PARK",
-    "PREEMPT",
     "WAIT_CHAN_RECEIVE",
     "WAIT_CHAN_SEND",
     "WAIT_SELECT",
     "WAIT_SELECT_NO_CASES",
     "WAIT_SLEEP",
-    "G",
     "NetPoller",
     "ParkingLot",
     "ParkingLotStatistics",
-    "Runtime",
     "RuntimeTimer",
     "RuntimeVar",
-    "SignalQueue",
-    "Sudog",
     "WaitCancelled",
     "WaitReason",
     "WaitTimeout",
@@ -249,21 +208,28 @@ __all__ = [
     "current_g",
     "current_runtime",
     "del_timer",
+    "go",
+    "goexit",
+    "goid",
+    "gomaxprocs",
     "goroutine_dump",
-    "goroutines",
+    "gosched",
     "netpoller",
+    "num_goroutine",
+    "open_runtime",
+    "panic",
     "panic_report",
     "park",
     "preempt_point",
     "ready",
     "reproducible",
+    "run",
+    "schedtrace",
     "set_chooser",
     "set_netpoller",
-    "set_op_budget_refill",
     "signal_number",
-    "signal_queue",
-    "speedups",
-    "state",
-    "trap",
+    "statistics",
+    "syscall",
+    "trio_call",
     "virtual_clock",
 ]

@@ -61,7 +61,7 @@ from __future__ import annotations
 import signal as _os
 from collections.abc import Callable
 
-from gosim import Chan, context, lowlevel
+from gosim import Chan, _internals, context
 from gosim._core._exceptions import GosimError, SendOnClosedChannel
 from gosim.lowlevel import RuntimeVar, signal_number
 
@@ -158,7 +158,7 @@ def _relays() -> _Relays:
     if relays is None:
         relays = _Relays()
         _RELAYS.set(relays)
-        lowlevel.signal_queue().relay = relays.process
+        _internals.signal_queue().relay = relays.process
     return relays
 
 
@@ -172,7 +172,7 @@ def _numbers(sigs: tuple[int, ...], what: str) -> list[int]:
 
 def _add(target: _Target, nums: list[int], what: str) -> None:
     relays = _relays()
-    queue = lowlevel.signal_queue()
+    queue = _internals.signal_queue()
     for n in nums:
         want = relays.handlers.get(target)
         if want is not None and n in want:
@@ -184,7 +184,7 @@ def _add(target: _Target, nums: list[int], what: str) -> None:
 
 
 def _stop(target: _Target) -> None:
-    queue = lowlevel.signal_queue()
+    queue = _internals.signal_queue()
     queue.flush()  # what was caught before stop reaches the channel (Go's Stop)
     relays = _relays()
     want = relays.handlers.pop(target, None)
@@ -237,7 +237,7 @@ def ignore(*sigs: int) -> None:
     the signals are no longer relayed, and :func:`ignored` says True."""
     nums = _numbers(sigs, "ignore")
     relays = _relays()
-    queue = lowlevel.signal_queue()
+    queue = _internals.signal_queue()
     for n in nums:
         relays.remove(n)
         queue.ignore(n, "ignore")
@@ -246,7 +246,7 @@ def ignore(*sigs: int) -> None:
 def ignored(sig: int) -> bool:
     """Whether ``sig`` is ignored now: by :func:`ignore`, or (on the real clock) by the
     process's handler, as after ``nohup`` (Go's ``signal.Ignored``)."""
-    return lowlevel.signal_queue().is_ignored(signal_number(sig, "ignored"))
+    return _internals.signal_queue().is_ignored(signal_number(sig, "ignored"))
 
 
 def reset(*sigs: int) -> None:
@@ -254,7 +254,7 @@ def reset(*sigs: int) -> None:
     every signal the runtime relays or ignores: no channel receives them, and each has
     its previous handler back (Go's ``signal.Reset``)."""
     relays = _relays()
-    queue = lowlevel.signal_queue()
+    queue = _internals.signal_queue()
     if sigs:
         nums = [signal_number(s, "reset") for s in sigs]
     else:
@@ -270,7 +270,7 @@ def inject(sig: int) -> None:
     it gets it (after the signals caught before), none when nothing relays it (no
     handler runs). For tests, above all in a reproducible runtime, where it is the only
     source of signals. Called from a goroutine."""
-    lowlevel.signal_queue().inject(signal_number(sig, "inject"))
+    _internals.signal_queue().inject(signal_number(sig, "inject"))
 
 
 def notify_context(

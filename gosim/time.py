@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from gosim import lowlevel
+from gosim import _internals
 from gosim._chan import Chan
 from gosim._core._exceptions import NotInRuntime
 from gosim.lowlevel import WAIT_SLEEP, Waiter, current_runtime
@@ -55,7 +55,7 @@ Hour: Final = 3600.0
 
 def now() -> float:
     """The runtime clock in seconds (monotonic; virtual under ``virtual_time=True``)."""
-    rt = lowlevel.state.rt  # current_runtime() inline: a frame less on a hot read
+    rt = _internals.state.rt  # current_runtime() inline: a frame less on a hot read
     if rt is None:
         raise NotInRuntime("not inside a gosim goroutine")
     return rt.now()
@@ -174,7 +174,7 @@ def tick(d: float) -> Chan[float] | None:
 def _start_func(
     arg: tuple[Callable[..., Coroutine[Any, Any, Any]], tuple[Any, ...]], now: float
 ) -> None:
-    rt = lowlevel.state.rt
+    rt = _internals.state.rt
     assert rt is not None
     rt.newproc(arg[0], arg[1], 0)
 

@@ -26,7 +26,7 @@ import types
 from collections.abc import Generator
 from typing import Any, Final
 
-from gosim import lowlevel
+from gosim import _internals, lowlevel
 from gosim._core._exceptions import NotInRuntime
 from gosim.lowlevel import RuntimeTimer, WaitReason
 
@@ -96,7 +96,7 @@ class PollDesc:
             return TIMEOUT
         if state is not None:
             raise RuntimeError("netpoll: two goroutines wait on one side of a socket")
-        rt = lowlevel.state.rt
+        rt = _internals.state.rt
         g = None if rt is None else rt.curg
         if g is None:
             raise NotInRuntime("not inside a gosim goroutine")
@@ -106,7 +106,7 @@ class PollDesc:
             self.wg = g
         self.poller.nwaiters += 1
         g.waitreason = _IO_WAIT
-        why: str | None = yield lowlevel.PARK
+        why: str | None = yield _internals.PARK
         return why
 
     def _wake(self, slot: str, value: Any) -> bool:
@@ -181,7 +181,7 @@ class NetPoller:
             return 0
         woken = 0
         descs = self.descs
-        rt = lowlevel.state.rt  # poll runs on the driver, inside the runtime
+        rt = _internals.state.rt  # poll runs on the driver, inside the runtime
         if rt is None:
             raise NotInRuntime("netpoll: not inside a gosim runtime")
         goready = rt.globready if to_global else rt.goready

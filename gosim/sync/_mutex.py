@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
-from gosim import lowlevel
+from gosim import _internals, lowlevel
 from gosim._chan import _DONE
 from gosim._core._exceptions import FatalError
-from gosim.lowlevel import GOSCHED as _GOSCHED
+from gosim._internals import GOSCHED as _GOSCHED
 from gosim.lowlevel import ParkingLot, WaitReason
 
 _MUTEX_LOCK = WaitReason.SYNC_MUTEX_LOCK
@@ -80,7 +80,7 @@ class Mutex:
                 return
             if not self._starving and wait_start == 0.0 and lowlevel.can_spin(spins):
                 spins += 1
-                await lowlevel.trap(_GOSCHED)
+                await _internals.trap(_GOSCHED)
                 continue
             # A woken waiter that lost the race goes back to the front (Go: LIFO).
             front = wait_start != 0.0

@@ -32,7 +32,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from gosim import lowlevel
-from gosim.lowlevel import G, current_g, current_runtime, goroutine_dump, goroutines
+from gosim._internals import G, goroutines
+from gosim.lowlevel import current_g, current_runtime, goroutine_dump
 from gosim.time import now, sleep
 
 __all__ = ["GoroutineLeak", "check_no_leaks"]

@@ -8,7 +8,7 @@ import signal
 import sys
 
 import gosim
-from gosim import Chan, lowlevel, net
+from gosim import Chan, _internals, net
 from gosim import signal as gosignal
 
 
@@ -31,7 +31,7 @@ async def relay(idle: str) -> None:
         ln = net.listen("tcp", "127.0.0.1:0")
         assert isinstance(ln, net.Listener)
         gosim.go(_accept_forever, ln)
-    say("ready", "c" if lowlevel.speedups is not None else "python")
+    say("ready", "c" if _internals.speedups is not None else "python")
     while True:
         sig = await ch.recv()
         assert sig is not None
@@ -47,7 +47,7 @@ async def stop_then_default(idle: str) -> None:
     default action, which ends the process."""
     ch = Chan[signal.Signals](1)
     gosignal.notify(ch, signal.SIGUSR1)
-    say("ready", "c" if lowlevel.speedups is not None else "python")
+    say("ready", "c" if _internals.speedups is not None else "python")
     sig = await ch.recv()
     assert sig is not None
     say("got", sig.name)

@@ -22,9 +22,9 @@ import pytest
 import trio
 
 import gosim
-from gosim import Chan, go, lowlevel, recv, select, send
+from gosim import Chan, _internals, go, lowlevel, recv, select, send
 
-B = lowlevel.OP_BUDGET
+B = _internals.OP_BUDGET
 WINDOW = 3 * B
 
 

@@ -24,6 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {"gosim._core._exceptions"}
 DOOR = ROOT / "gosim" / "lowlevel.py"
+#: gosim's own packages' door to the runtime's records and traps (private to gosim).
+INSIDE_DOOR = ROOT / "gosim" / "_internals.py"
 LAYERS = ("gosim", "netframe", "idempotency")
 
 
@@ -81,10 +83,12 @@ def _private_owners(module: str) -> list[str]:
 
 def _is_door(importer: str, module: str) -> bool:
     # The documented doors: the exceptions module is open to all, and gosim.lowlevel
-    # is the one module outside the core that imports the rest of it.
+    # (functions and primitives, for everyone) and gosim._internals (the records and
+    # traps, for gosim's own packages) are the modules outside the core that import the
+    # rest of it.
     if any(module == ok or module.startswith(ok + ".") for ok in ALLOWED):
         return True
-    return importer == "gosim.lowlevel" and _is_core(module)
+    return importer in ("gosim.lowlevel", "gosim._internals") and _is_core(module)
 
 
 def _reaches_into(importer: str, module: str) -> bool:
@@ -99,7 +103,7 @@ def _outside_core() -> list[Path]:
     files: list[Path] = []
     for top in ("gosim", "netframe", "idempotency"):
         for path in sorted((ROOT / top).rglob("*.py")):
-            if (ROOT / "gosim" / "_core") in path.parents or path == DOOR:
+            if (ROOT / "gosim" / "_core") in path.parents or path in (DOOR, INSIDE_DOOR):
                 continue
             files.append(path)
     return files
@@ -175,6 +179,8 @@ def test_no_module_imports_a_private_name_of_a_package_it_is_not_in() -> None:
         ("idempotency/demo/_sim.py", "from ..stores import _contract\n"),
         ("gosim/_chan.py", "from gosim._core import _runq\n"),
         ("gosim/_chan.py", "from trio._core import _run\n"),
+        ("netframe/_server.py", "from gosim import _internals\n"),
+        ("idempotency/_idempotency.py", "from gosim._internals import state\n"),
     ],
 )
 def test_the_general_check_sees_a_reach_into_another_package(importer: str, source: str) -> None:
@@ -203,15 +209,17 @@ def test_the_general_check_lets_insiders_and_doors_through(importer: str, source
 
 # ---------------------------------------------------------------- the door's width
 
-#: The types netframe and idempotency may take from gosim.lowlevel: the waiting
-#: primitive and its parts, the runtime timer, and the enum and errors of a wait.
-#: Anything else they use from it must be a function (trio's lowlevel hands out
+#: The types gosim.lowlevel hands out: the waiting primitive and its parts, the
+#: runtime timer, a per-runtime variable, the netpoller's protocol, and the enum and
+#: errors of a wait. Anything else it hands out must be a function (trio's lowlevel hands out
 #: functions and primitives, never the Runner): the runtime's records (``state``,
 #: ``G``, ``Runtime``, ``Sudog``) and its traps are gosim's own packages' only.
 PRIMITIVES = {
+    "NetPoller",
     "ParkingLot",
     "ParkingLotStatistics",
     "RuntimeTimer",
+    "RuntimeVar",
     "WaitCancelled",
     "WaitReason",
     "WaitTimeout",
@@ -255,7 +263,45 @@ def _door_allows(name: str) -> bool:
     if name in PRIMITIVES:
         return True
     obj = getattr(lowlevel, name, None)
+    # A wait reason's member (WAIT_SLEEP, ...) is a value of a primitive; an exception
+    # class (NotInRuntime) is what a function raises.
+    if isinstance(obj, lowlevel.WaitReason) or (
+        isinstance(obj, type) and issubclass(obj, BaseException)
+    ):
+        return True
     return inspect.isfunction(obj) or inspect.isbuiltin(obj)
+
+
+def _handed_out() -> list[str]:
+    """Every public name of gosim.lowlevel: its ``__all__`` and any other attribute
+    without an underscore that is not a module or a typing helper it imported."""
+    import types  # noqa: PLC0415
+
+    from gosim import lowlevel  # noqa: PLC0415
+
+    names = set(lowlevel.__all__)
+    for name, obj in vars(lowlevel).items():
+        if not name.startswith("_") and not isinstance(obj, types.ModuleType):
+            names.add(name)
+    return sorted(names - {"annotations", "TYPE_CHECKING", "Any", "Awaitable", "Callable"})
+
+
+def test_lowlevel_hands_out_only_functions_and_primitives() -> None:
+    # The door itself, not only its users: the runtime's records (state, G, Sudog,
+    # Runtime), its traps and the C accelerator are gosim._internals', so no code above
+    # gosim -- a user's extension included -- can reach them through a public module.
+    names = _handed_out()
+    assert {"park", "ready", "Waiter", "ParkingLot"} <= set(names)
+    bad = [name for name in names if not _door_allows(name)]
+    assert not bad, f"gosim.lowlevel hands out more than functions and primitives: {bad}"
+
+
+def test_gosim_internals_holds_what_lowlevel_no_longer_hands_out() -> None:
+    from gosim import _internals, lowlevel  # noqa: PLC0415
+
+    for name in ("state", "trap", "PARK", "G", "Sudog", "Runtime", "speedups"):
+        assert hasattr(_internals, name)
+        assert not hasattr(lowlevel, name), name
 
 
 def test_upper_layers_take_only_functions_and_primitives_from_lowlevel() -> None:

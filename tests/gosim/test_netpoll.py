@@ -25,7 +25,7 @@ class PipePoller:
 
     def __init__(self) -> None:
         self.ep = select.epoll()
-        self.parked: dict[int, lowlevel.G] = {}
+        self.parked: dict[int, Any] = {}
         self.polls = 0
 
     def fileno(self) -> int:

@@ -448,7 +448,7 @@ def test_spinning_rule_in_the_schedulers_terms() -> None:
         other = rt.pidle[-1]
         rt.wakep()  # another P looks for work: spinning, not running yet
         spinning_only = _can_spin(0)
-        other.runq.append(gosim.lowlevel.G())  # a placeholder: removed before any switch
+        other.runq.append(gosim._internals.G())  # a placeholder: removed before any switch
         rt.resetspinning(other)  # it found work: it runs
         other_p_busy = _can_spin(0)
         too_many = _can_spin(4)

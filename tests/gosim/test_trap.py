@@ -1,4 +1,4 @@
-"""gosim.lowlevel.trap: the C twin (an awaitable object) against the generator it
+"""gosim._internals.trap: the C twin (an awaitable object) against the generator it
 replaces, driven by hand as the scheduler drives a goroutine: the trap is yielded once,
 the resume value is what the await evaluates to, and what is thrown in at the yield is
 raised in the awaiting frame."""

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 import gosim
-from gosim import Chan, go, lowlevel
+from gosim import Chan, _internals, go, lowlevel
 from gosim._core._accel import speedups
 from gosim.lowlevel import (
     ParkingLot,
@@ -255,7 +255,7 @@ def test_a_trio_task_of_the_runtime_settles_a_waiter() -> None:
             got.append(await w.wait())
 
         async def from_trio() -> bool:
-            assert lowlevel.state.rt is None  # not on the driver
+            assert _internals.state.rt is None  # not on the driver
             await trio.sleep(0)
             return w.settle("from trio")
 
@@ -299,7 +299,7 @@ def test_a_goroutine_interrupted_while_parked_leaves_lot_and_timer() -> None:
         go(parked)
         await gosim.gosched()
         assert len(lot) == 1 and w._timer is not None and w._timer.armed
-        assert _step_with_throw(box[0], _Interrupt()) is lowlevel.PARK
+        assert _step_with_throw(box[0], _Interrupt()) is _internals.PARK
         state = [len(lot), w._timer.armed, w.done(), lot.unpark("lost"), w.settle(1)]
         await after.send(9)
         await gosim.gosched()
@@ -544,7 +544,7 @@ class ParkingLotMachine(RuleBasedStateMachine):
         parked = [k for m in self.model for k in m]
         k = data.draw(st.sampled_from(parked))
         trap = self._run(lambda: _step_with_throw(self.gs[k], _Interrupt()))
-        assert trap is lowlevel.PARK  # now parked on its exit channel
+        assert trap is _internals.PARK  # now parked on its exit channel
         for m in self.model:
             if k in m:
                 m.remove(k)
