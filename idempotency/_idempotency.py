@@ -531,21 +531,27 @@ class KeyedCall:
       :meth:`on_claim`; claimed, :meth:`claimed` runs the handler, whose value goes
       to :meth:`handler_returned` (an exception to :meth:`handler_failed`);
       :meth:`record` writes the outcome, whose answer comes to :meth:`on_record`,
-      which hands the :class:`Outcome` to ``done``;
+      which finishes the call with the :class:`Outcome`;
     - one step (:meth:`start_one_step`, on a OneStepStore when promised): the handler
       runs first, the store claims, applies and records in one transaction, and its
       answer comes to :meth:`on_one_step`.
 
     Stores answer with the object's bound methods. Only what must wait gets a
-    goroutine: a busy key (:meth:`settle_then_run`, :meth:`settle_then_record`), a
-    handler's awaitable (:meth:`awaited`), a release before an error. ``done`` is
-    called exactly once, unless a step raised to the caller of :meth:`start` (a
-    SynchronousStore's failed claim), which then owns the error.
+    goroutine, which runs the rest of the call from there: a busy key
+    (:meth:`settle_then_run`, :meth:`settle_then_record`), a handler's awaitable
+    (:meth:`awaited`), a release before an error (:meth:`release_then_fail`).
+
+    The call has two ends: :meth:`invoke` runs the handler, and :meth:`finish` is
+    every way out, called exactly once (unless a step raised to the caller of
+    :meth:`start`, a SynchronousStore's failed claim, which then owns the error). A
+    subclass that runs its handler or answers its caller another way overrides those
+    two and nothing else.
 
     The object is its own reference: the C twin ``_speedups.TwoStepCall`` (the one
     choice is ``_KeyedCall`` below) takes the two-step common case -- claimed, a
     handler that returns a plain value at once, the record written -- without a Python
     frame, and hands every other case to this class's method for it, with its state.
+    The twin's ends are this class's (the handler called, ``done`` called).
     """
 
     __slots__ = (
@@ -588,6 +594,16 @@ class KeyedCall:
     def __repr__(self) -> str:
         return f"<KeyedCall {self.operation} caller={self.caller!r} key={self.key!r}>"
 
+    # The two ends.
+
+    def invoke(self, call: Call) -> Any:
+        """Run the handler with ``call``; what it returns (or raises)."""
+        return self.handler(call)
+
+    def finish(self, outcome: Outcome | None, error: BaseException | None) -> None:
+        """The call is over, with ``outcome`` or ``error``: hand it to ``done``."""
+        self.done(outcome, error)
+
     # Two steps.
 
     def start(self) -> None:
@@ -605,7 +621,7 @@ class KeyedCall:
     def on_claim(self, res: ClaimResult | None, error: BaseException | None) -> None:
         """The claim's answer: run the call on, or report."""
         if error is not None:
-            self.done(None, error)
+            self.finish(None, error)
             return
         assert res is not None
         kind = res.kind
@@ -614,25 +630,24 @@ class KeyedCall:
         elif kind is _REPLAY:
             rec = res.record
             assert rec.payload is not None
-            self.done(Outcome(rec.ok, rec.payload, True, rec.fence), None)
+            self.finish(Outcome(rec.ok, rec.payload, True, rec.fence), None)
         else:
-            go(deliver, self.settle_then_run(res), self.done)
+            go(self.settle_then_run, res)
 
-    async def settle_then_run(self, res: ClaimResult) -> Outcome:
-        """The key was busy or live for another request: settle it (waiting), then,
-        claimed, the rest of the call."""
-        idem = self.idem
-        settled = await idem._settle(
-            res, self.caller, self.key, self.fp, self.wait, self.timeout, self.ctx
-        )
+    async def settle_then_run(self, res: ClaimResult) -> None:
+        """The key was busy or live for another request (in a goroutine): settle it,
+        waiting; then, claimed, the rest of the call."""
+        try:
+            settled = await self.idem._settle(
+                res, self.caller, self.key, self.fp, self.wait, self.timeout, self.ctx
+            )
+        except Exception as exc:
+            self.finish(None, exc)
+            return
         if type(settled) is Outcome:
-            return settled
-        # This goroutine answers the caller's ``done`` now (``deliver`` passes on what
-        # it returns), so the steps from here on answer it, through a local ``_Done``.
-        w = _Done()
-        self.done = w.deliver
+            self.finish(settled, None)
+            return
         self.claimed(settled.record.fence)  # type: ignore[union-attr]
-        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
 
     def claimed(self, fence: int) -> None:
         """Claim ``fence`` is held: keep it alive, run the handler, and record its
@@ -643,7 +658,7 @@ class KeyedCall:
         if idem._keeper is not False and idem._keeper is not lowlevel.current_runtime():
             idem._start_keeper()
         try:
-            result = self.handler(
+            result = self.invoke(
                 Call(self.caller, self.key, self.operation, self.args, fence, self.ctx)
             )
         except Exception as exc:
@@ -659,7 +674,7 @@ class KeyedCall:
             if hasattr(result, "__await__"):
                 if self.one_step:
                     _refuse_awaitable(result)  # the same promise on every store
-                go(deliver, self.awaited(result), self.done)
+                go(self.awaited, result)
                 return
             completion = self.idem._completion(result)
         except Exception as exc:
@@ -672,11 +687,11 @@ class KeyedCall:
         ApplicationError, or release the claim and hand the exception to ``done``."""
         failure = self.idem._failure(exc)
         if not isinstance(failure, Completion):
-            go(deliver, self.release_raising(failure), self.done)
+            go(self.release_then_fail, failure)
             return
         self.record(failure)
 
-    async def awaited(self, result: Awaitable[Any]) -> Outcome:
+    async def awaited(self, result: Awaitable[Any]) -> None:
         """The handler's awaitable, awaited (in a goroutine), then recorded."""
         idem = self.idem
         try:
@@ -684,15 +699,10 @@ class KeyedCall:
         except Exception as exc:
             failure = idem._failure(exc)
             if not isinstance(failure, Completion):
-                await idem._release(self.caller, self.key, self.fence)
-                raise failure  # noqa: B904 -- the handler's own exception, or what it made
+                await self.release_then_fail(failure)
+                return
             completion = failure
-        # As in settle_then_run: this goroutine holds the caller's ``done``, and the
-        # record's answer comes back to it.
-        w = _Done()
-        self.done = w.deliver
         self.record(completion)
-        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
 
     def record(self, completion: Completion) -> None:
         """Record the outcome: on a SynchronousStore now, else the store's batch
@@ -717,19 +727,24 @@ class KeyedCall:
         a retry need not wait for the lease."""
         idem = self.idem
         if error is not None and isinstance(error, Exception) and not isinstance(error, StaleClaim):
-            go(deliver, self.release_raising(error), self.done)
+            go(self.release_then_fail, error)
             return
         idem._finish((self.caller, self.key), self.fence)
         if error is not None:
-            self.done(None, error)
+            self.finish(None, error)
             return
         assert rec is not None and rec.payload is not None
-        self.done(Outcome(rec.ok, rec.payload, False, self.fence), None)
+        self.finish(Outcome(rec.ok, rec.payload, False, self.fence), None)
 
-    async def release_raising(self, exc: Exception) -> Any:
-        """Release the claim, then raise ``exc``."""
-        await self.idem._release(self.caller, self.key, self.fence)
-        raise exc
+    async def release_then_fail(self, exc: Exception) -> None:
+        """Release the claim (waiting), then finish the call with ``exc`` (or with
+        what the release raised)."""
+        try:
+            await self.idem._release(self.caller, self.key, self.fence)
+        except Exception as release_error:
+            self.finish(None, release_error)
+            return
+        self.finish(None, exc)
 
     # One step.
 
@@ -750,7 +765,7 @@ class KeyedCall:
         idem = self.idem
         max_bytes = idem.max_result_bytes
         try:
-            result = self.handler(given)
+            result = self.invoke(given)
             if hasattr(result, "__await__"):
                 _refuse_awaitable(result)  # never awaited, and never to be
             return idem._completion(result)
@@ -763,19 +778,27 @@ class KeyedCall:
         """The store's answer: the outcome to ``done``, or a goroutine for the rest of
         the call when the key was busy or live for another request."""
         if error is not None:
-            self.done(None, error)
+            self.finish(None, error)
             return
         assert out is not None
         outcome = _one_step_outcome(out)
         if outcome is not None:
-            self.done(outcome, None)
+            self.finish(outcome, None)
             return
         assert isinstance(out, ClaimResult)
-        go(deliver, self.settle_then_record(out), self.done)
+        go(self.settle_then_record, out)
 
-    async def settle_then_record(self, out: ClaimResult) -> Outcome:
-        """Settle a busy key as :meth:`settle_then_run` does; claimed after the holder
-        lapsed, record this call's completion under that claim."""
+    async def settle_then_record(self, out: ClaimResult) -> None:
+        """Settle a busy key as :meth:`settle_then_run` does (in a goroutine); claimed
+        after the holder lapsed, record this call's completion under that claim."""
+        try:
+            outcome = await self._settle_and_record(out)
+        except Exception as exc:
+            self.finish(None, exc)
+            return
+        self.finish(outcome, None)
+
+    async def _settle_and_record(self, out: ClaimResult) -> Outcome:
         idem = self.idem
         caller, key = self.caller, self.key
         settled = await idem._settle(out, caller, key, self.fp, self.wait, self.timeout, self.ctx)

@@ -16,7 +16,9 @@
  * method for that step carries the call to its end as the pure-Python build does: a
  * refused or busy claim to on_claim, an exception to handler_failed, any other value to
  * handler_returned, a failed record to on_record. Its one-step start is KeyedCall's own
- * (run_later below makes a KeyedCall for it).
+ * (run_later below makes a KeyedCall for it). Its two ends are KeyedCall's own:
+ * invoke calls the handler and finish calls done, which this twin does directly (it
+ * is made for KeyedCall alone, never for a subclass that overrides them).
  *
  * Why it is kept: the common two-step keyed call is the RPC server's hot path, and the
  * frames it saves (start, on_claim, claimed, the Call, handler_returned, _completion,
