@@ -452,19 +452,10 @@ class BatchedStore(CallbackStore):
         lease: float,
         done: Callable[[ClaimResult | None, BaseException | None], None],
     ) -> None:
-        if not (
-            # bad_duration's and bad_caller_or_key's common answer, without their frames
-            (type(lease) is float or type(lease) is int)
-            and lease > 0
-            and type(caller) is str
-            and len(caller) <= MAX_KEY_LENGTH
-            and type(key) is str
-            and len(key) <= MAX_KEY_LENGTH
-        ):
-            bad = self._bad_claim(caller, key, lease)
-            if bad is not None:
-                done(None, bad)
-                return
+        bad = self._bad_claim(caller, key, lease)
+        if bad is not None:
+            done(None, bad)
+            return
         self._committer.submit_later(Op(_CLAIM, (caller, key, fingerprint, lease)), done)
 
     def complete_later(
@@ -475,19 +466,10 @@ class BatchedStore(CallbackStore):
         completion: Completion,
         done: Callable[[Record | None, BaseException | None], None],
     ) -> None:
-        ttl = completion.ttl
-        if not (
-            # bad_completion's and _foreign's common answer, without their frames
-            completion.effect is None
-            and type(completion.payload) is bytes
-            and len(completion.payload) <= MAX_PAYLOAD_BYTES
-            and (type(ttl) is float or type(ttl) is int)
-            and ttl > 0
-        ):
-            bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
-            if bad is not None:
-                done(None, bad)
-                return
+        bad = bad_completion(self, caller, key, completion) or self._foreign(completion)
+        if bad is not None:
+            done(None, bad)
+            return
         kind = _COMPLETE if completion.effect is None else self._effect_kind
         self._committer.submit_later(Op(kind, (caller, key, fence, completion)), done)
 
@@ -552,7 +534,9 @@ class BatchedStore(CallbackStore):
 
 # claim_later and complete_later in one C call each where the accelerator is built: the
 # twins of the methods above (their common case: the argument check, the Op,
-# submit_later's common case), which stay the reference and take every other case.
+# submit_later's common case), which stay the reference -- plain, with no copy of the
+# common case of their own, since they run only where C is off or hands a case back --
+# and take every other case.
 _py_claim_later: Final = BatchedStore.claim_later
 _py_complete_later: Final = BatchedStore.complete_later
 if _speedups is not None and _speedups.configure_submit(
