@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import struct
 import sys
 import tempfile
 import threading
@@ -51,11 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.ops_rpc import HEADER, PARAMS, _read_frame
+
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tuple(str(ROOT / top) + os.sep for top in ("gosim", "netframe", "idempotency"))
 CORE = str(ROOT / "gosim" / "_core") + os.sep
-HEADER = struct.Struct(">I")
-PARAMS = [1, "hello", [1, 2, 3]]
 WARM_UP = 3
 #: Values never followed: scalars are shared by everything (a msgid of 1, a str the
 #: interpreter interns), and classes and modules are not data.
@@ -177,19 +176,11 @@ def _request(msgid: int) -> bytes:
 
 
 def _read_reply(sock: socket.socket, buf: bytearray) -> bytes:
+    """The next session DATA frame's body (control frames passed over)."""
     while True:
-        if len(buf) >= 4:
-            (length,) = HEADER.unpack_from(buf)
-            if len(buf) >= 4 + length:
-                body = bytes(buf[4 : 4 + length])
-                del buf[: 4 + length]
-                if body[:1] == b"\x00":
-                    return body
-                continue  # a control frame
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("the server closed the connection")
-        buf += chunk
+        body = _read_frame(sock, buf)
+        if body[:1] == b"\x00":
+            return body
 
 
 def follow(store: str, one_step: bool) -> Walk:

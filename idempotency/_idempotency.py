@@ -684,7 +684,7 @@ class KeyedCall:
 
     def handler_failed(self, exc: Exception) -> None:
         """The handler raised ``exc`` (or its result cannot be recorded): record a final
-        ApplicationError, or release the claim and hand the exception to ``done``."""
+        ApplicationError, or release the claim and finish the call with the exception."""
         failure = self.idem._failure(exc)
         if not isinstance(failure, Completion):
             go(self.release_then_fail, failure)
@@ -775,7 +775,7 @@ class KeyedCall:
             return Completion(False, encode_error(err, max_bytes), None, idem.ttl, max_bytes)
 
     def on_one_step(self, out: ClaimResult | Record | None, error: BaseException | None) -> None:
-        """The store's answer: the outcome to ``done``, or a goroutine for the rest of
+        """The store's answer: the call finished with the outcome, or a goroutine for the rest of
         the call when the key was busy or live for another request."""
         if error is not None:
             self.finish(None, error)
@@ -786,19 +786,12 @@ class KeyedCall:
             self.finish(outcome, None)
             return
         assert isinstance(out, ClaimResult)
-        go(self.settle_then_record, out)
+        go(deliver, self.settle_then_record(out), self.finish)
 
-    async def settle_then_record(self, out: ClaimResult) -> None:
-        """Settle a busy key as :meth:`settle_then_run` does (in a goroutine); claimed
-        after the holder lapsed, record this call's completion under that claim."""
-        try:
-            outcome = await self._settle_and_record(out)
-        except Exception as exc:
-            self.finish(None, exc)
-            return
-        self.finish(outcome, None)
-
-    async def _settle_and_record(self, out: ClaimResult) -> Outcome:
+    async def settle_then_record(self, out: ClaimResult) -> Outcome:
+        """Settle a busy key as :meth:`settle_then_run` does (in a goroutine, whose
+        ``deliver`` finishes the call with what this returns or raises); claimed after
+        the holder lapsed, record this call's completion under that claim."""
         idem = self.idem
         caller, key = self.caller, self.key
         settled = await idem._settle(out, caller, key, self.fp, self.wait, self.timeout, self.ctx)
