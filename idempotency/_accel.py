@@ -5,8 +5,9 @@ It holds twins of the per-call steps of ``Idempotency.run``: the record table's
 table (``stores.memory``), the group commit's ``Op`` and the batched stores'
 ``claim_later`` and ``complete_later`` (``stores._batch``), SQLiteStore's record work of
 a batch and its held claims (``stores.sqlite``), the RPC server's parse of a request
-(``rpc._protocol``), a two-step call's start and continuation (``_idempotency``) and a
-keyed call's reply (``rpc._dispatch``). Each module hands its own part over when it
+(``rpc._protocol``), and the twins of a keyed call (``_idempotency.KeyedCall``) and of
+the RPC server's keyed call (``rpc._dispatch.RPCCall``): subclasses with their common
+case in C. Each module hands its own part over when it
 imports and keeps the Python code as the reference, which the C code calls for every
 case it does not cover.
 ``GOSIM_PURE_PYTHON=1`` (the switch gosim's and netframe's accelerators obey) leaves it

@@ -31,19 +31,21 @@ can (a OneStepStore: SQLite, PostgreSQL), steps 2-4 are one store operation: the
 runs first, with ``call.fence`` set only when its effect runs, and the claim, the effect
 and the record commit in one transaction (a replay or a mismatch drops what the handler
 built; a busy key is waited for as above). No claim is committed apart from its record,
-so a holder killed mid-call leaves no claim to wait out. :meth:`Idempotency.run_later` is
-that step's one mechanism, a callback the store's batch calls once the commit returned;
-``run`` with ``one_step=True`` is a wait on it.
+so a holder killed mid-call leaves no claim to wait out: the store's batch calls back
+once the commit returned, and the call is over.
 
 The two steps have one mechanism too, on every store: a :class:`KeyedCall`, one object
 per call whose methods are the protocol's steps, which the store answers with its bound
 methods. On a ``SynchronousStore`` (memory) the claim, a handler that returns at once
 and the record run in the caller's frame; on a ``CallbackStore`` (the batched stores)
-the handler runs in the claim's callback and ``done`` in the record's, so the call waits
-on no goroutine. Only what must wait gets one: a busy key, a handler's awaitable, a
+the handler runs in the claim's callback and the call finishes in the record's, so it
+waits on no goroutine. Only what must wait gets one: a busy key, a handler's awaitable, a
 release. A store with only the ``Store`` contract's coroutines (an application's own)
 has each step awaited in a goroutine of its own (``_AwaitedSteps``), so the protocol is
-written once. ``run`` is the wait on the call; ``run_later`` starts it and returns.
+written once. A KeyedCall is a :class:`gosim.lowlevel.Waiter` settled with its
+outcome: ``run`` waits on it; ``run_later`` begins it with ``done`` as its callback and
+returns; the RPC server's call (``rpc._dispatch.RPCCall``) is a subclass settled with
+its reply's bytes instead, which the server waits on.
 
 Guarantees: the handler runs at most once per *live claim*, and a claim stays live while
 its holder lives (renewed; it lapses when the holder has been dead or cut off from the
@@ -64,10 +66,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Self, TypeAlias
 
 import gosim
 from gosim import Chan, context, go, lowlevel, recv, select
+from gosim.lowlevel import Waiter
 
 from ._accel import speedups as _speedups
 from ._errors import (
@@ -89,7 +92,7 @@ from ._keys import (
 from ._outcome import _NOT_DECODED, DEFAULT_MAX_RESULT_BYTES, Outcome, encode_error, encode_result
 from ._outcome import _packb as _outcome_packb
 from ._record import ClaimKind, ClaimResult, Record
-from ._waiter import _COMMIT_WAIT, _Done
+from ._waiter import _COMMIT_WAIT
 from .stores import (
     MAX_PAYLOAD_BYTES,
     CallbackStore,
@@ -312,17 +315,13 @@ class Idempotency:
         :class:`StaleClaim`, :class:`InvalidResult`, a store error, or what the handler
         raised when it was not a final ApplicationError.
         """
-        caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        w = _Done()
-        self._begin(
-            _KeyedCall(
-                self, w.deliver, caller, key, operation, args, fp, handler,
-                wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
-                one_step=one_step,
-            ),
-            one_step,
+        call = _KeyedCall(
+            self, caller, key, request, handler,
+            wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
+            one_step=one_step,
         )  # fmt: skip
-        return await w.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
+        call.begin()
+        return await call.wait(_COMMIT_WAIT)  # type: ignore[no-any-return]
 
     def run_later(
         self,
@@ -358,23 +357,13 @@ class Idempotency:
         own, the handler with it. ``done`` must not block and should not raise (an
         exception from it is a panic, or ``run_later``'s when called in the caller).
         """
-        caller, key, operation, args, fp = _checked(caller, key, request, self.max_args_bytes)
-        self._begin(
-            _KeyedCall(
-                self, done, caller, key, operation, args, fp, handler,
-                wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
-                one_step=one_step,
-            ),
-            one_step,
+        call = _KeyedCall(
+            self, caller, key, request, handler,
+            wait=self.wait if wait is None else wait, timeout=timeout, ctx=ctx,
+            one_step=one_step,
         )  # fmt: skip
-
-    def _begin(self, call: KeyedCall, one_step: bool) -> None:
-        """Start ``call`` (made with ``one_step``): in one step on a store that can take
-        it and was promised it, else in two (:class:`KeyedCall`)."""
-        if one_step and self._one_step_store is not None:
-            call.start_one_step()
-        else:
-            call.start()
+        call.on_settle(_hand_outcome, done)
+        call.begin()
 
     def _completion(self, result: Any) -> Completion:
         """A handler's return value as the completion that records it (InvalidResult
@@ -519,13 +508,12 @@ class Idempotency:
             res = await self._store.claim(caller, key, fp, self.lease)
 
 
-Done: TypeAlias = Callable[[Outcome | None, BaseException | None], None]
-
-
-class KeyedCall:
-    """One keyed call on its way: the checked request, the claim it holds, and
-    ``done``, where its outcome or error goes. The protocol's steps are its methods,
-    each called when the step before it is over, by the caller or by a store's batch:
+class KeyedCall(Waiter):
+    """One keyed call on its way, from the checked request to its outcome: the
+    request, the claim it holds, and the call's end, which settles it (a KeyedCall is
+    the :class:`gosim.lowlevel.Waiter` its caller waits on). The protocol's steps are
+    its methods, each called when the step before it is over, by the caller or by a
+    store's batch:
 
     - two steps (:meth:`start`): claim the key; the claim's answer comes to
       :meth:`on_claim`; claimed, :meth:`claimed` runs the handler, whose value goes
@@ -536,54 +524,59 @@ class KeyedCall:
       runs first, the store claims, applies and records in one transaction, and its
       answer comes to :meth:`on_one_step`.
 
-    Stores answer with the object's bound methods. Only what must wait gets a
-    goroutine, which runs the rest of the call from there: a busy key
-    (:meth:`settle_then_run`, :meth:`settle_then_record`), a handler's awaitable
-    (:meth:`awaited`), a release before an error (:meth:`release_then_fail`).
+    :meth:`begin` takes the one the call was made for. Stores answer with the object's
+    bound methods. Only what must wait gets a goroutine, which runs the rest of the call
+    from there: a busy key (:meth:`settle_then_run`, :meth:`settle_then_record`), a
+    handler's awaitable (:meth:`awaited`), a release before an error
+    (:meth:`release_then_fail`).
 
-    The call has two ends: :meth:`invoke` runs the handler, and :meth:`finish` is
-    every way out, called exactly once (unless a step raised to the caller of
-    :meth:`start`, a SynchronousStore's failed claim, which then owns the error). A
-    subclass that runs its handler or answers its caller another way overrides those
-    two and nothing else.
+    Made with :meth:`Idempotency.run`'s arguments, positionally up to ``handler``; the
+    constructor checks them as ``run`` does (InvalidKey, InvalidRequest), so a call
+    that exists is one that may start. The call has two ends: :meth:`invoke` runs the
+    handler, and :meth:`finish` is every way out, called exactly once (unless a step
+    raised to the caller of :meth:`begin`, a SynchronousStore's failed claim, which
+    then owns the error); it settles the call with the outcome or fails it with the
+    error. A subclass that runs its handler or answers its caller another way (the RPC
+    server's call, whose end is its reply's bytes) overrides those two and nothing else;
+    its own slots are set by whoever makes it, before :meth:`begin`.
 
-    The object is its own reference: the C twin ``_speedups.TwoStepCall`` (the one
-    choice is ``_KeyedCall`` below) takes the two-step common case -- claimed, a
-    handler that returns a plain value at once, the record written -- without a Python
-    frame, and hands every other case to this class's method for it, with its state.
-    The twin's ends are this class's (the handler called, ``done`` called).
+    The class is its own reference. Where the C accelerator is built, ``_KeyedCall``
+    below is its twin, a subclass made by ``_speedups.twin_of`` whose C methods take
+    the two-step common case -- claimed, a handler that returns a plain value at once,
+    the record written -- without a Python frame, and call this class's method for
+    every other case, on the same object.
     """
 
     __slots__ = (
-        "args", "caller", "completion", "ctx", "done", "fence", "fp", "given", "handler",
-        "idem", "key", "one_step", "operation", "timeout", "wait",
+        "args", "caller", "completion", "ctx", "fence", "fp", "given", "handler", "idem",
+        "key", "one_step", "operation", "timeout", "wait_busy",
     )  # fmt: skip
+
+    # A Waiter's constructor takes at most its ``data``: it is given none of this
+    # class's arguments.
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        return Waiter.__new__(cls)
 
     def __init__(
         self,
         idem: Idempotency,
-        done: Done,
         caller: str,
         key: str,
-        operation: str,
-        args: Any,
-        fp: bytes,
-        handler: Handler,
+        request: tuple[str, Any],
+        handler: Handler | None,
         *,
         wait: bool,
         timeout: float | None,
         ctx: context.Context | None,
         one_step: bool,
     ) -> None:
+        super().__init__()
+        self.caller, self.key, self.operation, self.args, self.fp = _checked(
+            caller, key, request, idem.max_args_bytes
+        )
         self.idem = idem
-        self.done = done
-        self.caller = caller
-        self.key = key
-        self.operation = operation
-        self.args = args
-        self.fp = fp
         self.handler = handler
-        self.wait = wait
+        self.wait_busy = wait  # a busy key is waited for (else InProgress)
         self.timeout = timeout
         self.ctx = ctx
         self.one_step = one_step
@@ -592,17 +585,29 @@ class KeyedCall:
         self.completion: Completion | None = None  # one step: what the handler built
 
     def __repr__(self) -> str:
-        return f"<KeyedCall {self.operation} caller={self.caller!r} key={self.key!r}>"
+        return f"<{type(self).__name__} {self.operation} caller={self.caller!r} key={self.key!r}>"
+
+    def begin(self) -> None:
+        """Start the call: in one step on a store that can take it when it was
+        promised (``one_step``), else in two."""
+        if self.one_step and self.idem._one_step_store is not None:
+            self.start_one_step()
+        else:
+            self.start()
 
     # The two ends.
 
     def invoke(self, call: Call) -> Any:
         """Run the handler with ``call``; what it returns (or raises)."""
+        assert self.handler is not None
         return self.handler(call)
 
     def finish(self, outcome: Outcome | None, error: BaseException | None) -> None:
-        """The call is over, with ``outcome`` or ``error``: hand it to ``done``."""
-        self.done(outcome, error)
+        """The call is over, with ``outcome`` or ``error``: settle it with that."""
+        if error is None:
+            self.settle(outcome)
+        else:
+            self.fail(error)
 
     # Two steps.
 
@@ -639,7 +644,7 @@ class KeyedCall:
         waiting; then, claimed, the rest of the call."""
         try:
             settled = await self.idem._settle(
-                res, self.caller, self.key, self.fp, self.wait, self.timeout, self.ctx
+                res, self.caller, self.key, self.fp, self.wait_busy, self.timeout, self.ctx
             )
         except Exception as exc:
             self.finish(None, exc)
@@ -794,7 +799,9 @@ class KeyedCall:
         the holder lapsed, record this call's completion under that claim."""
         idem = self.idem
         caller, key = self.caller, self.key
-        settled = await idem._settle(out, caller, key, self.fp, self.wait, self.timeout, self.ctx)
+        settled = await idem._settle(
+            out, caller, key, self.fp, self.wait_busy, self.timeout, self.ctx
+        )
         if type(settled) is Outcome:
             return settled
         fence = self.fence = settled.record.fence  # type: ignore[union-attr]
@@ -847,42 +854,32 @@ class _AwaitedSteps:
         go(deliver, self._store.complete(caller, key, fence, completion), done)
 
 
-def _py_run_later(
-    idem: Idempotency,
-    done: Callable[[Outcome | None, BaseException | None], None],
-    caller: str,
-    key: str,
-    request: tuple[str, Any],
-    handler: Handler,
-    timeout: float | None,
-    one_step: bool,
+def _hand_outcome(
+    done: Callable[[Outcome | None, BaseException | None], None], call: Waiter
 ) -> None:
-    """:meth:`Idempotency.run_later` with positional arguments (``wait`` and ``ctx``
-    their defaults): how the RPC server starts a keyed call. The reference of the C twin
-    ``_speedups.run_later``, which takes the common case (a plain key and caller, a
-    request that is a pair, ``one_step`` a bool, a store that takes the call without a
-    goroutine) through ``_checked`` to the :class:`KeyedCall` that ``_begin`` starts,
-    without their frames, and hands every other here."""
-    idem.run_later(
-        done, caller=caller, key=key, request=request, handler=handler, timeout=timeout,
-        one_step=one_step,
-    )  # fmt: skip
+    """:meth:`Idempotency.run_later`'s consumer of a settled call: ``done(outcome, error)``."""
+    try:
+        outcome = call.result()
+    except BaseException as exc:  # the call's error, as finish was given it
+        done(None, exc)
+        return
+    done(outcome, None)
 
 
-# The one place that chooses C or Python for a keyed call: the C twin when it is built and
-# accepts this module's classes.
+# The one place that chooses C or Python for a keyed call: the C twin (a subclass with
+# the common case's methods in C) when it is built and accepts this module's classes.
 _KeyedCall: type[KeyedCall] = KeyedCall
-run_later: Callable[..., None] = _py_run_later
-if _speedups is not None and _speedups.configure_two_step(
-    call=Call,
-    outcome=Outcome,
-    completion=Completion,
-    keyed_call=KeyedCall,
-    pack=_outcome_packb,
-    not_decoded=_NOT_DECODED,
-    current_runtime=lowlevel.current_runtime,
-    run_later=_py_run_later,
-    max_key_length=MAX_KEY_LENGTH,
-):
-    _KeyedCall = _speedups.TwoStepCall
-    run_later = _speedups.run_later
+if _speedups is not None:
+    _KeyedCall = (
+        _speedups.configure_two_step(
+            call=Call,
+            outcome=Outcome,
+            completion=Completion,
+            keyed_call=KeyedCall,
+            pack=_outcome_packb,
+            not_decoded=_NOT_DECODED,
+            current_runtime=lowlevel.current_runtime,
+            max_key_length=MAX_KEY_LENGTH,
+        )
+        or KeyedCall
+    )

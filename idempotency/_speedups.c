@@ -20,15 +20,15 @@
  *                       granted itself (written without a read) and its record of them;
  *   parse_request       idempotency/rpc/_protocol.py's parse(), for a well-formed
  *                       request (the RPC server's every call);
- *   TwoStepCall         idempotency/_idempotency.py's KeyedCall, its two steps: a
- *                       call's way from its claim's answer through its handler to its
- *                       record's answer, and run_later, its start (_py_run_later: the
- *                       key checked, the request fingerprinted, the claim asked for);
+ *   KeyedCall, RPCCall  subclasses of idempotency/_idempotency.py's KeyedCall and
+ *                       idempotency/rpc/_dispatch.py's RPCCall made at configure time,
+ *                       with some of their methods in C: a call's construction (the key
+ *                       checked, the request fingerprinted), its start, and its way
+ *                       from its claim's answer through its handler to its record's
+ *                       answer and its end (the RPC call's reply encoded);
  *   claim_later, complete_later
  *                       idempotency/stores/_batch.py's BatchedStore methods: an
- *                       operation's Op built and handed to the group commit;
- *   KeyedReply          idempotency/rpc/_dispatch.py's _py_keyed_reply: a keyed RPC
- *                       call's reply, built from its outcome and handed to its Later.
+ *                       operation's Op built and handed to the group commit.
  *
  * Every case the fast path does not cover is handed to the Python reference (configured
  * once by idempotency/_accel.py): a refused completion, an effect to run, a request that
@@ -41,8 +41,8 @@
  * twins are in its parts, by mechanism: _speedups_record.c.h (claim, complete),
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
  * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
- * (parse_request), _speedups_twostep.c.h (TwoStepCall, run_later), _speedups_reply.c.h
- * (KeyedReply), _speedups_submit.c.h (claim_later, complete_later).
+ * (parse_request), _speedups_twostep.c.h (the KeyedCall and RPCCall twins),
+ * _speedups_submit.c.h (claim_later, complete_later).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -365,7 +365,6 @@ configure_held(PyObject *module, PyObject *args, PyObject *kwds)
  * above. */
 #include "_speedups_rpc.c.h"
 #include "_speedups_twostep.c.h"
-#include "_speedups_reply.c.h"
 #include "_speedups_submit.c.h"
 
 static PyMethodDef methods[] = {
@@ -380,7 +379,10 @@ static PyMethodDef methods[] = {
     {"note_held", (PyCFunction)(void (*)(void))note_held, METH_FASTCALL,
      "sqlite._note_held's twin."},
     {"configure_two_step", (PyCFunction)(void (*)(void))configure_two_step,
-     METH_VARARGS | METH_KEYWORDS, "Configure TwoStepCall (idempotency._idempotency)."},
+     METH_VARARGS | METH_KEYWORDS,
+     "Hand over KeyedCall and what it builds; KeyedCall's twin (idempotency._idempotency)."},
+    {"configure_rpc_call", (PyCFunction)configure_rpc_call, METH_O,
+     "Hand over RPCCall; RPCCall's twin (idempotency.rpc._dispatch)."},
     {"configure_op", (PyCFunction)configure_op, METH_O,
      "Hand over the group commit's Op class; whether op_new may construct it."},
     {"op_new", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL | METH_KEYWORDS,
@@ -413,9 +415,6 @@ static PyMethodDef methods[] = {
      DOC_fingerprint},
     {"configure_rpc", (PyCFunction)(void (*)(void))configure_rpc, METH_VARARGS | METH_KEYWORDS,
      "Hand over rpc._protocol's Request and CallMeta classes and its limits."},
-    {"run_later", (PyCFunction)(void (*)(void))run_later, METH_FASTCALL,
-     "run_later(idem, done, caller, key, request, handler, timeout, one_step): "
-     "_idempotency._py_run_later."},
     {"configure_submit", (PyCFunction)(void (*)(void))configure_submit,
      METH_VARARGS | METH_KEYWORDS, "Hand BatchedStore's callback forms to claim_later, "
      "complete_later."},
@@ -441,8 +440,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&MemoryTableType) < 0 || PyType_Ready(&TwoStepCallType) < 0
-        || PyType_Ready(&KeyedReplyType) < 0) {
+    if (PyType_Ready(&MemoryTableType) < 0) {
         return NULL;
     }
 #ifdef HAVE_SHA_NI_BUILD
@@ -459,9 +457,7 @@ PyInit__speedups(void)
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddType(m, &MemoryTableType) < 0
-        || PyModule_AddType(m, &TwoStepCallType) < 0
-        || PyModule_AddType(m, &KeyedReplyType) < 0) {
+    if (PyModule_AddType(m, &MemoryTableType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

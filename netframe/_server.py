@@ -718,7 +718,7 @@ class Server:
         slot: a :class:`Later` replies when settled, anything else is finished in a
         goroutine of its own (:meth:`_handle_rest`)."""
         st.in_flight += 1
-        if type(pending) is Later:
+        if isinstance(pending, Later):
             pending.on_settle(self._later_replied, st)
         else:
             go(self._handle_rest, st, pending)

@@ -16,11 +16,12 @@ How a request is answered, fast to slow
    its late outcome is dropped.
 4. A keyed call to a one-step idempotent method (no wait but its commit: a
    ``pass_context`` method's context only tells it its deadline), with a timeout or
-   not, or to a two-step one without a timeout: ``handle`` returns a
-   :class:`netframe.Later` that ``Idempotency.run_later`` settles (a one-step
-   method's effect is built in the caller's frame, and the store's batch settles it
+   not, or to a two-step one without a timeout: ``handle`` returns the call itself, an
+   :class:`RPCCall` (a keyed call that is the :class:`netframe.Later` the server
+   waits on, settled with the reply's bytes when the call finishes: a one-step
+   method's effect is built in the caller's frame, and the store's batch finishes it
    once the commit returns: no goroutine waits for it), or the reply's bytes when the
-   call was over before ``run_later`` returned (a two-step call on a store whose
+   call was over before ``begin`` returned (a two-step call on a store whose
    operations never wait). A one-step reply is ``DEADLINE_EXCEEDED`` when the
    deadline has passed by the time its commit returns; a two-step call with a
    timeout runs as in 3.
@@ -59,8 +60,7 @@ from .._errors import (
     StaleClaim,
     StoreUnavailable,
 )
-from .._idempotency import Call, Idempotency
-from .._idempotency import run_later as _run_later
+from .._idempotency import Call, Idempotency, KeyedCall, _KeyedCall
 from .._outcome import Outcome
 from ._errors import RPCError
 from ._protocol import (
@@ -207,20 +207,6 @@ _BACKGROUND: Final = context.background()
 _RPC_REPLY: Final = WaitReason.RPC_REPLY  # the race of a method against its deadline
 
 
-def _py_keyed_reply(
-    replied: Callable[..., None], later: Later, msgid: int
-) -> Callable[[Outcome | None, BaseException | None], None]:
-    """``run_later``'s callback for a keyed call with no deadline and no context to
-    cancel: ``replied`` (the dispatcher's ``_keyed_replied``) with its call's Later and
-    msgid. The reference of the C twin ``KeyedReply``, which answers the common outcome
-    (recorded now, a value) without a Python frame and hands every other to
-    ``replied``."""
-    return functools.partial(replied, later, msgid, math.inf, None)
-
-
-_keyed_reply: Final = _py_keyed_reply if _speedups is None else _speedups.KeyedReply
-
-
 def _run_method(
     spec: MethodSpec, params: list[Any], ctx: context.Context, two_step: bool, call: Call
 ) -> Any:
@@ -253,6 +239,59 @@ async def _awaited(result: Awaitable[Any]) -> Any:
         return await result
     except RPCError as exc:  # as in _run_method
         raise ApplicationError(exc.code, exc.message, exc.data) from exc
+
+
+class RPCCall(KeyedCall, Later):
+    """A keyed RPC call, from its parsed request to its reply's bytes: the
+    :class:`KeyedCall` whose handler is the method and whose end is the reply, and the
+    :class:`netframe.Later` the server waits on for it (one object, no callback between
+    the call and the reply).
+
+    Made as a KeyedCall is (its ``handler`` None: :meth:`invoke` calls the method); the
+    dispatcher then sets its own slots -- the dispatcher, the method, the msgid, the
+    context the method is given, the deadline and the context's cancel -- and begins
+    it. Where the C accelerator is built, ``_RPCCall`` below is its twin (made by
+    ``_speedups.twin_of``), whose C ``finish`` answers the common outcome (recorded now,
+    a value) without a Python frame and calls this class's for every other."""
+
+    __slots__ = ("cancel_ctx", "deadline", "dispatcher", "method_ctx", "msgid", "spec")
+    dispatcher: Dispatcher
+    spec: MethodSpec
+    msgid: int
+    method_ctx: context.Context  # what a pass_context method is given
+    deadline: float  # math.inf: none
+    cancel_ctx: Callable[[], None] | None  # ends method_ctx with the call
+
+    def invoke(self, call: Call) -> Any:
+        """The method, with ``call``'s fence for a ``pass_call`` method: as
+        :func:`_run_method` (a two-step method's awaitable comes back awaited by a
+        coroutine that turns its RPCError into the status it chose)."""
+        return _run_method(self.spec, self.args, self.method_ctx, not self.one_step, call)
+
+    def finish(self, outcome: Outcome | None, error: BaseException | None) -> None:
+        """The call is over: its reply's bytes settle it (the deadline's answer once
+        the deadline has passed, an error's status, or the outcome's response)."""
+        if self.cancel_ctx is not None:
+            self.cancel_ctx()  # the context given to a pass_context method, over with its call
+        dispatcher = self.dispatcher
+        msgid = self.msgid
+        if self.deadline != math.inf and gosim.now() >= self.deadline:
+            dispatcher._stats.late_completions += 1
+            reply = dispatcher._deadline_exceeded(msgid, "deadline exceeded")
+        elif error is not None:
+            code, message, data = _idempotency_error(error)
+            reply = dispatcher._error(msgid, code, message, data)
+        else:
+            assert outcome is not None
+            reply = dispatcher._outcome_reply(msgid, outcome)
+        self.reply(reply)
+
+
+# The one place that chooses C or Python for a keyed RPC call: the C twin where
+# KeyedCall has one.
+_RPCCall: type[RPCCall] = RPCCall
+if _speedups is not None and _KeyedCall is not KeyedCall:
+    _RPCCall = _speedups.configure_rpc_call(RPCCall)
 
 
 def _idempotency_error(exc: BaseException) -> tuple[int, str, Any]:
@@ -610,10 +649,11 @@ class Dispatcher:
     def _keyed_later(self, spec: MethodSpec, msg: Request, meta: CallMeta) -> bytes | Later:
         """A keyed call to a one-step method (with a timeout or not), or to a two-step
         method without a timeout, with no goroutine of its own where the store needs
-        none (``Idempotency.run_later``): a one-step method's effect is built now and
-        the store's batch calls back with the outcome, which settles the returned
-        :class:`netframe.Later`; a two-step call on a store that never waits is over
-        before ``run_later`` returns, and its reply's bytes are returned.
+        none: the call is an :class:`RPCCall`, begun here. A one-step method's effect is
+        built now and the store's batch calls back with the outcome, whose reply
+        settles the call, which is returned (a :class:`netframe.Later`); a two-step
+        call on a store that never waits is over before ``begin`` returns, and its
+        reply's bytes are returned.
 
         A one-step call has nothing to cancel once it starts: its commit goes on to its
         end either way (its outcome is recorded, and a retry replays it). So a deadline
@@ -638,55 +678,27 @@ class Dispatcher:
                 deadline = gosim.now() + timeout
         idem = self.idempotency
         assert idem is not None and meta.key is not None
-        later = Later()
         one_step = spec.one_step
         try:
-            _run_later(  # idem.run_later(done, caller=..., key=..., ...), positionally
-                idem,
-                _keyed_reply(self._keyed_replied, later, msgid)
-                if deadline == math.inf and cancel is None
-                else functools.partial(self._keyed_replied, later, msgid, deadline, cancel),
-                meta.caller or ANONYMOUS_CALLER,
-                meta.key,
-                (spec.name, msg.params),
-                functools.partial(_run_method, spec, msg.params, ctx, not one_step),
-                timeout,
-                one_step,
-            )
+            call = _RPCCall(
+                idem, meta.caller or ANONYMOUS_CALLER, meta.key, (spec.name, msg.params), None,
+                wait=idem.wait, timeout=timeout, ctx=None, one_step=one_step,
+            )  # fmt: skip
+            call.dispatcher = self
+            call.spec = spec
+            call.msgid = msgid
+            call.method_ctx = ctx
+            call.deadline = deadline
+            call.cancel_ctx = cancel
+            call.begin()
         except Exception as exc:
             if cancel is not None:
                 cancel()
             code, message, data = _idempotency_error(exc)
             return self._error(msgid, code, message, data)
-        if later.done():  # answered in this frame: its bytes, sent with this pass's
-            return later.result()  # type: ignore[no-any-return]
-        return later
-
-    def _keyed_replied(
-        self,
-        later: Later,
-        msgid: int,
-        deadline: float,
-        cancel: Callable[[], None] | None,
-        outcome: Outcome | None,
-        error: BaseException | None,
-    ) -> None:
-        """``run_later``'s callback for a keyed call: settle its reply."""
-        if cancel is not None:
-            cancel()  # the context given to a pass_context method, over with its call
-        if deadline != math.inf and gosim.now() >= deadline:
-            self._stats.late_completions += 1
-            reply = self._deadline_exceeded(msgid, "deadline exceeded")
-        elif error is not None:
-            code, message, data = _idempotency_error(error)
-            reply = self._error(msgid, code, message, data)
-        else:
-            assert outcome is not None
-            if outcome.ok and not outcome.replayed:  # _outcome_reply's common case
-                reply = encode_response_payloads(msgid, None, outcome.payload, False)
-            else:
-                reply = self._outcome_reply(msgid, outcome)
-        later.reply(reply)
+        if call.done():  # answered in this frame: its bytes, sent with this pass's
+            return call.result()  # type: ignore[no-any-return]
+        return call
 
     async def _call_with_deadline(
         self,

@@ -195,8 +195,8 @@ class Server:
         context only tells it the deadline (a deadline that passes while its effect
         commits is answered ``DEADLINE_EXCEEDED`` by the server all the same, once the
         commit returns: the outcome is recorded, and a retry replays it). Its call
-        waits for the commit on no goroutine: the store's batch calls back and settles
-        a :class:`netframe.Later` (:meth:`idempotency.Idempotency.run_later`). See
+        waits for the commit on no goroutine: the store's batch calls back and the call,
+        the :class:`netframe.Later` the server waits on, is settled with its reply. See
         :meth:`idempotency.Idempotency.run`.
         """
         self.dispatcher.register(

@@ -15,7 +15,7 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import gosim
@@ -62,6 +62,9 @@ def test_every_form_of_the_connection_string_is_masked(pw: str) -> None:
         f"host=db.example user=app password={pw} dbname=payments",
         f"host=db.example password='{pw}' dbname=payments",
     ]
+    # A password that is a piece of the forms' own text (say "127.", of the host) would
+    # be found in what is rightly shown: such a case says nothing about the masking.
+    assume(not any(s in f.replace(quoted, "").replace(pw, "") for f in forms for s in (pw, quoted)))
     for conninfo in forms:
         shown = masked(conninfo)
         assert pw not in shown and quoted not in shown, (conninfo, shown)

@@ -1,21 +1,22 @@
-"""The C twin of a keyed call's two steps (``_speedups.TwoStepCall``) against its Python
-reference (``_idempotency.KeyedCall``).
+"""The C twin of a keyed call (``_idempotency._KeyedCall``, a subclass of
+``_idempotency.KeyedCall`` with its two-step common case in C) against the class itself.
 
 A scripted store answers the claim and the record as hypothesis draws them (a
 CallbackStore now, in the caller's frame, or later, from a goroutine; or a
 SynchronousStore); the handler returns or raises what is drawn. The same script runs
 through each continuation on a seeded runtime, and everything observable must be the
 same: what the store was asked (the completion's every field), what the handler was
-given, what ``done`` got (the outcome's every slot, or the error) or what the call
-raised, the claims still held, and the store's releases.
+given, how the call ended (the outcome's every slot, or the error) or what it raised,
+the claims still held, and the store's releases.
 
-The start of a call (``_speedups.run_later`` against ``_idempotency._py_run_later``) is
-compared the same way over keys, callers and requests good and bad, on every kind of
-store, with busy keys waited for or not.
+The making and the start of a call (its constructor's checks, ``begin``) are compared
+the same way over keys, callers and requests good and bad, on every kind of store, with
+busy keys waited for or not.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from typing import Any
 
@@ -220,6 +221,14 @@ HANDLER_KINDS = [
 ]  # fmt: skip
 
 
+def _ended(call: Any) -> Any:
+    """How a settled call ended: its outcome, or its error."""
+    try:
+        return _describe(call.result(), None)
+    except Exception as exc:
+        return _describe(None, exc)
+
+
 def _describe(outcome: Any, error: BaseException | None) -> Any:
     if error is not None:
         return ("error", type(error).__name__, str(error))
@@ -252,10 +261,10 @@ def run_script(
     async def main() -> None:
         try:
             call = keyed_call(
-                idem, lambda outcome, error: results.append(_describe(outcome, error)),
-                "caller", "key", "op", [1, 2], FP, handler,
+                idem, "caller", "key", ("op", [1, 2]), handler,
                 wait=False, timeout=None, ctx=None, one_step=one_step,
             )  # fmt: skip
+            call.on_settle(lambda _, call: results.append(_ended(call)))
             call.start()
         except Exception as exc:  # a SynchronousStore's failed claim: the caller's
             results.append(("raised", type(exc).__name__, str(exc)))
@@ -285,50 +294,53 @@ def run_script(
 @example("claimed", "record", False, "list", False, True)
 @example("claimed", "down", False, "int", False, True)
 @example("claimed", "record", False, "value-error", False, True)
-def test_the_c_continuation_does_what_the_reference_does(
+def test_the_twin_continuation_does_what_the_reference_does(
     claim: str, complete: str, now: bool, handler_kind: str, one_step: bool, sync: bool
 ) -> None:
     script = (claim, complete, now, handler_kind, one_step, sync)
-    fast = run_script(speedups.TwoStepCall, *script)
+    fast = run_script(_idempotency._KeyedCall, *script)
     ref = run_script(_idempotency.KeyedCall, *script)
     assert fast == ref
-    assert len(fast[2]) == 1, "done was called once, or the call raised"
+    assert len(fast[2]) == 1, "the call ended once, or it raised"
 
 
-def test_the_c_continuation_is_in_place() -> None:
-    assert _idempotency._KeyedCall is speedups.TwoStepCall
+def test_the_twin_is_in_place_and_is_a_keyed_call() -> None:
+    twin = _idempotency._KeyedCall
+    assert twin is not _idempotency.KeyedCall
+    assert twin.__bases__ == (_idempotency.KeyedCall,)
+    assert type(twin.__dict__["on_claim"]).__name__ == "method_descriptor"  # C, not Python
 
 
-def test_the_c_continuation_refuses_a_third_answer_and_bad_calls() -> None:
-    got: list[Any] = []
-
-    async def main() -> None:
-        store = ScriptedStore("claimed", "record", True)
-        idem = Idempotency(store, wait=False)
-        idem._keeper = False
-        cont = speedups.TwoStepCall(
-            idem, lambda outcome, error: got.append(outcome.value), "c", "k", "op", [], FP,
-            lambda call: 1, wait=False, timeout=None, ctx=None, one_step=False,
-        )  # fmt: skip
-        store.claim_later("c", "k", FP, 5.0, cont)
-        with pytest.raises(RuntimeError, match="after its call was over"):
-            cont(None, None)
-        with pytest.raises(TypeError, match=r"takes \(result, error\)"):
-            cont(None)
-
-    gosim.run(main, procs=1)
-    assert got == [1]
-    for bad_args, bad_kwargs in [
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
         ((1, 2), {}),
-        ((1,) * 8, {"wait": 1, "timeout": 2, "ctx": 3}),
-        ((1,) * 8, {"wait": 1, "timeout": 2, "ctx": 3, "one_steps": 4}),
+        ((1,) * 5, {"wait": 1, "timeout": 2, "ctx": 3}),
+        ((1,) * 5, {"wait": 1, "timeout": 2, "ctx": 3, "one_steps": 4}),
         ((1,) * 12, {}),
-    ]:
-        with pytest.raises(TypeError, match="8 positional arguments and the keyword"):
-            speedups.TwoStepCall(*bad_args, **bad_kwargs)
+    ],
+)
+def test_the_twin_refuses_bad_arguments_as_the_reference(args: Any, kwargs: Any) -> None:
+    """A constructor call of the wrong shape: the reference's own TypeError."""
+    errors = []
+    for cls in (_idempotency._KeyedCall, _idempotency.KeyedCall):
+        with pytest.raises(TypeError) as info:
+            cls(*args, **kwargs)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
 
 
-def test_the_c_continuation_leaks_nothing() -> None:
+def test_the_twin_steps_refuse_a_wrong_count_of_arguments() -> None:
+    call = _idempotency._KeyedCall(
+        Idempotency(MemoryStore()), "c", "k", ("op", []), lambda call: 1,
+        wait=False, timeout=None, ctx=None, one_step=False,
+    )  # fmt: skip
+    for name in ("on_claim", "on_record", "finish"):
+        with pytest.raises(TypeError, match=f"{name} takes 2 positional arguments"):
+            getattr(call, name)(None)
+
+
+def test_the_twin_continuation_leaks_nothing() -> None:
     """Its fast path and each hand-over, many times: nothing is left live and no
     reference count creeps."""
     kinds = [("record", "list"), ("record", "value-error"), ("stale", "int"),
@@ -338,14 +350,16 @@ def test_the_c_continuation_leaks_nothing() -> None:
         for i in range(n):
             complete, handler_kind = kinds[i % len(kinds)]
             sync = i % 2 == 1
-            run_script(speedups.TwoStepCall, "claimed", complete, True, handler_kind, False, sync)
+            run_script(
+                _idempotency._KeyedCall, "claimed", complete, True, handler_kind, False, sync
+            )
 
     moved, live = leaks(work, FP, warm=50, runs=300)
     assert moved == [0]
     assert live < 256 * 1024, f"{live} bytes still live after the calls"
 
 
-# The start of a call: _speedups.run_later against _idempotency._py_run_later.
+# The making and start of a call: the twin against the class.
 
 
 class KeySubclass(str):
@@ -391,7 +405,7 @@ class NeitherStart(AwaitingClaim, Script):
 
 
 def run_start(
-    start: Any,
+    keyed_call: Any,
     store_kind: str,
     caller: Any,
     key: Any,
@@ -402,9 +416,9 @@ def run_start(
     wait: bool = False,
     handler_kind: str = "list",
 ) -> Any:
-    """Everything observable of one call started by ``start`` (the types of what the
-    store was given included), in virtual time: a wait for a busy key ends at its
-    timeout, or is still waiting at the end."""
+    """Everything observable of one call made by ``keyed_call`` (the class) and begun
+    (the types of what the store was given included), in virtual time: a wait for a
+    busy key ends at its timeout, or is still waiting at the end."""
     store: Store
     files = tempfile.TemporaryDirectory()
     if store_kind in ("memory", "sqlite"):
@@ -441,10 +455,13 @@ def run_start(
 
     async def main() -> None:
         try:
-            start(
-                idem, lambda outcome, error: results.append(_describe(outcome, error)),
-                caller, key, request, handler, timeout, one_step,
+            # Idempotency.run_later, with the class given
+            call = keyed_call(
+                idem, caller, key, request, handler,
+                wait=wait, timeout=timeout, ctx=None, one_step=one_step,
             )  # fmt: skip
+            call.on_settle(lambda _, call: results.append(_ended(call)))
+            call.begin()
         except Exception as exc:
             results.append(("raised", type(exc).__name__, str(exc)))
         for _ in range(20):
@@ -479,7 +496,7 @@ def run_start(
 @example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "list")
 @example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "awaitable")
 @example("sqlite", "caller", "key", ("op", [1]), True, None, "claimed", False, "value-error")
-def test_the_c_start_does_what_the_reference_does(
+def test_the_twin_start_does_what_the_reference_does(
     store_kind: str,
     caller: Any,
     key: Any,
@@ -491,8 +508,8 @@ def test_the_c_start_does_what_the_reference_does(
     handler_kind: str,
 ) -> None:
     script = (store_kind, caller, key, request, one_step, timeout, claim, wait, handler_kind)
-    fast = run_start(speedups.run_later, *script)
-    assert fast == run_start(_idempotency._py_run_later, *script)
+    fast = run_start(_idempotency._KeyedCall, *script)
+    assert fast == run_start(_idempotency.KeyedCall, *script)
     assert len(fast[2]) <= 1, "done was called once at most, or the start raised"
 
 
@@ -504,48 +521,59 @@ def test_the_c_start_does_what_the_reference_does(
     + [("caller", key, ("op", [1])) for key in KEYS]
     + [(caller, "key", ("op", [1])) for caller in CALLERS],
 )
-def test_the_c_start_answers_each_argument_as_the_reference(
+def test_the_twin_start_answers_each_argument_as_the_reference(
     store_kind: str, caller: Any, key: Any, request_: Any, one_step: bool
 ) -> None:
     """Each key, caller and request of the lists above with the others plain."""
     script = (store_kind, caller, key, request_, one_step, None)
-    assert run_start(speedups.run_later, *script) == run_start(_idempotency._py_run_later, *script)
+    assert run_start(_idempotency._KeyedCall, *script) == run_start(_idempotency.KeyedCall, *script)
 
 
 @pytest.mark.parametrize(("wait", "timeout"), [(True, None), (True, 2.5), (False, None)])
 @pytest.mark.parametrize(("store_kind", "one_step"), [("now", False), ("sqlite", True)])
-def test_the_c_start_waits_for_a_busy_key_as_the_reference(
+def test_the_twin_start_waits_for_a_busy_key_as_the_reference(
     wait: bool, timeout: Any, store_kind: str, one_step: bool
 ) -> None:
     script = (store_kind, "caller", "key", ("op", [1]), one_step, timeout, "busy", wait)
-    fast = run_start(speedups.run_later, *script)
-    assert fast == run_start(_idempotency._py_run_later, *script)
+    fast = run_start(_idempotency._KeyedCall, *script)
+    assert fast == run_start(_idempotency.KeyedCall, *script)
     # Still waiting; timed out; or told at once that the key is in progress.
     assert [r[:2] for r in fast[2]] == (
         [] if timeout is None and wait else [("error", "InProgress")]
     )
 
 
-def test_the_c_start_takes_the_common_case_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plain key and caller and a pair, on either kind of store: the reference (and
-    so Idempotency.run_later) is never called."""
-    assert _idempotency.run_later is speedups.run_later
-    monkeypatch.setattr(Idempotency, "run_later", None)  # calling it would raise
-    for store_kind in ("now", "later", "sync"):
-        log, _, results, _ = run_start(
-            speedups.run_later, store_kind, "caller", "key", ("op", [1]), False, None
-        )
-        assert [entry[0][1] for entry in log] == ["claim", "complete"]
-        assert results[0][0] == "outcome"
-    for store_kind, one_step in [("memory", False), ("sqlite", False), ("sqlite", True)]:
-        _, seen, results, _ = run_start(
-            speedups.run_later, store_kind, "caller", "key", ("op", [1]), one_step, None
-        )
-        assert len(seen) == 1
-        assert results[0][0] == "outcome"
+def test_the_twin_takes_the_common_case_without_a_python_frame_of_the_call() -> None:
+    """A plain key and caller, a pair, a handler that returns a plain value: from the
+    constructor to the call's end, no method of KeyedCall runs in Python (the handler is
+    called from C), on either kind of store, two steps."""
+    ran: list[str] = []
+    methods = {
+        getattr(f, "__func__", f).__code__
+        for f in vars(_idempotency.KeyedCall).values()
+        if callable(getattr(f, "__func__", f))
+    }
+    methods.add(_idempotency._checked.__code__)
+    assert len(methods) > 15
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in methods:
+            ran.append(frame.f_code.co_name)
+
+    for store_kind in ("now", "later", "sync", "memory", "sqlite"):
+        ran.clear()
+        sys.setprofile(profile)
+        try:
+            _, seen, results, _ = run_start(
+                _idempotency._KeyedCall, store_kind, "caller", "key", ("op", [1]), False, None
+            )
+        finally:
+            sys.setprofile(None)
+        assert len(seen) == 1 and results[0][0] == "outcome", store_kind
+        assert ran == [], (store_kind, ran)
 
 
-def test_the_c_start_leaks_nothing() -> None:
+def test_the_twin_start_leaks_nothing() -> None:
     request = ("op", [1])
     cases = [("now", "key", request), ("sync", "key", request), ("now", "", request),
              ("now", "key", ("op", ["x" * 300]))]  # fmt: skip
@@ -553,7 +581,7 @@ def test_the_c_start_leaks_nothing() -> None:
     def work(n: int) -> None:
         for i in range(n):
             store_kind, key, request = cases[i % len(cases)]
-            run_start(speedups.run_later, store_kind, "caller", key, request, False, None)
+            run_start(_idempotency._KeyedCall, store_kind, "caller", key, request, False, None)
 
     moved, live = leaks(work, request, warm=50, runs=300)
     assert moved == [0]

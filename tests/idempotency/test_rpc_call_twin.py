@@ -1,15 +1,17 @@
-"""The C twin of a keyed RPC call's reply callback (``_speedups.KeyedReply``) against
-its Python reference (``rpc._dispatch._py_keyed_reply``, a partial of the dispatcher's
-``_keyed_replied``).
+"""The C twin of a keyed RPC call (``rpc._dispatch._RPCCall``, a subclass of
+``RPCCall`` with its common case and its reply in C) against ``RPCCall`` itself, at the
+call's end.
 
-Each is given the same (outcome, error) for a Later of its own: the Laters must end the
-same way (the same reply bytes, or the same exception), the call must return or raise
-the same, and the dispatcher's statistics must move the same. The common case must not
-reach the reference at all.
+Each is given the same (outcome, error) to finish with: the calls (each the Later the
+server waits on) must end the same way (the same reply bytes, or the same exception),
+``finish`` must return or raise the same, and the dispatcher's statistics must move the
+same. The common case must not reach the reference at all.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 import msgpack
@@ -22,7 +24,7 @@ from idempotency import Idempotency, InvalidKey, KeyReused, StoreUnavailable
 from idempotency._accel import speedups
 from idempotency._outcome import Outcome
 from idempotency.rpc import _dispatch
-from idempotency.rpc._dispatch import Dispatcher, _py_keyed_reply
+from idempotency.rpc._dispatch import Dispatcher, RPCCall
 from idempotency.stores import MemoryStore
 from netframe import Later
 
@@ -67,20 +69,35 @@ msgids = st.one_of(
 )
 
 
-def run(make: Any, msgid: Any, args: tuple[Any, ...], settled_before: str | None) -> Any:
-    """What one callback does: the Later's end, the call's own end, the statistics."""
+def rpc_call(cls: Any, dispatcher: Dispatcher, msgid: Any, deadline: float = math.inf) -> Any:
+    """A keyed RPC call of ``cls`` as the dispatcher makes one, not begun."""
+    call = cls(
+        Idempotency(MemoryStore()), "caller", "k-1", ("echo", []), None,
+        wait=False, timeout=None, ctx=None, one_step=False,
+    )  # fmt: skip
+    call.dispatcher = dispatcher
+    call.spec = None
+    call.msgid = msgid
+    call.method_ctx = None
+    call.deadline = deadline
+    call.cancel_ctx = None
+    return call
+
+
+def run(cls: Any, msgid: Any, args: tuple[Any, ...], settled_before: str | None) -> Any:
+    """What one call's end does: the call's settle, finish's own end, the statistics."""
     dispatcher = Dispatcher()
-    later = Later()
+    call = rpc_call(cls, dispatcher, msgid)
     if settled_before == "replied":
-        later.settle(b"earlier")
+        call.settle(b"earlier")
     elif settled_before == "cancelled":
-        later.cancel()
+        call.cancel()
     try:
-        returned: Any = ("returned", make(dispatcher._keyed_replied, later, msgid)(*args))
+        returned: Any = ("returned", call.finish(*args))
     except Exception as exc:
         returned = ("raised", type(exc), str(exc))
     try:
-        end: Any = ("reply", later.result()) if later.done() else ("pending",)
+        end: Any = ("reply", call.result()) if call.done() else ("pending",)
     except BaseException as exc:
         end = ("failed", type(exc))
     return returned, end, dispatcher.statistics()
@@ -97,8 +114,8 @@ def test_the_twin_answers_as_the_reference(
     out: Outcome, error: BaseException | None, msgid: int, settled_before: str | None
 ) -> None:
     args = (None, error) if error is not None else (out, None)
-    assert run(speedups.KeyedReply, msgid, args, settled_before) == run(
-        _py_keyed_reply, msgid, args, settled_before
+    assert run(_dispatch._RPCCall, msgid, args, settled_before) == run(
+        RPCCall, msgid, args, settled_before
     )
 
 
@@ -110,16 +127,16 @@ def test_the_common_case_at_every_msgid_width(msgid: int, payload: bytes) -> Non
     """A value recorded now, the msgid of every encoded width: the same bytes, from the
     twin alone."""
     args = (Outcome(True, payload, False, 1), None)
-    twin = run(speedups.KeyedReply, msgid, args, None)
-    assert twin == run(_py_keyed_reply, msgid, args, None)
+    twin = run(_dispatch._RPCCall, msgid, args, None)
+    assert twin == run(RPCCall, msgid, args, None)
     assert twin[1] == ("reply", msgpack.packb([1, msgid, None, None])[:-1] + payload)
 
 
 @pytest.mark.parametrize("msgid", [-1, MAX_MSGID + 1, True, 2.0, "5"])
 def test_a_msgid_the_wire_cannot_carry_goes_to_the_reference(msgid: Any) -> None:
     args = (Outcome(True, b"\xa1x", False, 1), None)
-    twin = run(speedups.KeyedReply, msgid, args, None)
-    assert twin == run(_py_keyed_reply, msgid, args, None)
+    twin = run(_dispatch._RPCCall, msgid, args, None)
+    assert twin == run(RPCCall, msgid, args, None)
     assert twin[0][0] == "raised"
 
 
@@ -134,45 +151,38 @@ class LooksLikeAnOutcome:
 
 def test_what_is_not_an_outcome_goes_to_the_reference() -> None:
     args = (LooksLikeAnOutcome(), None)
-    twin = run(speedups.KeyedReply, 4, args, None)
-    assert twin == run(_py_keyed_reply, 4, args, None)
+    twin = run(_dispatch._RPCCall, 4, args, None)
+    assert twin == run(RPCCall, 4, args, None)
     assert twin[1] == ("reply", b"\x94\x01\x04\xc0\xa4duck")
 
 
-def test_other_call_shapes_go_to_the_reference() -> None:
-    """Keyword arguments and a wrong count reach ``_keyed_replied`` as given."""
-    seen: list[Any] = []
+@pytest.mark.parametrize("deadline", [0.0, 1e9])
+def test_a_call_with_a_deadline_goes_to_the_reference(deadline: float) -> None:
+    """Past its deadline (DEADLINE_EXCEEDED, counted) or before it: the same answer."""
+    args = (Outcome(True, b"\xa1x", False, 1), None)
+    ends = []
+    for cls in (_dispatch._RPCCall, RPCCall):
+        dispatcher = Dispatcher()
 
-    def replied(*args: Any, **kwargs: Any) -> str:
-        seen.append((args, kwargs))
-        return "reference"
+        async def main(cls: Any = cls, dispatcher: Dispatcher = dispatcher) -> None:
+            call = rpc_call(cls, dispatcher, 5, deadline)
+            call.finish(*args)
+            ends.append((call.result(), dispatcher.statistics()))
 
-    later = Later()
-    twin = speedups.KeyedReply(replied, later, 3)
-    good = Outcome(True, b"\xa1x", False, 1)
-    assert twin(good) == "reference"
-    assert twin(good, error=None) == "reference"
-    assert twin(good, None, 1) == "reference"
-    inf = float("inf")
-    assert seen == [
-        ((later, 3, inf, None, good), {}),
-        ((later, 3, inf, None, good), {"error": None}),
-        ((later, 3, inf, None, good, None, 1), {}),
-    ]
-    assert not later.done()
+        gosim.run(main, procs=1, virtual_time=True)
+    assert ends[0] == ends[1]
 
 
-def test_a_keyed_call_is_answered_without_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_keyed_call_is_answered_without_the_reference() -> None:
     """Through the dispatcher, a keyed call recorded now is answered by the twin alone:
-    ``_keyed_replied`` is never called, and the reply is the reference's bytes."""
-    calls: list[Any] = []
-    original = Dispatcher._keyed_replied
+    ``RPCCall.finish`` runs only for the replay, and the reply is the reference's bytes."""
+    finishes: list[Any] = []
+    code = RPCCall.finish.__code__
 
-    def spy(self: Dispatcher, *args: Any) -> None:
-        calls.append(args)
-        original(self, *args)
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is code:
+            finishes.append(frame.f_locals["outcome"].replayed)
 
-    monkeypatch.setattr(Dispatcher, "_keyed_replied", spy)
     request = msgpack.packb([0, 9, "echo", ["hi"], {"key": "k-1"}])
     replies: list[Any] = []
 
@@ -183,10 +193,14 @@ def test_a_keyed_call_is_answered_without_the_reference(monkeypatch: pytest.Monk
             reply = dispatcher.handle_payload(request)
             replies.append(reply if type(reply) is bytes else await reply)
 
-    gosim.run(main)
+    sys.setprofile(profile)
+    try:
+        gosim.run(main)
+    finally:
+        sys.setprofile(None)
     assert replies[0] == b"\x94\x01\x09\xc0\xa2hi"
     assert replies[1] == b"\x95\x01\x09\xc0\xa2hi\x81\xa8replayed\xc3"  # by the reference
-    assert len(calls) == 1
+    assert finishes == [True]
 
 
 def test_the_twin_leaks_nothing() -> None:
@@ -194,24 +208,17 @@ def test_the_twin_leaks_nothing() -> None:
     reference count creeping."""
     payload = b"\xa5hello"
     dispatcher = Dispatcher()
+    twin = _dispatch._RPCCall
 
     def work(n: int) -> None:
         for i in range(n):
-            speedups.KeyedReply(dispatcher._keyed_replied, Later(), i)(
-                Outcome(True, payload, False, i), None
-            )
-            speedups.KeyedReply(dispatcher._keyed_replied, Later(), i)(
-                Outcome(True, payload, True, i), None
-            )
-            speedups.KeyedReply(dispatcher._keyed_replied, Later(), i)(
-                None, StoreUnavailable("down")
-            )
-            settled = Later()
+            rpc_call(twin, dispatcher, i).finish(Outcome(True, payload, False, i), None)
+            rpc_call(twin, dispatcher, i).finish(Outcome(True, payload, True, i), None)
+            rpc_call(twin, dispatcher, i).finish(None, StoreUnavailable("down"))
+            settled = rpc_call(twin, dispatcher, i)
             settled.settle(b"x")
             try:
-                speedups.KeyedReply(dispatcher._keyed_replied, settled, i)(
-                    Outcome(True, payload, False, i), None
-                )
+                settled.finish(Outcome(True, payload, False, i), None)
             except RuntimeError:
                 pass
 
@@ -220,6 +227,7 @@ def test_the_twin_leaks_nothing() -> None:
     assert live < 64 * 1024, f"{live} bytes still live after the calls"
 
 
-def test_the_reference_is_what_pure_python_runs() -> None:
-    assert _dispatch._keyed_reply is speedups.KeyedReply
-    assert _py_keyed_reply(print, Later(), 1).args[2:] == (float("inf"), None)
+def test_the_twin_is_a_later_and_the_reference_what_pure_python_runs() -> None:
+    assert _dispatch._RPCCall is not RPCCall
+    assert _dispatch._RPCCall.__bases__ == (RPCCall,)
+    assert issubclass(RPCCall, Later)
