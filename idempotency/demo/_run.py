@@ -382,7 +382,9 @@ def run(opts: Options) -> int:
             spec = LedgerSpec("sqlite", path=opts.db or workdir / "ledger.db")
         create_ledger(spec, opts.accounts)
         own = own_server is not None
-        conductor = _Conductor(opts, console, live_display, workdir, spec, signals, procs, own)
+        conductor = _Conductor(
+            opts, console, live_display, workdir, spec, signals, procs=procs, own_redis=own
+        )
         write_manifest(workdir, spec, opts.accounts, conductor.per, own_server is not None)
         code = conductor.conduct()
         keep = keep or code != 0
@@ -454,6 +456,7 @@ class _Conductor:
         workdir: Path,
         spec: LedgerSpec,
         signals: _Signals,
+        *,
         procs: list[_Proc],
         own_redis: bool,
     ) -> None:

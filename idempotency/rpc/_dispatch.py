@@ -725,7 +725,7 @@ class Dispatcher:
             deadline = gosim.now() + meta.timeout_ms / 1000.0
         race = Waiter()
         race.set_deadline(deadline, None)
-        go(self._run_to, race, run, spec, msg, meta, ctx, deadline, cancel)
+        go(self._run_to, race, run, spec, msg, ctx, deadline, cancel)
         reply: bytes | None = await race.wait(_RPC_REPLY)
         if reply is not None:
             return reply
@@ -742,7 +742,6 @@ class Dispatcher:
         run: Callable[[MethodSpec, Request, Any, context.Context, float], Awaitable[bytes]],
         spec: MethodSpec,
         msg: Request,
-        meta: CallMeta,
         ctx: context.Context,
         deadline: float,
         cancel: Callable[[], None] | None,
@@ -751,7 +750,7 @@ class Dispatcher:
         # end here even when the caller's deadline passes first: a retry then replays.
         reply = None
         try:
-            reply = await run(spec, msg, meta, ctx, deadline)
+            reply = await run(spec, msg, msg.meta, ctx, deadline)
         finally:
             expired = False
             if cancel is not None:

@@ -213,7 +213,6 @@ from ._batch import (
     current,
 )
 from ._contract import (
-    Completion,
     Effect,
     StoredRecord,
     refused_on_virtual_clock,
@@ -401,6 +400,26 @@ def _close_now(conn: NetpollConnection) -> None:
     """Close ``conn`` without waiting (libpq's socket is non-blocking)."""
     conn.detach()
     conn.pgconn.finish()
+
+
+class _Transaction:
+    """One batch's transaction after its BEGIN round trip: its connection, the time
+    and the fencing tokens the server gave it (``fence_at``: the next unused), the
+    records as read (``ws``) and as changed (``dirty``), and whether an effect's
+    savepoint is open (COMMIT releases the last one)."""
+
+    __slots__ = ("conn", "dirty", "fence_at", "fences", "now", "savepoint", "ws")
+
+    def __init__(
+        self, conn: NetpollConnection, now: float, fences: list[int], ws: WorkingSet
+    ) -> None:
+        self.conn = conn
+        self.now = now
+        self.fences = fences
+        self.fence_at = 0
+        self.ws = ws
+        self.dirty: dict[tuple[str, str], Record | None] = {}
+        self.savepoint = False
 
 
 class PostgresStore(BatchedOneStepStore):
@@ -691,7 +710,9 @@ class PostgresStore(BatchedOneStepStore):
             lock = _fill(self._text["lock" if writes else "read"], escape(_dumps(keys)))
             rows, now, fences = await self._begin(conn, lock, claims, _turns(ops))
             reading = False
-            await self._write_batch(conn, ops, keys, rows, now, fences, writes, escape)
+            ws: WorkingSet = dict.fromkeys(keys)
+            ws.update(self._read_records(conn, rows))
+            await self._write_batch(_Transaction(conn, now, fences, ws), ops, writes, escape)
         except _Retry:
             await _rollback(conn)
             return _RETRY
@@ -715,27 +736,19 @@ class PostgresStore(BatchedOneStepStore):
 
     async def _write_batch(
         self,
-        conn: NetpollConnection,
+        tx: _Transaction,
         ops: list[Op],
-        keys: list[tuple[str, str]],
-        rows: Any,
-        now: float,
-        fences: list[int],
         writes: bool,
         escape: Callable[[bytes], bytes],
     ) -> None:
-        """The batch's work after its BEGIN round trip (which locked ``keys`` and read
-        ``rows``): every operation decided against the records, then one round trip
-        with the writes, a sweep step and COMMIT (skipped by the server if a write
-        failed: ``_apply`` then rolls the transaction back)."""
-        ws: WorkingSet = dict.fromkeys(keys)
-        ws.update(self._read_records(conn, rows))
-        existed = {rk for rk, rec in ws.items() if rec is not None}
-        fence_at = 0
-        dirty: dict[tuple[str, str], Record | None] = {}
-        savepoint = [False]  # an effect's savepoint is open (COMMIT releases it)
+        """The batch's work after its BEGIN round trip (which locked its keys and read
+        their records into ``tx.ws``): every operation decided against the records,
+        then one round trip with the writes, a sweep step and COMMIT (skipped by the
+        server if a write failed: ``_apply`` then rolls the transaction back)."""
+        existed = {rk for rk, rec in tx.ws.items() if rec is not None}
         for op in ops:
-            fence_at = await self._apply_one(conn, op, ws, dirty, now, fences, fence_at, savepoint)
+            await self._apply_one(tx, op)
+        dirty, now = tx.dirty, tx.now
         query = self._writes(dirty, existed, escape) if dirty else []
         if self._sweep_every > 0 and writes:
             self._batches_to_sweep -= 1
@@ -743,31 +756,22 @@ class PostgresStore(BatchedOneStepStore):
                 self._batches_to_sweep = self._sweep_every
                 query.append(_fill(self._text["sweep"], _float(now), b"%d" % _SWEEP_STEP))
         query.append(b"COMMIT")
-        await _query(conn, b";".join(query))
+        await _query(tx.conn, b";".join(query))
 
-    async def _apply_one(
-        self,
-        conn: NetpollConnection,
-        op: Op,
-        ws: WorkingSet,
-        dirty: dict[tuple[str, str], Record | None],
-        now: float,
-        fences: list[int],
-        fence_at: int,
-        savepoint: list[bool],
-    ) -> int:
+    async def _apply_one(self, tx: _Transaction, op: Op) -> None:
         """Decide one operation against the working set (an effect runs in its
-        savepoint); return the index of the next unused token of ``fences``. An error
-        of its own is set on it (it changed nothing, and its batch-mates go on); the
-        batch's (``_Retry``, ``psycopg.Error``) is raised."""
+        savepoint), taking the next of its fencing tokens for a claim. An error of its
+        own is set on it (it changed nothing, and its batch-mates go on); the batch's
+        (``_Retry``, ``psycopg.Error``) is raised."""
         kind = op.kind
+        ws, dirty, now, fences = tx.ws, tx.dirty, tx.now, tx.fences
         try:
             if kind == _CLAIM:
                 caller, key, fp, lease = op.args
                 rk = (caller, key)
-                res = claim(current(ws, rk), fp, now, lease, fences[fence_at])
+                res = claim(current(ws, rk), fp, now, lease, fences[tx.fence_at])
                 if res.kind is ClaimKind.CLAIMED:
-                    fence_at += 1
+                    tx.fence_at += 1
                     ws[rk] = dirty[rk] = res.record
                 op.result = res
             elif kind == _COMPLETE:
@@ -779,29 +783,25 @@ class PostgresStore(BatchedOneStepStore):
                     ws[rk] = dirty[rk] = done
                     op.result = done
                 else:
-                    applied = await self._effect_and_record(
-                        conn, op, f, c, rec, now, False, savepoint
-                    )
+                    applied = await self._effect_and_record(tx, op, f, rec, False)
                     if applied is not None:
                         ws[rk] = dirty[rk] = applied
             elif kind == _CLAIM_COMPLETE:
                 caller, key, fp, lease, call, c = op.args
                 rk = (caller, key)
-                fence = fences[fence_at]
+                fence = fences[tx.fence_at]
                 res = claim(current(ws, rk), fp, now, lease, fence)
                 if res.kind is not ClaimKind.CLAIMED:
                     op.result = res  # a replay, a mismatch, busy: nothing written
                 else:
-                    fence_at += 1
+                    tx.fence_at += 1
                     call.fence = fence
                     if c.effect is None:
                         done = complete(res.record, fence, c.ok, c.payload, now, c.ttl, caller, key)
                         ws[rk] = dirty[rk] = done
                         op.result = done
                     else:
-                        applied = await self._effect_and_record(
-                            conn, op, fence, c, res.record, now, True, savepoint
-                        )
+                        applied = await self._effect_and_record(tx, op, fence, res.record, True)
                         if applied is not None:
                             ws[rk] = dirty[rk] = applied
             else:  # RELEASE, GET, RENEW
@@ -810,7 +810,6 @@ class PostgresStore(BatchedOneStepStore):
             raise  # the batch's, not this operation's
         except Exception as exc:
             op.error = exc  # this operation's alone: it changed nothing
-        return fence_at
 
     async def _batch_failed(
         self, conn: NetpollConnection, ops: list[Op], exc: psycopg.Error, reading: bool
@@ -899,31 +898,25 @@ class PostgresStore(BatchedOneStepStore):
         return query
 
     async def _effect_and_record(
-        self,
-        conn: NetpollConnection,
-        op: Op,
-        fence: int,
-        c: Completion,
-        rec: Record | None,
-        now: float,
-        just_claimed: bool,
-        savepoint: list[bool],
+        self, tx: _Transaction, op: Op, fence: int, rec: Record | None, just_claimed: bool
     ) -> Record | None:
-        """Run claim ``fence``'s effect in a savepoint; return its completed record, or
-        None when it failed (nothing of it stays and ``op`` carries the error).
+        """Run claim ``fence``'s effect (of ``op``'s completion, its last argument) in a
+        savepoint; return its completed record, or None when it failed (nothing of it
+        stays and ``op`` carries the error).
 
         Each statement here is a round trip that parks the batch's goroutine while the
         transaction holds its row locks, so the savepoint of an effect that succeeded
-        is left open (``savepoint[0]``): the next effect's one statement releases it
+        is left open (``tx.savepoint``): the next effect's one statement releases it
         and opens its own, and COMMIT releases the last."""
-        caller, key = op.args[0], op.args[1]
+        conn, now = tx.conn, tx.now
+        caller, key, c = op.args[0], op.args[1], op.args[-1]
         effect = c.effect
         assert isinstance(effect, PostgresEffect)  # checked before the batch
         if not just_claimed:
             # A stale holder's effect must not run: check the claim first.
             complete(rec, fence, True, b"", now, c.ttl, caller, key)
-        await _query(conn, _SP_NEXT if savepoint[0] else _SP_OPEN)
-        savepoint[0] = True
+        await _query(conn, _SP_NEXT if tx.savepoint else _SP_OPEN)
+        tx.savepoint = True
         try:
             # The effect is awaited here; run_effect then judges its outcome (a final
             # ApplicationError asks for the savepoint's rollback: ``undone``).
@@ -945,7 +938,7 @@ class PostgresStore(BatchedOneStepStore):
             if conn.closed or conn.info.transaction_status == TransactionStatus.UNKNOWN:
                 raise  # the connection is gone: the batch's failure
             await _query(conn, _SP_UNDO)
-            savepoint[0] = False
+            tx.savepoint = False
             if getattr(exc, "sqlstate", None) in _RETRY_STATES:
                 raise _Retry from exc  # a deadlock, not the effect's fault: again
             if isinstance(exc, (IdempotencyError, ApplicationError)):

@@ -116,7 +116,6 @@ from ._batch import (
     current,
 )
 from ._contract import (
-    Completion,
     Effect,
     StoredRecord,
     refused_on_virtual_clock,
@@ -617,16 +616,14 @@ class SQLiteStore(BatchedOneStepStore):
         kind = op.kind
         try:
             if kind == _COMPLETE:
-                caller, key, f, c = op.args
+                caller, key, f, _ = op.args
                 rk = (caller, key)
                 rec = current(ws, rk)
-                applied = self._effect_and_record(
-                    conn, op, caller, key, f, c, rec, now, careful=careful
-                )
+                applied = self._effect_and_record(conn, op, f, rec, now, careful=careful)
                 if applied is not None:
                     ws[rk] = dirty[rk] = applied
             elif kind == _CLAIM_COMPLETE:
-                caller, key, fp, lease, call, c = op.args
+                caller, key, fp, lease, call, _ = op.args
                 rk = (caller, key)
                 res = claim(current(ws, rk), fp, now, lease, fence + 1)
                 if res.kind is not ClaimKind.CLAIMED:
@@ -637,9 +634,8 @@ class SQLiteStore(BatchedOneStepStore):
                     fence += 1
                     call.fence = fence
                     applied = self._effect_and_record(
-                        conn, op, caller, key, fence, c, res.record, now,
-                        careful=careful, just_claimed=True,
-                    )  # fmt: skip
+                        conn, op, fence, res.record, now, careful=careful, just_claimed=True
+                    )
                     if applied is not None:
                         ws[rk] = dirty[rk] = applied
             elif kind in _PLAIN:
@@ -782,22 +778,20 @@ class SQLiteStore(BatchedOneStepStore):
         self,
         conn: sqlite3.Connection,
         op: Op,
-        caller: str,
-        key: str,
         fence: int,
-        c: Completion,
         rec: Record | None,
         now: float,
         *,
         careful: bool,
         just_claimed: bool = False,
     ) -> Record | None:
-        """Run claim ``fence``'s effect in a savepoint; return its completed record (for
-        the caller to write with the batch's others), or None when it failed: nothing
-        of it stays and ``op`` carries the error. ``just_claimed``: ``rec`` is the claim
-        this transaction has just made (claim_and_complete). An atomic effect runs
-        without the savepoint unless ``careful``, and raises _RedoCarefully if it fails
-        after writing."""
+        """Run claim ``fence``'s effect (of ``op``'s completion, its last argument) in a
+        savepoint; return its completed record (for the caller to write with the batch's
+        others), or None when it failed: nothing of it stays and ``op`` carries the
+        error. ``just_claimed``: ``rec`` is the claim this transaction has just made
+        (claim_and_complete). An atomic effect runs without the savepoint unless
+        ``careful``, and raises _RedoCarefully if it fails after writing."""
+        caller, key, c = op.args[0], op.args[1], op.args[-1]
         effect = c.effect
         assert isinstance(effect, SQLiteEffect)  # checked by complete/claim_and_complete
         cur = self._cursor
