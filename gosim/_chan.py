@@ -68,9 +68,9 @@ T = TypeVar("T")
 _PARK = _internals.PARK
 _PREEMPT = _internals.PREEMPT
 
-# The op budget, one rule for every copy of the fast paths (send, recv, recv2,
-# __anext__ here; select in gosim/_select.py, which spends this same countdown; the C
-# twins spend one countdown too): an awaited operation that *returns* without parking
+# The op budget, one rule for every channel operation (send, recv, recv2, __anext__
+# here; select in gosim/_select.py, which spends this same countdown; the C twins spend
+# one countdown too): an awaited operation that *returns* without parking
 # spends one unit, inside a runtime or not (outside one, _preempt_point finds no
 # runtime and only refills). One that raises (send on a closed channel, the end of an
 # ``async for``) or parks spends none; try_send and try_recv spend none. At zero the
@@ -192,31 +192,7 @@ class Chan(Generic[T]):
         second ``await`` raises RuntimeError, as for a coroutine.
         """
         global _budget
-        # try_send's hand-off and buffering, written out rather than called (a call per
-        # send on the pure path); test_chan_budget.py drives this copy on its own.
-        if self._closed:
-            raise SendOnClosedChannel("send on closed channel")
-        rq = self._recvq
-        if rq:
-            w = rq.popleft() if not rq[0].issel else _dequeue(rq)
-            if w is not None:
-                rt = _state.rt
-                if rt is None:
-                    raise NotInRuntime("chan send: waking a receiver needs the runtime")
-                if w.issel:
-                    w.elem = value
-                    w.ok = True
-                    rt.goready(w.g, w)
-                else:
-                    w.ok = True
-                    rt.goready(w, value)
-                _budget -= 1
-                if _budget <= 0:
-                    return _preempt_point()
-                return _DONE
-        buf = self._buf
-        if len(buf) < self._cap:
-            buf.append(value)
+        if self.try_send(value):
             _budget -= 1
             if _budget <= 0:
                 return _preempt_point()
@@ -286,52 +262,15 @@ class Chan(Generic[T]):
 
         The awaitable is awaited once: a second ``await`` raises RuntimeError.
         """
-        # The fast paths below (a buffered item, a parked sender, closed) are copied in
-        # __anext__, written out rather than called: a call costs a frame per receive
-        # on the pure path. Both spend the op budget by the one rule
-        # tests/gosim/test_chan_budget.py drives each copy through.
         global _budget
-        buf = self._buf
-        if buf:
-            v = buf.popleft()
-            if self._sendq:
-                self._take_sender_into_buf()
+        v, _, received = self.try_recv()
+        if received:
             _budget -= 1
             if _budget <= 0:
                 await _preempt_point()
             return v
-        sq = self._sendq
-        if sq:
-            w = sq.popleft() if not sq[0].issel else _dequeue(sq)
-            if w is not None:
-                rt = _state.rt
-                assert rt is not None
-                v = w.elem
-                if w.issel:
-                    rt.goready(w.g, w)
-                else:
-                    rt.goready(w, True)
-                _budget -= 1
-                if _budget <= 0:
-                    await _preempt_point()
-                return v
-        if self._closed:
-            _budget -= 1
-            if _budget <= 0:
-                await _preempt_point()
-            return None
-        rt = _state.rt
-        if rt is None or rt.curg is None:
-            raise NotInRuntime("chan receive would block outside a gosim goroutine")
-        g = rt.curg
-        g.waitreason = WAIT_CHAN_RECEIVE
-        q = self._recvq
-        q.append(g)
-        try:
-            return await _trap(_PARK)  # type: ignore[no-any-return]
-        except BaseException:
-            _leave_queue(q, g)
-            raise
+        v, _ = await self._park_receiver()
+        return v
 
     async def recv2(self) -> tuple[T | None, bool]:
         """Go's ``v, ok := <-ch``: ``ok`` is False once the channel is closed and drained."""
@@ -342,6 +281,11 @@ class Chan(Generic[T]):
             if _budget <= 0:
                 await _preempt_point()
             return v, ok
+        return await self._park_receiver()
+
+    async def _park_receiver(self) -> tuple[T | None, bool]:
+        """Park the calling goroutine on the receive queue until a sender hands it a
+        value or a close wakes it: ``(value, ok)``, as ``recv2``."""
         rt = _state.rt
         if rt is None or rt.curg is None:
             raise NotInRuntime("chan receive would block outside a gosim goroutine")
@@ -469,58 +413,21 @@ class Chan(Generic[T]):
         return self
 
     async def __anext__(self) -> T:
-        """``recv2`` for ``async for``, raising StopAsyncIteration once closed and drained.
-
-        recv's fast paths are written out again here rather than awaited through
-        ``recv2``: a coroutine frame per item is most of the cost of a buffered item.
-        """
-        # A copy of recv's fast paths (but closed ends the loop), then of recv2's park:
-        # change them together; tests/gosim/test_chan_budget.py holds every copy to the
-        # one op-budget rule.
+        """``recv2`` for ``async for``: the next value; StopAsyncIteration once the
+        channel is closed and drained (which, raising, spends no op budget)."""
         global _budget
-        buf = self._buf
-        if buf:
-            v = buf.popleft()
-            if self._sendq:
-                self._take_sender_into_buf()
+        v, ok, received = self.try_recv()
+        if received:
+            if not ok:
+                raise StopAsyncIteration
             _budget -= 1
             if _budget <= 0:
                 await _preempt_point()
-            return v
-        sq = self._sendq
-        if sq:
-            w = sq.popleft() if not sq[0].issel else _dequeue(sq)
-            if w is not None:
-                rt = _state.rt
-                assert rt is not None
-                v = w.elem
-                if w.issel:
-                    rt.goready(w.g, w)
-                else:
-                    rt.goready(w, True)
-                _budget -= 1
-                if _budget <= 0:
-                    await _preempt_point()
-                return v
-        if self._closed:
+            return v  # type: ignore[return-value]
+        v, ok = await self._park_receiver()
+        if not ok:
             raise StopAsyncIteration
-        rt = _state.rt
-        if rt is None or rt.curg is None:
-            raise NotInRuntime("chan receive would block outside a gosim goroutine")
-        g = rt.curg
-        g.waitreason = WAIT_CHAN_RECEIVE
-        g.ok = True
-        q = self._recvq
-        q.append(g)
-        try:
-            v = await _trap(_PARK)
-        except BaseException:
-            _leave_queue(q, g)
-            raise
-        if not g.ok:
-            raise StopAsyncIteration
-        return v
-
+        return v  # type: ignore[return-value]
 
 if not TYPE_CHECKING and speedups is not None:
     # The C implementation of this class (gosim/_speedups_chan.c.h), same contract.
