@@ -77,7 +77,6 @@ from ._protocol import (
     decode,
     encode_error,
     encode_plain_error,
-    encode_response,
     encode_response_payloads,
     parse,
 )
@@ -226,11 +225,8 @@ def _run_method(
         result = spec.fn(*args)
     except RPCError as exc:  # a method's chosen status: final, recorded
         raise ApplicationError(exc.code, exc.message, exc.data) from exc
-    if two_step:
-        # _needs_await's answer for a type it has seen, without its frame
-        known = _AWAITABLE_BY_TYPE.get(type(result))
-        if spec.is_async or known or (known is None and _needs_await(result)):
-            return _awaited(result)
+    if two_step and (spec.is_async or _needs_await(result)):
+        return _awaited(result)
     return result
 
 
@@ -477,38 +473,16 @@ class Dispatcher:
         if self.refusing:
             return self._refuse_payload(payload)
         if len(payload) <= self._bare_max:
-            # Fast path: a four-element request to a plain method (no key, no timeout),
-            # decoded with msgpack's defaults (see Limits.bare_max), checked, called and
-            # encoded here. Anything else that decoded goes to parse() and handle(); bytes
-            # that did not decode go to decode(), which decodes again to say what is wrong.
+            # A payload this small cannot pass the limits: decoded with msgpack's
+            # defaults (see Limits.bare_max), only its shape is left to check, not the
+            # bytes again (a well-formed request in one C call where that is built).
+            # Bytes that did not decode go to decode(), which decodes again to say
+            # what is wrong with them.
             try:
                 obj = _unpackb(payload)
             except Exception:
                 obj = _UNDECODED
-            if type(obj) is list and len(obj) == 4 and obj[0] == 0 and type(obj[0]) is int:
-                msgid, name, params = obj[1], obj[2], obj[3]
-                spec = self.methods.get(name) if type(name) is str else None
-                if (
-                    spec is not None
-                    and spec.fast
-                    and type(params) is list
-                    and type(msgid) is int
-                    and 0 <= msgid <= MAX_MSGID
-                    and spec.min_args <= len(params) <= spec.max_fast
-                ):
-                    self._stats.calls += 1
-                    try:
-                        result = spec.fn(*params)
-                    except Exception as exc:
-                        return self._error(msgid, *_error_payload(exc))
-                    try:
-                        return _pack_response([1, msgid, None, result])
-                    except Exception:
-                        return self._response(msgid, result)  # says why it cannot encode
             if obj is not _UNDECODED:
-                # Decoded as decode() would (a payload this small cannot pass the
-                # limits): only its shape is left to check, not the bytes again (a
-                # well-formed request in one C call where it is built).
                 request = None if _parse_request is None else _parse_request(obj)
                 if request is not None:
                     return self.handle(request)
@@ -572,10 +546,14 @@ class Dispatcher:
     # ------------------------------------------------------------------ slower paths
 
     def _response(self, msgid: int, result: Any) -> bytes:
+        """``[1, msgid, nil, result]`` (the msgid was checked by the parse); for a result
+        msgpack cannot encode, the INTERNAL error that says why."""
         try:
-            return encode_response(msgid, None, result)
-        except ValueError as exc:  # LocalProtocolError: the result is not msgpack-able
-            return self._error(msgid, Status.INTERNAL, f"result cannot be encoded: {exc}")
+            return _pack_response([1, msgid, None, result])
+        except (TypeError, ValueError, OverflowError) as exc:
+            return self._error(
+                msgid, Status.INTERNAL, f"result cannot be encoded: cannot encode as msgpack: {exc}"
+            )
 
     async def _invoke(self, spec: MethodSpec, params: list[Any], ctx: context.Context) -> Any:
         args = (ctx, *params) if spec.pass_context else params
