@@ -110,6 +110,12 @@ C_DOCS: dict[str, list[tuple[str, str, str, str]]] = {
             "function",
             "idempotency/stores/_contract.py:CallbackStore.complete_later",
         ),
+        (
+            "DOC_claim_and_complete_later",
+            "claim_and_complete_later",
+            "function",
+            "idempotency/stores/_contract.py:OneStepStore.claim_and_complete_later",
+        ),
     ],
 }
 

@@ -26,9 +26,10 @@
  *                       checked, the request fingerprinted), its start, and its way
  *                       from its claim's answer through its handler to its record's
  *                       answer and its end (the RPC call's reply encoded);
- *   claim_later, complete_later
- *                       idempotency/stores/_batch.py's BatchedStore methods: an
- *                       operation's Op built and handed to the group commit.
+ *   claim_later, complete_later, claim_and_complete_later
+ *                       idempotency/stores/_batch.py's BatchedStore and
+ *                       BatchedOneStepStore methods: an operation's Op built and
+ *                       handed to the group commit.
  *
  * Every case the fast path does not cover is handed to the Python reference (configured
  * once by idempotency/_accel.py): a refused completion, an effect to run, a request that
@@ -42,7 +43,7 @@
  * _speedups_keys.c.h (fingerprint, SHA-256), _speedups_memory.c.h (MemoryTable) and
  * _speedups_batch.c.h (op_new and SQLiteStore's batch work), _speedups_rpc.c.h
  * (parse_request), _speedups_twostep.c.h (the KeyedCall and RPCCall twins),
- * _speedups_submit.c.h (claim_later, complete_later).
+ * _speedups_submit.c.h (claim_later, complete_later, claim_and_complete_later).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -240,10 +241,32 @@ slot_offset(PyObject *type, const char *name)
 }
 
 static PyObject *empty_tuple;
-static newfunc op_base_new;  /* the tp_new of Op's base (gosim's Waiter, in C) */
+static newfunc op_base_new;  /* the tp_new of Op's base (gosim's Waiter, in C); NULL
+                              * where op_fits says no */
 
-/* configure_op(Op) -> whether op_new may stand for Op's constructor: Op's slots are
- * found at their offsets, and its base allocates in C with nothing to initialize. */
+/* Whether a class whose base is ``base`` may be built by op_new: the base allocates in C
+ * (its tp_new is its own) and has nothing to initialize (object's tp_init). */
+static int
+op_base_fits(PyTypeObject *base)
+{
+    return base->tp_new != NULL && base->tp_new != PyBaseObject_Type.tp_new
+           && base->tp_init == PyBaseObject_Type.tp_init;
+}
+
+/* op_fits(base) -> whether op_new may construct an Op whose base is ``base``: asked
+ * before Op's class statement, which binds op_new as its __new__ or defines its own. */
+static PyObject *
+op_fits(PyObject *module, PyObject *base)
+{
+    if (!PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "op_fits: the base must be a class");
+        return NULL;
+    }
+    return PyBool_FromLong(op_base_fits((PyTypeObject *)base));
+}
+
+/* configure_op(Op): Op's slots, found at their offsets, for every C function that reads
+ * or builds an Op (op_new, call_done, the submit twins, SQLiteStore's batch work). */
 static PyObject *
 configure_op(PyObject *module, PyObject *op)
 {
@@ -267,10 +290,9 @@ configure_op(PyObject *module, PyObject *op)
     op_kind_off = offs[2];
     op_result_off = offs[3];
     PyTypeObject *base = OpType->tp_base;
-    op_base_new = base->tp_new;
+    op_base_new = op_base_fits(base) ? base->tp_new : NULL;
     configured |= OP_PART;
-    return PyBool_FromLong(op_base_new != NULL && op_base_new != PyBaseObject_Type.tp_new
-                           && base->tp_init == PyBaseObject_Type.tp_init);
+    Py_RETURN_NONE;
 }
 
 /* op_new(cls, kind, args): stores._batch.Op's __new__ and __init__ in one C call. */
@@ -299,6 +321,10 @@ op_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     }
     if (!PyType_Check(given[0]) || !PyType_IsSubtype((PyTypeObject *)given[0], OpType)) {
         PyErr_SetString(PyExc_TypeError, "Op.__new__(cls): cls is not a subclass of Op");
+        return NULL;
+    }
+    if (op_base_new == NULL) {
+        PyErr_SetString(PyExc_TypeError, "op_new: Op's base does not allocate in C (op_fits)");
         return NULL;
     }
     PyObject *op = op_base_new((PyTypeObject *)given[0], empty_tuple, NULL);
@@ -383,8 +409,10 @@ static PyMethodDef methods[] = {
      "Hand over KeyedCall and what it builds; KeyedCall's twin (idempotency._idempotency)."},
     {"configure_rpc_call", (PyCFunction)configure_rpc_call, METH_O,
      "Hand over RPCCall; RPCCall's twin (idempotency.rpc._dispatch)."},
+    {"op_fits", (PyCFunction)op_fits, METH_O,
+     "op_fits(base) -> whether op_new may construct an Op whose base is ``base``."},
     {"configure_op", (PyCFunction)configure_op, METH_O,
-     "Hand over the group commit's Op class; whether op_new may construct it."},
+     "Hand over the group commit's Op class (its slots' offsets)."},
     {"op_new", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL | METH_KEYWORDS,
      "op_new(cls, kind, args) -> a new Op (stores._batch.Op's constructor)."},
     {"call_done", (PyCFunction)(void (*)(void))call_done, METH_FASTCALL,
@@ -416,14 +444,16 @@ static PyMethodDef methods[] = {
     {"configure_rpc", (PyCFunction)(void (*)(void))configure_rpc, METH_VARARGS | METH_KEYWORDS,
      "Hand over rpc._protocol's Request and CallMeta classes and its limits."},
     {"configure_submit", (PyCFunction)(void (*)(void))configure_submit,
-     METH_VARARGS | METH_KEYWORDS, "Hand BatchedStore's callback forms to claim_later, "
-     "complete_later."},
+     METH_VARARGS | METH_KEYWORDS, "Hand the batched stores' callback forms to claim_later, "
+     "complete_later and claim_and_complete_later."},
     {"claim_later", (PyCFunction)(void (*)(void))submit_claim_later,
      METH_FASTCALL | METH_KEYWORDS, DOC_claim_later},
     {"complete_later", (PyCFunction)(void (*)(void))submit_complete_later,
      METH_FASTCALL | METH_KEYWORDS, DOC_complete_later},
+    {"claim_and_complete_later", (PyCFunction)(void (*)(void))submit_claim_and_complete_later,
+     METH_FASTCALL | METH_KEYWORDS, DOC_claim_and_complete_later},
     {"as_method", (PyCFunction)as_method, METH_O,
-     "as_method(function): the function bound as a method of the class it is set on."},
+     "as_method(function): the function bound as a method of the class whose body holds it."},
     {"parse_request", (PyCFunction)parse_request, METH_O,
      "parse_request(obj) -> the Request rpc._protocol.parse(obj) makes, or None."},
     {NULL, NULL, 0, NULL},

@@ -1,27 +1,31 @@
 /*
- * idempotency/_speedups_submit.c.h: claim_later and complete_later, the twins of
- * idempotency/stores/_batch.py's BatchedStore.claim_later and complete_later (the
- * callback forms of the batched stores' claim and complete).
+ * idempotency/_speedups_submit.c.h: claim_later, complete_later and
+ * claim_and_complete_later, the twins of idempotency/stores/_batch.py's
+ * _PyCallbackForms.claim_later and complete_later and
+ * _PyOneStepForm.claim_and_complete_later (the callback forms of the batched stores'
+ * claim, complete and one-step claim_and_complete).
  *
- * Their common case -- a lease and a caller and key of at most MAX_KEY_LENGTH
+ * Their common case -- a positive lease and a caller and key of at most MAX_KEY_LENGTH
  * characters, or a completion without an effect whose payload is bytes of at most
- * MAX_PAYLOAD_BYTES and whose ttl is a positive number, as the Python methods' inline
- * checks accept them -- is the Op built and handed to the store's GroupCommitter as submit_later
- * does: the Op's callback set, then appended to the pending batch when a leader of
- * this runtime runs, else given to _enqueue. Every other case (an argument to refuse,
- * an effect, a call of another shape) is the Python method's, which stays the
- * reference.
+ * MAX_PAYLOAD_BYTES and whose ttl is a positive number, arguments the references'
+ * checks pass -- is the Op built and handed to the store's GroupCommitter as
+ * submit_later does: the Op's callback set, then appended to the pending batch when a
+ * leader of this runtime runs, else given to _enqueue. Every other case (an argument to
+ * refuse, an effect, a call of another shape) is the Python reference's.
  *
- * The functions are installed as BatchedStore's methods through as_method (an
- * instancemethod, which binds as a Python function does).
+ * The module binds them, wrapped by as_method (an instancemethod, which binds as a
+ * Python function does), in BatchedStore's and BatchedOneStepStore's class bodies when
+ * it chooses C.
  *
  * A part of idempotency/_speedups.c, included after _speedups_batch.c.h (Op); not a
  * translation unit of its own.
  */
 
 static PyObject *py_claim_later, *py_complete_later;  /* the references */
+static PyObject *py_claim_and_complete_later;          /* the one-step reference */
 static PyObject *claim_kind, *complete_kind;          /* OpKind.CLAIM, OpKind.COMPLETE */
-static PyObject *py_call_done;                        /* _batch._call_done */
+static PyObject *claim_complete_kind;                 /* OpKind.CLAIM_COMPLETE */
+static PyObject *py_call_done;                        /* _batch._call_done (C's) */
 static PyObject *py_submit_runtime;                   /* gosim.lowlevel.current_runtime */
 static PyTypeObject *SubmitCompletionType;            /* _contract.Completion */
 static Py_ssize_t submit_max_key = -1;                /* _contract.MAX_KEY_LENGTH */
@@ -29,20 +33,32 @@ static Py_ssize_t submit_max_payload = -1;            /* _contract.MAX_PAYLOAD_B
 static PyObject *str__committer, *str_on_settle, *str__leading, *str__rt, *str__pending,
     *str__enqueue;
 
-/* configure_submit(claim_later, complete_later, claim, complete, completion, call_done,
- * current_runtime, max_key_length, max_payload_bytes) -> whether claim_later and
- * complete_later may stand for BatchedStore's. */
+/* configure_submit(claim_later, complete_later, claim_and_complete_later, claim,
+ * complete, claim_complete, completion, call_done, current_runtime, max_key_length,
+ * max_payload_bytes): the references and what the twins build. Op must be configured
+ * first, with a base op_new may allocate (op_fits). */
 static PyObject *
 configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"claim_later", "complete_later", "claim", "complete",
-                             "completion", "call_done", "current_runtime",
-                             "max_key_length", "max_payload_bytes", NULL};
-    PyObject *claim_later, *complete_later, *claim, *complete, *completion, *done, *rt;
+    static char *kwlist[] = {"claim_later", "complete_later", "claim_and_complete_later",
+                             "claim", "complete", "claim_complete", "completion",
+                             "call_done", "current_runtime", "max_key_length",
+                             "max_payload_bytes", NULL};
+    PyObject *claim_later, *complete_later, *one_step, *claim, *complete, *claim_complete;
+    PyObject *completion, *done, *rt;
     Py_ssize_t max_key, max_payload;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO!OOnn", kwlist, &claim_later,
-                                     &complete_later, &claim, &complete, &PyType_Type,
-                                     &completion, &done, &rt, &max_key, &max_payload)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO!OOnn", kwlist, &claim_later,
+                                     &complete_later, &one_step, &claim, &complete,
+                                     &claim_complete, &PyType_Type, &completion, &done, &rt,
+                                     &max_key, &max_payload)) {
+        return NULL;
+    }
+    if (check_configured(OP_PART) < 0) {
+        return NULL;
+    }
+    if (op_base_new == NULL) {
+        PyErr_SetString(PyExc_TypeError, "configure_submit: Op's base does not allocate in C"
+                                         " (op_fits)");
         return NULL;
     }
     if (!PyType_IsSubtype((PyTypeObject *)completion, &PyTuple_Type)) {
@@ -60,18 +76,20 @@ configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
     }
     take(&py_claim_later, claim_later);
     take(&py_complete_later, complete_later);
+    take(&py_claim_and_complete_later, one_step);
     take(&claim_kind, claim);
     take(&complete_kind, complete);
+    take(&claim_complete_kind, claim_complete);
     take(&py_call_done, done);
     take(&py_submit_runtime, rt);
     Py_XSETREF(SubmitCompletionType, (PyTypeObject *)Py_NewRef(completion));
     submit_max_key = max_key;
     submit_max_payload = max_payload;
     configured |= SUBMIT_PART;
-    Py_RETURN_TRUE;
+    Py_RETURN_NONE;
 }
 
-/* A positive exact float or int, as the inline checks accept a lease or a ttl. */
+/* A positive exact float or int, a lease or a ttl bad_duration passes. */
 static int
 positive_number(PyObject *v)
 {
@@ -81,27 +99,42 @@ positive_number(PyObject *v)
     return PyLong_CheckExact(v) && PyObject_RichCompareBool(v, ZERO, Py_GT) == 1;
 }
 
-/* A caller or key as the inline checks pass it: an exact str of at most MAX_KEY_LENGTH
- * characters (anything else is bad_caller_or_key's to judge). */
+/* A caller or key bad_caller_or_key passes: an exact str of at most MAX_KEY_LENGTH
+ * characters (anything else is the reference's to judge). */
 static int
 short_str(PyObject *v)
 {
     return PyUnicode_CheckExact(v) && PyUnicode_GET_LENGTH(v) <= submit_max_key;
 }
 
-/* A call (store, caller, key, x, y, done) of either method: the Op (kind, (caller, key,
- * x, y)) handed to the store's committer as GroupCommitter.submit_later(op, done) does. */
-static PyObject *
-submit_op(PyObject *kind, PyObject *const *args)
+/* A completion bad_completion and _foreign pass without an effect to check: an exact
+ * Completion with no effect, a payload of bytes of at most MAX_PAYLOAD_BYTES and a
+ * positive ttl. */
+static int
+storable_completion(PyObject *c)
 {
-    PyObject *store = args[0], *done = args[5];
+    return Py_IS_TYPE(c, SubmitCompletionType) && PyTuple_GET_SIZE(c) == COMPLETION_SIZE
+           && PyTuple_GET_ITEM(c, COMPLETION_EFFECT) == Py_None
+           && PyBytes_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD))
+           && PyBytes_GET_SIZE(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD)) <= submit_max_payload
+           && positive_number(PyTuple_GET_ITEM(c, COMPLETION_TTL));
+}
+
+/* The Op (kind, op_args) handed to ``store``'s committer as
+ * GroupCommitter.submit_later(op, done) does; steals op_args (NULL: an error set). */
+static PyObject *
+submit_op(PyObject *kind, PyObject *store, PyObject *op_args, PyObject *done)
+{
+    if (op_args == NULL) {
+        return NULL;
+    }
     PyObject *committer = PyObject_GetAttr(store, str__committer);
     if (committer == NULL) {
+        Py_DECREF(op_args);
         return NULL;
     }
     PyObject *r = NULL, *leading = NULL, *rt = NULL, *now = NULL, *pending = NULL, *op = NULL;
-    PyObject *op_args = PyTuple_Pack(4, args[1], args[2], args[3], args[4]);
-    if (op_args == NULL || (op = op_base_new(OpType, empty_tuple, NULL)) == NULL) {
+    if ((op = op_base_new(OpType, empty_tuple, NULL)) == NULL) {
         goto done;
     }
     op_set(op, op_kind_off, kind);
@@ -150,7 +183,7 @@ done:
     return r;
 }
 
-/* claim_later(self, caller, key, fingerprint, lease, done): BatchedStore.claim_later. */
+/* claim_later(self, caller, key, fingerprint, lease, done): _PyCallbackForms'. */
 static PyObject *
 submit_claim_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                    PyObject *kwnames)
@@ -162,11 +195,11 @@ submit_claim_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
         || !short_str(args[2])) {
         return PyObject_Vectorcall(py_claim_later, args, (size_t)nargs, kwnames);
     }
-    return submit_op(claim_kind, args);
+    return submit_op(claim_kind, args[0], PyTuple_Pack(4, args[1], args[2], args[3], args[4]),
+                     args[5]);
 }
 
-/* complete_later(self, caller, key, fence, completion, done):
- * BatchedStore.complete_later. */
+/* complete_later(self, caller, key, fence, completion, done): _PyCallbackForms'. */
 static PyObject *
 submit_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames)
@@ -174,20 +207,33 @@ submit_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
     if (check_configured(OP_PART | SUBMIT_PART) < 0) {
         return NULL;
     }
-    PyObject *c = nargs == 6 ? args[4] : NULL;
-    if (c == NULL || kwnames != NULL || !Py_IS_TYPE(c, SubmitCompletionType)
-        || PyTuple_GET_SIZE(c) != COMPLETION_SIZE
-        || PyTuple_GET_ITEM(c, COMPLETION_EFFECT) != Py_None
-        || !PyBytes_CheckExact(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD))
-        || PyBytes_GET_SIZE(PyTuple_GET_ITEM(c, COMPLETION_PAYLOAD)) > submit_max_payload
-        || !positive_number(PyTuple_GET_ITEM(c, COMPLETION_TTL))) {
+    if (nargs != 6 || kwnames != NULL || !storable_completion(args[4])) {
         return PyObject_Vectorcall(py_complete_later, args, (size_t)nargs, kwnames);
     }
-    return submit_op(complete_kind, args);
+    return submit_op(complete_kind, args[0],
+                     PyTuple_Pack(4, args[1], args[2], args[3], args[4]), args[5]);
+}
+
+/* claim_and_complete_later(self, caller, key, fingerprint, lease, call, completion, done):
+ * _PyOneStepForm's. */
+static PyObject *
+submit_claim_and_complete_later(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    if (check_configured(OP_PART | SUBMIT_PART) < 0) {
+        return NULL;
+    }
+    if (nargs != 8 || kwnames != NULL || !positive_number(args[4]) || !short_str(args[1])
+        || !short_str(args[2]) || !storable_completion(args[6])) {
+        return PyObject_Vectorcall(py_claim_and_complete_later, args, (size_t)nargs, kwnames);
+    }
+    return submit_op(claim_complete_kind, args[0],
+                     PyTuple_Pack(6, args[1], args[2], args[3], args[4], args[5], args[6]),
+                     args[7]);
 }
 
 /* as_method(function) -> an instancemethod: ``function`` bound as a method of the class
- * it is set on, as a Python function is. */
+ * whose body holds it, as a Python function is. */
 static PyObject *
 as_method(PyObject *module, PyObject *function)
 {

@@ -53,7 +53,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import gosim
 from gosim import go, lowlevel, net
@@ -111,6 +111,15 @@ class OpKind(enum.IntEnum):
 # Enum members as module constants: a global read, not a class attribute lookup, per call.
 _CLAIM: Final = OpKind.CLAIM
 _COMPLETE: Final = OpKind.COMPLETE
+_CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
+
+# The one place this module chooses C or Python: its C twins -- Op's constructor,
+# _call_done and the batched stores' callback forms -- stand in for their references
+# where the accelerator is built and gosim's Waiter, Op's base, is its C type (which
+# op_new allocates in one call). Each is bound where its reference is defined, from this
+# flag alone; where it is False (GOSIM_PURE_PYTHON=1, no compiler) the definitions below
+# are what runs.
+_C_TWINS: Final = _speedups is not None and bool(_speedups.op_fits(Waiter))
 
 
 class Op(Waiter):
@@ -126,25 +135,31 @@ class Op(Waiter):
 
     __slots__ = ("args", "error", "kind", "result")
 
-    # A Waiter's constructor takes at most its ``data`` (the C twin's in ``__new__``):
-    # both are given none of this class's arguments.
-    def __new__(cls, kind: int, args: tuple[Any, ...]) -> Op:
-        return Waiter.__new__(cls)
+    if TYPE_CHECKING or not _C_TWINS:
+        # A Waiter's constructor takes at most its ``data``: it is given none of this
+        # class's arguments.
+        def __new__(cls, kind: int, args: tuple[Any, ...]) -> Op:
+            return Waiter.__new__(cls)
 
-    def __init__(self, kind: int, args: tuple[Any, ...]) -> None:
-        super().__init__()
-        self.kind = kind
-        self.args = args
-        self.result: Any = None
-        self.error: BaseException | None = None
+        def __init__(self, kind: int, args: tuple[Any, ...]) -> None:
+            super().__init__()
+            self.kind = kind
+            self.args = args
+            self.result: Any = None
+            self.error: BaseException | None = None
+
+    else:
+        # The twin of both in one C call (about 5,000 instructions less an operation);
+        # the __init__ inherited from the C Waiter then takes the arguments and does
+        # nothing.
+        __new__ = staticmethod(_speedups.op_new)
 
 
-# Op's constructor in one C call where the accelerator is built and gosim's Waiter is
-# its C type (about 5,000 instructions less an operation): the C twin of __new__ and
-# __init__ above, which stay the reference (GOSIM_PURE_PYTHON=1).
-if _speedups is not None and _speedups.configure_op(Op):
-    setattr(Op, "__new__", staticmethod(_speedups.op_new))  # noqa: B010
-    delattr(Op, "__init__")
+# Op's slots for every C function that reads or builds an Op: op_new, call_done and the
+# submit twins here, and SQLiteStore's batch work, which runs wherever the accelerator
+# does (even where op_new does not stand in: it reads Ops, it does not build them).
+if _speedups is not None:
+    _speedups.configure_op(Op)
 
 
 WorkingSet = dict[tuple[str, str], Record | CorruptedRecord | None]
@@ -189,14 +204,14 @@ def apply_plain(
         op.result = done
 
 
-def _call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) -> None:
+def _py_call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) -> None:
     """A settled op's callback consumer: ``done(result, error)``."""
     assert isinstance(op, Op)
     done(op.result, op.error)
 
 
-if _speedups is not None:  # its C twin: no Python frame between a settle and ``done``
-    _call_done = _speedups.call_done
+# Its C twin: no Python frame between a settle and ``done``.
+_call_done: Final = _speedups.call_done if _C_TWINS else _py_call_done
 
 
 class GroupCommitter:
@@ -426,23 +441,18 @@ class _WakeFd:
         self.close()
 
 
-class BatchedStore(CallbackStore):
-    """A store whose operations go through a :class:`GroupCommitter`: the contract's
-    methods written once -- their argument checks (a refused argument fails its call
-    alone, at the await, before it joins a batch), the :class:`Op` each submits, the
-    statistics and the close -- so that a store holds only what differs: its
-    ``_apply_batch`` (or ``apply_async``), ``sweep``, ``_close``, and the operator's
-    ``inspect`` and ``forget`` where it has them.
+class _PyCallbackForms(CallbackStore):
+    """The Python reference of BatchedStore's callback forms, ``claim_later`` and
+    ``complete_later``: the arguments checked (a refused one fails its call alone,
+    before it joins a batch), the :class:`Op` submitted to the store's committer.
 
-    A subclass sets ``_committer`` and ``_clock`` (None: this machine's clock) in its
-    constructor, and ``_effect_type``: the :class:`Effect` it runs (another is refused
-    with TypeError). ``_effect_kind`` is the kind of a completion with an effect.
+    BatchedStore binds their C twins over them where this module chooses C
+    (``_C_TWINS``); the twins take the common case and hand every other one back here.
     """
 
     _effect_type: ClassVar[type[Effect]]
     _effect_kind: ClassVar[OpKind] = OpKind.COMPLETE
     _committer: GroupCommitter
-    _clock: Callable[[], float] | None
 
     def claim_later(
         self,
@@ -472,6 +482,88 @@ class BatchedStore(CallbackStore):
             return
         kind = _COMPLETE if completion.effect is None else self._effect_kind
         self._committer.submit_later(Op(kind, (caller, key, fence, completion)), done)
+
+    def _bad_claim(self, caller: str, key: str, lease: float) -> Exception | None:
+        """A claim's arguments the store cannot take, named (else None)."""
+        bad = bad_duration(self, "claim", caller, key, "lease", lease)
+        return bad or bad_caller_or_key(self, "claim", caller, key)
+
+    def _foreign(self, completion: Completion) -> TypeError | None:
+        """The error for an effect of another store's kind (else None)."""
+        effect = completion.effect
+        if effect is not None and not isinstance(effect, self._effect_type):
+            return TypeError(f"{type(self).__name__} cannot run a {type(effect).__name__}")
+        return None
+
+
+class _PyOneStepForm(_PyCallbackForms, OneStepStore):
+    """The Python reference of BatchedOneStepStore's ``claim_and_complete_later``: its
+    arguments checked as :meth:`_bad_step` says, the CLAIM_COMPLETE :class:`Op`
+    submitted. BatchedOneStepStore binds its C twin over it where this module chooses
+    C, as BatchedStore does for the other two."""
+
+    def claim_and_complete_later(
+        self,
+        caller: str,
+        key: str,
+        fingerprint: bytes,
+        lease: float,
+        call: Any,
+        completion: Completion,
+        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
+    ) -> None:
+        bad = self._bad_step(caller, key, lease, completion)
+        if bad is not None:
+            done(None, bad)
+            return
+        op = Op(_CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
+        self._committer.submit_later(op, done)
+
+    def _bad_step(
+        self, caller: str, key: str, lease: float, completion: Completion
+    ) -> Exception | None:
+        """claim_and_complete's arguments the store cannot take, named (else None)."""
+        bad = self._bad_claim(caller, key, lease)
+        return bad or bad_completion(self, caller, key, completion) or self._foreign(completion)
+
+
+# The C twins of the three callback forms above: one C call each for the common case
+# (arguments the references' checks pass, the Op, submit_later's common case), handed
+# the references for every other case. BatchedStore and BatchedOneStepStore bind them.
+if _C_TWINS:
+    _speedups.configure_submit(
+        claim_later=_PyCallbackForms.claim_later,
+        complete_later=_PyCallbackForms.complete_later,
+        claim_and_complete_later=_PyOneStepForm.claim_and_complete_later,
+        claim=_CLAIM,
+        complete=_COMPLETE,
+        claim_complete=_CLAIM_COMPLETE,
+        completion=Completion,
+        max_key_length=MAX_KEY_LENGTH,
+        max_payload_bytes=MAX_PAYLOAD_BYTES,
+        call_done=_call_done,
+        current_runtime=lowlevel.current_runtime,
+    )
+
+
+class BatchedStore(_PyCallbackForms):
+    """A store whose operations go through a :class:`GroupCommitter`: the contract's
+    methods written once -- their argument checks (a refused argument fails its call
+    alone, at the await, before it joins a batch), the :class:`Op` each submits, the
+    statistics and the close -- so that a store holds only what differs: its
+    ``_apply_batch`` (or ``apply_async``), ``sweep``, ``_close``, and the operator's
+    ``inspect`` and ``forget`` where it has them.
+
+    A subclass sets ``_committer`` and ``_clock`` (None: this machine's clock) in its
+    constructor, and ``_effect_type``: the :class:`Effect` it runs (another is refused
+    with TypeError). ``_effect_kind`` is the kind of a completion with an effect.
+    """
+
+    _clock: Callable[[], float] | None
+
+    if not TYPE_CHECKING and _C_TWINS:  # else _PyCallbackForms' own
+        claim_later = _speedups.as_method(_speedups.claim_later)
+        complete_later = _speedups.as_method(_speedups.complete_later)
 
     # claim and complete, the waits on the same Op (a Waiter), return the committer's
     # coroutine rather than being coroutines themselves: one coroutine fewer an operation.
@@ -516,85 +608,16 @@ class BatchedStore(CallbackStore):
         with self._committer._thread_lock:  # not while a batch runs on its thread
             self._close()
 
-    def _bad_claim(self, caller: str, key: str, lease: float) -> Exception | None:
-        """A claim's arguments the store cannot take, named (else None)."""
-        bad = bad_duration(self, "claim", caller, key, "lease", lease)
-        return bad or bad_caller_or_key(self, "claim", caller, key)
-
-    def _foreign(self, completion: Completion) -> TypeError | None:
-        """The error for an effect of another store's kind (else None)."""
-        effect = completion.effect
-        if effect is not None and not isinstance(effect, self._effect_type):
-            return TypeError(f"{type(self).__name__} cannot run a {type(effect).__name__}")
-        return None
-
     def _close(self) -> None:
         """Release what the store holds (between batches)."""
 
 
-# claim_later and complete_later in one C call each where the accelerator is built: the
-# twins of the methods above (their common case: the argument check, the Op,
-# submit_later's common case), which stay the reference -- plain, with no copy of the
-# common case of their own, since they run only where C is off or hands a case back --
-# and take every other case.
-_py_claim_later: Final = BatchedStore.claim_later
-_py_complete_later: Final = BatchedStore.complete_later
-if _speedups is not None and _speedups.configure_submit(
-    claim_later=_py_claim_later,
-    complete_later=_py_complete_later,
-    claim=_CLAIM,
-    complete=_COMPLETE,
-    completion=Completion,
-    max_key_length=MAX_KEY_LENGTH,
-    max_payload_bytes=MAX_PAYLOAD_BYTES,
-    call_done=_call_done,
-    current_runtime=lowlevel.current_runtime,
-):
-    setattr(BatchedStore, "claim_later", _speedups.as_method(_speedups.claim_later))  # noqa: B010
-    setattr(BatchedStore, "complete_later", _speedups.as_method(_speedups.complete_later))  # noqa: B010
-
-
-class BatchedOneStepStore(BatchedStore, OneStepStore):
+class BatchedOneStepStore(BatchedStore, _PyOneStepForm):
     """A :class:`BatchedStore` whose batch also applies ``claim_and_complete``
     (:data:`OpKind.CLAIM_COMPLETE`): a claim and its effect in one transaction."""
 
-    def claim_and_complete_later(
-        self,
-        caller: str,
-        key: str,
-        fingerprint: bytes,
-        lease: float,
-        call: Any,
-        completion: Completion,
-        done: Callable[[ClaimResult | Record | None, BaseException | None], None],
-    ) -> None:
-        ttl = completion.ttl
-        effect = completion.effect
-        if not (
-            # _bad_step's common answer, without its four frames
-            (type(lease) is float or type(lease) is int)
-            and lease > 0
-            and (type(ttl) is float or type(ttl) is int)
-            and ttl > 0
-            and type(caller) is str
-            and len(caller) <= MAX_KEY_LENGTH
-            and type(key) is str
-            and len(key) <= MAX_KEY_LENGTH
-            and (
-                type(completion.payload) is bytes and len(completion.payload) <= MAX_PAYLOAD_BYTES
-                if effect is None
-                else isinstance(effect, self._effect_type)
-                and type(completion.max_result_bytes) is int
-                and completion.max_result_bytes <= MAX_PAYLOAD_BYTES
-            )
-        ):
-            bad = self._bad_step(caller, key, lease, completion)
-            if bad is not None:
-                done(None, bad)
-                return
-        self._committer.submit_later(
-            Op(OpKind.CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion)), done
-        )
+    if not TYPE_CHECKING and _C_TWINS:  # else _PyOneStepForm's own
+        claim_and_complete_later = _speedups.as_method(_speedups.claim_and_complete_later)
 
     def claim_and_complete(
         self,
@@ -611,13 +634,6 @@ class BatchedOneStepStore(BatchedStore, OneStepStore):
         return self._committer.submit(
             Op(OpKind.CLAIM_COMPLETE, (caller, key, fingerprint, lease, call, completion))
         )
-
-    def _bad_step(
-        self, caller: str, key: str, lease: float, completion: Completion
-    ) -> Exception | None:
-        """claim_and_complete's arguments the store cannot take, named (else None)."""
-        bad = self._bad_claim(caller, key, lease)
-        return bad or bad_completion(self, caller, key, completion) or self._foreign(completion)
 
 
 async def _reraise(exc: BaseException) -> None:

@@ -272,9 +272,9 @@ def test_claim_and_complete_later_refuses_what_claim_and_complete_refuses(
     tmp_path: Path,
 ) -> None:
     """Each argument the one-step operation cannot take is refused at once through
-    ``done``, with the error the awaiting form raises (its checks are inlined on the
-    callback form); what it can take, an effect of its own store's kind included, is
-    applied."""
+    ``done``, with the error the awaiting form raises (both ask ``_bad_step``; the C
+    twin of the callback form hands every case but the common one to it); what it can
+    take, an effect of its own store's kind included, is applied."""
     from idempotency.stores import Completion, MemoryEffect, SQLiteEffect  # noqa: PLC0415
 
     store = SQLiteStore(tmp_path / "d.db")
