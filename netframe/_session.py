@@ -326,10 +326,8 @@ class Session:
             if len(data) > data_taken:
                 self.last_data = now
                 heard = True
-            if heard:  # heard(now), written out: the reader's hot path, once a receive
-                self.last_received = now
-                self._first_unanswered_ping = None
-                self.dead = False
+            if heard:
+                self.heard(now)
         return control
 
     def heard(self, now: float) -> None:

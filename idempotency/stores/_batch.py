@@ -280,10 +280,7 @@ class GroupCommitter:
         of a goroutine of its own, once the batch's other operations have their
         results."""
         op.on_settle(_call_done, done)
-        if self._leading and self._rt is lowlevel.current_runtime():
-            self._pending.append(op)  # _enqueue's common case, without its frame
-        else:
-            self._enqueue(op)
+        self._enqueue(op)
 
     def _enqueue(self, op: Op) -> None:
         """Queue ``op`` for the next batch, starting a leader if none runs."""
