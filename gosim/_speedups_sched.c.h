@@ -315,13 +315,14 @@ burst_result(int code, PyObject *g, PyObject *payload)
     return t;
 }
 
-/* _burst(p, g, burst_end): the driver's hot loop (Runtime._schedule's inner loop, which
- * it replaces when no trace is recorded). Steps g (None: p's next G, unless the burst is
- * over), then p's next Gs, handling PARK and
- * plain exits here, until the burst ends, p runs dry, or something needs the Python
- * driver: returns (code, g, payload) with code END (0), TRAP (1: payload is the trap),
- * EXIT (2: g returned payload and a caller or main's goexit awaits it; g is retired) or
- * ERROR (3: payload is the exception g raised). rt.curg is g on every return but END. */
+/* _burst(p, g, burst_end): the driver's hot loop (_schedule._python_burst's twin, which
+ * _schedule.schedule runs in its place when no trace is recorded; what it hands back
+ * goes to _schedule._handed_back). Steps g (None: p's next G, unless the burst is
+ * over), then p's next Gs, handling PARK and plain exits here, until the burst ends,
+ * p runs dry, or something needs the Python driver: returns (code, g, payload) with
+ * code END (0), TRAP (1: payload is the trap), EXIT (2: g returned payload and a caller
+ * or main's goexit awaits it; g is retired) or ERROR (3: payload is the exception g
+ * raised). rt.curg is g on every return but END. */
 static PyObject *
 RtBase_burst(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -429,7 +430,7 @@ RtBase_goready(RtObject *rt, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef RtBase_methods[] = {
     {"_burst", (PyCFunction)(void (*)(void))RtBase_burst, METH_FASTCALL,
-     "The driver's inner loop in C; see Runtime._schedule."},
+     "The driver's inner loop in C; see _schedule.schedule and _handed_back."},
     {"goready", (PyCFunction)(void (*)(void))RtBase_goready, METH_FASTCALL, DOC_Runtime_goready},
     {NULL},
 };

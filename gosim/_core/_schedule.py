@@ -96,6 +96,8 @@ IDLE_TRIO_INTERVAL: Final = 0.05
 _BURST_END: Final = 0
 _BURST_TRAP: Final = 1
 _BURST_EXIT: Final = 2
+# RuntimeBase._burst's signature: (p, g or None, burst_end) -> (code, g, payload).
+_Burst = Callable[[P, G | None, int], tuple[int, G, Any]]
 
 
 def _fail(rt: Runtime, exc: BaseException) -> None:
@@ -171,7 +173,12 @@ def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
 
 
 async def _idle(rt: Runtime) -> None:
-    """No P found work: wait for a timer, an outside completion, a new call or a signal."""
+    """No P found work: wait for a timer, an outside completion, a new call or a signal.
+
+    Returns after one wait, or at once when there is something to look at again (a
+    relayed signal, work readied from outside, a timer already due); stops the runtime
+    with Go's deadlock error when nothing can ever wake a goroutine.
+    """
     if rt.signals.pending:
         # Before deciding whether anything can wake a goroutine: a relayed signal may
         # have readied one.
@@ -182,16 +189,7 @@ async def _idle(rt: Runtime) -> None:
     nxt = rt.timers.earliest() if rt.timers.narmed else math.inf
     np_ = rt.netpoller
     io_waiters = np_.waiters() if np_ is not None else 0
-    if (
-        rt.syscalls.nexternal == 0
-        and io_waiters == 0
-        and not rt.signals.nwake
-        and (rt.allg or not rt.open_mode)
-        and (nxt == math.inf or not rt.timers.can_wake())
-    ):
-        # Nothing can wake a goroutine: no timer that can (channel timers nobody
-        # receives from cannot, as in Go 1.23), no I/O, no syscall, no trio call, no
-        # signal relayed from the OS.
+    if _nothing_can_wake(rt, nxt, io_waiters):
         _checkdead(rt)
         return
     now = rt._clock_now()
@@ -201,52 +199,88 @@ async def _idle(rt: Runtime) -> None:
     deadline = min(nxt, rt.stats.schedtrace_next)
     jump = rt.virtual_jump
     if jump is not None and not rt.syscalls.nexternal and not io_waiters and not rt.stopped:
-        # Virtual time under gosim.run, and the driver is the only trio task that
-        # can act: trio's autojump would advance the clock to this very deadline
-        # after a round of its scheduler; advancing it here costs a float add.
-        jump(deadline - now)
-        rt.last_trio_yield = now = rt._clock_now()
-        if nxt <= now:
-            rt.timers.check(now)  # on their Ps, which take turns again (Timers.check)
-        if rt.stats.schedtrace_interval:
-            rt.stats.maybe_schedtrace(now)
-        return
-    if (
+        _jump_virtual_clock(rt, jump, nxt, deadline, now)
+    elif (  # the real clock, and only I/O or a timer can wake a goroutine
         np_ is not None
         and jump is None
         and not rt.syscalls.nexternal
         and not rt.open_mode
         and not rt.stopped
     ):
-        # Under gosim.run on the real clock, with no syscall or trio call in flight, the
-        # driver is the only trio task that can act, and only I/O or a timer can wake a
-        # goroutine: block in the netpoller itself until the earliest deadline, as Go's
-        # findRunnable blocks in netpoll(delay). Through trio, each idle would cost a
-        # round of its scheduler (a cancel scope, wait_readable's registration, a task
-        # switch): most of an idle's CPU under durable calls, which idle once a commit.
-        # The GIL is released meanwhile; an OS thread that wakes a goroutine without
-        # trio does it through the netpoller (a store's committer). The wait is cut at
-        # IDLE_TRIO_INTERVAL, and trio gets a turn that often: a Ctrl-C caught by
-        # another thread (trio's wakeup fd is not in this epoll) is then raised here.
-        if now - rt.last_trio_yield >= IDLE_TRIO_INTERVAL:
-            _state.rt = None
-            try:
-                await trio.lowlevel.checkpoint()
-            finally:
-                _state.rt = rt
-            rt.last_trio_yield = rt._clock_now()
-            # Look again from the top: the turn took time, and the earliest timer may
-            # be due now. Polling until a deadline that has passed would block until
-            # I/O arrives, which may be never (the reader that would drain a full
-            # socket asleep on that very timer).
-            return
-        np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
-        now = rt._clock_now()
-        if nxt <= now:
-            rt.timers.check(now)
-        if rt.stats.schedtrace_interval:
-            rt.stats.maybe_schedtrace(now)
+        await _netpoll_block(rt, np_, nxt, deadline, now)
+    else:
+        await _trio_wait(rt, np_, nxt, deadline, io_waiters)
+
+
+def _nothing_can_wake(rt: Runtime, nxt: float, io_waiters: int) -> bool:
+    """True when no goroutine can ever be woken (``nxt``: the earliest armed timer).
+
+    Nothing can when there is no timer that can (channel timers nobody receives from
+    cannot, as in Go 1.23), no I/O waiter, no syscall or trio call in flight and no
+    signal relayed from the OS; an open runtime with no goroutine left is waiting for
+    its next ``rt.call`` instead.
+    """
+    return bool(
+        rt.syscalls.nexternal == 0
+        and io_waiters == 0
+        and not rt.signals.nwake
+        and (rt.allg or not rt.open_mode)
+        and (nxt == math.inf or not rt.timers.can_wake())
+    )
+
+
+def _jump_virtual_clock(
+    rt: Runtime, jump: Callable[[float], None], nxt: float, deadline: float, now: float
+) -> None:
+    """Advance the virtual clock from now to deadline, then run the timers due by then
+    (``nxt``: the earliest) on their Ps, which take turns again (``Timers.check``)."""
+    # Virtual time under gosim.run, and the driver is the only trio task that can act:
+    # trio's autojump would advance the clock to this very deadline after a round of
+    # its scheduler; advancing it here costs a float add.
+    jump(deadline - now)
+    rt.last_trio_yield = now = rt._clock_now()
+    _after_wait(rt, nxt, now)
+
+
+async def _netpoll_block(
+    rt: Runtime, np_: NetPoller, nxt: float, deadline: float, now: float
+) -> None:
+    """Block in the netpoller until I/O, the deadline or IDLE_TRIO_INTERVAL, whichever
+    comes first, then run the timers due (``nxt``: the earliest); or, when trio has not
+    had a turn for IDLE_TRIO_INTERVAL, give it one instead and return."""
+    # Under gosim.run on the real clock, with no syscall or trio call in flight, the
+    # driver is the only trio task that can act, and only I/O or a timer can wake a
+    # goroutine: block in the netpoller itself until the earliest deadline, as Go's
+    # findRunnable blocks in netpoll(delay). Through trio, each idle would cost a
+    # round of its scheduler (a cancel scope, wait_readable's registration, a task
+    # switch): most of an idle's CPU under durable calls, which idle once a commit.
+    # The GIL is released meanwhile; an OS thread that wakes a goroutine without
+    # trio does it through the netpoller (a store's committer). The wait is cut at
+    # IDLE_TRIO_INTERVAL, and trio gets a turn that often: a Ctrl-C caught by
+    # another thread (trio's wakeup fd is not in this epoll) is then raised here.
+    if now - rt.last_trio_yield >= IDLE_TRIO_INTERVAL:
+        _state.rt = None
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            _state.rt = rt
+        rt.last_trio_yield = rt._clock_now()
+        # Look again from the top: the turn took time, and the earliest timer may
+        # be due now. Polling until a deadline that has passed would block until
+        # I/O arrives, which may be never (the reader that would drain a full
+        # socket asleep on that very timer).
         return
+    np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
+    _after_wait(rt, nxt, rt._clock_now())
+
+
+async def _trio_wait(
+    rt: Runtime, np_: NetPoller | None, nxt: float, deadline: float, io_waiters: int
+) -> None:
+    """Wait in trio until the deadline, I/O on the netpoller when it has waiters, or
+    ``rt.idle_scope``'s cancel (a syscall's or trio call's completion, a new call, a
+    signal, a stop); then run the timers due (``nxt``: the earliest) and poll the
+    netpoller."""
     _state.rt = None
     try:
         with trio.move_on_at(deadline) as scope:
@@ -269,6 +303,15 @@ async def _idle(rt: Runtime) -> None:
         np_.poll()
     if rt.stats.schedtrace_interval:
         rt.stats.maybe_schedtrace(rt.last_trio_yield)
+
+
+def _after_wait(rt: Runtime, nxt: float, now: float) -> None:
+    """After the idle driver waited until now: the timers due by then run (``nxt``: the
+    earliest), and the SCHED line is printed when one is due."""
+    if nxt <= now:
+        rt.timers.check(now)
+    if rt.stats.schedtrace_interval:
+        rt.stats.maybe_schedtrace(now)
 
 
 def _relay_signals(rt: Runtime) -> None:
@@ -352,6 +395,8 @@ async def schedule(rt: Runtime) -> None:
     # takes the Python loop.
     burst = rt._burst if _burst_available and trace is None else None
     syscalls = rt.syscalls  # held: read after every burst
+    # What a turn does on its common path is written out here, not called: a turn can
+    # come as often as an operation (a P that runs dry after a switch or two).
     while not rt.stopped:
         if rt.pidle_when != math.inf:
             _check_idle_timers(rt)
@@ -371,13 +416,7 @@ async def schedule(rt: Runtime) -> None:
             elif p.runq:
                 g = p.runq.popleft()
             else:
-                g = findrunnable(rt, p)
-                if g is not None and chooser is not None:
-                    # What findrunnable found (a timer's goroutines, a steal, a batch of
-                    # the global queue) is a choice too: back to the head of p's queue,
-                    # where the default order takes it first, and chosen among the rest.
-                    p.runq.appendleft(g)
-                    g = _choose(rt, p, chooser)
+                g = _findrunnable_chosen(rt, p, chooser)
                 if g is None:
                     if running:
                         rt.pidleput(p)  # other Ps hold Ms: this one stops
@@ -392,39 +431,16 @@ async def schedule(rt: Runtime) -> None:
         if p.spinning:
             rt.resetspinning(p)
         rt.curp = p
-        nsw = rt.nswitch
-        burst_start = nsw
+        burst_start = rt.nswitch
         # A chooser decides every switch: a burst of one.
-        burst_end = nsw + (FAIRNESS_TICKS - p.schedtick if chooser is None else 1)
+        burst_end = burst_start + (FAIRNESS_TICKS - p.schedtick if chooser is None else 1)
         # The hot loop: execute g, then the next G of this P, until the burst ends.
         if burst is not None and chooser is None:
-            # The same loop in C (gosim._speedups), which hands back what it does
-            # not handle itself: traps other than PARK, awaited exits, errors. Given
-            # None for g, it takes p's next G unless the burst is over.
-            gnext: G | None = g
-            while True:
-                code, g, payload = burst(p, gnext, burst_end)
-                gnext = None
-                if code == _BURST_END:
-                    break
-                if code == _BURST_TRAP:
-                    # A chooser set meanwhile (lowlevel.set_chooser, which yields)
-                    # decides from the next switch on: the burst ends.
-                    if _trap_slow(rt, g, p, payload) or rt.chooser is not None:
-                        break
-                elif code == _BURST_EXIT:
-                    if _exited(rt, g, payload):
-                        break
-                elif isinstance(payload, _Goexit):
-                    if _goexited(rt, g, p):
-                        break
-                elif isinstance(payload, Exception):
-                    if not _raised(rt, g, p, payload):
-                        return
-                else:
-                    rt.curg = None
-                    _fail(rt, payload)
-                    return
+            # The same loop in C (gosim._speedups); what it hands back instead of
+            # ending the burst is handled off this path.
+            code, g, payload = burst(p, g, burst_end)
+            if code != _BURST_END and not _handed_back(rt, burst, p, burst_end, code, g, payload):
+                return
             nsw = rt.nswitch
         else:
             nsw = _python_burst(rt, p, g, burst_end)
@@ -438,6 +454,54 @@ async def schedule(rt: Runtime) -> None:
             await syscalls.run_inline_call()
         if not (nsw & PERIODIC_MASK):
             await _periodic(rt)
+
+
+def _findrunnable_chosen(rt: Runtime, p: P, chooser: Callable[[list[int]], int] | None) -> G | None:
+    """``findrunnable``'s G, or with a chooser its choice among that G and the rest p
+    could take (``_choose``); None when p found no work."""
+    g = findrunnable(rt, p)
+    if g is not None and chooser is not None:
+        # What findrunnable found (a timer's goroutines, a steal, a batch of the global
+        # queue) is a choice too: back to the head of p's queue, where the default order
+        # takes it first, and chosen among the rest.
+        p.runq.appendleft(g)
+        g = _choose(rt, p, chooser)
+    return g
+
+
+def _handed_back(
+    rt: Runtime, burst: _Burst, p: P, burst_end: int, code: int, g: G, payload: Any
+) -> bool:
+    """Handle what the C inner loop (``RuntimeBase._burst``) handed back instead of
+    ending the burst (``code``: a trap other than PARK, an awaited exit, an error), then
+    run the rest of the burst in C, handling each hand-back alike. False when the
+    runtime stopped for good (a panic, a fatal error); else the burst is over.
+
+    With ``schedule``'s call of the loop, this is ``_python_burst`` in effect: the same
+    switches, the same outcome."""
+    while True:
+        if code == _BURST_TRAP:
+            # A chooser set meanwhile (lowlevel.set_chooser, which yields) decides from
+            # the next switch on: the burst ends.
+            if _trap_slow(rt, g, p, payload) or rt.chooser is not None:
+                return True
+        elif code == _BURST_EXIT:
+            if _exited(rt, g, payload):
+                return True
+        elif isinstance(payload, _Goexit):
+            if _goexited(rt, g, p):
+                return True
+        elif isinstance(payload, Exception):
+            if not _raised(rt, g, p, payload):
+                return False
+        else:
+            rt.curg = None
+            _fail(rt, payload)
+            return False
+        # Given None for g, the C loop takes p's next G unless the burst is over.
+        code, g, payload = burst(p, None, burst_end)
+        if code == _BURST_END:
+            return True
 
 
 def _choose(rt: Runtime, p: P, chooser: Callable[[list[int]], int]) -> G | None:
