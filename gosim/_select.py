@@ -39,12 +39,12 @@ the two in step.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar
 
 from gosim import _chan, _internals
 from gosim._chan import Chan, _preempt_point
 from gosim._core._exceptions import NotInRuntime, SendOnClosedChannel, throw
-from gosim._internals import Sudog, speedups
+from gosim._internals import G, Sudog, speedups
 from gosim._internals import state as _state
 from gosim._internals import trap as _trap
 from gosim.lowlevel import WAIT_SELECT, WAIT_SELECT_NO_CASES
@@ -127,14 +127,31 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         if _chan._budget <= 0:
             await _preempt_point()
         return -1, None, False
+    # Parking (Go's passes 2 and 3) is in helpers; the poll above runs on every select
+    # and stays written out in this frame, where a call per case would cost.
     if rt is None or rt.curg is None:
         raise NotInRuntime("select would block outside a gosim goroutine")
     g = rt.curg
+    sudogs = _enqueue(g, cases)
+    if not sudogs:
+        await _block_forever(g, n)
+    g.waitreason = WAIT_SELECT
+    fired: Any = None
+    try:
+        fired = await _trap(_PARK)
+    finally:
+        _dequeue_unfired(g, cases, sudogs, fired)
+    return _fired_result(g, cases, sudogs, fired)
+
+
+def _enqueue(g: G, cases: tuple[Case, ...]) -> list[Sudog]:
+    """Queue one Sudog of g per non-nil case on its channel (Go's pass 2), in case
+    order, with g's ``selectdone`` cleared; the Sudogs, in that order (none when every
+    channel is nil)."""
     g.selectdone = False
     sudogs: list[Sudog] = []
     # Every case was checked by the poll, which visits them all when none is ready.
-    for i in range(n):
-        kind, ch, value = cases[i]
+    for i, (kind, ch, value) in enumerate(cases):
         if ch is None:
             continue
         sg = Sudog(g, ch, i, value)
@@ -143,28 +160,38 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         else:
             ch._sendq.append(sg)
         sudogs.append(sg)
-    if not sudogs:
-        # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
-        # nil channels parks in selectgo as a plain "select".
-        g.waitreason = WAIT_SELECT_NO_CASES if n == 0 else WAIT_SELECT
-        await _trap(_PARK)  # never readied: blocks forever, as in Go
-        raise throw(f"select: goroutine {g.goid} woken from a select that blocks forever")
-    g.waitreason = WAIT_SELECT
-    fired: Any = None
-    try:
-        fired = await _trap(_PARK)
-    finally:
-        # Go's pass 3: every sudog but the one that fired leaves its queue; all of them
-        # when the park ended by an exception thrown in or the coroutine closed.
-        g.selectdone = False
-        for sg in sudogs:
-            if sg is not fired:
-                ch = sg.ch
-                q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
-                try:
-                    q.remove(sg)
-                except ValueError:  # already taken out by a dequeue that skipped it
-                    pass
+    return sudogs
+
+
+async def _block_forever(g: G, ncases: int) -> NoReturn:
+    """Park g for good: a select with no case that can ever fire."""
+    # Go's `select {}` waits as "select (no cases)"; a select whose cases are all
+    # nil channels parks in selectgo as a plain "select".
+    g.waitreason = WAIT_SELECT_NO_CASES if ncases == 0 else WAIT_SELECT
+    await _trap(_PARK)  # never readied: blocks forever, as in Go
+    raise throw(f"select: goroutine {g.goid} woken from a select that blocks forever")
+
+
+def _dequeue_unfired(g: G, cases: tuple[Case, ...], sudogs: list[Sudog], fired: Any) -> None:
+    """Go's pass 3: every Sudog but the one that fired is out of its channel's queue
+    (all of them when none fired: the park ended by an exception thrown in or the
+    coroutine closed), and g's ``selectdone`` is cleared."""
+    g.selectdone = False
+    for sg in sudogs:
+        if sg is not fired:
+            ch = sg.ch
+            q = ch._recvq if cases[sg.caseidx][0] == RECV else ch._sendq
+            try:
+                q.remove(sg)
+            except ValueError:  # already taken out by a dequeue that skipped it
+                pass
+
+
+def _fired_result(
+    g: G, cases: tuple[Case, ...], sudogs: list[Sudog], fired: Any
+) -> tuple[int, Any, bool]:
+    """The select's ``(index, value, ok)`` from the Sudog that woke it; raises ``send on
+    closed channel`` for a send case woken by its channel's close."""
     if fired not in sudogs:
         raise throw(f"select: goroutine {g.goid} woken without a case that fired")
     i = fired.caseidx

@@ -163,9 +163,9 @@ sudog_leave_queue(SudogObject *sg)
     return 0;
 }
 
-/* Drop the op's sudogs, taking those not fired out of their queues first (Go's pass 3;
- * fired may be NULL: all of them). Clears the G's selectdone. 0, or -1 with an error
- * (every sudog is released either way). */
+/* Drop the op's sudogs, taking those not fired out of their queues first (Go's pass 3,
+ * _select._dequeue_unfired; fired may be NULL: all of them). Clears the G's selectdone.
+ * 0, or -1 with an error (every sudog is released either way). */
 static int
 select_release_sudogs(SelectOpObject *op, SudogObject *fired)
 {
@@ -335,6 +335,7 @@ select_start(SelectOpObject *op, PyObject **result)
         PyErr_SetString(NotInRuntime, "select would block outside a gosim goroutine");
         return PYGEN_ERROR;
     }
+    /* Park (pass 2, _select._enqueue): one sudog per non-nil case, in case order. */
     GObject *g = (GObject *)rt->curg;
     g->selectdone = 0;
     op->g = Py_NewRef((PyObject *)g);
@@ -362,7 +363,8 @@ select_start(SelectOpObject *op, PyObject **result)
     }
     if (op->nsudogs == 0) {
         /* Go's `select {}` waits as "select (no cases)"; a select whose cases are all nil
-         * channels parks in selectgo as a plain "select". Never readied: blocks forever. */
+         * channels parks in selectgo as a plain "select". Never readied: blocks forever
+         * (_select._block_forever). */
         Py_SETREF(g->waitreason, Py_NewRef(n == 0 ? WAIT_SELECT_NO_CASES : WAIT_SELECT));
         select_release_sudogs(op, NULL);
         op->state = SEL_FOREVER;
@@ -388,7 +390,8 @@ error:
 }
 
 /* Woken by the channel operation that paired with one of the sudogs: it is `fired`,
- * handed over as the G's param. */
+ * handed over as the G's param. Pass 3, then the result (_select._dequeue_unfired and
+ * _select._fired_result). */
 static PySendResult
 select_woken(SelectOpObject *op, PyObject *fired, PyObject **result)
 {
