@@ -791,16 +791,7 @@ def run(
             rt.virtual_jump = clock.jump
         if schedtrace:
             rt.stats.schedtrace_interval = schedtrace
-        box = _CallBox()
-        g = rt.gfget(rt.allp[0])
-        rt.goidgen = 1
-        g.goid = 1
-        g.coro = _start_coroutine(main, args)
-        g.status = RUNNABLE
-        rt.allg[1] = g
-        rt.call_boxes[1] = box
-        rt.main_g = g
-        rt.allp[0].runnext = g
+        box = _start_main(rt, main, args)
         try:
             async with trio.open_nursery() as nursery:
                 rt.syscalls.nursery = nursery
@@ -827,6 +818,24 @@ def run(
         raise
     finally:
         gc.set_threshold(*saved_gc)
+
+
+def _start_main(
+    rt: Runtime, main: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+) -> _CallBox:
+    """``main(*args)`` as goroutine 1, runnable in the first P's ``runnext`` and
+    ``rt.main_g``; the box its result is delivered to."""
+    box = _CallBox()
+    g = rt.gfget(rt.allp[0])
+    rt.goidgen = 1
+    g.goid = 1
+    g.coro = _start_coroutine(main, args)
+    g.status = RUNNABLE
+    rt.allg[1] = g
+    rt.call_boxes[1] = box
+    rt.main_g = g
+    rt.allp[0].runnext = g
+    return box
 
 
 # ------------------------------------------------------------------ user API
