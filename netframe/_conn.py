@@ -271,6 +271,19 @@ class FramedConn:
         # (gosim.net.Conn does).
         self._gather = getattr(conn, "write_buffers", None)
         self._read_into = getattr(conn, "read_into", None)
+        self._attach_fast_path(conn, read_size)
+        self._pending: deque[bytes] = deque()  # frames the reader cut ahead of read_frame
+        self._frames_read = 0
+        self._frames_written = 0
+        self._writes = 0
+        self._exchange: Any = None  # the C loop's own counters, while it has run
+        self._bytes_read = 0
+        self._bytes_written = 0
+
+    def _attach_fast_path(self, conn: StreamConn, read_size: int) -> None:
+        """Set the connection's RawConn (``_syscall_conn``, None when it has none or is
+        closed) and, where the accelerator is built, the C reader and writer over it
+        (``_raw``, ``_reader``, ``_fast_writer``; None where they do not run)."""
         # The C fast path, on a connection with Go's SyscallConn (gosim.net.Conn): a
         # receive and its cut in one call (FrameReader), an encode and its send in one
         # call (FrameWriter), the netpoller waiting in between (RawConn.read/write).
@@ -301,13 +314,6 @@ class FramedConn:
                     GATHER_MAX_FRAMES,
                 )
         self._reader_active = self._reader is not None
-        self._pending: deque[bytes] = deque()  # frames the reader cut ahead of read_frame
-        self._frames_read = 0
-        self._frames_written = 0
-        self._writes = 0
-        self._exchange: Any = None  # the C loop's own counters, while it has run
-        self._bytes_read = 0
-        self._bytes_written = 0
 
     @property
     def frames_read(self) -> int:

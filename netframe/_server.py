@@ -96,7 +96,7 @@ import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import gosim
 from gosim import Chan, go, recv, select
@@ -278,6 +278,53 @@ class ServerStatistics:
     write_timeouts: int = 0  # closed: replies owed and none taken for write_timeout
 
 
+#: The server's own counters, ServerStatistics' fields but ``connections``.
+_COUNTERS: Final = (
+    "accepted",
+    "rejected",
+    "accept_errors",
+    "heartbeats_missed",
+    "dead_peers",
+    "idle_closed",
+    "protocol_errors",
+    "handler_errors",
+    "read_timeouts",
+    "write_timeouts",
+    "frames_received",
+    "frames_sent",
+    "bytes_received",
+    "bytes_sent",
+)
+
+
+def _check_options(
+    handler: Handler | None,
+    handle_batch: BatchHandler | None,
+    max_connections: int,
+    max_in_flight: int,
+    idle_timeout: float | None,
+    send_queue: int,
+    read_timeout: float | None,
+    write_timeout: float | None,
+    max_owed_bytes: int | None,
+) -> None:
+    """Raise ValueError for a Server option out of its range, TypeError unless
+    exactly one of handler and handle_batch is given."""
+    if max_connections < 1 or max_in_flight < 1:
+        raise ValueError("max_connections and max_in_flight must be at least 1")
+    if (handler is None) == (handle_batch is None):
+        raise TypeError("Server needs a handler or a handle_batch, not both")
+    if idle_timeout is not None and idle_timeout <= 0:
+        raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
+    if send_queue < 1:
+        raise ValueError(f"send_queue must be at least 1, got {send_queue}")
+    for name, value in (("read_timeout", read_timeout), ("write_timeout", write_timeout)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if max_owed_bytes is not None and max_owed_bytes < 1:
+        raise ValueError(f"max_owed_bytes must be at least 1, got {max_owed_bytes}")
+
+
 class Server:
     """Serves ``handler(payload) -> reply | None`` on long connections; see the module docstring.
 
@@ -344,21 +391,19 @@ class Server:
     ) -> None:
         if max_connections is None:
             max_connections = default_max_connections()
-        if max_connections < 1 or max_in_flight < 1:
-            raise ValueError("max_connections and max_in_flight must be at least 1")
-        if (handler is None) == (handle_batch is None):
-            raise TypeError("Server needs a handler or a handle_batch, not both")
+        _check_options(
+            handler,
+            handle_batch,
+            max_connections,
+            max_in_flight,
+            idle_timeout,
+            send_queue,
+            read_timeout,
+            write_timeout,
+            max_owed_bytes,
+        )
         if handle_batch is not None:
             max_in_flight = 1  # batches of one connection run one at a time, in order
-        if idle_timeout is not None and idle_timeout <= 0:
-            raise ValueError(f"idle_timeout must be positive, got {idle_timeout}")
-        if send_queue < 1:
-            raise ValueError(f"send_queue must be at least 1, got {send_queue}")
-        for name, value in (("read_timeout", read_timeout), ("write_timeout", write_timeout)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if max_owed_bytes is not None and max_owed_bytes < 1:
-            raise ValueError(f"max_owed_bytes must be at least 1, got {max_owed_bytes}")
         self.read_timeout = read_timeout
         self.write_timeout = write_timeout
         self.max_owed_bytes = max_owed_bytes
@@ -378,15 +423,7 @@ class Server:
         self.raw = raw
         self.on_accept_error = on_accept_error
         # The handler strategy, chosen once: what the reader hands each receive to.
-        self._handle: Callable[[_Conn, list[bytes]], Awaitable[list[bytes]]]
-        if handle_batch is not None:
-            self._handle = self._handle_batch
-        elif max_in_flight == 1:
-            self._handle = self._handle_inline
-        elif raw:
-            self._handle = self._handle_ordered
-        else:
-            self._handle = self._handle_concurrent
+        self._handle = self._handler_strategy()
         self._replies_in_order = max_in_flight == 1
         # Raw mode with one handler at a time, and session mode with concurrent
         # handlers: a connection with the C fast path is served by one C call per wake
@@ -407,25 +444,19 @@ class Server:
                 GoAwayCode.CONNECTION_LIMIT, "connection limit"
             )
         )
-        self._counters = dict.fromkeys(
-            (
-                "accepted",
-                "rejected",
-                "accept_errors",
-                "heartbeats_missed",
-                "dead_peers",
-                "idle_closed",
-                "protocol_errors",
-                "handler_errors",
-                "read_timeouts",
-                "write_timeouts",
-                "frames_received",
-                "frames_sent",
-                "bytes_received",
-                "bytes_sent",
-            ),
-            0,
-        )
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+
+    def _handler_strategy(self) -> Callable[[_Conn, list[bytes]], Awaitable[list[bytes]]]:
+        """What the reader hands each receive to, for the options set: the batch
+        handler, one handler at a time, or concurrent handlers with replies in order (raw
+        mode) or as they finish."""
+        if self.handle_batch is not None:
+            return self._handle_batch
+        if self.max_in_flight == 1:
+            return self._handle_inline
+        if self.raw:
+            return self._handle_ordered
+        return self._handle_concurrent
 
     def statistics(self) -> ServerStatistics:
         """The server's counters now, open connections' included (trio's naming)."""
