@@ -518,29 +518,24 @@ class PostgresStore(BatchedOneStepStore):
         }
         self._pool = _Pool(self._connect, pool_size)
         # Every connection's settings, in its startup packet: no round trip of their own.
-        self._params: dict[str, Any] = {
-            "connect_timeout": max(1, math.ceil(connect_timeout)),
-            "application_name": application_name,
-            # A server whose machine is gone or cut off must not hold a batch's wait
-            # forever: TCP keep-alives find a silent peer, and unacknowledged data
-            # fails the connection after 30 s (StoreUnavailable, the pool replaces it).
-            "keepalives": 1,
-            "keepalives_idle": 10,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-            "tcp_user_timeout": _TCP_USER_TIMEOUT_MS,
-            "options": _options(
-                str(info.get("options") or ""),
-                {
-                    "synchronous_commit": "on",
-                    "lock_timeout": str(self._lock_timeout_ms),
-                    # How a batch's rows come back as text: blobs in hex, floats exact.
-                    "bytea_output": "hex",
-                    "extra_float_digits": "3",
-                    **({} if schema == "public" else {"search_path": f"{_quote(schema)},public"}),
-                },
-            ),
-        }
+        self._params = _connection_params(
+            info, connect_timeout, application_name, self._lock_timeout_ms, schema
+        )
+        self._create_tables(dsn, schema, schema_id)
+        self._committer = GroupCommitter(
+            None,
+            max_batch if group_commit else 1,
+            apply_async=self._apply_batch,
+            refused=None if clock is not None else self._refused,
+        )
+        self._sweep_every = sweep_every
+        self._batches_to_sweep = sweep_every
+
+    def _create_tables(self, dsn: str, schema: str, schema_id: sql.Identifier) -> None:
+        """The store's schema, tables and sequence, created where missing under the
+        schema lock, over a blocking connection of its own; raises ValueError when the
+        server's encoding truncates the schema's name, the store's error when the server
+        fails."""
         # Blocking, once, before any runtime: a plain psycopg connection of its own.
         doing = "connecting"
         try:
@@ -563,14 +558,6 @@ class PostgresStore(BatchedOneStepStore):
                         conn.execute(stmt)
         except psycopg.Error as exc:
             raise self._store_error(exc, doing) from clean_cause(exc, dsn)
-        self._committer = GroupCommitter(
-            None,
-            max_batch if group_commit else 1,
-            apply_async=self._apply_batch,
-            refused=None if clock is not None else self._refused,
-        )
-        self._sweep_every = sweep_every
-        self._batches_to_sweep = sweep_every
 
     def __repr__(self) -> str:
         return self._name
@@ -1132,6 +1119,41 @@ def _outcome(outcome: list[Any]) -> Any:
     if outcome[1] is not None:
         raise outcome[1]
     return outcome[0]
+
+
+def _connection_params(
+    info: dict[str, Any],
+    connect_timeout: float,
+    application_name: str,
+    lock_timeout_ms: int,
+    schema: str,
+) -> dict[str, Any]:
+    """Every connection's settings, as psycopg.connect's keywords: the timeouts, the
+    keep-alives, and the session's settings in libpq's ``options`` after the connection
+    string's own."""
+    return {
+        "connect_timeout": max(1, math.ceil(connect_timeout)),
+        "application_name": application_name,
+        # A server whose machine is gone or cut off must not hold a batch's wait
+        # forever: TCP keep-alives find a silent peer, and unacknowledged data
+        # fails the connection after 30 s (StoreUnavailable, the pool replaces it).
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": _TCP_USER_TIMEOUT_MS,
+        "options": _options(
+            str(info.get("options") or ""),
+            {
+                "synchronous_commit": "on",
+                "lock_timeout": str(lock_timeout_ms),
+                # How a batch's rows come back as text: blobs in hex, floats exact.
+                "bytea_output": "hex",
+                "extra_float_digits": "3",
+                **({} if schema == "public" else {"search_path": f"{_quote(schema)},public"}),
+            },
+        ),
+    }
 
 
 def _options(given: str | None, settings: dict[str, str]) -> str:
