@@ -871,21 +871,7 @@ class FrameDecoder:
         data, pos = buffer.peek()
         end = len(data)
         if self._mode == _SCAN_C:
-            frames: list[bytes] = []
-            stop_pos, stop, need = _speedups.cut_frames(
-                data, pos, end, pos + _BATCH_BYTES, _BATCH_FRAMES, *fmt._scan_params, frames
-            )
-            if not frames:
-                if stop == _STOP_INVALID:
-                    fmt.raise_header_error(data, pos, end)
-                self._need = need
-                return False
-            self._ready.extend(frames)
-            self._frames_decoded += len(frames)
-            self._need = 0
-            buffer.skip(stop_pos - pos)
-            buffer.commit()
-            return True
+            return self._refill_c(data, pos, end)
         bounds: list[int] = []
         kernel_starts: list[int] = []
         kernel_ends: list[int] = []
@@ -949,6 +935,26 @@ class FrameDecoder:
         self._need = 0
         buffer.skip(stop_pos - pos)
         buffer.commit()
+        return True
+
+    def _refill_c(self, data: bytes | bytearray, pos: int, end: int) -> bool:
+        """``_refill`` by netframe's C cutter (``cut_frames``) over ``data[pos:end]``, the
+        buffer's head: the same frames, errors and result."""
+        fmt = self._format
+        frames: list[bytes] = []
+        stop_pos, stop, need = _speedups.cut_frames(
+            data, pos, end, pos + _BATCH_BYTES, _BATCH_FRAMES, *fmt._scan_params, frames
+        )
+        if not frames:
+            if stop == _STOP_INVALID:
+                fmt.raise_header_error(data, pos, end)
+            self._need = need
+            return False
+        self._ready.extend(frames)
+        self._frames_decoded += len(frames)
+        self._need = 0
+        self._buffer.skip(stop_pos - pos)
+        self._buffer.commit()
         return True
 
     def _scan_kernel(
