@@ -128,7 +128,8 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
             await _preempt_point()
         return -1, None, False
     # Parking (Go's passes 2 and 3) is in helpers; the poll above runs on every select
-    # and stays written out in this frame, where a call per case would cost.
+    # and stays written out in this frame, where a call per case would cost, and so does
+    # the result below, which a select that parks reaches every time.
     if rt is None or rt.curg is None:
         raise NotInRuntime("select would block outside a gosim goroutine")
     g = rt.curg
@@ -141,7 +142,14 @@ async def select(*cases: Case, default: bool = False) -> tuple[int, Any, bool]:
         fired = await _trap(_PARK)
     finally:
         _dequeue_unfired(g, cases, sudogs, fired)
-    return _fired_result(g, cases, sudogs, fired)
+    if fired not in sudogs:
+        raise throw(f"select: goroutine {g.goid} woken without a case that fired")
+    i = fired.caseidx
+    if cases[i][0] == SEND:
+        if not fired.ok:
+            raise SendOnClosedChannel("send on closed channel")
+        return i, None, True
+    return i, fired.elem, fired.ok
 
 
 def _enqueue(g: G, cases: tuple[Case, ...]) -> list[Sudog]:
@@ -185,21 +193,6 @@ def _dequeue_unfired(g: G, cases: tuple[Case, ...], sudogs: list[Sudog], fired: 
                 q.remove(sg)
             except ValueError:  # already taken out by a dequeue that skipped it
                 pass
-
-
-def _fired_result(
-    g: G, cases: tuple[Case, ...], sudogs: list[Sudog], fired: Any
-) -> tuple[int, Any, bool]:
-    """The select's ``(index, value, ok)`` from the Sudog that woke it; raises ``send on
-    closed channel`` for a send case woken by its channel's close."""
-    if fired not in sudogs:
-        raise throw(f"select: goroutine {g.goid} woken without a case that fired")
-    i = fired.caseidx
-    if cases[i][0] == SEND:
-        if not fired.ok:
-            raise SendOnClosedChannel("send on closed channel")
-        return i, None, True
-    return i, fired.elem, fired.ok
 
 
 # The pure-Python functions stay importable under these names (the tests run them

@@ -390,8 +390,7 @@ error:
 }
 
 /* Woken by the channel operation that paired with one of the sudogs: it is `fired`,
- * handed over as the G's param. Pass 3, then the result (_select._dequeue_unfired and
- * _select._fired_result). */
+ * handed over as the G's param. Pass 3 (_select._dequeue_unfired), then the result. */
 static PySendResult
 select_woken(SelectOpObject *op, PyObject *fired, PyObject **result)
 {
