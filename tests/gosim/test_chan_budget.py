@@ -1,15 +1,16 @@
-"""The op budget: one rule for every hand-inlined copy of the channel fast paths.
+"""The op budget: one rule for every channel operation and select, on each path.
 
 An awaited channel operation or select that *returns* without parking spends one unit
 of one countdown shared by channels and select, inside a runtime or not; at zero the
 runtime's ``preempt_check`` is asked whether the running goroutine used up its slice.
-An operation that raises, parks, or is a ``try_`` spends nothing. Each operation
-spends on its own path (``send``, ``recv``, ``recv2``, ``__anext__`` in gosim/_chan.py,
+An operation that raises, parks, or is a ``try_`` spends nothing. Each operation spends
+on its own path (``send``, ``recv``, ``recv2``, ``__anext__`` in gosim/_chan.py,
 ``select`` in gosim/_select.py, and their twins in gosim/_speedups_chan.c.h and
-gosim/_speedups_select.c.h), so each is driven here on its own: any window of exactly ``3 * OP_BUDGET`` operations that spend must ask
-``preempt_check`` exactly three times, whatever the countdown stood at when the window
-opened. Each runtime starts with a full countdown. The suite runs this file on the C path and with
-``GOSIM_PURE_PYTHON=1``, so the two implementations are held to the same rule.
+gosim/_speedups_select.c.h), so each is driven here on its own: any window of exactly
+``3 * OP_BUDGET`` operations that spend must ask ``preempt_check`` exactly three times,
+whatever the countdown stood at when the window opened. Each runtime starts with a full
+countdown. The suite runs this file on the C path and with ``GOSIM_PURE_PYTHON=1``, so
+the two implementations are held to the same rule.
 """
 
 from __future__ import annotations
