@@ -429,6 +429,7 @@ class Chan(Generic[T]):
             raise StopAsyncIteration
         return v  # type: ignore[return-value]
 
+
 if not TYPE_CHECKING and speedups is not None:
     # The C implementation of this class (gosim/_speedups_chan.c.h), same contract.
     Chan = speedups.Chan

@@ -78,7 +78,7 @@ static PyObject *str__holders, *str__keeper, *str__waiters, *str__wake, *str__st
     *str__sync_store, *str_complete_sync, *str_max_args_bytes, *str_lease,
     *str_claim_later, *str_claim_sync, *str__one_step_store, *str_start_one_step,
     *str_settle, *str_fail, *str_reply, *str_invoke, *str_wait, *str_timeout, *str_ctx,
-    *str_one_step;
+    *str_one_step, *str_handler_returned, *str_handler_failed;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 #define KC(obj, i) SLOT((obj), keyed_offs[(i)])
@@ -350,19 +350,13 @@ record(PyObject *self, PyObject *completion)
     return r;
 }
 
-/* KeyedCall.handler_returned / handler_failed, for a case the twin does not take. */
+/* KeyedCall.handler_returned / handler_failed (``name``), for a case the twin does not
+ * take. */
 static PyObject *
-hand_on(PyObject *self, const char *method, PyObject *arg)
+hand_on(PyObject *self, PyObject *name, PyObject *arg)
 {
     PyObject *argv[2] = {self, arg};
-    PyObject *name = PyUnicode_InternFromString(method);
-    if (name == NULL) {
-        return NULL;
-    }
-    PyObject *r = PyObject_VectorcallMethod(name, argv, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                            NULL);
-    Py_DECREF(name);
-    return r;
+    return PyObject_VectorcallMethod(name, argv, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
 /* KeyedCall.claimed, for the claim KC_FENCE: hold it, run the handler, record. */
@@ -429,7 +423,7 @@ claimed(PyObject *self)
         if (exc == NULL) {
             return NULL;
         }
-        PyObject *r = hand_on(self, "handler_failed", exc);
+        PyObject *r = hand_on(self, str_handler_failed, exc);
         Py_DECREF(exc);
         return r;
     }
@@ -442,7 +436,7 @@ claimed(PyObject *self)
         }
     }
     if (completion == NULL) {
-        PyObject *r = hand_on(self, "handler_returned", result);
+        PyObject *r = hand_on(self, str_handler_returned, result);
         Py_DECREF(result);
         return r;
     }
@@ -589,27 +583,16 @@ done:
 static PyObject *
 twin_begin(PyObject *self, PyObject *Py_UNUSED(unused))
 {
-    if (KC(self, KC_ONE_STEP) == Py_True) {
-        PyObject *store = PyObject_GetAttr(KC(self, KC_IDEM), str__one_step_store);
-        if (store == NULL) {
-            return NULL;
-        }
-        int one = store != Py_None;
-        Py_DECREF(store);
-        if (one) {
-            return PyObject_CallMethodNoArgs(self, str_start_one_step);
-        }
+    int one = PyObject_IsTrue(KC(self, KC_ONE_STEP)); /* as the reference reads it */
+    if (one < 0) {
+        return NULL;
     }
-    else if (KC(self, KC_ONE_STEP) != Py_False) { /* the reference reads it as it is */
-        int one = PyObject_IsTrue(KC(self, KC_ONE_STEP));
-        if (one < 0) {
-            return NULL;
-        }
+    if (one) {
         PyObject *store = PyObject_GetAttr(KC(self, KC_IDEM), str__one_step_store);
         if (store == NULL) {
             return NULL;
         }
-        one = one && store != Py_None;
+        one = store != Py_None;
         Py_DECREF(store);
         if (one) {
             return PyObject_CallMethodNoArgs(self, str_start_one_step);
@@ -647,12 +630,7 @@ twin_vectorcall_new(PyObject *type, PyObject *const *args, size_t nargsf, PyObje
     }
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *empty = PyTuple_New(0);
-    if (empty == NULL) {
-        return NULL;
-    }
-    PyObject *self = waiter_new((PyTypeObject *)type, empty, NULL);
-    Py_DECREF(empty);
+    PyObject *self = waiter_new((PyTypeObject *)type, empty_tuple, NULL);
     if (self == NULL) {
         return NULL;
     }
@@ -789,14 +767,14 @@ static PyObject **const twostep_strings[] = {
     &str__sync_store, &str_complete_sync, &str_max_args_bytes, &str_lease,
     &str_claim_later, &str_claim_sync, &str__one_step_store, &str_start_one_step,
     &str_settle, &str_fail, &str_reply, &str_invoke, &str_wait, &str_timeout, &str_ctx,
-    &str_one_step,
+    &str_one_step, &str_handler_returned, &str_handler_failed,
 };
 static const char *const twostep_string_values[] = {
     "_holders", "_keeper", "_waiters", "_wake", "_start_keeper", "_callback_store",
     "complete_later", "ttl", "max_result_bytes", "_sync_store", "complete_sync",
     "max_args_bytes", "lease", "claim_later", "claim_sync", "_one_step_store",
     "start_one_step", "settle", "fail", "reply", "invoke", "wait", "timeout", "ctx",
-    "one_step",
+    "one_step", "handler_returned", "handler_failed",
 };
 
 /* configure_two_step(call, outcome, completion, keyed_call, pack, not_decoded,
@@ -832,6 +810,9 @@ configure_two_step(PyObject *module, PyObject *args, PyObject *kwds)
     if (!PyType_IsSubtype((PyTypeObject *)completion, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure_two_step: Completion is a tuple");
         return NULL;
+    }
+    if (empty_tuple == NULL && (empty_tuple = PyTuple_New(0)) == NULL) {
+        return NULL; /* the Waiter constructor's arguments: none */
     }
     for (size_t i = 0; i < sizeof(twostep_strings) / sizeof(twostep_strings[0]); i++) {
         if (*twostep_strings[i] == NULL

@@ -172,6 +172,17 @@ def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
         rt.curp = saved
 
 
+async def _trio_turn(rt: Runtime) -> None:
+    """Give trio's scheduler a turn (its tasks, its Ctrl-C), the runtime's state
+    cleared meanwhile so nothing trio runs mistakes itself for a goroutine."""
+    _state.rt = None
+    try:
+        await trio.lowlevel.checkpoint()
+    finally:
+        _state.rt = rt
+    rt.last_trio_yield = rt._clock_now()
+
+
 async def _idle(rt: Runtime) -> None:
     """No P found work: wait for a timer, an outside completion, a new call or a signal.
 
@@ -259,12 +270,7 @@ async def _netpoll_block(
     # IDLE_TRIO_INTERVAL, and trio gets a turn that often: a Ctrl-C caught by
     # another thread (trio's wakeup fd is not in this epoll) is then raised here.
     if now - rt.last_trio_yield >= IDLE_TRIO_INTERVAL:
-        _state.rt = None
-        try:
-            await trio.lowlevel.checkpoint()
-        finally:
-            _state.rt = rt
-        rt.last_trio_yield = rt._clock_now()
+        await _trio_turn(rt)
         # Look again from the top: the turn took time, and the earliest timer may
         # be due now. Polling until a deadline that has passed would block until
         # I/O arrives, which may be never (the reader that would drain a full
@@ -352,12 +358,7 @@ async def _periodic(rt: Runtime) -> None:
     if rt.stats.schedtrace_interval:
         rt.stats.maybe_schedtrace(now)
     if now - rt.last_trio_yield >= TRIO_YIELD_INTERVAL or (rt.nswitch & 0xFFF) == 0:
-        _state.rt = None
-        try:
-            await trio.lowlevel.checkpoint()
-        finally:
-            _state.rt = rt
-        rt.last_trio_yield = rt._clock_now()
+        await _trio_turn(rt)
 
 
 async def drive(rt: Runtime) -> None:

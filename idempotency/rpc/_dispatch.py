@@ -86,7 +86,9 @@ __all__ = ["Dispatcher", "MethodSpec", "ServerStatistics"]
 
 _unpackb = msgpack.unpackb
 _UNDECODED: Final[Any] = object()
-_pack_response = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_pack_response: Final[Callable[[Any], bytes]] = msgpack.Packer(
+    use_bin_type=True, autoreset=True
+).pack
 
 
 @dataclass(slots=True)
