@@ -7,7 +7,9 @@ MemoryStore) runs in this process under ``GOSIM_PURE_PYTHON=1`` (every C acceler
 off: the Python that is the reference is what runs); a thread of its own sends keyed
 calls over a real socket. After three calls that warm the server up (its committer
 thread, its caches), one call is followed: from the first frame that is handed its
-payload's bytes to the frame that hands the reply's bytes to the socket.
+payload's bytes to the frame that hands the reply's bytes to the socket (the first
+frame of ``netframe`` or ``gosim.net`` on the path that calls a socket send:
+``os.write`` on its descriptor, or a socket's ``send``, ``sendmsg``, ``sendall``).
 
 Following is done with a profile hook on every thread of the server, as a value is
 followed by hand: a Python frame is *on the path* when one of its arguments is a value
@@ -15,7 +17,7 @@ already on it (the payload at the start; one level into a tuple, list or dict; a
 method's object); what a frame on the path returns, and what it holds when it calls
 another (what it made of the value: a C call's result is seen no other way), is on the
 path; and an object handed a value on the path by one of its methods (``self``) is on
-it too. The
+it too. A comprehension's frame is its function's (Python 3.12 runs it inline). The
 scheduler's core (``gosim/_core``) carries goroutines, not values: its frames are never
 on the path, and the path re-enters the code above it there.
 
@@ -24,8 +26,9 @@ What it prints, over the frames on the path in the order they ran:
 - **stays**: the runs of consecutive frames in one file (a room), the files of the
   project only (``gosim``, ``netframe``, ``idempotency``);
 - **returns**: the stays in a room the path had already left;
-- **hand-offs**: the frames on the path that no frame on the path called: the value
-  reached them another way (a goroutine resumed by the scheduler, a callback run by
+- **hand-offs**: the frames on the path that no frame on the path called (or, a
+  coroutine's, resumed: an awaiter resumes what it awaits): the value reached them
+  another way (a goroutine started or resumed by the scheduler, a callback run by
   another thread's queue, a callback settled from elsewhere), each named with the frame
   it reached.
 
@@ -56,6 +59,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tuple(str(ROOT / top) + os.sep for top in ("gosim", "netframe", "idempotency"))
 CORE = str(ROOT / "gosim" / "_core") + os.sep
 WARM_UP = 3
+#: The calls that hand bytes to a socket (``os.write`` on its descriptor, or a
+#: socket's own), and the layers the reply's are sent from.
+SENDS = frozenset(("write", "send", "sendmsg", "sendall"))
+OS_CALLS = os.write.__self__  # the module that defines os.write (posix)
+NETWORK = (str(ROOT / "netframe") + os.sep, str(ROOT / "gosim" / "net") + os.sep)
+#: The code names of comprehensions (a frame of their own before Python 3.12).
+COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"))
 #: Values never followed: scalars are shared by everything (a msgid of 1, a str the
 #: interpreter interns), and classes and modules are not data.
 UNFOLLOWED = (int, float, str, bool, type(None), type, types.ModuleType, types.FunctionType)
@@ -95,6 +105,7 @@ class Follower:
         self.payload = payload
         self.skip_thread = skip_thread
         self.active = False
+        self.sent = False  # the reply's bytes have been handed to the socket
         self.values: dict[int, Any] = {}  # id -> value, kept alive so ids stay unique
         self.on_path: dict[int, types.FrameType] = {}
         self.walk = Walk()
@@ -125,10 +136,17 @@ class Follower:
         return False
 
     def hook(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        if not self.active or threading.get_ident() == self.skip_thread:
+        if not self.active or self.sent or threading.get_ident() == self.skip_thread:
             return
         if event == "call":
             self._call(frame)
+        elif event == "c_call":
+            # The end: a frame of the network layers on the path hands bytes to the
+            # socket (the reply's: the only send on the path there).
+            owner = getattr(arg, "__self__", None)
+            to_socket = owner is OS_CALLS or isinstance(owner, socket.socket)
+            if to_socket and arg.__name__ in SENDS and id(frame) in self.on_path:
+                self.sent = frame.f_code.co_filename.startswith(NETWORK)
         elif event == "return" and id(frame) in self.on_path:
             flags = frame.f_code.co_flags
             if not flags & (0x20 | 0x80 | 0x200):  # a generator, coroutine: suspended
@@ -146,7 +164,12 @@ class Follower:
             # result, msgpack's decode say, is seen no other way).
             for value in list(caller.f_locals.values()):
                 self._add(value)
-        if not known:
+        inline = code.co_name in COMPREHENSIONS and caller is not None
+        if not known and inline and id(caller) in self.on_path:
+            # A comprehension's frame is its function's own expression (Python 3.12
+            # runs it inline): on the path with the function that holds it.
+            self.on_path[id(frame)] = frame
+        elif not known:
             nargs = code.co_argcount + code.co_kwonlyargcount
             nargs += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
             local = frame.f_locals
@@ -163,7 +186,9 @@ class Follower:
             return
         room = filename[len(str(ROOT)) + 1 :]
         self.walk.frames.append((room, code.co_qualname))
-        reached = not known and caller is not None and id(caller) in self.on_path
+        # Reached by reading: called (or, a coroutine, resumed) by a frame on the path.
+        # The outermost frame of a resumed goroutine is resumed by the scheduler.
+        reached = caller is not None and id(caller) in self.on_path
         if not reached and self.walk.frames[1:]:  # the first frame is where it starts
             self.walk.hand_offs.append(f"{room}:{code.co_qualname}")
 

@@ -7,8 +7,10 @@ takes the parts it needs from here, and keeps the Python twin of each:
 
 * the sans-IO part (``cut_frames``, ``encode_fixed``: ``netframe/_speedups_codec.c.h``)
   serves ``_codec``; it does no I/O, like the codec itself;
-* the I/O part (``FrameReader``, ``FrameWriter``: ``netframe/_speedups_io.c.h``) serves
-  ``_conn``'s receive-and-cut and encode-and-send on a socket;
+* the I/O part (``netframe/_speedups_io.c.h``) serves ``_conn``: ``FrameWriter``, the twin
+  of ``_conn.PyFrameWriter`` (encode frames and send them on a socket, one call), and
+  ``FrameReader`` (receive and cut frames, one call), which has no twin: without it
+  ``FramedConn`` receives on gosim.net and cuts with the codec's decoder;
 * the server part (``netframe/_speedups_server.c.h``): ``handle_each`` and
   ``drop_none`` serve the server's handler loop (``_handlers``); ``Exchange`` (a connection's whole
   receive-handle-send in one C call per wake, raw or session mode or a client's reader,

@@ -27,7 +27,7 @@ Writing, two ways:
    that stops reading cannot hold up a heartbeat or a close.
 
 With ``max_owed_bytes``, reading stops while more than that many bytes sent (queued, or
-held by the C writer) have not been written: a peer that sends requests and reads no
+held by the frame writer) have not been written: a peer that sends requests and reads no
 replies holds that much of our memory, not its whole send queue's worth.
 :meth:`FramedConn.owed_bytes` says how many there are.
 
@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import fcntl
 import math
+import os
 import struct
 import termios
 from collections import deque
@@ -89,7 +90,6 @@ __all__ = [
 ]
 
 _FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
-_FrameWriter: Any = None if _c_speedups is None else _c_speedups.FrameWriter
 #: The C Exchange; FramedConn.exchange makes its framed modes, idempotency.rpc's
 #: StreamLink its frameless one (a plain msgpack stream).
 _Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
@@ -216,6 +216,137 @@ class _Alarm:
         self._w.settle()
 
 
+class PyFrameWriter:
+    """Encode frames and send them on a non-blocking socket: ``writer(fd) -> bool``.
+
+    What lets a reply be sent at once by the goroutine that made it, with no switch to
+    the connection's writer goroutine: :meth:`load` encodes a list of payloads into
+    one buffer, and each call sends what the socket takes of it (one non-blocking
+    ``send``), True once all of it is out, False when the socket is full (the caller
+    waits for output, with gosim.net's ``RawConn.write``, and calls again). It is
+    built for a fixed-width format: ``width`` (1, 2, 4 or 8 bytes), its byte order,
+    the ``adjust`` subtracted from a payload's size, the smallest and largest payload
+    and the zero ``preamble`` before each length field (``FrameFormat``'s encoding
+    parameters). :meth:`load` declines (False, nothing loaded) a batch it does not
+    encode, for the connection's general path to take: a payload that is not bytes
+    or bytearray, a size out of range (the general path raises the precise error),
+    and at most ``gather_max`` payloads of ``gather_min`` bytes or more together
+    (``gather_min`` -1: never), which a gathering write sends without copying them.
+    The C accelerator's ``FrameWriter`` is its twin (tests/netframe/test_frame_writer.py
+    runs one test class over both)."""
+
+    __slots__ = (
+        "_adjust",
+        "_buf",
+        "_gather_max",
+        "_gather_min",
+        "_header",
+        "_high",
+        "_low",
+        "_mask",
+        "_pack",
+        "_pos",
+        "bytes_sent",
+    )
+
+    def __init__(
+        self,
+        width: int,
+        big_endian: bool,
+        adjust: int,
+        low: int,
+        high: int,
+        preamble: int,
+        gather_min: int,
+        gather_max: int,
+        /,
+    ) -> None:
+        if width not in (1, 2, 4, 8) or not 0 <= preamble <= _MAX_PREAMBLE:
+            raise ValueError("FrameWriter: bad width or preamble")
+        if not -_MAX_ADJUST <= adjust <= _MAX_ADJUST or low < 0 or high > _MAX_BODY:
+            raise ValueError("FrameWriter: adjustment or payload bounds out of range")
+        order = ">" if big_endian else "<"
+        length = struct.Struct(order + {1: "B", 2: "H", 4: "I", 8: "Q"}[width])
+        zeros = bytes(preamble)
+        self._pack: Callable[[int], bytes] = (
+            (lambda n: zeros + length.pack(n)) if preamble else length.pack
+        )
+        self._header = preamble + width
+        self._mask = (1 << (8 * width)) - 1  # the field's bits of size - adjust, as C's cast
+        self._adjust = adjust
+        self._low = low
+        self._high = high
+        self._gather_min = gather_min
+        self._gather_max = gather_max
+        self._buf = memoryview(b"")  # loaded frames not yet sent: _buf[_pos:]
+        self._pos = 0
+        #: Bytes sent in all.
+        self.bytes_sent = 0
+
+    @property
+    def pending(self) -> int:
+        """Loaded bytes not yet sent."""
+        return len(self._buf) - self._pos
+
+    def load(self, payloads: list[bytes | bytearray]) -> bool:
+        """Encode ``payloads`` for sending; False (nothing loaded) when it declines
+        them (see the class docstring). RuntimeError while loaded bytes are unsent."""
+        if type(payloads) is not list:
+            raise TypeError("FrameWriter.load: payloads must be a list")
+        if self._pos < len(self._buf):
+            raise RuntimeError("FrameWriter.load: the last frames are unsent")
+        low, high = self._low, self._high
+        body = 0
+        for payload in payloads:
+            if type(payload) is not bytes and type(payload) is not bytearray:
+                return False
+            n = len(payload)
+            if n < low or n > high:
+                return False
+            body += n
+        gather_min = self._gather_min
+        if gather_min >= 0 and len(payloads) <= self._gather_max and body >= gather_min:
+            return False  # few large payloads: a gathering write sends them uncopied
+        pack, adjust, mask = self._pack, self._adjust, self._mask
+        parts: list[bytes | bytearray] = []
+        for payload in payloads:
+            parts.append(pack((len(payload) - adjust) & mask))
+            parts.append(payload)
+        self._buf = memoryview(b"".join(parts))
+        self._pos = 0
+        return True
+
+    def __call__(self, fd: int) -> bool:
+        """Send what is loaded on ``fd``: True once all of it is sent, False when the
+        socket is full. An error of the send is raised (``OSError``)."""
+        buf = self._buf
+        while self._pos < len(buf):
+            try:
+                # os.write is send() without flags on a socket: no SIGPIPE reaches a
+                # Python process (it ignores the signal), a closed peer is EPIPE.
+                sent = os.write(fd, buf[self._pos :])
+            except BlockingIOError:
+                return False
+            self._pos += sent
+            self.bytes_sent += sent
+        return True
+
+    def discard(self) -> None:
+        """Drop what is loaded and unsent (after a failed send)."""
+        self._buf = memoryview(b"")
+        self._pos = 0
+
+
+# The bounds FrameWriter checks its parameters against (its C twin's, in
+# _speedups_codec.c.h): FrameFormat never makes parameters outside them.
+_MAX_PREAMBLE = 0xFFFF
+_MAX_ADJUST = (1 << 40) + 0xFFFF + 8  # FrameFormat's adjustment, less its header
+_MAX_BODY = 1 << 60
+
+#: The frame writer FramedConn uses: the C twin where built.
+FrameWriter: Any = PyFrameWriter if _c_speedups is None else _c_speedups.FrameWriter
+
+
 class _Flush:
     __slots__ = ("done",)
 
@@ -253,11 +384,11 @@ class FramedConn:
         self._writer_started = False
         self._writer_error: BaseException | None = None
         # Frames queued (or urgent) and not yet written; while there are any, and while
-        # the C writer holds the unsent rest of a send_many (_unfinished, the writer
+        # the frame writer holds the unsent rest of a send_many (_unfinished, the writer
         # goroutine's to finish), send_many queues too, so frames keep their order.
         self._backlog = 0
         self._unfinished = False
-        # Bytes of the frames counted in _backlog (the C writer's unsent rest is counted
+        # Bytes of the frames counted in _backlog (the frame writer's unsent rest is counted
         # apart: owed_bytes). Over max_owed_bytes, reading waits for the writer goroutine
         # to write some (it rings _drained after each write, and closes it at its exit).
         self._queued_bytes = 0
@@ -282,19 +413,20 @@ class FramedConn:
 
     def _attach_fast_path(self, conn: StreamConn, read_size: int) -> None:
         """Set the connection's RawConn (``_syscall_conn``, None when it has none or is
-        closed) and, where the accelerator is built, the C reader and writer over it
-        (``_raw``, ``_reader``, ``_fast_writer``; None where they do not run)."""
-        # The C fast path, on a connection with Go's SyscallConn (gosim.net.Conn): a
-        # receive and its cut in one call (FrameReader), an encode and its send in one
-        # call (FrameWriter), the netpoller waiting in between (RawConn.read/write).
-        # The reader holds the start of the next frame itself while it is active;
-        # what it hands back (an invalid header, the end of the stream inside a frame)
-        # goes to the decoder, and the general path serves until the decoder is empty.
+        closed), the frame writer over it (``_frame_writer``) and, where the
+        accelerator is built, the C reader (``_raw``, ``_reader``); None where they do
+        not run."""
+        # On a connection with Go's SyscallConn (gosim.net.Conn): an encode and its
+        # send in one call (FrameWriter, C or Python), so a reply goes out from the
+        # goroutine that made it; and where the accelerator is built, a receive and
+        # its cut in one C call (FrameReader), the netpoller waiting in between
+        # (RawConn.read/write). The reader holds the start of the next frame itself
+        # while it is active; what it hands back (an invalid header, the end of the
+        # stream inside a frame) goes to the decoder, and the general path serves
+        # until the decoder is empty.
         self._raw: Any = None
         self._reader: Any = None
-        self._fast_writer: Any = None
-        # The connection's RawConn whatever the accelerator (unread_bytes asks the
-        # socket through it); _raw is the same, only where the C fast path runs.
+        self._frame_writer: Any = None
         self._syscall_conn: Any = None
         syscall_conn = getattr(conn, "syscall_conn", None)
         if syscall_conn is not None:
@@ -302,17 +434,17 @@ class FramedConn:
                 self._syscall_conn = syscall_conn()
             except OSError:
                 pass  # closed already: the general path reports it on first use
+        fmt = self.format
+        if self._syscall_conn is not None and fmt._fixed_header >= 0:
+            self._frame_writer = FrameWriter(
+                *fmt._encode_params,
+                GATHER_MIN_BYTES if self._gather is not None else -1,
+                GATHER_MAX_FRAMES,
+            )
         if _FrameReader is not None:
             self._raw = self._syscall_conn
         if self._raw is not None:
-            fmt = self.format
             self._reader = _FrameReader(read_size, LARGE_FRAME_BYTES, *fmt._scan_params)
-            if fmt._fixed_header >= 0:
-                self._fast_writer = _FrameWriter(
-                    *fmt._encode_params,
-                    GATHER_MIN_BYTES if self._gather is not None else -1,
-                    GATHER_MAX_FRAMES,
-                )
         self._reader_active = self._reader is not None
 
     @property
@@ -342,7 +474,7 @@ class FramedConn:
     @property
     def bytes_written(self) -> int:
         """Bytes written to the connection."""
-        writer = self._fast_writer
+        writer = self._frame_writer
         return self._bytes_written + (writer.bytes_sent if writer is not None else 0)
 
     def statistics(self) -> FramedConnStatistics:
@@ -529,10 +661,10 @@ class FramedConn:
 
     @property
     def owed_bytes(self) -> int:
-        """Bytes of frames sent (queued for the writer goroutine, or the C writer's
+        """Bytes of frames sent (queued for the writer goroutine, or the frame writer's
         unsent rest) that the connection has not taken yet."""
         if self._unfinished:
-            return self._queued_bytes + int(self._fast_writer.pending)
+            return self._queued_bytes + int(self._frame_writer.pending)
         return self._queued_bytes
 
     def _owes_too_much(self) -> bool:
@@ -602,17 +734,17 @@ class FramedConn:
         handler's results (not None) are awaited by the caller
         (netframe/_speedups_server.c.h says what each loop takes on). None where the
         fast path is not there (no C accelerator, a connection without SyscallConn, a
-        format the C writer does not encode, or frames already taken ahead). Its frames
+        format the frame writer does not encode, or frames already taken ahead). Its frames
         and writes count in this connection's counters."""
         if (
             _Exchange is None
-            or self._fast_writer is None
+            or self._frame_writer is None
             or not self._reader_active
             or self._pending
             or self._exchange is not None
         ):
             return None
-        args: tuple[Any, ...] = (self._reader, self._fast_writer, handler, limit, owner)
+        args: tuple[Any, ...] = (self._reader, self._frame_writer, handler, limit, owner)
         if session is not None:
             clock = lowlevel.current_runtime().now  # gosim.now() without its frame
             owed = -1 if self.max_owed_bytes is None else self.max_owed_bytes
@@ -623,7 +755,7 @@ class FramedConn:
     async def run_exchange(self, ex: Any) -> int:
         """Run :meth:`exchange`'s loop until it needs its caller: wait for input in the
         netpoller between receives, finish sends the socket could not take at once,
-        and send replies the C writer declines on the general path. Returns
+        and send replies the frame writer declines on the general path. Returns
         EXCHANGE_PENDING (a handler to await), EXCHANGE_READER (the end of the stream or
         a hand-back: read on with :meth:`read_frames`) or EXCHANGE_CLOSED; a session
         loop also EXCHANGE_SEND_QUEUED and EXCHANGE_GENERAL (its replies the socket
@@ -636,7 +768,7 @@ class FramedConn:
             raise BusyError("another goroutine is already reading this FramedConn")
         self._reading = True
         raw = self._raw
-        writer = self._fast_writer
+        writer = self._frame_writer
         try:
             while True:
                 try:
@@ -655,7 +787,7 @@ class FramedConn:
                     except BaseException:
                         writer.discard()  # nothing half-sent stays loaded
                         raise
-                elif state == EXCHANGE_WRITE_GENERAL:  # replies the C writer declines
+                elif state == EXCHANGE_WRITE_GENERAL:  # replies the frame writer declines
                     await self._write_general(ex.take_replies())
                 elif state == EXCHANGE_OWED:  # as read_frames: no receive while over
                     await self.wait_owed()
@@ -686,10 +818,10 @@ class FramedConn:
         items = payloads if type(payloads) is list else list(payloads)
         if not items:
             return
-        writer = self._fast_writer
+        writer = self._frame_writer
         if writer is not None and writer.load(items):  # encoded in C, sent by RawConn
             try:
-                await self._raw.write(writer)
+                await self._syscall_conn.write(writer)
             except TimeoutError as exc:
                 # A write deadline: RawConn cannot know how much went out, the writer
                 # does (what it was loaded with, less what it still holds).
@@ -707,7 +839,7 @@ class FramedConn:
             await self._write_general(items)
 
     async def _write_general(self, items: list[bytes | bytearray | memoryview]) -> None:
-        """What the C writer declines or cannot do: large payloads gathered into one
+        """What the frame writer declines or cannot do: large payloads gathered into one
         ``sendmsg``, connections without SyscallConn, payload errors (raised here)."""
         fmt = self.format
         gather = self._gather
@@ -784,7 +916,7 @@ class FramedConn:
         """Send frames in order without waiting; False (nothing sent) when the send queue
         has no room for them all.
 
-        With the C writer, on a connection with Go's ``SyscallConn``, and nothing queued
+        With the frame writer, on a connection with Go's ``SyscallConn``, and nothing queued
         for the writer goroutine: encoded and sent at once with one non-blocking send
         (the common case of a server's replies: no goroutine switch), what the socket
         does not take going to the writer goroutine ahead of anything sent later.
@@ -814,16 +946,16 @@ class FramedConn:
         return True
 
     def _send_through(self, payloads: list[bytes]) -> bool:
-        """With the C writer and nothing queued for the writer goroutine: encode
+        """With the frame writer and nothing queued for the writer goroutine: encode
         ``payloads`` and send them at once with one non-blocking send, what the socket
         does not take going to the writer goroutine ahead of anything sent later; True
         when so sent. False (nothing done) when the frames must be queued. A send that
         fails fails the connection (``_fail_writes``) and raises its OSError."""
-        writer = self._fast_writer
+        writer = self._frame_writer
         if writer is None or self._backlog or self._unfinished or not writer.load(payloads):
             return False
         try:
-            self._raw.control(writer)  # one send, no waiting
+            self._syscall_conn.control(writer)  # one send, no waiting
         except OSError as exc:
             writer.discard()
             self._fail_writes(exc)
@@ -837,7 +969,7 @@ class FramedConn:
         return True
 
     def _unsent_to_writer(self) -> None:
-        """The C writer holds frames the socket did not take at once (nothing was
+        """The frame writer holds frames the socket did not take at once (nothing was
         queued ahead of them): the writer goroutine sends them before anything queued
         after them."""
         self._unfinished = True
@@ -955,9 +1087,9 @@ class FramedConn:
                         break
                 if self._unfinished:  # the rest of send_many's send goes first
                     try:
-                        await self._raw.write(self._fast_writer)
+                        await self._syscall_conn.write(self._frame_writer)
                     finally:
-                        self._fast_writer.discard()
+                        self._frame_writer.discard()
                         self._unfinished = False
                 if batch:
                     await self.write_frames(batch)

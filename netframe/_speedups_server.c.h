@@ -293,8 +293,8 @@ static PyObject *closed_name;
 /* Attribute names of the session mode, interned at import. */
 static PyObject *in_flight_name, *state_name, *last_received_name, *last_data_name,
     *first_unanswered_ping_name, *dead_name, *writer_error_name, *fc_closed_name,
-    *backlog_name, *queued_bytes_name, *unfinished_name, *fast_writer_name, *raw_name, *control_name,
-    *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
+    *backlog_name, *queued_bytes_name, *unfinished_name, *frame_writer_name,
+    *syscall_conn_name, *control_name, *fail_writes_name, *frames_written_name, *writes_name, *unsent_to_writer_name;
 /* Attribute names of the frameless mode's owner (a StreamLink). */
 static PyObject *owed_name, *handed_name;
 /* SessionState.CLOSED, the state that may not send DATA, for send_data and the session
@@ -699,7 +699,7 @@ send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     int may_send = state != closed_state_obj;
     Py_DECREF(state);
-    PyObject *writer = PyObject_GetAttr(fc, fast_writer_name);
+    PyObject *writer = PyObject_GetAttr(fc, frame_writer_name);
     if (writer == NULL) {
         return NULL;
     }
@@ -736,7 +736,7 @@ send_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     Py_DECREF(now);
-    PyObject *raw = PyObject_GetAttr(fc, raw_name);
+    PyObject *raw = PyObject_GetAttr(fc, syscall_conn_name);
     PyObject *sent = raw == NULL ? NULL : PyObject_CallMethodOneArg(raw, control_name, writer);
     Py_XDECREF(raw);
     if (sent == NULL) {

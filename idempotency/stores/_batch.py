@@ -214,6 +214,11 @@ def _py_call_done(done: Callable[[Any, BaseException | None], None], op: Waiter)
 _call_done: Final = _speedups.call_done if _C_TWINS else _py_call_done
 
 
+def _serves_every_runtime() -> None:
+    """A GroupCommitter's ``refused`` when it was given none."""
+    return None
+
+
 class GroupCommitter:
     """Runs operations in batches through ``apply_batch`` (see the module docstring).
 
@@ -227,9 +232,10 @@ class GroupCommitter:
     no thread and no wake-up socket. Batches are one at a time there too: a runtime
     has one leader.
 
-    ``refused``: asked before every batch, in the leader goroutine; an exception it
-    returns fails every operation of the batch, which is not applied (a store that
-    cannot serve the running runtime: see :func:`refused_on_virtual_clock`).
+    ``refused``: asked when a runtime queues its first operation (what it answers holds
+    for the runtime: see :func:`refused_on_virtual_clock`); on a runtime it refuses, it
+    is asked again before every batch, in the leader goroutine, and the exception it
+    returns fails every operation of the batch, which is not applied.
     """
 
     def __init__(
@@ -247,7 +253,8 @@ class GroupCommitter:
         self.max_batch = max_batch
         self._apply_batch = apply_batch
         self._apply_async = apply_async
-        self._refused = refused
+        self._refused = refused if refused is not None else _serves_every_runtime
+        self._refuses = False  # what ``refused`` answered for ``_rt``: an exception
         self._thread_lock = threading.Lock()
         self._pending: list[Op] = []
         # Invariant: True exactly while a leader goroutine of ``_rt`` runs (it takes
@@ -291,6 +298,9 @@ class GroupCommitter:
             self._rt = rt
             self._pending = []
             self._leading = False
+            # Asked once a runtime (its clock is the runtime's to the end), so that a
+            # batch on a runtime the store serves costs no call.
+            self._refuses = self._refused() is not None
             self._new_wake()
         self._pending.append(op)
         if not self._leading:
@@ -371,7 +381,7 @@ class GroupCommitter:
         del pending[: len(batch)]
         try:
             wake = self._wake
-            if self._refused is not None and (refusal := self._refused()) is not None:
+            if self._refuses and (refusal := self._refused()) is not None:
                 for o in batch:
                     o.result, o.error = None, refusal
             elif self._apply_async is not None:

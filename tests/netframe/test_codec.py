@@ -45,6 +45,7 @@ from netframe import (
     _codec,
     _kernels,
 )
+from netframe import _conn as conn_module
 
 REPO = Path(__file__).resolve().parents[2]
 # "c" (the C loop, netframe._speedups) only where it is built and not switched off.
@@ -1097,8 +1098,8 @@ def test_drop_none_keeps_the_list_or_copies_it_without_nones() -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# The C FrameReader and FrameWriter (FramedConn's fast path) over a real socket pair:
-# their output is compared with the Python decoder and encoder reading the same stream.
+# The C FrameReader and the FrameWriter (FramedConn's fast path) over a real socket
+# pair: their output is compared with the Python decoder and encoder on the same stream.
 
 
 def _socket_pair() -> tuple[socket.socket, socket.socket]:
@@ -1237,7 +1238,7 @@ def test_c_reader_hands_back_a_partial_large_frame_whole() -> None:
 
 
 @needs_c
-def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> None:
+def test_c_reader_refuses_bad_arguments_and_reports_socket_errors() -> None:
     params = FrameFormat()._scan_params
     with pytest.raises(ValueError, match="read_size must be in"):
         _codec._speedups.FrameReader(0, 10, *params)
@@ -1245,18 +1246,40 @@ def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> 
         _codec._speedups.FrameReader(10, 10)
     with pytest.raises(ValueError, match="width"):
         _codec._speedups.FrameReader(10, 10, 3, *params[1:])
-    with pytest.raises(ValueError, match="width"):
-        _codec._speedups.FrameWriter(3, True, 0, 0, 10, 0, -1, 0)
     reader = _codec._speedups.FrameReader(10, 10, *params)
     with pytest.raises(OSError):
         reader(-1)  # EBADF, raised as OSError like socket.recv
-    writer = _codec._speedups.FrameWriter(4, True, 0, 0, 100, 0, -1, 0)
+
+
+# The frame writer is one mechanism with two implementations, the Python reference
+# (netframe._conn.PyFrameWriter) and its C twin: every test below runs over both.
+WRITERS = [pytest.param(conn_module.PyFrameWriter, id="python")] + (
+    [pytest.param(_codec._speedups.FrameWriter, id="c")] if _codec.C_ENABLED else []
+)
+
+
+@pytest.mark.parametrize("writer_type", WRITERS)
+def test_writer_refuses_bad_arguments_and_reports_socket_errors(writer_type: Any) -> None:
+    with pytest.raises(ValueError, match="width"):
+        writer_type(3, True, 0, 0, 10, 0, -1, 0)
+    with pytest.raises(ValueError, match="width or preamble"):
+        writer_type(4, True, 0, 0, 100, 2**63 - 1, -1, 0)
+    with pytest.raises(ValueError, match="bounds"):
+        writer_type(4, True, 0, -5, 100, 0, -1, 0)
+    with pytest.raises(TypeError):
+        writer_type(4, True, 0, 0, 100, 0, -1)
+    writer = writer_type(4, True, 0, 0, 100, 0, -1, 0)
+    with pytest.raises(TypeError, match="list"):
+        writer.load((b"abc",))
     assert writer.load([b"abc"])
     with pytest.raises(RuntimeError, match="unsent"):
         writer.load([b"more"])
     with pytest.raises(OSError):
         writer(-1)
     writer.discard()
+    assert writer.pending == 0
+    assert writer.load([b"x" * 101]) is False  # out of range: the general path raises
+    assert writer.load([memoryview(b"abc")]) is False  # not bytes or bytearray
     assert writer.pending == 0
     a, b = _socket_pair()
     b.close()
@@ -1266,7 +1289,7 @@ def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> 
     a.close()
 
 
-@needs_c
+@pytest.mark.parametrize("writer_type", WRITERS)
 @given(
     fmt=frame_formats(),
     payloads=st.lists(st.binary(max_size=300) | st.binary(max_size=20).map(bytearray), max_size=12),
@@ -1274,14 +1297,15 @@ def test_c_reader_and_writer_refuse_bad_arguments_and_report_socket_errors() -> 
     gather_max=st.integers(0, 4),
 )
 @settings(max_examples=300, deadline=None)
-def test_c_writer_sends_what_encode_many_encodes_through_partial_sends(
+def test_writer_sends_what_encode_many_encodes_through_partial_sends(
+    writer_type: Any,
     fmt: FrameFormat,
     payloads: list[bytes | bytearray],
     gather_min: int,
     gather_max: int,
 ) -> None:
     assume(fmt.length_size != "uvarint")
-    writer = _codec._speedups.FrameWriter(*fmt._encode_params, gather_min, gather_max)
+    writer = writer_type(*fmt._encode_params, gather_min, gather_max)
     try:
         expected = fmt.encode_many(payloads)
     except LocalFrameError:

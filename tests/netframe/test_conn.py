@@ -293,7 +293,7 @@ def test_send_nowait_goes_out_at_once_and_a_failed_send_fails_the_connection() -
         fc = FramedConn(client)
         peer: socket.socket = server._sock  # type: ignore[attr-defined]
         assert fc.send_nowait(b"ping")
-        if fc._fast_writer is None:  # the pure-Python path queues it for the writer
+        if fc._frame_writer is None:  # a connection without SyscallConn queues it
             await gosim.sleep(0.05)
         at_once = peer.recv(100, socket.MSG_DONTWAIT)
         peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")

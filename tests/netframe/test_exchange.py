@@ -245,7 +245,7 @@ def test_the_exchange_refuses_misuse() -> None:
 
     fmt = netframe.FrameFormat()
     reader = conn_module._FrameReader(4096, 1 << 20, *fmt._scan_params)
-    writer = conn_module._FrameWriter(*fmt._encode_params, -1, 0)
+    writer = conn_module.FrameWriter(*fmt._encode_params, -1, 0)
     with pytest.raises(TypeError):
         Exchange(object(), writer, len, 1, None)
     with pytest.raises(ValueError):

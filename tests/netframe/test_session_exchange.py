@@ -216,7 +216,7 @@ def test_the_session_exchange_refuses_an_incomplete_session_mode() -> None:
 
     fmt = netframe.FrameFormat()
     reader = conn_module._FrameReader(4096, 1 << 20, *fmt._scan_params)
-    writer = conn_module._FrameWriter(*fmt._encode_params, -1, 0)
+    writer = conn_module.FrameWriter(*fmt._encode_params, -1, 0)
     session = netframe.Session(0.0)
     with pytest.raises(TypeError):  # no start_pending
         Exchange(reader, writer, len, 4, None, session, time.monotonic, None, 8)
