@@ -146,10 +146,9 @@ class PyMsgpackCutter:
         ``self._pos``; False when more bytes are needed or the cutter stopped."""
         pos, skip, items, stack = self._pos, self._skip, self._items, self._stack
         end = min(len(buf), start + self._max_message)
-        limits = self._limits
         done = False
         while True:
-            if skip:
+            if skip:  # an item's body: passed over unread, the item ends with it
                 step = min(skip, end - pos)
                 pos += step
                 skip -= step
@@ -159,80 +158,17 @@ class PyMsgpackCutter:
             else:
                 if pos >= end:
                     break
-                b = buf[pos]
-                have = end - pos
-                count = -1
-                if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
-                    pos += 1
-                    items -= 1
-                elif b <= 0x9F:  # fixmap, fixarray
-                    kind, count = ("map" if b <= 0x8F else "array"), b & 0x0F
-                    pos += 1
-                elif b <= 0xBF:  # fixstr
-                    if b & 0x1F > limits["str"]:
-                        self._fail(
-                            f"undecodable msgpack: str of {b & 0x1F} bytes exceeds "
-                            f"max_str_len({limits['str']})"
-                        )
-                        break
-                    pos += 1
-                    skip = b & 0x1F
-                    if not skip:
-                        items -= 1
-                elif b == 0xC1:
-                    self._fail(f"undecodable msgpack: byte 0xc1 at offset {pos - start}")
-                    break
-                elif b in _SIZED_HEADERS:
-                    kind, width, extra = _SIZED_HEADERS[b]
-                    if have < 1 + width:
-                        break  # the length has not all arrived
-                    length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
-                    if length > limits[kind]:
-                        self._fail(
-                            f"undecodable msgpack: {kind} of {length} bytes exceeds "
-                            f"max_{kind}_len({limits[kind]})"
-                        )
-                        break
-                    pos += 1 + width
-                    skip = length + extra
-                    if not skip:
-                        items -= 1
-                elif b in _FIXED_SIZES:
-                    skip = _FIXED_SIZES[b]
-                elif 0xD4 <= b <= 0xD8:  # fixext: 1, 2, 4, 8 or 16 data bytes
-                    size = 1 << (b - 0xD4)
-                    if size > limits["ext"]:
-                        self._fail(
-                            f"undecodable msgpack: ext of {size} bytes exceeds "
-                            f"max_ext_len({limits['ext']})"
-                        )
-                        break
-                    skip = 2 + size
-                else:  # array16/32, map16/32
-                    width = 2 if b in (0xDC, 0xDE) else 4
-                    if have < 1 + width:
-                        break  # the count has not all arrived
-                    kind = "map" if b >= 0xDE else "array"
-                    count = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
-                    pos += 1 + width
-                if count >= 0:
-                    if count > limits[kind]:
-                        self._fail(
-                            f"undecodable msgpack: {kind} of {count} elements exceeds "
-                            f"max_{kind}_len({limits[kind]})"
-                        )
-                        break
-                    # msgpack's unpacker opens no container, empty or not, inside
-                    # max_depth open ones.
-                    if len(stack) >= self._max_depth:
-                        self._fail(
-                            f"undecodable msgpack: containers nested deeper than {self._max_depth}"
-                        )
-                        break
+                header = self._header(buf, pos, end, start, len(stack))
+                if header is None:
+                    break  # more bytes needed, or the cutter stopped
+                pos, skip, count, is_map = header
+                if count >= 0:  # a container: its elements are the next level's items
                     items -= 1
                     if count:
                         stack.append(items)
-                        items = 2 * count if kind == "map" else count
+                        items = 2 * count if is_map else count
+                elif not skip:
+                    items -= 1  # an item without a body, ended with its header
             while not items and stack:
                 items = stack.pop()
             if not items:
@@ -247,6 +183,72 @@ class PyMsgpackCutter:
         else:
             self._skip, self._items = skip, items
         return done
+
+    def _header(
+        self, buf: bytes, pos: int, end: int, start: int, depth: int
+    ) -> tuple[int, int, int, bool] | None:
+        """The item whose header starts at ``pos`` (``depth`` containers open):
+        ``(pos, skip, count, is_map)``, ``pos`` past what was read of the header,
+        ``skip`` the bytes still to pass over before the item ends (its body, and for a
+        fixed-size type its type byte), ``count`` a container's elements or -1 for
+        any other item. None when the header has not all arrived or is refused (the
+        cutter stopped: ``error`` says why)."""
+        b = buf[pos]
+        limits = self._limits
+        if b <= 0x7F or b >= 0xE0 or b in (0xC0, 0xC2, 0xC3):
+            return pos + 1, 0, -1, False
+        if b <= 0x9F:  # fixmap, fixarray
+            return self._container(pos + 1, b & 0x0F, b <= 0x8F, depth)
+        if b <= 0xBF:  # fixstr
+            if b & 0x1F > limits["str"]:
+                self._refuse(f"str of {b & 0x1F} bytes", "str")
+                return None
+            return pos + 1, b & 0x1F, -1, False
+        if b == 0xC1:
+            self._fail(f"undecodable msgpack: byte 0xc1 at offset {pos - start}")
+            return None
+        if b in _SIZED_HEADERS:
+            kind, width, extra = _SIZED_HEADERS[b]
+            if end - pos < 1 + width:
+                return None  # the length has not all arrived
+            length = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+            if length > limits[kind]:
+                self._refuse(f"{kind} of {length} bytes", kind)
+                return None
+            return pos + 1 + width, length + extra, -1, False
+        if b in _FIXED_SIZES:
+            return pos, _FIXED_SIZES[b], -1, False
+        if 0xD4 <= b <= 0xD8:  # fixext: 1, 2, 4, 8 or 16 data bytes
+            size = 1 << (b - 0xD4)
+            if size > limits["ext"]:
+                self._refuse(f"ext of {size} bytes", "ext")
+                return None
+            return pos, 2 + size, -1, False
+        # array16/32, map16/32
+        width = 2 if b in (0xDC, 0xDE) else 4
+        if end - pos < 1 + width:
+            return None  # the count has not all arrived
+        count = int.from_bytes(buf[pos + 1 : pos + 1 + width], "big")
+        return self._container(pos + 1 + width, count, b >= 0xDE, depth)
+
+    def _container(
+        self, pos: int, count: int, is_map: bool, depth: int
+    ) -> tuple[int, int, int, bool] | None:
+        """A container's header, read up to ``pos``: refused over its kind's element
+        limit, or opened inside ``max_depth`` open ones (msgpack's unpacker opens none
+        there, empty or not)."""
+        kind = "map" if is_map else "array"
+        if count > self._limits[kind]:
+            self._refuse(f"{kind} of {count} elements", kind)
+            return None
+        if depth >= self._max_depth:
+            self._fail(f"undecodable msgpack: containers nested deeper than {self._max_depth}")
+            return None
+        return pos, 0, count, is_map
+
+    def _refuse(self, what: str, kind: str) -> None:
+        """Stop the cutter: ``what`` exceeds the limit of its ``kind``."""
+        self._fail(f"undecodable msgpack: {what} exceeds max_{kind}_len({self._limits[kind]})")
 
 
 #: The cutter to use: netframe's C one where built (and not ``GOSIM_PURE_PYTHON=1``:

@@ -5,8 +5,7 @@ docstring and comments included: ``end_lineno - lineno + 1`` of its ``ast`` node
 function and method of ``gosim``, ``netframe`` and ``idempotency`` is walked, nested ones
 too, under a dotted name (``Class.method``, ``outer.inner``). A long function on a keyed
 call's path is split into helpers that each do one thing. Those listed in ``ALLOWED``
-are not on that path and stay long for the reason given beside them; the one in
-``NOT_YET_SPLIT`` is on it and is a debt, kept in sight until it is split.
+are not on that path and stay long for the reason given beside them.
 """
 
 from __future__ import annotations
@@ -38,15 +37,6 @@ ALLOWED: dict[str, str] = {
     "idempotency/demo/_run.py:_Conductor.report": _DEMO,
     "idempotency/demo/_sim.py:run_simulation": _DEMO,
     "idempotency/demo/_sim.py:run_simulation.system": _DEMO,
-}
-
-#: On a keyed call's path, over MAX_LINES, and not split yet: why not yet.
-NOT_YET_SPLIT: dict[str, str] = {
-    "netframe/_msgpack.py:PyMsgpackCutter._scan": (
-        "cuts the RPC stream where netframe's C cutter (cutter_scan) is not built: one "
-        "loop over a message's bytes, as its twin is; a split that moves an item's "
-        "header out costs a call per item, and wants netframe's own instruction count"
-    ),
 }
 
 
@@ -86,11 +76,7 @@ def _all_long_functions() -> dict[str, tuple[int, int]]:
 
 
 def test_no_function_is_over_the_limit() -> None:
-    over = {
-        k: v
-        for k, v in _all_long_functions().items()
-        if k not in ALLOWED and k not in NOT_YET_SPLIT
-    }
+    over = {k: v for k, v in _all_long_functions().items() if k not in ALLOWED}
     assert not over, "functions over {} lines (split them): {}".format(
         MAX_LINES,
         ", ".join(f"{k} (line {line}: {n} lines)" for k, (line, n) in sorted(over.items())),
@@ -100,7 +86,7 @@ def test_no_function_is_over_the_limit() -> None:
 def test_every_allowed_function_is_still_long() -> None:
     # An entry whose function was split or renamed is dropped, so the list stays short.
     long = _all_long_functions()
-    assert [k for k in (*ALLOWED, *NOT_YET_SPLIT) if k not in long] == []
+    assert [k for k in ALLOWED if k not in long] == []
 
 
 @pytest.mark.parametrize(
