@@ -9,8 +9,7 @@
  *                       (an operation name and lists of scalars, nested or not);
  *   MemoryTable         idempotency/stores/memory.py's _MemoryTable (MemoryStore's
  *                       records, fence counter and its claim and complete steps);
- *   op_new, call_done   idempotency/stores/_batch.py's Op constructor and the
- *                       callback that hands a settled Op's outcome on;
+ *   op_new              idempotency/stores/_batch.py's Op constructor;
  *   batch_keys, decode_into, decide, rows
  *                       idempotency/stores/sqlite.py's record work of a batch on the
  *                       committer's thread: the keys read, the rows decoded, the
@@ -266,7 +265,7 @@ op_fits(PyObject *module, PyObject *base)
 }
 
 /* configure_op(Op): Op's slots, found at their offsets, for every C function that reads
- * or builds an Op (op_new, call_done, the submit twins, SQLiteStore's batch work). */
+ * or builds an Op (op_new, the submit twins, SQLiteStore's batch work). */
 static PyObject *
 configure_op(PyObject *module, PyObject *op)
 {
@@ -274,9 +273,9 @@ configure_op(PyObject *module, PyObject *op)
         PyErr_SetString(PyExc_TypeError, "configure_op: Op must be a class");
         return NULL;
     }
-    Py_ssize_t offs[4];
-    const char *names[4] = {"args", "error", "kind", "result"};
-    for (int i = 0; i < 4; i++) {
+    Py_ssize_t offs[5];
+    const char *names[5] = {"args", "error", "kind", "result", "callback"};
+    for (int i = 0; i < 5; i++) {
         if ((offs[i] = slot_offset(op, names[i])) < 0) {
             return NULL;
         }
@@ -289,6 +288,7 @@ configure_op(PyObject *module, PyObject *op)
     op_error_off = offs[1];
     op_kind_off = offs[2];
     op_result_off = offs[3];
+    op_callback_off = offs[4];
     PyTypeObject *base = OpType->tp_base;
     op_base_new = op_base_fits(base) ? base->tp_new : NULL;
     configured |= OP_PART;
@@ -333,6 +333,7 @@ op_new(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         op_set(op, op_args_off, given[2]);
         op_set(op, op_result_off, Py_None);
         op_set(op, op_error_off, Py_None);
+        op_set(op, op_callback_off, Py_None);
     }
     return op;
 }
@@ -415,8 +416,6 @@ static PyMethodDef methods[] = {
      "Hand over the group commit's Op class (its slots' offsets)."},
     {"op_new", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL | METH_KEYWORDS,
      "op_new(cls, kind, args) -> a new Op (stores._batch.Op's constructor)."},
-    {"call_done", (PyCFunction)(void (*)(void))call_done, METH_FASTCALL,
-     "call_done(done, op): done(op.result, op.error) (stores._batch._call_done)."},
     {"configure_sqlite", (PyCFunction)(void (*)(void))configure_sqlite,
      METH_VARARGS | METH_KEYWORDS, "Hand over SQLiteStore's reference step."},
     {"batch_keys", (PyCFunction)batch_keys, METH_O,

@@ -15,7 +15,7 @@
  * batch_keys, decode_into, decide and rows (see there). The operations are
  * stores._batch.Op objects, whose slots are read and written at their offsets. */
 static PyTypeObject *OpType;
-static Py_ssize_t op_args_off, op_error_off, op_kind_off, op_result_off;
+static Py_ssize_t op_args_off, op_error_off, op_kind_off, op_result_off, op_callback_off;
 static PyObject *py_decide_one;    /* sqlite._decide_one: every case but the common ones */
 static PyObject *keyed_kinds;      /* sqlite._KEYED */
 static long KIND_CLAIM, KIND_COMPLETE, KIND_CLAIM_COMPLETE;
@@ -446,34 +446,6 @@ decide(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(index);
     Py_DECREF(fence_o);
     return r;
-}
-
-/* call_done(done, op): stores._batch._call_done, a settled Op's callback consumer:
- * done(op.result, op.error). */
-static PyObject *
-call_done(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "call_done(done, op)");
-        return NULL;
-    }
-    if (check_configured(OP_PART) < 0) {
-        return NULL;
-    }
-    PyObject *op = args[1];
-    if (!PyObject_TypeCheck(op, OpType)) {
-        PyErr_SetString(PyExc_TypeError, "call_done: op is not an Op");
-        return NULL;
-    }
-    PyObject *result = *(PyObject **)((char *)op + op_result_off);
-    PyObject *error = *(PyObject **)((char *)op + op_error_off);
-    PyObject *call[2] = {result ? result : Py_None, error ? error : Py_None};
-    PyObject *r = PyObject_Vectorcall(args[0], call, 2, NULL);
-    if (r == NULL) {
-        return NULL;
-    }
-    Py_DECREF(r);
-    Py_RETURN_NONE;
 }
 
 /* A blob parameter as sqlite3 binds it without adapting: a bytearray copy. */

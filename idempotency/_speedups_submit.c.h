@@ -25,16 +25,15 @@ static PyObject *py_claim_later, *py_complete_later;  /* the references */
 static PyObject *py_claim_and_complete_later;          /* the one-step reference */
 static PyObject *claim_kind, *complete_kind;          /* OpKind.CLAIM, OpKind.COMPLETE */
 static PyObject *claim_complete_kind;                 /* OpKind.CLAIM_COMPLETE */
-static PyObject *py_call_done;                        /* _batch._call_done (C's) */
 static PyObject *py_submit_runtime;                   /* gosim.lowlevel.current_runtime */
 static PyTypeObject *SubmitCompletionType;            /* _contract.Completion */
 static Py_ssize_t submit_max_key = -1;                /* _contract.MAX_KEY_LENGTH */
 static Py_ssize_t submit_max_payload = -1;            /* _contract.MAX_PAYLOAD_BYTES */
-static PyObject *str__committer, *str_on_settle, *str__leading, *str__rt, *str__pending,
+static PyObject *str__committer, *str__leading, *str__rt, *str__pending,
     *str__enqueue;
 
 /* configure_submit(claim_later, complete_later, claim_and_complete_later, claim,
- * complete, claim_complete, completion, call_done, current_runtime, max_key_length,
+ * complete, claim_complete, completion, current_runtime, max_key_length,
  * max_payload_bytes): the references and what the twins build. Op must be configured
  * first, with a base op_new may allocate (op_fits). */
 static PyObject *
@@ -42,14 +41,14 @@ configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"claim_later", "complete_later", "claim_and_complete_later",
                              "claim", "complete", "claim_complete", "completion",
-                             "call_done", "current_runtime", "max_key_length",
+                             "current_runtime", "max_key_length",
                              "max_payload_bytes", NULL};
     PyObject *claim_later, *complete_later, *one_step, *claim, *complete, *claim_complete;
-    PyObject *completion, *done, *rt;
+    PyObject *completion, *rt;
     Py_ssize_t max_key, max_payload;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO!OOnn", kwlist, &claim_later,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO!Onn", kwlist, &claim_later,
                                      &complete_later, &one_step, &claim, &complete,
-                                     &claim_complete, &PyType_Type, &completion, &done, &rt,
+                                     &claim_complete, &PyType_Type, &completion, &rt,
                                      &max_key, &max_payload)) {
         return NULL;
     }
@@ -65,9 +64,9 @@ configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "configure_submit: Completion is a tuple");
         return NULL;
     }
-    PyObject **strings[] = {&str__committer, &str_on_settle, &str__leading, &str__rt,
+    PyObject **strings[] = {&str__committer, &str__leading, &str__rt,
                             &str__pending, &str__enqueue};
-    const char *values[] = {"_committer", "on_settle", "_leading", "_rt", "_pending",
+    const char *values[] = {"_committer", "_leading", "_rt", "_pending",
                             "_enqueue"};
     for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
         if (*strings[i] == NULL && (*strings[i] = PyUnicode_InternFromString(values[i])) == NULL) {
@@ -80,7 +79,6 @@ configure_submit(PyObject *module, PyObject *args, PyObject *kwds)
     take(&claim_kind, claim);
     take(&complete_kind, complete);
     take(&claim_complete_kind, claim_complete);
-    take(&py_call_done, done);
     take(&py_submit_runtime, rt);
     Py_XSETREF(SubmitCompletionType, (PyTypeObject *)Py_NewRef(completion));
     submit_max_key = max_key;
@@ -141,12 +139,7 @@ submit_op(PyObject *kind, PyObject *store, PyObject *op_args, PyObject *done)
     op_set(op, op_args_off, op_args);
     op_set(op, op_result_off, Py_None);
     op_set(op, op_error_off, Py_None);
-    PyObject *sargs[3] = {op, py_call_done, done};
-    PyObject *set = PyObject_VectorcallMethod(str_on_settle, sargs, 3, NULL);
-    if (set == NULL) {
-        goto done;
-    }
-    Py_DECREF(set);
+    op_set(op, op_callback_off, done);  /* submit_later's consumer: the leader calls it */
     if ((leading = PyObject_GetAttr(committer, str__leading)) == NULL) {
         goto done;
     }

@@ -32,11 +32,12 @@ Protocol (one mechanism: the callback):
    between batches: nothing to start or stop, and a store with no callers costs nothing.
 
 :meth:`GroupCommitter.submit` is the awaiting form and nothing more: each :class:`Op`
-is a ``gosim.lowlevel.Waiter`` that the leader settles; a callback (``done``) or a
-parked caller consumes it. A
-callback costs a call where a waiting goroutine costs its park, its wake and the
-resumption of every coroutine between it and the committer; a caller that has nothing
-else to do pays only the park and the wake.
+is a ``gosim.lowlevel.Waiter``, which the leader settles when a caller is parked on
+it; an operation with a callback (``done``, kept in the Op) is answered by the leader
+calling it, with no settle in between. A callback costs a call where a waiting
+goroutine costs its park, its wake and the resumption of every coroutine between it
+and the committer; a caller that has nothing else to do pays only the park and the
+wake.
 
 Alternatives rejected: a committer goroutine per store (its lifetime would have to
 follow runtimes that start and stop under the store, and its wake-up costs a switch per
@@ -113,8 +114,8 @@ _CLAIM: Final = OpKind.CLAIM
 _COMPLETE: Final = OpKind.COMPLETE
 _CLAIM_COMPLETE: Final = OpKind.CLAIM_COMPLETE
 
-# The one place this module chooses C or Python: its C twins -- Op's constructor,
-# _call_done and the batched stores' callback forms -- stand in for their references
+# The one place this module chooses C or Python: its C twins -- Op's constructor and
+# the batched stores' callback forms -- stand in for their references
 # where the accelerator is built and gosim's Waiter, Op's base, is its C type (which
 # op_new allocates in one call). Each is bound where its reference is defined, from this
 # flag alone; where it is False (GOSIM_PURE_PYTHON=1, no compiler) the definitions below
@@ -125,15 +126,16 @@ _C_TWINS: Final = _speedups is not None and bool(_speedups.op_fits(Waiter))
 class Op(Waiter):
     """One store operation in flight: what to do, and once done its result or error.
 
-    It is the operation's :class:`gosim.lowlevel.Waiter`: once its batch has committed
-    the leader settles it (with ``result``) or fails it (with ``error``), and its one
-    consumer, a callback (:meth:`GroupCommitter.submit_later`) or a parked caller
-    (:meth:`GroupCommitter.submit`), takes it from there: one path for both. A caller
-    that leaves its wait by an exception cancels it, so the leader's settle wakes
-    nobody.
+    Once its batch has committed it has its ``result`` or its ``error``, and the leader
+    hands them to its one consumer: ``callback``, the ``done`` given to
+    :meth:`GroupCommitter.submit_later`, called with both; or, where it is None, a
+    caller parked in :meth:`GroupCommitter.submit` on the operation as a
+    :class:`gosim.lowlevel.Waiter`, which the leader settles (with ``result``) or fails
+    (with ``error``). A caller that leaves its wait by an exception cancels it, so the
+    leader's settle wakes nobody.
     """
 
-    __slots__ = ("args", "error", "kind", "result")
+    __slots__ = ("args", "callback", "error", "kind", "result")
 
     if TYPE_CHECKING or not _C_TWINS:
         # A Waiter's constructor takes at most its ``data``: it is given none of this
@@ -145,6 +147,7 @@ class Op(Waiter):
             super().__init__()
             self.kind = kind
             self.args = args
+            self.callback: Callable[[Any, BaseException | None], None] | None = None
             self.result: Any = None
             self.error: BaseException | None = None
 
@@ -155,8 +158,8 @@ class Op(Waiter):
         __new__ = staticmethod(_speedups.op_new)
 
 
-# Op's slots for every C function that reads or builds an Op: op_new, call_done and the
-# submit twins here, and SQLiteStore's batch work, which runs wherever the accelerator
+# Op's slots for every C function that reads or builds an Op: op_new and the submit
+# twins here, and SQLiteStore's batch work, which runs wherever the accelerator
 # does (even where op_new does not stand in: it reads Ops, it does not build them).
 if _speedups is not None:
     _speedups.configure_op(Op)
@@ -202,16 +205,6 @@ def apply_plain(
         done = renew(current(ws, rk), f, now, lease, caller, key)
         ws[rk] = dirty[rk] = done
         op.result = done
-
-
-def _py_call_done(done: Callable[[Any, BaseException | None], None], op: Waiter) -> None:
-    """A settled op's callback consumer: ``done(result, error)``."""
-    assert isinstance(op, Op)
-    done(op.result, op.error)
-
-
-# Its C twin: no Python frame between a settle and ``done``.
-_call_done: Final = _speedups.call_done if _C_TWINS else _py_call_done
 
 
 def _serves_every_runtime() -> None:
@@ -286,7 +279,7 @@ class GroupCommitter:
         ``done`` must not block and should not raise: an exception from it is a panic
         of a goroutine of its own, once the batch's other operations have their
         results."""
-        op.on_settle(_call_done, done)
+        op.callback = done
         self._enqueue(op)
 
     def _enqueue(self, op: Op) -> None:
@@ -406,7 +399,10 @@ class GroupCommitter:
         failed: list[BaseException] = []
         for o in batch:
             try:
-                if o.error is None:
+                callback = o.callback
+                if callback is not None:  # submit_later's consumer
+                    callback(o.result, o.error)
+                elif o.error is None:  # a caller parked in submit
                     o.settle(o.result)
                 else:
                     o.fail(o.error)
@@ -548,7 +544,6 @@ if _C_TWINS:
         completion=Completion,
         max_key_length=MAX_KEY_LENGTH,
         max_payload_bytes=MAX_PAYLOAD_BYTES,
-        call_done=_call_done,
         current_runtime=lowlevel.current_runtime,
     )
 

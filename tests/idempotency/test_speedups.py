@@ -800,23 +800,3 @@ def test_parse_request_answers_the_common_requests() -> None:
     meta = _protocol.CallMeta("k-1", "svc", 5000, 2)
     assert keyed == _protocol.Request(2**32 - 1, "transfer", [1, 2, 3], meta)
     assert speedups.parse_request([0, 1, "m", [], None]) == _protocol.Request(1, "m", [], None)
-
-
-def test_call_done_hands_on_an_ops_outcome() -> None:
-    """The C twin of _batch._py_call_done: done(op.result, op.error), for an Op only."""
-    from idempotency.stores import _batch  # noqa: PLC0415
-
-    assert _batch._call_done is speedups.call_done
-    op = Op(0, ("c", "k"))
-    op.result, op.error = "value", None
-    failed = Op(1, ())
-    failed.error = ValueError("no")
-    for call_done in (speedups.call_done, _batch._py_call_done):
-        got: list[tuple[Any, Any]] = []
-        call_done(lambda r, e: got.append((r, e)), op)  # noqa: B023
-        call_done(lambda r, e: got.append((r, e)), failed)  # noqa: B023
-        assert got[0] == ("value", None) and got[1][0] is None and got[1][1] is failed.error
-    with pytest.raises(TypeError, match="not an Op"):
-        speedups.call_done(lambda r, e: None, object())
-    with pytest.raises(ZeroDivisionError):  # what done raises goes to the settler
-        speedups.call_done(lambda r, e: 1 / 0, op)

@@ -156,7 +156,6 @@ def configure(claim_later: Any, complete_later: Any, claim_and_complete_later: A
         complete=_batch._COMPLETE,
         claim_complete=_batch._CLAIM_COMPLETE,
         completion=Completion,
-        call_done=_batch._call_done,
         current_runtime=gosim.lowlevel.current_runtime,
         max_key_length=_batch.MAX_KEY_LENGTH,
         max_payload_bytes=_batch.MAX_PAYLOAD_BYTES,
