@@ -214,17 +214,8 @@ def complete(
     Raises :class:`StaleClaim` (and the store must write nothing) unless ``record`` is
     the live IN_PROGRESS record of claim ``fence``.
     """
-    if (
-        record is not None
-        and record.fence == fence
-        and record.state == IN_PROGRESS
-        and record.expires_at > now
-    ):  # the live claim of ``fence``: _check_holder's answer without its calls
-        return _new_record(
-            Record, (_COMPLETE_TO, record.fingerprint, fence, now + ttl, ok, payload)
-        )
-    _check_holder(record, fence, now, caller, key)  # raises: it accepts what the test did
-    raise IllegalTransition(f"complete: _check_holder accepted {record!r} at {now}")
+    held = _check_holder(record, fence, now, caller, key)  # live and IN_PROGRESS, or raises
+    return _new_record(Record, (_COMPLETE_TO, held.fingerprint, fence, now + ttl, ok, payload))
 
 
 def release(record: Record | None, fence: int, now: float, caller: str, key: str) -> int:

@@ -76,7 +76,7 @@ from gosim.net import BusyError as _NetBusyError
 from gosim.net import ClosedError as _NetClosedError
 
 from ._accel import speedups as _c_speedups
-from ._codec import NEED_DATA, FrameDecoder, FrameFormat
+from ._codec import FrameDecoder, FrameFormat
 from ._exceptions import RemoteFrameError
 from ._session import CLOSED, Session
 
@@ -403,7 +403,7 @@ class FramedConn:
         self._gather = getattr(conn, "write_buffers", None)
         self._read_into = getattr(conn, "read_into", None)
         self._attach_fast_path(conn, read_size)
-        self._pending: deque[bytes] = deque()  # frames the reader cut ahead of read_frame
+        self._pending: deque[bytes] = deque()  # frames received ahead of read_frame
         self._frames_read = 0
         self._frames_written = 0
         self._writes = 0
@@ -491,57 +491,29 @@ class FramedConn:
     # ----------------------------------------------------------------- read
 
     async def read_frame(self) -> bytes | None:
-        """The next frame; None at a clean end of stream. See the module docstring."""
+        """The next frame; None at a clean end of stream. See the module docstring.
+
+        A receive that brings several frames returns the first: the others wait in the
+        connection, and the next ``read_frame`` (or ``read_frames``) returns them before
+        reading again."""
+        ahead = self._pending
+        if not ahead:
+            frames = await self.read_frames()
+            if len(frames) <= 1:
+                return frames[0] if frames else None
+            ahead.extend(frames[1:])
+            self._frames_read -= len(frames) - 1  # counted as they are returned
+            return frames[0]
         if self._reading:
             raise BusyError("another goroutine is already reading this FramedConn")
-        self._reading = True
-        try:
-            if self.max_owed_bytes is not None and self._owes_too_much():
+        if self.max_owed_bytes is not None and self._owes_too_much():
+            self._reading = True
+            try:
                 await self.wait_owed()
-            ahead = self._pending
-            if ahead:
-                self._frames_read += 1
-                return ahead.popleft()
-            if self._reader_active:
-                # The same fast read as read_frames', kept inline in both: each is on a
-                # request's hot path, and a shared helper costs a coroutine frame.
-                reader = self._reader
-                if not reader.handback and not reader.eof:
-                    await self._raw.read(reader)
-                    frames = reader.take()
-                    if frames:
-                        self._frames_read += 1
-                        if len(frames) > 1:
-                            ahead.extend(frames[1:])
-                        first: bytes = frames[0]
-                        return first
-                self._hand_back()
-            decoder = self._decoder
-            while True:
-                frame = decoder.next_frame()
-                if frame is not NEED_DATA:
-                    self._frames_read += 1
-                    if self._reader is not None and not self._eof and decoder.is_empty():
-                        self._reader_active = True  # back to the fast path
-                    return frame
-                if self._read_into is not None and decoder.bytes_needed >= LARGE_FRAME_BYTES:
-                    large = await self._read_rest_in_place()
-                    if large is not None:
-                        self._frames_read += 1
-                        return large
-                if self._eof:
-                    pending = decoder.statistics().bytes_buffered
-                    if pending:
-                        raise IncompleteFrame(pending)
-                    return None
-                data = await self.conn.read(max(self._read_size, decoder.bytes_needed))
-                if not data:
-                    self._eof = True
-                    continue
-                self._bytes_read += len(data)
-                decoder.feed(data)
-        finally:
-            self._reading = False
+            finally:
+                self._reading = False
+        self._frames_read += 1
+        return ahead.popleft()
 
     async def read_frames(self) -> list[bytes]:
         """Every complete frame buffered now (at least one); ``[]`` at a clean end of stream.
@@ -556,7 +528,7 @@ class FramedConn:
             if self.max_owed_bytes is not None and self._owes_too_much():
                 await self.wait_owed()
             ahead = self._pending
-            if ahead:  # cut by the reader for read_frame, not yet returned
+            if ahead:  # received with an earlier read_frame's, not yet returned
                 frames: list[bytes] = list(ahead)
                 ahead.clear()
                 self._frames_read += len(frames)

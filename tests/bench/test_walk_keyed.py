@@ -62,9 +62,12 @@ def test_a_memory_store_call_is_followed_from_its_frames_to_the_reply() -> None:
     # reply's bytes written to the socket.
     assert "Dispatcher.handle_payload" in functions
     assert functions.index("Dispatcher.handle_payload") < functions.index("KeyedCall.start")
-    assert "Later.reply" in functions
+    assert functions.index("KeyedCall.start") < functions.index("RPCCall.finish")
     assert "idempotency/stores/memory.py" in rooms
-    assert "gosim/net/_net.py" in rooms  # the write to the socket
+    # It ends at the reply's bytes handed to the socket: the frame writer's send, from
+    # the handler's goroutine (no writer goroutine in between).
+    assert seen["frames"][-1] == ["netframe/_conn.py", "PyFrameWriter.__call__"]
+    assert "FramedConn._writer" not in functions
     assert not any(room.startswith("gosim/_core/") for room in rooms)
     fig = seen["figures"]
     assert fig["stays"] >= fig["rooms"] and fig["returns"] == fig["stays"] - fig["rooms"]
