@@ -89,15 +89,6 @@ __all__ = [
     "StreamConn",
 ]
 
-_FrameReader: Any = None if _c_speedups is None else _c_speedups.FrameReader
-#: The C Exchange; FramedConn.exchange makes its framed modes, idempotency.rpc's
-#: StreamLink its frameless one (a plain msgpack stream).
-_Exchange: Any = None if _c_speedups is None else _c_speedups.Exchange
-#: send_data(fc, session, payload, clock) -> bool: one session DATA frame sent at once
-#: where FramedConn would send it at once (netframe/_speedups_server.c.h), else False.
-_send_data: Any = None if _c_speedups is None else _c_speedups.send_data
-if _c_speedups is not None:
-    _c_speedups.set_closed_state(CLOSED)
 #: Why the C Exchange stopped (netframe/_speedups_server.c.h defines them; unused where
 #: it is not built, since FramedConn.exchange then returns None and StreamLink makes none).
 EXCHANGE_READER: int = getattr(_c_speedups, "EXCHANGE_READER", -1)  # end of stream, hand-back
@@ -343,8 +334,27 @@ _MAX_PREAMBLE = 0xFFFF
 _MAX_ADJUST = (1 << 40) + 0xFFFF + 8  # FrameFormat's adjustment, less its header
 _MAX_BODY = 1 << 60
 
-#: The frame writer FramedConn uses: the C twin where built.
-FrameWriter: Any = PyFrameWriter if _c_speedups is None else _c_speedups.FrameWriter
+# The one place this module chooses C or Python. FrameWriter: the frame writer
+# FramedConn uses, the C twin where built. The C parts without a Python twin, None
+# where the accelerator is not in use (FramedConn then takes its general paths):
+# _FrameReader, a receive and its cut in one call; _Exchange, the receive-handle-send
+# loop (FramedConn.exchange makes its framed modes, idempotency.rpc's StreamLink its
+# frameless one, a plain msgpack stream); _send_data(fc, session, payload, clock) ->
+# bool, one session DATA frame sent at once where FramedConn would send it at once
+# (netframe/_speedups_server.c.h), else False.
+FrameWriter: Any
+_FrameReader: Any
+_Exchange: Any
+_send_data: Any
+if _c_speedups is None:
+    FrameWriter = PyFrameWriter
+    _FrameReader = _Exchange = _send_data = None
+else:
+    FrameWriter = _c_speedups.FrameWriter
+    _FrameReader = _c_speedups.FrameReader
+    _Exchange = _c_speedups.Exchange
+    _send_data = _c_speedups.send_data
+    _c_speedups.set_closed_state(CLOSED)
 
 
 class _Flush:

@@ -2,8 +2,8 @@
 strategies (``Server._handle_inline`` and the rest, in ``_server.py``) are built from.
 
 ``_handle_each_py`` is the Python twin of the C ``handle_each`` (the inline strategy's
-per-frame loop, ``netframe/_speedups_server.c.h``), and ``_drop_none`` the C twin of
-``handle_batch``'s reply filter; ``_resume`` and ``_settle`` finish a handler that
+per-frame loop, ``netframe/_speedups_server.c.h``), ``_drop_none_py`` the Python twin
+of ``drop_none``, ``handle_batch``'s reply filter; ``_resume`` and ``_settle`` finish a handler that
 loop stopped at, ``_awaitable`` tells a reply from a result still to be awaited.
 """
 
@@ -18,8 +18,6 @@ from ._accel import speedups as _c_speedups
 
 __all__ = ["BatchHandler", "Handler"]
 
-
-_drop_none: Any = None if _c_speedups is None else _c_speedups.drop_none
 
 #: An async function, or a plain function (its return value is the reply: no coroutine
 #: per request, for handlers that never wait).
@@ -60,7 +58,25 @@ def _handle_each_py(
     return i, None, False, errors
 
 
-_handle_each: Any = _handle_each_py if _c_speedups is None else _c_speedups.handle_each
+def _drop_none_py(replies: list[bytes | None]) -> list[bytes]:
+    """A batch handler's replies without its Nones (the requests it answers with no
+    reply), in order: ``drop_none``'s twin. The list itself when it holds no None (no
+    copy); the input is never changed."""
+    if type(replies) is not list:
+        raise TypeError("drop_none: a list is needed")
+    if None not in replies:
+        return replies  # type: ignore[return-value]  # no None in it
+    return [r for r in replies if r is not None]
+
+
+# The one place this module chooses C or Python: the twins of handle_each and of
+# drop_none (a batch handler's reply filter).
+_handle_each: Any
+_drop_none: Any
+if _c_speedups is None:
+    _handle_each, _drop_none = _handle_each_py, _drop_none_py
+else:
+    _handle_each, _drop_none = _c_speedups.handle_each, _c_speedups.drop_none
 
 
 @types.coroutine

@@ -879,10 +879,8 @@ class Server:
         if type(replies) is not list or len(replies) != len(payloads):
             self._counters["handler_errors"] += 1
             return []
-        if _drop_none is not None:
-            kept: list[bytes] = _drop_none(replies)
-            return kept
-        return [r for r in replies if r is not None]
+        kept: list[bytes] = _drop_none(replies)
+        return kept
 
     async def _protocol_error(self, st: _Conn, exc: RemoteFrameError) -> None:
         """The peer broke the framing or the session protocol: count it, tell the peer

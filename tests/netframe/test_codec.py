@@ -43,6 +43,7 @@ from netframe import (
     PayloadTooLarge,
     RemoteFrameError,
     _codec,
+    _handlers,
     _kernels,
 )
 from netframe import _conn as conn_module
@@ -1083,9 +1084,12 @@ def fmt_size(fmt: FrameFormat, payload: bytes) -> int:
     return len(fmt.encode(payload))
 
 
-@needs_c
-def test_drop_none_keeps_the_list_or_copies_it_without_nones() -> None:
-    drop_none = _codec._speedups.drop_none
+@pytest.mark.parametrize(
+    "drop_none",
+    [pytest.param(_handlers._drop_none_py, id="python")]
+    + ([pytest.param(_codec._speedups.drop_none, id="c")] if _codec.C_ENABLED else []),
+)
+def test_drop_none_keeps_the_list_or_copies_it_without_nones(drop_none: Any) -> None:
     items = [b"a", b"", bytearray(b"c")]
     assert drop_none(items) is items  # nothing to drop: no copy
     with_nones = [None, b"a", None, b"", None]
