@@ -223,15 +223,14 @@ class PyFrameWriter:
     or bytearray, a size out of range (the general path raises the precise error),
     and at most ``gather_max`` payloads of ``gather_min`` bytes or more together
     (``gather_min`` -1: never), which a gathering write sends without copying them.
-    The C accelerator's ``FrameWriter`` is its twin (tests/netframe/test_frame_writer.py
-    runs one test class over both)."""
+    The C accelerator's ``FrameWriter`` is its twin (tests/netframe/test_codec.py runs
+    the writer's tests over both)."""
 
     __slots__ = (
         "_adjust",
         "_buf",
         "_gather_max",
         "_gather_min",
-        "_header",
         "_high",
         "_low",
         "_mask",
@@ -262,7 +261,6 @@ class PyFrameWriter:
         self._pack: Callable[[int], bytes] = (
             (lambda n: zeros + length.pack(n)) if preamble else length.pack
         )
-        self._header = preamble + width
         self._mask = (1 << (8 * width)) - 1  # the field's bits of size - adjust, as C's cast
         self._adjust = adjust
         self._low = low
