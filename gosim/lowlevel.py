@@ -21,8 +21,8 @@ them (trio's). Every park names a :class:`WaitReason` (Go's ``waitReason``), whi
 deadlock dumps print. ``gosim._core._wait`` has the guarantees in full.
 
 This door hands out functions and the waiting primitives only (``Waiter``,
-``ParkingLot``, ``WaitReason``, ``RuntimeVar``, ``RuntimeTimer``, the ``NetPoller``
-protocol), as ``trio.lowlevel`` hands out functions and ``ParkingLot``, never its
+``ParkingLot``, ``WaitReason``, ``RuntimeVar``, ``RuntimeTimer``, ``ThreadWake``, the
+``NetPoller`` protocol), as ``trio.lowlevel`` hands out functions and ``ParkingLot``, never its
 Runner: whatever is built above the scheduler (netframe, idempotency, user code) is
 built on these. A layer keeps per-runtime state in a :class:`RuntimeVar` (trio's
 ``RunVar``): the heap and the simulated network do. :func:`set_chooser` lets a
@@ -73,6 +73,7 @@ from gosim._core._signal import signal_number as signal_number
 from gosim._core._state import PARK as _PARK
 from gosim._core._state import _state, _trap
 from gosim._core._state import current_runtime as current_runtime
+from gosim._core._syscall import ThreadWake as ThreadWake
 from gosim._core._syscall import syscall as syscall
 from gosim._core._syscall import trio_call as trio_call
 from gosim._core._timers import Timer as RuntimeTimer
@@ -131,8 +132,8 @@ def reproducible() -> bool:
     """Whether the running runtime must not wait on an OS thread's timing: seeded (its
     :func:`syscall` runs inline on the driver, for a reproducible schedule) or on a
     virtual clock (which jumps ahead while the driver waits for I/O). A layer that hands
-    work to a thread of its own and is woken through the netpoller uses :func:`syscall`
-    instead while this is True."""
+    work to a thread of its own and is woken by it (a :class:`ThreadWake`) uses
+    :func:`syscall` instead while this is True."""
     return current_runtime().deterministic or virtual_clock()
 
 
@@ -199,6 +200,7 @@ __all__ = [
     "ParkingLotStatistics",
     "RuntimeTimer",
     "RuntimeVar",
+    "ThreadWake",
     "WaitCancelled",
     "WaitReason",
     "WaitTimeout",

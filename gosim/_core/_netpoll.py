@@ -21,6 +21,11 @@ wake it, and otherwise watches through trio:
     A file descriptor that becomes readable when ``poll`` would find something; the
     idle driver waits on it with ``trio.lowlevel.wait_readable`` when a trio task (a
     syscall, a trio call, a caller of an open runtime) could wake it too.
+``wakeup()``
+    Make a ``poll`` blocked now, or the next one that blocks, return at once (Go's
+    ``netpollBreak``). Called from any OS thread (a ``ThreadWake`` reaching a driver
+    blocked in ``poll``), so it must be thread-safe, never block, and do nothing once
+    the netpoller is closed.
 """
 
 from __future__ import annotations
@@ -39,3 +44,6 @@ class NetPoller(Protocol):
 
     def fileno(self) -> int:
         """A descriptor that is readable when I/O is ready, for the idle driver to wait on."""
+
+    def wakeup(self) -> None:
+        """Break a blocked (or the next blocking) ``poll``; from any thread (netpollBreak)."""

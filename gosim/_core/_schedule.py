@@ -24,7 +24,8 @@ How a goroutine runs, fast to slow
    timer of its heap that readies a goroutine there, or a goroutine back from a
    syscall to it, takes it back too. When the last running P finds nothing the driver
    idles in trio until the earliest timer, I/O on the netpoller, a syscall's or trio
-   call's completion, a new ``rt.call`` or a signal relayed from the OS
+   call's completion, another OS thread's settle (``ThreadWake``), a new ``rt.call``
+   or a signal relayed from the OS
    (:mod:`._signal`, relayed here and in step 5). If none of those can ever come, it stops
    with Go's deadlock error and a goroutine dump.
 5. Every ``PERIODIC_MASK + 1`` switches the driver polls the netpoller (its goroutines
@@ -80,7 +81,13 @@ from gosim._core._state import (
     _state,
     refill_op_budget,
 )
-from gosim._core._syscall import _SyscallTrap, _TrioCallTrap
+from gosim._core._syscall import (
+    IDLE_IN_NETPOLL,
+    IDLE_IN_TRIO,
+    NOT_IDLE,
+    _SyscallTrap,
+    _TrioCallTrap,
+)
 
 if TYPE_CHECKING:
     from gosim._core._runtime import Runtime
@@ -122,6 +129,11 @@ def findrunnable(rt: Runtime, p: P) -> G | None:
                 return g
     if rt.injectq:
         rt._drain_inject()
+        g = rt.runqget(p)
+        if g is not None:
+            return g
+    if rt.syscalls.from_threads:
+        _take_from_threads(rt, p)
         g = rt.runqget(p)
         if g is not None:
             return g
@@ -172,6 +184,20 @@ def _netpoll_into(rt: Runtime, p: P, np_: NetPoller) -> int:
         rt.curp = saved
 
 
+def _take_from_threads(rt: Runtime, p: P) -> None:
+    """Settle the waiters other OS threads handed over (``ThreadWake``); the goroutines
+    woken land on p. A settle that raises (a waiter's callback) stops the runtime with
+    its error, as a relayed signal's does."""
+    saved = rt.curp
+    rt.curp = p
+    try:
+        rt.syscalls.take_from_threads()
+    except Exception as exc:
+        _fail(rt, exc)
+    finally:
+        rt.curp = saved
+
+
 async def _trio_turn(rt: Runtime) -> None:
     """Give trio's scheduler a turn (its tasks, its Ctrl-C), the runtime's state
     cleared meanwhile so nothing trio runs mistakes itself for a goroutine."""
@@ -195,7 +221,7 @@ async def _idle(rt: Runtime) -> None:
         # have readied one.
         _relay_signals(rt)
         return
-    if rt.injectq:
+    if rt.injectq or rt.syscalls.from_threads:
         return
     nxt = rt.timers.earliest() if rt.timers.narmed else math.inf
     np_ = rt.netpoller
@@ -209,12 +235,19 @@ async def _idle(rt: Runtime) -> None:
         return
     deadline = min(nxt, rt.stats.schedtrace_next)
     jump = rt.virtual_jump
-    if jump is not None and not rt.syscalls.nexternal and not io_waiters and not rt.stopped:
+    syscalls = rt.syscalls
+    if (
+        jump is not None
+        and not syscalls.nexternal
+        and not syscalls.thread_waits
+        and not io_waiters
+        and not rt.stopped
+    ):
         _jump_virtual_clock(rt, jump, nxt, deadline, now)
     elif (  # the real clock, and only I/O or a timer can wake a goroutine
         np_ is not None
         and jump is None
-        and not rt.syscalls.nexternal
+        and not syscalls.nexternal
         and not rt.open_mode
         and not rt.stopped
     ):
@@ -227,12 +260,13 @@ def _nothing_can_wake(rt: Runtime, nxt: float, io_waiters: int) -> bool:
     """True when no goroutine can ever be woken (``nxt``: the earliest armed timer).
 
     Nothing can when there is no timer that can (channel timers nobody receives from
-    cannot, as in Go 1.23), no I/O waiter, no syscall or trio call in flight and no
-    signal relayed from the OS; an open runtime with no goroutine left is waiting for
-    its next ``rt.call`` instead.
+    cannot, as in Go 1.23), no I/O waiter, no syscall or trio call in flight, no
+    ``ThreadWake`` outstanding and no signal relayed from the OS; an open runtime
+    with no goroutine left is waiting for its next ``rt.call`` instead.
     """
     return bool(
         rt.syscalls.nexternal == 0
+        and rt.syscalls.thread_waits == 0
         and io_waiters == 0
         and not rt.signals.nwake
         and (rt.allg or not rt.open_mode)
@@ -276,7 +310,15 @@ async def _netpoll_block(
         # I/O arrives, which may be never (the reader that would drain a full
         # socket asleep on that very timer).
         return
-    np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
+    # Marked before the last look at from_threads (see Syscalls.from_thread): a thread
+    # that hands a settle over from here on breaks the poll.
+    syscalls = rt.syscalls
+    syscalls.idle_in = IDLE_IN_NETPOLL
+    try:
+        if not syscalls.from_threads:
+            np_.poll(False, min(deadline - now, IDLE_TRIO_INTERVAL))
+    finally:
+        syscalls.idle_in = NOT_IDLE
     _after_wait(rt, nxt, rt._clock_now())
 
 
@@ -285,19 +327,23 @@ async def _trio_wait(
 ) -> None:
     """Wait in trio until the deadline, I/O on the netpoller when it has waiters, or
     ``rt.idle_scope``'s cancel (a syscall's or trio call's completion, a new call, a
-    signal, a stop); then run the timers due (``nxt``: the earliest) and poll the
-    netpoller."""
+    signal, another thread's settle, a stop); then run the timers due (``nxt``: the
+    earliest) and poll the netpoller."""
+    syscalls = rt.syscalls
     _state.rt = None
     try:
         with trio.move_on_at(deadline) as scope:
             rt.idle_scope = scope
-            if rt.stopped:
+            # Marked before the last look at from_threads (see Syscalls.from_thread).
+            syscalls.idle_in = IDLE_IN_TRIO
+            if rt.stopped or syscalls.from_threads:
                 scope.cancel()
             if np_ is not None and io_waiters:
                 await trio.lowlevel.wait_readable(np_.fileno())
             else:
                 await trio.sleep_forever()
     finally:
+        syscalls.idle_in = NOT_IDLE
         _state.rt = rt
         rt.idle_scope = None
     rt.last_trio_yield = now = rt._clock_now()
@@ -353,6 +399,8 @@ async def _periodic(rt: Runtime) -> None:
         rt.timers.check(now)
     if rt.injectq:
         rt._drain_inject()
+    if rt.syscalls.from_threads:
+        _take_from_threads(rt, rt.curp)
     if rt.signals.pending:
         _relay_signals(rt)
     if rt.stats.schedtrace_interval:
@@ -364,6 +412,7 @@ async def _periodic(rt: Runtime) -> None:
 async def drive(rt: Runtime) -> None:
     """The driver task: Go's schedule loop over all Ps until the runtime stops."""
     clock = trio.lowlevel.current_clock()
+    rt.syscalls.trio_token = trio.lowlevel.current_trio_token()
     rt.now = rt._clock_now = _clock_reader(clock, rt.virtual_jump is not None)
     rt.stats.start_time = rt.last_trio_yield = clock.current_time()
     if rt.stats.schedtrace_interval:

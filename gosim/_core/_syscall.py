@@ -9,6 +9,12 @@ global queue. In deterministic mode both run inline on the driver, so a seed giv
 same schedule. A runtime holds one :class:`Syscalls` (``rt.syscalls``): the calls in
 flight, the thread limiter and the virtual clock's hold.
 
+Another OS thread (a store's committer, say) wakes a goroutine through a
+:class:`ThreadWake`: its settle is queued on the runtime (``from_threads``), and the
+driver, if it is blocked, is woken the way it waits (the netpoller's ``wakeup``, Go's
+``netpollBreak``, or trio's token); the driver settles the waiter itself when it next
+looks for work. While a ThreadWake is outstanding it is a wake source, as a syscall is.
+
 Virtual time without a seed: a syscall runs on a thread for real time, and trio's
 ``MockClock`` would jump ahead while the driver waits for it, firing timers "before" a
 call that was still running. As Go's ``testing/synctest`` counts a goroutine in a
@@ -18,8 +24,9 @@ syscall as not durably blocked, the clock's autojump is held while any syscall r
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import outcome
 import trio
@@ -32,8 +39,15 @@ from gosim._core._state import _state, _trap
 if TYPE_CHECKING:
     from gosim._core._runq import P
     from gosim._core._runtime import Runtime
+    from gosim._core._wait import Waiter
 
 T = TypeVar("T")
+
+# Syscalls.idle_in: where the driver waits while it idles, so that another OS thread
+# knows how to wake it (see Syscalls.from_thread).
+NOT_IDLE: Final = 0
+IDLE_IN_NETPOLL: Final = 1  # blocked in the netpoller's poll: its wakeup() breaks it
+IDLE_IN_TRIO: Final = 2  # waiting in trio: trio's token runs rt.wake
 
 
 class _SyscallTrap:
@@ -56,19 +70,24 @@ class Syscalls:
     """The syscalls and trio calls of one runtime (``rt.syscalls``) and their threads.
 
     Invariant: ``nexternal`` counts the syscalls and trio calls in flight on trio tasks
-    (the driver's wake sources besides timers and I/O); ``inline_call`` is the
-    deterministic trio call the driver awaits after the current burst, if any.
+    and ``thread_waits`` the :class:`ThreadWake` promises not yet taken by the driver
+    (both wake sources besides timers and I/O); ``inline_call`` is the deterministic
+    trio call the driver awaits after the current burst, if any.
     """
 
     __slots__ = (
         "clock_holds",
+        "from_threads",
         "held_autojump",
+        "idle_in",
         "inline_call",
         "nexternal",
         "nthreads_busy",
         "nursery",
         "rt",
         "thread_limiter",
+        "thread_waits",
+        "trio_token",
     )
 
     def __init__(self, rt: Runtime, max_threads: int) -> None:
@@ -81,6 +100,48 @@ class Syscalls:
         self.thread_limiter = trio.CapacityLimiter(max_threads)
         #: The trio nursery the calls run in (the runtime's, set as it starts).
         self.nursery: trio.Nursery | None = None
+        #: The trio run's token, set as the driver starts (a thread wakes it with it).
+        self.trio_token: trio.lowlevel.TrioToken | None = None
+        # ThreadWakes settled by other OS threads: appended by them, taken by the driver
+        # (deque's append and popleft are atomic).
+        self.from_threads: deque[ThreadWake] = deque()
+        self.thread_waits = 0  # ThreadWakes made and not yet taken: wake sources
+        self.idle_in = NOT_IDLE  # where the driver waits, for from_thread
+
+    # -------------------------------------------------------- other OS threads
+
+    def from_thread(self, wake: ThreadWake) -> None:
+        """Queue ``wake``'s settle for the driver and wake it if it idles; any thread.
+
+        No lost wake-up: the driver sets ``idle_in`` before it looks at
+        ``from_threads`` a last time and blocks, and this appends before it reads
+        ``idle_in`` (each step atomic under the GIL), so either the driver sees the
+        settle before it blocks or this sees the driver idle and wakes it. A wake that
+        comes after the driver woke for another reason is harmless: it looks again."""
+        self.from_threads.append(wake)
+        idle_in = self.idle_in
+        if idle_in == IDLE_IN_NETPOLL:
+            netpoller = self.rt.netpoller
+            assert netpoller is not None
+            netpoller.wakeup()
+        elif idle_in == IDLE_IN_TRIO:
+            token = self.trio_token
+            assert token is not None
+            try:
+                token.run_sync_soon(self.rt.wake)
+            except trio.RunFinishedError:  # the runtime is gone: nobody waits
+                pass
+
+    def take_from_threads(self) -> None:
+        """On the driver: settle every waiter handed over by another thread (each wakes
+        onto ``rt.curp``, as after a ``goready``)."""
+        queue = self.from_threads
+        while queue:
+            wake = queue.popleft()
+            self.thread_waits -= 1
+            if wake._held_clock:
+                self._release_virtual_clock()
+            wake._waiter.settle(wake._value)
 
     def enter(self, g: G, p: P, trap: _SyscallTrap) -> None:
         """Go's ``entersyscall``: run the trap's call on a thread; g waits for it."""
@@ -183,6 +244,51 @@ class Syscalls:
         finally:
             self.nexternal -= 1
         self.rt.inject(g, res)
+
+
+class ThreadWake:
+    """Another OS thread's one settle of a :class:`~gosim._core._wait.Waiter`.
+
+    Made inside a runtime (by the goroutine that hands work to a thread of its own,
+    before it waits), for one waiter of that runtime. From then until the driver has
+    taken the settle, the runtime counts it as a wake source: it reports no deadlock
+    while every goroutine waits for the thread, and a virtual clock does not jump
+    meanwhile. :meth:`settle` may be called from any thread, once; it never blocks.
+    The driver settles the waiter itself (``Waiter.settle(value)``, so every guarantee
+    of a settle on the runtime's thread holds) the next time it looks for work:
+    between two goroutines, or at once if it idles (a blocked driver is woken). A
+    settle after the runtime ended does nothing. On a virtual clock the clock's autojump
+    is held meanwhile, as for a syscall (the thread takes real time the clock must not
+    skip); a reproducible runtime should not wait on a thread's timing at all
+    (``lowlevel.reproducible``).
+
+    What it replaces: a socket pair per runtime that the thread writes a byte to and
+    the goroutine reads through the netpoller (a read's frames and two system calls per
+    wake), or ``gosim.syscall`` (a trio task and trio's thread pool per call).
+    """
+
+    __slots__ = ("_held_clock", "_syscalls", "_used", "_value", "_waiter")
+
+    def __init__(self, waiter: Waiter) -> None:
+        rt = _state.rt
+        if rt is None:
+            raise NotInRuntime("ThreadWake: not inside a gosim runtime")
+        syscalls: Syscalls = rt.syscalls
+        self._syscalls = syscalls
+        self._waiter = waiter
+        self._value: Any = None
+        self._used = False
+        self._held_clock = syscalls._hold_virtual_clock()
+        syscalls.thread_waits += 1
+
+    def settle(self, value: Any = None) -> None:
+        """Settle the waiter with ``value`` on its runtime's driver, soon; from any
+        thread, once (RuntimeError on a second call)."""
+        if self._used:
+            raise RuntimeError("ThreadWake.settle: it was settled already")
+        self._used = True
+        self._value = value
+        self._syscalls.from_thread(self)
 
 
 async def syscall(fn: Callable[..., T], *args: Any) -> T:

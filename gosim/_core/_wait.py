@@ -38,11 +38,12 @@ The guarantees
   callback on the driver (which has no goroutine of its own), or a trio task of the
   runtime's trio run (the goroutine is then handed to the driver as a syscall's is). A
   settle never blocks and never yields; the woken goroutine runs soon on the settling
-  P (``runnext``), as after Go's ``goready``. Another OS thread must hand the settle
-  to the runtime's thread first. As in Go, the runtime reports a deadlock when every
-  goroutine waits and nothing it knows of (a timer, I/O, a syscall or trio call in
-  flight) can wake one: a waiter that only an outside party will settle needs such a
-  source (the netpoller's descriptor, say) for as long as it waits.
+  P (``runnext``), as after Go's ``goready``. Another OS thread hands the settle to
+  the runtime's thread through a ``ThreadWake`` (``gosim._core._syscall``), made
+  before it waits. As in Go, the runtime reports a deadlock when every goroutine
+  waits and nothing it knows of (a timer, I/O, a syscall or trio call in flight, a
+  ThreadWake outstanding) can wake one: a waiter that only an outside party will
+  settle needs such a source for as long as it waits.
 
 :meth:`Waiter.reset` makes a settled waiter pending again, keeping its timer, so a
 goroutine that waits again and again (a connection's heartbeat) allocates nothing per

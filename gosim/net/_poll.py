@@ -13,6 +13,11 @@ between its ``EAGAIN`` and its park, or has not read yet): the descriptor then r
 the readiness (``READY``) and the next wait returns at once, as Go's ``pdReady`` state
 does. A spurious wake-up is harmless: the caller retries the system call.
 
+Another OS thread breaks a blocked poll with :meth:`NetPoller.wakeup` (Go's
+``netpollBreak``): an ``eventfd`` in the epoll, written at most once until a poll has
+read it (Go's ``netpollWakeSig``), which is how a ``ThreadWake`` reaches a driver
+blocked here.
+
 Deadlines are runtime timers that wake the parked goroutine with ``TIMEOUT``; closing
 wakes it with ``CLOSED``. Each side (read, write) has at most one waiter: a second
 goroutine reading the same connection at once is refused by the connection (busy).
@@ -21,7 +26,9 @@ goroutine reading the same connection at once is refused by the connection (busy
 from __future__ import annotations
 
 import math
+import os
 import select
+import threading
 import types
 from collections.abc import Generator
 from typing import Any, Final
@@ -165,6 +172,12 @@ class NetPoller:
         self.ep = select.epoll()
         self.descs: dict[int, PollDesc] = {}
         self.nwaiters = 0
+        # The break (wakeup): level-triggered, never among descs. Its lock orders a
+        # thread's write against close, which could hand the number to another file.
+        self._break_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.ep.register(self._break_fd, select.EPOLLIN)
+        self._break_lock = threading.Lock()
+        self._break_pending = False
 
     # The hook.
     def fileno(self) -> int:
@@ -188,6 +201,8 @@ class NetPoller:
         for fd, ev in events:
             pd = descs.get(fd)
             if pd is None:
+                if fd == self._break_fd:
+                    self._read_break()
                 continue
             if ev & _HANGUP:
                 pd.hangup = True
@@ -212,6 +227,23 @@ class NetPoller:
                     woken += 1
         return woken
 
+    def wakeup(self) -> None:
+        """Make the poll blocked now, or the next one that blocks, return at once; from
+        any thread, never blocking. Nothing after :meth:`close`."""
+        with self._break_lock:
+            if self._break_pending or self._break_fd < 0:
+                return
+            self._break_pending = True
+            os.eventfd_write(self._break_fd, 1)
+
+    def _read_break(self) -> None:
+        with self._break_lock:
+            self._break_pending = False
+            try:
+                os.eventfd_read(self._break_fd)
+            except BlockingIOError:  # read by an earlier poll already
+                pass
+
     def close(self) -> None:
         """The runtime ended: close every socket still open (as process exit would)."""
         for pd in list(self.descs.values()):
@@ -219,6 +251,9 @@ class NetPoller:
                 pd.owner.close()
         self.descs.clear()
         self.ep.close()
+        with self._break_lock:
+            os.close(self._break_fd)
+            self._break_fd = -1
 
     # Registration.
     def register(self, fd: int) -> PollDesc:

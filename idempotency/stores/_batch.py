@@ -14,18 +14,19 @@ Protocol (one mechanism: the callback):
    (``gosched``), so that goroutines already runnable can append theirs.
 2. The leader takes up to ``max_batch`` pending operations and hands them to the
    committer's own OS thread (the blocking store call runs there, so other goroutines
-   keep running and keep appending), then waits for the thread's wake-up byte on a
-   socket pair through the runtime's netpoller (``gosim.net``): an edge on an epoll
-   the driver already polls, where ``gosim.syscall`` costs a trio task, a hand-off to
-   trio's thread pool and a trio wake-up per batch (about 0.5M instructions a round
-   trip, against 40k). ``apply_batch`` sets each operation's result or error and never
-   raises for one operation's failure. A reproducible runtime (seeded, or on a virtual
-   clock: ``gosim.lowlevel.reproducible``) runs the batch through ``gosim.syscall``
-   instead, inline on its driver. The thread ends after ``THREAD_IDLE`` seconds without
-   a batch and is started again by the next one.
+   keep running and keep appending), then parks on a ``Waiter`` that the thread
+   settles through a ``gosim.lowlevel.ThreadWake`` when the batch is done: the settle
+   is queued on the runtime and a driver blocked in the netpoller is woken by its
+   break (one ``eventfd`` write), where ``gosim.syscall`` costs a trio task, a
+   hand-off to trio's thread pool and a trio wake-up per batch (about 0.5M
+   instructions a round trip, against 40k). ``apply_batch`` sets each operation's
+   result or error and never raises for one operation's failure. A reproducible
+   runtime (seeded, or on a virtual clock: ``gosim.lowlevel.reproducible``) runs the
+   batch through ``gosim.syscall`` instead, inline on its driver. The thread ends
+   after ``THREAD_IDLE`` seconds without a batch and is started again by the next one.
    A store whose I/O parks goroutines on the netpoller itself (``PostgresStore``)
    gives an async apply instead (``apply_async``): the leader awaits it, with no
-   thread and no wake-up byte.
+   thread.
 3. After the call returns -- the commit is durable -- the leader calls every
    operation's ``done``. Replies therefore leave only after their commit.
 4. The leader goes on while operations are pending, then ends. No goroutine lives
@@ -48,17 +49,15 @@ here a lone call commits at once and batching grows exactly with the load).
 from __future__ import annotations
 
 import enum
-import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import gosim
-from gosim import go, lowlevel, net
-from gosim.lowlevel import Waiter, WaitReason
+from gosim import go, lowlevel
+from gosim.lowlevel import ThreadWake, Waiter, WaitReason
 
 from .._accel import speedups as _speedups
 from .._errors import CorruptedRecord, StaleClaim
@@ -222,7 +221,7 @@ class GroupCommitter:
     ``apply_async`` instead of ``apply_batch``: the async apply mode, for a store whose
     I/O parks goroutines on the netpoller itself (``PostgresStore``): the leader
     goroutine awaits ``apply_async(ops)`` (same duty: every op's result or error), with
-    no thread and no wake-up socket. Batches are one at a time there too: a runtime
+    no thread. Batches are one at a time there too: a runtime
     has one leader.
 
     ``refused``: asked when a runtime queues its first operation (what it answers holds
@@ -254,15 +253,14 @@ class GroupCommitter:
         # every operation appended to ``_pending`` before it ends).
         self._leading = False
         self._rt: Any = None  # the runtime of the pending ops (lowlevel.current_runtime())
-        # The thread's work: (box, wake) per batch, box = [batch, error]; (None, sock)
-        # closes a runtime's old wake socket once the batches before it are done.
-        self._work: queue.SimpleQueue[tuple[list[Any] | None, _WakeFd]] = queue.SimpleQueue()
+        # Whether this runtime's batches run on the committer's thread (else through
+        # gosim.syscall: a reproducible runtime; or apply_async).
+        self._on_thread = False
+        # The thread's work: a batch and the leader's wake, settled with None or the
+        # exception apply_batch raised as a whole.
+        self._work: queue.SimpleQueue[tuple[list[Op], ThreadWake]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._thread_state = threading.Lock()  # _thread's start and end vs. new work
-        # This runtime's wake-up: the read end (a gosim.net Conn) and the write end the
-        # thread sends a byte to; None on a reproducible runtime (gosim.syscall).
-        self._wake: net.Conn | None = None
-        self._wake_w: _WakeFd | None = None
         self.operations = 0
         self.batches = 0
         self.largest_batch = 0
@@ -294,27 +292,13 @@ class GroupCommitter:
             # Asked once a runtime (its clock is the runtime's to the end), so that a
             # batch on a runtime the store serves costs no call.
             self._refuses = self._refused() is not None
-            self._new_wake()
+            self._on_thread = self._apply_async is None and not lowlevel.reproducible()
         self._pending.append(op)
         if not self._leading:
             self._leading = True
             go(self._lead)
 
-    def _new_wake(self) -> None:
-        """A wake-up socket pair for the runtime just seen (none when reproducible)."""
-        if self._wake_w is not None:
-            # The thread may still owe the old runtime a byte: it closes the socket
-            # after the batches queued before (closing it here could hand its number
-            # to another file while the thread writes to it).
-            self._put((None, self._wake_w))
-        self._wake = self._wake_w = None
-        if self._apply_async is not None or lowlevel.reproducible():
-            return
-        r, w = socket.socketpair()
-        self._wake = net.Conn(r, "unix")  # registered with this runtime's netpoller
-        self._wake_w = _WakeFd(w.detach())
-
-    def _put(self, item: tuple[list[Any] | None, _WakeFd]) -> None:
+    def _put(self, item: tuple[list[Op], ThreadWake]) -> None:
         with self._thread_state:
             self._work.put(item)
             if self._thread is None:
@@ -328,22 +312,22 @@ class GroupCommitter:
         work = self._work
         while True:
             try:
-                box, wake = work.get(timeout=THREAD_IDLE)
+                batch, wake = work.get(timeout=THREAD_IDLE)
             except queue.Empty:
                 with self._thread_state:
                     if work.empty():  # else a batch came just now: serve it
                         self._thread = None
                         return
                 continue
-            if box is None:
-                wake.close()
-                continue
+            error: BaseException | None = None
             try:
-                self._run(box[0])
+                self._run(batch)
             except BaseException as exc:  # apply_batch failed as a whole: the leader's
-                box[1] = exc
-            box[0] = None
-            wake.send()
+                error = exc
+            wake.settle(error)
+            # The leader's now: nothing of the batch (its calls, its runtime) is kept
+            # alive by this thread while it waits for the next.
+            del batch, wake, error
 
     async def submit(self, op: Op) -> Any:
         """Run ``op`` in the next batch; awaited, its result or its error raised (the
@@ -373,22 +357,19 @@ class GroupCommitter:
         batch = pending[: self.max_batch]
         del pending[: len(batch)]
         try:
-            wake = self._wake
             if self._refuses and (refusal := self._refused()) is not None:
                 for o in batch:
                     o.result, o.error = None, refusal
+            elif self._on_thread:
+                done = Waiter()
+                self._put((batch, ThreadWake(done)))
+                error = await done.wait(_COMMIT_WAIT)
+                if error is not None:
+                    raise error
             elif self._apply_async is not None:
                 await self._apply_async(batch)
-            elif wake is None:  # a reproducible runtime
+            else:  # a reproducible runtime
                 await gosim.syscall(self._run, batch)
-            else:
-                box: list[Any] = [batch, None]
-                assert self._wake_w is not None
-                self._put((box, self._wake_w))
-                while box[0] is not None:
-                    await wake.read(64)  # one byte a batch; parks in the netpoller
-                if box[1] is not None:
-                    raise box[1]
         except Exception as exc:  # apply_batch failed as a whole (a bug): tell all
             for o in batch:
                 if o.error is None:
@@ -413,35 +394,6 @@ class GroupCommitter:
                 failed.append(bug)
         for error in failed:
             go(_reraise, error)
-
-
-class _WakeFd:
-    """The write end of a runtime's wake-up socket pair, as a plain descriptor: closed
-    once, by whoever comes first (the thread, told the runtime changed, or the garbage
-    collector), never while the thread writes to it."""
-
-    __slots__ = ("fd", "lock")
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.lock = threading.Lock()
-
-    def send(self) -> None:
-        with self.lock:
-            if self.fd >= 0:
-                try:
-                    os.write(self.fd, b"\0")
-                except OSError:
-                    pass  # its runtime ended and closed the read end: nobody waits
-
-    def close(self) -> None:
-        with self.lock:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class _PyCallbackForms(CallbackStore):

@@ -220,6 +220,7 @@ PRIMITIVES = {
     "ParkingLotStatistics",
     "RuntimeTimer",
     "RuntimeVar",
+    "ThreadWake",
     "WaitCancelled",
     "WaitReason",
     "WaitTimeout",

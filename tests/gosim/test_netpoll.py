@@ -34,6 +34,10 @@ class PipePoller:
     def waiters(self) -> int:
         return len(self.parked)
 
+    def wakeup(self) -> None:
+        # Nothing in these tests settles from another thread: a break would be a bug.
+        raise AssertionError("PipePoller.wakeup: unexpected in these tests")
+
     def poll(self, to_global: bool = False, timeout: float = 0.0) -> int:
         self.polls += 1
         rt = lowlevel.current_runtime()
