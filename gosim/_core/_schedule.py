@@ -253,7 +253,7 @@ async def _idle(rt: Runtime) -> None:
     ):
         await _netpoll_block(rt, np_, nxt, deadline, now)
     else:
-        await _trio_wait(rt, np_, nxt, deadline, io_waiters)
+        await _trio_wait(rt, np_, nxt, deadline, io_waiters or syscalls.thread_waits)
 
 
 def _nothing_can_wake(rt: Runtime, nxt: float, io_waiters: int) -> bool:
@@ -323,22 +323,25 @@ async def _netpoll_block(
 
 
 async def _trio_wait(
-    rt: Runtime, np_: NetPoller | None, nxt: float, deadline: float, io_waiters: int
+    rt: Runtime, np_: NetPoller | None, nxt: float, deadline: float, watch_netpoller: int
 ) -> None:
-    """Wait in trio until the deadline, I/O on the netpoller when it has waiters, or
-    ``rt.idle_scope``'s cancel (a syscall's or trio call's completion, a new call, a
-    signal, another thread's settle, a stop); then run the timers due (``nxt``: the
-    earliest) and poll the netpoller."""
+    """Wait in trio until the deadline, the netpoller's descriptor when there is a
+    reason to watch it (``watch_netpoller``: I/O waiters, or ThreadWakes, which break
+    the netpoller), or ``rt.idle_scope``'s cancel (a syscall's or trio call's
+    completion, a new call, a signal, a stop, another thread's settle when the
+    netpoller is not watched); then run the timers due (``nxt``: the earliest) and
+    poll the netpoller."""
     syscalls = rt.syscalls
     _state.rt = None
     try:
         with trio.move_on_at(deadline) as scope:
             rt.idle_scope = scope
             # Marked before the last look at from_threads (see Syscalls.from_thread).
-            syscalls.idle_in = IDLE_IN_TRIO
+            watched = np_ is not None and watch_netpoller
+            syscalls.idle_in = IDLE_IN_NETPOLL if watched else IDLE_IN_TRIO
             if rt.stopped or syscalls.from_threads:
                 scope.cancel()
-            if np_ is not None and io_waiters:
+            if np_ is not None and watched:
                 await trio.lowlevel.wait_readable(np_.fileno())
             else:
                 await trio.sleep_forever()
@@ -349,7 +352,7 @@ async def _trio_wait(
     rt.last_trio_yield = now = rt._clock_now()
     if nxt <= now:
         rt.timers.check(now)
-    if np_ is not None and io_waiters:
+    if np_ is not None and watch_netpoller:
         # Onto rt.curp, the P that idled, which looks again next. After the timers:
         # I/O that is waiting runs before a deadline's goroutine (see findrunnable).
         np_.poll()

@@ -46,8 +46,10 @@ T = TypeVar("T")
 # Syscalls.idle_in: where the driver waits while it idles, so that another OS thread
 # knows how to wake it (see Syscalls.from_thread).
 NOT_IDLE: Final = 0
-IDLE_IN_NETPOLL: Final = 1  # blocked in the netpoller's poll: its wakeup() breaks it
-IDLE_IN_TRIO: Final = 2  # waiting in trio: trio's token runs rt.wake
+# Blocked in the netpoller's poll, or waiting in trio on its descriptor: its wakeup()
+# breaks either (one eventfd write; trio's token would cost a round of trio's own).
+IDLE_IN_NETPOLL: Final = 1
+IDLE_IN_TRIO: Final = 2  # waiting in trio, not on the netpoller: trio's token runs rt.wake
 
 
 class _SyscallTrap:

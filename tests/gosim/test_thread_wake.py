@@ -176,14 +176,28 @@ def test_a_settle_while_the_driver_is_busy_is_taken_between_goroutines() -> None
     assert gosim.run(main, procs=1) == "late"
 
 
-def test_under_an_open_runtime_the_trio_wait_is_woken() -> None:
+@pytest.mark.parametrize("with_netpoller", [False, True])
+def test_under_an_open_runtime_the_trio_wait_is_woken(with_netpoller: bool) -> None:
+    # The driver of an open runtime waits in trio: on the netpoller's descriptor when
+    # there is one (the settle breaks the netpoller), else on its cancel scope (the
+    # settle goes through trio's token).
+    async def waits_for_thread() -> Any:
+        if with_netpoller:
+            netpoller()
+        got, thread = await _wait_for_thread(0.05, 7)
+        thread.join()
+        return got
+
     async def body() -> Any:
         async with lowlevel.open_runtime(procs=2) as rt:
-            got, thread = await rt.call(_wait_for_thread, 0.05, 7)
-            thread.join()
-            return got
+            return await rt.call(waits_for_thread)
 
-    assert trio.run(body) == 7
+    result: list[Any] = []
+    runner = threading.Thread(target=lambda: result.append(trio.run(body)), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "a settle from another thread never woke the driver"
+    assert result == [7]
 
 
 def test_settle_twice_is_refused_and_outside_a_runtime_it_cannot_be_made() -> None:
