@@ -120,7 +120,6 @@ from ._handlers import (
     BatchHandler,
     Handler,
     _awaitable,
-    _Coroutine,
     _drop_none,
     _handle_each,
     _settle,
@@ -792,12 +791,7 @@ class Server:
         send its reply."""
         try:
             try:
-                # An async handler's coroutine, awaited here: _settle's first case
-                # without its two frames (this runs once a request).
-                if type(pending) is _Coroutine:
-                    reply = await pending
-                else:
-                    reply = await _settle(pending, False)
+                reply = await _settle(pending, False)
             except Exception:
                 self._counters["handler_errors"] += 1
                 return
