@@ -25,11 +25,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
 TICKS = os.sysconf("SC_CLK_TCK")
+# How long a server may take to print LISTEN (its imports, a cold numba cache).
+START_TIMEOUT = 120.0
 
 # gosim.run raises CPython's young-generation threshold to 10,000 for its duration
 # (gosim/_core/_sched.py, GC_YOUNG_THRESHOLD): Go-style programs allocate many small
@@ -77,14 +80,26 @@ class Server:
             cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env
         )
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("LISTEN "):
+        line = self._first_line(START_TIMEOUT)
+        if line is None or not line.startswith("LISTEN "):
             self.proc.kill()
             self.proc.wait(timeout=30)
             err = self.stderr_tail()
             self.stop()
-            raise RuntimeError(f"server {cmd} did not start: {line!r}\n{err}")
+            why = line if line is not None else f"nothing within {START_TIMEOUT:.0f} s"
+            raise RuntimeError(f"server {cmd} did not start: {why!r}\n{err}")
         self.addr = line.split()[1]
+
+    def _first_line(self, timeout: float) -> str | None:
+        """The server's first line of output, or None when it printed none in
+        ``timeout`` seconds (it is then killed by the caller, which ends the read)."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return got[0] if got else None
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid)
