@@ -50,9 +50,20 @@ def main(argv: list[str]) -> int:
             "client logs): the run's checks, exit 0 when every one holds.",
         )
         ap.add_argument("dir", type=Path, metavar="DIR")
-        where = ap.parse_args(argv[1:]).dir
+        ap.add_argument(
+            "--redis",
+            metavar="URL",
+            help="the Redis the run named, given again with its password (run.json masks it)",
+        )
+        ap.add_argument(
+            "--postgres",
+            metavar="DSN",
+            help="the PostgreSQL the run named, given again with its password (run.json masks it)",
+        )
+        args = ap.parse_args(argv[1:])
+        where = args.dir
         try:
-            return reaudit(where)
+            return reaudit(where, redis=args.redis, postgres=args.postgres)
         except KeyboardInterrupt:
             print(f"interrupted: {where} is as it was; audit it again", file=sys.stderr)
             return 130

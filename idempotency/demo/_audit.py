@@ -52,7 +52,7 @@ from rich.table import Table
 
 from gosim.testing import Model, Operation, Unknown, check_linearizability
 
-from .._secrets import masked
+from .._secrets import masked, passwords_in
 from ._ledger import (
     BAD_TRANSFER,
     INITIAL_BALANCE,
@@ -489,15 +489,18 @@ def write_manifest(
 ) -> None:
     """``run.json``: what :func:`reaudit` needs (written at the start, and again with
     the ending). ``own_server``: the ledger is in a database server the run started on
-    files in ``workdir`` (a redis-server's, a PostgreSQL cluster's ``postgres/``)."""
+    files in ``workdir`` (a redis-server's, a PostgreSQL cluster's ``postgres/``).
+    A Redis URL or PostgreSQL DSN is kept with its password masked: the file outlives
+    the run (``--keep``, a failed run), and :func:`reaudit` is given the password
+    again by whoever audits."""
     pg = spec.kind == "postgres"
     doc: dict[str, Any] = {
         "store": spec.kind,
         "db": str(Path(spec.path).resolve()) if spec.path is not None else None,
-        "redis": spec.url or None if spec.kind == "redis" else None,
+        "redis": masked(spec.url) or None if spec.kind == "redis" else None,
         "prefix": spec.prefix,
         "own_redis": own_server and spec.kind == "redis",
-        "postgres": spec.url if pg and not own_server else None,
+        "postgres": masked(spec.url) if pg and not own_server else None,
         "own_postgres": own_server and pg,
         "accounts": accounts,
         "clients": [
@@ -555,10 +558,20 @@ def audit_run(
     return checks
 
 
-def reaudit(workdir: Path, console: Console | None = None) -> int:
+def reaudit(
+    workdir: Path,
+    console: Console | None = None,
+    *,
+    redis: str | None = None,
+    postgres: str | None = None,
+) -> int:
     """``python -m idempotency.demo audit DIR``: audit the ledger a run left in
     ``workdir`` (its SQLite file, its own redis-server's or PostgreSQL cluster's files,
-    or the Redis or PostgreSQL it named); the run's checks and exit status."""
+    or the Redis or PostgreSQL it named); the run's checks and exit status.
+
+    ``redis``/``postgres``: the URL or DSN of the server a run named, given again; it
+    is needed when that one carries a password, which ``run.json`` keeps masked
+    (SystemExit, saying so, without it)."""
     from ._run import RedisServer, own_postgres  # noqa: PLC0415 -- the conductor's servers
 
     console = console or Console()
@@ -577,8 +590,12 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
     connections = [int(c["connections"]) for c in doc["clients"]]
     server: RedisServer | None = None
     cluster: Any = None
-    if doc["store"] == "postgres":
-        dsn = doc.get("postgres")
+    store = doc["store"]
+    if (redis is not None and store != "redis") or (postgres is not None and store != "postgres"):
+        given = "--redis" if redis is not None else "--postgres"
+        raise SystemExit(f"{given} given, but the run in {workdir} kept its ledger in {store}")
+    if store == "postgres":
+        dsn = _named_server(doc.get("postgres"), postgres, "--postgres DSN", workdir)
         if doc.get("own_postgres"):  # the run's cluster, started again on its files
             cluster = own_postgres(workdir, existing=True)
             dsn = cluster.dsn
@@ -590,12 +607,12 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
             raise SystemExit(f"the run's ledger {doc['db']} is gone")
         where = str(spec.path)
     else:
-        url = doc["redis"]
+        url = _named_server(doc["redis"], redis, "--redis URL", workdir)
         if doc["own_redis"]:  # the run's redis-server, restarted on its files
             server = RedisServer(workdir)
             url = server.url
         spec = LedgerSpec("redis", url=url, prefix=doc["prefix"])
-        where = f"Redis {url}, keys {spec.prefix}*"
+        where = f"Redis {masked(url)}, keys {spec.prefix}*"
     try:
         state = read_ledger(spec)
     finally:
@@ -607,3 +624,17 @@ def reaudit(workdir: Path, console: Console | None = None) -> int:
     code = report_tables(console, checks, [])
     console.print(f"ledger: {where}")
     return code
+
+
+def _named_server(kept: str | None, given: str | None, option: str, workdir: Path) -> str:
+    """The URL or DSN to read a run's ledger from: the one given again, else the one
+    ``run.json`` kept, unless that one's password was masked (SystemExit, naming the
+    option that gives it)."""
+    if given is not None:
+        return given
+    if kept and passwords_in(kept):
+        raise SystemExit(
+            f"{workdir / MANIFEST} keeps the ledger's server as {kept}, its password masked:"
+            f" give it again with {option}"
+        )
+    return kept or ""

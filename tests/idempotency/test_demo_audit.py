@@ -280,8 +280,8 @@ def _run_dir(tmp_path: Path, ending: Ending) -> Path:
     return tmp_path
 
 
-def _audit_dir(path: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "idempotency.demo", "audit", str(path)]
+def _audit_dir(path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "idempotency.demo", "audit", str(path), *options]
     env = {**os.environ, "COLUMNS": "250"}  # the report's tables unwrapped
     return subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120, env=env)
 
@@ -315,9 +315,14 @@ def test_audit_dir_marks_what_a_dead_clients_missing_log_hides(tmp_path: Path) -
 
 def test_audit_dir_reads_a_postgres_ledger(tmp_path: Path, postgres_server: Any) -> None:
     """``audit DIR`` of a run whose ledger is in a PostgreSQL it named (``--postgres``):
-    it reads the run's schema there, passes it, and fails it once money is made up."""
+    it reads the run's schema there, passes it, and fails it once money is made up.
+    The DSN carries a password (the cluster trusts every local login, so any one
+    connects): run.json keeps it masked, and the audit is given it again."""
     schema = f"audit{time.monotonic_ns()}"
-    spec = LedgerSpec("postgres", url=postgres_server.dsn, prefix=schema)
+    secret = "hunter2-audit"
+    dsn = postgres_server.dsn.replace("postgres@", f"postgres:{secret}@", 1)
+    assert secret in dsn
+    spec = LedgerSpec("postgres", url=dsn, prefix=schema)
     create_ledger(spec, 3)
     # Inserting a transfer moves its money (the ledger's trigger), as the server's does.
     postgres_server.sql(f"INSERT INTO {schema}.transfers VALUES ('c0-0', 't0', 0, 1, 5, 1)")
@@ -335,12 +340,30 @@ def test_audit_dir_reads_a_postgres_ledger(tmp_path: Path, postgres_server: Any)
     for i, log in enumerate(logs):
         (tmp_path / f"client{i}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
     write_manifest(tmp_path, spec, 3, [1, 1], own_server=False, ending=Ending([], reconciled=True))
+    assert secret not in (tmp_path / "run.json").read_text()
     out = _audit_dir(tmp_path)
+    assert out.returncode == 1 and "give it again with --postgres DSN" in out.stderr, out.stderr
+    out = _audit_dir(tmp_path, "--postgres", dsn)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all checks hold" in out.stdout and schema in out.stdout
+    assert secret not in out.stdout + out.stderr
     postgres_server.sql(f"UPDATE {schema}.accounts SET balance = balance + 1 WHERE id = 2")
-    out = _audit_dir(tmp_path)
+    out = _audit_dir(tmp_path, "--postgres", dsn)
     assert out.returncode == 1 and "FAILED: balances conserved" in out.stdout, out.stdout
+
+
+def test_run_json_masks_a_redis_password_and_the_audit_asks_for_it(tmp_path: Path) -> None:
+    # Refused before any connection: no server is needed to see it.
+    secret = "s3cret-ledger"
+    spec = LedgerSpec("redis", url=f"redis://:{secret}@127.0.0.1:1/0", prefix="ledger:")
+    write_manifest(tmp_path, spec, 3, [1], own_server=False, ending=Ending([], reconciled=True))
+    kept = json.loads((tmp_path / "run.json").read_text())
+    assert secret not in json.dumps(kept) and kept["redis"] == "redis://:***@127.0.0.1:1/0"
+    out = _audit_dir(tmp_path)
+    assert out.returncode == 1 and "give it again with --redis URL" in out.stderr, out.stderr
+    assert secret not in out.stdout + out.stderr
+    out = _audit_dir(tmp_path, "--postgres", "postgresql://x@127.0.0.1:1/db")
+    assert out.returncode == 1 and "kept its ledger in redis" in out.stderr, out.stderr
 
 
 def test_audit_dir_refuses_a_directory_that_is_no_run(tmp_path: Path) -> None:
