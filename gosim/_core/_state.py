@@ -62,39 +62,8 @@ class _State(threading.local):
     rt: Runtime | None = None
 
 
-_state: _State = _State() if speedups is None else speedups.State()
-# The C twin is an awaitable object instead of a generator: no frame per trap.
-_trap: Callable[[Any], Awaitable[Any]] = _trap_py if speedups is None else speedups.trap
-if speedups is not None:
-    speedups.configure(
-        park=PARK,
-        preempt=PREEMPT,
-        send_on_closed=_exceptions.SendOnClosedChannel,
-        close_of_closed=_exceptions.CloseOfClosedChannel,
-        not_in_runtime=NotInRuntime,
-        wait_recv=_g.WAIT_CHAN_RECEIVE,
-        wait_send=_g.WAIT_CHAN_SEND,
-        op_budget=OP_BUDGET,
-        g_class=G,
-        runq_size=RUNQ_SIZE,
-        gfree_local_max=GFREE_LOCAL_MAX,
-        periodic_mask=PERIODIC_MASK,
-        transitions=_g.TRANSITIONS,
-        internal_error=_exceptions.RuntimeInternalError,
-        debug=_g.DEBUG,
-    )
-
-
 def _no_budget_to_refill() -> None:
     """Until the pure-Python channels register their refill (``gosim._chan``)."""
-
-
-# The channel and select fast paths' op budget is one countdown per process, not per
-# runtime (see gosim._chan), so the driver refills it when a runtime starts: what an
-# earlier runtime left of it must not move where a seeded run checks for preemption.
-_op_budget_refill: Callable[[], None] = (
-    _no_budget_to_refill if speedups is None else speedups.reset_budget
-)
 
 
 def set_op_budget_refill(refill: Callable[[], None]) -> None:
@@ -116,7 +85,41 @@ def current_runtime() -> Runtime:
     return rt
 
 
-if speedups is not None:  # the same read of the same thread-local slot, in one C call
+# The one place this module chooses C or Python. The C twins: the thread-local slot
+# (kept in C thread-local storage, where the C channel code reads it), the trap (an
+# awaitable object instead of a generator: no frame per trap), the op budget's refill
+# and current_runtime (the same read of the same slot, in one C call). The channel and
+# select fast paths' op budget is one countdown per process, not per runtime (see
+# gosim._chan), so the driver refills it when a runtime starts: what an earlier runtime
+# left of it must not move where a seeded run checks for preemption.
+_state: _State
+_trap: Callable[[Any], Awaitable[Any]]
+_op_budget_refill: Callable[[], None]
+if speedups is None:
+    _state = _State()
+    _trap = _trap_py
+    _op_budget_refill = _no_budget_to_refill
+else:
+    _state = speedups.State()
+    _trap = speedups.trap
+    speedups.configure(
+        park=PARK,
+        preempt=PREEMPT,
+        send_on_closed=_exceptions.SendOnClosedChannel,
+        close_of_closed=_exceptions.CloseOfClosedChannel,
+        not_in_runtime=NotInRuntime,
+        wait_recv=_g.WAIT_CHAN_RECEIVE,
+        wait_send=_g.WAIT_CHAN_SEND,
+        op_budget=OP_BUDGET,
+        g_class=G,
+        runq_size=RUNQ_SIZE,
+        gfree_local_max=GFREE_LOCAL_MAX,
+        periodic_mask=PERIODIC_MASK,
+        transitions=_g.TRANSITIONS,
+        internal_error=_exceptions.RuntimeInternalError,
+        debug=_g.DEBUG,
+    )
+    _op_budget_refill = speedups.reset_budget
     current_runtime = speedups.current_runtime
 
 
