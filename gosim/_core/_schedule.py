@@ -755,7 +755,8 @@ def _trap_slow(rt: Runtime, g: G, p: P, trap: Any) -> bool:
 
 def close_all(rt: Runtime) -> None:
     """Close every live goroutine's coroutine so its ``finally`` blocks run, and put
-    back the signal handlers the runtime replaced."""
+    back the signal handlers the runtime replaced and the virtual clock's autojump that
+    outstanding ThreadWakes held."""
     prev = _state.rt
     _state.rt = None  # a finally block must not schedule work on a stopped runtime
     try:
@@ -781,6 +782,7 @@ def close_all(rt: Runtime) -> None:
             closer()  # sockets still open when the runtime ends are closed
     finally:
         rt.signals.close()  # the signal handlers it replaced are back
+        rt.syscalls.end_thread_waits()  # a virtual clock they held goes on
         _state.rt = prev
 
 

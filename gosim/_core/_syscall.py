@@ -87,6 +87,7 @@ class Syscalls:
         "nthreads_busy",
         "nursery",
         "rt",
+        "thread_clock_holds",
         "thread_limiter",
         "thread_waits",
         "trio_token",
@@ -108,6 +109,7 @@ class Syscalls:
         # (deque's append and popleft are atomic).
         self.from_threads: deque[ThreadWake] = deque()
         self.thread_waits = 0  # ThreadWakes made and not yet taken: wake sources
+        self.thread_clock_holds = 0  # those of them that hold a virtual clock's autojump
         self.idle_in = NOT_IDLE  # where the driver waits, for from_thread
 
     # -------------------------------------------------------- other OS threads
@@ -142,8 +144,17 @@ class Syscalls:
             wake = queue.popleft()
             self.thread_waits -= 1
             if wake._held_clock:
+                self.thread_clock_holds -= 1
                 self._release_virtual_clock()
             wake._waiter.settle(wake._value)
+
+    def end_thread_waits(self) -> None:
+        """The runtime ended (on its trio thread): the ThreadWakes still outstanding will
+        settle nothing, and the holds on a virtual clock's autojump they took are given
+        back (the clock may be the enclosing trio program's, which goes on)."""
+        while self.thread_clock_holds:
+            self.thread_clock_holds -= 1
+            self._release_virtual_clock()
 
     def enter(self, g: G, p: P, trap: _SyscallTrap) -> None:
         """Go's ``entersyscall``: run the trap's call on a thread; g waits for it."""
@@ -281,6 +292,8 @@ class ThreadWake:
         self._value: Any = None
         self._used = False
         self._held_clock = syscalls._hold_virtual_clock()
+        if self._held_clock:
+            syscalls.thread_clock_holds += 1
         syscalls.thread_waits += 1
 
     def settle(self, value: Any = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import gosim
 import gosim.time
@@ -281,3 +282,34 @@ def test_the_thread_wake_is_reachable_through_net_layers() -> None:
         return got["bytes"], got["thread"]
 
     assert gosim.run(main, procs=2) == (b"hello", "woken")
+
+
+def test_a_thread_wake_left_outstanding_gives_back_the_virtual_clock() -> None:
+    # The enclosing trio program's MockClock jumps by itself; a goroutine still waiting
+    # on its thread when the runtime ends must not leave that clock held.
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    release = threading.Event()
+    held_during: list[float] = []
+
+    async def leaves_a_waiter() -> None:
+        async def waits_for_a_thread() -> None:
+            waiter = Waiter()
+            wake = ThreadWake(waiter)
+            threading.Thread(target=lambda: (release.wait(30), wake.settle(None))).start()
+            await waiter.wait(WAIT)
+
+        gosim.go(waits_for_a_thread)
+        await gosim.gosched()  # it makes its ThreadWake and parks
+        held_during.append(clock.autojump_threshold)
+
+    async def body() -> float:
+        async with lowlevel.open_runtime(procs=1) as rt:
+            await rt.call(leaves_a_waiter)
+        return clock.autojump_threshold
+
+    try:
+        after = trio.run(body, clock=clock)
+    finally:
+        release.set()
+    assert held_during == [math.inf]
+    assert after == 0
