@@ -32,9 +32,9 @@ What it prints, over the frames on the path in the order they ran:
   another thread's queue, a callback settled from elsewhere), each named with the frame
   it reached.
 
-The figures count code, not time, but a store with a thread of its own moves them a
-little from run to run (whether the leader goroutine reads its wake-up socket once or
-twice depends on when the committer's thread is done): each figure is the median of
+The figures count code, not time, but a store with a thread of its own could move them
+from run to run (what the driver runs while the committer's thread works depends on
+when the thread is done): each figure is the median of
 ``--runs`` calls followed (a server each; 5 by default), with its range. ``--list``
 prints every stay of the median run.
 """
