@@ -37,10 +37,10 @@ figure the load moves (use the instruction counts to compare builds).
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
-import subprocess
 import sys
 import time
 from typing import cast
@@ -153,6 +153,9 @@ def server(workload: str, n: int) -> None:
     import netframe  # noqa: PLC0415
     from gosim import go, net  # noqa: PLC0415
 
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.procs import wait_child  # noqa: PLC0415
+
     session = workload.startswith("session")
     depth = 64 if workload.endswith("pipe64") else 1
     conns = 64 if workload.endswith("fan64") else 1
@@ -182,8 +185,7 @@ def server(workload: str, n: int) -> None:
         go(srv.serve, listener)
         args = [sys.executable, __file__, "client", str(port), str(n), str(int(session))]
         started = time.perf_counter()
-        proc = subprocess.Popen([*args, str(depth), str(int(ping)), str(conns)])
-        code = await gosim.syscall(proc.wait)
+        code = await wait_child([*args, str(depth), str(int(ping)), str(conns)])
         elapsed = time.perf_counter() - started
         if code:
             raise SystemExit(f"client failed with {code}")

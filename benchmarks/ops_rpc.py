@@ -258,6 +258,9 @@ def server(workload: str, n: int) -> None:
     from idempotency import Idempotency, MemoryStore, SQLiteStore  # noqa: PLC0415
     from idempotency.rpc import Server  # noqa: PLC0415
 
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.procs import wait_child  # noqa: PLC0415
+
     depth = 16 if workload.endswith("pipe16") else 100 if "keyed" in workload else 1
     stack = contextlib.ExitStack()  # what the workload started (a redis-server)
     idem = None
@@ -275,10 +278,8 @@ def server(workload: str, n: int) -> None:
     elif workload == "rpc-keyed-memory":
         idem = Idempotency(MemoryStore())
     elif workload == "rpc-keyed-redis":
-        from idempotency import RedisStore  # noqa: PLC0415
-
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from benchmarks.bench_idempotency import redis_process  # noqa: PLC0415
+        from idempotency import RedisStore  # noqa: PLC0415
 
         url, _pid = stack.enter_context(redis_process(tempfile.mkdtemp(prefix="ops-rpc-")))
         idem = Idempotency(RedisStore(url, prefix="ops:"))
@@ -317,8 +318,7 @@ def server(workload: str, n: int) -> None:
             go(srv.serve, listener)
             keyed = "2" if workload == "rpc-ledger" else "1" if idem is not None else "0"
             argv = ["client", str(port), str(n), str(depth), keyed]
-        proc = subprocess.Popen([sys.executable, __file__, *argv])
-        code = await gosim.syscall(proc.wait)
+        code = await wait_child([sys.executable, __file__, *argv])
         elapsed = time.perf_counter() - started
         if code:
             raise SystemExit(f"client failed with {code}")

@@ -117,6 +117,38 @@ class Server:
         self.stderr.close()
 
 
+async def wait_child(cmd: list[str]) -> int:
+    """Start ``cmd`` and wait for it to exit, from a goroutine, through the netpoller: its
+    exit status. The child inherits one end of a socket pair and the goroutine reads
+    the other until its end-of-file, which comes when the child (and whatever it left
+    holding the socket) exits.
+
+    The in-process workloads' main goroutine waits for its client this way, not with
+    ``gosim.syscall(proc.wait)``: a syscall in flight keeps the idle driver waiting in
+    trio (a round of trio's scheduler per idle), where a server under ``gosim.run``
+    blocks in the netpoller, and the instructions counted would be those of an idle
+    path no server takes."""
+    import socket  # noqa: PLC0415 -- only the workloads need these
+
+    from gosim import net  # noqa: PLC0415
+
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()])
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    conn = net.Conn(ours, "unix")  # the runtime's now: closed with conn
+    try:
+        while await conn.read(64):
+            pass  # the child never writes; its exit closes the last copy of its end
+    finally:
+        conn.close()
+    return proc.wait(timeout=30)
+
+
 def run_json(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> Any:
     """Run a client process; return the JSON object on the last line of its output."""
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout, env=env)

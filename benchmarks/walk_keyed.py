@@ -28,9 +28,11 @@ What it prints, over the frames on the path in the order they ran:
 - **returns**: the stays in a room the path had already left;
 - **hand-offs**: the frames on the path that no frame on the path called (or, a
   coroutine's, resumed: an awaiter resumes what it awaits): the value reached them
-  another way (a goroutine started or resumed by the scheduler, a callback run by
-  another thread's queue, a callback settled from elsewhere), each named with the frame
-  it reached.
+  another way, each named with the frame it reached and how: ``thread`` (another OS
+  thread's, a store's committer), ``resumed`` (a goroutine on the path resumed by the
+  scheduler after its own wait: reading follows it to its next line), ``started`` (a
+  goroutine's first step, from a ``go`` elsewhere) or ``callback`` (called from
+  outside the path: a settle's consumer, a queue's).
 
 The figures count code, not time, but a store with a thread of its own could move them
 from run to run (what the driver runs while the committer's thread works depends on
@@ -109,6 +111,7 @@ class Follower:
         self.values: dict[int, Any] = {}  # id -> value, kept alive so ids stay unique
         self.on_path: dict[int, types.FrameType] = {}
         self.walk = Walk()
+        self.driver_thread = 0  # the thread of the walk's first frame: the runtime's
 
     def _add(self, value: Any) -> None:
         if not isinstance(value, UNFOLLOWED):
@@ -185,12 +188,28 @@ class Follower:
         if not filename.startswith(PROJECT):
             return
         room = filename[len(str(ROOT)) + 1 :]
+        if not self.walk.frames:
+            self.driver_thread = threading.get_ident()
         self.walk.frames.append((room, code.co_qualname))
         # Reached by reading: called (or, a coroutine, resumed) by a frame on the path.
         # The outermost frame of a resumed goroutine is resumed by the scheduler.
         reached = caller is not None and id(caller) in self.on_path
         if not reached and self.walk.frames[1:]:  # the first frame is where it starts
-            self.walk.hand_offs.append(f"{room}:{code.co_qualname}")
+            kind = self._hand_off_kind(code, known)
+            self.walk.hand_offs.append(f"{kind}: {room}:{code.co_qualname}")
+
+    def _hand_off_kind(self, code: types.CodeType, known: bool) -> str:
+        """How a hand-off reached its frame: on another thread (``thread``), a goroutine
+        on the path resumed by the scheduler after its own wait (``resumed``: its next
+        line), a goroutine's first step (``started``: by a ``go`` elsewhere), or a call
+        from outside the path (``callback``: a settle's consumer, a queue's)."""
+        if threading.get_ident() != self.driver_thread:
+            return "thread"
+        if known:
+            return "resumed"
+        if code.co_flags & 0x80:  # a coroutine's first step
+            return "started"
+        return "callback"
 
 
 def _request(msgid: int) -> bytes:
