@@ -33,6 +33,8 @@ HERE = Path(__file__).parent
 TICKS = os.sysconf("SC_CLK_TCK")
 # How long a server may take to print LISTEN (its imports, a cold numba cache).
 START_TIMEOUT = 120.0
+# How long an in-process workload waits for its client process (wait_child).
+CHILD_TIMEOUT = 600.0
 
 # gosim.run raises CPython's young-generation threshold to 10,000 for its duration
 # (gosim/_core/_sched.py, GC_YOUNG_THRESHOLD): Go-style programs allocate many small
@@ -117,11 +119,12 @@ class Server:
         self.stderr.close()
 
 
-async def wait_child(cmd: list[str]) -> int:
+async def wait_child(cmd: list[str], timeout: float = CHILD_TIMEOUT) -> int:
     """Start ``cmd`` and wait for it to exit, from a goroutine, through the netpoller: its
     exit status. The child inherits one end of a socket pair and the goroutine reads
     the other until its end-of-file, which comes when the child (and whatever it left
-    holding the socket) exits.
+    holding the socket) exits. A child still running after ``timeout`` seconds is
+    killed, and TimeoutError raised.
 
     The in-process workloads' main goroutine waits for its client this way, not with
     ``gosim.syscall(proc.wait)``: a syscall in flight keeps the idle driver waiting in
@@ -130,6 +133,7 @@ async def wait_child(cmd: list[str]) -> int:
     path no server takes."""
     import socket  # noqa: PLC0415 -- only the workloads need these
 
+    import gosim  # noqa: PLC0415
     from gosim import net  # noqa: PLC0415
 
     ours, theirs = socket.socketpair()
@@ -141,9 +145,14 @@ async def wait_child(cmd: list[str]) -> int:
     finally:
         theirs.close()
     conn = net.Conn(ours, "unix")  # the runtime's now: closed with conn
+    conn.set_read_deadline(gosim.now() + timeout)
     try:
         while await conn.read(64):
             pass  # the child never writes; its exit closes the last copy of its end
+    except net.DeadlineExceeded:
+        proc.kill()  # our own child, by its PID
+        proc.wait(timeout=30)
+        raise TimeoutError(f"{cmd[:3]}... still ran after {timeout:g} s: killed") from None
     finally:
         conn.close()
     return proc.wait(timeout=30)

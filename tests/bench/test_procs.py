@@ -32,3 +32,19 @@ def test_a_server_that_exits_at_once_says_what_it_printed() -> None:
     broken = [sys.executable, "-c", "print('no listener here')"]
     with pytest.raises(RuntimeError, match="no listener here"):
         procs.Server(broken)
+
+
+def test_wait_child_returns_the_status_and_kills_a_child_past_its_timeout() -> None:
+    import gosim  # noqa: PLC0415
+
+    async def main() -> tuple[int, str]:
+        code = await procs.wait_child([sys.executable, "-c", "raise SystemExit(3)"])
+        try:
+            await procs.wait_child([sys.executable, "-c", "import time; time.sleep(600)"], 0.5)
+        except TimeoutError as exc:
+            return code, str(exc)
+        return code, "no timeout"
+
+    code, error = gosim.run(main)
+    assert code == 3
+    assert "killed" in error
