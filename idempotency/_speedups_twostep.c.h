@@ -78,7 +78,7 @@ static PyObject *str__holders, *str__keeper, *str__waiters, *str__wake, *str__st
     *str__sync_store, *str_complete_sync, *str_max_args_bytes, *str_lease,
     *str_claim_later, *str_claim_sync, *str__one_step_store, *str_start_one_step,
     *str_settle, *str_fail, *str_reply, *str_invoke, *str_wait, *str_timeout, *str_ctx,
-    *str_one_step, *str_handler_returned, *str_handler_failed;
+    *str_one_step, *str_handler_returned, *str_handler_failed, *str_data;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 #define KC(obj, i) SLOT((obj), keyed_offs[(i)])
@@ -273,20 +273,47 @@ rpc_finish(PyObject *self, PyObject *outcome, PyObject *error)
     char *buf = PyBytes_AS_STRING(reply);
     memcpy(buf, head, (size_t)n);
     memcpy(buf + n, PyBytes_AS_STRING(payload), (size_t)size);
-    /* Later.reply: settle; should it not settle, reply() says what that means. */
+    /* Later.reply: settle, then hand the Later to its taker (fn, arg), kept in the
+     * Waiter's data; should it not settle, reply() says what that means. */
     PyObject *argv[2] = {self, reply};
     PyObject *settled = PyObject_VectorcallMethod(str_settle, argv,
                                                   2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     int done = settled == NULL ? -1 : PyObject_IsTrue(settled);
     Py_XDECREF(settled);
-    if (done != 0) {
+    if (done == 0) {
+        PyObject *r = PyObject_VectorcallMethod(str_reply, argv,
+                                                2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(reply);
-        return done < 0 ? NULL : Py_NewRef(Py_None);
+        return r;
     }
-    PyObject *r = PyObject_VectorcallMethod(str_reply, argv, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                            NULL);
     Py_DECREF(reply);
-    return r;
+    if (done < 0) {
+        return NULL;
+    }
+    PyObject *taker = PyObject_GetAttr(self, str_data);
+    if (taker == NULL) {
+        return NULL;
+    }
+    if (taker == Py_None) {
+        return taker;
+    }
+    if (!PyTuple_CheckExact(taker) || PyTuple_GET_SIZE(taker) != 2) {
+        Py_DECREF(taker);
+        PyErr_SetString(PyExc_TypeError, "a Later's data is its taker, (fn, arg)");
+        return NULL;
+    }
+    if (PyObject_SetAttr(self, str_data, Py_None) < 0) {
+        Py_DECREF(taker);
+        return NULL;
+    }
+    PyObject *targs[2] = {PyTuple_GET_ITEM(taker, 1), self};
+    PyObject *r = PyObject_Vectorcall(PyTuple_GET_ITEM(taker, 0), targs, 2, NULL);
+    Py_DECREF(taker);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    Py_RETURN_NONE;
 }
 
 /* self.finish(outcome, error): the twin's own. */
@@ -767,14 +794,14 @@ static PyObject **const twostep_strings[] = {
     &str__sync_store, &str_complete_sync, &str_max_args_bytes, &str_lease,
     &str_claim_later, &str_claim_sync, &str__one_step_store, &str_start_one_step,
     &str_settle, &str_fail, &str_reply, &str_invoke, &str_wait, &str_timeout, &str_ctx,
-    &str_one_step, &str_handler_returned, &str_handler_failed,
+    &str_one_step, &str_handler_returned, &str_handler_failed, &str_data,
 };
 static const char *const twostep_string_values[] = {
     "_holders", "_keeper", "_waiters", "_wake", "_start_keeper", "_callback_store",
     "complete_later", "ttl", "max_result_bytes", "_sync_store", "complete_sync",
     "max_args_bytes", "lease", "claim_later", "claim_sync", "_one_step_store",
     "start_one_step", "settle", "fail", "reply", "invoke", "wait", "timeout", "ctx",
-    "one_step", "handler_returned", "handler_failed",
+    "one_step", "handler_returned", "handler_failed", "data",
 };
 
 /* configure_two_step(call, outcome, completion, keyed_call, pack, not_decoded,

@@ -145,7 +145,7 @@ _CONN_NAMES = {
     "DEFAULT_MAX_OWED_BYTES": "_server",
     "DEFAULT_READ_TIMEOUT": "_server",
     "DEFAULT_WRITE_TIMEOUT": "_server",
-    "Later": "_later",
+    "Later": "_server",
     "Listener": "_server",
     "Server": "_server",
     "ServerStatistics": "_server",
@@ -161,10 +161,10 @@ if TYPE_CHECKING:
     from ._conn import FramedConnStatistics as FramedConnStatistics
     from ._conn import IncompleteFrame as IncompleteFrame
     from ._conn import StreamConn as StreamConn
-    from ._later import Later as Later
     from ._server import DEFAULT_MAX_OWED_BYTES as DEFAULT_MAX_OWED_BYTES
     from ._server import DEFAULT_READ_TIMEOUT as DEFAULT_READ_TIMEOUT
     from ._server import DEFAULT_WRITE_TIMEOUT as DEFAULT_WRITE_TIMEOUT
+    from ._server import Later as Later
     from ._server import Listener as Listener
     from ._server import Server as Server
     from ._server import ServerStatistics as ServerStatistics

@@ -83,8 +83,7 @@ The transport is anything with the :class:`Listener` / ``StreamConn`` shape:
 This module holds the ``Server`` (its accept loop, its handler strategies, its
 heartbeat, deadline and shutdown handling) and its statistics; the connection state,
 reader and heartbeat loops it shares with the client are in ``_drivers.py``, the
-calling of handlers in ``_handlers.py``, ``Later`` in ``_later.py`` and the ``Client``
-in ``_client.py``.
+calling of handlers in ``_handlers.py`` and the ``Client`` in ``_client.py``.
 """
 
 from __future__ import annotations
@@ -94,13 +93,13 @@ import logging
 import math
 import sys
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import gosim
 from gosim import Chan, go, recv, select
-from gosim.lowlevel import Waiter
+from gosim.lowlevel import WaitCancelled, Waiter, WaitReason
 
 from ._codec import FrameFormat
 from ._conn import FramedConn, StreamConn
@@ -124,7 +123,6 @@ from ._handlers import (
     _handle_each,
     _settle,
 )
-from ._later import Later
 from ._session import MAX_REASON_BYTES, GoAwayCode, LocalSessionError, Session
 
 __all__ = [
@@ -248,6 +246,66 @@ async def _close_write_and_drain(conn: Any, linger: float) -> None:
         pass
 
 
+class Later(Waiter):
+    """A reply that comes later, with no goroutine waiting for it.
+
+    A handler whose work finishes elsewhere (in a batch that another goroutine
+    commits, say) returns a ``Later`` and has that work call :meth:`reply` when it is
+    done; the server sends the reply from there. A request that waits then costs no
+    goroutine and no coroutines of its own, which in a small service cost more than the
+    request's own work. Whatever else gets a Later (the inline
+    strategy, a transport that does not know it) awaits it: it is awaitable, and the
+    awaiting goroutine parks as ``netframe reply``.
+
+    A Later is a :class:`gosim.lowlevel.Waiter` settled with the reply's bytes; its one
+    consumer is the goroutine that awaits it, or the taker that :meth:`reply` calls
+    (the server's, given by :meth:`reply_to`). :meth:`reply`
+    must be called exactly once, by a goroutine of the server's runtime (a callback
+    that one runs included), with the reply's bytes, or None for no reply. Until then
+    the request holds its ``max_in_flight`` slot, and a graceful shutdown waits for it
+    as for a handler's goroutine: a Later never replied to holds its slot for the
+    connection's life.
+    """
+
+    __slots__ = ()
+
+    def reply(self, value: bytes | None) -> None:
+        """Settle the reply (bytes, or None: none) and hand it to its taker, if it has
+        one (:meth:`reply_to`); RuntimeError if already settled.
+
+        A reply to a Later whose awaiting goroutine has left (it was cancelled while
+        waiting) is dropped: nobody is left to send it."""
+        if not self.settle(value):
+            try:
+                self.result()
+            except WaitCancelled:
+                return
+            raise RuntimeError("this Later has its reply already")
+        taker = self.data
+        if taker is not None:
+            self.data = None
+            taker[0](taker[1], self)
+
+    def reply_to(self, fn: Callable[[Any, Later], None], arg: Any = None) -> None:
+        """Have :meth:`reply` call ``fn(arg, later)`` once the reply is settled (at once
+        if it is already): how the server takes a reply with no goroutine waiting for
+        it. ``fn`` runs where ``reply`` runs (a group commit's pass, say); it must not
+        block. One taker, and then no goroutine may await the Later as well
+        (RuntimeError for a second taker). The taker is kept in the Waiter's ``data``,
+        which is the waker's to read: :meth:`reply` is the waker."""
+        if self.done():
+            fn(arg, self)
+            return
+        if self.data is not None:
+            raise RuntimeError("this Later has a taker already")
+        self.data = (fn, arg)
+
+    def __await__(self) -> Generator[Any, Any, bytes | None]:
+        # A plain generator around the wait: __await__ may not return the pure path's
+        # wait, which is a (generator-based) coroutine.
+        return (yield from self.wait(_HANDLER_REPLY))  # type: ignore[no-any-return]
+
+
 class Listener(Protocol):
     async def accept(self) -> StreamConn:
         """Wait for the next connection and return it."""
@@ -276,6 +334,8 @@ class ServerStatistics:
     read_timeouts: int = 0  # closed: a frame not whole within read_timeout
     write_timeouts: int = 0  # closed: replies owed and none taken for write_timeout
 
+
+_HANDLER_REPLY: Final = WaitReason.HANDLER_REPLY
 
 #: The server's own counters, ServerStatistics' fields but ``connections``.
 _COUNTERS: Final = (
@@ -749,11 +809,11 @@ class Server:
         goroutine of its own (:meth:`_handle_rest`)."""
         st.in_flight += 1
         if isinstance(pending, Later):
-            pending.on_settle(self._later_replied, st)
+            pending.reply_to(self._later_replied, st)  # called by its reply()
         else:
             go(self._handle_rest, st, pending)
 
-    def _later_replied(self, st: _Conn, later: Waiter) -> None:
+    def _later_replied(self, st: _Conn, later: Later) -> None:
         """A :class:`Later`'s reply, gathered: the replies that the code settling Laters
         (a group commit answering its batch) settles before it next waits go out
         together, one send per connection, at the end of that pass (:meth:`_send_gathered`).

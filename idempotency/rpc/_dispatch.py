@@ -282,8 +282,7 @@ class RPCCall(KeyedCall, Later):
         else:
             assert outcome is not None
             reply = dispatcher._outcome_reply(msgid, outcome)
-        if not self.settle(reply):
-            self.reply(reply)  # it did not settle: Later.reply says what that means
+        self.reply(reply)
 
 
 # The one place that chooses C or Python for a keyed RPC call: the C twin where

@@ -84,10 +84,17 @@ def rpc_call(cls: Any, dispatcher: Dispatcher, msgid: Any, deadline: float = mat
     return call
 
 
-def run(cls: Any, msgid: Any, args: tuple[Any, ...], settled_before: str | None) -> Any:
-    """What one call's end does: the call's settle, finish's own end, the statistics."""
+def run(
+    cls: Any, msgid: Any, args: tuple[Any, ...], settled_before: str | None, taker: bool = False
+) -> Any:
+    """What one call's end does: the call's settle, finish's own end, the statistics,
+    and with ``taker`` what the taker given by ``reply_to`` (the server's way) was
+    handed."""
     dispatcher = Dispatcher()
     call = rpc_call(cls, dispatcher, msgid)
+    handed: list[Any] = []
+    if taker:
+        call.reply_to(lambda arg, later: handed.append((arg, later is call, later.result())), 7)
     if settled_before == "replied":
         call.settle(b"earlier")
     elif settled_before == "cancelled":
@@ -100,23 +107,31 @@ def run(cls: Any, msgid: Any, args: tuple[Any, ...], settled_before: str | None)
         end: Any = ("reply", call.result()) if call.done() else ("pending",)
     except BaseException as exc:
         end = ("failed", type(exc))
-    return returned, end, dispatcher.statistics()
+    return returned, end, dispatcher.statistics(), handed, call.data is None
 
 
-@given(outcomes, errors, msgids, st.sampled_from([None, None, "replied", "cancelled"]))
-@example(Outcome(True, b"\xa1x", False, 1), None, 5, None)  # the common case
-@example(Outcome(True, b"", False, 1), None, 5, None)  # an empty payload is nil on the wire
-@example(Outcome(True, b"\xa1x", False, 1), None, 5, "replied")
-@example(Outcome(True, b"\xa1x", False, 1), None, 5, "cancelled")
-@example(Outcome(True, b"\xa1x", True, 1), None, 5, None)  # a replay: counted
-@example(Outcome(False, b"\x93\x03\xa1x\xc0", False, 1), None, 5, None)
+@given(
+    outcomes, errors, msgids, st.sampled_from([None, None, "replied", "cancelled"]), st.booleans()
+)
+@example(Outcome(True, b"\xa1x", False, 1), None, 5, None, False)  # the common case
+@example(Outcome(True, b"\xa1x", False, 1), None, 5, None, True)  # ... the server's way
+@example(Outcome(True, b"", False, 1), None, 5, None, False)  # an empty payload: nil on the wire
+@example(Outcome(True, b"\xa1x", False, 1), None, 5, "replied", True)
+@example(Outcome(True, b"\xa1x", False, 1), None, 5, "cancelled", False)
+@example(Outcome(True, b"\xa1x", True, 1), None, 5, None, True)  # a replay: counted
+@example(Outcome(False, b"\x93\x03\xa1x\xc0", False, 1), None, 5, None, True)
 def test_the_twin_answers_as_the_reference(
-    out: Outcome, error: BaseException | None, msgid: int, settled_before: str | None
+    out: Outcome,
+    error: BaseException | None,
+    msgid: int,
+    settled_before: str | None,
+    taker: bool,
 ) -> None:
     args = (None, error) if error is not None else (out, None)
-    assert run(_dispatch._RPCCall, msgid, args, settled_before) == run(
-        RPCCall, msgid, args, settled_before
-    )
+    twin = run(_dispatch._RPCCall, msgid, args, settled_before, taker)
+    assert twin == run(RPCCall, msgid, args, settled_before, taker)
+    if taker and settled_before is None and twin[0][0] == "returned":
+        assert twin[3] == [(7, True, twin[1][1])]  # handed its reply once, taker let go
 
 
 @given(msgids, st.binary(min_size=1, max_size=300))

@@ -252,3 +252,29 @@ def test_a_later_whose_awaiting_goroutine_left_drops_its_reply() -> None:
         return reason, later.done()
 
     assert vrun(main) == ("netframe reply", True)
+
+
+def test_reply_hands_the_later_to_its_taker_once() -> None:
+    """``reply_to`` is how the server takes a reply: ``reply`` settles the Later and
+    calls the taker with it (once; a second reply is refused and calls nothing); a
+    taker given after the reply is called at once; a second taker is refused."""
+    handed: list[tuple[str, bytes | None]] = []
+
+    def taker(arg: str, later: Later) -> None:
+        handed.append((arg, later.result()))
+
+    later = Later()
+    later.reply_to(taker, "conn-1")
+    with pytest.raises(RuntimeError, match="taker already"):
+        later.reply_to(taker, "conn-2")
+    assert handed == []
+    later.reply(b"one")
+    assert handed == [("conn-1", b"one")]
+    with pytest.raises(RuntimeError, match="reply already"):
+        later.reply(b"two")
+    assert handed == [("conn-1", b"one")] and later.data is None
+
+    early = Later()
+    early.reply(None)
+    early.reply_to(taker, "conn-3")
+    assert handed[-1] == ("conn-3", None)
