@@ -17,14 +17,15 @@ seconds each, as the benchmark suites do::
 
 Options: ``--rounds N`` (default 7), ``--seconds S`` (default 3). Prints a table of
 medians (and ranges) in microseconds of CPU a call. ``--sample`` adds, for each of our
-keyed servers, an extra run under py-spy (a dev dependency; 200 samples a second of the thread
-that holds the GIL, so a wait in a system call or for a lock is not counted, nor C
-code that released the GIL: SQLite's statements and the commit's fsync) and the share
-of the samples whose innermost Python frame is in each module: the project's own
-(gosim, netframe, idempotency) against the libraries it drives (msgpack, psycopg,
-sqlite3, trio, the rest of the standard library). C code run with the GIL held is
-counted under the Python frame that called it (libpq's sends and receives, through
-``RawConn.control`` and ``RawConn.read``, say).
+servers (the unkeyed call's too: the floor the keyed call is set against), an extra
+run under py-spy (a dev dependency; 200 samples a second of the thread that holds the
+GIL, so a wait in a system call or for a lock is not counted, nor C code that released
+the GIL: SQLite's statements and the commit's fsync) and the share of the samples whose
+innermost Python frame is in each module: the project's own (gosim, netframe,
+idempotency) against the libraries it drives (msgpack, psycopg, sqlite3, trio, the
+rest of the standard library). C code run with the GIL held is counted under the
+Python frame that called it (libpq's sends and receives, through ``RawConn.control``
+and ``RawConn.read``, say).
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def main() -> int:
         shares = {
             kind: sampled_shares(kind, go_rpc, go_ledger, args.seconds, dsn)
             for kind in peers
-            if args.sample and kind.startswith("rpc-") and kind != "rpc-nokey"
+            if args.sample and kind.startswith("rpc-")
         }
     columns = ("total", "main_user", "main_sys", "other_user", "other_sys")
     if args.rounds < 1:

@@ -367,8 +367,9 @@ NOTES: dict[tuple[str, str], str] = {
     ("rpc", "ratios:100 connections, 1 call in flight each"): (
         "Server CPU per call, the ratios taken within each round; the targets are issue "
         "30's. The network section's `c-epoll` (a C echo server, no interpreter) is the "
-        "floor under all of them: 0.5x aio-msgpack-rpc's CPU a call leaves about 1 us "
-        "over it for msgpack, the dispatch and the handler."
+        "floor under all of them (its request/response row: the kernel's share of a "
+        "call, which every server pays); what a call costs over it is msgpack, the "
+        "dispatch, the handler and the runtime."
     ),
     ("rpc", "ratios:keyed calls, 100 connections (first calls)"): (
         "Server CPU ratios taken within each round (both servers met the same load); "
