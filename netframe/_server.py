@@ -269,6 +269,9 @@ class Later(Waiter):
 
     __slots__ = ()
 
+    def __init__(self) -> None:
+        super().__init__()  # no data of its own: a Later's is its taker's (reply_to)
+
     def reply(self, value: bytes | None) -> None:
         """Settle the reply (bytes, or None: none) and hand it to its taker, if it has
         one (:meth:`reply_to`); RuntimeError if already settled.
@@ -291,8 +294,9 @@ class Later(Waiter):
         if it is already): how the server takes a reply with no goroutine waiting for
         it. ``fn`` runs where ``reply`` runs (a group commit's pass, say); it must not
         block. One taker, and then no goroutine may await the Later as well
-        (RuntimeError for a second taker). The taker is kept in the Waiter's ``data``,
-        which is the waker's to read: :meth:`reply` is the waker."""
+        (RuntimeError for a second taker, or for an await after it). The taker is kept
+        in the Waiter's ``data``, which is the waker's to read: :meth:`reply` is the
+        waker."""
         if self.done():
             fn(arg, self)
             return
@@ -301,6 +305,8 @@ class Later(Waiter):
         self.data = (fn, arg)
 
     def __await__(self) -> Generator[Any, Any, bytes | None]:
+        if self.data is not None:
+            raise RuntimeError("a Later has one consumer: it has a taker already")
         # A plain generator around the wait: __await__ may not return the pure path's
         # wait, which is a (generator-based) coroutine.
         return (yield from self.wait(_HANDLER_REPLY))  # type: ignore[no-any-return]

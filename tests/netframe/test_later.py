@@ -278,3 +278,21 @@ def test_reply_hands_the_later_to_its_taker_once() -> None:
     early.reply(None)
     early.reply_to(taker, "conn-3")
     assert handed[-1] == ("conn-3", None)
+
+
+def test_a_later_with_a_taker_cannot_be_awaited_and_takes_no_data() -> None:
+    """One consumer: awaiting a Later that has a taker is refused before it parks;
+    ``Later()`` takes no data (its ``data`` holds the taker)."""
+    later = Later()
+    later.reply_to(lambda arg, done: None)
+
+    async def main() -> str:
+        try:
+            await later
+        except RuntimeError as exc:
+            return str(exc)
+        return "awaited"
+
+    assert "taker already" in vrun(main)
+    with pytest.raises(TypeError):
+        Later(b"data")  # type: ignore[call-arg]
