@@ -95,7 +95,7 @@ import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, Self
 
 import gosim
 from gosim import Chan, go, recv, select
@@ -269,8 +269,11 @@ class Later(Waiter):
 
     __slots__ = ()
 
-    def __init__(self) -> None:
-        super().__init__()  # no data of its own: a Later's is its taker's (reply_to)
+    # No data of its own: a Later's ``data`` is its taker's (reply_to). Refused in
+    # __new__, not __init__: a KeyedCall that is a Later (the RPC server's call) is made
+    # by KeyedCall.__new__ and its __init__'s super() would otherwise pass through here.
+    def __new__(cls) -> Self:
+        return super().__new__(cls)
 
     def reply(self, value: bytes | None) -> None:
         """Settle the reply (bytes, or None: none) and hand it to its taker, if it has
